@@ -1,0 +1,195 @@
+"""Reverse-mode autodiff on programs: `append_backward(loss)` appends the gradient ops.
+
+The grad op of an op of type ``T`` is ``T_grad``. Following Paddle's default grad-op maker it
+reads every forward input and output slot plus ``<OutSlot>@GRAD`` for each output whose gradient
+exists, and writes ``<InSlot>@GRAD`` for each differentiable input slot (only for vars that need
+a gradient). The gradient of var ``X`` is ``X@GRAD``; when several grad ops contribute to one
+gradient, each writes a renamed copy (``X@GRAD@RENAME@block0@k``) and a `sum` after the last
+producer adds them into ``X@GRAD``. A sparse `lookup_table` (``is_sparse``) gives its table a
+``SELECTED_ROWS`` gradient.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .ir import Block, Op, OpRole, Var, VarType, grad_name
+
+# Differentiable input slots of each op type; ops not listed have no gradient.
+GRAD_INPUT_SLOTS: dict[str, tuple[str, ...]] = {
+    "mul": ("X", "Y"),
+    "elementwise_add": ("X", "Y"),
+    "elementwise_sub": ("X", "Y"),
+    "elementwise_mul": ("X", "Y"),
+    "elementwise_div": ("X", "Y"),
+    "elementwise_max": ("X", "Y"),
+    "elementwise_min": ("X", "Y"),
+    "elementwise_pow": ("X", "Y"),
+    "relu": ("X",),
+    "tanh": ("X",),
+    "sigmoid": ("X",),
+    "softmax": ("X",),
+    "square": ("X",),
+    "exp": ("X",),
+    "log": ("X",),
+    "sqrt": ("X",),
+    "mean": ("X",),
+    "scale": ("X",),
+    "assign": ("X",),
+    "cast": ("X",),
+    "concat": ("X",),
+    "sum": ("X",),
+    "cross_entropy": ("X",),
+    "softmax_with_cross_entropy": ("Logits",),
+    "lookup_table": ("W",),
+    "sequence_pool": ("X",),
+    "reshape": ("X",),
+}
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+def _is_sparse_lookup(op: Op) -> bool:
+    return op.type == "lookup_table" and bool(op.attr("is_sparse", False))
+
+
+def _needs_grad(var: Var | None) -> bool:
+    return var is not None and not var.stop_gradient and var.dtype in FLOAT_DTYPES
+
+
+def _forward_requires_grad(block: Block, ops: list[Op], no_grad: set[str]) -> set[str]:
+    """Names of vars whose value depends on a var that needs a gradient."""
+    live = {v.name for v in block.vars.values() if v.is_parameter and v.trainable} - no_grad
+    for op in ops:
+        slots = GRAD_INPUT_SLOTS.get(op.type, ())
+        if any(n in live for s in slots for n in op.input(s)):
+            for name in op.output_arg_names:
+                var = block.find_var_recursive(name)
+                if _needs_grad(var) and name not in no_grad:
+                    live.add(name)
+    return live
+
+
+def _relevant_ops(ops: list[Op], loss_name: str, live: set[str]) -> list[Op]:
+    """Ops on a path from a gradient-needing var to the loss, in forward order."""
+    needed = {loss_name}
+    path: list[Op] = []
+    for op in reversed(ops):
+        if op.type not in GRAD_INPUT_SLOTS or not any(n in needed for n in op.output_arg_names):
+            continue
+        diff_inputs = [n for s in GRAD_INPUT_SLOTS[op.type] for n in op.input(s) if n in live]
+        if not diff_inputs:
+            continue
+        path.append(op)
+        needed.update(diff_inputs)
+    path.reverse()
+    return path
+
+
+def _declare_grad(block: Block, name: str, like: Var, sparse: bool) -> None:
+    if block.has_var(name):
+        return
+    block.create_var(name, shape=like.shape, dtype=like.dtype, lod_level=like.lod_level,
+                     type=VarType.SELECTED_ROWS if sparse else VarType.LOD_TENSOR)
+
+
+def append_backward(loss: Var, parameter_list: list[str] | None = None,
+                    no_grad_set: set[str] | None = None) -> list[tuple[Var, Var]]:
+    """Append the backward ops of `loss` to its block; return [(param, grad)] in name order."""
+    block = loss.block
+    if block is None:
+        raise ValueError(f"append_backward: loss {loss.name!r} is not declared in a block")
+    no_grad = set(no_grad_set or ())
+    if loss.numel != 1:
+        raise ValueError(f"append_backward: loss {loss.name!r} must hold one element, shape {loss.shape}")
+    forward_ops = list(block.ops)
+    loss_op = next((op for op in reversed(forward_ops) if loss.name in op.output_arg_names), None)
+    if loss_op is None:
+        raise ValueError(f"append_backward: no op in block {block.idx} produces loss {loss.name!r}")
+    loss_op.role = int(OpRole.Forward | OpRole.Loss)
+
+    live = _forward_requires_grad(block, forward_ops, no_grad)
+    path = _relevant_ops(forward_ops, loss.name, live)
+
+    loss_grad = grad_name(loss.name)
+    _declare_grad(block, loss_grad, loss, False)
+    block.append_op("fill_constant", outputs={"Out": [loss_grad]},
+                    attrs={"shape": list(loss.shape) or [1], "dtype": loss.dtype, "value": 1.0,
+                           "op_role": int(OpRole.Backward | OpRole.Loss)})
+
+    available = {loss_grad}
+    producers: dict[str, list[Op]] = defaultdict(list)
+    grad_ops: list[Op] = []
+    for op in reversed(path):
+        out_grads = {f"{s}@GRAD": [grad_name(n) for n in names]
+                     for s, names in op.outputs.items()
+                     if any(grad_name(n) in available for n in names)}
+        if not out_grads:
+            continue
+        in_grads: dict[str, list[str]] = {}
+        for slot in GRAD_INPUT_SLOTS[op.type]:
+            names = [grad_name(n) for n in op.input(slot) if n in live]
+            if names:
+                in_grads[f"{slot}@GRAD"] = names
+        inputs = {**op.inputs, **op.outputs}
+        # A multi-var output slot keeps its arity; missing grads are left for the kernel as zeros.
+        inputs.update({k: [n for n in v if n in available] for k, v in out_grads.items()})
+        attrs = {k: v for k, v in op.attrs.items() if k not in ("op_role", "op_role_var")}
+        attrs["op_role"] = int(OpRole.Backward)
+        gop = Op(op.type + "_grad", inputs, in_grads, attrs)
+        for slot, names in in_grads.items():
+            fwd_slot = slot[: -len("@GRAD")]
+            for fwd_name, gname in zip([n for n in op.input(fwd_slot) if n in live], names):
+                fwd_var = block.find_var_recursive(fwd_name)
+                assert fwd_var is not None
+                sparse = _is_sparse_lookup(op) and fwd_slot == "W"
+                _declare_grad(block, gname, fwd_var, sparse)
+                producers[gname].append(gop)
+                available.add(gname)
+        grad_ops.append(gop)
+
+    block.ops.extend(grad_ops)
+    _sum_repeated_grads(block, producers)
+    return _params_and_grads(block, parameter_list, no_grad)
+
+
+def _sum_repeated_grads(block: Block, producers: dict[str, list[Op]]) -> None:
+    """Rename the outputs of every extra producer and add them up after the last one."""
+    for gname, ops in producers.items():
+        if len(ops) < 2:
+            continue
+        renamed = []
+        for k, op in enumerate(ops):
+            new = f"{gname}@RENAME@block{block.idx}@{k}"
+            var = block.var(gname)
+            block.create_var(new, shape=var.shape, dtype=var.dtype, type=var.type,
+                             lod_level=var.lod_level)
+            op.rename_output(gname, new)
+            renamed.append(new)
+        last = max(block.ops.index(op) for op in ops)
+        block.insert_op(last + 1, "sum", inputs={"X": renamed}, outputs={"Out": [gname]},
+                        attrs={"op_role": int(OpRole.Backward)})
+
+
+def _params_and_grads(block: Block, parameter_list: list[str] | None,
+                      no_grad: set[str]) -> list[tuple[Var, Var]]:
+    params = sorted((p for p in block.program.global_block().all_parameters()
+                     if p.trainable and p.name not in no_grad), key=lambda p: p.name)
+    if parameter_list is not None:
+        wanted = set(parameter_list)
+        params = [p for p in params if p.name in wanted]
+    pairs = []
+    for param in params:
+        gname = grad_name(param.name)
+        if not block.has_var(gname):
+            continue
+        pairs.append((param, block.var(gname)))
+        # op_role_var on the op that finally writes the gradient lets the transpiler find it.
+        last = max(i for i, op in enumerate(block.ops) if gname in op.output_arg_names)
+        op = block.ops[last]
+        op.attrs["op_role_var"] = list(op.attrs.get("op_role_var", [])) + [param.name, gname]
+    return pairs
+
+
+def gradients_of(block: Block, names: list[str]) -> list[str]:
+    return [grad_name(n) for n in names if block.has_var(grad_name(n))]

@@ -1,0 +1,479 @@
+"""A virtual-time asyncio event loop: the simulator's clock.
+
+The runtime does all its waiting through the running asyncio loop (`asyncio.sleep`,
+`wait_for`, `asyncio.timeout`, `loop.call_later`, `loop.time()`). `VirtualTimeLoop` is that
+loop with the wall clock taken out: `time()` starts at 0.0 and only moves when nothing is
+ready to run, by jumping straight to the earliest pending timer. A one-hour `sleep` costs no
+wall time, and the real runtime code runs unchanged, in one process, under simulated time.
+
+Determinism. One thread; ready callbacks run first-in first-out; timers are ordered by
+`(when, seq)`, where `seq` counts `call_at` calls, so timers due at the same virtual time run
+in the order they were scheduled (SimPy's `(time, priority, seq)` rule without a priority).
+Nothing reads the wall clock or depends on hash order, so the same program gives the same
+trace byte for byte.
+
+Deadlock. When nothing is ready, no timer is pending and the loop was not asked to stop, no
+event can ever happen again: a real loop would block forever. This loop raises `SimDeadlock`
+instead, listing every pending task with its await chain and the note that higher layers
+attach with `waiting_on(...)` / `annotate(...)` (node name, and what the task waits for).
+
+No real I/O. There is no selector: sockets, pipes, subprocesses and signals raise
+`SimUnsupportedError` (the simulator's network is a `Transport`, not a socket).
+`run_in_executor` (hence `asyncio.to_thread`) calls the function inline, at the current virtual
+time. Other threads cannot wake the loop: when it is idle it reports a deadlock.
+
+DESIGN: why subclass `asyncio.BaseEventLoop`. Futures, Tasks, `sleep`, `wait_for`,
+`asyncio.timeout`, `gather`, `Queue`, `Event`, async generators and `run_until_complete` only
+need `call_soon`, `call_at`, `time`, `create_future` and `create_task` from a loop, and
+BaseEventLoop already implements all of them (plus task factories, exception handlers and
+async-generator bookkeeping) on top of two data structures: the `_ready` deque and a timer
+heap. Reusing it keeps the semantics identical to the stock loop; only `time()`, `call_at`
+(to order timers by `(when, seq)`) and `_run_once` (jump instead of `select`) change. This is
+trio's `MockClock` idea ("jump when every task waits") applied to asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import heapq
+import itertools
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, NoReturn, TypeVar, TypeVarTuple, Unpack
+
+__all__ = [
+    "SimDeadlock",
+    "SimError",
+    "SimNestedRunError",
+    "SimStats",
+    "SimStepLimit",
+    "SimTimeLimit",
+    "SimUnsupportedError",
+    "TaskNote",
+    "TaskWait",
+    "VirtualTimeLoop",
+    "annotate",
+    "run",
+    "task_note",
+    "waiting_on",
+]
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+# Rebuild the timer heap once this many cancelled timers make up more than half of it.
+_PURGE_MIN_CANCELLED = 100
+
+
+class SimError(RuntimeError):
+    """Base of the errors the simulator's loop raises."""
+
+
+class SimDeadlock(SimError):
+    """Nothing is ready, no timer is pending, and tasks still wait: no event can ever come."""
+
+    def __init__(self, now: float, waits: list[TaskWait]) -> None:
+        self.now = now
+        self.waits = waits
+        lines = [
+            f"deadlock at t={now!r}: nothing is ready and no timer is pending, "
+            f"but {len(waits)} task(s) still wait:"
+        ]
+        lines += [f"  {wait}" for wait in waits]
+        super().__init__("\n".join(lines))
+
+
+class SimTimeLimit(SimError):
+    """The next event lies past the loop's `max_time`."""
+
+    def __init__(self, now: float, limit: float, next_when: float) -> None:
+        self.now = now
+        self.limit = limit
+        self.next_when = next_when
+        super().__init__(
+            f"virtual time limit max_time={limit!r} reached at t={now!r}: "
+            f"the next timer is due at t={next_when!r}"
+        )
+
+
+class SimStepLimit(SimError):
+    """The loop has run `max_steps` callbacks and still has work."""
+
+    def __init__(self, now: float, limit: int) -> None:
+        self.now = now
+        self.limit = limit
+        super().__init__(
+            f"step limit max_steps={limit} reached at t={now!r}: "
+            "the loop still has work (a task may be spinning without sleeping)"
+        )
+
+
+class SimNestedRunError(SimError):
+    """`run()` was called while an event loop is already running in this thread."""
+
+
+class SimUnsupportedError(SimError, NotImplementedError):
+    """The virtual-time loop was asked for real I/O (sockets, pipes, processes, signals)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskNote:
+    """What a higher layer says about a task: the node it runs for and what it waits on."""
+
+    node: str | None = None
+    what: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskWait:
+    """One pending task in a deadlock report."""
+
+    task: str
+    note: TaskNote
+    stack: tuple[str, ...]
+
+    def __str__(self) -> str:
+        head = repr(self.task)
+        if self.note.node is not None:
+            head += f" [{self.note.node}]"
+        if self.note.what is not None:
+            head += f" waiting on: {self.note.what}"
+        return f"{head}\n      at " + " -> ".join(self.stack)
+
+
+@dataclass(slots=True)
+class SimStats:
+    """Counters for benchmarks: callbacks run, timers fired, clock jumps."""
+
+    callbacks: int = 0
+    timers: int = 0
+    jumps: int = 0
+
+
+_NOTES: weakref.WeakKeyDictionary[asyncio.Task[Any], TaskNote] = weakref.WeakKeyDictionary()
+
+
+def _current_task(task: asyncio.Task[Any] | None, caller: str) -> asyncio.Task[Any]:
+    found = task if task is not None else asyncio.current_task()
+    if found is None:
+        raise RuntimeError(f"{caller}() must be called from inside a task, or be given task=")
+    return found
+
+
+def task_note(task: asyncio.Task[Any]) -> TaskNote:
+    """The note attached to `task` (empty if none)."""
+    return _NOTES.get(task, TaskNote())
+
+
+def annotate(
+    *, node: str | None = None, what: str | None = None, task: asyncio.Task[Any] | None = None
+) -> None:
+    """Set the node and/or wait description of `task` (default: the current task).
+
+    Fields left as None keep their previous value.
+    """
+    target = _current_task(task, "annotate")
+    old = task_note(target)
+    _NOTES[target] = TaskNote(
+        node=old.node if node is None else node, what=old.what if what is None else what
+    )
+
+
+@contextlib.contextmanager
+def waiting_on(what: str, *, node: str | None = None) -> Iterator[None]:
+    """Describe what the current task waits for while inside the block.
+
+    The previous note comes back on exit; `node` defaults to the node already set.
+    """
+    target = _current_task(None, "waiting_on")
+    previous = task_note(target)
+    annotate(node=node, what=what, task=target)
+    try:
+        yield
+    finally:
+        _NOTES[target] = previous
+
+
+def _frame_of(awaitable: Any) -> FrameType | None:
+    for attr in ("cr_frame", "gi_frame", "ag_frame"):
+        frame = getattr(awaitable, attr, None)
+        if frame is not None:
+            return frame
+    return None
+
+
+def _inner_awaitable(awaitable: Any) -> Any:
+    inner = getattr(awaitable, "cr_await", None)
+    return inner if inner is not None else getattr(awaitable, "gi_yieldfrom", None)
+
+
+def _describe_future(future: Any) -> str:
+    if future is None:
+        return "(ready to run)"
+    if isinstance(future, asyncio.Task):
+        return f"task {future.get_name()!r}"
+    return type(future).__name__
+
+
+def _await_chain(task: asyncio.Task[Any]) -> tuple[str, ...]:
+    """The frames a suspended task is awaiting through, outermost first, then its future."""
+    steps: list[str] = []
+    awaitable: Any = task.get_coro()
+    frame = _frame_of(awaitable)
+    while frame is not None:
+        code = frame.f_code
+        steps.append(f"{code.co_qualname} ({os.path.basename(code.co_filename)}:{frame.f_lineno})")
+        awaitable = _inner_awaitable(awaitable)
+        frame = _frame_of(awaitable)
+    steps.append(_describe_future(getattr(task, "_fut_waiter", None)))
+    return tuple(steps)
+
+
+def _refuse_io(name: str) -> Callable[..., NoReturn]:
+    def refuse(self: VirtualTimeLoop, *args: Any, **kwargs: Any) -> NoReturn:
+        raise SimUnsupportedError(
+            f"VirtualTimeLoop.{name}(): the simulator's loop has no real I/O "
+            "(sockets, pipes, subprocesses, signals); use the simulated Transport instead"
+        )
+
+    refuse.__name__ = refuse.__qualname__ = name
+    return refuse
+
+
+_REAL_IO_METHODS = (
+    "add_reader", "remove_reader", "add_writer", "remove_writer",
+    "add_signal_handler", "remove_signal_handler",
+    "sock_recv", "sock_recv_into", "sock_recvfrom", "sock_recvfrom_into",
+    "sock_sendall", "sock_sendto", "sock_connect", "sock_accept", "sock_sendfile",
+    "create_connection", "create_server", "create_unix_connection", "create_unix_server",
+    "create_datagram_endpoint", "connect_accepted_socket", "connect_read_pipe",
+    "connect_write_pipe", "subprocess_exec", "subprocess_shell",
+    "getaddrinfo", "getnameinfo", "sendfile", "start_tls",
+)  # fmt: skip
+
+
+def _check_limits(max_time: float | None, max_steps: int | None) -> None:
+    if max_time is not None and not max_time >= 0:
+        raise ValueError(f"max_time must be >= 0, got {max_time!r}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
+
+
+class VirtualTimeLoop(asyncio.BaseEventLoop):
+    """An asyncio event loop whose clock jumps to the next timer when nothing is ready.
+
+    `max_time`: raise `SimTimeLimit` instead of moving the clock past this virtual time.
+    `max_steps`: raise `SimStepLimit` once one `run_forever` / `run_until_complete` call has
+    dequeued this many ready callbacks and the loop still has work (guards against tasks that
+    spin at one virtual instant).
+    """
+
+    def __init__(self, *, max_time: float | None = None, max_steps: int | None = None) -> None:
+        super().__init__()
+        try:
+            _check_limits(max_time, max_steps)
+        except ValueError:
+            super().close()  # a half-built loop must not warn "unclosed event loop"
+            raise
+        self._now = 0.0
+        self._max_time = max_time
+        self._max_steps = max_steps
+        self._steps_left = sys.maxsize
+        self._timers: list[tuple[float, int, asyncio.TimerHandle]] = []
+        self._timer_seq = itertools.count()
+        self._task_order: weakref.WeakKeyDictionary[asyncio.Task[Any], None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.stats = SimStats()
+
+    def run_forever(self) -> None:
+        """Run until stopped; `max_steps` counts callbacks afresh for each call."""
+        self._steps_left = sys.maxsize if self._max_steps is None else self._max_steps
+        super().run_forever()
+
+    def time(self) -> float:
+        """Virtual seconds since the loop was created."""
+        return self._now
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[Unpack[Ts]], object],
+        *args: Unpack[Ts],
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        """Schedule `callback(*args)` at virtual time `when`; ties run in scheduling order."""
+        if when is None:
+            raise TypeError("when cannot be None")
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._timers, (when, next(self._timer_seq), timer))
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
+
+    def create_task(  # type: ignore[override]
+        self, coro: Coroutine[Any, Any, T], *, name: str | None = None, context: Any = None
+    ) -> asyncio.Task[T]:
+        """Create a task and remember its creation order (deadlock reports list tasks so)."""
+        task = super().create_task(coro, name=name, context=context)
+        self._task_order[task] = None
+        return task
+
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]
+    ) -> asyncio.Future[T]:
+        """Call `func(*args)` inline, at the current virtual time; return a done future."""
+        self._check_closed()  # type: ignore[attr-defined]
+        future: asyncio.Future[T] = self.create_future()
+        try:
+            future.set_result(func(*args))
+        except Exception as exc:  # the future carries it, as an executor's would
+            future.set_exception(exc)
+        return future
+
+    def _write_to_self(self) -> None:
+        """Nothing to wake: the loop never blocks."""
+
+    def pending_tasks(self) -> list[asyncio.Task[Any]]:
+        """Unfinished tasks of this loop, in creation order."""
+        known = [task for task in list(self._task_order) if not task.done()]
+        others = asyncio.all_tasks(self).difference(known)
+        return known + sorted(others, key=lambda task: task.get_name())
+
+    def pending_waits(self) -> list[TaskWait]:
+        """What every unfinished task awaits, with its note."""
+        return [
+            TaskWait(task.get_name(), task_note(task), _await_chain(task))
+            for task in self.pending_tasks()
+        ]
+
+    def shutdown(self) -> None:
+        """Cancel leftover tasks, finalize async generators, and close the loop."""
+        try:
+            self._cancel_leftovers()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        super().close()
+        self._timers.clear()
+
+    def _cancel_leftovers(self) -> None:
+        tasks = self.pending_tasks()
+        for task in tasks:
+            task.cancel()
+        try:
+            if tasks:
+                self.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self.run_until_complete(self.shutdown_asyncgens())
+        except SimError as exc:
+            warnings.warn(f"leftover tasks did not finish when cancelled: {exc}", RuntimeWarning)
+            return
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                self.call_exception_handler(
+                    {
+                        "message": "unhandled exception while cancelling leftover tasks",
+                        "exception": task.exception(),
+                        "task": task,
+                    }
+                )
+
+    def _run_once(self) -> None:
+        """Run one batch: jump the clock if nothing is ready, move due timers, run callbacks."""
+        if (
+            self._timer_cancelled_count > _PURGE_MIN_CANCELLED
+            and 2 * self._timer_cancelled_count > len(self._timers)
+        ):
+            self._purge_cancelled_timers()
+        if self._steps_left == 0:
+            raise SimStepLimit(self._now, self._max_steps or 0)
+        ready = self._ready  # type: ignore[attr-defined]
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            self._jump_to_next_timer()
+        self._move_due_timers(ready)
+        ntodo = min(len(ready), self._steps_left)
+        self._steps_left -= ntodo
+        skipped = 0
+        for _ in range(ntodo):
+            handle = ready.popleft()
+            if handle._cancelled:
+                skipped += 1
+            else:
+                handle._run()
+        self.stats.callbacks += ntodo - skipped
+
+    def _jump_to_next_timer(self) -> None:
+        timers = self._timers
+        while timers and timers[0][2].cancelled():
+            heapq.heappop(timers)[2]._scheduled = False  # type: ignore[attr-defined]
+            self._timer_cancelled_count -= 1
+        if not timers:
+            raise SimDeadlock(self._now, self.pending_waits())
+        when = timers[0][0]
+        if self._max_time is not None and when > self._max_time:
+            raise SimTimeLimit(self._now, self._max_time, when)
+        if when > self._now:
+            self._now = float(when)
+            self.stats.jumps += 1
+
+    def _move_due_timers(self, ready: Any) -> None:
+        timers = self._timers
+        now = self._now
+        fired = 0
+        while timers and timers[0][0] <= now:
+            timer = heapq.heappop(timers)[2]
+            timer._scheduled = False  # type: ignore[attr-defined]
+            if timer.cancelled():
+                self._timer_cancelled_count -= 1
+            else:
+                ready.append(timer)
+                fired += 1
+        self.stats.timers += fired
+
+    def _purge_cancelled_timers(self) -> None:
+        live = []
+        for entry in self._timers:
+            if entry[2].cancelled():
+                entry[2]._scheduled = False  # type: ignore[attr-defined]
+            else:
+                live.append(entry)
+        heapq.heapify(live)
+        self._timers = live
+        self._timer_cancelled_count = 0
+
+
+for _name in _REAL_IO_METHODS:
+    setattr(VirtualTimeLoop, _name, _refuse_io(_name))
+
+
+def run(
+    main: Coroutine[Any, Any, T], *, max_time: float | None = None, max_steps: int | None = None
+) -> T:
+    """Run `main` on a fresh `VirtualTimeLoop` and return its result.
+
+    Exceptions from `main` propagate unchanged, as do `SimDeadlock`, `SimTimeLimit` and
+    `SimStepLimit`. Afterwards leftover tasks are cancelled, async generators finalized and
+    the loop closed.
+    """
+    if not asyncio.iscoroutine(main):
+        raise TypeError(f"run() needs a coroutine, got {main!r}")
+    if asyncio._get_running_loop() is not None:
+        main.close()
+        raise SimNestedRunError(
+            "sim.loop.run() was called while an event loop is running in this thread; "
+            "await the coroutine instead of nesting run()"
+        )
+    loop = VirtualTimeLoop(max_time=max_time, max_steps=max_steps)
+    try:
+        return loop.run_until_complete(loop.create_task(main, name="main"))
+    finally:
+        loop.shutdown()

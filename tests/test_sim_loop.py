@@ -1,0 +1,572 @@
+"""The virtual-time loop: exact (time, actor, what) traces, deadlock reports, limits, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.loop import (
+    SimDeadlock,
+    SimNestedRunError,
+    SimStepLimit,
+    SimTimeLimit,
+    SimUnsupportedError,
+    TaskNote,
+    VirtualTimeLoop,
+    annotate,
+    run,
+    task_note,
+    waiting_on,
+)
+
+Trace = list[tuple[float, str, str]]
+
+
+def recorder(trace: Trace) -> Callable[[str, str], None]:
+    """A log function stamping entries with the running loop's virtual time."""
+
+    def log(actor: str, what: str) -> None:
+        trace.append((asyncio.get_running_loop().time(), actor, what))
+
+    return log
+
+
+def test_sleeps_finish_at_exact_virtual_times() -> None:
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def sleeper(name: str, seconds: float) -> None:
+        log(name, "sleep")
+        await asyncio.sleep(seconds)
+        log(name, "wake")
+
+    async def main() -> float:
+        await asyncio.gather(sleeper("a", 1.5), sleeper("b", 3))
+        return asyncio.get_running_loop().time()
+
+    assert run(main()) == 3.0
+    assert trace == [
+        (0.0, "a", "sleep"),
+        (0.0, "b", "sleep"),
+        (1.5, "a", "wake"),
+        (3.0, "b", "wake"),
+    ]
+
+
+def test_clock_starts_at_zero_and_returns_float() -> None:
+    loop = VirtualTimeLoop()
+    assert loop.time() == 0.0
+    loop.call_at(2, loop.stop)
+    loop.run_forever()
+    assert loop.time() == 2.0 and isinstance(loop.time(), float)
+    loop.shutdown()
+
+
+def test_same_time_events_run_in_scheduling_order() -> None:
+    order: list[int] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        # Many timers at one instant: a bare heap of TimerHandles would not keep this order.
+        for i in range(50):
+            loop.call_at(1.0, order.append, i)
+        loop.call_later(0.5, order.append, -1)
+        await asyncio.sleep(2)
+
+    run(main())
+    assert order == [-1, *range(50)]
+
+
+def test_same_time_task_wakeups_follow_creation_order() -> None:
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def worker(name: str) -> None:
+        await asyncio.sleep(1)
+        log(name, "wake")
+        await asyncio.sleep(0)
+        log(name, "after yield")
+
+    async def main() -> None:
+        await asyncio.gather(*(worker(name) for name in ("w2", "w0", "w1")))
+
+    run(main())
+    assert trace == [
+        (1.0, "w2", "wake"),
+        (1.0, "w0", "wake"),
+        (1.0, "w1", "wake"),
+        (1.0, "w2", "after yield"),
+        (1.0, "w0", "after yield"),
+        (1.0, "w1", "after yield"),
+    ]
+
+
+def test_call_at_in_the_past_runs_now_without_moving_clock_back() -> None:
+    seen: list[float] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(5)
+        loop.call_at(1.0, lambda: seen.append(loop.time()))
+        await asyncio.sleep(1)
+
+    run(main())
+    assert seen == [5.0]
+
+
+def test_wait_for_timeout_fires_exactly_at_deadline() -> None:
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def main() -> None:
+        await asyncio.sleep(0.25)
+        try:
+            await asyncio.wait_for(asyncio.Event().wait(), timeout=2.5)
+        except TimeoutError:
+            log("main", "timed out")
+        log("main", "fast result " + str(await asyncio.wait_for(asyncio.sleep(1, "ok"), 5)))
+
+    run(main())
+    assert trace == [(2.75, "main", "timed out"), (3.75, "main", "fast result ok")]
+
+
+def test_asyncio_timeout_and_reschedule() -> None:
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(4.0):
+                await asyncio.sleep(10)
+        log("main", "first timeout")
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(1.0) as scope:
+                scope.reschedule(loop.time() + 0.5)
+                await asyncio.sleep(10)
+        log("main", "rescheduled timeout")
+        async with asyncio.timeout_at(loop.time() + 3):
+            await asyncio.sleep(2)
+        log("main", "finished inside deadline")
+
+    run(main())
+    assert trace == [
+        (4.0, "main", "first timeout"),
+        (4.5, "main", "rescheduled timeout"),
+        (6.5, "main", "finished inside deadline"),
+    ]
+
+
+def test_queue_producer_consumer_exact_trace() -> None:
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def producer(queue: asyncio.Queue[int | None]) -> None:
+        for item in range(3):
+            await asyncio.sleep(1)
+            await queue.put(item)
+            log("producer", f"put {item}")
+        await queue.put(None)
+
+    async def consumer(queue: asyncio.Queue[int | None]) -> None:
+        while (item := await queue.get()) is not None:
+            log("consumer", f"got {item}")
+            await asyncio.sleep(2.5)
+            log("consumer", f"done {item}")
+
+    async def main() -> None:
+        queue: asyncio.Queue[int | None] = asyncio.Queue(maxsize=1)
+        await asyncio.gather(producer(queue), consumer(queue))
+
+    run(main())
+    assert trace == [
+        (1.0, "producer", "put 0"),
+        (1.0, "consumer", "got 0"),
+        (2.0, "producer", "put 1"),
+        (3.5, "consumer", "done 0"),
+        (3.5, "consumer", "got 1"),
+        (3.5, "producer", "put 2"),
+        (6.0, "consumer", "done 1"),
+        (6.0, "consumer", "got 2"),
+        (8.5, "consumer", "done 2"),
+    ]
+
+
+def test_ten_thousand_sleepers_wake_in_virtual_order_quickly() -> None:
+    rng = random.Random(20240531)
+    durations = [round(rng.uniform(0, 100), 3) for _ in range(10_000)]
+    woke: list[tuple[float, int]] = []
+
+    async def sleeper(index: int, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        woke.append((asyncio.get_running_loop().time(), index))
+
+    async def main() -> float:
+        await asyncio.gather(*(sleeper(i, d) for i, d in enumerate(durations)))
+        return asyncio.get_running_loop().time()
+
+    started = time.perf_counter()
+    end = run(main())
+    wall = time.perf_counter() - started
+    assert woke == sorted((d, i) for i, d in enumerate(durations))
+    assert end == max(durations)
+    assert wall < 3.0, f"10,000 sleepers took {wall:.2f} s of wall time"
+
+
+def test_deadlock_reports_every_task_with_annotations() -> None:
+    async def barrier_server(event: asyncio.Event) -> None:
+        annotate(node="pserver:0")
+        with waiting_on("send_barrier step 3 (2/4 trainers)"):
+            await event.wait()
+
+    async def trainer(event: asyncio.Event) -> None:
+        with waiting_on("fetch_barrier step 3", node="trainer:1"):
+            await event.wait()
+
+    async def main() -> None:
+        await asyncio.sleep(2)
+        await asyncio.gather(
+            asyncio.create_task(barrier_server(asyncio.Event()), name="serve"),
+            asyncio.create_task(trainer(asyncio.Event()), name="train"),
+        )
+
+    with pytest.raises(SimDeadlock) as caught:
+        run(main())
+    error = caught.value
+    assert error.now == 2.0
+    assert [(w.task, w.note) for w in error.waits] == [
+        ("main", TaskNote()),
+        ("serve", TaskNote("pserver:0", "send_barrier step 3 (2/4 trainers)")),
+        ("train", TaskNote("trainer:1", "fetch_barrier step 3")),
+    ]
+    assert error.waits[1].stack[0].startswith("test_deadlock_reports_every_task_with_annotations")
+    assert error.waits[1].stack[1].startswith("Event.wait (locks.py:")
+    assert error.waits[0].stack[-1] == "_GatheringFuture"
+    message = str(error)
+    assert message.startswith("deadlock at t=2.0: nothing is ready and no timer is pending")
+    assert "'serve' [pserver:0] waiting on: send_barrier step 3 (2/4 trainers)" in message
+    assert "'train' [trainer:1] waiting on: fetch_barrier step 3" in message
+
+
+def test_deadlock_in_run_forever_with_nothing_scheduled() -> None:
+    loop = VirtualTimeLoop()
+    with pytest.raises(SimDeadlock, match=r"but 0 task\(s\) still wait"):
+        loop.run_forever()
+    loop.shutdown()
+
+
+def test_waiting_on_restores_previous_note() -> None:
+    notes: list[TaskNote] = []
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        annotate(node="trainer:0", what="idle")
+        with waiting_on("recv w@GRAD"):
+            notes.append(task_note(task))
+        notes.append(task_note(task))
+
+    run(main())
+    assert notes == [TaskNote("trainer:0", "recv w@GRAD"), TaskNote("trainer:0", "idle")]
+
+
+def test_annotate_outside_a_task_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        annotate(node="x")
+    loop = VirtualTimeLoop()
+    errors: list[BaseException] = []
+
+    def callback() -> None:
+        try:
+            annotate(node="x")
+        except RuntimeError as exc:
+            errors.append(exc)
+        loop.stop()
+
+    loop.call_soon(callback)
+    loop.run_forever()
+    loop.shutdown()
+    assert [str(e) for e in errors] == [
+        "annotate() must be called from inside a task, or be given task="
+    ]
+
+
+def program_trace(seed: int) -> str:
+    """A small mixed program; its trace as text."""
+    trace: Trace = []
+    log = recorder(trace)
+    rng = random.Random(seed)
+
+    async def node(name: str, queue: asyncio.Queue[str]) -> None:
+        for step in range(5):
+            await asyncio.sleep(rng.choice([0.5, 1.0, 1.0, 2.0]))
+            await queue.put(f"{name}:{step}")
+            try:
+                await asyncio.wait_for(asyncio.sleep(rng.random()), timeout=0.5)
+                log(name, f"step {step} in time")
+            except TimeoutError:
+                log(name, f"step {step} timed out")
+
+    async def sink(queue: asyncio.Queue[str]) -> None:
+        while True:
+            log("sink", await queue.get())
+
+    async def main() -> None:
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        asyncio.create_task(sink(queue))
+        await asyncio.gather(*(node(f"n{i}", queue) for i in range(4)))
+
+    run(main())
+    return "\n".join(repr(entry) for entry in trace)
+
+
+def test_same_program_gives_byte_identical_traces() -> None:
+    first, second = program_trace(7), program_trace(7)
+    assert first.encode() == second.encode()
+    assert first.count("\n") + 1 == 40
+    assert program_trace(8) != first
+
+
+def test_one_hour_virtual_sleep_takes_no_wall_time() -> None:
+    async def main() -> float:
+        await asyncio.sleep(3600)
+        return asyncio.get_running_loop().time()
+
+    started = time.perf_counter()
+    assert run(main()) == 3600.0
+    assert time.perf_counter() - started < 0.5
+
+
+def test_main_exception_propagates_unchanged() -> None:
+    failure = ValueError("bad gradient for w@GRAD")
+
+    async def main() -> None:
+        await asyncio.sleep(1)
+        raise failure
+
+    with pytest.raises(ValueError) as caught:
+        run(main())
+    assert caught.value is failure
+
+
+def test_main_result_is_returned() -> None:
+    async def main() -> dict[str, int]:
+        return {"steps": 3}
+
+    assert run(main()) == {"steps": 3}
+
+
+def test_run_needs_a_coroutine() -> None:
+    with pytest.raises(TypeError, match="run\\(\\) needs a coroutine"):
+        run(asyncio.sleep)  # type: ignore[arg-type]
+
+
+def test_nested_run_is_a_clear_error() -> None:
+    async def inner() -> None:
+        await asyncio.sleep(1)
+
+    async def main() -> str:
+        with pytest.raises(SimNestedRunError, match="await the coroutine instead"):
+            run(inner())
+        coro = inner()
+        with pytest.raises(RuntimeError, match="already running"):
+            asyncio.get_running_loop().run_until_complete(coro)
+        coro.close()
+        return "survived"
+
+    assert run(main()) == "survived"
+
+
+@pytest.mark.parametrize(
+    ("name", "attempt"),
+    [
+        ("create_connection", lambda loop: asyncio.open_connection("127.0.0.1", 9)),
+        ("create_server", lambda loop: asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)),
+        ("add_reader", lambda loop: loop.add_reader(0, print)),
+        ("sock_recv", lambda loop: loop.sock_recv(None, 10)),
+        ("getaddrinfo", lambda loop: loop.getaddrinfo("localhost", 80)),
+        ("subprocess_exec", lambda loop: asyncio.create_subprocess_exec("true")),
+    ],
+)
+def test_real_io_is_refused_with_a_clear_error(
+    name: str, attempt: Callable[[asyncio.AbstractEventLoop], object]
+) -> None:
+    async def main() -> None:
+        call = attempt(asyncio.get_running_loop())
+        if asyncio.iscoroutine(call):
+            await call
+
+    with pytest.raises(SimUnsupportedError, match=rf"VirtualTimeLoop\.{name}\(\): .* no real I/O"):
+        run(main())
+    assert issubclass(SimUnsupportedError, NotImplementedError)
+
+
+def test_leftover_tasks_are_cancelled_and_asyncgens_finalized_on_close() -> None:
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def heartbeat() -> None:
+        try:
+            while True:
+                await asyncio.sleep(1)
+                log("heartbeat", "beat")
+        except asyncio.CancelledError:
+            log("heartbeat", "cancelled")
+            raise
+
+    async def ticks():  # type: ignore[no-untyped-def]
+        try:
+            for tick in range(10):
+                yield tick
+        finally:
+            log("ticks", "finalized")
+
+    unfinished = ticks()  # kept alive past main, so only the loop's shutdown can finalize it
+
+    async def main() -> None:
+        asyncio.create_task(heartbeat())
+        async for tick in unfinished:
+            if tick == 1:
+                break
+        await asyncio.sleep(2.5)
+        log("main", "done")
+
+    run(main())
+    assert trace == [
+        (1.0, "heartbeat", "beat"),
+        (2.0, "heartbeat", "beat"),
+        (2.5, "main", "done"),
+        (2.5, "heartbeat", "cancelled"),
+        (2.5, "ticks", "finalized"),
+    ]
+
+
+def test_leftover_task_that_refuses_cancellation_warns_instead_of_hanging() -> None:
+    async def stubborn() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.Event().wait()
+
+    async def main() -> None:
+        asyncio.create_task(stubborn(), name="stubborn")
+        await asyncio.sleep(1)
+
+    with pytest.warns(RuntimeWarning, match="leftover tasks did not finish when cancelled"):
+        run(main())
+
+
+def test_max_time_stops_before_the_clock_passes_it() -> None:
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def main() -> None:
+        while True:
+            await asyncio.sleep(3)
+            log("main", "tick")
+
+    with pytest.raises(SimTimeLimit) as caught:
+        run(main(), max_time=10)
+    assert (caught.value.now, caught.value.limit, caught.value.next_when) == (9.0, 10, 12.0)
+    assert [t for t, _, _ in trace] == [3.0, 6.0, 9.0]
+    assert "max_time=10 reached at t=9.0" in str(caught.value)
+
+
+def test_timer_exactly_at_max_time_still_runs() -> None:
+    async def main() -> float:
+        await asyncio.sleep(10)
+        return asyncio.get_running_loop().time()
+
+    assert run(main(), max_time=10.0) == 10.0
+
+
+def test_max_steps_stops_a_task_spinning_at_one_instant() -> None:
+    async def main() -> None:
+        while True:
+            await asyncio.sleep(0)
+
+    with pytest.raises(SimStepLimit, match="max_steps=1000 reached at t=0.0"):
+        run(main(), max_steps=1000)  # and the cleanup, with a fresh budget, cancels the spinner
+
+
+def test_bad_limits_are_rejected() -> None:
+    with pytest.raises(ValueError, match="max_time must be >= 0"):
+        VirtualTimeLoop(max_time=-1)
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        VirtualTimeLoop(max_steps=0)
+
+
+def test_stats_count_callbacks_timers_and_jumps() -> None:
+    loop = VirtualTimeLoop()
+    loop.call_later(1, print)
+    loop.call_later(1, lambda: None)
+    loop.call_later(3, print).cancel()
+    loop.call_later(2, loop.stop)
+    loop.call_soon(lambda: None)
+    loop.run_forever()
+    assert (loop.stats.callbacks, loop.stats.timers, loop.stats.jumps) == (4, 3, 2)
+    assert loop.time() == 2.0
+    loop.shutdown()
+
+
+def test_many_cancelled_timers_are_purged_and_never_fire() -> None:
+    fired: list[int] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for round_ in range(5):
+            handles = [loop.call_later(10 + i, fired.append, i) for i in range(300)]
+            for handle in handles[:-1]:
+                handle.cancel()
+            await asyncio.sleep(1)
+            assert len(loop._timers) <= 300 * (round_ + 1)  # type: ignore[attr-defined]
+        await asyncio.sleep(400)
+
+    run(main())
+    assert fired == [299] * 5
+
+
+def test_run_in_executor_runs_inline_at_current_time() -> None:
+    def boom() -> None:
+        raise OSError("disk")
+
+    async def main() -> tuple[float, int]:
+        await asyncio.sleep(1.25)
+        result = await asyncio.to_thread(sum, [1, 2, 3])
+        with pytest.raises(OSError, match="disk"):
+            await asyncio.get_running_loop().run_in_executor(None, boom)
+        return asyncio.get_running_loop().time(), result
+
+    assert run(main()) == (1.25, 6)
+
+
+def test_call_soon_threadsafe_from_the_loop_thread() -> None:
+    async def main() -> str:
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon_threadsafe(future.set_result, "woken")
+        return await future
+
+    assert run(main()) == "woken"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 7.25]), max_size=40))
+def test_timers_fire_in_when_then_scheduling_order(delays: list[float]) -> None:
+    fired: list[tuple[float, int]] = []
+    loop = VirtualTimeLoop()
+
+    def record(index: int) -> None:
+        fired.append((loop.time(), index))
+
+    for index, delay in enumerate(delays):
+        loop.call_later(delay, record, index)
+    loop.call_later(10, loop.stop)
+    loop.run_forever()
+    loop.shutdown()
+    assert fired == sorted((delay, index) for index, delay in enumerate(delays))

@@ -1,0 +1,245 @@
+"""Scenario files: one YAML document describes a run that `sim run` and `runtime up` both replay.
+
+The schema is a tree of pydantic models (`Scenario`), strict about unknown fields, so a typo is
+an error and not a silently ignored setting. `load_scenario(path)` reports every problem with the
+file, the line, the field path and a reason, e.g.
+``quickstart.yaml:14: cluster.trainers: Input should be greater than or equal to 1``.
+`--set path=value` overrides (`apply_overrides`) are validated the same way.
+
+`network`, `compute` and `faults` belong to the simulator and fault injection; they are kept here
+as free-form sections until those layers define their schemas.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import units
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used; the message names the file, line and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OptimizerSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["sgd", "momentum", "adam", "adagrad", "decayed_adagrad", "adamax", "rmsprop",
+                  "ftrl"] = "sgd"
+    learning_rate: float = Field(0.1, gt=0)
+
+
+class ModelSpec(BaseModel):
+    """`name` picks a builder of `transpiler.models`; other keys go to it as arguments."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    optimizer: OptimizerSpec = OptimizerSpec()
+    lr: dict[str, Any] | None = None
+
+    def builder_kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class DataSpec(_Strict):
+    name: str | None = None
+    batch_size: int = Field(32, ge=1)
+    shard: Literal["by_trainer"] = "by_trainer"
+    size: int | None = Field(None, ge=1)
+
+
+class ClusterSpec(_Strict):
+    pservers: int = Field(1, ge=1, le=4096)
+    trainers: int = Field(1, ge=1, le=65536)
+    endpoints: dict[str, list[str]] | None = None
+    host: str = "127.0.0.1"
+    base_port: int = Field(0, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _endpoints_match(self) -> "ClusterSpec":
+        if self.endpoints is None:
+            return self
+        unknown = set(self.endpoints) - {"pservers", "trainers"}
+        if unknown:
+            raise ValueError(f"endpoints: unknown role(s) {sorted(unknown)} (pservers, trainers)")
+        eps = self.endpoints.get("pservers", [])
+        if eps and len(eps) != self.pservers:
+            raise ValueError(f"endpoints.pservers lists {len(eps)} endpoints for {self.pservers} pservers")
+        for ep in eps:
+            host, _, port = ep.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"endpoint {ep!r} is not host:port")
+        if len(set(eps)) != len(eps):
+            raise ValueError(f"endpoints.pservers has duplicates: {eps}")
+        return self
+
+
+class TranspilerSpec(_Strict):
+    mode: Literal["sync", "async", "half_async", "geo"] = "sync"
+    slice_var_up: bool = True
+    split_method: Literal["round_robin", "hash_name"] = "round_robin"
+    min_block_size: int = Field(8192, ge=1)
+    dc_asgd: bool = False
+    geo_push_every: int = Field(100, ge=1)
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> "TranspilerSpec":
+        if self.dc_asgd and self.mode != "async":
+            raise ValueError(f"dc_asgd needs mode async, not {self.mode}")
+        return self
+
+
+class TrainSpec(_Strict):
+    steps: int = Field(100, ge=1)
+    deadline: float = Field(600.0, gt=0, description="seconds a whole run may take")
+    heartbeat_timeout: float = Field(10.0, gt=0)
+    log_every: int = Field(10, ge=1)
+
+    @field_validator("deadline", "heartbeat_timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return units.duration(v)
+
+
+class BackendSpec(_Strict):
+    kernels: Literal["numpy", "torch"] = "numpy"
+    device: Literal["cpu", "cuda"] = "cpu"
+
+    @model_validator(mode="after")
+    def _cuda_needs_torch(self) -> "BackendSpec":
+        if self.device == "cuda" and self.kernels != "torch":
+            raise ValueError("device cuda needs kernels: torch")
+        return self
+
+
+class ExpectSpec(_Strict):
+    final_loss_below: float | None = None
+    loss_drop_factor: float | None = Field(None, gt=1)
+    params_equal_to: Literal["local"] | None = None
+    no_lost_updates: bool = False
+    max_step_time: float | None = None
+
+    @field_validator("max_step_time", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float | None:
+        return None if v is None else units.duration(v)
+
+
+class OutputsSpec(_Strict):
+    dir: str | None = None
+    trace: bool = False
+    plots: bool = False
+
+
+class Scenario(_Strict):
+    name: str
+    description: str = ""
+    seed: int = 0
+    model: ModelSpec
+    data: DataSpec = DataSpec()
+    cluster: ClusterSpec = ClusterSpec()
+    transpiler: TranspilerSpec = TranspilerSpec()
+    train: TrainSpec = TrainSpec()
+    backend: BackendSpec = BackendSpec()
+    network: dict[str, Any] | None = None
+    compute: dict[str, Any] | None = None
+    faults: list[dict[str, Any]] = []
+    expect: ExpectSpec = ExpectSpec()
+    outputs: OutputsSpec = OutputsSpec()
+
+    @model_validator(mode="after")
+    def _sync_only(self) -> "Scenario":
+        if self.expect.params_equal_to and self.transpiler.mode != "sync":
+            raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, "
+                             f"not {self.transpiler.mode}")
+        return self
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+def _line_index(node: yaml.Node, path: tuple[Any, ...] = (), out: dict | None = None) -> dict:
+    """Map each field path in a composed YAML tree to its 1-based line."""
+    out = {} if out is None else out
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            out[path + (key.value,)] = key.start_mark.line + 1
+            _line_index(value, path + (key.value,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, path + (i,), out)
+    return out
+
+
+def _line_of(lines: dict, loc: tuple[Any, ...]) -> int | None:
+    for n in range(len(loc), -1, -1):
+        key = tuple(str(p) if not isinstance(p, int) else p for p in loc[:n])
+        if key in lines:
+            return lines[key]
+    return None
+
+
+def _describe(err: ValidationError, source: str, lines: dict) -> str:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        line = _line_of(lines, loc)
+        where = f"{source}:{line}" if line else source
+        msg = e["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {field}: {msg}")
+    return "\n".join(problems)
+
+
+def parse_scenario(text: str, source: str = "<scenario>",
+                   overrides: list[str] | None = None) -> Scenario:
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{source}: a scenario is a mapping of sections, got {type(raw).__name__}")
+    lines = _line_index(node) if node is not None else {}
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as exc:
+        raise ScenarioError(_describe(exc, source, lines)) from None
+    except units.UnitError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{p}: cannot read scenario: {exc.strerror}") from None
+    return parse_scenario(text, str(p), overrides)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.field=value`` strings; values are parsed as YAML scalars or lists."""
+    result = copy.deepcopy(raw)
+    for item in overrides:
+        path, sep, value = item.partition("=")
+        if not sep or not path:
+            raise ScenarioError(f"--set {item!r}: expected path=value, e.g. cluster.trainers=4")
+        keys = path.split(".")
+        node = result
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ScenarioError(f"--set {item!r}: {key!r} is not a section")
+            node = child
+        node[keys[-1]] = yaml.safe_load(value)
+    return result

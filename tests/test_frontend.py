@@ -243,3 +243,19 @@ def test_bad_arguments_name_the_culprit() -> None:
 def test_building_twice_gives_identical_programs() -> None:
     assert lookup_model()[0] == lookup_model()[0]
     assert basic()[1] == basic()[1]
+
+
+def test_op_reading_one_var_twice_gets_two_grad_contributions() -> None:
+    def body():  # type: ignore[no-untyped-def]
+        x = T.layers.data("x", shape=[3])
+        h = T.layers.fc(x, size=3, param_attr=T.ParamAttr(name="w"), bias_attr=False)
+        loss = T.layers.mean(T.layers.elementwise_mul(h, h))
+        T.optimizer.SGD(0.1).minimize(loss)
+    main, _, _ = build(body)
+    block = main.global_block()
+    mul_grad = next(op for op in block.ops if op.type == "elementwise_mul_grad")
+    assert mul_grad.output("X@GRAD") == ["fc_0.tmp_0@GRAD@RENAME@block0@0"]
+    assert mul_grad.output("Y@GRAD") == ["fc_0.tmp_0@GRAD@RENAME@block0@1"]
+    summed = block.ops[block.ops.index(mul_grad) + 1]
+    assert summed.type == "sum" and summed.output("Out") == ["fc_0.tmp_0@GRAD"]
+    T.verify(main)

@@ -44,6 +44,9 @@ GRAD_INPUT_SLOTS: dict[str, tuple[str, ...]] = {
     "lookup_table": ("W",),
     "sequence_pool": ("X",),
     "reshape": ("X",),
+    "cos": ("X",),
+    "clip": ("X",),
+    "squared_l2_norm": ("X",),
 }
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
@@ -118,7 +121,8 @@ def append_backward(loss: Var, parameter_list: list[str] | None = None,
                            "op_role": int(OpRole.Backward | OpRole.Loss)})
 
     available = {loss_grad}
-    producers: dict[str, list[Op]] = defaultdict(list)
+    # grad name -> every (grad op, output slot, position) that writes a contribution to it
+    producers: dict[str, list[tuple[Op, str, int]]] = defaultdict(list)
     grad_ops: list[Op] = []
     for op in reversed(path):
         out_grads = {f"{s}@GRAD": [grad_name(n) for n in names]
@@ -132,19 +136,21 @@ def append_backward(loss: Var, parameter_list: list[str] | None = None,
             if names:
                 in_grads[f"{slot}@GRAD"] = names
         inputs = {**op.inputs, **op.outputs}
-        # A multi-var output slot keeps its arity; missing grads are left for the kernel as zeros.
+        # Grad slots list only the grads that exist (outputs) or are needed (inputs); kernels
+        # match them to forward vars by name, and treat a missing output grad as zero.
         inputs.update({k: [n for n in v if n in available] for k, v in out_grads.items()})
         attrs = {k: v for k, v in op.attrs.items() if k not in ("op_role", "op_role_var")}
         attrs["op_role"] = int(OpRole.Backward)
         gop = Op(op.type + "_grad", inputs, in_grads, attrs)
         for slot, names in in_grads.items():
             fwd_slot = slot[: -len("@GRAD")]
-            for fwd_name, gname in zip([n for n in op.input(fwd_slot) if n in live], names):
+            for pos, (fwd_name, gname) in enumerate(zip([n for n in op.input(fwd_slot) if n in live],
+                                                        names)):
                 fwd_var = block.find_var_recursive(fwd_name)
                 assert fwd_var is not None
                 sparse = _is_sparse_lookup(op) and fwd_slot == "W"
                 _declare_grad(block, gname, fwd_var, sparse)
-                producers[gname].append(gop)
+                producers[gname].append((gop, slot, pos))
                 available.add(gname)
         grad_ops.append(gop)
 
@@ -153,22 +159,29 @@ def append_backward(loss: Var, parameter_list: list[str] | None = None,
     return _params_and_grads(block, parameter_list, no_grad)
 
 
-def _sum_repeated_grads(block: Block, producers: dict[str, list[Op]]) -> None:
-    """Rename the outputs of every extra producer and add them up after the last one."""
-    for gname, ops in producers.items():
-        if len(ops) < 2:
+def _sum_repeated_grads(block: Block, producers: dict[str, list[tuple[Op, str, int]]]) -> None:
+    """Give each contribution to a gradient its own name and add them up after the last one.
+
+    Contributions are renamed per output position, so an op that reads a var twice
+    (``elementwise_mul(h, h)``) gets two distinct grad outputs."""
+    for gname, writes in producers.items():
+        if len(writes) < 2:
             continue
+        var = block.var(gname)
         renamed = []
-        for k, op in enumerate(ops):
+        for k, (op, slot, pos) in enumerate(writes):
             new = f"{gname}@RENAME@block{block.idx}@{k}"
-            var = block.var(gname)
             block.create_var(new, shape=var.shape, dtype=var.dtype, type=var.type,
                              lod_level=var.lod_level)
-            op.rename_output(gname, new)
+            op.outputs[slot][pos] = new
             renamed.append(new)
-        last = max(block.ops.index(op) for op in ops)
+        last = max(_index_of(block, op) for op, _, _ in writes)
         block.insert_op(last + 1, "sum", inputs={"X": renamed}, outputs={"Out": [gname]},
                         attrs={"op_role": int(OpRole.Backward)})
+
+
+def _index_of(block: Block, op: Op) -> int:
+    return next(i for i, candidate in enumerate(block.ops) if candidate is op)
 
 
 def _params_and_grads(block: Block, parameter_list: list[str] | None,

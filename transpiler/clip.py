@@ -29,16 +29,19 @@ class GradientClipByValue(BaseGradientClipAttr):
     min: float | None = None
 
     def __post_init__(self) -> None:
-        self.min = -self.max if self.min is None else self.min
-        if self.min > self.max:
-            raise ValueError(f"GradientClipByValue: min {self.min} is greater than max {self.max}")
+        if self.low > self.max:
+            raise ValueError(f"GradientClipByValue: min {self.low} is greater than max {self.max}")
+
+    @property
+    def low(self) -> float:
+        return -self.max if self.min is None else self.min
 
     def apply(self, params_grads: list[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
         with name_scope("@CLIP"):
             for param, grad in _dense(params_grads):
                 with op_role_guard(OpRole.Optimize, [param.name, grad.name]):
                     append_op("clip", {"X": [grad]}, {"Out": [grad]},
-                              {"min": float(self.min), "max": float(self.max)})
+                              {"min": float(self.low), "max": float(self.max)})
         return params_grads
 
 

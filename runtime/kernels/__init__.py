@@ -1,0 +1,17 @@
+"""Kernels: the functions that compute ops, registered per op type and backend.
+
+`get_kernel(op_type, backend)` finds one (loading the backend's modules on first use);
+a kernel is ``kernel(ctx: KernelContext) -> None``. Backends: `numpy` (default) and, later,
+`torch` with the same ops.
+"""
+
+from .context import KernelContext
+from .errors import (AsyncOpError, ExecutionError, FeedError, FetchError, KernelError,
+                     KernelNotFound, MissingInputError)
+from .registry import BACKENDS, Kernel, get_kernel, load_backend, register, registered_ops
+
+__all__ = [
+    "AsyncOpError", "BACKENDS", "ExecutionError", "FeedError", "FetchError", "Kernel",
+    "KernelContext", "KernelError", "KernelNotFound", "MissingInputError", "get_kernel",
+    "load_backend", "register", "registered_ops",
+]

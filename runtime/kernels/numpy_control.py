@@ -1,0 +1,92 @@
+"""Initializers and control ops: `fill_constant`, `increment`, the random initializers and
+`conditional_block`.
+
+Random initializers are deterministic across processes: with a non-zero `seed` attribute that
+seed is used, otherwise the seed is ``crc32(f"{program.random_seed}:{output var name}")``, so a
+trainer and a pserver (or a rerun) draw the same values for the same var.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from .common import scalar
+from .context import KernelContext
+from .registry import register
+
+Array = np.ndarray
+
+
+def _shape(ctx: KernelContext) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in ctx.attr("shape", ()))
+    if any(d < 0 for d in shape):
+        raise ValueError(f"shape {list(shape)} must be fully known (no -1)")
+    return shape
+
+
+def _dtype(ctx: KernelContext) -> np.dtype:
+    return np.dtype(ctx.attr("dtype", "float32"))
+
+
+@register("fill_constant")
+def fill_constant(ctx: KernelContext) -> None:
+    ctx.set_output("Out", np.full(_shape(ctx), ctx.attr("value", 0.0), dtype=_dtype(ctx)))
+
+
+@register("increment")
+def increment(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", x + np.asarray(ctx.attr("step", 1.0)).astype(x.dtype))
+
+
+def seed_for(ctx: KernelContext) -> int:
+    seed = int(ctx.attr("seed", 0))
+    if seed:
+        return seed
+    return zlib.crc32(f"{ctx.random_seed}:{ctx.output_names('Out')[0]}".encode())
+
+
+def _rng(ctx: KernelContext) -> np.random.Generator:
+    return np.random.default_rng(seed_for(ctx))
+
+
+@register("uniform_random")
+def uniform_random(ctx: KernelContext) -> None:
+    low, high = float(ctx.attr("min", -1.0)), float(ctx.attr("max", 1.0))
+    values = _rng(ctx).uniform(low, high, _shape(ctx))
+    ctx.set_output("Out", values.astype(_dtype(ctx)))
+
+
+@register("gaussian_random")
+def gaussian_random(ctx: KernelContext) -> None:
+    mean, std = float(ctx.attr("mean", 0.0)), float(ctx.attr("std", 1.0))
+    values = _rng(ctx).normal(mean, std, _shape(ctx))
+    ctx.set_output("Out", values.astype(_dtype(ctx)))
+
+
+@register("truncated_gaussian_random")
+def truncated_gaussian_random(ctx: KernelContext) -> None:
+    """Standard normal draws outside two standard deviations are drawn again."""
+    mean, std = float(ctx.attr("mean", 0.0)), float(ctx.attr("std", 1.0))
+    rng = _rng(ctx)
+    z = rng.standard_normal(_shape(ctx))
+    outside = np.abs(z) > 2
+    while outside.any():
+        z[outside] = rng.standard_normal(int(outside.sum()))
+        outside = np.abs(z) > 2
+    ctx.set_output("Out", (mean + std * z).astype(_dtype(ctx)))
+
+
+@register("conditional_block")
+def conditional_block(ctx: KernelContext) -> None:
+    """Run `sub_block` on the same scope when the condition holds: the one-element Cond when
+    `is_scalar_condition`, else when every Cond tensor is non-empty (Paddle's rule)."""
+    conds = ctx.inputs("Cond")
+    if ctx.attr("is_scalar_condition", False):
+        holds = bool(scalar(conds[0]))
+    else:
+        holds = all(np.asarray(c).size > 0 for c in conds)
+    if holds:
+        ctx.run_block(ctx.attr("sub_block").idx)

@@ -1,0 +1,105 @@
+"""Kernel test helpers: run one op's numpy kernel on given values, and check a grad kernel
+against central finite differences of the forward kernel.
+
+Input values are given per slot (one value or a list for a multi-var slot); the var of slot
+``S`` at position ``i`` is named ``S{i}``. The finite-difference loss is
+``sum_s sum(w_s * out_s)`` over the checked outputs with fixed random weights ``w_s``, which are
+also what the grad op receives as ``<out>@GRAD``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from runtime import LoDTensor, Scope, SelectedRows
+from runtime.kernels import KernelContext, get_kernel
+from runtime.tensor import to_dense
+from transpiler.ir import Op, Program
+
+Inputs = Mapping[str, Any]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def var_names(slot: str, count: int) -> list[str]:
+    return [f"{slot}{i}" for i in range(count)]
+
+
+def run_in_scope(op: Op, scope: Scope, program: Program | None = None) -> None:
+    get_kernel(op.type)(KernelContext(op, scope, "", program))
+
+
+def run_op(op_type: str, inputs: Inputs, outputs: Mapping[str, int] | Sequence[str] = ("Out",),
+           attrs: Mapping[str, Any] | None = None, program: Program | None = None) -> dict[str, Any]:
+    """Run `op_type` on `inputs`; return each output slot's value (a list for several vars,
+    None for a single var the kernel did not write). Arrays come back as arrays (a LoDTensor's
+    data), SelectedRows as SelectedRows."""
+    counts = dict(outputs) if isinstance(outputs, Mapping) else {s: 1 for s in outputs}
+    scope = Scope()
+    in_names = {}
+    for slot, value in inputs.items():
+        values = _as_list(value)
+        in_names[slot] = var_names(slot, len(values))
+        for name, v in zip(in_names[slot], values):
+            scope.set(name, v)
+    out_names = {slot: var_names(slot, n) for slot, n in counts.items()}
+    run_in_scope(Op(op_type, in_names, out_names, dict(attrs or {})), scope, program)
+    result = {}
+    for slot, names in out_names.items():
+        values = [scope.get(n) for n in names if n in scope]
+        result[slot] = (values[0] if values else None) if counts[slot] == 1 else values
+    return result
+
+
+def _perturbed(value: Any, index: tuple[int, ...], delta: float) -> Any:
+    data = to_dense(value).copy()
+    data[index] += delta
+    return LoDTensor(data, value.lod) if isinstance(value, LoDTensor) else data
+
+
+def _with(inputs: Inputs, slot: str, pos: int, value: Any) -> dict[str, Any]:
+    changed = dict(inputs)
+    values = _as_list(inputs[slot])
+    values[pos] = value
+    changed[slot] = values if isinstance(inputs[slot], list) else value
+    return changed
+
+
+def check_grad(op_type: str, inputs: Inputs, wrt: Iterable[str], attrs: Mapping[str, Any] | None = None,
+               outputs: Sequence[str] = ("Out",), loss_outputs: Sequence[str] | None = None,
+               eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1e-7, seed: int = 0) -> None:
+    """Assert that `op_type_grad` matches central differences of `op_type` for every input
+    slot in `wrt` (all float64). SelectedRows gradients are compared densified."""
+    attrs = dict(attrs or {})
+    loss_outputs = list(loss_outputs or outputs[:1])
+    forward = run_op(op_type, inputs, outputs, attrs)
+    rng = np.random.default_rng(seed)
+    weights = {s: rng.standard_normal(np.shape(forward[s])) for s in loss_outputs}
+
+    def loss(values: Inputs) -> float:
+        out = run_op(op_type, values, outputs, attrs)
+        return float(sum(np.sum(weights[s] * out[s]) for s in loss_outputs))
+
+    wrt = list(wrt)
+    grad_inputs: dict[str, Any] = {**inputs, **{s: forward[s] for s in outputs}}
+    grad_inputs.update({f"{s}@GRAD": w for s, w in weights.items()})
+    grad_outputs = {f"{s}@GRAD": len(_as_list(inputs[s])) for s in wrt}
+    analytic = run_op(op_type + "_grad", grad_inputs, grad_outputs, attrs)
+
+    for slot in wrt:
+        for pos, value in enumerate(_as_list(inputs[slot])):
+            got = _as_list(analytic[f"{slot}@GRAD"])[pos]
+            got = got.to_dense() if isinstance(got, SelectedRows) else got
+            data = to_dense(value)
+            numeric = np.zeros(data.shape)
+            for index in np.ndindex(*data.shape):
+                up = loss(_with(inputs, slot, pos, _perturbed(value, index, eps)))
+                down = loss(_with(inputs, slot, pos, _perturbed(value, index, -eps)))
+                numeric[index] = (up - down) / (2 * eps)
+            assert got.shape == data.shape, f"{slot}[{pos}]: grad shape {got.shape} != {data.shape}"
+            np.testing.assert_allclose(got, numeric, rtol=rtol, atol=atol,
+                                       err_msg=f"{op_type}: gradient of {slot}[{pos}]")

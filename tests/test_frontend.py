@@ -259,3 +259,12 @@ def test_op_reading_one_var_twice_gets_two_grad_contributions() -> None:
     summed = block.ops[block.ops.index(mul_grad) + 1]
     assert summed.type == "sum" and summed.output("Out") == ["fc_0.tmp_0@GRAD"]
     T.verify(main)
+
+
+def test_one_optimizer_object_minimizes_two_programs() -> None:
+    opt = T.optimizer.Adam(0.1)
+    first, _, _ = basic(lambda: opt)
+    second, startup, _ = basic(lambda: opt)
+    for prog in (first, second, startup):
+        T.verify(prog)
+    assert second.global_block().has_var("moment1_0")

@@ -56,6 +56,9 @@ class Optimizer:
         return ops, params_grads
 
     def apply_gradients(self, params_grads: ParamsGrads) -> list[Op]:
+        # Learning-rate and accumulator vars belong to one program: a reused optimizer object
+        # declares fresh ones in the program it is now minimizing.
+        self._lr_var, self._acc = None, {}
         self._create_learning_rate()
         trainable = [(p, g) for p, g in params_grads if p.trainable]
         for param, _ in trainable:
@@ -77,7 +80,7 @@ class Optimizer:
     def _create_learning_rate(self) -> None:
         if isinstance(self._learning_rate, Var):
             self._lr_var = self._learning_rate
-        elif self._lr_var is None:
+        else:
             self._lr_var = create_global_var(unique_name.generate("learning_rate"), [1],
                                              float(self._learning_rate), "float32")
 

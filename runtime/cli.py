@@ -1,0 +1,128 @@
+"""The `runtime` command.
+
+``runtime train`` builds a ready-made model, makes its data set, and trains it in this process
+with the executor, printing the mean loss of each logging window and the throughput, then a
+summary line. Later subcommands (``up``, ``profile``) hang off the same parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Sequence, TextIO
+
+from transpiler.models import DEFAULT_OPTIMIZERS, MODELS, Model, ModelError, build_model
+from transpiler.optimizer import OPTIMIZERS
+
+from . import Executor, Scope
+from .data import DATASETS, DataError, Dataset, dataset_for
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return value
+
+
+def _add_train(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a ready-made model in this process",
+        description="Train a ready-made model on a data set in one process and print the loss.")
+    p.add_argument("--model", required=True, choices=sorted(MODELS), help="model to build")
+    p.add_argument("--data", choices=sorted(DATASETS),
+                   help="data set (default: the model's own synthetic data)")
+    p.add_argument("--steps", type=_positive_int, default=200, help="training steps (200)")
+    p.add_argument("--batch-size", type=_positive_int, default=32, help="examples per step (32)")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS),
+                   help="optimizer (default: the model's, see transpiler.models.DEFAULT_OPTIMIZERS)")
+    p.add_argument("--lr", type=_positive_float, help="learning rate (default: the model's)")
+    p.add_argument("--seed", type=int, default=0, help="seed for parameters and data (0)")
+    p.add_argument("--log-every", type=_positive_int, default=10,
+                   help="print the mean loss every this many steps (10)")
+    p.set_defaults(run=_train, parser=p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="runtime", description="Run pslab programs: train locally (more to come).")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_train(subparsers)
+    return parser
+
+
+def optimizer_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The model's default optimizer with --optimizer and --lr applied."""
+    spec = dict(DEFAULT_OPTIMIZERS[args.model])
+    if args.optimizer:
+        spec = {"type": args.optimizer, "learning_rate": spec["learning_rate"]}
+    if args.lr:
+        spec["learning_rate"] = args.lr
+    return spec
+
+
+def _setup(args: argparse.Namespace) -> tuple[Model, Dataset]:
+    parser: argparse.ArgumentParser = args.parser
+    try:
+        model = build_model(args.model, seed=args.seed, optimizer=optimizer_spec(args))
+    except ModelError as err:
+        parser.error(f"argument --model/--optimizer: {err}")
+    try:
+        dataset = dataset_for(model, args.data, seed=args.seed)
+    except DataError as err:
+        parser.error(f"argument --data: {err}")
+    return model, dataset
+
+
+def _train(args: argparse.Namespace, out: TextIO) -> int:
+    model, dataset = _setup(args)
+    spec = optimizer_spec(args)
+    print(f"training {model.name} on {dataset.name} ({dataset.size} examples): {args.steps} steps "
+          f"of {args.batch_size}, {spec['type']} lr {spec['learning_rate']}, seed {args.seed}",
+          file=out)
+    exe, scope = Executor(), Scope()
+    exe.run(model.startup, scope=scope)
+    shard = dataset.shard(0, 1)
+    window: list[float] = []
+    first = last = float("nan")
+    start = tick = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        feed = shard.batch(step - 1, args.batch_size, model.feeds)
+        (loss,) = exe.run(model.main, feed=feed, fetch_list=[model.loss], scope=scope)
+        window.append(float(loss.reshape(-1)[0]))
+        if step % args.log_every == 0 or step == args.steps:
+            now = time.perf_counter()
+            mean = sum(window) / len(window)
+            first = mean if step <= args.log_every else first
+            last = mean
+            rate = len(window) * args.batch_size / max(now - tick, 1e-9)
+            print(f"step {step:6d}  loss {mean:.4f}  samples/s {rate:.0f}", file=out)
+            window, tick = [], now
+    elapsed = time.perf_counter() - start
+    print(f"done: {args.steps} steps in {elapsed:.2f}s, "
+          f"{args.steps * args.batch_size / elapsed:.0f} samples/s, "
+          f"loss {first:.4f} -> {last:.4f}", file=out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.run(args, out or sys.stdout))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

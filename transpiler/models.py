@@ -1,0 +1,339 @@
+"""Ready-made training programs that a scenario can name: `linear`, `mlp`, `ctr_dnn`, `word2vec`.
+
+Each builder appends a forward pass, a loss and an optimizer (`minimize`) to a fresh main and
+startup program, inside its own `program_guard` and `unique_name.guard()`, so building twice gives
+identical programs. Parameters get explicit, stable names (``mlp.fc0.w``, ``ctr.emb.title_ids``,
+``w2v.emb_in``) that the distribute transpiler's golden outputs can rely on.
+
+A builder returns a `Model`: the programs, the names to feed, the loss var, and hints for the data
+side (which data set fits by default and the sizes it must have). `build_model(name, **kwargs)`
+looks a builder up by name, or imports one given as ``"package.module:function"``.
+
+The optimizer is given as an `Optimizer` (used as is, so use one object per build), or as a dict
+``{"type": "sgd", "learning_rate": 0.1, ...}`` whose other keys go to the optimizer's constructor
+(``regularization`` and ``grad_clip`` may be dicts too), plus an optional learning-rate schedule
+dict ``{"type": "exponential_decay", "decay_steps": 100, "decay_rate": 0.5}`` whose
+``learning_rate`` defaults to the optimizer's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from . import clip, layers
+from . import lr as schedules
+from .framework import ParamAttr, program_guard, unique_name
+from .initializer import Constant, Uniform
+from .ir import Program, Var
+from .optimizer import OPTIMIZERS, Optimizer
+from .regularizer import regularizer_from_dict
+
+OptimizerSpec = Optimizer | Mapping[str, Any]
+LRSpec = Mapping[str, Any]
+
+
+@dataclass
+class Model:
+    """A built training program and what a runner needs to feed and watch it."""
+
+    name: str
+    main: Program
+    startup: Program
+    feeds: list[str]  # names of the data vars to feed, in declaration order
+    loss: Var  # the scalar that `minimize` was called on
+    label: str | None  # the feed holding the target, if the model has one
+    predict: Var  # the model's output (logits, probabilities, regression value, or score)
+    data: str  # the data set that fits by default (see runtime.data)
+    data_params: dict[str, Any] = field(default_factory=dict)  # sizes the data must have
+
+    @property
+    def params(self) -> list[str]:
+        """Names of the trainable parameters, sorted."""
+        return sorted(p.name for p in self.main.all_parameters() if p.trainable)
+
+
+class ModelError(ValueError):
+    """A model or optimizer spec that cannot be built; the message names the field at fault."""
+
+
+# -- optimizer specs ------------------------------------------------------------------------------
+
+LR_SCHEDULES: dict[str, Callable[..., Var]] = {
+    "exponential_decay": schedules.exponential_decay,
+    "natural_exp_decay": schedules.natural_exp_decay,
+    "inverse_time_decay": schedules.inverse_time_decay,
+    "polynomial_decay": schedules.polynomial_decay,
+    "piecewise_decay": schedules.piecewise_decay,
+    "noam_decay": schedules.noam_decay,
+    "cosine_decay": schedules.cosine_decay,
+}
+
+GRAD_CLIPS: dict[str, Callable[..., clip.BaseGradientClipAttr]] = {
+    "value": clip.GradientClipByValue,
+    "norm": clip.GradientClipByNorm,
+    "global_norm": clip.GradientClipByGlobalNorm,
+}
+
+
+def _pick(kind: str, table: Mapping[str, Any], spec: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Split a ``{"type": ..., **kwargs}`` spec into its table entry and the kwargs."""
+    if not isinstance(spec, Mapping):
+        raise ModelError(f"{kind}: expected a dict with a 'type' key, got {type(spec).__name__}")
+    kwargs = dict(spec)
+    name = kwargs.pop("type", None)
+    if name not in table:
+        raise ModelError(f"{kind}: unknown type {name!r}; one of {sorted(table)}")
+    return table[name], kwargs
+
+
+def _call(kind: str, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
+    """``fn(**kwargs)``, after checking the keyword names so that a bad one is a `ModelError`."""
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as err:
+        raise ModelError(f"{kind}: {err}") from None
+    unknown = sorted(set(kwargs) - _keywords(fn)) if isinstance(fn, type) else []
+    if unknown:
+        raise ModelError(f"{kind}: got an unexpected keyword argument {unknown[0]!r}")
+    return fn(**kwargs)
+
+
+def _keywords(cls: type) -> set[str]:
+    """Keyword names a class's constructor takes, following ``**kwargs`` up to the bases."""
+    names: set[str] = set()
+    for base in cls.__mro__:
+        if base is not object and "__init__" in vars(base):
+            names.update(inspect.signature(vars(base)["__init__"]).parameters)
+    return names
+
+
+def make_lr(spec: LRSpec, base_lr: float | None) -> Var:
+    """Append the LR schedule `spec` to the current program; returns the learning-rate var."""
+    fn, kwargs = _pick("lr", LR_SCHEDULES, spec)
+    if "learning_rate" in inspect.signature(fn).parameters and base_lr is not None:
+        kwargs.setdefault("learning_rate", base_lr)
+    return _call(f"lr {spec['type']!r}", fn, kwargs)
+
+
+def make_optimizer(spec: OptimizerSpec, lr_spec: LRSpec | None = None) -> Optimizer:
+    """An optimizer from a spec; call inside the model's `program_guard` (a schedule adds ops)."""
+    if isinstance(spec, Optimizer):
+        if lr_spec is not None:
+            raise ModelError("lr: a schedule needs an optimizer dict, not an Optimizer object "
+                             "(pass the schedule var as its learning_rate instead)")
+        return spec
+    cls, kwargs = _pick("optimizer", OPTIMIZERS, spec)
+    kind = f"optimizer {spec['type']!r}"
+    if isinstance(kwargs.get("regularization"), Mapping):
+        try:
+            kwargs["regularization"] = regularizer_from_dict(dict(kwargs["regularization"]))
+        except (KeyError, ValueError) as err:
+            raise ModelError(f"{kind} regularization: {err}") from None
+    if isinstance(kwargs.get("grad_clip"), Mapping):
+        clip_cls, clip_kwargs = _pick(f"{kind} grad_clip", GRAD_CLIPS, kwargs["grad_clip"])
+        kwargs["grad_clip"] = _call(f"{kind} grad_clip", clip_cls, clip_kwargs)
+    if lr_spec is not None:
+        kwargs["learning_rate"] = make_lr(lr_spec, kwargs.get("learning_rate"))
+    if "learning_rate" not in kwargs:
+        raise ModelError(f"{kind}: learning_rate is missing")
+    return _call(kind, cls, kwargs)  # type: ignore[no-any-return]
+
+
+# Each builder's optimizer when none is given: what trains its default data set well.
+DEFAULT_OPTIMIZERS: dict[str, dict[str, Any]] = {
+    "linear": {"type": "sgd", "learning_rate": 0.05},
+    "mlp": {"type": "sgd", "learning_rate": 0.1},
+    "ctr_dnn": {"type": "adagrad", "learning_rate": 0.05},
+    "word2vec": {"type": "adagrad", "learning_rate": 0.2},
+}
+
+
+# -- building -------------------------------------------------------------------------------------
+
+@dataclass
+class _Built:
+    feeds: list[str]
+    loss: Var
+    label: str | None
+    predict: Var
+
+
+def _build(name: str, body: Callable[[], _Built], optimizer: OptimizerSpec | None,
+           lr_spec: LRSpec | None, seed: int, data: str, data_params: dict[str, Any]) -> Model:
+    main, startup = Program(), Program()
+    main.random_seed = startup.random_seed = seed
+    with program_guard(main, startup), unique_name.guard():
+        built = body()
+        make_optimizer(optimizer or DEFAULT_OPTIMIZERS[name], lr_spec).minimize(built.loss)
+    return Model(name, main, startup, built.feeds, built.loss, built.label, built.predict, data,
+                 data_params)
+
+
+def _param(name: str, initializer: Any = None, trainable: bool = True) -> ParamAttr:
+    return ParamAttr(name=name, initializer=initializer, trainable=trainable)
+
+
+def _positive(model: str, **values: int) -> None:
+    for key, value in values.items():
+        if int(value) < 1:
+            raise ModelError(f"{model}: {key} must be a positive integer, got {value}")
+
+
+def linear(in_dim: int = 13, optimizer: OptimizerSpec | None = None, lr: LRSpec | None = None,
+           seed: int = 0) -> Model:
+    """Linear regression (Paddle's fit_a_line): ``y ~ fc(x, 1)``, mean squared error."""
+    _positive("linear", in_dim=in_dim)
+
+    def body() -> _Built:
+        x = layers.data("x", shape=[in_dim])
+        y = layers.data("y", shape=[1])
+        pred = layers.fc(x, size=1, param_attr=_param("linear.w"), bias_attr=_param("linear.b"))
+        loss = layers.mean(layers.square_error_cost(pred, y))
+        return _Built(["x", "y"], loss, "y", pred)
+
+    return _build("linear", body, optimizer, lr, seed, "synthetic_regression", {"dim": in_dim})
+
+
+def mlp(sizes: Sequence[int] = (64, 128, 10), act: str = "relu",
+        optimizer: OptimizerSpec | None = None, lr: LRSpec | None = None, seed: int = 0) -> Model:
+    """Classifier: ``x`` of ``sizes[0]`` features, hidden fc layers with `act`, ``sizes[-1]``
+    logits, `softmax_with_cross_entropy` against an int64 ``label``."""
+    sizes = [int(s) for s in sizes]
+    if len(sizes) < 2:
+        raise ModelError(f"mlp: sizes needs at least [inputs, classes], got {sizes}")
+    _positive("mlp", **{f"sizes[{i}]": s for i, s in enumerate(sizes)})
+
+    def body() -> _Built:
+        h = layers.data("x", shape=[sizes[0]])
+        label = layers.data("label", shape=[1], dtype="int64")
+        last = len(sizes) - 2
+        for i, size in enumerate(sizes[1:]):
+            h = layers.fc(h, size=size, act=None if i == last else act,
+                          param_attr=_param(f"mlp.fc{i}.w"), bias_attr=_param(f"mlp.fc{i}.b"))
+        loss = layers.mean(layers.softmax_with_cross_entropy(h, label))
+        return _Built(["x", "label"], loss, "label", h)
+
+    return _build("mlp", body, optimizer, lr, seed, "synthetic_classification",
+                  {"dim": sizes[0], "classes": sizes[-1]})
+
+
+def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
+            slots: Sequence[str] = ("title_ids", "brand_ids"), hidden: Sequence[int] = (64, 32),
+            pool: str = "sum", is_sparse: bool = True, is_distributed: bool = False,
+            shared_table: bool = False, optimizer: OptimizerSpec | None = None, lr: LRSpec | None = None,
+            seed: int = 0) -> Model:
+    """CTR DNN (Paddle's dist_ctr): per slot, an embedding of int64 LoD ids (table
+    ``ctr.emb.<slot>``) pooled per sequence; the pooled slots concatenated; a relu fc tower; a
+    2-way softmax and `cross_entropy` against the click ``label``. With `shared_table`, or
+    with `is_distributed` (a program has at most one distributed table), all slots share one
+    table, ``ctr.emb``."""
+    slots = list(slots)
+    if not slots or len(set(slots)) != len(slots):
+        raise ModelError(f"ctr_dnn: slots must be distinct names, at least one, got {slots}")
+    if "label" in slots:
+        raise ModelError("ctr_dnn: 'label' is the label's feed name and cannot be a slot")
+    _positive("ctr_dnn", vocab=vocab, embed_dim=embed_dim,
+              **{f"hidden[{i}]": h for i, h in enumerate(hidden)})
+
+    def body() -> _Built:
+        pooled = []
+        for slot in slots:
+            ids = layers.data(slot, shape=[1], dtype="int64", lod_level=1)
+            emb = layers.embedding(ids, size=[vocab, embed_dim], is_sparse=is_sparse,
+                                   is_distributed=is_distributed,
+                                   param_attr=_param("ctr.emb" if shared_table or is_distributed
+                                                     else f"ctr.emb.{slot}"))
+            pooled.append(layers.sequence_pool(emb, pool))
+        h = layers.concat(pooled, axis=1) if len(pooled) > 1 else pooled[0]
+        for i, size in enumerate(hidden):
+            h = layers.fc(h, size=int(size), act="relu", param_attr=_param(f"ctr.fc{i}.w"),
+                          bias_attr=_param(f"ctr.fc{i}.b"))
+        prob = layers.fc(h, size=2, act="softmax", param_attr=_param("ctr.out.w"),
+                         bias_attr=_param("ctr.out.b"))
+        label = layers.data("label", shape=[1], dtype="int64")
+        loss = layers.mean(layers.cross_entropy(prob, label))
+        return _Built(slots + ["label"], loss, "label", prob)
+
+    return _build("ctr_dnn", body, optimizer, lr, seed, "ctr", {"vocab": vocab, "slots": slots})
+
+
+def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse: bool = True,
+             is_distributed: bool = False, optimizer: OptimizerSpec | None = None,
+             lr: LRSpec | None = None, seed: int = 0) -> Model:
+    """Skip-gram with negative sampling. The center word's row of ``w2v.emb_in`` is scored
+    against the context word's and each negative's row of ``w2v.emb_out``; a dot product is
+    `elementwise_mul` then an fc with the frozen all-ones column ``w2v.ones`` (a row sum). The
+    loss is ``-log sigmoid(pos) - sum_k log sigmoid(-neg_k)``, averaged over the batch.
+    Negatives are fed one column per var: ``neg_ids_0`` ... ``neg_ids_<neg_num-1>``."""
+    _positive("word2vec", vocab=vocab, embed_dim=embed_dim, neg_num=neg_num)
+    negs = [f"neg_ids_{k}" for k in range(neg_num)]
+    bound = 0.5 / embed_dim
+
+    def lookup(name: str, table: str, init: Any) -> Var:
+        ids = layers.data(name, shape=[1], dtype="int64")
+        return layers.embedding(ids, size=[vocab, embed_dim], is_sparse=is_sparse,
+                                is_distributed=is_distributed, param_attr=_param(table, init))
+
+    def dot(a: Var, b: Var) -> Var:
+        ones = _param("w2v.ones", Constant(1.0), trainable=False)
+        return layers.fc(layers.elementwise_mul(a, b), size=1, param_attr=ones, bias_attr=False)
+
+    def log_sigmoid(x: Var) -> Var:
+        return layers.log(layers.sigmoid(x))
+
+    def body() -> _Built:
+        center = lookup("center_ids", "w2v.emb_in", Uniform(-bound, bound))
+        out_init = Uniform(-bound, bound)
+        pos = dot(center, lookup("context_ids", "w2v.emb_out", out_init))
+        terms = [log_sigmoid(pos)]
+        for name in negs:
+            neg = dot(center, lookup(name, "w2v.emb_out", out_init))
+            terms.append(log_sigmoid(layers.scale(neg, -1.0)))
+        loss = layers.mean(layers.scale(layers.sums(terms), -1.0))
+        return _Built(["center_ids", "context_ids"] + negs, loss, None, pos)
+
+    return _build("word2vec", body, optimizer, lr, seed, "skipgram",
+                  {"vocab": vocab, "neg_num": neg_num})
+
+
+# -- registry -------------------------------------------------------------------------------------
+
+MODELS: dict[str, Callable[..., Model]] = {
+    "linear": linear, "mlp": mlp, "ctr_dnn": ctr_dnn, "word2vec": word2vec,
+}
+
+
+def _import_builder(ref: str) -> Callable[..., Model]:
+    module_name, _, func_name = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ModelError(f"model {ref!r}: cannot import {module_name!r}: {err}") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise ModelError(f"model {ref!r}: {module_name!r} has no function {func_name!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def build_model(name: str, **kwargs: Any) -> Model:
+    """Build the model `name` (a key of `MODELS` or ``"package.module:function"``) with the
+    builder's keyword arguments."""
+    if ":" in name:
+        builder = _import_builder(name)
+    elif name in MODELS:
+        builder = MODELS[name]
+    else:
+        raise ModelError(f"unknown model {name!r}; one of {sorted(MODELS)} "
+                         f"or 'package.module:function'")
+    model = _call(f"model {name!r}", builder, kwargs)
+    if not isinstance(model, Model):
+        raise ModelError(f"model {name!r}: the builder returned {type(model).__name__}, "
+                         f"not a Model")
+    return model  # type: ignore[no-any-return]
+
+
+__all__ = ["DEFAULT_OPTIMIZERS", "GRAD_CLIPS", "LR_SCHEDULES", "MODELS", "Model", "ModelError",
+           "build_model", "ctr_dnn", "linear", "make_lr", "make_optimizer", "mlp", "word2vec"]

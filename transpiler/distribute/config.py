@@ -1,0 +1,184 @@
+"""What the distribute transpiler is asked to do: `DistributeTranspilerConfig` and the
+`DistributedMode` it resolves to.
+
+The config holds Paddle's fields with Paddle's defaults (spec section 3). Each field is checked
+when it is set, so a bad value fails where it is written, not deep inside `transpile`; fields that
+only conflict with each other are checked by `validate()`, which `DistributeTranspiler` calls.
+`sync_mode` and `runtime_split_send_recv` exclude each other at assignment time, as in the
+original: set one to False before setting the other to True.
+
+The mode a transpile runs in is `resolve_mode(config, sync_mode)`, where `sync_mode` is
+`transpile`'s own argument: training is synchronous only when both the config and the argument
+say so (or when `completely_not_async` forces it); GEO wins when `geo_sgd_mode` is set.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from .dispatch import PSDispatcher, RoundRobin
+
+MIN_BLOCK_SIZE = 8192
+MODES = ("pserver", "nccl2", "collective")
+COLLECTIVE_MODES = ("grad_allreduce", "local_sgd")
+
+
+class DistributedMode(enum.IntEnum):
+    """The `distributed_mode` attribute of `listen_and_serv` (the original's values)."""
+
+    SYNC = 0
+    ASYNC = 1
+    HALF_ASYNC = 2
+    GEO = 3
+
+
+_BOOL_FIELDS = ("slice_var_up", "enable_dc_asgd", "half_async", "completely_not_async",
+                "geo_sgd_mode", "use_hierarchical_allreduce", "print_log", "wait_port")
+
+
+class DistributeTranspilerConfig:
+    """Fields and defaults of Paddle's `DistributeTranspilerConfig` (spec section 3).
+
+    `local_sgd_k_steps` (default 1) is this project's addition: how many local steps
+    `collective_mode="local_sgd"` takes between two parameter averages. `print_log` and
+    `wait_port` are kept for the original's scripts only: the transpiler does no IO (a runtime
+    reads ``_wait_port`` from `get_trainer_program(wait_port=...)`).
+    """
+
+    def __init__(self, **fields: Any) -> None:
+        self.slice_var_up = True
+        self.split_method: type[PSDispatcher] = RoundRobin
+        self.min_block_size = MIN_BLOCK_SIZE
+        self.enable_dc_asgd = False
+        self.mode = "pserver"
+        self.sync_mode = True
+        self.runtime_split_send_recv = False
+        self.half_async = False
+        self.completely_not_async = False
+        self.geo_sgd_mode = False
+        self.geo_sgd_need_push_nums = 100
+        self.nccl_comm_num = 1
+        self.use_hierarchical_allreduce = False
+        self.hierarchical_allreduce_inter_nranks = 0
+        self.collective_mode: str | None = None
+        self.local_sgd_k_steps = 1
+        self.print_log = False
+        self.wait_port = True
+        for name, value in fields.items():
+            if not hasattr(self, name):
+                raise ValueError(f"DistributeTranspilerConfig: unknown field {name!r}")
+            setattr(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        check = _FIELD_CHECKS.get(name)
+        if check is not None:
+            check(self, value)
+        object.__setattr__(self, name, value)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the fields when two settings contradict each other."""
+        conflicts = [
+            (self.mode != "collective" and self.collective_mode is not None,
+             f"collective_mode={self.collective_mode!r} needs mode='collective', not {self.mode!r}"),
+            (self.mode == "collective" and self.collective_mode is None,
+             f"mode='collective' needs collective_mode, one of {COLLECTIVE_MODES}"),
+            (self.geo_sgd_mode and self.mode != "pserver",
+             f"geo_sgd_mode runs in mode='pserver', not {self.mode!r}"),
+            (self.geo_sgd_mode and self.enable_dc_asgd,
+             "geo_sgd_mode and enable_dc_asgd cannot both be set"),
+            (self.geo_sgd_mode and self.completely_not_async,
+             "geo_sgd_mode and completely_not_async cannot both be set"),
+            (self.half_async and self.completely_not_async,
+             "half_async and completely_not_async cannot both be set"),
+            (self.enable_dc_asgd and self.completely_not_async,
+             "enable_dc_asgd is asynchronous; completely_not_async makes training synchronous"),
+            (self.use_hierarchical_allreduce and self.mode != "nccl2",
+             f"use_hierarchical_allreduce needs mode='nccl2', not {self.mode!r}"),
+            (self.use_hierarchical_allreduce and self.hierarchical_allreduce_inter_nranks < 2,
+             "use_hierarchical_allreduce needs hierarchical_allreduce_inter_nranks >= 2 "
+             f"(ranks per node), got {self.hierarchical_allreduce_inter_nranks}"),
+        ]
+        for failed, message in conflicts:
+            if failed:
+                raise ValueError(f"DistributeTranspilerConfig: {message}")
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"DistributeTranspilerConfig({fields})"
+
+
+def resolve_mode(config: DistributeTranspilerConfig, sync_mode: bool) -> DistributedMode:
+    """Spec section 3: SYNC if sync or completely_not_async; else ASYNC if the runtime splits
+    sends and receives; else HALF_ASYNC; GEO whenever geo_sgd_mode is set."""
+    if config.geo_sgd_mode:
+        return DistributedMode.GEO
+    if (config.sync_mode and sync_mode) or config.completely_not_async:
+        return DistributedMode.SYNC
+    if config.runtime_split_send_recv:
+        return DistributedMode.ASYNC
+    return DistributedMode.HALF_ASYNC
+
+
+# -- field checks ---------------------------------------------------------------------------------
+
+def _fail(name: str, message: str) -> None:
+    raise ValueError(f"DistributeTranspilerConfig.{name}: {message}")
+
+
+def _check_bool(name: str) -> Any:
+    def check(_: DistributeTranspilerConfig, value: Any) -> None:
+        if not isinstance(value, bool):
+            _fail(name, f"must be a bool, got {value!r}")
+    return check
+
+
+def _check_int(name: str, low: int) -> Any:
+    def check(_: DistributeTranspilerConfig, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            _fail(name, f"must be an int >= {low}, got {value!r}")
+    return check
+
+
+def _check_sync_mode(config: DistributeTranspilerConfig, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail("sync_mode", f"must be a bool, got {value!r}")
+    if value and getattr(config, "runtime_split_send_recv", False):
+        _fail("sync_mode", "cannot be True while runtime_split_send_recv is True "
+                           "(set runtime_split_send_recv to False first)")
+
+
+def _check_runtime_split(config: DistributeTranspilerConfig, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail("runtime_split_send_recv", f"must be a bool, got {value!r}")
+    if value and config.sync_mode:
+        _fail("runtime_split_send_recv", "cannot be True while sync_mode is True "
+                                         "(set sync_mode to False first)")
+
+
+def _check_split_method(_: DistributeTranspilerConfig, value: Any) -> None:
+    if not (isinstance(value, type) and issubclass(value, PSDispatcher)) or value is PSDispatcher:
+        _fail("split_method", f"must be a PSDispatcher subclass such as RoundRobin or HashName, "
+                              f"got {value!r}")
+
+
+def _check_choice(name: str, choices: tuple[Any, ...]) -> Any:
+    def check(_: DistributeTranspilerConfig, value: Any) -> None:
+        if value not in choices:
+            _fail(name, f"must be one of {choices}, got {value!r}")
+    return check
+
+
+_FIELD_CHECKS: dict[str, Any] = {
+    **{name: _check_bool(name) for name in _BOOL_FIELDS},
+    "sync_mode": _check_sync_mode,
+    "runtime_split_send_recv": _check_runtime_split,
+    "split_method": _check_split_method,
+    "min_block_size": _check_int("min_block_size", MIN_BLOCK_SIZE),
+    "geo_sgd_need_push_nums": _check_int("geo_sgd_need_push_nums", 1),
+    "nccl_comm_num": _check_int("nccl_comm_num", 1),
+    "hierarchical_allreduce_inter_nranks": _check_int("hierarchical_allreduce_inter_nranks", 0),
+    "local_sgd_k_steps": _check_int("local_sgd_k_steps", 1),
+    "mode": _check_choice("mode", MODES),
+    "collective_mode": _check_choice("collective_mode", (None,) + COLLECTIVE_MODES),
+}

@@ -1,0 +1,275 @@
+"""Embeddings served by the pservers: the distributed lookup table and remote sparse update.
+
+**Distributed lookup table** (an embedding with ``is_distributed``; one such table per
+program). The table never lives on a trainer. Pserver k owns the global ids
+``[k*R, (k+1)*R)`` with ``R = ceil(rows / pservers)``: its table var has R rows (type
+SELECTED_ROWS; global id i is row ``i - k*R``, k being ``listen_and_serv``'s ``pserver_id``) and
+is initialized by the table's own initializer at shape [R, dim]; on the trainer the
+initializer becomes `fake_init`. Ids and grad rows travel as global ids.
+
+- Trainer, per `lookup_table` op j of the table (in place): `split_ids` (ids by owner, attr
+  ``height_sections``) -> `prefetch` (one request per pserver, ``epmap``) -> `merge_ids`
+  (rows back in the order of the ids). The table's grad goes through `split_ids` into one
+  SELECTED_ROWS piece per pserver and one `send` (``<grad>.trainer_{t}.pserver_{k}`` in sync
+  mode, ``<grad>.pserver_{k}`` otherwise).
+- Pserver: a table-optimize block (sync: `sum` of the trainers' pieces; then `sgd` at the
+  table optimizer's learning rate: as in the original, the table runs plain SGD whatever the
+  dense optimizer is, and the pieces are summed, not averaged), one prefetch block per lookup
+  (`lookup_sparse_table` of the ids var ``prefetch_var_name_to_block_id`` names), and a
+  checkpoint block (`save` of the table; the runtime reads the directory from the RAW var
+  ``kLookupTablePath`` that a checkpoint notification fills).
+
+**Remote sparse update** (an ``is_sparse`` embedding whose `lookup_table` has
+``remote_prefetch``): the table is cut and placed like any parameter, but the trainer never
+fetches it: each lookup becomes `distributed_lookup_table`, which splits the ids by
+``height_sections``, asks ``endpoints[i]`` for rows ``id - offset_i`` of var ``table_names[i]``,
+and puts the rows back in order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir import Block, Op, OpRole, Program, VarType, grad_name
+from .analysis import OptimizeSection, is_optimizer_op
+from .edit import clone_var, control_var, copy_op, last_writer, rpc_attrs
+from .plan import Plan
+
+LOOKUP = "lookup_table"
+CHECKPOINT_PATH_VAR = "kLookupTablePath"
+# The table's pserver runs sgd; these update ops are first-order steps it may stand in for.
+TABLE_OPTIMIZERS = frozenset({"sgd", "momentum", "lars_momentum", "adam", "adagrad",
+                              "decayed_adagrad", "adamax", "rmsprop"})
+
+
+def find_distributed_table(program: Program) -> str | None:
+    """The one table looked up with ``is_distributed``; ValueError if there are several or if
+    the table is also looked up without it."""
+    lookups = [op for op in program.global_block().ops if op.type == LOOKUP]
+    tables = sorted({op.input("W")[0] for op in lookups if op.attr("is_distributed")})
+    if len(tables) > 1:
+        raise ValueError(f"program: only one distributed lookup table is supported, found {tables}")
+    if not tables:
+        return None
+    if any(op.input("W") == tables and not op.attr("is_distributed") for op in lookups):
+        raise ValueError(f"program: table {tables[0]!r} is looked up both with and without "
+                         "is_distributed")
+    return tables[0]
+
+
+def remote_sparse_params(program: Program, section: OptimizeSection) -> set[str]:
+    """Params whose lookups are marked ``remote_prefetch``; they must be sparse, not
+    distributed, and trained."""
+    trained = {pg.param for pg in section.params_grads}
+    params = set()
+    for op in program.global_block().ops:
+        if op.type != LOOKUP or not op.attr("remote_prefetch"):
+            continue
+        w = op.input("W")[0]
+        if not op.attr("is_sparse") or op.attr("is_distributed") or w not in trained:
+            raise ValueError(f"program: lookup of {w!r} has remote_prefetch, which needs "
+                             "is_sparse, no is_distributed, and an optimizer for the table")
+        params.add(w)
+    return params
+
+
+def check_table_optimizer(section: OptimizeSection, table: str) -> None:
+    op = section.optimizer_op(table)
+    if op.type not in TABLE_OPTIMIZERS:
+        raise ValueError(f"program: distributed lookup table {table!r} is optimized by "
+                         f"{op.type!r}; the table's pserver runs sgd at the optimizer's learning "
+                         f"rate, which can stand in only for {sorted(TABLE_OPTIMIZERS)}")
+
+
+def table_rows_per_pserver(rows: int, pservers: int) -> int:
+    """R: the rows of the table var on each pserver."""
+    return math.ceil(rows / pservers)
+
+
+def table_sections(rows: int, pservers: int) -> list[int]:
+    """Ids each pserver owns: R of them, the last pservers fewer (or none)."""
+    per = table_rows_per_pserver(rows, pservers)
+    return [max(0, min(per, rows - k * per)) for k in range(pservers)]
+
+
+def table_grad_pieces(plan: Plan, trainer_id: int) -> list[str]:
+    assert plan.table is not None
+    grad = grad_name(plan.table)
+    prefix = f"{grad}.trainer_{trainer_id}" if plan.sync else grad
+    return [f"{prefix}.pserver_{k}" for k in range(len(plan.cluster.pservers))]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Lookup j of the distributed table and the names of its per-pserver prefetch vars."""
+
+    index: int
+    ids: str
+    out: str
+    padding_idx: int
+
+    def ids_piece(self, table: str, k: int) -> str:
+        return f"{table}.prefetch_ids_{self.index}.pserver_{k}"
+
+    def rows_piece(self, table: str, k: int) -> str:
+        return f"{table}.prefetch_rows_{self.index}.pserver_{k}"
+
+
+def table_lookups(program: Program, table: str) -> list[Lookup]:
+    ops = [op for op in program.global_block().ops if op.type == LOOKUP and op.input("W") == [table]]
+    return [Lookup(j, op.input("Ids")[0], op.output("Out")[0], int(op.attr("padding_idx", -1)))
+            for j, op in enumerate(ops)]
+
+
+# -- trainer ---------------------------------------------------------------------------------------
+
+def replace_table_lookups(block: Block, plan: Plan) -> None:
+    """Each lookup of the table becomes split_ids -> prefetch -> merge_ids, in place."""
+    assert plan.table is not None
+    table, pservers = plan.table, list(plan.cluster.pservers)
+    sections = table_sections(block.var(table).shape[0], len(pservers))
+    for lookup in table_lookups(block.program, table):
+        index = next(i for i, op in enumerate(block.ops)
+                     if op.type == LOOKUP and op.output("Out") == [lookup.out])
+        ids = [lookup.ids_piece(table, k) for k in range(len(pservers))]
+        rows = [lookup.rows_piece(table, k) for k in range(len(pservers))]
+        for name in ids:
+            clone_var(block, block.var(lookup.ids), name=name)
+        for name in rows:
+            clone_var(block, block.var(lookup.out), name=name)
+        block.ops[index:index + 1] = [
+            Op("split_ids", {"Ids": [lookup.ids]}, {"Out": ids}, {"height_sections": sections}),
+            Op("prefetch", {"X": ids}, {"Out": rows},
+               {"epmap": pservers, "trainer_id": plan.cluster.trainer_id}),
+            Op("merge_ids", {"Ids": [lookup.ids], "Rows": ids, "X": rows}, {"Out": [lookup.out]}),
+        ]
+
+
+def append_table_grad_send(block: Block, plan: Plan) -> str:
+    """split_ids + send of the table's grad after its last writer; returns the send's control var."""
+    assert plan.table is not None
+    grad = grad_name(plan.table)
+    pieces = table_grad_pieces(plan, plan.cluster.trainer_id)
+    for name in pieces:
+        clone_var(block, block.var(grad), name=name)
+    sections = table_sections(block.var(plan.table).shape[0], len(pieces))
+    done = control_var(block, f"@SEND@{grad}")
+    index = last_writer(block, grad) + 1
+    block.ops[index:index] = [
+        Op("split_ids", {"Ids": [grad]}, {"Out": pieces},
+           {"height_sections": sections, "op_role": int(OpRole.Dist)}),
+        Op("send", {"X": pieces}, {"Out": [done]},
+           rpc_attrs(epmap=list(plan.cluster.pservers), sections=[], send_varnames=[],
+                     trainer_id=plan.cluster.trainer_id, op_role_var=[plan.table, grad])),
+    ]
+    return done
+
+
+def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) -> None:
+    for i, op in enumerate(block.ops):
+        if op.type != LOOKUP or op.input("W")[0] not in params:
+            continue
+        d = plan.dist_var(op.input("W")[0])
+        block.ops[i] = Op("distributed_lookup_table", {"Ids": op.input("Ids"), "W": op.input("W")},
+                          {"Outputs": op.output("Out")},
+                          {"table_names": [p.name for p in d.params],
+                           "height_sections": [p.shape[0] for p in d.params],
+                           "endpoints": [p.endpoint for p in d.params],
+                           "padding_idx": op.attr("padding_idx", -1),
+                           "trainer_id": plan.cluster.trainer_id})
+
+
+def fake_init_table(startup: Program, table: str) -> None:
+    """The trainer holds no table: its initializer becomes `fake_init` (same place, same shape)."""
+    block = startup.global_block()
+    inits = [i for i, op in enumerate(block.ops) if table in op.output_arg_names]
+    if len(inits) != 1:
+        raise ValueError(f"startup_program: table {table!r} needs exactly one initializer, "
+                         f"found {len(inits)}")
+    old = block.ops[inits[0]]
+    block.ops[inits[0]] = Op("fake_init", {}, {"Out": [table]}, {"shape": old.attr("shape")})
+
+
+# -- pserver ---------------------------------------------------------------------------------------
+
+@dataclass
+class TableBlocks:
+    """What the table adds to a pserver's `listen_and_serv`."""
+
+    optimize_block: int
+    received: list[str]
+    grad_to_block_id: str
+    sparse_grad_to_param: str
+    prefetch_var_name_to_block_id: list[str]
+    checkpoint_block_id: int
+
+
+def build_table_blocks(program: Program, plan: Plan, endpoint: str, parent: int) -> TableBlocks:
+    """The table-optimize block (parent `parent`), then its prefetch and checkpoint blocks."""
+    assert plan.table is not None
+    table, k = plan.table, plan.cluster.pserver_index(endpoint)
+    gblock, origin = program.global_block(), plan.origin.global_block()
+    var = origin.var(table)
+    rows = table_rows_per_pserver(var.shape[0], len(plan.cluster.pservers))
+    clone_var(gblock, var, shape=(rows,) + var.shape[1:], type=VarType.SELECTED_ROWS,
+              persistable=True, is_parameter=False)
+    block = program.create_block(parent)
+    grad, received = _table_grad(block, plan, table, k)
+    lr = _table_lr(block, plan, table)
+    block.append_op("sgd", {"Param": [table], "Grad": [grad], "LearningRate": [lr]},
+                    {"ParamOut": [table]},
+                    {"op_role": int(OpRole.Optimize), "op_role_var": [table, grad]})
+    prefetch = [_prefetch_block(program, plan, table, lookup, k, block.idx)
+                for lookup in table_lookups(plan.origin, table)]
+    return TableBlocks(block.idx, received, f"{grad}:{block.idx}", f"{grad}:{table}",
+                       prefetch, _checkpoint_block(program, table, block.idx))
+
+
+def _table_grad(block: Block, plan: Plan, table: str, k: int) -> tuple[str, list[str]]:
+    """The grad the table's sgd reads, and the pieces the trainers send this pserver."""
+    gblock = block.program.global_block()
+    grad_var = plan.origin.global_block().var(grad_name(table))
+    pieces = [table_grad_pieces(plan, t)[k] for t in range(plan.cluster.trainers)] \
+        if plan.sync else [table_grad_pieces(plan, 0)[k]]
+    for name in pieces:
+        clone_var(gblock, grad_var, name=name, persistable=not plan.sync)
+    if not plan.sync:
+        return pieces[0], pieces
+    clone_var(gblock, grad_var, persistable=True)
+    block.append_op("sum", {"X": pieces}, {"Out": [grad_var.name]},
+                    {"op_role": int(OpRole.Optimize)})
+    return grad_var.name, pieces
+
+
+def _table_lr(block: Block, plan: Plan, table: str) -> str:
+    """The table optimizer's learning rate, with the table's own ops that compute it (a
+    per-parameter learning-rate scale)."""
+    gblock, origin = block.program.global_block(), plan.origin.global_block()
+    lr = plan.section.optimizer_op(table).input("LearningRate")[0]
+    for op in plan.section.ops_of(table):
+        if lr in op.output_arg_names and not is_optimizer_op(op):
+            for name in op.input_arg_names + op.output_arg_names:
+                clone_var(gblock, origin.var(name))
+            block.ops.append(copy_op(op, str))
+    clone_var(gblock, origin.var(lr))
+    return lr
+
+
+def _prefetch_block(program: Program, plan: Plan, table: str, lookup: Lookup, k: int,
+                    parent: int) -> str:
+    gblock, origin = program.global_block(), plan.origin.global_block()
+    ids, rows = lookup.ids_piece(table, k), lookup.rows_piece(table, k)
+    clone_var(gblock, origin.var(lookup.ids), name=ids)
+    clone_var(gblock, origin.var(lookup.out), name=rows)
+    block = program.create_block(parent)
+    block.append_op("lookup_sparse_table", {"Ids": [ids], "W": [table]}, {"Out": [rows]},
+                    {"is_sparse": True, "is_distributed": True, "padding_idx": lookup.padding_idx})
+    return f"{ids}:{block.idx}"
+
+
+def _checkpoint_block(program: Program, table: str, parent: int) -> int:
+    program.global_block().create_var(CHECKPOINT_PATH_VAR, type=VarType.RAW, persistable=True)
+    block = program.create_block(parent)
+    block.append_op("save", {"X": [table]}, {}, {"file_path": "none"})
+    return block.idx

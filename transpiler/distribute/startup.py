@@ -1,0 +1,105 @@
+"""Startup programs of the distributed roles (spec sections 6.8 and 7).
+
+- Trainer: the original startup (so every var a trainer computes with is created), the
+  distributed table's initializer turned into `fake_init`, then a `recv` of every parameter's
+  blocks from the pservers, a `fetch_barrier` and a `concat` per cut parameter, so that all
+  trainers start from the pservers' values.
+- Pserver: the original initializers of the vars this server holds, in the original order, each
+  writing the server's block of the var with its ``shape`` attribute set to the block's shape;
+  then the async step-counter copies (the sum of the copies starts at the counter's own start
+  value, carried by trainer 0's copy, so the first step sees the same step as local training),
+  and, with DC-ASGD, an `assign` of each param block into every trainer's backup.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable
+
+from ..ir import Op, OpRole, Program, Var
+from ..lr import LR_COUNTER
+from .edit import clone_var, control_var, copy_op, rpc_attrs
+from .lookup_table import fake_init_table
+from .plan import DistVar, Plan, trainer_copy
+from .pserver import dc_asgd_baks, placed_vars
+
+INIT_OPS = ("fill_constant", "uniform_random", "gaussian_random", "truncated_gaussian_random")
+FETCH_BARRIER = "@FETCH_BARRIER@"
+
+
+def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: bool) -> Program:
+    """The trainer's startup: original initializers, then fetch `params` from the pservers;
+    `lr_counter` adds this trainer's constant step (async LR, see `trainer`)."""
+    startup = plan.startup.clone()
+    block = startup.global_block()
+    if plan.table is not None:
+        fake_init_table(startup, plan.table)
+    params = list(params)
+    for d in params:
+        for p in d.params if d.is_split else ():
+            clone_var(block, plan.origin.global_block().var(d.param), name=p.name, shape=p.shape,
+                      persistable=False, is_parameter=False)
+        block.append_op("recv", {"X": []}, {"Out": [p.name for p in d.params]},
+                        rpc_attrs(epmap=[p.endpoint for p in d.params], recv_varnames=[],
+                                  trainer_id=plan.cluster.trainer_id))
+    block.append_op("fetch_barrier", {}, {"Out": [control_var(block, FETCH_BARRIER)]},
+                    rpc_attrs(endpoints=list(plan.cluster.pservers),
+                              trainer_id=plan.cluster.trainer_id))
+    for d in params:
+        if d.is_split:
+            block.append_op("concat", {"X": [p.name for p in d.params]}, {"Out": [d.param]},
+                            {"axis": 0, "op_role": int(OpRole.Dist)})
+    if lr_counter:
+        mine = trainer_copy(LR_COUNTER, plan.cluster.trainer_id)
+        block.create_var(mine, shape=(1,), dtype="int64", persistable=True)
+        block.append_op("fill_constant", {}, {"Out": [mine]},
+                        {"shape": [1], "dtype": "int64", "value": 1.0, "force_cpu": True})
+    return startup
+
+
+def build_pserver_startup(plan: Plan, endpoint: str, pserver_program: Program) -> Program:
+    """The startup of the pserver at `endpoint`, whose main program is `pserver_program`."""
+    startup = Program()
+    startup.random_seed = plan.startup.random_seed
+    block = startup.global_block()
+    held = pserver_program.global_block().vars
+    for var in held.values():
+        clone_var(block, var)
+    origin_of = {pv.name: pv.origin for pv in placed_vars(plan, endpoint)}
+    targets: dict[str, list[str]] = defaultdict(list)
+    for name in held:
+        targets[origin_of.get(name, name)].append(name)
+    for op in plan.startup.global_block().ops:
+        block.ops += _initializers_of(op, targets, held, block.vars)
+    block.ops += _counter_inits(plan, held)
+    for param, bak in dc_asgd_baks(plan, endpoint):
+        block.append_op("assign", {"X": [param]}, {"Out": [bak]})
+    return startup
+
+
+def _initializers_of(op: Op, targets: dict[str, list[str]], held: dict[str, Var],
+                     declared: dict[str, Var]) -> list[Op]:
+    """Copies of startup `op` writing each var of this server it initializes."""
+    outs = set(op.output_arg_names)
+    if len(outs) != 1 or not all(n in declared for n in op.input_arg_names):
+        return []
+    (origin,) = outs
+    copies = []
+    for name in targets.get(origin, []):
+        new = copy_op(op, lambda n: name if n == origin else n)
+        if op.type in INIT_OPS:
+            new.attrs["shape"] = list(held[name].shape)
+        copies.append(new)
+    return copies
+
+
+def _counter_inits(plan: Plan, held: dict[str, Var]) -> list[Op]:
+    copies = [trainer_copy(LR_COUNTER, t) for t in range(plan.cluster.trainers)]
+    if copies[0] not in held:
+        return []
+    start = next((op.attr("value", -1.0) for op in plan.startup.global_block().ops
+                  if op.output_arg_names == [LR_COUNTER]), -1.0)
+    return [Op("fill_constant", {}, {"Out": [name]},
+               {"shape": [1], "dtype": "int64", "value": float(start) if t == 0 else 0.0,
+                "force_cpu": True})
+            for t, name in enumerate(copies)]

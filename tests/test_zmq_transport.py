@@ -1,0 +1,152 @@
+"""`ZmqTransport` on 127.0.0.1: the transport contract, plus what is ZeroMQ's own: socket
+options, wildcard ports, bounded queues, the frame size limit and clean release of sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from runtime.transport import EndpointError, Transport
+from runtime.zmq_transport import ZmqLimits, ZmqTransport
+from transport_contract import TransportContract, numbered, recv_number, within
+
+
+def free_endpoint() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+class ZmqFactory:
+    def __init__(self, limits: ZmqLimits | None = None) -> None:
+        self.limits = limits
+
+    def transport(self, name: str) -> Transport:
+        return ZmqTransport(name, self.limits)
+
+    def endpoint(self) -> str:
+        return free_endpoint()
+
+
+class TestZmqTransportContract(TransportContract):
+    @pytest.fixture
+    def factory(self) -> ZmqFactory:
+        return ZmqFactory()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_wildcard_port_bind_returns_the_real_endpoint() -> None:
+    async with ZmqTransport("server") as server, ZmqTransport("client") as client:
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":*")
+        await client.connect(endpoint)
+        await within(client.send(endpoint, [b"hi"]))
+        assert (await within(server.recv()))[0] == "client"
+
+
+async def test_bad_or_busy_endpoints_raise_naming_the_endpoint() -> None:
+    async with ZmqTransport("a") as first, ZmqTransport("b") as second:
+        endpoint = await first.bind("tcp://127.0.0.1:*")
+        busy = f"'b': endpoint '{endpoint}': Address already in use"
+        with pytest.raises(EndpointError, match=busy):
+            await second.bind(endpoint)
+        with pytest.raises(EndpointError, match="endpoint 'nowhere'"):
+            await second.connect("nowhere")
+        assert second.sockets[1:] == []  # the failed DEALER was not kept
+
+
+async def test_sockets_get_the_configured_limits() -> None:
+    limits = ZmqLimits(send_hwm=7, recv_hwm=9, max_frame_size=12345, copy_threshold=4096)
+    async with ZmqTransport("node", limits) as node:
+        await node.bind("tcp://127.0.0.1:*")
+        await node.connect(free_endpoint())
+        for sock in node.sockets:
+            assert sock.getsockopt(zmq.LINGER) == 0
+            assert (sock.getsockopt(zmq.SNDHWM), sock.getsockopt(zmq.RCVHWM)) == (7, 9)
+            assert sock.getsockopt(zmq.MAXMSGSIZE) == 12345
+            assert sock.copy_threshold == 4096
+        router, dealer = node.sockets
+        assert (router.type, dealer.type) == (zmq.ROUTER, zmq.DEALER)
+        assert dealer.getsockopt(zmq.ROUTING_ID) == b"node"
+
+
+@pytest.mark.parametrize("field", ["send_hwm", "recv_hwm", "inbox", "max_frame_size", "io_threads"])
+def test_limits_must_be_positive(field: str) -> None:
+    with pytest.raises(ValueError, match=f"ZmqLimits.{field}"):
+        ZmqLimits(**{field: 0})
+
+
+async def test_close_releases_sockets_context_and_file_descriptors() -> None:
+    before = open_fds()
+    server = ZmqTransport("server")
+    clients = [ZmqTransport(f"c{k}") for k in range(4)]
+    endpoint = await server.bind("tcp://127.0.0.1:*")
+    for client in clients:
+        await client.connect(endpoint)
+        await within(client.send(endpoint, [b"x"]))
+        await within(server.recv())
+    sockets = [sock for node in (server, *clients) for sock in node.sockets]
+    for node in (server, *clients):
+        await node.close()
+    assert all(sock.closed for sock in sockets)
+    assert all(sock.context.closed for sock in sockets)
+    assert open_fds() == before
+
+
+async def test_a_shared_context_is_left_open() -> None:
+    context = zmq.asyncio.Context()
+    try:
+        node = ZmqTransport("node", context=context)
+        await node.bind("tcp://127.0.0.1:*")
+        await node.close()
+        assert node.sockets[0].closed and not context.closed
+    finally:
+        context.term()
+
+
+async def test_queues_are_bounded_so_a_fast_sender_waits() -> None:
+    limits = ZmqLimits(send_hwm=1, recv_hwm=1, inbox=1)
+    async with ZmqTransport("server", limits) as server, ZmqTransport("client", limits) as client:
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        await client.connect(endpoint)
+        block = np.zeros(1 << 20, np.uint8)
+        sent = 0
+
+        async def send_all() -> None:
+            nonlocal sent
+            for i in range(200):
+                await client.send(endpoint, [*numbered(i), block.data])
+                sent += 1
+
+        sender = asyncio.ensure_future(send_all())
+        with pytest.raises(TimeoutError):  # nobody reads, so the sender must stall
+            await asyncio.wait_for(asyncio.shield(sender), 1.0)
+        assert 0 < sent < 200
+        order = [await recv_number(server) for _ in range(200)]
+        await within(sender)
+        assert order == [("client", i) for i in range(200)]
+
+
+async def test_a_frame_over_the_size_limit_is_never_delivered() -> None:
+    async with (
+        ZmqTransport("server", ZmqLimits(max_frame_size=1024)) as server,
+        ZmqTransport("big") as big,
+        ZmqTransport("small") as small,
+    ):
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        await big.connect(endpoint)
+        await within(big.send(endpoint, [bytes(2048)]))
+        await small.connect(endpoint)
+        await within(small.send(endpoint, [bytes(1024)]))
+        assert (await within(server.recv()))[0] == "small"
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(server.recv(), 0.5)

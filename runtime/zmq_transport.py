@@ -39,6 +39,11 @@ from runtime.transport import (
 
 _IDENTITY_ENCODING = ("utf-8", "surrogateescape")
 
+
+def zmq_address(endpoint: str) -> str:
+    """A ZeroMQ address for `endpoint`: programs name pservers ``host:port``, meaning TCP."""
+    return endpoint if "://" in endpoint else f"tcp://{endpoint}"
+
 Inbound = tuple[str, list[Frame]]
 
 
@@ -95,7 +100,7 @@ class ZmqTransport(Transport):
         self._check_open("bind")
         router = self._router or self._open_router()
         try:
-            router.bind(endpoint)
+            router.bind(zmq_address(endpoint))
         except zmq.ZMQError as exc:
             raise EndpointError(self.name, endpoint, exc.strerror) from exc
         return router.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -107,7 +112,7 @@ class ZmqTransport(Transport):
         dealer = self._socket(zmq.DEALER)
         dealer.setsockopt(zmq.ROUTING_ID, self.name.encode())
         try:
-            dealer.connect(endpoint)
+            dealer.connect(zmq_address(endpoint))
         except zmq.ZMQError as exc:
             dealer.close(linger=0)
             raise EndpointError(self.name, endpoint, exc.strerror) from exc

@@ -9,6 +9,7 @@ trainer and a pserver (or a rerun) draw the same values for the same var.
 from __future__ import annotations
 
 import zlib
+from typing import Callable
 
 import numpy as np
 
@@ -45,38 +46,53 @@ def seed_for(ctx: KernelContext) -> int:
     seed = int(ctx.attr("seed", 0))
     if seed:
         return seed
-    return zlib.crc32(f"{ctx.random_seed}:{ctx.output_names('Out')[0]}".encode())
+    name = ctx.attr("origin_name") or ctx.output_names("Out")[0]
+    return zlib.crc32(f"{ctx.random_seed}:{name}".encode())
 
 
 def _rng(ctx: KernelContext) -> np.random.Generator:
     return np.random.default_rng(seed_for(ctx))
 
 
+def _draw(ctx: KernelContext, draw: Callable[[np.random.Generator, tuple[int, ...]], Array]) -> None:
+    """Draw the op's output; a slice of a var (``origin_name``) draws the whole var's values
+    (at least down to its own last row) and keeps its rows, so it equals the unsliced draw."""
+    shape = _shape(ctx)
+    if ctx.attr("origin_name") is None:
+        ctx.set_output("Out", draw(_rng(ctx), shape).astype(_dtype(ctx)))
+        return
+    offset = int(ctx.attr("row_offset", 0))
+    rows = max(int(ctx.attr("origin_shape")[0]), offset + shape[0])
+    full = draw(_rng(ctx), (rows,) + shape[1:])
+    ctx.set_output("Out", full[offset:offset + shape[0]].astype(_dtype(ctx)))
+
+
 @register("uniform_random")
 def uniform_random(ctx: KernelContext) -> None:
     low, high = float(ctx.attr("min", -1.0)), float(ctx.attr("max", 1.0))
-    values = _rng(ctx).uniform(low, high, _shape(ctx))
-    ctx.set_output("Out", values.astype(_dtype(ctx)))
+    _draw(ctx, lambda rng, shape: rng.uniform(low, high, shape))
 
 
 @register("gaussian_random")
 def gaussian_random(ctx: KernelContext) -> None:
     mean, std = float(ctx.attr("mean", 0.0)), float(ctx.attr("std", 1.0))
-    values = _rng(ctx).normal(mean, std, _shape(ctx))
-    ctx.set_output("Out", values.astype(_dtype(ctx)))
+    _draw(ctx, lambda rng, shape: rng.normal(mean, std, shape))
 
 
 @register("truncated_gaussian_random")
 def truncated_gaussian_random(ctx: KernelContext) -> None:
     """Standard normal draws outside two standard deviations are drawn again."""
     mean, std = float(ctx.attr("mean", 0.0)), float(ctx.attr("std", 1.0))
-    rng = _rng(ctx)
-    z = rng.standard_normal(_shape(ctx))
-    outside = np.abs(z) > 2
-    while outside.any():
-        z[outside] = rng.standard_normal(int(outside.sum()))
+
+    def draw(rng: np.random.Generator, shape: tuple[int, ...]) -> Array:
+        z = rng.standard_normal(shape)
         outside = np.abs(z) > 2
-    ctx.set_output("Out", (mean + std * z).astype(_dtype(ctx)))
+        while outside.any():
+            z[outside] = rng.standard_normal(int(outside.sum()))
+            outside = np.abs(z) > 2
+        return mean + std * z
+
+    _draw(ctx, draw)
 
 
 @register("conditional_block")

@@ -21,7 +21,7 @@ from ..lr import LR_COUNTER
 from .edit import clone_var, control_var, copy_op, rpc_attrs
 from .lookup_table import fake_init_table
 from .plan import DistVar, Plan, trainer_copy
-from .pserver import dc_asgd_baks, placed_vars
+from .pserver import PlacedVar, dc_asgd_baks, placed_vars
 
 INIT_OPS = ("fill_constant", "uniform_random", "gaussian_random", "truncated_gaussian_random")
 FETCH_BARRIER = "@FETCH_BARRIER@"
@@ -65,12 +65,13 @@ def build_pserver_startup(plan: Plan, endpoint: str, pserver_program: Program) -
     held = pserver_program.global_block().vars
     for var in held.values():
         clone_var(block, var)
-    origin_of = {pv.name: pv.origin for pv in placed_vars(plan, endpoint)}
+    placed = {pv.name: pv for pv in placed_vars(plan, endpoint)}
     targets: dict[str, list[str]] = defaultdict(list)
     for name in held:
-        targets[origin_of.get(name, name)].append(name)
+        targets[placed[name].origin if name in placed else name].append(name)
     for op in plan.startup.global_block().ops:
         block.ops += _initializers_of(op, targets, held, block.vars)
+    _mark_slices(block.ops, placed, plan.startup.global_block().vars)
     block.ops += _counter_inits(plan, held)
     for param, bak in dc_asgd_baks(plan, endpoint):
         block.append_op("assign", {"X": [param]}, {"Out": [bak]})
@@ -91,6 +92,19 @@ def _initializers_of(op: Op, targets: dict[str, list[str]], held: dict[str, Var]
             new.attrs["shape"] = list(held[name].shape)
         copies.append(new)
     return copies
+
+
+def _mark_slices(ops: list[Op], placed: dict[str, PlacedVar], origins: dict[str, Var]) -> None:
+    """Random initializers of a block say which rows of which var they draw (``origin_name``,
+    ``origin_shape``, ``row_offset``), so the runtime draws exactly the rows that the whole
+    var's initializer would: a sliced job starts from the same values as local training."""
+    for op in ops:
+        name = op.output_arg_names[0] if op.output_arg_names else ""
+        pv = placed.get(name)
+        if op.type in INIT_OPS[1:] and pv is not None and pv.name != pv.origin \
+                and pv.origin in origins:
+            op.attrs.update(origin_name=pv.origin, origin_shape=list(origins[pv.origin].shape),
+                            row_offset=pv.row_offset)
 
 
 def _counter_inits(plan: Plan, held: dict[str, Var]) -> list[Op]:

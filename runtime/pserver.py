@@ -1,0 +1,416 @@
+"""The pserver service: `listen_and_serv` of a transpiled pserver program, over a `Transport`.
+
+It owns a `Scope` initialized by the pserver's startup program and answers the trainers:
+
+- SEND: gradients (or geo deltas) are checked against this server's vars (name known, dtype and
+  shape as declared, rows in range) *before* anything is stored, so a bad message gets an error
+  reply that names it and leaves the state bit-identical. Sync mode stores them for the step's
+  optimize; the other modes run the gradient's optimize block at once.
+- SEND_BARRIER / FETCH_BARRIER (sync): counted by `protocol.SyncRound`. When every live
+  trainer's send barrier is in, the LR block and the optimize blocks run (the fan-in average
+  divides by the trainers that actually contributed), then deferred GETs are answered.
+- GET: the current values of the named vars; in sync mode, the values after this step's update.
+- COMPLETE: the trainer leaves the fan-in; the server stops when every trainer has completed.
+- HEARTBEAT: proof of life. In sync mode a trainer that the round waits for and that has been
+  silent for `heartbeat_timeout` is dropped from the fan-in and the event is logged.
+
+Requests are deduplicated by (sender, message id): a retry gets the first reply again, and a
+retry of a request still waiting (a deferred GET) is ignored. Any failure in handling one message
+becomes an error reply to its sender; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from transpiler.ir import BlockRef, Op, Program
+
+from .executor import Executor
+from .protocol import INITIAL_STEP, Dedupe, Event, SyncRound, Verdict
+from .scope import Scope
+from .tensor import LoDTensor, SelectedRows
+from .transport import Transport, TransportClosed
+from .wire import DecodeError, Kind, Message, Phantom, decode, encode, error_reply
+
+log = logging.getLogger(__name__)
+
+SYNC, ASYNC, HALF_ASYNC, GEO = 0, 1, 2, 3
+
+
+class ProtocolViolation(ValueError):
+    """A well-formed message that this server cannot accept; sent back as an error reply."""
+
+    def __init__(self, detail: str, var: str | None = None) -> None:
+        super().__init__(detail)
+        self.var = var
+
+
+@dataclass
+class ServerStats:
+    """What a pserver reports at the end: bytes in/out, time busy optimizing, events."""
+
+    messages: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    optimize_seconds: float = 0.0
+    steps: int = 0
+    errors: int = 0
+    dropped: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    heartbeat_timeout: float = 10.0
+    max_message_size: int = 1 << 30
+
+
+class PserverService:
+    def __init__(self, program: Program, startup: Program, transport: Transport,
+                 executor: Executor | None = None, config: ServeConfig | None = None) -> None:
+        self.program = program
+        self.transport = transport
+        self.executor = executor or Executor()
+        self.config = config or ServeConfig()
+        self.scope = Scope()
+        self.executor.run(startup, scope=self.scope)
+        self.lsv = _listen_and_serv(program)
+        self.mode = int(self.lsv.attr("distributed_mode", SYNC))
+        self.trainers = int(self.lsv.attr("Fanin", 1))
+        self.round = SyncRound(self.trainers)
+        self.dedupe = Dedupe()
+        self.stats = ServerStats()
+        self.grad_blocks = _grad_to_block(self.lsv)
+        self.optimize_blocks = [ref.idx for ref in self.lsv.attr("optimize_blocks", [])]
+        self.lr_block = int(self.lsv.attr("lr_decay_block_id", -1))
+        self._fanin_scales = _fanin_scale_ops(program, self.optimize_blocks)
+        self._deferred: list[tuple[str, Message]] = []
+        self._pending: set[tuple[str, int]] = set()
+        self._last_seen: dict[int, float] = {}
+        self._done = asyncio.Event()
+        self.name = transport.name
+
+    # -- serving loop ---------------------------------------------------------------------------
+    async def serve(self, endpoint: str) -> ServerStats:
+        """Bind `endpoint` and answer trainers until every one has completed."""
+        await self.transport.bind(endpoint)
+        watchdog = asyncio.get_running_loop().create_task(self._watchdog(), name=f"{self.name} watchdog")
+        receiver = asyncio.get_running_loop().create_task(self._receive(), name=f"{self.name} receive")
+        try:
+            await self._done.wait()
+        finally:
+            watchdog.cancel()
+            receiver.cancel()
+            await asyncio.gather(watchdog, receiver, return_exceptions=True)
+        return self.stats
+
+    async def _receive(self) -> None:
+        while True:
+            try:
+                peer, frames = await self.transport.recv()
+            except TransportClosed:
+                self._done.set()
+                return
+            self.stats.messages += 1
+            self.stats.bytes_in += sum(len(memoryview(f).cast("B")) for f in frames)
+            await self._handle_frames(peer, frames)
+
+    async def _handle_frames(self, peer: str, frames: list[Any]) -> None:
+        try:
+            msg = decode(frames, self.config.max_message_size)
+        except DecodeError as exc:
+            await self._error(peer, exc, None)
+            return
+        done, reply = self.dedupe.lookup(msg.src, msg.id)
+        if done:
+            await self._send(peer, reply)
+            return
+        if (msg.src, msg.id) in self._pending:
+            return
+        await self._handle(peer, msg)
+
+    async def _handle(self, peer: str, msg: Message) -> None:
+        try:
+            trainer = _trainer_of(msg)
+            self._last_seen[trainer] = asyncio.get_running_loop().time()
+            handler = self._handlers()[msg.kind]
+            reply = handler(peer, msg, trainer)
+        except (ProtocolViolation, ValueError, KeyError, TypeError) as exc:
+            await self._error(peer, exc, msg)
+            return
+        if reply is None:  # deferred: answered after the next phase change
+            self._pending.add((msg.src, msg.id))
+            self._deferred.append((peer, msg))
+            return
+        await self._answer(peer, msg, reply)
+        await self._after_event()
+
+    def _handlers(self) -> dict[Kind, Callable[[str, Message, int], Message | None]]:
+        return {Kind.SEND: self._on_send, Kind.SEND_BARRIER: self._on_send_barrier,
+                Kind.GET: self._on_get, Kind.FETCH_BARRIER: self._on_fetch_barrier,
+                Kind.COMPLETE: self._on_complete, Kind.HEARTBEAT: self._on_heartbeat}
+
+    async def _answer(self, peer: str, msg: Message, reply: Message) -> None:
+        self._pending.discard((msg.src, msg.id))
+        self.dedupe.remember(msg.src, msg.id, reply)
+        await self._send(peer, reply)
+
+    async def _send(self, peer: str, reply: Message) -> None:
+        frames = encode(reply)
+        self.stats.bytes_out += sum(len(memoryview(f).cast("B")) for f in frames)
+        try:
+            await self.transport.send(peer, frames)
+        except Exception as exc:  # the trainer went away; it will retry or be dropped
+            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+
+    async def _error(self, peer: str, exc: Exception, msg: Message | None) -> None:
+        self.stats.errors += 1
+        log.warning("%s: rejected a message from %s: %s", self.name, peer, exc)
+        reply = error_reply(self.name, exc, request_id=None if msg is None else msg.id,
+                            step=0 if msg is None else msg.step)
+        if msg is not None:
+            self._pending.discard((msg.src, msg.id))
+        await self._send(peer, reply)
+
+    # -- round progress ---------------------------------------------------------------------------
+    async def _after_event(self) -> None:
+        """Run the step's optimize and move the round on while the barriers allow it."""
+        if self.mode != SYNC:
+            if self.round.finished:
+                self._done.set()
+            return
+        progressed = True
+        while progressed:
+            progressed = False
+            if self.round.ready_to_optimize:
+                self._optimize_step()
+                progressed = True
+            if self.round.take_step_done():
+                self.stats.steps += 1
+                progressed = True
+            if progressed:
+                await self._replay_deferred()
+        if self.round.finished:
+            self._done.set()
+
+    async def _replay_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for peer, msg in deferred:
+            self._pending.discard((msg.src, msg.id))
+            await self._handle(peer, msg)
+
+    def _optimize_step(self) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        contributors = self.round.contributors
+        for trainer in set(range(self.trainers)) - contributors:
+            self._zero_grads_of(trainer)
+        for op in self._fanin_scales:
+            op.attrs["scale"] = 1.0 / len(contributors)
+        for idx in self._step_blocks():
+            self.executor.run_block(self.program, idx, self.scope)
+        self.round.optimized()
+        self.stats.optimize_seconds += loop.time() - start
+
+    def _step_blocks(self) -> list[int]:
+        """The blocks of one sync step: the LR block first (`optimize_blocks` lists it first
+        already, as the original's did), then the optimize blocks."""
+        if self.lr_block < 0 or self.lr_block in self.optimize_blocks:
+            return self.optimize_blocks
+        return [self.lr_block] + self.optimize_blocks
+
+    def _zero_grads_of(self, trainer: int) -> None:
+        suffix = f".trainer_{trainer}"
+        block = self.program.global_block()
+        for name, var in block.vars.items():
+            if name.endswith(suffix) and self.scope.has(name):
+                value = self.scope.get_tensor(name)
+                if isinstance(value, SelectedRows):
+                    self.scope.put(name, SelectedRows(value.rows[:0], value.values[:0], value.height))
+                else:
+                    self.scope.put(name, np.zeros(var.shape, var.dtype))
+
+    # -- message kinds ------------------------------------------------------------------------------
+    def _on_send(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        if self.mode == SYNC:
+            verdict = self.round.classify(Event.SEND, trainer, msg.step)
+            if verdict is Verdict.DEFER:
+                return None
+            if verdict is Verdict.REJECT:
+                raise ProtocolViolation(self._reject_reason(trainer, msg))
+            if verdict is Verdict.STALE:
+                return self._ack(msg)
+        values = {name: self._checked(name, value) for name, value in msg.vars.items()}
+        for name, value in values.items():
+            self.scope.put(name, value)
+        if self.mode != SYNC:
+            for name in values:
+                self._run_grad_block(name)
+        return self._ack(msg)
+
+    def _run_grad_block(self, name: str) -> None:
+        idx = self.grad_blocks.get(name)
+        if idx is None:
+            return
+        if self.lr_block >= 0:
+            self.executor.run_block(self.program, self.lr_block, self.scope)
+        self.executor.run_block(self.program, idx, self.scope)
+
+    def _on_send_barrier(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        if self.mode != SYNC:
+            return self._ack(msg)
+        verdict = self.round.classify(Event.SEND_BARRIER, trainer, msg.step)
+        if verdict is Verdict.DEFER:
+            return None
+        if verdict is Verdict.REJECT:
+            raise ProtocolViolation(self._reject_reason(trainer, msg))
+        if verdict is Verdict.ACCEPT:
+            self.round.send_barrier(trainer)
+        return self._ack(msg)
+
+    def _on_get(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        names = msg.extra.get("names")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ProtocolViolation("GET needs a list of var names in 'names'")
+        if self.mode == SYNC:
+            verdict = self.round.classify(Event.GET, trainer, msg.step)
+            if verdict is Verdict.DEFER:
+                return None
+            if verdict is Verdict.REJECT:
+                raise ProtocolViolation(self._reject_reason(trainer, msg))
+        block = self.program.global_block()
+        for name in names:
+            if name not in block.vars or not self.scope.has(name):
+                raise ProtocolViolation(f"GET of var {name!r}, which this pserver does not hold",
+                                        var=name)
+        values = {name: self.scope.get_tensor(name) for name in names}
+        return Message(Kind.REPLY, msg.id, self.name, self.round.step, values,
+                       {"server_step": self.round.step})
+
+    def _on_fetch_barrier(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        if self.mode != SYNC:
+            return self._ack(msg)
+        verdict = self.round.classify(Event.FETCH_BARRIER, trainer, msg.step)
+        if verdict is Verdict.DEFER:
+            return None
+        if verdict is Verdict.REJECT:
+            raise ProtocolViolation(self._reject_reason(trainer, msg))
+        if verdict is Verdict.ACCEPT:
+            self.round.fetch_barrier(trainer, msg.step)
+        return self._ack(msg)
+
+    def _on_complete(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        if self.round.leave(trainer, completed=True):
+            log.info("%s: trainer %d completed at step %d", self.name, trainer, self.round.step)
+        return self._ack(msg)
+
+    def _on_heartbeat(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        return self._ack(msg)
+
+    def _ack(self, msg: Message) -> Message:
+        return Message(Kind.REPLY, msg.id, self.name, self.round.step,
+                       extra={"server_step": self.round.step})
+
+    def _reject_reason(self, trainer: int, msg: Message) -> str:
+        if trainer in self.round.completed:
+            return f"trainer {trainer} already completed; {msg.kind} refused"
+        if not 0 <= trainer < self.trainers:
+            return f"trainer {trainer} is not one of the {self.trainers} trainers of this job"
+        return (f"trainer {trainer} is not in the fan-in at step {self.round.step} "
+                f"(dropped after {self.config.heartbeat_timeout}s of silence?); {msg.kind} refused")
+
+    # -- validation -----------------------------------------------------------------------------
+    def _checked(self, name: str, value: Any) -> Any:
+        """A received value, checked against this server's declaration and copied out of the
+        receive buffer."""
+        block = self.program.global_block()
+        var = block.vars.get(name)
+        if var is None or var.is_parameter:
+            raise ProtocolViolation(f"gradient for var {name!r}, which this pserver does not own",
+                                    var=name)
+        if isinstance(value, Phantom):
+            raise ProtocolViolation(f"var {name!r}: phantom tensors carry no data", var=name)
+        if isinstance(value, SelectedRows):
+            if value.values.dtype != np.dtype(var.dtype) or value.height != var.shape[0] \
+                    or tuple(value.values.shape[1:]) != tuple(var.shape[1:]):
+                raise ProtocolViolation(
+                    f"var {name!r}: expected rows of {var.dtype}{list(var.shape[1:])} with height "
+                    f"{var.shape[0]}, got {value.values.dtype}{list(value.values.shape[1:])} "
+                    f"with height {value.height}", var=name)
+            return SelectedRows(np.array(value.rows), np.array(value.values), value.height)
+        array = value.data if isinstance(value, LoDTensor) else value
+        if array.dtype != np.dtype(var.dtype) or not _shape_matches(var.shape, array.shape):
+            raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got "
+                                    f"{array.dtype}{list(array.shape)}", var=name)
+        return np.array(array)
+
+    # -- liveness -------------------------------------------------------------------------------
+    async def _watchdog(self) -> None:
+        """Drop trainers the sync round waits for that have been silent too long."""
+        if self.mode != SYNC:
+            return
+        timeout = self.config.heartbeat_timeout
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(timeout / 4)
+            now = loop.time()
+            waited_for = self.round.live - (self.round.sent if self.round.phase.value == "grads"
+                                            else self.round.fetched)
+            silent = [t for t in sorted(waited_for)
+                      if now - self._last_seen.get(t, 0.0) > timeout]
+            for trainer in silent:
+                self.round.leave(trainer, completed=False)
+                self.stats.dropped.append(trainer)
+                log.warning("%s: dropped trainer %d from the fan-in at step %d: silent for more "
+                            "than %gs", self.name, trainer, self.round.step, timeout)
+            if silent:
+                await self._after_event()
+
+
+def _listen_and_serv(program: Program) -> Op:
+    ops = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
+    if len(ops) != 1:
+        raise ValueError(f"a pserver program has exactly one listen_and_serv op in block 0, "
+                         f"found {len(ops)}")
+    return ops[0]
+
+
+def _grad_to_block(lsv: Op) -> dict[str, int]:
+    table = {}
+    for entry in lsv.attr("grad_to_block_id", []):
+        grad, _, idx = str(entry).rpartition(":")
+        table[grad] = int(idx)
+    return table
+
+
+def _fanin_scale_ops(program: Program, blocks: list[int]) -> list[Op]:
+    """The `scale` ops that average the trainers' gradients: right after a `sum` of
+    ``.trainer_N`` copies, scaling its output in place."""
+    found = []
+    for idx in blocks:
+        ops = program.blocks[idx].ops
+        for first, second in zip(ops, ops[1:]):
+            if first.type == "sum" and second.type == "scale" \
+                    and all(".trainer_" in n for n in first.input("X")) \
+                    and second.input("X") == second.output("Out") == first.output("Out"):
+                found.append(second)
+    return found
+
+
+def _trainer_of(msg: Message) -> int:
+    trainer = msg.extra.get("trainer")
+    if not isinstance(trainer, int) or isinstance(trainer, bool):
+        raise ProtocolViolation(f"{msg.kind} from {msg.src!r} lacks an int 'trainer' field")
+    return trainer
+
+
+def _shape_matches(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    return len(declared) == len(actual) and all(d in (-1, a) for d, a in zip(declared, actual))
+
+
+__all__ = ["INITIAL_STEP", "PserverService", "ProtocolViolation", "ServeConfig", "ServerStats",
+           "BlockRef"]

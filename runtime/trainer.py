@@ -1,0 +1,195 @@
+"""The trainer side of a distributed job: RPC ops as requests, and the per-step training loop.
+
+`RpcOps` runs the trainer program's RPC ops over an `RpcClient`:
+
+- `send`: the op's vars, grouped by endpoint (``epmap``), one SEND message per endpoint. Sends
+  run in the background; `send_barrier` (and any `recv`) first waits until every one is
+  acknowledged, so gradients travel while backward goes on.
+- `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once.
+- `recv`: one GET per endpoint for the vars placed there; the values land in the scope when the
+  reply comes, and a compute op that reads one waits for it first.
+
+Every message carries the trainer's id and step (`INITIAL_STEP` while running the startup
+program). `run_program` runs a block with compute ops through the executor's kernels and RPC ops
+awaited; `Trainer.run` is the loop: startup, then `steps` steps on this trainer's shard of each
+global batch, reporting loss and step time, then COMPLETE to every pserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+from transpiler.ir import Op, Program
+
+from .executor import Executor, check_feed, run_step
+from .protocol import INITIAL_STEP
+from .rpc import RpcClient
+from .scope import Scope
+from .tensor import to_dense
+from .wire import Kind
+
+log = logging.getLogger(__name__)
+
+
+class RpcOps:
+    """The RPC ops of one trainer, and the requests they are in flight with."""
+
+    def __init__(self, client: RpcClient, trainer_id: int) -> None:
+        self.client = client
+        self.trainer_id = trainer_id
+        self.step = INITIAL_STEP
+        self._sends: list[asyncio.Task[Any]] = []
+        self.pending: dict[str, asyncio.Task[Any]] = {}
+        self.handlers: dict[str, Callable[[Op, Scope], Awaitable[None]]] = {
+            "send": self.send, "send_barrier": self.send_barrier, "recv": self.recv,
+            "fetch_barrier": self.fetch_barrier,
+        }
+
+    def _call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
+              names: list[str] | None = None) -> Awaitable[Any]:
+        extra: dict[str, Any] = {"trainer": self.trainer_id}
+        if names is not None:
+            extra["names"] = names
+        return self.client.call(endpoint, kind, self.step, vars, extra)
+
+    async def run(self, op: Op, scope: Scope) -> None:
+        handler = self.handlers.get(op.type)
+        if handler is None:
+            raise NotImplementedError(f"RPC op {op.type!r} is not supported by this trainer yet")
+        await handler(op, scope)
+
+    async def send(self, op: Op, scope: Scope) -> None:
+        names = op.input("X")
+        wire_names = op.attr("send_varnames") or names
+        by_endpoint: dict[str, dict[str, Any]] = defaultdict(dict)
+        for name, wire, ep in zip(names, wire_names, op.attr("epmap")):
+            by_endpoint[ep][wire] = scope.get_tensor(name)
+        loop = asyncio.get_running_loop()
+        for ep, values in by_endpoint.items():
+            self._sends.append(loop.create_task(self._call(ep, Kind.SEND, values)))  # type: ignore[arg-type]
+
+    async def flush_sends(self) -> None:
+        sends, self._sends = self._sends, []
+        if sends:
+            await asyncio.gather(*sends)
+
+    async def send_barrier(self, op: Op, scope: Scope) -> None:
+        await self.flush_sends()
+        await asyncio.gather(*(self._call(ep, Kind.SEND_BARRIER) for ep in op.attr("endpoints")))
+
+    async def recv(self, op: Op, scope: Scope) -> None:
+        await self.flush_sends()
+        outs = op.output("Out")
+        wire_names = op.attr("recv_varnames") or outs
+        by_endpoint: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for name, wire, ep in zip(outs, wire_names, op.attr("epmap")):
+            by_endpoint[ep].append((name, wire))
+        loop = asyncio.get_running_loop()
+        for ep, pairs in by_endpoint.items():
+            task = loop.create_task(self._get(ep, pairs, scope))
+            for name, _ in pairs:
+                self.pending[name] = task
+
+    async def _get(self, endpoint: str, pairs: list[tuple[str, str]], scope: Scope) -> None:
+        reply = await self._call(endpoint, Kind.GET, names=[wire for _, wire in pairs])
+        for name, wire in pairs:
+            scope.put(name, to_dense(reply.vars[wire]).copy())
+
+    async def wait_for(self, names: Iterable[str]) -> None:
+        tasks = {self.pending.pop(n) for n in names if n in self.pending}
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def fetch_barrier(self, op: Op, scope: Scope) -> None:
+        await self.wait_for(list(self.pending))
+        await asyncio.gather(*(self._call(ep, Kind.FETCH_BARRIER) for ep in op.attr("endpoints")))
+
+    async def settle(self) -> None:
+        """Wait for everything still in flight (the end of a program run)."""
+        await self.flush_sends()
+        await self.wait_for(list(self.pending))
+
+
+async def run_program(executor: Executor, program: Program, scope: Scope, rpc: RpcOps,
+                      feed: Mapping[str, Any] | None = None,
+                      fetch: Iterable[str] = ()) -> list[Any]:
+    """Run block 0 of `program`: compute ops by kernel, RPC ops awaited through `rpc`."""
+    block = program.global_block()
+    for name, value in (feed or {}).items():
+        scope.put(name, check_feed(block, name, value))
+    plan = executor.plans.get(program, 0)
+
+    def run_sub(idx: int) -> None:
+        executor.run_block(program, idx, scope)
+
+    for step in plan.steps:
+        if step.kernel is None:
+            await rpc.run(step.op, scope)
+            continue
+        if rpc.pending:
+            await rpc.wait_for(step.op.input_arg_names)
+        run_step(step, scope, program, run_sub)
+    await rpc.settle()
+    return [scope.get(name) for name in fetch]
+
+
+@dataclass
+class TrainerReport:
+    trainer_id: int
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, trainer_id: int, main: Program, startup: Program, client: RpcClient,
+                 endpoints: list[str], executor: Executor | None = None,
+                 heartbeat_interval: float = 2.0) -> None:
+        self.trainer_id = trainer_id
+        self.main, self.startup = main, startup
+        self.client = client
+        self.endpoints = endpoints
+        self.executor = executor or Executor()
+        self.scope = Scope()
+        self.rpc = RpcOps(client, trainer_id)
+        self.heartbeat_interval = heartbeat_interval
+
+    async def run(self, batches: Callable[[int], Mapping[str, Any]], steps: int, loss: str,
+                  on_step: Callable[[int, float, float], None] | None = None) -> TrainerReport:
+        await self.client.connect(self.endpoints)
+        report = TrainerReport(self.trainer_id)
+        beat = asyncio.get_running_loop().create_task(self._heartbeat())
+        try:
+            self.rpc.step = INITIAL_STEP
+            await run_program(self.executor, self.startup, self.scope, self.rpc)
+            loop = asyncio.get_running_loop()
+            for step in range(steps):
+                self.rpc.step = step
+                start = loop.time()
+                (value,) = await run_program(self.executor, self.main, self.scope, self.rpc,
+                                             batches(step), [loss])
+                elapsed = loop.time() - start
+                report.losses.append(float(to_dense(value).reshape(-1)[0]))
+                report.step_times.append(elapsed)
+                if on_step is not None:
+                    on_step(step, report.losses[-1], elapsed)
+            await self._complete()
+        finally:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
+        return report
+
+    async def _complete(self) -> None:
+        await asyncio.gather(*(self.rpc._call(ep, Kind.COMPLETE) for ep in self.endpoints))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            for ep in self.endpoints:
+                try:
+                    await self.rpc._call(ep, Kind.HEARTBEAT)
+                except Exception as exc:  # a missed heartbeat is the server's business
+                    log.debug("trainer %d: heartbeat to %s failed: %s", self.trainer_id, ep, exc)

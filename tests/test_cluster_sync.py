@@ -1,0 +1,52 @@
+"""Sync mode equals local training: same parameters after 20 steps on the same global batches,
+every node a task in one loop talking over loopback ZeroMQ."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime.cluster import train_locally
+
+from cluster_helpers import make_job, run
+
+MLP = "{{name: mlp, sizes: [256, 64, 10], optimizer: {opt}{lr}}}"
+OPTIMIZERS = {
+    "sgd": "{type: sgd, learning_rate: 0.1}",
+    "momentum": "{type: momentum, learning_rate: 0.05}",
+    "adam": "{type: adam, learning_rate: 0.01}",
+}
+EXP_DECAY = ", lr: {type: exponential_decay, decay_steps: 5, decay_rate: 0.5, staircase: true}"
+
+
+def assert_params_equal(result_params: dict, local: dict) -> None:
+    """rtol 1e-5; atol 1e-5 because float32 sums in another order (per-trainer means, then
+    their mean) and Adam divides by sqrt of tiny second moments, which over 20 steps moves
+    a few parameters near zero by a few 1e-6."""
+    assert result_params.keys() == local.keys()
+    for name, value in local.items():
+        np.testing.assert_allclose(result_params[name], value, rtol=1e-5, atol=1e-5,
+                                   err_msg=f"parameter {name}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("trainers,pservers", [(1, 1), (2, 2), (4, 3), (2, 1), (1, 3)])
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+def test_mlp_sync_equals_local(opt: str, trainers: int, pservers: int) -> None:
+    lr = EXP_DECAY if opt == "adam" else ""
+    job = make_job(MLP.format(opt=OPTIMIZERS[opt], lr=lr), trainers, pservers)
+    result = run(job)
+    _, local = train_locally(job)
+    assert_params_equal(result.params, local)
+    assert all(len(r.losses) == 20 for r in result.trainers)
+    assert all(s.steps == 20 and s.errors == 0 for s in result.pservers)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("trainers,pservers", [(1, 1), (2, 2), (4, 3)])
+def test_ctr_dnn_sparse_local_table_sync_equals_local(trainers: int, pservers: int) -> None:
+    model = "{name: ctr_dnn, vocab: 20000, embed_dim: 8, hidden: [16], optimizer: {type: adam, learning_rate: 0.01}}"
+    job = make_job(model, trainers, pservers, batch=8)
+    result = run(job)
+    _, local = train_locally(job)
+    assert_params_equal(result.params, local)

@@ -3,7 +3,8 @@
 A block is first turned into a `BlockPlan` (each op with its kernel and a "block b, op i (type)"
 label for errors), cached per program and rebuilt when the block's list of ops or their types
 change. Kernels read slot names and attributes from the op itself, so renaming an op's vars in
-place needs no re-planning.
+place needs no re-planning. A backend with devices (torch: cpu or cuda) binds each kernel of a
+plan to the executor's device.
 
 RPC ops (send, recv, barriers, prefetch, ...) get no kernel in the plan: they are awaited by the
 async runtime, which runs the same plans with `run_step` for the compute ops. `Executor.run`
@@ -12,16 +13,17 @@ refuses a block that holds any (`AsyncOpError`).
 
 from __future__ import annotations
 
+import importlib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, cast
 
 import numpy as np
 
 from transpiler.ir import Block, Op, Program, Var
 
-from .kernels import (AsyncOpError, ExecutionError, FeedError, FetchError, KernelContext,
-                      KernelError, KernelNotFound, get_kernel, load_backend)
+from .kernels import (BACKENDS, AsyncOpError, ExecutionError, FeedError, FetchError,
+                      KernelContext, KernelError, KernelNotFound, get_kernel, load_backend)
 from .kernels.registry import Kernel
 from .scope import Scope, global_scope
 from .tensor import LoDTensor, TensorError, Value, copy_value, to_dense
@@ -34,6 +36,8 @@ RPC_OP_TYPES = frozenset({
 FeedValue = Any
 """A fed value: an array-like, a `LoDTensor`, or an ``(array, lod)`` tuple."""
 Fingerprint = tuple[tuple[int, str], ...]
+Binder = Callable[[Kernel], Kernel]
+"""Makes a backend's kernel run on a device."""
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,29 @@ def fingerprint(block: Block) -> Fingerprint:
     return tuple((id(op), op.type) for op in block.ops)
 
 
-def build_plan(block: Block, backend: str) -> BlockPlan:
+def device_binder(backend: str, device: str) -> Binder:
+    """How `backend` kernels run on `device`, from the backend module's ``on_device(device)``
+    (which fails at once if the device cannot be used); a backend without one is CPU-only."""
+    on_device = getattr(importlib.import_module(BACKENDS[backend]), "on_device", None)
+    if on_device is not None:
+        return cast(Binder, on_device(device))
+    if device != "cpu":
+        raise ValueError(f"backend {backend} runs on the cpu only, not device {device!r}")
+    return _unbound
+
+
+def _unbound(kernel: Kernel) -> Kernel:
+    return kernel
+
+
+def build_plan(block: Block, backend: str, bind: Binder = _unbound) -> BlockPlan:
     steps = []
     for i, op in enumerate(block.ops):
         where = f"block {block.idx}, op {i} ({op.type})"
         kernel = None
         if op.type not in RPC_OP_TYPES:
             try:
-                kernel = get_kernel(op.type, backend)
+                kernel = bind(get_kernel(op.type, backend))
             except KernelNotFound:
                 raise KernelNotFound(op.type, backend, where) from None
         steps.append(OpStep(i, op, kernel, where))
@@ -77,8 +96,9 @@ def build_plan(block: Block, backend: str) -> BlockPlan:
 class PlanCache:
     """Block plans per live program (held weakly), rebuilt when a block's ops change."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, bind: Binder = _unbound) -> None:
         self.backend = backend
+        self.bind = bind
         self._programs: dict[int, tuple[weakref.ref[Program], dict[int, BlockPlan]]] = {}
 
     def get(self, program: Program, block_idx: int) -> BlockPlan:
@@ -91,7 +111,7 @@ class PlanCache:
         block = program.blocks[block_idx]
         plan = plans.get(block_idx)
         if plan is None or plan.fingerprint != fingerprint(block):
-            plan = plans[block_idx] = build_plan(block, self.backend)
+            plan = plans[block_idx] = build_plan(block, self.backend, self.bind)
         return plan
 
 
@@ -115,10 +135,11 @@ def run_step(step: OpStep, scope: Scope, program: Program,
 
 
 class Executor:
-    def __init__(self, backend: str = "numpy") -> None:
+    def __init__(self, backend: str = "numpy", device: str = "cpu") -> None:
         load_backend(backend)
         self.backend = backend
-        self.plans = PlanCache(backend)
+        self.device = device
+        self.plans = PlanCache(backend, device_binder(backend, device))
 
     def run(self, program: Program, feed: Mapping[str, FeedValue] | None = None,
             fetch_list: Iterable[Var | str] | None = None, scope: Scope | None = None,
@@ -193,5 +214,5 @@ def _fetch(scope: Scope, name: str, return_numpy: bool) -> Any:
     return np.array(to_dense(value), copy=True) if return_numpy else copy_value(value)
 
 
-__all__ = ["BlockPlan", "Executor", "OpStep", "PlanCache", "RPC_OP_TYPES", "build_plan",
-           "check_feed", "fingerprint", "run_step"]
+__all__ = ["Binder", "BlockPlan", "Executor", "OpStep", "PlanCache", "RPC_OP_TYPES", "build_plan",
+           "check_feed", "device_binder", "fingerprint", "run_step"]

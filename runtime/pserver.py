@@ -33,13 +33,14 @@ from transpiler.ir import BlockRef, Op, Program
 from .executor import Executor
 from .protocol import INITIAL_STEP, Dedupe, Event, SyncRound, Verdict
 from .scope import Scope
-from .tensor import LoDTensor, SelectedRows
+from .tensor import LoDTensor, SelectedRows, to_dense
 from .transport import Transport, TransportClosed
 from .wire import DecodeError, Kind, Message, Phantom, decode, encode, error_reply
 
 log = logging.getLogger(__name__)
 
 SYNC, ASYNC, HALF_ASYNC, GEO = 0, 1, 2, 3
+TRAINER_ID_VAR = "@TRAINER_ID@"  # DC-ASGD: whose gradient is being applied
 
 
 class ProtocolViolation(ValueError):
@@ -48,6 +49,14 @@ class ProtocolViolation(ValueError):
     def __init__(self, detail: str, var: str | None = None) -> None:
         super().__init__(detail)
         self.var = var
+
+
+class PserverFailure(RuntimeError):
+    """The server cannot go on (an optimize step failed); names the node and the cause."""
+
+    def __init__(self, node: str, cause: BaseException) -> None:
+        super().__init__(f"{node} stopped: {type(cause).__name__}: {cause}")
+        self.node = node
 
 
 @dataclass
@@ -87,6 +96,8 @@ class PserverService:
         self.grad_blocks = _grad_to_block(self.lsv)
         self.optimize_blocks = [ref.idx for ref in self.lsv.attr("optimize_blocks", [])]
         self.lr_block = int(self.lsv.attr("lr_decay_block_id", -1))
+        self.dc_asgd = bool(self.lsv.attr("dc_asgd", False))
+        self.receivable = frozenset(self.lsv.input("X"))  # the vars trainers may SEND here
         self._fanin_scales = _fanin_scale_ops(program, self.optimize_blocks)
         self._deferred: list[tuple[str, Message]] = []
         self._pending: set[tuple[str, int]] = set()
@@ -98,14 +109,20 @@ class PserverService:
     async def serve(self, endpoint: str) -> ServerStats:
         """Bind `endpoint` and answer trainers until every one has completed."""
         await self.transport.bind(endpoint)
-        watchdog = asyncio.get_running_loop().create_task(self._watchdog(), name=f"{self.name} watchdog")
-        receiver = asyncio.get_running_loop().create_task(self._receive(), name=f"{self.name} receive")
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._receive(), name=f"{self.name} receive")]
+        if self.mode == SYNC:
+            tasks.append(loop.create_task(self._watchdog(), name=f"{self.name} watchdog"))
+        tasks.append(loop.create_task(self._done.wait(), name=f"{self.name} done"))
         try:
-            await self._done.wait()
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            watchdog.cancel()
-            receiver.cancel()
-            await asyncio.gather(watchdog, receiver, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:  # an optimize step failed: the server's state is no longer trustworthy
+            raise PserverFailure(self.name, failures[0]) from failures[0]
         return self.stats
 
     async def _receive(self) -> None:
@@ -139,7 +156,7 @@ class PserverService:
             self._last_seen[trainer] = asyncio.get_running_loop().time()
             handler = self._handlers()[msg.kind]
             reply = handler(peer, msg, trainer)
-        except (ProtocolViolation, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # one bad message must not stop the server
             await self._error(peer, exc, msg)
             return
         if reply is None:  # deferred: answered after the next phase change
@@ -245,9 +262,14 @@ class PserverService:
             if verdict is Verdict.STALE:
                 return self._ack(msg)
         values = {name: self._checked(name, value) for name, value in msg.vars.items()}
+        merge = msg.extra.get("merge_add") is True
         for name, value in values.items():
+            if merge and self.scope.has(name):  # a counter the trainers add to
+                value = to_dense(self.scope.get_tensor(name)) + to_dense(value)
             self.scope.put(name, value)
         if self.mode != SYNC:
+            if self.dc_asgd:
+                self.scope.put(TRAINER_ID_VAR, np.array([trainer], dtype=np.int64))
             for name in values:
                 self._run_grad_block(name)
         return self._ack(msg)
@@ -288,6 +310,11 @@ class PserverService:
                 raise ProtocolViolation(f"GET of var {name!r}, which this pserver does not hold",
                                         var=name)
         values = {name: self.scope.get_tensor(name) for name in names}
+        if self.dc_asgd:  # the values this trainer now computes with, for delay compensation
+            for name, value in values.items():
+                bak = f"{name}.trainer_{trainer}_bak"
+                if bak in block.vars:
+                    self.scope.put(bak, value)
         return Message(Kind.REPLY, msg.id, self.name, self.round.step, values,
                        {"server_step": self.round.step})
 
@@ -327,9 +354,8 @@ class PserverService:
     def _checked(self, name: str, value: Any) -> Any:
         """A received value, checked against this server's declaration and copied out of the
         receive buffer."""
-        block = self.program.global_block()
-        var = block.vars.get(name)
-        if var is None or var.is_parameter:
+        var = self.program.global_block().vars.get(name)
+        if var is None or name not in self.receivable:
             raise ProtocolViolation(f"gradient for var {name!r}, which this pserver does not own",
                                     var=name)
         if isinstance(value, Phantom):
@@ -351,8 +377,6 @@ class PserverService:
     # -- liveness -------------------------------------------------------------------------------
     async def _watchdog(self) -> None:
         """Drop trainers the sync round waits for that have been silent too long."""
-        if self.mode != SYNC:
-            return
         timeout = self.config.heartbeat_timeout
         loop = asyncio.get_running_loop()
         while True:

@@ -23,6 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
+import numpy as np
+
 from transpiler.ir import Op, Program
 
 from .executor import Executor, check_feed, run_step
@@ -49,12 +51,13 @@ class RpcOps:
             "fetch_barrier": self.fetch_barrier,
         }
 
-    def _call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
-              names: list[str] | None = None) -> Awaitable[Any]:
-        extra: dict[str, Any] = {"trainer": self.trainer_id}
+    def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
+             names: list[str] | None = None,
+             extra: Mapping[str, Any] | None = None) -> Awaitable[Any]:
+        header: dict[str, Any] = {"trainer": self.trainer_id, **(extra or {})}
         if names is not None:
-            extra["names"] = names
-        return self.client.call(endpoint, kind, self.step, vars, extra)
+            header["names"] = names
+        return self.client.call(endpoint, kind, self.step, vars, header)
 
     async def run(self, op: Op, scope: Scope) -> None:
         handler = self.handlers.get(op.type)
@@ -63,14 +66,26 @@ class RpcOps:
         await handler(op, scope)
 
     async def send(self, op: Op, scope: Scope) -> None:
+        """One SEND per endpoint. A single X with ``sections`` (async mode: whole grads) is cut
+        into its row blocks here; ``merge_add`` asks the server to add into what it holds."""
         names = op.input("X")
+        endpoints = op.attr("epmap")
         wire_names = op.attr("send_varnames") or names
+        values = [scope.get_tensor(n) for n in names]
+        if len(names) == 1 and len(endpoints) > 1 and not op.attr("merge_add"):
+            values = _row_blocks(to_dense(values[0]), op.attr("sections"), op)
+        elif len(values) == 1 and len(wire_names) > 1:
+            values = values * len(wire_names)
+        if not len(values) == len(wire_names) == len(endpoints):
+            raise ValueError(f"send op: {len(values)} values, {len(wire_names)} names and "
+                             f"{len(endpoints)} endpoints do not line up: {op}")
         by_endpoint: dict[str, dict[str, Any]] = defaultdict(dict)
-        for name, wire, ep in zip(names, wire_names, op.attr("epmap")):
-            by_endpoint[ep][wire] = scope.get_tensor(name)
+        for value, wire, ep in zip(values, wire_names, endpoints):
+            by_endpoint[ep][wire] = value
+        extra = {"merge_add": True} if op.attr("merge_add") else None
         loop = asyncio.get_running_loop()
-        for ep, values in by_endpoint.items():
-            self._sends.append(loop.create_task(self._call(ep, Kind.SEND, values)))  # type: ignore[arg-type]
+        for ep, vars in by_endpoint.items():
+            self._sends.append(loop.create_task(self.call(ep, Kind.SEND, vars, extra=extra)))
 
     async def flush_sends(self) -> None:
         sends, self._sends = self._sends, []
@@ -79,25 +94,40 @@ class RpcOps:
 
     async def send_barrier(self, op: Op, scope: Scope) -> None:
         await self.flush_sends()
-        await asyncio.gather(*(self._call(ep, Kind.SEND_BARRIER) for ep in op.attr("endpoints")))
+        if op.attr("half_async"):  # only this trainer's sends must have left
+            return
+        await asyncio.gather(*(self.call(ep, Kind.SEND_BARRIER) for ep in op.attr("endpoints")))
 
     async def recv(self, op: Op, scope: Scope) -> None:
+        """One GET per endpoint; values land in the scope when the reply comes. A single Out
+        with several endpoints (async mode) is fetched block by block and joined here."""
         await self.flush_sends()
         outs = op.output("Out")
+        endpoints = op.attr("epmap")
         wire_names = op.attr("recv_varnames") or outs
-        by_endpoint: dict[str, list[tuple[str, str]]] = defaultdict(list)
-        for name, wire, ep in zip(outs, wire_names, op.attr("epmap")):
-            by_endpoint[ep].append((name, wire))
         loop = asyncio.get_running_loop()
+        if len(outs) == 1 and len(endpoints) > 1:
+            self.pending[outs[0]] = loop.create_task(
+                self._get_blocks(outs[0], list(zip(wire_names, endpoints)), scope))
+            return
+        by_endpoint: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for name, wire, ep in zip(outs, wire_names, endpoints):
+            by_endpoint[ep].append((name, wire))
         for ep, pairs in by_endpoint.items():
             task = loop.create_task(self._get(ep, pairs, scope))
             for name, _ in pairs:
                 self.pending[name] = task
 
     async def _get(self, endpoint: str, pairs: list[tuple[str, str]], scope: Scope) -> None:
-        reply = await self._call(endpoint, Kind.GET, names=[wire for _, wire in pairs])
+        reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs])
         for name, wire in pairs:
             scope.put(name, to_dense(reply.vars[wire]).copy())
+
+    async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope) -> None:
+        replies = await asyncio.gather(*(self.call(ep, Kind.GET, names=[wire])
+                                         for wire, ep in blocks))
+        parts = [to_dense(r.vars[wire]) for r, (wire, _) in zip(replies, blocks)]
+        scope.put(name, np.concatenate(parts, axis=0))
 
     async def wait_for(self, names: Iterable[str]) -> None:
         tasks = {self.pending.pop(n) for n in names if n in self.pending}
@@ -106,7 +136,7 @@ class RpcOps:
 
     async def fetch_barrier(self, op: Op, scope: Scope) -> None:
         await self.wait_for(list(self.pending))
-        await asyncio.gather(*(self._call(ep, Kind.FETCH_BARRIER) for ep in op.attr("endpoints")))
+        await asyncio.gather(*(self.call(ep, Kind.FETCH_BARRIER) for ep in op.attr("endpoints")))
 
     async def settle(self) -> None:
         """Wait for everything still in flight (the end of a program run)."""
@@ -121,10 +151,19 @@ async def run_program(executor: Executor, program: Program, scope: Scope, rpc: R
     block = program.global_block()
     for name, value in (feed or {}).items():
         scope.put(name, check_feed(block, name, value))
-    plan = executor.plans.get(program, 0)
+    await run_block(executor, program, 0, scope, rpc)
+    await rpc.settle()
+    return [scope.get(name) for name in fetch]
 
-    def run_sub(idx: int) -> None:
-        executor.run_block(program, idx, scope)
+
+async def run_block(executor: Executor, program: Program, idx: int, scope: Scope,
+                    rpc: RpcOps) -> None:
+    """Run one block; a `conditional_block` whose sub-block holds RPC ops (geo's periodic
+    push and pull) is run here too, awaiting its RPC ops."""
+    plan = executor.plans.get(program, idx)
+
+    def run_sub(sub: int) -> None:
+        executor.run_block(program, sub, scope)
 
     for step in plan.steps:
         if step.kernel is None:
@@ -132,9 +171,32 @@ async def run_program(executor: Executor, program: Program, scope: Scope, rpc: R
             continue
         if rpc.pending:
             await rpc.wait_for(step.op.input_arg_names)
-        run_step(step, scope, program, run_sub)
-    await rpc.settle()
-    return [scope.get(name) for name in fetch]
+        sub = _rpc_sub_block(executor, program, step.op)
+        if sub is None:
+            run_step(step, scope, program, run_sub)
+        elif _condition_holds(step.op, scope):
+            await run_block(executor, program, sub, scope, rpc)
+
+
+def _rpc_sub_block(executor: Executor, program: Program, op: Op) -> int | None:
+    if op.type != "conditional_block":
+        return None
+    idx = op.attr("sub_block").idx
+    return idx if executor.plans.get(program, idx).rpc_steps else None
+
+
+def _condition_holds(op: Op, scope: Scope) -> bool:
+    conds = [scope.get(n) for n in op.input("Cond")]
+    if op.attr("is_scalar_condition", False):
+        return bool(np.asarray(conds[0]).reshape(-1)[0])
+    return all(np.asarray(c).size > 0 for c in conds)
+
+
+def _row_blocks(value: np.ndarray, sections: list[int], op: Op) -> list[np.ndarray]:
+    if sum(sections) != value.shape[0]:
+        raise ValueError(f"send op: sections {sections} do not add up to {value.shape[0]} rows: {op}")
+    bounds = np.cumsum([0] + list(sections))
+    return [value[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass
@@ -183,13 +245,13 @@ class Trainer:
         return report
 
     async def _complete(self) -> None:
-        await asyncio.gather(*(self.rpc._call(ep, Kind.COMPLETE) for ep in self.endpoints))
+        await asyncio.gather(*(self.rpc.call(ep, Kind.COMPLETE) for ep in self.endpoints))
 
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             for ep in self.endpoints:
                 try:
-                    await self.rpc._call(ep, Kind.HEARTBEAT)
+                    await self.rpc.call(ep, Kind.HEARTBEAT)
                 except Exception as exc:  # a missed heartbeat is the server's business
                     log.debug("trainer %d: heartbeat to %s failed: %s", self.trainer_id, ep, exc)

@@ -24,7 +24,8 @@ def free_endpoints(count: int) -> list[str]:
 
 
 def make_job(model: str, trainers: int, pservers: int, steps: int = 20, batch: int = 16,
-             mode: str = "sync", data: str | None = None, extra: str = "") -> Job:
+             mode: str = "sync", data: str | None = None, extra: str = "",
+             transpiler: str = "") -> Job:
     eps = free_endpoints(pservers)
     data_line = f"data: {{name: {data}, batch_size: {batch}}}" if data else f"data: {{batch_size: {batch}}}"
     text = f"""
@@ -33,7 +34,7 @@ seed: 3
 model: {model}
 {data_line}
 cluster: {{pservers: {pservers}, trainers: {trainers}, endpoints: {{pservers: {eps}}}}}
-transpiler: {{mode: {mode}}}
+transpiler: {{mode: {mode}{", " + transpiler if transpiler else ""}}}
 train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: 10s}}
 {extra}
 """

@@ -4,6 +4,7 @@
 - `split_selected_rows`: cut a `SelectedRows` grad by row range (``height_sections``); each
   piece's rows are re-based to its block (row ``r`` of block ``i`` is global row
   ``offset_i + r``), as the pserver holds the block as a var of its own.
+- `ref_by_trainer_id`: DC-ASGD's pick of one trainer's parameter backup.
 
 They only move data, so the torch backend shares these kernels (see `torch_control`).
 """
@@ -43,3 +44,13 @@ def split_selected_rows(ctx: KernelContext) -> None:
         mine = (x.rows >= starts[i]) & (x.rows < starts[i + 1])
         ctx.set_output("Out", SelectedRows(x.rows[mine] - starts[i], x.values[mine], sections[i]),
                        index=i)
+
+
+@register("ref_by_trainer_id")
+def ref_by_trainer_id(ctx: KernelContext) -> None:
+    """Out = X[TrainerId]: DC-ASGD's backup of the parameter the trainer last fetched."""
+    xs = ctx.inputs("X")
+    trainer = int(np.asarray(ctx.input("TrainerId")).reshape(-1)[0])
+    if not 0 <= trainer < len(xs):
+        raise ValueError(f"TrainerId {trainer} is outside the {len(xs)} backups")
+    ctx.set_output("Out", xs[trainer])

@@ -34,6 +34,7 @@ SHARED_WITH_NUMPY: dict[str, Kernel] = {
     "sum_grad": numpy_math.sum_grad,
     "split_byref": numpy_dist.split_byref,
     "split_selected_rows": numpy_dist.split_selected_rows,
+    "ref_by_trainer_id": numpy_dist.ref_by_trainer_id,
 }
 
 for _op_type, _kernel in SHARED_WITH_NUMPY.items():

@@ -30,6 +30,7 @@ import numpy as np
 
 from transpiler.ir import BlockRef, Op, Program
 
+from .compute import Charge, ComputeModel, Tracer
 from .executor import Executor
 from .protocol import INITIAL_STEP, Dedupe, Event, SyncRound, Verdict
 from .scope import Scope
@@ -80,7 +81,8 @@ class ServeConfig:
 
 class PserverService:
     def __init__(self, program: Program, startup: Program, transport: Transport,
-                 executor: Executor | None = None, config: ServeConfig | None = None) -> None:
+                 executor: Executor | None = None, config: ServeConfig | None = None,
+                 compute: ComputeModel | None = None, tracer: Tracer | None = None) -> None:
         self.program = program
         self.transport = transport
         self.executor = executor or Executor()
@@ -103,7 +105,9 @@ class PserverService:
         self._pending: set[tuple[str, int]] = set()
         self._last_seen: dict[int, float] = {}
         self._done = asyncio.Event()
+        self._optimizing = False
         self.name = transport.name
+        self.charge = Charge(self.name, compute, tracer)
 
     # -- serving loop ---------------------------------------------------------------------------
     async def serve(self, endpoint: str) -> ServerStats:
@@ -163,6 +167,7 @@ class PserverService:
             self._pending.add((msg.src, msg.id))
             self._deferred.append((peer, msg))
             return
+        await self.charge.pay()  # async modes: the update this message caused
         await self._answer(peer, msg, reply)
         await self._after_event()
 
@@ -200,11 +205,13 @@ class PserverService:
             if self.round.finished:
                 self._done.set()
             return
+        if self._optimizing:  # a message arrived while this step's update is being computed
+            return
         progressed = True
         while progressed:
             progressed = False
             if self.round.ready_to_optimize:
-                self._optimize_step()
+                await self._optimize_step()
                 progressed = True
             if self.round.take_step_done():
                 self.stats.steps += 1
@@ -220,18 +227,29 @@ class PserverService:
             self._pending.discard((msg.src, msg.id))
             await self._handle(peer, msg)
 
-    def _optimize_step(self) -> None:
+    async def _optimize_step(self) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        contributors = self.round.contributors
-        for trainer in set(range(self.trainers)) - contributors:
-            self._zero_grads_of(trainer)
-        for op in self._fanin_scales:
-            op.attrs["scale"] = 1.0 / len(contributors)
-        for idx in self._step_blocks():
-            self.executor.run_block(self.program, idx, self.scope)
+        self._optimizing = True
+        try:
+            contributors = self.round.contributors
+            for trainer in set(range(self.trainers)) - contributors:
+                self._zero_grads_of(trainer)
+            for op in self._fanin_scales:
+                op.attrs["scale"] = 1.0 / len(contributors)
+            for idx in self._step_blocks():
+                self._run(idx)
+            await self.charge.pay()
+        finally:
+            self._optimizing = False
         self.round.optimized()
         self.stats.optimize_seconds += loop.time() - start
+
+    def _run(self, block_idx: int) -> None:
+        """Run one block and charge its ops to this node's modelled compute time."""
+        self.executor.run_block(self.program, block_idx, self.scope)
+        for op in self.program.blocks[block_idx].ops:
+            self.charge.add(op, self.scope)
 
     def _step_blocks(self) -> list[int]:
         """The blocks of one sync step: the LR block first (`optimize_blocks` lists it first
@@ -279,8 +297,8 @@ class PserverService:
         if idx is None:
             return
         if self.lr_block >= 0:
-            self.executor.run_block(self.program, self.lr_block, self.scope)
-        self.executor.run_block(self.program, idx, self.scope)
+            self._run(self.lr_block)
+        self._run(idx)
 
     def _on_send_barrier(self, peer: str, msg: Message, trainer: int) -> Message | None:
         if self.mode != SYNC:

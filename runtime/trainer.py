@@ -27,6 +27,7 @@ import numpy as np
 
 from transpiler.ir import Op, Program
 
+from .compute import Charge, ComputeModel, Tracer
 from .executor import Executor, check_feed, run_step
 from .protocol import INITIAL_STEP
 from .rpc import RpcClient
@@ -40,8 +41,9 @@ log = logging.getLogger(__name__)
 class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
-    def __init__(self, client: RpcClient, trainer_id: int) -> None:
+    def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None) -> None:
         self.client = client
+        self.charge = charge or Charge(client.name, None)
         self.trainer_id = trainer_id
         self.step = INITIAL_STEP
         self._sends: list[asyncio.Task[Any]] = []
@@ -152,6 +154,7 @@ async def run_program(executor: Executor, program: Program, scope: Scope, rpc: R
     for name, value in (feed or {}).items():
         scope.put(name, check_feed(block, name, value))
     await run_block(executor, program, 0, scope, rpc)
+    await rpc.charge.pay()
     await rpc.settle()
     return [scope.get(name) for name in fetch]
 
@@ -167,6 +170,7 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
 
     for step in plan.steps:
         if step.kernel is None:
+            await rpc.charge.pay()
             await rpc.run(step.op, scope)
             continue
         if rpc.pending:
@@ -174,6 +178,7 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
         sub = _rpc_sub_block(executor, program, step.op)
         if sub is None:
             run_step(step, scope, program, run_sub)
+            rpc.charge.add(step.op, scope)
         elif _condition_holds(step.op, scope):
             await run_block(executor, program, sub, scope, rpc)
 
@@ -209,14 +214,15 @@ class TrainerReport:
 class Trainer:
     def __init__(self, trainer_id: int, main: Program, startup: Program, client: RpcClient,
                  endpoints: list[str], executor: Executor | None = None,
-                 heartbeat_interval: float = 2.0) -> None:
+                 heartbeat_interval: float = 2.0, compute: ComputeModel | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.trainer_id = trainer_id
         self.main, self.startup = main, startup
         self.client = client
         self.endpoints = endpoints
         self.executor = executor or Executor()
         self.scope = Scope()
-        self.rpc = RpcOps(client, trainer_id)
+        self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer))
         self.heartbeat_interval = heartbeat_interval
 
     async def run(self, batches: Callable[[int], Mapping[str, Any]], steps: int, loss: str,

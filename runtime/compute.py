@@ -1,0 +1,74 @@
+"""How long compute takes, as far as the clock is concerned.
+
+A real run computes and the clock moves by itself: `RealCompute` charges nothing. The simulator
+plugs in a model (roofline figures or a measured profile, stragglers on top) that charges each
+op a duration; the runtime then waits that long on the running loop's clock, in one sleep per
+stretch of compute ops (before the next RPC op, and at the end of a block), so simulated time
+advances exactly by the modelled cost. An optional `Tracer` is told what each node did when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from transpiler.ir import Op
+
+from .scope import Scope
+
+
+class ComputeModel(Protocol):
+    def cost(self, node: str, op: Op, scope: Scope) -> float:
+        """Seconds that `node` spends computing `op` (with the inputs in `scope`)."""
+        ...
+
+
+class Tracer(Protocol):
+    def span(self, node: str, name: str, start: float, end: float, category: str) -> None:
+        """`node` spent [start, end) on `name` (an op, a step, a barrier wait...)."""
+        ...
+
+
+class RealCompute:
+    """Real runs: compute takes the time it takes; nothing is charged."""
+
+    def cost(self, node: str, op: Op, scope: Scope) -> float:
+        return 0.0
+
+
+class Charge:
+    """Modelled compute time owed by one node, paid with a sleep on the loop's clock."""
+
+    def __init__(self, node: str, model: ComputeModel | None, tracer: Tracer | None = None) -> None:
+        self.node = node
+        self.model = model
+        self.tracer = tracer
+        self.owed = 0.0
+        self.ops: list[tuple[str, float]] = []
+
+    @property
+    def active(self) -> bool:
+        return self.model is not None and not isinstance(self.model, RealCompute)
+
+    def add(self, op: Op, scope: Scope) -> None:
+        if self.model is None:
+            return
+        seconds = self.model.cost(self.node, op, scope)
+        if seconds > 0:
+            self.owed += seconds
+            self.ops.append((op.type, seconds))
+
+    async def pay(self) -> None:
+        """Sleep for what is owed; trace each op as a slice of that stretch."""
+        if self.owed <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        owed, ops = self.owed, self.ops
+        self.owed, self.ops = 0.0, []
+        await asyncio.sleep(owed)
+        if self.tracer is not None:
+            t = start
+            for name, seconds in ops:
+                self.tracer.span(self.node, name, t, t + seconds, "compute")
+                t += seconds

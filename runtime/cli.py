@@ -2,14 +2,18 @@
 
 ``runtime train`` builds a ready-made model, makes its data set, and trains it in this process
 with the executor, printing the mean loss of each logging window and the throughput, then a
-summary line. Later subcommands (``up``, ``profile``) hang off the same parser.
+summary line. ``runtime up SCENARIO`` runs a scenario's pservers and trainers as processes on
+this host (`runtime.launch`), or with ``--role``/``TRAINING_ROLE`` one of them in the foreground
+(`runtime.node`). Later subcommands (``profile``) hang off the same parser.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from transpiler.models import DEFAULT_OPTIMIZERS, MODELS, Model, ModelError, build_model
@@ -17,6 +21,9 @@ from transpiler.optimizer import OPTIMIZERS
 
 from . import Executor, Scope
 from .data import DATASETS, DataError, Dataset, dataset_for
+from .launch import launch
+from .node import RoleError, add_arguments, load_for_role, resolve_role, run_role
+from .scenario import ScenarioError
 
 def _positive_int(text: str) -> int:
     try:
@@ -56,11 +63,24 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_train, parser=p)
 
 
+def _add_up(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "up", help="run a scenario's pservers and trainers as processes",
+        description="Start every pserver and trainer of a scenario as a process on this host, "
+                    "show their progress, write OUT/logs, OUT/metrics.json and OUT/params.npz, "
+                    "check the scenario's expect section, and exit non-zero on any failure. "
+                    "With --role (or TRAINING_ROLE and the PADDLE_* variables, as Paddle's "
+                    "launchers set them) run that one node in the foreground instead.")
+    add_arguments(p)
+    p.set_defaults(run=_up, parser=p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="runtime", description="Run pslab programs: train locally (more to come).")
+        prog="runtime", description="Run pslab programs: train locally, or run a scenario.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train(subparsers)
+    _add_up(subparsers)
     return parser
 
 
@@ -116,6 +136,19 @@ def _train(args: argparse.Namespace, out: TextIO) -> int:
           f"{args.steps * args.batch_size / elapsed:.0f} samples/s, "
           f"loss {first:.4f} -> {last:.4f}", file=out)
     return 0
+
+
+def _up(args: argparse.Namespace, out: TextIO) -> int:
+    parser: argparse.ArgumentParser = args.parser
+    try:
+        role = resolve_role(args.role, args.index, args.endpoints, os.environ)
+        scenario = load_for_role(args.scenario, args.set, role)
+    except (RoleError, ScenarioError) as err:
+        parser.error(str(err))
+    if role is not None:
+        return run_role(scenario, role, args.out)
+    out_dir = args.out or Path(scenario.outputs.dir or Path("out") / scenario.name)
+    return launch(Path(args.scenario), args.set, scenario, out_dir, out)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .compute import ComputeModel, Tracer
 from .executor import Executor
 from .job import Job
 from .pserver import PserverService, ServeConfig, ServerStats
@@ -40,27 +41,48 @@ def trainer_name(index: int) -> str:
     return f"trainer:{index}"
 
 
-async def run_job(job: Job, transport_for: TransportFactory, backend: str = "numpy",
-                  device: str = "cpu") -> JobResult:
-    scenario = job.scenario
-    serve = ServeConfig(heartbeat_timeout=scenario.train.heartbeat_timeout)
-    servers = []
-    for j, endpoint in enumerate(job.endpoints):
-        main, startup = job.pserver_programs(j)
-        service = PserverService(main, startup, transport_for(pserver_name(j)),
-                                 Executor(backend, device), serve)
-        servers.append((service, endpoint))
+def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,
+                 tracer: Tracer | None = None) -> PserverService:
+    """The pserver service of node `index`, ready to `serve(job.endpoints[index])`."""
+    main, startup = job.pserver_programs(index)
+    backend = job.scenario.backend
+    return PserverService(main, startup, transport, Executor(backend.kernels, backend.device),
+                          ServeConfig(heartbeat_timeout=job.scenario.train.heartbeat_timeout),
+                          compute, tracer)
+
+
+def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,
+                 tracer: Tracer | None = None) -> Trainer:
+    """Trainer `index`, ready to `run(batches_for(job, index), ...)`."""
+    main, startup = job.trainer_programs(index)
+    train, backend = job.scenario.train, job.scenario.backend
+    client = RpcClient(transport, RetryPolicy(deadline=train.deadline))
+    return Trainer(index, main, startup, client, job.endpoints,
+                   Executor(backend.kernels, backend.device),
+                   heartbeat_interval=train.heartbeat_timeout / 3, compute=compute, tracer=tracer)
+
+
+def batches_for(job: Job, index: int) -> Callable[[int], dict[str, Any]]:
+    """Trainer `index`'s batch of each step: its shard of the step's global batch."""
+    shard = job.dataset.shard(index, job.trainers)
+    batch, feeds = job.scenario.data.batch_size, job.model.feeds
+    return lambda step: shard.batch(step, batch, feeds)
+
+
+async def run_job(job: Job, transport_for: TransportFactory, compute: ComputeModel | None = None,
+                  tracer: Tracer | None = None) -> JobResult:
+    """Serve every pserver and train every trainer as tasks of the running loop."""
+    servers = [make_pserver(job, j, transport_for(pserver_name(j)), compute, tracer)
+               for j in range(len(job.endpoints))]
     loop = asyncio.get_running_loop()
-    server_tasks = [loop.create_task(s.serve(ep), name=f"{s.name} serve") for s, ep in servers]
-    trainers = [_trainer(job, i, transport_for, backend, device) for i in range(job.trainers)]
-    batch = scenario.data.batch_size
-    shards = [job.dataset.shard(i, job.trainers) for i in range(job.trainers)]
-    feeds = job.model.feeds
+    server_tasks = [loop.create_task(s.serve(ep), name=f"{s.name} serve")
+                    for s, ep in zip(servers, job.endpoints)]
+    trainers = [make_trainer(job, i, transport_for(trainer_name(i)), compute, tracer)
+                for i in range(job.trainers)]
+    steps, loss = job.scenario.train.steps, job.model.loss.name
     try:
-        reports = await asyncio.gather(*(
-            t.run(lambda step, s=shard: s.batch(step, batch, feeds), scenario.train.steps,
-                  job.model.loss.name)
-            for t, shard in zip(trainers, shards)))
+        reports = await asyncio.gather(*(t.run(batches_for(job, t.trainer_id), steps, loss)
+                                         for t in trainers))
         stats = await asyncio.gather(*server_tasks)
     finally:
         for task in server_tasks:
@@ -68,19 +90,10 @@ async def run_job(job: Job, transport_for: TransportFactory, backend: str = "num
         await asyncio.gather(*server_tasks, return_exceptions=True)
         for t in trainers:
             await t.client.close()
-        for service, _ in servers:
-            await service.transport.close()
+        for server in servers:
+            await server.transport.close()
     params = {p: np.array(trainers[0].scope.get(p)) for p in job.model.params}
     return JobResult(list(reports), list(stats), params)
-
-
-def _trainer(job: Job, index: int, transport_for: TransportFactory, backend: str,
-             device: str) -> Trainer:
-    main, startup = job.trainer_programs(index)
-    policy = RetryPolicy(deadline=job.scenario.train.deadline)
-    client = RpcClient(transport_for(trainer_name(index)), policy)
-    return Trainer(index, main, startup, client, job.endpoints, Executor(backend, device),
-                   heartbeat_interval=job.scenario.train.heartbeat_timeout / 3)
 
 
 def train_locally(job: Job, backend: str = "numpy") -> tuple[list[float], dict[str, Any]]:

@@ -18,8 +18,9 @@ from .scope import Scope
 
 
 class ComputeModel(Protocol):
-    def cost(self, node: str, op: Op, scope: Scope) -> float:
-        """Seconds that `node` spends computing `op` (with the inputs in `scope`)."""
+    def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
+        """Seconds that `node` spends computing `op` (its inputs and outputs in `scope`) during
+        training step `step`."""
         ...
 
 
@@ -32,7 +33,7 @@ class Tracer(Protocol):
 class RealCompute:
     """Real runs: compute takes the time it takes; nothing is charged."""
 
-    def cost(self, node: str, op: Op, scope: Scope) -> float:
+    def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
         return 0.0
 
 
@@ -44,6 +45,7 @@ class Charge:
         self.model = model
         self.tracer = tracer
         self.owed = 0.0
+        self.step = -1  # the training step being computed; its owner keeps it current
         self.ops: list[tuple[str, float]] = []
 
     @property
@@ -53,7 +55,7 @@ class Charge:
     def add(self, op: Op, scope: Scope) -> None:
         if self.model is None:
             return
-        seconds = self.model.cost(self.node, op, scope)
+        seconds = self.model.cost(self.node, op, scope, self.step)
         if seconds > 0:
             self.owed += seconds
             self.ops.append((op.type, seconds))

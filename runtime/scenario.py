@@ -124,6 +124,8 @@ class ExpectSpec(_Strict):
     final_loss_below: float | None = None
     loss_drop_factor: float | None = Field(None, gt=1)
     params_equal_to: Literal["local"] | None = None
+    params_rtol: float = Field(1e-5, gt=0)
+    params_atol: float = Field(1e-5, ge=0)
     no_lost_updates: bool = False
     max_step_time: float | None = None
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-_TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+# seconds = number * multiplier / divisor: sub-second units divide, so "200us" is exactly 200e-6
+_TIME = {"ns": (1.0, 1e9), "us": (1.0, 1e6), "µs": (1.0, 1e6), "ms": (1.0, 1e3), "s": (1.0, 1.0),
+         "min": (60.0, 1.0), "h": (3600.0, 1.0)}
 _PREFIX = {"": 1.0, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
            "Ki": 1024.0, "Mi": 1024.0**2, "Gi": 1024.0**3, "Ti": 1024.0**4}
 
@@ -35,7 +37,8 @@ def duration(value: float | int | str) -> float:
         return number
     if unit not in _TIME:
         raise UnitError(f"duration {value!r}: unknown unit {unit!r} (one of {', '.join(_TIME)})")
-    return number * _TIME[unit]
+    multiplier, divisor = _TIME[unit]
+    return number * multiplier / divisor
 
 
 def size(value: float | int | str) -> float:

@@ -14,7 +14,7 @@ ones to libzmq as they are (zero-copy); received frames are zero-copy memoryview
 
 Every queue is bounded: the send and receive high-water marks (messages per peer), the inbox,
 and the largest frame a peer may send (`MAXMSGSIZE`; libzmq drops a connection that exceeds it
-before allocating the frame). Close uses LINGER 0 and terminates the context if this transport
+before allocating the frame). Close uses LINGER `linger_ms` (0 by default) and terminates the context if this transport
 created it.
 """
 
@@ -63,10 +63,12 @@ class ZmqLimits:
     """Frames smaller than this (bytes) are copied on send; larger ones go zero-copy."""
     io_threads: int = 1
     """libzmq IO threads of a context this transport creates."""
+    linger_ms: int = 0
+    """How long `close` lets queued messages go out (ms); a server's last replies need some."""
 
     def __post_init__(self) -> None:
         for field, value in vars(self).items():
-            minimum = 0 if field == "copy_threshold" else 1
+            minimum = 0 if field in ("copy_threshold", "linger_ms") else 1
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"ZmqLimits.{field} must be an int >= {minimum}, got {value!r}")
 
@@ -149,7 +151,7 @@ class ZmqTransport(Transport):
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
         for socket in self.sockets:
-            socket.close(linger=0)
+            socket.close(linger=self.limits.linger_ms)
         if self._owns_context:
             self._context.term()
         self._fail_waiters(TransportClosed(self.name, "recv"))

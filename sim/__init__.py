@@ -1,4 +1,5 @@
-"""The simulator: the real runtime under a virtual clock (see sim/loop.py)."""
+"""The simulator: the real runtime under a virtual clock (sim/loop.py) over a simulated
+network (sim/network.py)."""
 
 from sim.loop import (
     SimDeadlock,
@@ -16,14 +17,28 @@ from sim.loop import (
     task_note,
     waiting_on,
 )
+from sim.network import (
+    LinkStats,
+    Network,
+    NetworkConfigError,
+    NetworkSpec,
+    NicStats,
+    SimTransport,
+)
 
 __all__ = [
+    "LinkStats",
+    "Network",
+    "NetworkConfigError",
+    "NetworkSpec",
+    "NicStats",
     "SimDeadlock",
     "SimError",
     "SimNestedRunError",
     "SimStats",
     "SimStepLimit",
     "SimTimeLimit",
+    "SimTransport",
     "SimUnsupportedError",
     "TaskNote",
     "TaskWait",

@@ -1,0 +1,103 @@
+"""A scenario's `expect` section, checked against what a run measured.
+
+Each check is a small function returning an `ExpectationResult` that says what was expected,
+what was measured and, in words, why it passed or failed:
+
+- ``final_loss_below``: trainer 0's *mean loss over its last 10 steps* (all steps if fewer) is
+  below the bound. A window, not the last loss, so that one noisy batch decides nothing.
+- ``loss_drop_factor``: trainer 0's mean loss over its first 10 steps divided by the mean over its
+  last 10 is at least the factor.
+- ``params_equal_to: local``: the final parameters (trainer 0's) equal single-process training
+  on the same global batches within ``params_rtol`` and ``params_atol`` (both 1e-5 by default:
+  float32 sums in another order; long runs drift further and state their own tolerance).
+- ``no_lost_updates``: in sync mode every pserver ran exactly ``train.steps`` optimize steps and
+  rejected no message; in the other modes (no step count on the server) no message was rejected.
+- ``max_step_time`` is about simulated time and is not checked here (the runner says so).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .metrics import ExpectationResult, PserverMetrics
+
+LOSS_WINDOW = 10
+
+
+def _window(losses: list[float], last: bool) -> list[float]:
+    n = min(LOSS_WINDOW, len(losses))
+    return losses[-n:] if last else losses[:n]
+
+
+def final_loss_below(bound: float, losses: list[float]) -> ExpectationResult:
+    name = "final_loss_below"
+    if not losses:
+        return ExpectationResult(name, bound, None, False, "trainer 0 reported no loss")
+    window = _window(losses, last=True)
+    mean = float(np.mean(window))
+    passed = bool(mean < bound)
+    verb = "is" if passed else "is not"
+    return ExpectationResult(name, bound, mean, passed,
+                             f"trainer 0's mean loss over its last {len(window)} steps, "
+                             f"{mean:.6g}, {verb} below {bound:g}")
+
+
+def loss_drop_factor(factor: float, losses: list[float]) -> ExpectationResult:
+    name = "loss_drop_factor"
+    if not losses:
+        return ExpectationResult(name, factor, None, False, "trainer 0 reported no loss")
+    first, last = float(np.mean(_window(losses, False))), float(np.mean(_window(losses, True)))
+    drop = first / last if last > 0 else float("inf")
+    passed = bool(drop >= factor)
+    verb = "at least" if passed else "less than"
+    return ExpectationResult(name, factor, drop, passed,
+                             f"trainer 0's mean loss fell from {first:.6g} (first steps) to "
+                             f"{last:.6g} (last steps), a factor {drop:.4g}, {verb} {factor:g}")
+
+
+def params_equal(actual: Mapping[str, np.ndarray] | None, reference: Mapping[str, np.ndarray],
+                 rtol: float = 1e-5, atol: float = 1e-5) -> ExpectationResult:
+    name = "params_equal_to"
+    if actual is None:
+        return ExpectationResult(name, "local", None, False, "trainer 0 wrote no parameters")
+    if set(actual) != set(reference):
+        return ExpectationResult(name, "local", sorted(actual), False,
+                                 f"parameter names differ: run has {sorted(actual)}, local "
+                                 f"training has {sorted(reference)}")
+    worst, worst_name = 0.0, ""
+    failing = []
+    for pname in sorted(reference):
+        a, r = np.asarray(actual[pname]), np.asarray(reference[pname])
+        if a.shape != r.shape:
+            failing.append(f"{pname} (shape {list(a.shape)} vs {list(r.shape)})")
+            continue
+        diff = float(np.max(np.abs(a - r))) if a.size else 0.0
+        if diff >= worst:
+            worst, worst_name = diff, pname
+        if not np.allclose(a, r, rtol=rtol, atol=atol):
+            failing.append(f"{pname} (max |diff| {diff:.3g})")
+    tolerance = f"rtol {rtol:g}, atol {atol:g}"
+    if failing:
+        return ExpectationResult(name, "local", worst, False,
+                                 f"parameters differ from local training beyond {tolerance}: "
+                                 + ", ".join(failing))
+    return ExpectationResult(name, "local", worst, True,
+                             f"{len(reference)} parameters equal local training within {tolerance} "
+                             f"(largest |diff| {worst:.3g}, in {worst_name})")
+
+
+def no_lost_updates(pservers: list[PserverMetrics], steps: int, sync: bool) -> ExpectationResult:
+    name = "no_lost_updates"
+    problems = []
+    for p in pservers:
+        if sync and p.steps != steps:
+            problems.append(f"pserver:{p.index} ran {p.steps} of {steps} steps")
+        if p.errors:
+            problems.append(f"pserver:{p.index} rejected {p.errors} message(s)")
+        if p.dropped:
+            problems.append(f"pserver:{p.index} dropped trainer(s) {p.dropped}")
+    what = f"every pserver ran {steps} steps with" if sync else "every pserver had"
+    detail = "; ".join(problems) if problems else f"{what} no rejected message or dropped trainer"
+    return ExpectationResult(name, True, not problems, not problems, detail)

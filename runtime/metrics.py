@@ -1,0 +1,141 @@
+"""The record of a real run: `metrics.json`, as dataclasses.
+
+Each node of a `runtime up` run writes its own part when it finishes (`write_record` to
+``OUT/nodes/trainer-0.json``, ``OUT/nodes/pserver-1.json``): a trainer its `TrainerMetrics`, a
+pserver its `PserverMetrics`. The launcher reads them back (`read_record`), adds each node's exit
+code and log, the job's figures (`JobSummary`) and the expectations it checked, and writes the
+whole `JobMetrics` as ``OUT/metrics.json``. The file is exactly `dataclasses.asdict` of a
+`JobMetrics`, and `read_metrics` turns it back into one, so a reader never guesses the schema:
+
+    {"schema": 1,
+     "job": {"scenario", "mode", "pservers", "trainers", "steps", "batch_size", "endpoints",
+             "wall_seconds", "train_seconds", "samples", "samples_per_second",
+             "success", "reason", "failed_node"},
+     "trainers": [{"index", "losses", "step_times", "final_loss", "exit_code", "log"}],
+     "pservers": [{"index", "endpoint", "messages", "bytes_in", "bytes_out",
+                   "optimize_seconds", "steps", "errors", "dropped", "exit_code", "log"}],
+     "expectations": [{"name", "expected", "actual", "passed", "detail"}],
+     "notes": ["what this run ignored of the scenario"]}
+
+Times are seconds. A node that failed before writing its part appears with empty figures and
+its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class TrainerMetrics:
+    index: int
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    final_loss: float | None = None
+    exit_code: int | None = None
+    log: str | None = None
+
+    @staticmethod
+    def from_steps(index: int, losses: list[float], step_times: list[float]) -> "TrainerMetrics":
+        return TrainerMetrics(index, list(losses), list(step_times),
+                              losses[-1] if losses else None)
+
+
+@dataclass
+class PserverMetrics:
+    index: int
+    endpoint: str
+    messages: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    optimize_seconds: float = 0.0
+    steps: int = 0
+    errors: int = 0
+    dropped: list[int] = field(default_factory=list)
+    exit_code: int | None = None
+    log: str | None = None
+
+
+@dataclass
+class ExpectationResult:
+    name: str
+    expected: Any
+    actual: Any
+    passed: bool
+    detail: str
+
+
+@dataclass
+class JobSummary:
+    scenario: str
+    mode: str
+    pservers: int
+    trainers: int
+    steps: int
+    batch_size: int
+    endpoints: list[str]
+    wall_seconds: float = 0.0
+    train_seconds: float | None = None
+    """The slowest trainer's time inside its steps (startup and process launch excluded)."""
+    samples: int = 0
+    """Examples in the steps the trainers reported."""
+    samples_per_second: float | None = None
+    """Samples trained by all trainers together / `train_seconds`."""
+    success: bool = False
+    reason: str | None = None
+    failed_node: str | None = None
+
+
+@dataclass
+class JobMetrics:
+    job: JobSummary
+    trainers: list[TrainerMetrics]
+    pservers: list[PserverMetrics]
+    expectations: list[ExpectationResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION
+
+
+R = TypeVar("R", TrainerMetrics, PserverMetrics)
+
+
+def write_record(path: Path, record: TrainerMetrics | PserverMetrics | JobMetrics) -> None:
+    """Write `record` as JSON, atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
+    tmp.replace(path)
+
+
+def read_record(path: Path, kind: type[R]) -> R:
+    """One node's part, as its node wrote it."""
+    return _build(kind, json.loads(path.read_text()), str(path))
+
+
+def read_metrics(path: Path) -> JobMetrics:
+    raw = json.loads(Path(path).read_text())
+    if raw.get("schema") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: metrics schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
+    return JobMetrics(
+        job=_build(JobSummary, raw["job"], f"{path}: job"),
+        trainers=[_build(TrainerMetrics, t, f"{path}: trainers") for t in raw["trainers"]],
+        pservers=[_build(PserverMetrics, p, f"{path}: pservers") for p in raw["pservers"]],
+        expectations=[_build(ExpectationResult, e, f"{path}: expectations")
+                      for e in raw["expectations"]],
+        notes=list(raw["notes"]))
+
+
+T = TypeVar("T")
+
+
+def _build(kind: type[T], raw: dict[str, Any], where: str) -> T:
+    names = {f.name for f in fields(kind)}  # type: ignore[arg-type]
+    unknown = set(raw) - names
+    if unknown:
+        raise ValueError(f"{where}: unknown {kind.__name__} field(s) {sorted(unknown)}")
+    return kind(**raw)

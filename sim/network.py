@@ -1,0 +1,679 @@
+"""The simulated network: a `Transport` that carries the real frames on the virtual clock.
+
+`Network` is the fabric one simulated run shares: it knows which node bound which endpoint,
+which clients connected where, the parameters of every link and the state of every node's NIC.
+`Network.transport(name)` gives a node its `SimTransport`; the runtime uses it exactly as it
+uses `ZmqTransport`, so the same pserver and trainer code runs over it unchanged.
+
+Queueing model. A message of S bytes from node A to node B, sent at time t, over a link of
+bandwidth b (from the `network` spec; a NIC rule may cap a node's rate below it):
+
+1. Egress: A's NIC sends one message at a time, first in first out. The message starts leaving
+   at `start = max(t, A's NIC free)` and occupies A's egress for S / rate_out.
+2. Latency: its first bit reaches B one sampled link latency after `start`, and never before the
+   last bit of the previous message on the directed link A -> B (so a message never overtakes
+   an earlier one on the same link, whatever the latencies drawn).
+3. Ingress: B's NIC takes arriving messages one at a time, in arrival order, each occupying it
+   for S / rate_in; the message is delivered when B has taken it all and no earlier than its
+   last bit can have arrived (first bit + S / rate_out).
+
+A lone message on idle NICs therefore takes L + S/b (ingress overlaps egress, not added to it);
+k messages sent together by one node, or by k nodes to one node, finish at L + k*S/b: the busy
+NIC is the bottleneck. Rates are payload bytes per second, with no per-frame overhead, so hand
+computations come out exact. Without a `network` section the network is ideal: no latency,
+unlimited bandwidth.
+
+Identity rules, as `ZmqTransport`: a server receives a client's messages from peer = the
+client's node name, and a client receives a server's from peer = the endpoint string it
+connected to. A message sent to an endpoint nobody has bound yet waits in the sender until a
+node binds it; a server that closes and a new one binding the same endpoint (a restart) gets
+the clients' later messages. A node that reconnects under its old name takes the name over.
+Messages still in flight to a transport that closes are dropped (counted per link).
+
+Determinism: latencies come from one `random.Random` per directed link, seeded from the run's
+seed and the two node names, so the same seed gives the same times however traffic on other
+links interleaves. Everything waits on `loop.call_at`, never the wall clock.
+
+Every message passes through `Network._deliver` between leaving its sender and arriving: the
+single place where fault injection (drop, duplicate, delay, partition) decides its fate.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any, NamedTuple
+
+from runtime import units
+from runtime.transport import (
+    EndpointError,
+    Frame,
+    Transport,
+    TransportClosed,
+    TransportError,
+    UnknownPeerError,
+    check_node_name,
+)
+
+__all__ = [
+    "ConstantLatency",
+    "Latency",
+    "LinkParams",
+    "LinkRule",
+    "LinkStats",
+    "LogNormalLatency",
+    "MessageObserver",
+    "Network",
+    "NetworkConfigError",
+    "NetworkSpec",
+    "NicRule",
+    "NicStats",
+    "NormalLatency",
+    "SimTransport",
+    "UniformLatency",
+]
+
+MessageObserver = Callable[[str, str, int, float, float], None]
+"""`on_message(src, dst, nbytes, t_send, t_deliver)`, called as each message is delivered."""
+
+
+class NetworkConfigError(ValueError):
+    """The scenario's `network` section is invalid; `field` is the path of the culprit."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+# ----------------------------------------------------------------------------- latency models
+
+
+class Latency(abc.ABC):
+    """A distribution of one-way link latencies, in seconds."""
+
+    @abc.abstractmethod
+    def sample(self, rng: random.Random) -> float:
+        """One latency drawn with `rng`."""
+
+
+@dataclass(frozen=True)
+class ConstantLatency(Latency):
+    value: float
+
+    def __post_init__(self) -> None:
+        _at_least_zero("value", self.value)
+
+    def sample(self, rng: random.Random) -> float:
+        return self.value
+
+
+@dataclass(frozen=True)
+class UniformLatency(Latency):
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        _at_least_zero("low", self.low)
+        if not self.high >= self.low:
+            raise ValueError(f"high must be >= low ({self.low!r}), got {self.high!r}")
+
+    def sample(self, rng: random.Random) -> float:
+        return rng.uniform(self.low, self.high)
+
+
+@dataclass(frozen=True)
+class NormalLatency(Latency):
+    """Normal, truncated at 0: negative draws are redrawn (mean >= 0 keeps that rare)."""
+
+    mean: float
+    std: float
+
+    def __post_init__(self) -> None:
+        _at_least_zero("mean", self.mean)
+        _at_least_zero("std", self.std)
+
+    def sample(self, rng: random.Random) -> float:
+        while True:
+            value = rng.normalvariate(self.mean, self.std)
+            if value >= 0.0:
+                return value
+
+
+@dataclass(frozen=True)
+class LogNormalLatency(Latency):
+    """`median * exp(sigma * Z)`, Z standard normal: heavy-tailed, median `median`."""
+
+    median: float
+    sigma: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.median < math.inf:
+            raise ValueError(f"median must be > 0, got {self.median!r}")
+        _at_least_zero("sigma", self.sigma)
+
+    def sample(self, rng: random.Random) -> float:
+        return self.median * math.exp(self.sigma * rng.normalvariate(0.0, 1.0))
+
+
+def _at_least_zero(name: str, value: float) -> None:
+    if not 0.0 <= value < math.inf:
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+
+
+# name -> (class, parameters); parameters named "sigma" are plain numbers, the others durations
+_DISTRIBUTIONS: dict[str, tuple[type[Latency], tuple[str, ...]]] = {
+    "constant": (ConstantLatency, ("value",)),
+    "uniform": (UniformLatency, ("low", "high")),
+    "normal": (NormalLatency, ("mean", "std")),
+    "lognormal": (LogNormalLatency, ("median", "sigma")),
+}
+
+
+# ------------------------------------------------------------------------------ configuration
+
+
+class LinkParams(NamedTuple):
+    latency: Latency
+    bandwidth: float
+    """Bytes per second; `math.inf` for no serialization delay."""
+
+
+@dataclass(frozen=True)
+class LinkRule:
+    """Latency and/or bandwidth for links between nodes matching the two patterns."""
+
+    between: tuple[str, str]
+    latency: Latency | None = None
+    bandwidth: float | None = None
+
+    def matches(self, a: str, b: str) -> bool:
+        """Whether the link a <-> b (either direction) falls under this rule."""
+        p, q = self.between
+        return (fnmatchcase(a, p) and fnmatchcase(b, q)) or (
+            fnmatchcase(a, q) and fnmatchcase(b, p)
+        )
+
+
+@dataclass(frozen=True)
+class NicRule:
+    """A cap on the rate of the NICs of nodes matching any of the patterns."""
+
+    nodes: tuple[str, ...]
+    bandwidth: float
+
+    def matches(self, node: str) -> bool:
+        return any(fnmatchcase(node, pattern) for pattern in self.nodes)
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """The `network` section, parsed: defaults, then link and NIC rules (later ones win)."""
+
+    latency: Latency = ConstantLatency(0.0)
+    bandwidth: float = math.inf
+    links: tuple[LinkRule, ...] = ()
+    nics: tuple[NicRule, ...] = ()
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, Any] | None) -> NetworkSpec:
+        """Validate a scenario's `network` section (None: an ideal network)."""
+        if spec is None:
+            return cls()
+        section = _mapping(spec, "network", {"default", "links", "nics"})
+        default = _mapping(section.get("default", {}), "network.default", {"latency", "bandwidth"})
+        latency, bandwidth = _link_fields(default, "network.default")
+        links = _items(section.get("links", []), "network.links")
+        nics = _items(section.get("nics", []), "network.nics")
+        return cls(
+            latency=cls.latency if latency is None else latency,
+            bandwidth=cls.bandwidth if bandwidth is None else bandwidth,
+            links=tuple(_link_rule(rule, f"network.links[{i}]") for i, rule in enumerate(links)),
+            nics=tuple(_nic_rule(rule, f"network.nics[{i}]") for i, rule in enumerate(nics)),
+        )
+
+    def link(self, src: str, dst: str) -> LinkParams:
+        """The parameters of the link between nodes `src` and `dst`."""
+        latency, bandwidth = self.latency, self.bandwidth
+        for rule in self.links:
+            if rule.matches(src, dst):
+                latency = latency if rule.latency is None else rule.latency
+                bandwidth = bandwidth if rule.bandwidth is None else rule.bandwidth
+        return LinkParams(latency, bandwidth)
+
+    def nic_bandwidth(self, node: str) -> float:
+        """The cap on `node`'s NIC rate (bytes per second; `math.inf` if no rule names it)."""
+        cap = math.inf
+        for rule in self.nics:
+            if rule.matches(node):
+                cap = rule.bandwidth
+        return cap
+
+
+def _mapping(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise NetworkConfigError(where, f"must be a mapping, got {value!r}")
+    for key in value:
+        if key not in allowed:
+            raise NetworkConfigError(f"{where}.{key}", f"unknown field (one of {sorted(allowed)})")
+    return value
+
+
+def _items(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise NetworkConfigError(where, f"must be a list, got {value!r}")
+    return value
+
+
+def _link_fields(spec: Mapping[str, Any], where: str) -> tuple[Latency | None, float | None]:
+    latency = spec.get("latency")
+    bandwidth = spec.get("bandwidth")
+    return (
+        None if latency is None else _latency(latency, f"{where}.latency"),
+        None if bandwidth is None else _rate(bandwidth, f"{where}.bandwidth"),
+    )
+
+
+def _link_rule(value: Any, where: str) -> LinkRule:
+    spec = _mapping(value, where, {"between", "latency", "bandwidth"})
+    if "between" not in spec:
+        raise NetworkConfigError(f"{where}.between", "missing: two node patterns")
+    between = _patterns(spec["between"], f"{where}.between")
+    if len(between) != 2:
+        raise NetworkConfigError(f"{where}.between", f"needs two node patterns, got {between!r}")
+    latency, bandwidth = _link_fields(spec, where)
+    if latency is None and bandwidth is None:
+        raise NetworkConfigError(where, "sets neither latency nor bandwidth")
+    return LinkRule((between[0], between[1]), latency, bandwidth)
+
+
+def _nic_rule(value: Any, where: str) -> NicRule:
+    spec = _mapping(value, where, {"nodes", "bandwidth"})
+    for key in ("nodes", "bandwidth"):
+        if key not in spec:
+            raise NetworkConfigError(f"{where}.{key}", "missing")
+    nodes = _patterns(spec["nodes"], f"{where}.nodes")
+    return NicRule(nodes, _rate(spec["bandwidth"], f"{where}.bandwidth"))
+
+
+def _patterns(value: Any, where: str) -> tuple[str, ...]:
+    patterns = [value] if isinstance(value, str) else value
+    valid = isinstance(patterns, list) and all(isinstance(p, str) and p for p in patterns)
+    if not valid or not patterns:
+        raise NetworkConfigError(where, f"must be a node pattern or a list of them, got {value!r}")
+    return tuple(patterns)
+
+
+def _latency(value: Any, where: str) -> Latency:
+    if not isinstance(value, Mapping):
+        return _checked(ConstantLatency, where, value=_duration(value, where))
+    dist = value.get("dist")
+    if dist not in _DISTRIBUTIONS:
+        choices = sorted(_DISTRIBUTIONS)
+        raise NetworkConfigError(f"{where}.dist", f"must be one of {choices}, got {dist!r}")
+    kind, names = _DISTRIBUTIONS[dist]
+    spec = _mapping(value, where, {"dist", *names})
+    params = {}
+    for name in names:
+        if name not in spec:
+            needs = ", ".join(names)
+            raise NetworkConfigError(f"{where}.{name}", f"missing (a {dist} latency needs {needs})")
+        parse = _number if name == "sigma" else _duration
+        params[name] = parse(spec[name], f"{where}.{name}")
+    return _checked(kind, where, **params)
+
+
+def _checked(kind: type[Latency], where: str, **params: float) -> Latency:
+    try:
+        return kind(**params)  # type: ignore[call-arg]
+    except ValueError as exc:
+        raise NetworkConfigError(where, str(exc)) from None
+
+
+def _duration(value: Any, where: str) -> float:
+    return _unit(units.duration, value, where, "a duration such as 200us")
+
+
+def _rate(value: Any, where: str) -> float:
+    rate = _unit(units.rate, value, where, "a rate such as 10Gbps")
+    if not rate > 0:
+        raise NetworkConfigError(where, f"must be > 0, got {value!r}")
+    return rate
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise NetworkConfigError(where, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _unit(parse: Callable[[Any], float], value: Any, where: str, example: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise NetworkConfigError(where, f"must be {example}, got {value!r}")
+    try:
+        return parse(value)
+    except units.UnitError as exc:
+        raise NetworkConfigError(where, str(exc)) from None
+
+
+# ------------------------------------------------------------------------------------ counters
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """Traffic on one directed link."""
+
+    messages: int = 0
+    bytes: int = 0
+    dropped: int = 0
+    """Messages that arrived at a transport already closed."""
+
+
+@dataclass(slots=True)
+class NicStats:
+    """One node's NIC: traffic, busy time and queueing delay, each direction apart (seconds)."""
+
+    messages_out: int = 0
+    bytes_out: int = 0
+    busy_out: float = 0.0
+    wait_out: float = 0.0
+    messages_in: int = 0
+    bytes_in: int = 0
+    busy_in: float = 0.0
+    wait_in: float = 0.0
+
+
+# ------------------------------------------------------------------------------------ the fabric
+
+
+@dataclass(slots=True)
+class _Nic:
+    cap: float
+    egress_free: float = 0.0
+    ingress_free: float = 0.0
+    stats: NicStats = field(default_factory=NicStats)
+
+
+@dataclass(slots=True)
+class _Link:
+    src: str
+    dst: str
+    latency: Latency
+    rng: random.Random
+    src_nic: _Nic
+    dst_nic: _Nic
+    rate_out: float
+    rate_in: float
+    last_bit: float = 0.0
+    """When the last bit of the latest message on this link reaches `dst`."""
+    stats: LinkStats = field(default_factory=LinkStats)
+
+
+@dataclass(slots=True)
+class _Packet:
+    link: _Link
+    receiver: SimTransport
+    peer: str
+    frames: list[Frame]
+    nbytes: int
+    sent_at: float
+    wire_time: float
+    """Seconds its bits take to leave the sender (S / rate_out)."""
+
+
+class Network:
+    """The simulated fabric of one run: endpoints, links, NICs, latencies and counters."""
+
+    def __init__(
+        self,
+        spec: NetworkSpec | None = None,
+        seed: int = 0,
+        on_message: MessageObserver | None = None,
+    ) -> None:
+        self.spec = spec or NetworkSpec()
+        self.seed = seed
+        self.on_message = on_message
+        self._bound: dict[str, SimTransport] = {}
+        self._connected: dict[str, list[SimTransport]] = {}
+        self._nics: dict[str, _Nic] = {}
+        self._links: dict[tuple[str, str], _Link] = {}
+
+    @classmethod
+    def from_spec(
+        cls, spec: Mapping[str, Any] | None, seed: int, on_message: MessageObserver | None = None
+    ) -> Network:
+        """A network from a scenario's `network` section (None: ideal) and its seed."""
+        return cls(NetworkSpec.parse(spec), seed, on_message)
+
+    def transport(self, name: str) -> SimTransport:
+        """A new, unconnected transport for node `name` on this network."""
+        return SimTransport(self, name)
+
+    def link_stats(self) -> dict[tuple[str, str], LinkStats]:
+        """Live counters of every directed link (src, dst) that carried a message."""
+        return {key: link.stats for key, link in self._links.items()}
+
+    def nic_stats(self) -> dict[str, NicStats]:
+        """Live counters of every node's NIC that sent or received a message."""
+        return {name: nic.stats for name, nic in self._nics.items()}
+
+    # -- endpoints ----------------------------------------------------------------------------
+
+    def _bind(self, server: SimTransport, endpoint: str) -> None:
+        owner = self._bound.get(endpoint)
+        if owner is not None:
+            raise EndpointError(server.name, endpoint, f"address in use by node {owner.name!r}")
+        self._bound[endpoint] = server
+        for client in self._connected.get(endpoint, []):
+            server._admit(client, endpoint)
+
+    def _connect(self, client: SimTransport, endpoint: str) -> None:
+        self._connected.setdefault(endpoint, []).append(client)
+        server = self._bound.get(endpoint)
+        if server is not None:
+            server._admit(client, endpoint)
+
+    def _leave(self, node: SimTransport, bound: list[str], connected: list[str]) -> None:
+        """Forget a closing transport: its endpoints are free, its connections gone."""
+        for endpoint in bound:
+            del self._bound[endpoint]
+        for endpoint in connected:
+            self._connected[endpoint].remove(node)
+            server = self._bound.get(endpoint)
+            if server is not None:
+                server._forget(node)
+
+    # -- moving messages ----------------------------------------------------------------------
+
+    def _transmit(
+        self, sender: str, receiver: SimTransport, peer: str, frames: list[Frame]
+    ) -> None:
+        """Put a message on the sender's NIC; `peer` is who the receiver will see it from."""
+        now = asyncio.get_running_loop().time()
+        link = self._link(sender, receiver.name)
+        nbytes = sum(len(frame) for frame in frames)
+        nic = link.src_nic
+        start = max(now, nic.egress_free)
+        wire_time = nbytes / link.rate_out
+        nic.egress_free = start + wire_time
+        _count_out(nic.stats, nbytes, wire_time, start - now)
+        link.stats.messages += 1
+        link.stats.bytes += nbytes
+        packet = _Packet(link, receiver, peer, frames, nbytes, now, wire_time)
+        self._deliver(packet, start + link.latency.sample(link.rng))
+
+    def _deliver(self, packet: _Packet, first_bit: float) -> None:
+        """Carry `packet` across its link, its first bit due at `first_bit`.
+
+        The one path every message takes between the sender's NIC and the receiver's: fault
+        injection decides here whether it is dropped, duplicated, delayed or cut off.
+        """
+        link = packet.link
+        arrival = max(first_bit, link.last_bit)
+        link.last_bit = arrival + packet.wire_time
+        asyncio.get_running_loop().call_at(arrival, self._arrive, packet)
+
+    def _arrive(self, packet: _Packet) -> None:
+        """The first bit is in: queue on the receiver's NIC, deliver once fully taken."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        link = packet.link
+        nic = link.dst_nic
+        start = max(now, nic.ingress_free)
+        busy = packet.nbytes / link.rate_in
+        nic.ingress_free = start + busy
+        _count_in(nic.stats, packet.nbytes, busy, start - now)
+        loop.call_at(max(start + busy, now + packet.wire_time), self._hand_over, packet)
+
+    def _hand_over(self, packet: _Packet) -> None:
+        receiver = packet.receiver
+        if receiver.closed:
+            packet.link.stats.dropped += 1
+            return
+        receiver._inbox.put_nowait((packet.peer, packet.frames))
+        if self.on_message is not None:
+            link = packet.link
+            now = asyncio.get_running_loop().time()
+            self.on_message(link.src, link.dst, packet.nbytes, packet.sent_at, now)
+
+    def _link(self, src: str, dst: str) -> _Link:
+        link = self._links.get((src, dst))
+        if link is None:
+            latency, bandwidth = self.spec.link(src, dst)
+            src_nic, dst_nic = self._nic(src), self._nic(dst)
+            rng = random.Random(f"{self.seed}:{src}->{dst}")
+            link = _Link(src, dst, latency, rng, src_nic, dst_nic,
+                         min(bandwidth, src_nic.cap), min(bandwidth, dst_nic.cap))  # fmt: skip
+            self._links[src, dst] = link
+        return link
+
+    def _nic(self, node: str) -> _Nic:
+        nic = self._nics.get(node)
+        if nic is None:
+            nic = self._nics[node] = _Nic(self.spec.nic_bandwidth(node))
+        return nic
+
+
+def _count_out(stats: NicStats, nbytes: int, busy: float, wait: float) -> None:
+    stats.messages_out += 1
+    stats.bytes_out += nbytes
+    stats.busy_out += busy
+    stats.wait_out += wait
+
+
+def _count_in(stats: NicStats, nbytes: int, busy: float, wait: float) -> None:
+    stats.messages_in += 1
+    stats.bytes_in += nbytes
+    stats.busy_in += busy
+    stats.wait_in += wait
+
+
+def _frozen(frame: Frame) -> memoryview:
+    """`frame` as a read-only flat byte view, as a ZeroMQ receiver gets it, without a copy."""
+    view = memoryview(frame)
+    if not view.readonly:
+        view = view.toreadonly()
+    if view.ndim != 1 or view.format != "B" or not view.c_contiguous:
+        view = view.cast("B")  # raises TypeError for a buffer that is not contiguous
+    return view
+
+
+# ---------------------------------------------------------------------------------- transport
+
+
+Inbound = tuple[str, list[Frame]]
+
+
+class SimTransport(Transport):
+    """One node's `Transport` on a simulated `Network`; see the module doc for its rules."""
+
+    def __init__(self, network: Network, name: str) -> None:
+        self.name = check_node_name(name)
+        self.network = network
+        self.closed = False
+        self._bound: list[str] = []
+        self._held: dict[str, list[list[Frame]]] = {}
+        """Connected endpoint -> messages waiting for a node to bind it."""
+        self._clients: dict[str, tuple[SimTransport, str]] = {}
+        """Client node name -> (its transport, the endpoint it connected to)."""
+        self._inbox: asyncio.Queue[Inbound | TransportError] = asyncio.Queue()
+
+    async def bind(self, endpoint: str) -> str:
+        self._check_open("bind")
+        _check_endpoint(self.name, endpoint)
+        self.network._bind(self, endpoint)
+        self._bound.append(endpoint)
+        return endpoint
+
+    async def connect(self, endpoint: str) -> None:
+        self._check_open("connect")
+        _check_endpoint(self.name, endpoint)
+        if endpoint in self._held:
+            raise EndpointError(self.name, endpoint, "already connected")
+        self._held[endpoint] = []
+        self.network._connect(self, endpoint)
+
+    async def send(self, peer: str, frames: Sequence[Frame]) -> None:
+        self._check_open("send")
+        if not frames:
+            raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
+        message: list[Frame] = [_frozen(frame) for frame in frames]
+        held = self._held.get(peer)
+        if held is not None:
+            server = self.network._bound.get(peer)
+            if server is None:
+                held.append(message)
+            else:
+                self.network._transmit(self.name, server, self.name, message)
+            return
+        client = self._clients.get(peer)
+        if client is None:
+            raise UnknownPeerError(self.name, peer)
+        self.network._transmit(self.name, client[0], client[1], message)
+
+    async def recv(self) -> Inbound:
+        self._check_open("recv")
+        item = await self._inbox.get()
+        if isinstance(item, TransportError):
+            self._inbox.put_nowait(item)  # every later recv fails the same way
+            raise item
+        return item
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.network._leave(self, self._bound, list(self._held))
+        self._bound.clear()
+        self._held.clear()
+        self._clients.clear()
+        while not self._inbox.empty():
+            self._inbox.get_nowait()
+        self._inbox.put_nowait(TransportClosed(self.name, "recv"))
+
+    def _admit(self, client: SimTransport, endpoint: str) -> None:
+        """`client` reached us through `endpoint`: route its name, send what it held for us."""
+        self._clients[client.name] = (client, endpoint)
+        held = client._held[endpoint]
+        client._held[endpoint] = []
+        for message in held:
+            self.network._transmit(client.name, self, client.name, message)
+
+    def _forget(self, client: SimTransport) -> None:
+        entry = self._clients.get(client.name)
+        if entry is not None and entry[0] is client:
+            del self._clients[client.name]
+
+    def _check_open(self, operation: str) -> None:
+        if self.closed:
+            raise TransportClosed(self.name, operation)
+
+
+def _check_endpoint(name: str, endpoint: str) -> None:
+    if not isinstance(endpoint, str) or not endpoint:
+        raise EndpointError(name, str(endpoint), "an endpoint must be a non-empty string")

@@ -1,0 +1,369 @@
+"""`runtime up`: a scenario's pservers and trainers as processes on this host, over loopback
+ZeroMQ; one role in the foreground from flags or Paddle's environment variables; metrics.json,
+expectations, failures that name the node, and no process left behind (also on Ctrl-C)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime import cli
+from runtime.cluster import train_locally
+from runtime.job import Job
+from runtime.metrics import JobMetrics, TrainerMetrics, read_metrics, read_record
+from runtime.node import Role, RoleError, parse_progress, resolve_role, scenario_for
+from runtime.scenario import parse_scenario
+
+from cluster_helpers import free_endpoints
+
+SGD = "{type: sgd, learning_rate: 0.1}"
+SCENARIO = """\
+name: up-test
+seed: 3
+model: {{name: mlp, sizes: [64, 32, 10], optimizer: {optimizer}{lr}}}
+data: {{batch_size: 16}}
+cluster: {cluster}
+transpiler: {{mode: sync}}
+train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: 10s, log_every: 5}}
+expect: {expect}
+"""
+
+
+def scenario_file(tmp_path: Path, optimizer: str = SGD, lr: str = "", steps: int = 20,
+                  cluster: str = "{pservers: 2, trainers: 2}",
+                  expect: str = "{params_equal_to: local, no_lost_updates: true}") -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(SCENARIO.format(optimizer=optimizer, lr=lr, steps=steps, cluster=cluster,
+                                    expect=expect))
+    return path
+
+
+def up(*argv: str) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    code = cli.main(["up", *argv], out=out)
+    return code, out.getvalue().splitlines()
+
+
+def local_params(scenario: Path, overrides: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    job = Job.from_scenario(parse_scenario(scenario.read_text(), overrides=list(overrides)))
+    return train_locally(job)[1]
+
+
+def load_params(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {name: data[name] for name in data.files}
+
+
+def assert_params_equal(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is `pid`, from /proc."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            after_name = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(after_name[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+        time.sleep(0.05)
+
+
+# -- the whole job as processes ------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_quickstart_like_scenario_runs_and_writes_metrics(tmp_path: Path) -> None:
+    scenario, out = scenario_file(tmp_path), tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out))
+    assert code == 0, "\n".join(lines)
+    assert lines[-1] == "OK: up-test"
+    progress = [line.split() for line in lines if line.startswith("trainer:0 ")]
+    assert [words[2] for words in progress if words[1] == "step"] == \
+        ["5/20", "10/20", "15/20", "20/20"]
+
+    metrics = read_metrics(out / "metrics.json")
+    job = metrics.job
+    assert (job.scenario, job.mode, job.pservers, job.trainers, job.steps) == \
+        ("up-test", "sync", 2, 2, 20)
+    assert job.success and job.reason is None and job.failed_node is None
+    assert job.samples == 20 * 16 * 2 and (job.samples_per_second or 0) > 0
+    assert 0 < (job.train_seconds or 0) < job.wall_seconds
+    assert len(job.endpoints) == 2 and all(ep.startswith("127.0.0.1:") for ep in job.endpoints)
+    for t in metrics.trainers:
+        assert len(t.losses) == len(t.step_times) == 20 and t.exit_code == 0
+        assert t.final_loss == t.losses[-1] < t.losses[0] / 4
+        assert t.log is not None and (out / t.log).read_text().count(" loss ") == 20
+    for p in metrics.pservers:
+        assert (p.steps, p.errors, p.dropped, p.exit_code) == (20, 0, [], 0)
+        assert p.messages > 20 * 2 * 3 and p.bytes_in > 0 and p.bytes_out > 0
+        assert p.optimize_seconds > 0 and p.log is not None and (out / p.log).exists()
+    assert {(e.name, e.passed) for e in metrics.expectations} == \
+        {("params_equal_to", True), ("no_lost_updates", True)}
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("optimizer,lr", [
+    ("{type: momentum, learning_rate: 0.05}", ""),
+    ("{type: adam, learning_rate: 0.01}",
+     ", lr: {type: exponential_decay, decay_steps: 5, decay_rate: 0.5, staircase: true}"),
+], ids=["momentum", "adam-exp-decay"])
+def test_sync_processes_equal_local_training(tmp_path: Path, optimizer: str, lr: str) -> None:
+    """2 trainers x 2 pservers, each its own process, over real ZeroMQ: after 20 steps trainer
+    0's parameters equal single-process training on the same global batches."""
+    scenario, out = scenario_file(tmp_path, optimizer, lr, expect="{}"), tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out))
+    assert code == 0, "\n".join(lines)
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+
+
+@pytest.mark.timeout(60)
+def test_an_expectation_that_cannot_hold_fails_the_run_naming_it(tmp_path: Path) -> None:
+    scenario, out = scenario_file(tmp_path, steps=5), tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out), "--set", "expect.final_loss_below=1e-9")
+    assert code == 1
+    assert lines[-1].startswith("FAILED: expectation not met: final_loss_below (trainer 0's mean "
+                                "loss over its last 5 steps")
+    metrics = read_metrics(out / "metrics.json")
+    assert not metrics.job.success and metrics.job.failed_node is None
+    failed = {e.name: e for e in metrics.expectations if not e.passed}
+    assert list(failed) == ["final_loss_below"]
+    assert failed["final_loss_below"].actual == pytest.approx(np.mean(metrics.trainers[0].losses))
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_trainer_fails_the_run_naming_the_node(tmp_path: Path) -> None:
+    scenario, out = scenario_file(tmp_path), tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out), "--set", "data.name=no_such_data")
+    assert code == 1
+    assert lines[-1].startswith("FAILED: trainer:")
+    assert "exited with status 1: DataError: unknown dataset 'no_such_data'" in lines[-1]
+    metrics = read_metrics(out / "metrics.json")
+    assert metrics.job.failed_node in {"trainer:0", "trainer:1"}
+    assert metrics.expectations == []
+    failed = next(t for t in metrics.trainers if f"trainer:{t.index}" == metrics.job.failed_node)
+    assert failed.exit_code == 1 and failed.log is not None
+    assert "DataError" in (out / failed.log).read_text()
+    assert all(p.exit_code != 0 for p in metrics.pservers)  # stopped by the launcher
+
+
+@pytest.mark.timeout(60)
+def test_the_deadline_stops_every_node(tmp_path: Path) -> None:
+    scenario, out = scenario_file(tmp_path, steps=100000, expect="{}"), tmp_path / "out"
+    start = time.monotonic()
+    code, lines = up(str(scenario), "--out", str(out), "--set", "train.deadline=2s")
+    assert code == 1 and time.monotonic() - start < 15
+    assert lines[-1] == ("FAILED: train.deadline (2s) passed; still running: pserver:0, "
+                         "pserver:1, trainer:0, trainer:1")
+    metrics = read_metrics(out / "metrics.json")
+    assert all(t.losses and t.exit_code == -signal.SIGTERM for t in metrics.trainers)
+    assert metrics.job.samples == sum(len(t.losses) for t in metrics.trainers) * 16
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_stops_every_node_and_leaves_no_process(tmp_path: Path) -> None:
+    scenario, out = scenario_file(tmp_path, steps=100000, expect="{}"), tmp_path / "out"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "up", str(scenario), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kids: list[int] = []
+    try:
+        log = out / "logs" / "trainer-1.log"
+        wait_for(lambda: log.exists() and " loss " in log.read_text(), 30, "trainer 1's first step")
+        kids = children_of(launcher.pid)
+        assert len(kids) == 4
+        launcher.send_signal(signal.SIGINT)
+        output, _ = launcher.communicate(timeout=30)
+        assert launcher.returncode == 128 + signal.SIGINT, output
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert output.splitlines()[-1] == "FAILED: interrupted by SIGINT"
+    assert [pid for pid in kids if Path(f"/proc/{pid}").exists()] == []
+    metrics = read_metrics(out / "metrics.json")
+    assert metrics.job.reason == "interrupted by SIGINT" and not metrics.job.success
+    assert "[runtime up] stopping trainer:1: interrupted by SIGINT" in log.read_text()
+
+
+# -- one role in the foreground ------------------------------------------------------------------
+
+def paddle_env(role: str, endpoint: str, trainers: int, **extra: str) -> dict[str, str]:
+    return {**os.environ, "TRAINING_ROLE": role, "PADDLE_PSERVERS_IP_PORT_LIST": endpoint,
+            "PADDLE_TRAINERS_NUM": str(trainers), **extra}
+
+
+@pytest.mark.timeout(60)
+def test_paddle_environment_variables_run_one_node_per_process(tmp_path: Path) -> None:
+    """A pserver (`runtime up`) and a trainer (`python -m runtime.node`) started the way Paddle's
+    launchers start them; the variables' 1 x 1 cluster replaces the scenario's 2 x 2."""
+    scenario, out = scenario_file(tmp_path, expect="{}"), tmp_path / "out"
+    (endpoint,) = free_endpoints(1)
+    host, port = endpoint.split(":")
+    pserver_env = paddle_env("PSERVER", endpoint, 1, POD_IP=host, PADDLE_PORT=port)
+    trainer_env = paddle_env("TRAINER", endpoint, 1, PADDLE_TRAINER_ID="0")
+    commands = [([sys.executable, "-m", "runtime.cli", "up"], pserver_env),
+                ([sys.executable, "-m", "runtime.node"], trainer_env)]
+    procs = [subprocess.Popen([*cmd, str(scenario), "--out", str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cmd, env in commands]
+    try:
+        outputs = [p.communicate(timeout=45)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    steps = [parse_progress(line) for line in outputs[1].splitlines()]
+    assert [p.step for p in steps if p] == list(range(1, 21))
+    assert "pserver:0: done after 20 steps" in outputs[0]
+    record = read_record(out / "nodes" / "trainer-0.json", TrainerMetrics)
+    assert len(record.losses) == 20
+    one_by_one = ["cluster.pservers=1", "cluster.trainers=1"]
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario, one_by_one))
+
+
+SMALL = parse_scenario("name: s\nmodel: {name: mlp}\ncluster: {pservers: 2, trainers: 2}\n")
+LISTED = parse_scenario("name: s\nmodel: {name: mlp}\ncluster: {pservers: 1, trainers: 2, "
+                        "endpoints: {pservers: ['10.0.0.1:6174']}}\n")
+EP = "127.0.0.1:7001,127.0.0.1:7002"
+
+
+@pytest.mark.parametrize("flags,env,culprit", [
+    ((None, 1, None), {}, "--index needs --role"),
+    (("trainer", None, None), {}, "--role trainer needs --index N"),
+    (("trainer", -1, None), {}, "--index -1: must be >= 0"),
+    ((None, None, EP), {}, "--endpoints needs --role"),
+    (("pserver", 0, "127.0.0.1"), {}, "--endpoints: '127.0.0.1' is not host:port"),
+    (("pserver", 0, "a:1,a:1"), {}, "--endpoints: endpoints listed twice"),
+    (("pserver", 0, None), {"TRAINING_ROLE": "TRAINER"},
+     "--role pserver contradicts TRAINING_ROLE=TRAINER"),
+    ((None, None, None), {"TRAINING_ROLE": "WORKER"}, "TRAINING_ROLE='WORKER': expected PSERVER"),
+    ((None, None, None), {"TRAINING_ROLE": "TRAINER"},
+     "PADDLE_PSERVERS_IP_PORT_LIST is not set; TRAINING_ROLE=TRAINER needs it"),
+    ((None, None, None), {"TRAINING_ROLE": "TRAINER", "PADDLE_PSERVERS_IP_PORT_LIST": EP},
+     "PADDLE_TRAINERS_NUM is not set"),
+    ((None, None, None), {"TRAINING_ROLE": "TRAINER", "PADDLE_PSERVERS_IP_PORT_LIST": EP,
+                          "PADDLE_TRAINERS_NUM": "two"}, "PADDLE_TRAINERS_NUM='two' is not an int"),
+    ((None, None, None), {"TRAINING_ROLE": "TRAINER", "PADDLE_PSERVERS_IP_PORT_LIST": EP,
+                          "PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINER_ID": "2"},
+     "PADDLE_TRAINER_ID=2 is not below PADDLE_TRAINERS_NUM=2"),
+    ((None, None, None), {"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVERS_IP_PORT_LIST": EP,
+                          "PADDLE_TRAINERS_NUM": "2", "POD_IP": "127.0.0.1"},
+     "PADDLE_PORT is not set; TRAINING_ROLE=PSERVER needs it"),
+    ((None, None, None), {"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVERS_IP_PORT_LIST": EP,
+                          "PADDLE_TRAINERS_NUM": "2", "POD_IP": "127.0.0.1", "PADDLE_PORT": "7003"},
+     "POD_IP:PADDLE_PORT 127.0.0.1:7003 is not in PADDLE_PSERVERS_IP_PORT_LIST " + EP),
+    ((None, None, EP), {"TRAINING_ROLE": "TRAINER"}, "--endpoints needs --role"),
+])
+def test_bad_role_combinations_name_the_flag_or_variable(
+        flags: tuple[str | None, int | None, str | None], env: dict[str, str],
+        culprit: str) -> None:
+    role, index, endpoints = flags
+    with pytest.raises(RoleError) as err:
+        resolve_role(role, index, endpoints, env)
+    assert culprit in str(err.value)
+
+
+def test_environment_roles_and_the_cluster_they_imply() -> None:
+    env = {"TRAINING_ROLE": "PSERVER", "PADDLE_PSERVERS_IP_PORT_LIST": EP,
+           "PADDLE_TRAINERS_NUM": "3", "POD_IP": "127.0.0.1", "PADDLE_PORT": "7002"}
+    role = resolve_role(None, None, None, env)
+    assert role == Role("pserver", 1, "POD_IP:PADDLE_PORT", tuple(EP.split(",")),
+                        "PADDLE_PSERVERS_IP_PORT_LIST", 3)
+    cluster = scenario_for(SMALL, role).cluster
+    assert (cluster.pservers, cluster.trainers) == (2, 3)
+    trainer = resolve_role(None, None, None, {**env, "TRAINING_ROLE": "trainer",
+                                              "PADDLE_TRAINER_ID": "2"})
+    assert trainer is not None
+    assert (trainer.role, trainer.index, trainer.trainers) == ("trainer", 2, 3)
+    assert resolve_role(None, None, None, {}) is None
+
+
+@pytest.mark.parametrize("role,culprit", [
+    (Role("trainer", 2, "--index"), "--index 2: the job has 2 trainer(s) (cluster.trainers)"),
+    (Role("pserver", 1, "--index", ("127.0.0.1:7001",)),
+     "--index 1: the job has 1 pserver(s) (--endpoints)"),
+])
+def test_an_index_outside_the_job_names_its_source(role: Role, culprit: str) -> None:
+    with pytest.raises(RoleError, match=culprit.replace("(", r"\(").replace(")", r"\)")):
+        scenario_for(SMALL, role)
+
+
+def test_endpoints_that_contradict_the_scenario_name_both() -> None:
+    role = Role("pserver", 0, "POD_IP:PADDLE_PORT", ("10.0.0.2:6174",),
+                "PADDLE_PSERVERS_IP_PORT_LIST", 2)
+    with pytest.raises(RoleError) as err:
+        scenario_for(LISTED, role)
+    assert str(err.value) == ("PADDLE_PSERVERS_IP_PORT_LIST 10.0.0.2:6174 differs from the "
+                              "scenario's cluster.endpoints.pservers 10.0.0.1:6174")
+
+
+def test_cli_reports_role_errors_as_usage_errors(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["up", str(scenario_file(tmp_path)), "--index", "0"])
+    assert exit_.value.code == 2
+    assert "runtime up: error: --index needs --role pserver|trainer" in capsys.readouterr().err
+
+
+def test_metrics_json_round_trips(tmp_path: Path) -> None:
+    from runtime.metrics import (ExpectationResult, JobSummary, PserverMetrics, write_record)
+
+    metrics = JobMetrics(
+        JobSummary("s", "sync", 1, 1, 2, 4, ["127.0.0.1:1"], 1.5, 0.5, 8, 16.0, True),
+        [TrainerMetrics.from_steps(0, [2.0, 1.0], [0.25, 0.25])],
+        [PserverMetrics(0, "127.0.0.1:1", 10, 100, 200, 0.1, 2, 0, [])],
+        [ExpectationResult("final_loss_below", 1.5, 1.5, False, "why")], ["a note"])
+    write_record(tmp_path / "m.json", metrics)
+    assert read_metrics(tmp_path / "m.json") == metrics
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_live_table_on_a_terminal_and_plain_lines_elsewhere(tmp_path: Path) -> None:
+    from runtime.launch import LiveDisplay, NodeRun, PlainDisplay, make_display
+    from runtime.node import Progress
+
+    node = NodeRun("trainer", 1, (tmp_path / "t.log").open("w"),
+                   seen=[Progress(4, 20, 0.5, 0.012)])
+    plain = io.StringIO()
+    display = make_display(plain, [node], every=2)
+    assert isinstance(display, PlainDisplay)
+    display.progress(node)
+    assert plain.getvalue() == "trainer:1    step 4/20  loss 0.5000  step time 12.0ms\n"
+
+    terminal = Terminal()
+    live = make_display(terminal, [node], every=2)
+    assert isinstance(live, LiveDisplay)
+    live.message("pserver:0 exited with status 0")
+    live.close()
+    screen = terminal.getvalue()
+    assert "pserver:0 exited with status 0" in screen
+    assert all(cell in screen for cell in ("trainer:1", "4/20", "0.5000", "12.0ms"))
+    node.log.close()

@@ -39,6 +39,7 @@ class Event(enum.Enum):
     SEND_BARRIER = "send_barrier"
     GET = "get"
     FETCH_BARRIER = "fetch_barrier"
+    PREFETCH = "prefetch"  # rows of the distributed table, read during a step's forward pass
 
 
 INITIAL_STEP = -1
@@ -58,6 +59,9 @@ _GRADS_RULES: dict[tuple[Event, str], Verdict] = {
     (Event.SEND_BARRIER, "future"): Verdict.DEFER,
     (Event.GET, "future"): Verdict.DEFER,
     (Event.FETCH_BARRIER, "future"): Verdict.DEFER,
+    (Event.PREFETCH, "now"): Verdict.ACCEPT,      # the table is as the last step left it
+    (Event.PREFETCH, "past"): Verdict.ACCEPT,
+    (Event.PREFETCH, "future"): Verdict.DEFER,
 }
 _PARAMS_RULES: dict[tuple[Event, str], Verdict] = {
     (Event.SEND, "now"): Verdict.STALE,           # a retry of an applied gradient
@@ -72,6 +76,9 @@ _PARAMS_RULES: dict[tuple[Event, str], Verdict] = {
     (Event.SEND_BARRIER, "future"): Verdict.DEFER,
     (Event.GET, "future"): Verdict.DEFER,
     (Event.FETCH_BARRIER, "future"): Verdict.DEFER,
+    (Event.PREFETCH, "now"): Verdict.ACCEPT,
+    (Event.PREFETCH, "past"): Verdict.ACCEPT,
+    (Event.PREFETCH, "future"): Verdict.ACCEPT,   # the next step reads the table just updated
 }
 _RULES = {Phase.GRADS: _GRADS_RULES, Phase.PARAMS: _PARAMS_RULES}
 
@@ -102,10 +109,22 @@ class SyncRound:
         if step == INITIAL_STEP:
             return Verdict.ACCEPT if event in (Event.GET, Event.FETCH_BARRIER) else Verdict.REJECT
         if trainer not in self.live:
-            entry = self.joining.get(trainer)
-            return Verdict.DEFER if entry is not None and step >= entry else Verdict.REJECT
+            return self._classify_joiner(event, trainer, step)
         relation = "now" if step == self.step else ("past" if step < self.step else "future")
         return _RULES[self.phase][(event, relation)]
+
+    def _classify_joiner(self, event: Event, trainer: int, step: int) -> Verdict:
+        """A trainer joining at step E fetches the parameters step E-1 leaves (its fetch
+        barrier is not counted) and takes part from E on."""
+        entry = self.joining.get(trainer)
+        if entry is None or step < entry - 1:
+            return Verdict.REJECT
+        if step >= entry:
+            return Verdict.DEFER
+        if event is Event.GET:
+            relation = "now" if step == self.step else ("past" if step < self.step else "future")
+            return _RULES[self.phase][(event, relation)]
+        return Verdict.STALE if event is Event.FETCH_BARRIER else Verdict.REJECT
 
     # -- barrier events (call only for accepted messages) -----------------------------------------
     def send_barrier(self, trainer: int) -> None:
@@ -141,17 +160,20 @@ class SyncRound:
         """The first step a trainer joining now can take part in on this server."""
         return self.step if self.phase is Phase.GRADS and not self.sent else self.step + 1
 
-    def join(self, trainer: int, entry: int) -> None:
-        """`trainer` (new, dropped or restarted) takes part from step `entry` on."""
+    def join(self, trainer: int, entry: int) -> int:
+        """`trainer` (new, dropped or restarted) takes part from step `entry` on, or from the
+        first step this server can still admit it at if that is later; returns the step.
+        Joining again moves the entry (the trainer is not waited for before it)."""
         if not 0 <= trainer < self.trainers or trainer in self.completed:
             raise ValueError(f"trainer {trainer} cannot join (of {self.trainers}, completed "
                              f"{sorted(self.completed)})")
-        if entry < self.entry_step():
-            raise ValueError(f"trainer {trainer} asked to join at step {entry}, but this server "
-                             f"can admit it at step {self.entry_step()} at the earliest")
         self.live.discard(trainer)
-        self.joining[trainer] = entry
+        self.sent.discard(trainer)
+        self.fetched.discard(trainer)
+        actual = max(entry, self.entry_step())
+        self.joining[trainer] = actual
         self._admit()
+        return actual
 
     def _admit(self) -> None:
         due = [t for t, entry in self.joining.items() if entry == self.step]

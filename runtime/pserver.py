@@ -10,6 +10,17 @@ It owns a `Scope` initialized by the pserver's startup program and answers the t
   trainer's send barrier is in, the LR block and the optimize blocks run (the fan-in average
   divides by the trainers that actually contributed), then deferred GETs are answered.
 - GET: the current values of the named vars; in sync mode, the values after this step's update.
+- PREFETCH: rows of the distributed table by id (the prefetch blocks; in sync mode a step's
+  prefetches read the table as the last step left it), or, with an extra ``table`` field, rows
+  of that param block by row (remote sparse update). See `runtime.table`, which also turns the
+  table's global ids into rows of this server's shard, and averages the trainers' table grads
+  in sync mode: the program sums them, as the original did, which would step N trainers N times
+  as far as local training; dividing each trainer's piece by the contributors first is a
+  deliberate fix.
+- CHECKPOINT_NOTIFY (extra ``dir``): the whole state is saved to ``dir/<server name>/``, the
+  table by the program's checkpoint block (see `runtime.checkpoint`); the message is handled in
+  one piece, so the checkpoint is one consistent state. ``load_from=dir`` starts a server from
+  such a checkpoint, its sync round at the step the checkpoint was taken before.
 - COMPLETE: the trainer leaves the fan-in; the server stops when every trainer has completed.
 - HEARTBEAT: proof of life. In sync mode a trainer that the round waits for and that has been
   silent for `heartbeat_timeout` is dropped from the fan-in and the event is logged.
@@ -24,16 +35,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from transpiler.ir import BlockRef, Op, Program
+from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR
+from transpiler.ir import BlockRef, Op, Program, VarType
 
+from . import checkpoint
 from .compute import Charge, ComputeModel, Tracer
 from .executor import Executor
-from .protocol import INITIAL_STEP, Dedupe, Event, SyncRound, Verdict
+from .protocol import INITIAL_STEP, Dedupe, Event, Phase, SyncRound, Verdict
 from .scope import Scope
+from .table import TableShard, lookup_rows, remote_tables
 from .tensor import LoDTensor, SelectedRows, to_dense
 from .transport import Transport, TransportClosed
 from .wire import DecodeError, Kind, Message, Phantom, decode, encode, error_reply
@@ -82,7 +97,8 @@ class ServeConfig:
 class PserverService:
     def __init__(self, program: Program, startup: Program, transport: Transport,
                  executor: Executor | None = None, config: ServeConfig | None = None,
-                 compute: ComputeModel | None = None, tracer: Tracer | None = None) -> None:
+                 compute: ComputeModel | None = None, tracer: Tracer | None = None,
+                 load_from: Path | str | None = None) -> None:
         self.program = program
         self.transport = transport
         self.executor = executor or Executor()
@@ -101,6 +117,9 @@ class PserverService:
         self.dc_asgd = bool(self.lsv.attr("dc_asgd", False))
         self.receivable = frozenset(self.lsv.input("X"))  # the vars trainers may SEND here
         self._fanin_scales = _fanin_scale_ops(program, self.optimize_blocks)
+        self.table = TableShard.of(program, self.lsv)
+        self.remote_tables = remote_tables(program, self.lsv)
+        self.state = checkpoint.state_vars(program, startup)
         self._deferred: list[tuple[str, Message]] = []
         self._pending: set[tuple[str, int]] = set()
         self._last_seen: dict[int, float] = {}
@@ -108,6 +127,8 @@ class PserverService:
         self._optimizing = False
         self.name = transport.name
         self.charge = Charge(self.name, compute, tracer)
+        if load_from is not None:
+            self._restore(Path(load_from))
 
     # -- serving loop ---------------------------------------------------------------------------
     async def serve(self, endpoint: str) -> ServerStats:
@@ -174,7 +195,9 @@ class PserverService:
     def _handlers(self) -> dict[Kind, Callable[[str, Message, int], Message | None]]:
         return {Kind.SEND: self._on_send, Kind.SEND_BARRIER: self._on_send_barrier,
                 Kind.GET: self._on_get, Kind.FETCH_BARRIER: self._on_fetch_barrier,
-                Kind.COMPLETE: self._on_complete, Kind.HEARTBEAT: self._on_heartbeat}
+                Kind.COMPLETE: self._on_complete, Kind.HEARTBEAT: self._on_heartbeat,
+                Kind.JOIN: self._on_join,
+                Kind.PREFETCH: self._on_prefetch, Kind.CHECKPOINT_NOTIFY: self._on_checkpoint}
 
     async def _answer(self, peer: str, msg: Message, reply: Message) -> None:
         self._pending.discard((msg.src, msg.id))
@@ -237,6 +260,8 @@ class PserverService:
                 self._zero_grads_of(trainer)
             for op in self._fanin_scales:
                 op.attrs["scale"] = 1.0 / len(contributors)
+            if self.table is not None:
+                self.table.average_pieces(self.scope, contributors)
             for idx in self._step_blocks():
                 self._run(idx)
             await self.charge.pay()
@@ -248,6 +273,7 @@ class PserverService:
     def _run(self, block_idx: int) -> None:
         """Run one block and charge its ops to this node's modelled compute time."""
         self.executor.run_block(self.program, block_idx, self.scope)
+        self.charge.step = self.round.step
         for op in self.program.blocks[block_idx].ops:
             self.charge.add(op, self.scope)
 
@@ -259,15 +285,17 @@ class PserverService:
         return [self.lr_block] + self.optimize_blocks
 
     def _zero_grads_of(self, trainer: int) -> None:
+        """A trainer that did not contribute this step adds nothing to the sums: its gradient
+        copies are zero (dense) or hold no rows (sparse), whether or not it ever sent one."""
         suffix = f".trainer_{trainer}"
-        block = self.program.global_block()
-        for name, var in block.vars.items():
-            if name.endswith(suffix) and self.scope.has(name):
-                value = self.scope.get_tensor(name)
-                if isinstance(value, SelectedRows):
-                    self.scope.put(name, SelectedRows(value.rows[:0], value.values[:0], value.height))
-                else:
-                    self.scope.put(name, np.zeros(var.shape, var.dtype))
+        for name, var in self.program.global_block().vars.items():
+            if not name.endswith(suffix) or name not in self.receivable:
+                continue
+            if var.type is VarType.SELECTED_ROWS:
+                empty = np.zeros((0,) + tuple(var.shape[1:]), var.dtype)
+                self.scope.put(name, SelectedRows(np.zeros(0, np.int64), empty, var.shape[0]))
+            else:
+                self.scope.put(name, np.zeros(var.shape, var.dtype))
 
     # -- message kinds ------------------------------------------------------------------------------
     def _on_send(self, peer: str, msg: Message, trainer: int) -> Message | None:
@@ -279,7 +307,8 @@ class PserverService:
                 raise ProtocolViolation(self._reject_reason(trainer, msg))
             if verdict is Verdict.STALE:
                 return self._ack(msg)
-        values = {name: self._checked(name, value) for name, value in msg.vars.items()}
+        values = {name: self._to_shard(name, self._checked(name, value))
+                  for name, value in msg.vars.items()}
         merge = msg.extra.get("merge_add") is True
         for name, value in values.items():
             if merge and self.scope.has(name):  # a counter the trainers add to
@@ -334,7 +363,7 @@ class PserverService:
                 if bak in block.vars:
                     self.scope.put(bak, value)
         return Message(Kind.REPLY, msg.id, self.name, self.round.step, values,
-                       {"server_step": self.round.step})
+                       self._fanin_state(trainer))
 
     def _on_fetch_barrier(self, peer: str, msg: Message, trainer: int) -> Message | None:
         if self.mode != SYNC:
@@ -348,6 +377,66 @@ class PserverService:
             self.round.fetch_barrier(trainer, msg.step)
         return self._ack(msg)
 
+    def _on_prefetch(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        if self.mode == SYNC:
+            verdict = self.round.classify(Event.PREFETCH, trainer, msg.step)
+            if verdict is Verdict.DEFER:
+                return None
+            if verdict is Verdict.REJECT:
+                raise ProtocolViolation(self._reject_reason(trainer, msg))
+        rows = self._remote_rows(msg) if "table" in msg.extra else self._table_rows(msg)
+        return Message(Kind.REPLY, msg.id, self.name, self.round.step, rows,
+                       {"server_step": self.round.step})
+
+    def _table_rows(self, msg: Message) -> dict[str, Any]:
+        if self.table is None:
+            raise ProtocolViolation("PREFETCH: this pserver holds no distributed lookup table")
+        ids = {name: self.table.local_ids(name, value) for name, value in msg.vars.items()}
+        return self.table.prefetch_rows(ids, self.scope, self._run)
+
+    def _remote_rows(self, msg: Message) -> dict[str, Any]:
+        table = msg.extra["table"]
+        if not isinstance(table, str) or table not in self.remote_tables:
+            raise ProtocolViolation(f"PREFETCH of rows of var {table!r}, which this pserver does "
+                                    "not serve by id", var=str(table))
+        if set(msg.vars) != {"Ids"}:
+            raise ProtocolViolation(f"PREFETCH of rows of var {table!r} carries vars "
+                                    f"{sorted(msg.vars)}, not just 'Ids'", var=table)
+        return {table: lookup_rows(table, self.scope.get(table), msg.vars["Ids"])}
+
+    def _on_checkpoint(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        directory = msg.extra.get("dir")
+        if not isinstance(directory, str) or not directory or "\0" in directory:
+            raise ProtocolViolation("CHECKPOINT_NOTIFY needs a directory path in 'dir'")
+        if self._optimizing:  # the update is applied but the round not moved on: wait for it
+            return None
+        path = self.save_checkpoint(Path(directory))
+        log.info("%s: saved the state before step %d to %s", self.name, self._steps_applied(), path)
+        return self._ack(msg)
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        """Save the whole state to ``directory/<name>/`` (see `runtime.checkpoint`)."""
+        with checkpoint.Staging(directory / self.name) as stage:
+            if self.table is not None and self.table.checkpoint_block >= 0:
+                path = stage.file_of(self.table.table)
+                self.scope.put(CHECKPOINT_PATH_VAR, np.array(str(path)))
+                self._run(self.table.checkpoint_block)
+            stage.commit({name: self.scope.get(name) for name in self.state},
+                         self._steps_applied())
+        return stage.target
+
+    def _restore(self, directory: Path) -> None:
+        saved = checkpoint.load(directory / self.name, self.state)
+        for name, value in saved.values.items():
+            self.scope.put(name, value)
+        self.round = SyncRound(self.trainers, step=saved.step)
+        log.info("%s: restored the state before step %d from %s", self.name, saved.step,
+                 directory / self.name)
+
+    def _steps_applied(self) -> int:
+        """The first step whose gradients the state has not seen."""
+        return self.round.step + (self.round.phase is Phase.PARAMS)
+
     def _on_complete(self, peer: str, msg: Message, trainer: int) -> Message | None:
         if self.round.leave(trainer, completed=True):
             log.info("%s: trainer %d completed at step %d", self.name, trainer, self.round.step)
@@ -355,6 +444,24 @@ class PserverService:
 
     def _on_heartbeat(self, peer: str, msg: Message, trainer: int) -> Message | None:
         return self._ack(msg)
+
+    def _on_join(self, peer: str, msg: Message, trainer: int) -> Message | None:
+        """A trainer that was not in the fan-in (late, dropped, restarted) takes part from
+        step ``entry`` on, or later if this server is past it: the reply says which."""
+        entry = msg.extra.get("entry")
+        if not isinstance(entry, int) or isinstance(entry, bool):
+            raise ProtocolViolation("JOIN needs an int 'entry' step")
+        if self.mode == SYNC:
+            entry = self.round.join(trainer, entry)
+            log.info("%s: trainer %d joins at step %d", self.name, trainer, entry)
+        return Message(Kind.REPLY, msg.id, self.name, self.round.step,
+                       extra={"server_step": self.round.step, "entry": entry})
+
+    def _fanin_state(self, trainer: int) -> dict[str, Any]:
+        """What a trainer learns from a fetch: where this server is and whether it is waited for."""
+        in_fanin = self.mode != SYNC or trainer in self.round.live
+        return {"server_step": self.round.step, "in_fanin": in_fanin,
+                "entry_step": self.round.entry_step()}
 
     def _ack(self, msg: Message) -> Message:
         return Message(Kind.REPLY, msg.id, self.name, self.round.step,
@@ -391,6 +498,12 @@ class PserverService:
             raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got "
                                     f"{array.dtype}{list(array.shape)}", var=name)
         return np.array(array)
+
+    def _to_shard(self, name: str, value: Any) -> Any:
+        """A received table grad piece as rows of this server's shard; other values as they are."""
+        if self.table is None or name not in self.table.pieces:
+            return value
+        return self.table.local_rows(name, value)
 
     # -- liveness -------------------------------------------------------------------------------
     async def _watchdog(self) -> None:

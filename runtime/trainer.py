@@ -8,6 +8,11 @@
 - `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once.
 - `recv`: one GET per endpoint for the vars placed there; the values land in the scope when the
   reply comes, and a compute op that reads one waits for it first.
+- `prefetch` (distributed lookup table): one PREFETCH per pserver with the ids `split_ids` cut
+  for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
+- `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
+  PREFETCH per block for its rows, merged back in the order of the ids.
+- `checkpoint_notify`: once everything sent is in, every pserver saves its state to ``dir``.
 
 Every message carries the trainer's id and step (`INITIAL_STEP` while running the startup
 program). `run_program` runs a block with compute ops through the executor's kernels and RPC ops
@@ -25,6 +30,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import numpy as np
 
+from transpiler.distribute.lookup_table import table_sections
 from transpiler.ir import Op, Program
 
 from .compute import Charge, ComputeModel, Tracer
@@ -32,7 +38,7 @@ from .executor import Executor, check_feed, run_step
 from .protocol import INITIAL_STEP
 from .rpc import RpcClient
 from .scope import Scope
-from .tensor import to_dense
+from .tensor import LoDTensor, to_dense
 from .wire import Kind
 
 log = logging.getLogger(__name__)
@@ -44,13 +50,16 @@ class RpcOps:
     def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None) -> None:
         self.client = client
         self.charge = charge or Charge(client.name, None)
+        self.server_state: dict[str, dict[str, Any]] = {}  # endpoint -> its last fetch reply
         self.trainer_id = trainer_id
         self.step = INITIAL_STEP
         self._sends: list[asyncio.Task[Any]] = []
         self.pending: dict[str, asyncio.Task[Any]] = {}
         self.handlers: dict[str, Callable[[Op, Scope], Awaitable[None]]] = {
             "send": self.send, "send_barrier": self.send_barrier, "recv": self.recv,
-            "fetch_barrier": self.fetch_barrier,
+            "fetch_barrier": self.fetch_barrier, "prefetch": self.prefetch,
+            "distributed_lookup_table": self.distributed_lookup_table,
+            "checkpoint_notify": self.checkpoint_notify,
         }
 
     def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
@@ -122,6 +131,7 @@ class RpcOps:
 
     async def _get(self, endpoint: str, pairs: list[tuple[str, str]], scope: Scope) -> None:
         reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs])
+        self.server_state[endpoint] = dict(reply.extra)
         for name, wire in pairs:
             scope.put(name, to_dense(reply.vars[wire]).copy())
 
@@ -139,6 +149,69 @@ class RpcOps:
     async def fetch_barrier(self, op: Op, scope: Scope) -> None:
         await self.wait_for(list(self.pending))
         await asyncio.gather(*(self.call(ep, Kind.FETCH_BARRIER) for ep in op.attr("endpoints")))
+
+    async def prefetch(self, op: Op, scope: Scope) -> None:
+        """PREFETCH of ids X[i] from ``epmap[i]``; the rows answered land in Out[i]."""
+        ids, rows, endpoints = op.input("X"), op.output("Out"), op.attr("epmap")
+        if not len(ids) == len(rows) == len(endpoints):
+            raise ValueError(f"prefetch op: {len(ids)} ids, {len(rows)} rows and "
+                             f"{len(endpoints)} endpoints do not line up: {op}")
+        loop = asyncio.get_running_loop()
+        for x, out, ep in zip(ids, rows, endpoints):
+            self.pending[out] = loop.create_task(self._prefetch(ep, x, out, scope))
+
+    async def _prefetch(self, endpoint: str, ids: str, rows: str, scope: Scope) -> None:
+        reply = await self.call(endpoint, Kind.PREFETCH, {ids: scope.get(ids)})
+        scope.put(rows, np.array(to_dense(reply.vars[rows])))
+
+    async def distributed_lookup_table(self, op: Op, scope: Scope) -> None:
+        """Rows of the table's blocks (``table_names``, ``height_sections`` rows each, on
+        ``endpoints``) for the ids; Outputs is shaped and ordered like `lookup_table`'s."""
+        (out,) = op.output("Outputs")
+        self.pending[out] = asyncio.get_running_loop().create_task(
+            self._lookup_remote(op, scope, out))
+
+    async def _lookup_remote(self, op: Op, scope: Scope, out: str) -> None:
+        (name,) = op.input("Ids")
+        value = scope.get_tensor(name)
+        ids_in = to_dense(value)
+        ids = ids_in.reshape(-1).astype(np.int64)
+        starts = np.cumsum([0] + [int(h) for h in op.attr("height_sections")])
+        if ids.size and (ids.min() < 0 or ids.max() >= starts[-1]):
+            raise ValueError(f"distributed_lookup_table: Ids {name!r} hold {ids.min()}..{ids.max()}, "
+                             f"outside the table's {starts[-1]} rows")
+        asked = [np.unique(ids[(ids >= lo) & (ids < hi)]) for lo, hi in zip(starts, starts[1:])]
+        replies = await asyncio.gather(*(
+            self.call(ep, Kind.PREFETCH, {"Ids": (mine - lo).reshape(-1, 1)}, extra={"table": table})
+            for table, ep, lo, mine in zip(op.attr("table_names"), op.attr("endpoints"), starts,
+                                           asked)))
+        rows = np.concatenate([to_dense(r.vars[t]) for r, t in zip(replies, op.attr("table_names"))])
+        found = rows[np.searchsorted(np.concatenate(asked), ids)]
+        found[ids == int(op.attr("padding_idx", -1))] = 0
+        lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
+        found = found.reshape(lead + rows.shape[1:])
+        scope.put(out, LoDTensor(found, value.lod) if isinstance(value, LoDTensor) and value.lod
+                  else found)
+
+    async def checkpoint_notify(self, op: Op, scope: Scope) -> None:
+        """Once what this trainer sent is in, every pserver (``epmap``) saves its whole state to
+        ``dir``/<its name>/."""
+        await self.settle()
+        await asyncio.gather(*(self.call(ep, Kind.CHECKPOINT_NOTIFY, extra={"dir": op.attr("dir")})
+                               for ep in op.attr("epmap")))
+
+    async def pull_tables(self, program: Program, scope: Scope) -> None:
+        """Fetch the final rows of the tables that `program` only looks rows up in (the
+        distributed lookup table, remote-sparse tables) from the pservers into `scope`, where
+        the trainer holds a placeholder or its startup values, so that a run can report every
+        parameter."""
+        blocks = _served_tables(program)
+        replies = await asyncio.gather(*(
+            asyncio.gather(*(self.call(ep, Kind.GET, names=[wire]) for ep, wire, _ in parts))
+            for parts in blocks.values()))
+        for (table, parts), answers in zip(blocks.items(), replies):
+            scope.put(table, np.concatenate([to_dense(r.vars[wire])[:rows]
+                                             for r, (_, wire, rows) in zip(answers, parts)]))
 
     async def settle(self) -> None:
         """Wait for everything still in flight (the end of a program run)."""
@@ -197,6 +270,22 @@ def _condition_holds(op: Op, scope: Scope) -> bool:
     return all(np.asarray(c).size > 0 for c in conds)
 
 
+def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
+    """Table -> (endpoint, var there, rows of it that are the table's) of each of its blocks, for
+    the tables `program` reads only by id."""
+    tables = {}
+    table = program.attrs.get("_distributed_lookup_table")
+    if table:
+        endpoints = list(program.attrs["_endpoints"])
+        owned = table_sections(program.global_block().var(table).shape[0], len(endpoints))
+        tables[table] = [(ep, table, rows) for ep, rows in zip(endpoints, owned)]
+    for op in program.global_block().ops:
+        if op.type == "distributed_lookup_table":
+            tables[op.input("W")[0]] = list(zip(op.attr("endpoints"), op.attr("table_names"),
+                                                op.attr("height_sections")))
+    return tables
+
+
 def _row_blocks(value: np.ndarray, sections: list[int], op: Op) -> list[np.ndarray]:
     if sum(sections) != value.shape[0]:
         raise ValueError(f"send op: sections {sections} do not add up to {value.shape[0]} rows: {op}")
@@ -233,9 +322,10 @@ class Trainer:
         try:
             self.rpc.step = INITIAL_STEP
             await run_program(self.executor, self.startup, self.scope, self.rpc)
+            first = await self._join_if_late()
             loop = asyncio.get_running_loop()
-            for step in range(steps):
-                self.rpc.step = step
+            for step in range(first, steps):
+                self.rpc.step = self.rpc.charge.step = step
                 start = loop.time()
                 (value,) = await run_program(self.executor, self.main, self.scope, self.rpc,
                                              batches(step), [loss])
@@ -244,11 +334,33 @@ class Trainer:
                 report.step_times.append(elapsed)
                 if on_step is not None:
                     on_step(step, report.losses[-1], elapsed)
+            if self.main.attrs.get("_is_chief"):
+                await self.rpc.pull_tables(self.main, self.scope)
             await self._complete()
         finally:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
         return report
+
+    async def _join_if_late(self) -> int:
+        """The first step this trainer takes part in: 0 when every pserver waits for it;
+        otherwise (it started late, or was dropped) it joins every pserver at the first step
+        all of them can admit, and fetches the parameters the step before leaves."""
+        states = [self.rpc.server_state.get(ep, {}) for ep in self.endpoints]
+        if all(state.get("in_fanin", True) for state in states):
+            return 0
+        entry = max(int(state.get("entry_step", 0)) for state in states)
+        while True:  # servers that moved on admit later; then all are asked for the latest
+            replies = await asyncio.gather(*(self.rpc.call(ep, Kind.JOIN, extra={"entry": entry})
+                                             for ep in self.endpoints))
+            admitted = {int(r.extra["entry"]) for r in replies}
+            if admitted == {entry}:
+                break
+            entry = max(admitted)
+        log.warning("trainer %d: not in the fan-in; joined at step %d", self.trainer_id, entry)
+        self.rpc.step = entry - 1
+        await run_program(self.executor, self.startup, self.scope, self.rpc)
+        return entry
 
     async def _complete(self) -> None:
         await asyncio.gather(*(self.rpc.call(ep, Kind.COMPLETE) for ep in self.endpoints))

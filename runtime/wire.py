@@ -83,6 +83,7 @@ class Kind(enum.StrEnum):
     CHECKPOINT_NOTIFY = "checkpoint_notify"
     COMPLETE = "complete"
     HEARTBEAT = "heartbeat"
+    JOIN = "join"
     REPLY = "reply"
     ERROR = "error"
 

@@ -1,7 +1,7 @@
 """Async, half-async, geo and DC-ASGD jobs train: the loss falls by a stated factor.
 
 They do not equal local training (updates are applied as they come), so the check is the
-loss: trainer 0's mean over its last 5 steps is below a fifth of its first 5 steps'. Measured
+loss: every trainer's mean over its last 5 steps is below a third of its first 5 steps'. Measured
 (seed 3, 60 steps, 2 trainers x 2 pservers): about 20x for async, half-async and DC-ASGD,
 70x for geo.
 """
@@ -30,5 +30,5 @@ def test_mode_trains(mode: str, transpiler: str, lr: str) -> None:
     for report in result.trainers:
         assert len(report.losses) == 60
         first, last = np.mean(report.losses[:5]), np.mean(report.losses[-5:])
-        assert last < first / 5, (mode, transpiler, first, last)
+        assert last < first / 3, (mode, transpiler, first, last)
     assert all(s.errors == 0 for s in result.pservers)

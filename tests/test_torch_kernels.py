@@ -354,7 +354,18 @@ def test_cases_cover_every_op_and_gradient() -> None:
     tested |= {"logical_and", "logical_or", "logical_xor", "logical_not", "conditional_block",
                "uniform_random", "gaussian_random", "truncated_gaussian_random", "split_byref",
                "split_selected_rows"}  # tests below
+    tested |= set(TABLE_OPS)
     assert tested == set(registered_ops("numpy"))
+
+
+TABLE_OPS = ("split_ids", "merge_ids", "lookup_sparse_table", "fake_init", "save", "ref_by_trainer_id")
+
+
+def test_table_ops_are_the_numpy_kernels() -> None:
+    """They only cut, gather, pick, place or write rows (tests/test_cluster_table.py and
+    tests/test_kernels_dist.py check them)."""
+    for op_type in TABLE_OPS:
+        assert get_kernel(op_type, "torch") is get_kernel(op_type, "numpy"), op_type
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=["f64", "f32"])

@@ -56,15 +56,18 @@ def _rng(ctx: KernelContext) -> np.random.Generator:
 
 def _draw(ctx: KernelContext, draw: Callable[[np.random.Generator, tuple[int, ...]], Array]) -> None:
     """Draw the op's output; a slice of a var (``origin_name``) draws the whole var's values
-    (at least down to its own last row) and keeps its rows, so it equals the unsliced draw."""
+    and keeps its rows, so it equals the unsliced draw. Rows of a slice past the var's last row
+    (the last shard of a distributed table, which has as many rows as the others) are zeros:
+    no id reaches them."""
     shape = _shape(ctx)
     if ctx.attr("origin_name") is None:
         ctx.set_output("Out", draw(_rng(ctx), shape).astype(_dtype(ctx)))
         return
     offset = int(ctx.attr("row_offset", 0))
-    rows = max(int(ctx.attr("origin_shape")[0]), offset + shape[0])
-    full = draw(_rng(ctx), (rows,) + shape[1:])
-    ctx.set_output("Out", full[offset:offset + shape[0]].astype(_dtype(ctx)))
+    full = draw(_rng(ctx), (int(ctx.attr("origin_shape")[0]),) + shape[1:])
+    rows = full[offset:offset + shape[0]]
+    past_end = np.zeros((shape[0] - rows.shape[0],) + shape[1:], dtype=full.dtype)
+    ctx.set_output("Out", np.concatenate([rows, past_end]).astype(_dtype(ctx)))
 
 
 @register("uniform_random")

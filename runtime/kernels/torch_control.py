@@ -10,7 +10,9 @@ the torch backend registers the numpy backend's own kernels for them:
 - `fill_constant` builds its value from attributes alone, as the random ones do;
 - `conditional_block` reads a host-side condition and runs a sub-block (whose ops are torch's);
 - `sum_grad` only hands Out@GRAD on to every input, without computing;
-- `split_byref` and `split_selected_rows` only cut a value into row blocks.
+- `split_byref` and `split_selected_rows` only cut a value into row blocks;
+- the distributed lookup table's `split_ids`, `merge_ids`, `lookup_sparse_table`, `fake_init`
+  and `save` only cut, gather, place or write rows.
 
 Values live in the scope as numpy arrays with either backend (see `torch_ops`), so these need no
 conversion.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import numpy_control, numpy_dist, numpy_math
+from . import numpy_control, numpy_dist, numpy_math, numpy_nn
 from .context import KernelContext
 from .registry import Kernel
 from .torch_common import input_t, kernel, put
@@ -35,6 +37,11 @@ SHARED_WITH_NUMPY: dict[str, Kernel] = {
     "split_byref": numpy_dist.split_byref,
     "split_selected_rows": numpy_dist.split_selected_rows,
     "ref_by_trainer_id": numpy_dist.ref_by_trainer_id,
+    "split_ids": numpy_dist.split_ids,
+    "merge_ids": numpy_dist.merge_ids,
+    "lookup_sparse_table": numpy_nn.lookup_table,
+    "fake_init": numpy_dist.fake_init,
+    "save": numpy_dist.save,
 }
 
 for _op_type, _kernel in SHARED_WITH_NUMPY.items():

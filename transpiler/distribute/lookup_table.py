@@ -14,10 +14,13 @@ initializer becomes `fake_init`. Ids and grad rows travel as global ids.
   mode, ``<grad>.pserver_{k}`` otherwise).
 - Pserver: a table-optimize block (sync: `sum` of the trainers' pieces; then `sgd` at the
   table optimizer's learning rate: as in the original, the table runs plain SGD whatever the
-  dense optimizer is, and the pieces are summed, not averaged), one prefetch block per lookup
-  (`lookup_sparse_table` of the ids var ``prefetch_var_name_to_block_id`` names), and a
-  checkpoint block (`save` of the table; the runtime reads the directory from the RAW var
-  ``kLookupTablePath`` that a checkpoint notification fills).
+  dense optimizer is, and the pieces are summed, not averaged; the runtime averages them, see
+  `runtime.table`), one prefetch block per lookup (`lookup_sparse_table` of the ids var
+  ``prefetch_var_name_to_block_id`` names), and a checkpoint block (`save` of the table to the
+  file named by the RAW var ``kLookupTablePath``, which the runtime fills when a checkpoint
+  notification comes). The pserver's blocks work on rows of its table var: the runtime turns
+  the global ids it receives (prefetch ids, grad rows) into rows, and the prefetch op's
+  ``padding_idx`` is the padding id's row on this pserver, or -1 where it holds none.
 
 **Remote sparse update** (an ``is_sparse`` embedding whose `lookup_table` has
 ``remote_prefetch``): the table is cut and placed like any parameter, but the trainer never
@@ -181,14 +184,16 @@ def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) ->
 
 
 def fake_init_table(startup: Program, table: str) -> None:
-    """The trainer holds no table: its initializer becomes `fake_init` (same place, same shape)."""
+    """The trainer holds no table: its initializer becomes `fake_init` (same place, shape and
+    dtype)."""
     block = startup.global_block()
     inits = [i for i, op in enumerate(block.ops) if table in op.output_arg_names]
     if len(inits) != 1:
         raise ValueError(f"startup_program: table {table!r} needs exactly one initializer, "
                          f"found {len(inits)}")
     old = block.ops[inits[0]]
-    block.ops[inits[0]] = Op("fake_init", {}, {"Out": [table]}, {"shape": old.attr("shape")})
+    block.ops[inits[0]] = Op("fake_init", {}, {"Out": [table]},
+                             {"shape": old.attr("shape"), "dtype": old.attr("dtype", "float32")})
 
 
 # -- pserver ---------------------------------------------------------------------------------------
@@ -263,9 +268,17 @@ def _prefetch_block(program: Program, plan: Plan, table: str, lookup: Lookup, k:
     clone_var(gblock, origin.var(lookup.ids), name=ids)
     clone_var(gblock, origin.var(lookup.out), name=rows)
     block = program.create_block(parent)
+    per = gblock.var(table).shape[0]
     block.append_op("lookup_sparse_table", {"Ids": [ids], "W": [table]}, {"Out": [rows]},
-                    {"is_sparse": True, "is_distributed": True, "padding_idx": lookup.padding_idx})
+                    {"is_sparse": True, "is_distributed": True,
+                     "padding_idx": local_padding_idx(lookup.padding_idx, k * per, per)})
     return f"{ids}:{block.idx}"
+
+
+def local_padding_idx(padding_idx: int, offset: int, rows: int) -> int:
+    """The row of the shard holding ids ``[offset, offset + rows)`` that the padding id
+    `padding_idx` is, or -1 when that shard does not hold it (or there is none)."""
+    return padding_idx - offset if padding_idx >= 0 and offset <= padding_idx < offset + rows else -1
 
 
 def _checkpoint_block(program: Program, table: str, parent: int) -> int:

@@ -97,12 +97,15 @@ def _initializers_of(op: Op, targets: dict[str, list[str]], held: dict[str, Var]
 def _mark_slices(ops: list[Op], placed: dict[str, PlacedVar], origins: dict[str, Var]) -> None:
     """Random initializers of a block say which rows of which var they draw (``origin_name``,
     ``origin_shape``, ``row_offset``), so the runtime draws exactly the rows that the whole
-    var's initializer would: a sliced job starts from the same values as local training."""
+    var's initializer would: a sliced job starts from the same values as local training. A
+    block is any var held at another shape or offset than its origin's, whatever its name: a
+    param block, an accumulator of one, or a shard of the distributed table (which keeps the
+    table's name; the last shard may run past the table's last row)."""
     for op in ops:
         name = op.output_arg_names[0] if op.output_arg_names else ""
         pv = placed.get(name)
-        if op.type in INIT_OPS[1:] and pv is not None and pv.name != pv.origin \
-                and pv.origin in origins:
+        if op.type in INIT_OPS[1:] and pv is not None and pv.origin in origins \
+                and (pv.row_offset or tuple(pv.shape) != tuple(origins[pv.origin].shape)):
             op.attrs.update(origin_name=pv.origin, origin_shape=list(origins[pv.origin].shape),
                             row_offset=pv.row_offset)
 

@@ -1,0 +1,73 @@
+"""Fan-in changes in sync mode, on the virtual clock: a trainer that starts late is dropped
+after the heartbeat timeout (and the event logged), the others go on, and the late one joins
+at the next step all pservers can admit; a trainer that finishes early leaves the fan-in."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+
+from runtime.cluster import batches_for, make_pserver, make_trainer, pserver_name, trainer_name
+from runtime.job import Job
+from runtime.scenario import parse_scenario
+from sim.loop import run as run_virtual
+from sim.network import Network
+
+SCENARIO = """
+name: fanin
+seed: 3
+model: {name: mlp, sizes: [32, 16, 4], optimizer: {type: sgd, learning_rate: 0.1}}
+data: {name: synthetic_classification, batch_size: 8}
+cluster: {pservers: 2, trainers: 2}
+train: {steps: 12, deadline: 600s, heartbeat_timeout: 2s}
+network: {default: {latency: 50ms, bandwidth: 1Gbps}}
+"""
+
+
+async def run_cluster(job: Job, delays: dict[int, float], steps: dict[int, int]) -> tuple:
+    network = Network.from_spec(job.scenario.network, job.scenario.seed)
+    servers = [make_pserver(job, j, network.transport(pserver_name(j)))
+               for j in range(len(job.endpoints))]
+    loop = asyncio.get_running_loop()
+    serving = [loop.create_task(s.serve(ep)) for s, ep in zip(servers, job.endpoints)]
+    trainers = [make_trainer(job, i, network.transport(trainer_name(i)))
+                for i in range(job.trainers)]
+
+    async def train(i: int) -> object:
+        await asyncio.sleep(delays.get(i, 0.0))
+        return await trainers[i].run(batches_for(job, i), steps.get(i, job.scenario.train.steps),
+                                     job.model.loss.name)
+
+    reports = await asyncio.gather(*(train(i) for i in range(job.trainers)))
+    stats = await asyncio.gather(*serving)
+    for t in trainers:
+        await t.client.close()
+    return reports, stats, loop.time()
+
+
+@pytest.mark.timeout(60)
+def test_late_trainer_is_dropped_then_joins(caplog: pytest.LogCaptureFixture) -> None:
+    job = Job.from_scenario(parse_scenario(SCENARIO))
+    with caplog.at_level(logging.INFO):
+        reports, stats, _ = run_virtual(run_cluster(job, delays={1: 3.0}, steps={}))
+    first, late = reports
+    assert len(first.losses) == 12
+    assert 0 < len(late.losses) < 12  # it took part in the steps left after it joined
+    assert all(s.dropped == [1] for s in stats)
+    assert all(s.steps == 12 and s.errors == 0 for s in stats)
+    text = caplog.text
+    assert "dropped trainer 1 from the fan-in at step 0: silent for more than 2s" in text
+    assert f"trainer 1 joins at step {12 - len(late.losses)}" in text
+
+
+@pytest.mark.timeout(60)
+def test_trainer_with_fewer_steps_leaves_the_fan_in() -> None:
+    job = Job.from_scenario(parse_scenario(SCENARIO))
+    reports, stats, now = run_virtual(run_cluster(job, delays={}, steps={1: 5}))
+    assert [len(r.losses) for r in reports] == [12, 5]
+    assert all(s.steps == 12 and s.dropped == [] for s in stats)
+    assert now < 12 * 0.5  # nobody waited for a heartbeat timeout
+    assert np.isfinite(reports[0].losses[-1])

@@ -1,0 +1,102 @@
+"""The sync round and dedupe state machines, in memory (no IO)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.protocol import INITIAL_STEP, Dedupe, Event, Phase, SyncRound, Verdict
+
+
+def test_a_step_goes_grads_then_params_then_next() -> None:
+    r = SyncRound(2)
+    assert r.classify(Event.SEND, 0, 0) is Verdict.ACCEPT
+    assert r.classify(Event.GET, 0, 0) is Verdict.DEFER  # not optimized yet
+    r.send_barrier(0)
+    assert not r.ready_to_optimize
+    r.send_barrier(1)
+    assert r.ready_to_optimize
+    r.optimized()
+    assert r.phase is Phase.PARAMS
+    assert r.classify(Event.GET, 1, 0) is Verdict.ACCEPT
+    assert r.classify(Event.SEND, 0, 0) is Verdict.STALE  # a retry of an applied gradient
+    assert r.classify(Event.SEND, 0, 1) is Verdict.DEFER  # a fast trainer's next step
+    r.fetch_barrier(0, 0)
+    assert not r.take_step_done()
+    r.fetch_barrier(1, 0)
+    assert r.take_step_done() and (r.step, r.phase) == (1, Phase.GRADS)
+    assert r.classify(Event.SEND_BARRIER, 0, 0) is Verdict.STALE
+
+
+def test_startup_fetches_are_served_and_never_counted() -> None:
+    r = SyncRound(1)
+    assert r.classify(Event.GET, 0, INITIAL_STEP) is Verdict.ACCEPT
+    assert r.classify(Event.SEND, 0, INITIAL_STEP) is Verdict.REJECT
+    r.fetch_barrier(0, INITIAL_STEP)
+    assert r.fetched == set()
+
+
+def test_optimizing_early_is_a_bug() -> None:
+    r = SyncRound(2)
+    r.send_barrier(0)
+    with pytest.raises(RuntimeError, match="before every send barrier"):
+        r.optimized()
+
+
+def test_leaving_completes_a_barrier_that_waited_for_the_leaver() -> None:
+    r = SyncRound(3)
+    r.send_barrier(0)
+    r.send_barrier(1)
+    assert not r.ready_to_optimize
+    assert r.leave(2, completed=False)
+    assert r.ready_to_optimize and r.contributors == {0, 1}
+    assert r.classify(Event.SEND, 2, 0) is Verdict.REJECT  # dropped: must join again
+    assert not r.finished
+
+
+def test_completed_trainers_end_the_round_and_cannot_return() -> None:
+    r = SyncRound(2)
+    r.leave(0, completed=True)
+    r.leave(1, completed=True)
+    assert r.finished
+    assert r.classify(Event.GET, 0, INITIAL_STEP) is Verdict.REJECT
+    with pytest.raises(ValueError, match="cannot join"):
+        r.join(0, 5)
+
+
+def test_a_joiner_enters_at_the_first_step_the_server_can_admit() -> None:
+    r = SyncRound(2)
+    r.leave(1, completed=False)
+    r.send_barrier(0)  # step 0 is under way: too late for step 0
+    assert r.entry_step() == 1
+    assert r.join(1, 0) == 1
+    assert r.classify(Event.SEND, 1, 1) is Verdict.DEFER  # its step has not come yet
+    assert r.classify(Event.GET, 1, 0) is Verdict.DEFER  # the params step 0 leaves
+    assert r.classify(Event.FETCH_BARRIER, 1, 0) is Verdict.STALE  # not counted
+    assert r.classify(Event.SEND, 1, 0) is Verdict.REJECT  # it takes no part in step 0
+    r.optimized()
+    r.fetch_barrier(0, 0)
+    assert r.take_step_done() and r.live == {0, 1}
+    assert r.classify(Event.SEND, 1, 1) is Verdict.ACCEPT
+
+
+def test_joining_again_moves_the_entry_later() -> None:
+    r = SyncRound(2)
+    r.leave(1, completed=False)
+    assert r.join(1, 0) == 0 and 1 in r.live  # admitted at once: step 0 had not started
+    assert r.join(1, 3) == 3 and 1 not in r.live and r.joining == {1: 3}
+
+
+def test_unknown_trainers_are_rejected() -> None:
+    assert SyncRound(2).classify(Event.SEND, 5, 0) is Verdict.REJECT
+    with pytest.raises(ValueError, match="trainers must be >= 1"):
+        SyncRound(0)
+
+
+def test_dedupe_remembers_a_window_per_sender() -> None:
+    d = Dedupe(window=2)
+    d.remember("t0", 1, "a")
+    d.remember("t0", 2, "b")
+    d.remember("t1", 1, "c")
+    assert d.lookup("t0", 1) == (True, "a") and d.lookup("t1", 1) == (True, "c")
+    d.remember("t0", 3, "d")
+    assert d.lookup("t0", 1) == (False, None) and d.lookup("t0", 3) == (True, "d")

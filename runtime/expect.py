@@ -17,11 +17,12 @@ what was measured and, in words, why it passed or failed:
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from .metrics import ExpectationResult, PserverMetrics
+from .scenario import Scenario
 
 LOSS_WINDOW = 10
 
@@ -101,3 +102,22 @@ def no_lost_updates(pservers: list[PserverMetrics], steps: int, sync: bool) -> E
     what = f"every pserver ran {steps} steps with" if sync else "every pserver had"
     detail = "; ".join(problems) if problems else f"{what} no rejected message or dropped trainer"
     return ExpectationResult(name, True, not problems, not problems, detail)
+
+
+def check(scenario: Scenario, losses: list[float], params: Mapping[str, np.ndarray] | None,
+          pservers: list[PserverMetrics],
+          local_params: Callable[[], Mapping[str, np.ndarray]]) -> list[ExpectationResult]:
+    """Every expectation `scenario` states, measured on a run: trainer 0's losses and final
+    parameters, the pservers' records; `local_params` trains the local reference when asked."""
+    spec = scenario.expect
+    results = []
+    if spec.final_loss_below is not None:
+        results.append(final_loss_below(spec.final_loss_below, losses))
+    if spec.loss_drop_factor is not None:
+        results.append(loss_drop_factor(spec.loss_drop_factor, losses))
+    if spec.params_equal_to == "local":
+        results.append(params_equal(params, local_params(), spec.params_rtol, spec.params_atol))
+    if spec.no_lost_updates:
+        results.append(no_lost_updates(pservers, scenario.train.steps,
+                                       scenario.transpiler.mode == "sync"))
+    return results

@@ -372,22 +372,15 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
 
 
 def check_expectations(launcher: Launcher, metrics: JobMetrics) -> list[ExpectationResult]:
-    spec, scenario = launcher.scenario.expect, launcher.scenario
-    losses = metrics.trainers[0].losses if metrics.trainers else []
-    results = []
-    if spec.final_loss_below is not None:
-        results.append(expect.final_loss_below(spec.final_loss_below, losses))
-    if spec.loss_drop_factor is not None:
-        results.append(expect.loss_drop_factor(spec.loss_drop_factor, losses))
-    if spec.params_equal_to == "local":
+    scenario = launcher.scenario
+
+    def local() -> dict[str, np.ndarray]:
         job = Job.from_scenario(scenario, launcher.endpoints)
-        _, local = train_locally(job, scenario.backend.kernels)
-        results.append(expect.params_equal(_load_params(launcher.out / "params.npz"), local,
-                                           spec.params_rtol, spec.params_atol))
-    if spec.no_lost_updates:
-        results.append(expect.no_lost_updates(metrics.pservers, scenario.train.steps,
-                                              scenario.transpiler.mode == "sync"))
-    return results
+        return train_locally(job, scenario.backend.kernels)[1]
+
+    losses = metrics.trainers[0].losses if metrics.trainers else []
+    return expect.check(scenario, losses, _load_params(launcher.out / "params.npz"),
+                        metrics.pservers, local)
 
 
 def _load_params(path: Path) -> dict[str, np.ndarray] | None:

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .pserver import ServerStats
+
 SCHEMA_VERSION = 1
 
 
@@ -59,6 +61,12 @@ class PserverMetrics:
     dropped: list[int] = field(default_factory=list)
     exit_code: int | None = None
     log: str | None = None
+
+    @staticmethod
+    def from_stats(index: int, endpoint: str, stats: ServerStats) -> "PserverMetrics":
+        return PserverMetrics(index, endpoint, stats.messages, stats.bytes_in, stats.bytes_out,
+                              stats.optimize_seconds, stats.steps, stats.errors,
+                              list(stats.dropped))
 
 
 @dataclass

@@ -255,8 +255,7 @@ async def serve_pserver(job: Job, index: int, out: Path | None) -> PserverMetric
                                        f"{service.name}: not every trainer completed")
     finally:
         await transport.close()
-    record = PserverMetrics(index, endpoint, stats.messages, stats.bytes_in, stats.bytes_out,
-                            stats.optimize_seconds, stats.steps, stats.errors, list(stats.dropped))
+    record = PserverMetrics.from_stats(index, endpoint, stats)
     log.info("%s: done after %d steps, %d messages, %d errors", service.name, stats.steps,
              stats.messages, stats.errors)
     if out is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from runtime import expect
@@ -15,7 +16,7 @@ from runtime.metrics import PserverMetrics
 from runtime.scenario import load_scenario
 from runtime.zmq_transport import ZmqTransport
 
-from cluster_helpers import free_endpoints
+from cluster_helpers import free_endpoints, make_job
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
 
@@ -38,3 +39,19 @@ def test_shipped_scenario_meets_its_expectations(path: Path) -> None:
     assert results, f"{path.name} states no expectation"
     failed = [r.detail for r in results if not r.passed]
     assert not failed, failed
+
+
+@pytest.mark.timeout(120)
+def test_a_job_trains_identically_with_numpy_and_torch_kernels() -> None:
+    pytest.importorskip("torch")
+    model = "{name: mlp, sizes: [64, 32, 10], optimizer: {type: adam, learning_rate: 0.01}}"
+    runs = {}
+    for kernels in ("numpy", "torch"):
+        job = make_job(model, trainers=2, pservers=2, extra=f"backend: {{kernels: {kernels}}}")
+        runs[kernels] = asyncio.run(run_job(job, ZmqTransport))
+    for name, value in runs["numpy"].params.items():
+        # numpy's and torch's matrix products differ by about an ulp per op
+        np.testing.assert_allclose(runs["torch"].params[name], value, rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    np.testing.assert_allclose(runs["torch"].trainers[0].losses, runs["numpy"].trainers[0].losses,
+                               rtol=1e-5)

@@ -135,7 +135,8 @@ class PserverService:
         """Bind `endpoint` and answer trainers until every one has completed."""
         await self.transport.bind(endpoint)
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._receive(), name=f"{self.name} receive")]
+        tasks: list[asyncio.Task[Any]] = [
+            loop.create_task(self._receive(), name=f"{self.name} receive")]
         if self.mode == SYNC:
             tasks.append(loop.create_task(self._watchdog(), name=f"{self.name} watchdog"))
         tasks.append(loop.create_task(self._done.wait(), name=f"{self.name} done"))

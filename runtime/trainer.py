@@ -26,7 +26,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, Mapping
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from .protocol import INITIAL_STEP
 from .rpc import RpcClient
 from .scope import Scope
 from .tensor import LoDTensor, to_dense
-from .wire import Kind
+from .wire import Kind, Message
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ class RpcOps:
 
     def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
              names: list[str] | None = None,
-             extra: Mapping[str, Any] | None = None) -> Awaitable[Any]:
+             extra: Mapping[str, Any] | None = None) -> Coroutine[Any, Any, Message]:
+        """A request of this trainer at its current step (the coroutine of the call)."""
         header: dict[str, Any] = {"trainer": self.trainer_id, **(extra or {})}
         if names is not None:
             header["names"] = names
@@ -82,7 +83,7 @@ class RpcOps:
         names = op.input("X")
         endpoints = op.attr("epmap")
         wire_names = op.attr("send_varnames") or names
-        values = [scope.get_tensor(n) for n in names]
+        values: list[Any] = [scope.get_tensor(n) for n in names]
         if len(names) == 1 and len(endpoints) > 1 and not op.attr("merge_add"):
             values = _row_blocks(to_dense(values[0]), op.attr("sections"), op)
         elif len(values) == 1 and len(wire_names) > 1:

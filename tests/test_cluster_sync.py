@@ -16,6 +16,7 @@ OPTIMIZERS = {
     "momentum": "{type: momentum, learning_rate: 0.05}",
     "adam": "{type: adam, learning_rate: 0.01}",
 }
+GRID = [(t, p) for t in (1, 2, 4) for p in (1, 2, 3)]
 EXP_DECAY = ", lr: {type: exponential_decay, decay_steps: 5, decay_rate: 0.5, staircase: true}"
 
 
@@ -30,7 +31,7 @@ def assert_params_equal(result_params: dict, local: dict) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("trainers,pservers", [(1, 1), (2, 2), (4, 3), (2, 1), (1, 3)])
+@pytest.mark.parametrize("trainers,pservers", GRID)
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
 def test_mlp_sync_equals_local(opt: str, trainers: int, pservers: int) -> None:
     lr = EXP_DECAY if opt == "adam" else ""
@@ -43,7 +44,7 @@ def test_mlp_sync_equals_local(opt: str, trainers: int, pservers: int) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("trainers,pservers", [(1, 1), (2, 2), (4, 3)])
+@pytest.mark.parametrize("trainers,pservers", GRID)
 def test_ctr_dnn_sparse_local_table_sync_equals_local(trainers: int, pservers: int) -> None:
     model = "{name: ctr_dnn, vocab: 20000, embed_dim: 8, hidden: [16], optimizer: {type: adam, learning_rate: 0.01}}"
     job = make_job(model, trainers, pservers, batch=8)

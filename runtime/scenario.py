@@ -86,7 +86,7 @@ class TranspilerSpec(_Strict):
     mode: Literal["sync", "async", "half_async", "geo"] = "sync"
     slice_var_up: bool = True
     split_method: Literal["round_robin", "hash_name"] = "round_robin"
-    min_block_size: int = Field(8192, ge=1)
+    min_block_size: int = Field(8192, ge=8192)
     dc_asgd: bool = False
     geo_push_every: int = Field(100, ge=1)
 

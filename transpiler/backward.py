@@ -192,14 +192,14 @@ def _params_and_grads(block: Block, parameter_list: list[str] | None,
         wanted = set(parameter_list)
         params = [p for p in params if p.name in wanted]
     pairs = []
+    last_writer = {name: op for op in block.ops for name in op.output_arg_names}
     for param in params:
         gname = grad_name(param.name)
         if not block.has_var(gname):
             continue
         pairs.append((param, block.var(gname)))
         # op_role_var on the op that finally writes the gradient lets the transpiler find it.
-        last = max(i for i, op in enumerate(block.ops) if gname in op.output_arg_names)
-        op = block.ops[last]
+        op = last_writer[gname]
         op.attrs["op_role_var"] = list(op.attrs.get("op_role_var", [])) + [param.name, gname]
     return pairs
 

@@ -140,5 +140,6 @@ def transpile_from_spec(main: Program, startup: Program, args: TranspileArgs,
     """A transpiler that has transpiled `main` and `startup` for trainer `trainer_id`."""
     t = DistributeTranspiler(args.config)
     t.transpile(trainer_id, program=main, pservers=",".join(args.pservers),
-                trainers=args.trainers, sync_mode=args.sync_mode, startup_program=startup)
+                trainers=args.trainers, sync_mode=args.sync_mode, startup_program=startup,
+                current_endpoint=args.pservers[0])
     return t

@@ -299,15 +299,22 @@ class PserverService:
                 self.scope.put(name, np.zeros(var.shape, var.dtype))
 
     # -- message kinds ------------------------------------------------------------------------------
+    def _verdict(self, event: Event, trainer: int, msg: Message) -> Verdict:
+        """What the sync round says of this message (other modes accept everything); a
+        message from a trainer outside the job's fan-in is refused with the reason."""
+        if self.mode != SYNC:
+            return Verdict.ACCEPT
+        verdict = self.round.classify(event, trainer, msg.step)
+        if verdict is Verdict.REJECT:
+            raise ProtocolViolation(self._reject_reason(trainer, msg))
+        return verdict
+
     def _on_send(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        if self.mode == SYNC:
-            verdict = self.round.classify(Event.SEND, trainer, msg.step)
-            if verdict is Verdict.DEFER:
-                return None
-            if verdict is Verdict.REJECT:
-                raise ProtocolViolation(self._reject_reason(trainer, msg))
-            if verdict is Verdict.STALE:
-                return self._ack(msg)
+        verdict = self._verdict(Event.SEND, trainer, msg)
+        if verdict is Verdict.DEFER:
+            return None
+        if verdict is Verdict.STALE:
+            return self._ack(msg)
         values = {name: self._to_shard(name, self._checked(name, value))
                   for name, value in msg.vars.items()}
         merge = msg.extra.get("merge_add") is True
@@ -333,11 +340,9 @@ class PserverService:
     def _on_send_barrier(self, peer: str, msg: Message, trainer: int) -> Message | None:
         if self.mode != SYNC:
             return self._ack(msg)
-        verdict = self.round.classify(Event.SEND_BARRIER, trainer, msg.step)
+        verdict = self._verdict(Event.SEND_BARRIER, trainer, msg)
         if verdict is Verdict.DEFER:
             return None
-        if verdict is Verdict.REJECT:
-            raise ProtocolViolation(self._reject_reason(trainer, msg))
         if verdict is Verdict.ACCEPT:
             self.round.send_barrier(trainer)
         return self._ack(msg)
@@ -346,12 +351,8 @@ class PserverService:
         names = msg.extra.get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ProtocolViolation("GET needs a list of var names in 'names'")
-        if self.mode == SYNC:
-            verdict = self.round.classify(Event.GET, trainer, msg.step)
-            if verdict is Verdict.DEFER:
-                return None
-            if verdict is Verdict.REJECT:
-                raise ProtocolViolation(self._reject_reason(trainer, msg))
+        if self._verdict(Event.GET, trainer, msg) is Verdict.DEFER:
+            return None
         block = self.program.global_block()
         for name in names:
             if name not in block.vars or not self.scope.has(name):
@@ -369,22 +370,16 @@ class PserverService:
     def _on_fetch_barrier(self, peer: str, msg: Message, trainer: int) -> Message | None:
         if self.mode != SYNC:
             return self._ack(msg)
-        verdict = self.round.classify(Event.FETCH_BARRIER, trainer, msg.step)
+        verdict = self._verdict(Event.FETCH_BARRIER, trainer, msg)
         if verdict is Verdict.DEFER:
             return None
-        if verdict is Verdict.REJECT:
-            raise ProtocolViolation(self._reject_reason(trainer, msg))
         if verdict is Verdict.ACCEPT:
             self.round.fetch_barrier(trainer, msg.step)
         return self._ack(msg)
 
     def _on_prefetch(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        if self.mode == SYNC:
-            verdict = self.round.classify(Event.PREFETCH, trainer, msg.step)
-            if verdict is Verdict.DEFER:
-                return None
-            if verdict is Verdict.REJECT:
-                raise ProtocolViolation(self._reject_reason(trainer, msg))
+        if self._verdict(Event.PREFETCH, trainer, msg) is Verdict.DEFER:
+            return None
         rows = self._remote_rows(msg) if "table" in msg.extra else self._table_rows(msg)
         return Message(Kind.REPLY, msg.id, self.name, self.round.step, rows,
                        {"server_step": self.round.step})

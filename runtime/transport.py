@@ -25,6 +25,7 @@ semantics are pinned down by one contract suite (`tests/transport_contract.py`):
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
@@ -123,3 +124,33 @@ class Transport(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+Inbound = tuple[str, list[Frame]]
+"""A received message: the peer it came from and its frames."""
+
+
+class Inbox:
+    """The messages a transport received and `recv` has not taken yet. Once it `fail`s, what
+    it held is dropped and every later `get` raises that error (closed, or a broken socket)."""
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self._queue: asyncio.Queue[Inbound | TransportError] = asyncio.Queue(maxsize)
+
+    async def put(self, item: Inbound) -> None:
+        await self._queue.put(item)
+
+    def put_nowait(self, item: Inbound) -> None:
+        self._queue.put_nowait(item)
+
+    async def get(self) -> Inbound:
+        item = await self._queue.get()
+        if isinstance(item, TransportError):
+            self._queue.put_nowait(item)  # every later recv fails the same way
+            raise item
+        return item
+
+    def fail(self, error: TransportError) -> None:
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queue.put_nowait(error)

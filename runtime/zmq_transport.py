@@ -28,6 +28,8 @@ import zmq
 import zmq.asyncio
 
 from runtime.transport import (
+    Inbound,
+    Inbox,
     EndpointError,
     Frame,
     Transport,
@@ -44,7 +46,6 @@ def zmq_address(endpoint: str) -> str:
     """A ZeroMQ address for `endpoint`: programs name pservers ``host:port``, meaning TCP."""
     return endpoint if "://" in endpoint else f"tcp://{endpoint}"
 
-Inbound = tuple[str, list[Frame]]
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class ZmqTransport(Transport):
         self._router: zmq.asyncio.Socket | None = None
         self._dealers: dict[str, zmq.asyncio.Socket] = {}
         self._readers: list[asyncio.Task[None]] = []
-        self._inbox: asyncio.Queue[Inbound | TransportError] = asyncio.Queue(self.limits.inbox)
+        self._inbox = Inbox(self.limits.inbox)
         self._closed = False
 
     @property
@@ -137,11 +138,7 @@ class ZmqTransport(Transport):
 
     async def recv(self) -> Inbound:
         self._check_open("recv")
-        item = await self._inbox.get()
-        if isinstance(item, TransportError):
-            self._inbox.put_nowait(item)  # every later recv fails the same way
-            raise item
-        return item
+        return await self._inbox.get()
 
     async def close(self) -> None:
         if self._closed:
@@ -207,6 +204,4 @@ class ZmqTransport(Transport):
 
     def _fail_waiters(self, error: TransportError) -> None:
         """Replace whatever the inbox holds by `error`, which every `recv` then raises."""
-        while not self._inbox.empty():
-            self._inbox.get_nowait()
-        self._inbox.put_nowait(error)
+        self._inbox.fail(error)

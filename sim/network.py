@@ -51,6 +51,8 @@ from typing import Any, NamedTuple
 
 from runtime import units
 from runtime.transport import (
+    Inbound,
+    Inbox,
     EndpointError,
     Frame,
     Transport,
@@ -586,7 +588,6 @@ def _frozen(frame: Frame) -> memoryview:
 # ---------------------------------------------------------------------------------- transport
 
 
-Inbound = tuple[str, list[Frame]]
 
 
 class SimTransport(Transport):
@@ -601,7 +602,7 @@ class SimTransport(Transport):
         """Connected endpoint -> messages waiting for a node to bind it."""
         self._clients: dict[str, tuple[SimTransport, str]] = {}
         """Client node name -> (its transport, the endpoint it connected to)."""
-        self._inbox: asyncio.Queue[Inbound | TransportError] = asyncio.Queue()
+        self._inbox = Inbox()
 
     async def bind(self, endpoint: str) -> str:
         self._check_open("bind")
@@ -638,11 +639,7 @@ class SimTransport(Transport):
 
     async def recv(self) -> Inbound:
         self._check_open("recv")
-        item = await self._inbox.get()
-        if isinstance(item, TransportError):
-            self._inbox.put_nowait(item)  # every later recv fails the same way
-            raise item
-        return item
+        return await self._inbox.get()
 
     async def close(self) -> None:
         if self.closed:
@@ -652,9 +649,7 @@ class SimTransport(Transport):
         self._bound.clear()
         self._held.clear()
         self._clients.clear()
-        while not self._inbox.empty():
-            self._inbox.get_nowait()
-        self._inbox.put_nowait(TransportClosed(self.name, "recv"))
+        self._inbox.fail(TransportClosed(self.name, "recv"))
 
     def _admit(self, client: SimTransport, endpoint: str) -> None:
         """`client` reached us through `endpoint`: route its name, send what it held for us."""

@@ -7,6 +7,8 @@ import pytest
 import transpiler as T
 from transpiler.ir import OpRole, Program, VarType, op_types
 
+from distribute_helpers import lookup_model
+
 
 def build(fn):  # type: ignore[no-untyped-def]
     main, startup = Program(), Program()
@@ -73,27 +75,8 @@ def test_fc_with_act_and_multiple_inputs() -> None:
     assert out.shape == (-1, 4)
 
 
-def lookup_model(is_distributed: bool = False):  # type: ignore[no-untyped-def]
-    def body():  # type: ignore[no-untyped-def]
-        pooled = []
-        for slot in ("title_ids", "brand_ids"):
-            ids = T.layers.data(slot, shape=[1], dtype="int64", lod_level=1)
-            emb = T.layers.embedding(ids, size=[1000, 64], is_sparse=True,
-                                     is_distributed=is_distributed,
-                                     param_attr=T.ParamAttr(name="shared_w"))
-            pooled.append(T.layers.sequence_pool(emb, "average"))
-        merged = T.layers.concat(pooled, axis=1)
-        label = T.layers.data("label", shape=[1], dtype="int64")
-        pred = T.layers.fc(merged, size=2, act="softmax", param_attr=T.ParamAttr(name="fc_w"),
-                           bias_attr=T.ParamAttr(name="fc_b"))
-        loss = T.layers.mean(T.layers.cross_entropy(pred, label))
-        T.optimizer.Adam(0.003).minimize(loss)
-        return loss
-    return build(body)
-
-
 def test_shared_sparse_embedding_sums_selected_rows_grads() -> None:
-    main, startup, _ = lookup_model()
+    main, startup = lookup_model()
     block = main.global_block()
     types = op_types(block)
     assert types[:8] == ["lookup_table", "sequence_pool", "lookup_table", "sequence_pool", "concat",

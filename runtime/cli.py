@@ -145,6 +145,10 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
         scenario = load_for_role(args.scenario, args.set, role)
     except (RoleError, ScenarioError) as err:
         parser.error(str(err))
+    if scenario.backend.kernels == "phantom":
+        parser.error(f"{args.scenario}: backend.kernels phantom is timing mode, which computes no "
+                     "numbers: only the simulator runs it (sim run); a real run needs "
+                     "backend.kernels numpy or torch")
     if role is not None:
         return run_role(scenario, role, args.out)
     out_dir = args.out or Path(scenario.outputs.dir or Path("out") / scenario.name)

@@ -60,6 +60,12 @@ class Charge:
             self.owed += seconds
             self.ops.append((op.type, seconds))
 
+    def span(self, name: str, start: float, category: str) -> None:
+        """Tell the tracer, if any, that this node spent [start, now) on `name` (an RPC op)."""
+        if self.tracer is not None:
+            now = asyncio.get_running_loop().time()
+            self.tracer.span(self.node, name, start, now, category)
+
     async def pay(self) -> None:
         """Sleep for what is owed; trace each op as a slice of that stretch."""
         if self.owed <= 0:

@@ -15,17 +15,22 @@ Generators: `synthetic_regression` (linear), `synthetic_classification` (mlp: se
 blobs), `ctr` (Zipf-distributed ids in LoD sequences of random lengths, labels that depend on the
 ids), `skipgram` ((center, context, negatives) from a synthetic Zipf corpus with topics) and
 `digits` (scikit-learn's bundled 8x8 digits, with the ``[data]`` extra).
+
+Timing mode feeds `phantom_batch` instead: the shapes of a batch without its values.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from transpiler.models import Model
+
+from .tensor import Phantom
 
 Feed = dict[str, Any]
 
@@ -110,6 +115,13 @@ class Dataset:
                             f"it provides {self.fields}")
         return {n: self.columns[n].take(idx) for n in names}
 
+    def phantom_batch(self, batch_size: int, feeds: Sequence[str] | None = None) -> dict[str, Phantom]:
+        """Timing mode's batch: a phantom per field, shaped like a batch of `batch_size`
+        examples. Every sequence of a ragged field gets the field's mean length, rounded up, so
+        the batch holds about as many values as a real one (and its LoD as many sequences)."""
+        names = self.fields if feeds is None else list(feeds)
+        return {name: _phantom_column(self.columns[name], batch_size) for name in names}
+
     def shard(self, trainer_id: int, trainers: int) -> "Shard":
         if trainers < 1 or not 0 <= trainer_id < trainers:
             raise DataError(f"shard: trainer_id {trainer_id} is not in [0, trainers={trainers})")
@@ -162,6 +174,15 @@ class Shard:
                 start: int = 0) -> Iterator[Feed]:
         for step in range(start, start + steps):
             yield self.batch(step, batch_size, feeds)
+
+
+def _phantom_column(column: Column, batch_size: int) -> Phantom:
+    values = column.values
+    if isinstance(column, Dense):
+        return Phantom((batch_size,) + values.shape[1:], values.dtype)
+    length = math.ceil(len(values) / len(column))
+    lod = (tuple(k * length for k in range(batch_size + 1)),)
+    return Phantom((batch_size * length,) + values.shape[1:], values.dtype, lod=lod)
 
 
 # -- generators -----------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ plan to the executor's device.
 RPC ops (send, recv, barriers, prefetch, ...) get no kernel in the plan: they are awaited by the
 async runtime, which runs the same plans with `run_step` for the compute ops. `Executor.run`
 refuses a block that holds any (`AsyncOpError`).
+
+With the ``phantom`` backend (timing mode) feeds may be `Phantom`s, checked against their
+declarations like arrays, and fetches return phantoms as they are.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from .kernels import (BACKENDS, AsyncOpError, ExecutionError, FeedError, FetchEr
                       KernelContext, KernelError, KernelNotFound, get_kernel, load_backend)
 from .kernels.registry import Kernel
 from .scope import Scope, global_scope
-from .tensor import LoDTensor, TensorError, Value, copy_value, to_dense
+from .tensor import LoDTensor, Phantom, TensorError, Value, copy_value, to_dense
 
 RPC_OP_TYPES = frozenset({
     "send", "recv", "send_barrier", "fetch_barrier", "prefetch", "checkpoint_notify",
@@ -173,20 +176,27 @@ def check_feed(block: Block, name: str, value: FeedValue) -> Value:
     var = block.vars.get(name)
     if var is None:
         raise FeedError(f"feed var {name!r} is not declared in the program's global block")
+    if isinstance(value, Phantom):
+        _check_fits(var, name, value.dtype, value.shape)
+        return value
     data, lod = _split_feed(name, value)
     expected = np.dtype(var.dtype)
     array = np.array(data, copy=True) if isinstance(data, np.ndarray) else np.array(data, dtype=expected)
-    if array.dtype != expected:
-        raise FeedError(f"feed var {name!r}: expected dtype {var.dtype}, got {array.dtype}")
-    if array.ndim != len(var.shape) or any(e not in (-1, a) for e, a in zip(var.shape, array.shape)):
-        raise FeedError(f"feed var {name!r}: expected shape {list(var.shape)} (-1: any), "
-                        f"got {list(array.shape)}")
+    _check_fits(var, name, array.dtype, array.shape)
     if not lod:
         return array
     try:
         return LoDTensor(array, lod)
     except TensorError as exc:
         raise FeedError(f"feed var {name!r}: {exc}") from None
+
+
+def _check_fits(var: Var, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    if dtype != np.dtype(var.dtype):
+        raise FeedError(f"feed var {name!r}: expected dtype {var.dtype}, got {dtype}")
+    if len(shape) != len(var.shape) or any(e not in (-1, a) for e, a in zip(var.shape, shape)):
+        raise FeedError(f"feed var {name!r}: expected shape {list(var.shape)} (-1: any), "
+                        f"got {list(shape)}")
 
 
 def _split_feed(name: str, value: FeedValue) -> tuple[Any, list[list[int]]]:
@@ -211,6 +221,8 @@ def _fetch(scope: Scope, name: str, return_numpy: bool) -> Any:
     if name not in scope:
         raise FetchError(f"fetch var {name!r} has no value after the run (no op wrote it)")
     value = scope.get_tensor(name)
+    if isinstance(value, Phantom):
+        return value
     return np.array(to_dense(value), copy=True) if return_numpy else copy_value(value)
 
 

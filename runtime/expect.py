@@ -12,12 +12,14 @@ what was measured and, in words, why it passed or failed:
   float32 sums in another order; long runs drift further and state their own tolerance).
 - ``no_lost_updates``: in sync mode every pserver ran exactly ``train.steps`` optimize steps and
   rejected no message; in the other modes (no step count on the server) no message was rejected.
-- ``max_step_time`` is about simulated time and is not checked here (the runner says so).
+- ``max_step_time``: no step of any trainer took longer than the bound. It is about simulated
+  time: checked only when the caller passes the step times (the simulator does; `runtime up`
+  does not, and says so in its notes).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -104,11 +106,26 @@ def no_lost_updates(pservers: list[PserverMetrics], steps: int, sync: bool) -> E
     return ExpectationResult(name, True, not problems, not problems, detail)
 
 
+def max_step_time(bound: float, step_times: Sequence[Sequence[float]]) -> ExpectationResult:
+    name = "max_step_time"
+    steps = [(t, i, k) for i, times in enumerate(step_times) for k, t in enumerate(times)]
+    if not steps:
+        return ExpectationResult(name, bound, None, False, "no trainer reported a step")
+    longest, trainer, step = max(steps, key=lambda s: s[0])  # the first of equals
+    passed = bool(longest <= bound)
+    verb = "within" if passed else "over"
+    return ExpectationResult(name, bound, longest, passed,
+                             f"the longest step, trainer {trainer}'s step {step}, took "
+                             f"{longest * 1e3:.6g}ms, {verb} the bound of {bound * 1e3:.6g}ms")
+
+
 def check(scenario: Scenario, losses: list[float], params: Mapping[str, np.ndarray] | None,
           pservers: list[PserverMetrics],
-          local_params: Callable[[], Mapping[str, np.ndarray]]) -> list[ExpectationResult]:
+          local_params: Callable[[], Mapping[str, np.ndarray]],
+          step_times: Sequence[Sequence[float]] | None = None) -> list[ExpectationResult]:
     """Every expectation `scenario` states, measured on a run: trainer 0's losses and final
-    parameters, the pservers' records; `local_params` trains the local reference when asked."""
+    parameters, the pservers' records; `local_params` trains the local reference when asked.
+    `step_times` (each trainer's, in simulated seconds) lets ``max_step_time`` be checked."""
     spec = scenario.expect
     results = []
     if spec.final_loss_below is not None:
@@ -120,4 +137,6 @@ def check(scenario: Scenario, losses: list[float], params: Mapping[str, np.ndarr
     if spec.no_lost_updates:
         results.append(no_lost_updates(pservers, scenario.train.steps,
                                        scenario.transpiler.mode == "sync"))
+    if spec.max_step_time is not None and step_times is not None:
+        results.append(max_step_time(spec.max_step_time, step_times))
     return results

@@ -57,6 +57,11 @@ class Job:
     def sync(self) -> bool:
         return self.args.sync_mode
 
+    @property
+    def timing(self) -> bool:
+        """Timing mode: every node runs the phantom kernels (shapes, no arithmetic)."""
+        return self.scenario.backend.kernels == "phantom"
+
     def trainer_programs(self, trainer_id: int) -> tuple[Program, Program]:
         t = transpile_from_spec(self.model.main, self.model.startup, self.args, trainer_id)
         return t.get_trainer_program(), t.get_trainer_startup_program()

@@ -25,6 +25,11 @@ It owns a `Scope` initialized by the pserver's startup program and answers the t
 - HEARTBEAT: proof of life. In sync mode a trainer that the round waits for and that has been
   silent for `heartbeat_timeout` is dropped from the fan-in and the event is logged.
 
+Timing mode (phantom kernels): trainers send `Phantom`s, checked against the declarations like
+tensors and stored as they are; the blocks then compute shapes only, GETs answer phantoms, and
+byte counts are what the messages would weigh with data (`wire.charged_size`). Checkpoints need
+real values and are refused.
+
 Requests are deduplicated by (sender, message id): a retry gets the first reply again, and a
 retry of a request still waiting (a deferred GET) is ignored. Any failure in handling one message
 becomes an error reply to its sender; the server keeps serving.
@@ -41,7 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR
-from transpiler.ir import BlockRef, Op, Program, VarType
+from transpiler.ir import BlockRef, Op, Program, Var, VarType
 
 from . import checkpoint
 from .compute import Charge, ComputeModel, Tracer
@@ -49,9 +54,9 @@ from .executor import Executor
 from .protocol import INITIAL_STEP, Dedupe, Event, Phase, SyncRound, Verdict
 from .scope import Scope
 from .table import TableShard, lookup_rows, remote_tables
-from .tensor import LoDTensor, SelectedRows, to_dense
+from .tensor import LoDTensor, Phantom, SelectedRows, to_dense
 from .transport import Transport, TransportClosed
-from .wire import DecodeError, Kind, Message, Phantom, decode, encode, error_reply
+from .wire import DecodeError, Kind, Message, charged_size, decode, encode, error_reply
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,9 @@ class ServerStats:
 class ServeConfig:
     heartbeat_timeout: float = 10.0
     max_message_size: int = 1 << 30
+    # After the last trainer completed, go on answering retries (a lost reply to COMPLETE is
+    # resent) until the trainers have been quiet this long.
+    drain: float = 1.0
 
 
 class PserverService:
@@ -125,6 +133,7 @@ class PserverService:
         self._last_seen: dict[int, float] = {}
         self._done = asyncio.Event()
         self._optimizing = False
+        self._last_message = 0.0
         self.name = transport.name
         self.charge = Charge(self.name, compute, tracer)
         if load_from is not None:
@@ -142,6 +151,8 @@ class PserverService:
         tasks.append(loop.create_task(self._done.wait(), name=f"{self.name} done"))
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if self._done.is_set() and not tasks[0].done():
+                await self._drain()
         finally:
             for task in tasks:
                 task.cancel()
@@ -151,15 +162,27 @@ class PserverService:
             raise PserverFailure(self.name, failures[0]) from failures[0]
         return self.stats
 
+    async def _drain(self) -> None:
+        """Keep answering (retried requests get their first replies again) until no message
+        has come for `drain` seconds."""
+        loop = asyncio.get_running_loop()
+        while True:
+            until = self._last_message + self.config.drain  # a message moves it later
+            if loop.time() >= until:
+                return
+            await asyncio.sleep(until - loop.time())
+
     async def _receive(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 peer, frames = await self.transport.recv()
             except TransportClosed:
                 self._done.set()
                 return
+            self._last_message = loop.time()
             self.stats.messages += 1
-            self.stats.bytes_in += sum(len(memoryview(f).cast("B")) for f in frames)
+            self.stats.bytes_in += charged_size(frames)
             await self._handle_frames(peer, frames)
 
     async def _handle_frames(self, peer: str, frames: list[Any]) -> None:
@@ -207,7 +230,7 @@ class PserverService:
 
     async def _send(self, peer: str, reply: Message) -> None:
         frames = encode(reply)
-        self.stats.bytes_out += sum(len(memoryview(f).cast("B")) for f in frames)
+        self.stats.bytes_out += charged_size(frames)
         try:
             await self.transport.send(peer, frames)
         except Exception as exc:  # the trainer went away; it will retry or be dropped
@@ -319,8 +342,8 @@ class PserverService:
                   for name, value in msg.vars.items()}
         merge = msg.extra.get("merge_add") is True
         for name, value in values.items():
-            if merge and self.scope.has(name):  # a counter the trainers add to
-                value = to_dense(self.scope.get_tensor(name)) + to_dense(value)
+            if merge and self.scope.has(name) and not isinstance(value, Phantom):
+                value = to_dense(self.scope.get_tensor(name)) + to_dense(value)  # a counter
             self.scope.put(name, value)
         if self.mode != SYNC:
             if self.dc_asgd:
@@ -404,6 +427,9 @@ class PserverService:
         directory = msg.extra.get("dir")
         if not isinstance(directory, str) or not directory or "\0" in directory:
             raise ProtocolViolation("CHECKPOINT_NOTIFY needs a directory path in 'dir'")
+        if self.executor.backend == "phantom":
+            raise ProtocolViolation("CHECKPOINT_NOTIFY: this pserver runs in timing mode (phantom "
+                                    "kernels) and holds no values to save")
         if self._optimizing:  # the update is applied but the round not moved on: wait for it
             return None
         path = self.save_checkpoint(Path(directory))
@@ -480,7 +506,7 @@ class PserverService:
             raise ProtocolViolation(f"gradient for var {name!r}, which this pserver does not own",
                                     var=name)
         if isinstance(value, Phantom):
-            raise ProtocolViolation(f"var {name!r}: phantom tensors carry no data", var=name)
+            return _checked_phantom(name, var, value)
         if isinstance(value, SelectedRows):
             if value.values.dtype != np.dtype(var.dtype) or value.height != var.shape[0] \
                     or tuple(value.values.shape[1:]) != tuple(var.shape[1:]):
@@ -557,6 +583,19 @@ def _trainer_of(msg: Message) -> int:
     if not isinstance(trainer, int) or isinstance(trainer, bool):
         raise ProtocolViolation(f"{msg.kind} from {msg.src!r} lacks an int 'trainer' field")
     return trainer
+
+
+def _checked_phantom(name: str, var: Var, value: Phantom) -> Phantom:
+    """A received phantom, checked as the tensor it stands for would be: the declared dtype,
+    and rows of the declared height and width, or the declared shape."""
+    if value.is_rows:
+        fits = value.height == var.shape[0] and value.shape[1:] == tuple(var.shape[1:])
+    else:
+        fits = _shape_matches(var.shape, value.shape)
+    if not fits or value.dtype != np.dtype(var.dtype):
+        raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got {value}",
+                                var=name)
+    return value
 
 
 def _shape_matches(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:

@@ -101,16 +101,21 @@ class TrainSpec(_Strict):
     steps: int = Field(100, ge=1)
     deadline: float = Field(600.0, gt=0, description="seconds a whole run may take")
     heartbeat_timeout: float = Field(10.0, gt=0)
+    retry_after: float = Field(1.0, gt=0, description="seconds before an unanswered request is "
+                               "sent again (then twice as long each time, up to 10 s)")
     log_every: int = Field(10, ge=1)
 
-    @field_validator("deadline", "heartbeat_timeout", mode="before")
+    @field_validator("deadline", "heartbeat_timeout", "retry_after", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:
         return units.duration(v)
 
 
 class BackendSpec(_Strict):
-    kernels: Literal["numpy", "torch"] = "numpy"
+    """`kernels`: numpy or torch compute (numeric mode), or phantom: shapes only, no arithmetic
+    (timing mode, for the simulator at scale; `runtime up` refuses it)."""
+
+    kernels: Literal["numpy", "torch", "phantom"] = "numpy"
     device: Literal["cpu", "cuda"] = "cpu"
 
     @model_validator(mode="after")
@@ -162,6 +167,15 @@ class Scenario(_Strict):
         if self.expect.params_equal_to and self.transpiler.mode != "sync":
             raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, "
                              f"not {self.transpiler.mode}")
+        return self
+
+    @model_validator(mode="after")
+    def _numbers_need_numeric_mode(self) -> "Scenario":
+        numeric = ("final_loss_below", "loss_drop_factor", "params_equal_to")
+        stated = [name for name in numeric if getattr(self.expect, name)]
+        if self.backend.kernels == "phantom" and stated:
+            raise ValueError(f"expect.{stated[0]} needs numbers, and backend.kernels phantom "
+                             "(timing mode) computes none")
         return self
 
 

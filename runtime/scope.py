@@ -1,8 +1,9 @@
 """`Scope`: the values of a program's variables, by name, as an executor leaves them.
 
-A scope maps a var name to a dense numpy array, a `LoDTensor` or a `SelectedRows`. Persistable
-vars (parameters, accumulators, counters) live across runs because the same scope is passed to
-every run; temporaries are simply overwritten by the next run.
+A scope maps a var name to a dense numpy array, a `LoDTensor` or a `SelectedRows` (in timing
+mode, a `Phantom` standing for one). Persistable vars (parameters, accumulators, counters) live
+across runs because the same scope is passed to every run; temporaries are simply overwritten by
+the next run.
 
 Values are treated as immutable: kernels never write into an array they read, they store a new
 one. `set` copies what it is given, so the caller may reuse its arrays; `get` returns the stored

@@ -20,6 +20,9 @@ pserver program's blocks work on rows of the shard:
 Remote sparse update needs no conversion: the trainer asks for rows of a param block by row
 (`lookup_rows`). Anything out of range, and a PREFETCH of a var that is no prefetch block's ids,
 gets a `TableRequestError` naming the var, raised before anything is stored.
+
+Timing mode: phantom prefetch ids and grad pieces are checked by shape (which ids they hold is
+unknown, so ownership is not), re-based by taking the shard's height, and not scaled.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 from transpiler.ir import Op, Program, VarType
 
 from .scope import Scope
-from .tensor import LoDTensor, SelectedRows
+from .tensor import LoDTensor, Phantom, SelectedRows
 
 _PIECE_TRAINER = re.compile(r"\.trainer_(\d+)\.pserver_\d+$")
 
@@ -90,17 +93,21 @@ class TableShard:
                           int(lsv.attr("checkpint_block_id", -1)))
 
     # -- ids and rows in ----------------------------------------------------------------------------
-    def local_ids(self, name: str, value: Any) -> np.ndarray:
+    def local_ids(self, name: str, value: Any) -> np.ndarray | Phantom:
         """The prefetch ids var `name`'s global ids as ``[n, 1]`` rows of the shard."""
         if name not in self.prefetch:
             raise TableRequestError(f"PREFETCH of var {name!r}, which is not the ids var of a "
                                     "prefetch block of this pserver", name)
+        if isinstance(value, Phantom):
+            return Phantom((_phantom_ids(name, value), 1), np.dtype(np.int64))
         ids = _int_ids(name, value)
         self._check_owned(name, ids)
         return (ids - self.offset).reshape(-1, 1)
 
-    def local_rows(self, name: str, value: Any) -> SelectedRows:
+    def local_rows(self, name: str, value: Any) -> SelectedRows | Phantom:
         """Grad piece `name`, its global rows made rows of the shard."""
+        if isinstance(value, Phantom) and value.is_rows:
+            return Phantom(value.shape, value.dtype, self.rows)
         if not isinstance(value, SelectedRows):
             raise TableRequestError(f"var {name!r}: a table grad piece is SelectedRows, got "
                                     f"{type(value).__name__}", name)
@@ -116,7 +123,7 @@ class TableShard:
                 f"{self.table!r}", name)
 
     # -- blocks -------------------------------------------------------------------------------------
-    def prefetch_rows(self, ids: Mapping[str, np.ndarray], scope: Scope,
+    def prefetch_rows(self, ids: Mapping[str, np.ndarray | Phantom], scope: Scope,
                       run_block: Callable[[int], None]) -> dict[str, Any]:
         """Run the prefetch block of each ids var (`local_ids` rows); its rows by var name."""
         out = {}
@@ -134,6 +141,8 @@ class TableShard:
         for name, trainer in self.pieces.items():
             if trainer in contributors:
                 piece = scope.get_tensor(name)
+                if isinstance(piece, Phantom):
+                    continue
                 assert isinstance(piece, SelectedRows)
                 values = (piece.values * scale).astype(piece.values.dtype, copy=False)
                 scope.put(name, SelectedRows(piece.rows, values, piece.height))
@@ -170,6 +179,16 @@ def _int_ids(name: str, value: Any) -> np.ndarray:
         raise TableRequestError(f"var {name!r}: ids must be of shape [n] or [n, 1], got "
                                 f"{list(array.shape)}", name)
     return array.reshape(-1).astype(np.int64)
+
+
+def _phantom_ids(name: str, value: Phantom) -> int:
+    """How many ids a phantom of ids (of shape [n] or [n, 1]) stands for."""
+    shape = value.shape
+    if len(shape) not in (1, 2) or shape[1:] not in ((), (1,)) or \
+            not np.issubdtype(value.dtype, np.integer):
+        raise TableRequestError(f"var {name!r}: ids must be integers of shape [n] or [n, 1], got "
+                                f"{value}", name)
+    return shape[0]
 
 
 def _piece_trainer(name: str) -> int | None:

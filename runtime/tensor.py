@@ -1,9 +1,12 @@
-"""Runtime tensor values: dense numpy arrays, `LoDTensor` (an array with sequence offsets) and
-`SelectedRows` (a sparse set of rows of a taller tensor).
+"""Runtime tensor values: dense numpy arrays, `LoDTensor` (an array with sequence offsets),
+`SelectedRows` (a sparse set of rows of a taller tensor) and `Phantom` (a value's shape and dtype
+without its data, for timing mode).
 
-A scope stores one of these three per variable name. Kernels mostly see plain arrays: the
-kernel context unwraps a `LoDTensor` to its data and hands the LoD over separately, so only ops
-that care about sequences (`sequence_pool`, ops that pass the LoD on) look at it.
+A scope stores one of these per variable name. Kernels mostly see plain arrays: the kernel
+context unwraps a `LoDTensor` to its data and hands the LoD over separately, so only ops that
+care about sequences (`sequence_pool`, ops that pass the LoD on) look at it. Only the phantom
+kernels (`runtime.kernels.phantom`) make phantoms, and `shape_of` / `nbytes_of` describe any
+value alike, which is all a cost model needs.
 
 LoD follows Paddle's offset form: ``[[0, 2, 5]]`` is two sequences of 2 and 3 rows. With several
 levels, the offsets of level ``k`` index the sequences of level ``k + 1`` and the last level
@@ -12,12 +15,15 @@ indexes rows of the data.
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 LoD = list[list[int]]
+_ROW_INDEX = np.dtype(np.int64)
 
 
 class TensorError(ValueError):
@@ -113,12 +119,114 @@ class SelectedRows:
                 f"values_shape={tuple(self.values.shape)}, dtype={self.dtype})")
 
 
-Value = np.ndarray | LoDTensor | SelectedRows
+@dataclass(frozen=True)
+class Phantom:
+    """A value's shape and dtype without its data, for timing-only simulation at scale.
+
+    It stands for a dense array of `shape`, or, with a `height`, for a `SelectedRows` whose
+    values have `shape` (``shape[0]`` rows of a tensor `height` rows tall); `lod` is the LoD a
+    `LoDTensor` of that shape would have. Phantoms are immutable, so they are never copied.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    height: int | None = None
+    lod: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(dim) for dim in self.shape)
+        if any(dim < 0 for dim in shape):
+            raise TensorError(f"Phantom: shape {list(shape)} has a negative dimension")
+        if (self.height is not None or self.lod) and not shape:
+            raise TensorError("Phantom: rows or a LoD need a shape of rank >= 1")
+        if self.height is not None and int(self.height) < 0:
+            raise TensorError(f"Phantom: height {self.height} is negative")
+        lod = validate_lod(self.lod, shape[0]) if self.lod else []
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        object.__setattr__(self, "height", None if self.height is None else int(self.height))
+        object.__setattr__(self, "lod", tuple(tuple(level) for level in lod))
+
+    @property
+    def is_rows(self) -> bool:
+        """Whether it stands for a `SelectedRows`."""
+        return self.height is not None
+
+    def __str__(self) -> str:
+        rows = f" rows of height {self.height}" if self.height is not None else ""
+        lod = f" lod {[list(level) for level in self.lod]}" if self.lod else ""
+        return f"phantom {self.dtype}{list(self.shape)}{rows}{lod}"
+
+    def dense(self) -> "Phantom":
+        """The phantom of its dense form (`to_dense`): rows become the whole `height` tall
+        tensor, the LoD goes."""
+        rows = self.shape[0] if self.height is None else self.height
+        return Phantom((rows,) + self.shape[1:], self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its data would take: the values, and the int64 row indices of rows."""
+        rows = self.shape[0] * _ROW_INDEX.itemsize if self.height is not None else 0
+        return math.prod(self.shape) * self.dtype.itemsize + rows
+
+
+Value = np.ndarray | LoDTensor | SelectedRows | Phantom
 """What a scope holds for one variable."""
 
 
+def shape_of(value: Value) -> tuple[int, ...]:
+    """The shape of the data `value` holds: an array's or a LoDTensor's shape, a SelectedRows'
+    values' shape (rows present, then the row's dims; not the dense height), a phantom's shape."""
+    if isinstance(value, LoDTensor):
+        return tuple(value.data.shape)
+    if isinstance(value, SelectedRows):
+        return tuple(value.values.shape)
+    return tuple(value.shape)
+
+
+def nbytes_of(value: Value) -> int:
+    """Bytes of the data `value` holds (for a phantom: would hold); a SelectedRows counts its
+    values and its int64 row indices, as the wire carries them."""
+    if isinstance(value, LoDTensor):
+        return int(value.data.nbytes)
+    if isinstance(value, SelectedRows):
+        return int(value.values.nbytes + value.rows.nbytes)
+    return int(value.nbytes)
+
+
+def phantom_of(value: Value) -> Phantom:
+    """The phantom of a value: its shape, dtype, LoD and (for rows) height, without the data."""
+    if isinstance(value, Phantom):
+        return value
+    if isinstance(value, LoDTensor):
+        return Phantom(value.data.shape, value.data.dtype, lod=tuple(map(tuple, value.lod)))
+    if isinstance(value, SelectedRows):
+        return Phantom(value.values.shape, value.values.dtype, value.height)
+    return Phantom(value.shape, value.dtype)
+
+
+def slice_rows(value: np.ndarray | Phantom, start: int, stop: int) -> np.ndarray | Phantom:
+    """Rows [start, stop) of a dense array or a dense phantom."""
+    if isinstance(value, Phantom):
+        rows = max(0, min(stop, value.shape[0]) - start)
+        return Phantom((rows,) + value.shape[1:], value.dtype)
+    return value[start:stop]
+
+
+def concat_rows(values: Sequence[np.ndarray | Phantom]) -> np.ndarray | Phantom:
+    """Dense arrays stacked along their rows; a phantom if any of them is one."""
+    arrays = [v for v in values if isinstance(v, np.ndarray)]
+    if len(arrays) < len(values):
+        rows = sum(shape_of(v)[0] for v in values)
+        return Phantom((rows,) + shape_of(values[0])[1:], values[0].dtype)
+    return np.concatenate(arrays, axis=0)
+
+
 def copy_value(value: Value | npt.ArrayLike) -> Value:
-    """A deep copy; anything that is not a LoDTensor or SelectedRows becomes a numpy array."""
+    """A deep copy (a phantom is itself); anything that is not a LoDTensor, SelectedRows or
+    Phantom becomes a numpy array."""
+    if isinstance(value, Phantom):
+        return value
     if isinstance(value, LoDTensor):
         return LoDTensor(value.data.copy(), value.lod)
     if isinstance(value, SelectedRows):
@@ -127,7 +235,10 @@ def copy_value(value: Value | npt.ArrayLike) -> Value:
 
 
 def to_dense(value: Value) -> np.ndarray:
-    """The dense array of any value: a LoDTensor's data, SelectedRows scattered into zeros."""
+    """The dense array of any value: a LoDTensor's data, SelectedRows scattered into zeros (a
+    phantom has none: TypeError)."""
+    if isinstance(value, Phantom):
+        raise TypeError(f"a phantom {value} has no data (timing mode); nothing reads its values")
     if isinstance(value, LoDTensor):
         return value.data
     if isinstance(value, SelectedRows):
@@ -140,5 +251,6 @@ def lod_of(value: Value) -> LoD:
     return value.lod if isinstance(value, LoDTensor) else []
 
 
-__all__ = ["LoD", "LoDTensor", "SelectedRows", "TensorError", "Value", "copy_value", "lod_of",
-           "to_dense", "validate_lod"]
+__all__ = ["LoD", "LoDTensor", "Phantom", "SelectedRows", "TensorError", "Value", "concat_rows",
+           "copy_value", "lod_of", "nbytes_of", "phantom_of", "shape_of", "slice_rows", "to_dense",
+           "validate_lod"]

@@ -15,7 +15,9 @@
 - `checkpoint_notify`: once everything sent is in, every pserver saves its state to ``dir``.
 
 Every message carries the trainer's id and step (`INITIAL_STEP` while running the startup
-program). `run_program` runs a block with compute ops through the executor's kernels and RPC ops
+program). In timing mode (phantom kernels) the values sent and received are `Phantom`s, cut and
+joined by shape alone, and the loss reported is NaN; remote sparse update needs real ids and
+is refused there. `run_program` runs a block with compute ops through the executor's kernels and RPC ops
 awaited; `Trainer.run` is the loop: startup, then `steps` steps on this trainer's shard of each
 global batch, reporting loss and step time, then COMPLETE to every pserver.
 """
@@ -36,9 +38,9 @@ from transpiler.ir import Op, Program
 from .compute import Charge, ComputeModel, Tracer
 from .executor import Executor, check_feed, run_step
 from .protocol import INITIAL_STEP
-from .rpc import RpcClient
+from .rpc import RpcClient, RpcTimeout
 from .scope import Scope
-from .tensor import LoDTensor, to_dense
+from .tensor import LoDTensor, Phantom, Value, concat_rows, slice_rows, to_dense
 from .wire import Kind, Message
 
 log = logging.getLogger(__name__)
@@ -63,13 +65,13 @@ class RpcOps:
         }
 
     def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
-             names: list[str] | None = None,
-             extra: Mapping[str, Any] | None = None) -> Coroutine[Any, Any, Message]:
+             names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
+             deadline: float | None = None) -> Coroutine[Any, Any, Message]:
         """A request of this trainer at its current step (the coroutine of the call)."""
         header: dict[str, Any] = {"trainer": self.trainer_id, **(extra or {})}
         if names is not None:
             header["names"] = names
-        return self.client.call(endpoint, kind, self.step, vars, header)
+        return self.client.call(endpoint, kind, self.step, vars, header, deadline)
 
     async def run(self, op: Op, scope: Scope) -> None:
         handler = self.handlers.get(op.type)
@@ -85,7 +87,7 @@ class RpcOps:
         wire_names = op.attr("send_varnames") or names
         values: list[Any] = [scope.get_tensor(n) for n in names]
         if len(names) == 1 and len(endpoints) > 1 and not op.attr("merge_add"):
-            values = _row_blocks(to_dense(values[0]), op.attr("sections"), op)
+            values = _row_blocks(_dense(values[0]), op.attr("sections"), op)
         elif len(values) == 1 and len(wire_names) > 1:
             values = values * len(wire_names)
         if not len(values) == len(wire_names) == len(endpoints):
@@ -134,13 +136,12 @@ class RpcOps:
         reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs])
         self.server_state[endpoint] = dict(reply.extra)
         for name, wire in pairs:
-            scope.put(name, to_dense(reply.vars[wire]).copy())
+            scope.put(name, _owned(reply.vars[wire]))
 
     async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope) -> None:
         replies = await asyncio.gather(*(self.call(ep, Kind.GET, names=[wire])
                                          for wire, ep in blocks))
-        parts = [to_dense(r.vars[wire]) for r, (wire, _) in zip(replies, blocks)]
-        scope.put(name, np.concatenate(parts, axis=0))
+        scope.put(name, concat_rows([_dense(r.vars[wire]) for r, (wire, _) in zip(replies, blocks)]))
 
     async def wait_for(self, names: Iterable[str]) -> None:
         tasks = {self.pending.pop(n) for n in names if n in self.pending}
@@ -163,7 +164,7 @@ class RpcOps:
 
     async def _prefetch(self, endpoint: str, ids: str, rows: str, scope: Scope) -> None:
         reply = await self.call(endpoint, Kind.PREFETCH, {ids: scope.get(ids)})
-        scope.put(rows, np.array(to_dense(reply.vars[rows])))
+        scope.put(rows, _owned(reply.vars[rows]))
 
     async def distributed_lookup_table(self, op: Op, scope: Scope) -> None:
         """Rows of the table's blocks (``table_names``, ``height_sections`` rows each, on
@@ -175,6 +176,9 @@ class RpcOps:
     async def _lookup_remote(self, op: Op, scope: Scope, out: str) -> None:
         (name,) = op.input("Ids")
         value = scope.get_tensor(name)
+        if isinstance(value, Phantom):
+            raise NotImplementedError(f"distributed_lookup_table: Ids {name!r} is a phantom; "
+                                      "remote sparse update needs real ids (numeric mode)")
         ids_in = to_dense(value)
         ids = ids_in.reshape(-1).astype(np.int64)
         starts = np.cumsum([0] + [int(h) for h in op.attr("height_sections")])
@@ -211,7 +215,7 @@ class RpcOps:
             asyncio.gather(*(self.call(ep, Kind.GET, names=[wire]) for ep, wire, _ in parts))
             for parts in blocks.values()))
         for (table, parts), answers in zip(blocks.items(), replies):
-            scope.put(table, np.concatenate([to_dense(r.vars[wire])[:rows]
+            scope.put(table, concat_rows([slice_rows(_dense(r.vars[wire]), 0, rows)
                                              for r, (_, wire, rows) in zip(answers, parts)]))
 
     async def settle(self) -> None:
@@ -245,7 +249,9 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
     for step in plan.steps:
         if step.kernel is None:
             await rpc.charge.pay()
+            start = asyncio.get_running_loop().time()
             await rpc.run(step.op, scope)
+            rpc.charge.span(step.op.type, start, "rpc")
             continue
         if rpc.pending:
             await rpc.wait_for(step.op.input_arg_names)
@@ -265,7 +271,10 @@ def _rpc_sub_block(executor: Executor, program: Program, op: Op) -> int | None:
 
 
 def _condition_holds(op: Op, scope: Scope) -> bool:
+    """As `conditional_block` decides; a phantom condition (timing mode) is taken to hold."""
     conds = [scope.get(n) for n in op.input("Cond")]
+    if any(isinstance(c, Phantom) for c in conds):
+        return True
     if op.attr("is_scalar_condition", False):
         return bool(np.asarray(conds[0]).reshape(-1)[0])
     return all(np.asarray(c).size > 0 for c in conds)
@@ -287,11 +296,27 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
     return tables
 
 
-def _row_blocks(value: np.ndarray, sections: list[int], op: Op) -> list[np.ndarray]:
+def _dense(value: Value) -> np.ndarray | Phantom:
+    """`to_dense`, of a phantom too (timing mode)."""
+    return value.dense() if isinstance(value, Phantom) else to_dense(value)
+
+
+def _owned(value: Value) -> np.ndarray | Phantom:
+    """A received value as a dense array of its own (decoded arrays view the frames)."""
+    return value.dense() if isinstance(value, Phantom) else to_dense(value).copy()
+
+
+def _loss(value: Value) -> float:
+    """The step's loss; NaN in timing mode, where it is a phantom."""
+    return float("nan") if isinstance(value, Phantom) else float(to_dense(value).reshape(-1)[0])
+
+
+def _row_blocks(value: np.ndarray | Phantom, sections: list[int],
+                op: Op) -> list[np.ndarray | Phantom]:
     if sum(sections) != value.shape[0]:
         raise ValueError(f"send op: sections {sections} do not add up to {value.shape[0]} rows: {op}")
     bounds = np.cumsum([0] + list(sections))
-    return [value[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [slice_rows(value, a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass
@@ -331,7 +356,7 @@ class Trainer:
                 (value,) = await run_program(self.executor, self.main, self.scope, self.rpc,
                                              batches(step), [loss])
                 elapsed = loop.time() - start
-                report.losses.append(float(to_dense(value).reshape(-1)[0]))
+                report.losses.append(_loss(value))
                 report.step_times.append(elapsed)
                 if on_step is not None:
                     on_step(step, report.losses[-1], elapsed)
@@ -364,7 +389,20 @@ class Trainer:
         return entry
 
     async def _complete(self) -> None:
-        await asyncio.gather(*(self.rpc.call(ep, Kind.COMPLETE) for ep in self.endpoints))
+        """Tell every pserver this trainer is done. The work is finished either way: a
+        pserver whose acknowledgement never comes (lost, or it stopped once every trainer had
+        completed) is reported, not treated as a failure."""
+        policy = self.client.policy
+        deadline = min(policy.deadline, 7 * policy.first_retry)  # three sends, with backoff
+        results = await asyncio.gather(
+            *(self.rpc.call(ep, Kind.COMPLETE, deadline=deadline) for ep in self.endpoints),
+            return_exceptions=True)
+        for ep, result in zip(self.endpoints, results):
+            if isinstance(result, RpcTimeout):
+                log.warning("trainer %d: %s did not acknowledge COMPLETE within %gs; it may "
+                            "have stopped already", self.trainer_id, ep, deadline)
+            elif isinstance(result, BaseException):
+                raise result
 
     async def _heartbeat(self) -> None:
         while True:

@@ -6,9 +6,10 @@ A message is frame 0, a msgpack header
 
 followed by the tensors' raw bytes in `vars` order: one frame per dense tensor (a `LoDTensor`
 is dense with a `lod` field), two per `SelectedRows` (the int64 row indices, then the values,
-whose first dimension is the row count) and none per `Phantom` (shape and dtype only). Bytes
-are little-endian and C-ordered. No pickle: the header is plain msgpack data, and the tensors
-are bytes whose layout the header states.
+whose first dimension is the row count) and none per `Phantom` (shape and dtype only, with
+the `height` or `lod` its real twin would carry). Bytes are little-endian and C-ordered. No
+pickle: the header is plain msgpack data, and the tensors are bytes whose layout the header
+states.
 
 `encode` is zero-copy: tensor frames are memoryviews of the arrays' own buffers (C-contiguous
 arrays are not copied), so the arrays must not change until the frames are sent. `decode` is
@@ -18,6 +19,10 @@ header are checked against the limit first, so a lying header allocates nothing)
 are read-only views over the received frames (copied only when a frame is misaligned for its
 dtype); copy one to change it. A server turns a `WireError` into an `error_reply`, which the
 client turns back into a `RemoteError`.
+
+Timing mode sends phantoms where numeric mode sends tensors. `charged_size` is what such a
+message would weigh with data: exactly the bytes of its numeric twin (same header but for the
+vars' kind, and the frames the phantoms stand for), which is what a simulated network charges.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from runtime.tensor import LoDTensor, SelectedRows, TensorError
+from runtime.tensor import LoDTensor, Phantom, SelectedRows, TensorError
 from runtime.transport import Frame
 
 WIRE_VERSION = 1
@@ -50,23 +55,6 @@ DTYPES: Mapping[str, np.dtype[Any]] = {
 ROWS_DTYPE = DTYPES["int64"]
 _DTYPE_NAMES: Mapping[np.dtype[Any], str] = {dtype: name for name, dtype in DTYPES.items()}
 
-
-
-@dataclass(frozen=True)
-class Phantom:
-    """A tensor's shape and dtype without its data, for timing-only simulation at scale."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(dim) for dim in self.shape))
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the tensor would take if it had data."""
-        return _product(self.shape) * self.dtype.itemsize
 
 
 Tensor = np.ndarray | LoDTensor | SelectedRows | Phantom
@@ -183,10 +171,13 @@ class VarSpec:
     @property
     def nbytes(self) -> int:
         """Bytes this var's frames carry (0 for a phantom)."""
-        if self.kind is VarKind.PHANTOM:
-            return 0
+        return 0 if self.kind is VarKind.PHANTOM else self.data_nbytes
+
+    @property
+    def data_nbytes(self) -> int:
+        """Bytes of the tensor's data: what its frames carry, or would carry for a phantom."""
         values = _product(self.shape) * self.dtype.itemsize
-        rows = self.shape[0] * ROWS_DTYPE.itemsize if self.kind is VarKind.ROWS else 0
+        rows = self.shape[0] * ROWS_DTYPE.itemsize if self.height is not None else 0
         return values + rows
 
     def to_header(self) -> dict[str, Any]:
@@ -255,7 +246,8 @@ def _encode_var(name: str, value: Any) -> tuple[VarSpec, list[Frame]]:
         raise EncodeError(Reason.BAD_FIELD, f"var names must be non-empty str, got {name!r}")
     if isinstance(value, Phantom):
         dtype = _wire_dtype(np.dtype(value.dtype), name, EncodeError)
-        return VarSpec(name, dtype, tuple(value.shape), VarKind.PHANTOM), []
+        lod = [list(level) for level in value.lod] or None
+        return VarSpec(name, dtype, value.shape, VarKind.PHANTOM, value.height, lod), []
     if isinstance(value, SelectedRows):
         return _encode_rows(name, value)
     if isinstance(value, LoDTensor):
@@ -424,7 +416,7 @@ _VAR_FIELDS = frozenset({"name", "dtype", "shape", "kind"})
 _ALLOWED_VAR_FIELDS = {
     VarKind.DENSE: _VAR_FIELDS | {"lod"},
     VarKind.ROWS: _VAR_FIELDS | {"height"},
-    VarKind.PHANTOM: _VAR_FIELDS,
+    VarKind.PHANTOM: _VAR_FIELDS | {"height", "lod"},
 }
 
 
@@ -446,8 +438,8 @@ def _check_var(entry: Any) -> VarSpec:
     if kind is VarKind.ROWS and "height" not in entry:
         raise DecodeError(Reason.MISSING_FIELD, "rows var lacks height", var=name)
     dtype = _header_dtype(entry["dtype"], name)
-    shape = _header_shape(entry["shape"], kind, name)
-    height = _field(entry, "height", 0, MAX_DIM, var=name) if kind is VarKind.ROWS else None
+    shape = _header_shape(entry["shape"], kind is VarKind.ROWS or "height" in entry, name)
+    height = _field(entry, "height", 0, MAX_DIM, var=name) if "height" in entry else None
     lod = _header_lod(entry["lod"], name) if "lod" in entry else None
     return VarSpec(name, dtype, shape, kind, height, lod)
 
@@ -460,7 +452,7 @@ def _header_dtype(value: Any, name: str) -> np.dtype[Any]:
     return DTYPES[value]
 
 
-def _header_shape(value: Any, kind: VarKind, name: str) -> tuple[int, ...]:
+def _header_shape(value: Any, rows: bool, name: str) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) > MAX_NDIM:
         raise DecodeError(
             Reason.BAD_SHAPE,
@@ -471,7 +463,7 @@ def _header_shape(value: Any, kind: VarKind, name: str) -> tuple[int, ...]:
         raise DecodeError(
             Reason.BAD_SHAPE, f"shape {value!r} has a dimension outside [0, {MAX_DIM}]", var=name
         )
-    if kind is VarKind.ROWS and not value:
+    if rows and not value:
         raise DecodeError(Reason.BAD_SHAPE, "rows values need at least one dimension", var=name)
     return tuple(value)
 
@@ -488,7 +480,7 @@ def _header_lod(value: Any, name: str) -> list[list[int]]:
 
 def _decode_var(spec: VarSpec, frames: Sequence[Frame]) -> Tensor:
     if spec.kind is VarKind.PHANTOM:
-        return Phantom(spec.shape, np.dtype(_DTYPE_NAMES[spec.dtype]))
+        return _phantom(spec)
     if spec.kind is VarKind.DENSE:
         array = _view(frames[0], spec.dtype, spec.shape, spec.name)
         return array if spec.lod is None else _lod_tensor(array, spec.lod, spec.name)
@@ -518,6 +510,15 @@ def _view(frame: Frame, dtype: np.dtype[Any], shape: tuple[int, ...], name: str)
     return array
 
 
+def _phantom(spec: VarSpec) -> Phantom:
+    dtype = np.dtype(_DTYPE_NAMES[spec.dtype])
+    try:
+        return Phantom(spec.shape, dtype, spec.height, tuple(map(tuple, spec.lod or ())))
+    except TensorError as exc:
+        raise DecodeError(Reason.BAD_FIELD, f"lod does not fit shape {list(spec.shape)}: {exc}",
+                          var=spec.name)
+
+
 def _lod_tensor(array: np.ndarray, lod: list[list[int]], name: str) -> LoDTensor:
     try:
         return LoDTensor(array, lod)
@@ -536,6 +537,34 @@ def _check_bools(array: np.ndarray, name: str) -> None:
             f"bool byte {raw[bad[0]]} at flat index {bad[0]} is not 0 or 1",
             var=name,
         )
+
+
+# ------------------------------------------------------------------------------------ charging
+
+_PHANTOM_KIND = msgpack.packb(str(VarKind.PHANTOM))
+_TWIN_KIND_BYTES = {
+    rows: len(msgpack.packb(str(VarKind.ROWS if rows else VarKind.DENSE))) - len(_PHANTOM_KIND)
+    for rows in (False, True)
+}
+"""How much shorter the header gets when a phantom's kind becomes its twin's (dense or rows)."""
+
+
+def charged_size(frames: Sequence[Frame]) -> int:
+    """Bytes the message would take if its phantoms carried data: its frames, plus for each
+    phantom var the frames it stands for, less the header bytes its kind "phantom" takes over
+    its twin's "dense" or "rows". A message without phantoms, or one that does not decode,
+    weighs its frames."""
+    size = sum(_nbytes(frame) for frame in frames)
+    if not frames or _PHANTOM_KIND not in bytes(frames[0]):
+        return size
+    try:
+        entries = _unpack_header(frames[0])["vars"]
+        phantoms = [_check_var(entry) for entry in entries
+                    if isinstance(entry, dict) and entry.get("kind") == VarKind.PHANTOM]
+    except (DecodeError, KeyError, TypeError):
+        return size
+    return size + sum(spec.data_nbytes + _TWIN_KIND_BYTES[spec.height is not None]
+                      for spec in phantoms)
 
 
 # ---------------------------------------------------------------------------------------- shared

@@ -1,6 +1,9 @@
-"""The simulator: the real runtime under a virtual clock (sim/loop.py) over a simulated
-network (sim/network.py)."""
+"""The simulator: the real runtime under a virtual clock (sim/loop.py), over a simulated
+network (sim/network.py), charged for compute by a cost model (sim/cost.py) and traced
+(sim/trace.py). `simulate(scenario)` runs a scenario so (sim/simulate.py); `sim.report` and
+the `sim` command (sim/cli.py) report on it."""
 
+from sim.cost import ComputeConfigError, compute_model
 from sim.loop import (
     SimDeadlock,
     SimError,
@@ -25,8 +28,11 @@ from sim.network import (
     NicStats,
     SimTransport,
 )
+from sim.simulate import SimResult, TrainerRun, simulate
+from sim.trace import TraceRecorder
 
 __all__ = [
+    "ComputeConfigError",
     "LinkStats",
     "Network",
     "NetworkConfigError",
@@ -35,6 +41,7 @@ __all__ = [
     "SimDeadlock",
     "SimError",
     "SimNestedRunError",
+    "SimResult",
     "SimStats",
     "SimStepLimit",
     "SimTimeLimit",
@@ -42,9 +49,13 @@ __all__ = [
     "SimUnsupportedError",
     "TaskNote",
     "TaskWait",
+    "TraceRecorder",
+    "TrainerRun",
     "VirtualTimeLoop",
     "annotate",
+    "compute_model",
     "run",
+    "simulate",
     "task_note",
     "waiting_on",
 ]

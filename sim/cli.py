@@ -1,32 +1,269 @@
-"""The `sim` command: runs scenarios in virtual time (see DESIGN.md, sim/).
+"""The `sim` command: scenarios run by the real runtime on the virtual clock (DESIGN.md, sim/).
 
-The simulator is not built yet. Its subcommands exist so that the command line is stable, but
-each one says so and exits with status 2 instead of printing anything that looks like a result.
+``sim run SCENARIO`` simulates the scenario (`sim.simulate`) and shows its progress over the
+simulated steps: a bar on a terminal, otherwise a line per trainer every ``train.log_every``
+steps. Then it prints the summary (`sim.report`), writes ``OUT/metrics.json``, ``OUT/trace.json``
+(unless ``--no-trace``) and ``OUT/loss.png``, ``OUT/step_times.png`` (unless ``--no-plots``, or
+matplotlib is missing), and ends with a line saying OK or why not. A scenario that sets
+``outputs.trace`` or ``outputs.plots`` to false turns those off too. OUT is ``--out``, else
+``<outputs.dir or out/NAME>/sim``, beside what `runtime up` writes. Exit status: 0 when every
+expectation holds, 1 when one fails (named) or the simulation cannot finish (deadlock, deadline),
+2 for a bad command line or scenario.
+
+``sim sweep SCENARIO --vary path=v1,v2,... [--vary ...]`` simulates every combination
+(`sim.sweep`), prints a table of outcomes, and writes ``OUT/sweep.json`` and ``OUT/sweep.png``
+(OUT: ``--out``, else ``<outputs.dir or out/NAME>/sweep``). Exit status 0 when every point ran,
+whether or not it met its expectations (the table says), 1 when some point could not run.
+
+Wall-clock figures (how long the simulation took, simulated messages per second) are printed,
+never written to the files, so that the same scenario and seed give the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence, TextIO
+import time
+from pathlib import Path
+from typing import Protocol, Sequence, TextIO
 
-NOT_AVAILABLE = 2
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from runtime.cluster import trainer_name
+from runtime.scenario import Scenario, ScenarioError, load_scenario
+
+from .cost import ComputeConfigError
+from .network import NetworkConfigError
+from .report import (SimMetrics, collect, console_for, fmt_seconds, plots_available,
+                     print_summary, write_json, write_plots)
+from .simulate import SimResult, simulate
+from .sweep import Axis, SweepError, SweepPoint, SweepRecord, plot_sweep, run_sweep, sweep_table
+
+OUTPUTS = ("metrics.json", "trace.json", "loss.png", "step_times.png")
+"""What `sim run` writes; an earlier run's copies are removed first."""
+NO_MATPLOTLIB = "plots: skipped, matplotlib is not installed (pip install 'pslab[plot]')"
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+class StepProgress(Protocol):
+    def step(self, trainer: int, step: int, loss: float, seconds: float, now: float) -> None: ...
+    def close(self) -> None: ...
+
+
+class PlainProgress:
+    """A line per trainer every `every` steps and at its last step."""
+
+    def __init__(self, stream: TextIO, steps: int, every: int) -> None:
+        self.stream, self.steps, self.every = stream, steps, every
+
+    def step(self, trainer: int, step: int, loss: float, seconds: float, now: float) -> None:
+        done = step + 1
+        if done % self.every == 0 or done == self.steps:
+            print(f"{trainer_name(trainer):<12} step {done}/{self.steps}  loss {loss:.4f}  "
+                  f"step time {fmt_seconds(seconds)}  at {fmt_seconds(now)} simulated",
+                  file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class BarProgress:
+    """A rich progress bar over every trainer's steps, with the simulated clock and a loss."""
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[status]}"), console=Console(file=stream))
+        self.task = self.bar.add_task("steps", total=total, status="")
+        self.bar.start()
+
+    def step(self, trainer: int, step: int, loss: float, seconds: float, now: float) -> None:
+        self.bar.update(self.task, advance=1, status=f"t={fmt_seconds(now)}  "
+                        f"{trainer_name(trainer)} loss {loss:.4f}")
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def make_progress(stream: TextIO, scenario: Scenario) -> StepProgress:
+    steps = scenario.train.steps
+    if stream.isatty():
+        return BarProgress(stream, steps * scenario.cluster.trainers)
+    return PlainProgress(stream, steps, scenario.train.log_every)
+
+
+# -- sim run --------------------------------------------------------------------------------------
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    return list(args.set) + ([f"seed={args.seed}"] if args.seed is not None else [])
+
+
+def _load(args: argparse.Namespace) -> Scenario:
+    parser: argparse.ArgumentParser = args.parser
+    try:
+        return load_scenario(args.scenario, _overrides(args))
+    except ScenarioError as err:
+        parser.error(str(err))
+
+
+def _out_dir(args: argparse.Namespace, scenario: Scenario, sub: str) -> Path:
+    if args.out:
+        return Path(args.out)
+    return Path(scenario.outputs.dir or Path("out") / scenario.name) / sub
+
+
+def _wanted(scenario: Scenario, output: str, refused: bool) -> bool:
+    """An output is written unless the command line refuses it or the scenario sets it false."""
+    outputs = scenario.outputs
+    return not refused and (output not in outputs.model_fields_set or getattr(outputs, output))
+
+
+def _simulate(args: argparse.Namespace, scenario: Scenario, stream: TextIO) -> SimResult:
+    progress = make_progress(stream, scenario)
+    try:
+        return simulate(scenario, base_dir=Path(args.scenario).parent, on_step=progress.step)
+    finally:
+        progress.close()
+
+
+def _write_outputs(args: argparse.Namespace, result: SimResult, metrics: SimMetrics,
+                   out: Path) -> list[str]:
+    """Write the files; the lines that say where they are."""
+    scenario = result.scenario
+    write_json(out / "metrics.json", metrics)
+    lines = [f"metrics: {out / 'metrics.json'}"]
+    if _wanted(scenario, "trace", args.no_trace):
+        result.trace.write(out / "trace.json", {"scenario": scenario.name, "seed": scenario.seed})
+        lines.append(f"trace: {out / 'trace.json'} (open in ui.perfetto.dev)")
+    if _wanted(scenario, "plots", args.no_plots):
+        if plots_available():
+            lines.append("plots: " + ", ".join(str(p) for p in write_plots(metrics, out)))
+        else:
+            lines.append(NO_MATPLOTLIB)
+    return lines
+
+
+def _run(args: argparse.Namespace, stream: TextIO) -> int:
+    scenario = _load(args)
+    out = _out_dir(args, scenario, "sim")
+    c, train = scenario.cluster, scenario.train
+    print(f"sim run {scenario.name}: {c.pservers} pserver(s) x {c.trainers} trainer(s), "
+          f"{scenario.transpiler.mode}, {train.steps} steps of {scenario.data.batch_size}, "
+          f"seed {scenario.seed}; output in {out}", file=stream, flush=True)
+    start = time.perf_counter()
+    try:
+        result = _simulate(args, scenario, stream)
+    except (NetworkConfigError, ComputeConfigError) as err:
+        parser: argparse.ArgumentParser = args.parser
+        parser.error(f"{args.scenario}: {err}")
+    except Exception as exc:  # the run's failure is the command's outcome, reported by name
+        print(f"FAILED: the simulation stopped: {type(exc).__name__}: {exc}", file=stream)
+        return 1
+    wall = time.perf_counter() - start
+    metrics = collect(result)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUTS:
+        (out / name).unlink(missing_ok=True)
+    files = _write_outputs(args, result, metrics, out)
+    print_summary(metrics, stream)
+    for line in files:
+        print(line, file=stream)
+    print(f"wall {wall:.2f}s: {result.messages:,} messages simulated, "
+          f"{result.messages / wall:,.0f} simulated messages/s", file=stream)
+    s = metrics.simulation
+    print(f"OK: {s.scenario}" if s.success else f"FAILED: {s.reason}", file=stream, flush=True)
+    return 0 if s.success else 1
+
+
+# -- sim sweep ------------------------------------------------------------------------------------
+
+def _axes(args: argparse.Namespace) -> list[Axis]:
+    parser: argparse.ArgumentParser = args.parser
+    try:
+        axes = [Axis.parse(text) for text in args.vary]
+    except SweepError as err:
+        parser.error(str(err))
+    paths = [axis.path for axis in axes]
+    repeated = sorted({p for p in paths if paths.count(p) > 1})
+    if repeated:
+        parser.error(f"--vary: {', '.join(repeated)} varied more than once")
+    return axes
+
+
+def _sweep(args: argparse.Namespace, stream: TextIO) -> int:
+    axes = _axes(args)
+    scenario = _load(args)
+    out = _out_dir(args, scenario, "sweep")
+    total = 1
+    for axis in axes:
+        total *= len(axis.values)
+    print(f"sim sweep {scenario.name}: {total} point(s) over "
+          f"{', '.join(a.path for a in axes)}; output in {out}", file=stream, flush=True)
+
+    def report(number: int, count: int, point: SweepPoint) -> None:
+        settings = ", ".join(f"{k}={v}" for k, v in point.settings.items())
+        print(f"[{number}/{count}] {settings}: {point.outcome}", file=stream, flush=True)
+
+    record = run_sweep(Path(args.scenario), scenario.name, _overrides(args), axes, report)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "sweep.json", record)
+    console_for(stream).print(sweep_table(record))
+    print(f"sweep: {out / 'sweep.json'}", file=stream)
+    _plot_sweep(args, record, out, stream)
+    errors = sum(p.error is not None for p in record.points)
+    print(f"{errors} of {len(record.points)} point(s) could not run" if errors
+          else f"OK: {len(record.points)} point(s) simulated", file=stream, flush=True)
+    return 1 if errors else 0
+
+
+def _plot_sweep(args: argparse.Namespace, record: SweepRecord, out: Path, stream: TextIO) -> None:
+    (out / "sweep.png").unlink(missing_ok=True)
+    if args.no_plots:
+        return
+    if not plots_available():
+        print(NO_MATPLOTLIB, file=stream)
+        return
+    print(f"plot: {plot_sweep(record, out / 'sweep.png')}", file=stream)
+
+
+# -- parser ---------------------------------------------------------------------------------------
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--seed", type=int, help="seed of the run (default: the scenario's)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a scenario field, e.g. --set cluster.trainers=8 (repeatable)")
+    p.add_argument("--out", help="output folder (default: <outputs.dir or out/NAME>/sim or /sweep)")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sim", description="Simulate pslab scenarios "
-                                     "(not available yet).")
+    parser = argparse.ArgumentParser(
+        prog="sim", description="Simulate pslab scenarios: the real runtime on a virtual clock "
+                                "over a simulated network.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = subparsers.add_parser("run", help="run a scenario in the simulator (not available yet)")
-    run.add_argument("scenario", help="scenario YAML file")
+    run = subparsers.add_parser(
+        "run", help="simulate a scenario",
+        description="Simulate a scenario; print the summary; write metrics.json, trace.json "
+                    "and plots; exit 1 if an expectation fails.")
+    _common(run)
+    run.add_argument("--no-trace", action="store_true", help="write no trace.json")
+    run.set_defaults(handler=_run, parser=run)
+    sweep = subparsers.add_parser(
+        "sweep", help="simulate a scenario at every combination of some settings",
+        description="Simulate every combination of the --vary values; print and plot the "
+                    "outcomes; write sweep.json.")
+    _common(sweep)
+    sweep.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",
+                       help="a setting and its values, e.g. cluster.pservers=1,2,4 (repeatable)")
+    sweep.set_defaults(handler=_sweep, parser=sweep)
     return parser
 
 
-def main(argv: Sequence[str] | None = None, err: TextIO | None = None) -> int:
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
-    print(f"sim {args.command}: not available yet: the simulator has not been built; "
-          f"train locally with `runtime train` meanwhile", file=err or sys.stderr)
-    return NOT_AVAILABLE
+    return int(args.handler(args, out or sys.stdout))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ bandwidth b (from the `network` spec; a NIC rule may cap a node's rate below it)
 A lone message on idle NICs therefore takes L + S/b (ingress overlaps egress, not added to it);
 k messages sent together by one node, or by k nodes to one node, finish at L + k*S/b: the busy
 NIC is the bottleneck. Rates are payload bytes per second, with no per-frame overhead, so hand
-computations come out exact. Without a `network` section the network is ideal: no latency,
+computations come out exact. S is the frames' bytes; a timing-mode message, whose phantoms carry
+no data, weighs what it would with data (`runtime.wire.charged_size`), as its numeric twin does. Without a `network` section the network is ideal: no latency,
 unlimited bandwidth.
 
 Identity rules, as `ZmqTransport`: a server receives a client's messages from peer = the
@@ -50,6 +51,7 @@ from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
 from runtime import units
+from runtime.wire import charged_size
 from runtime.transport import (
     Inbound,
     Inbox,
@@ -498,7 +500,7 @@ class Network:
         """Put a message on the sender's NIC; `peer` is who the receiver will see it from."""
         now = asyncio.get_running_loop().time()
         link = self._link(sender, receiver.name)
-        nbytes = sum(len(frame) for frame in frames)
+        nbytes = charged_size(frames)
         nic = link.src_nic
         start = max(now, nic.egress_free)
         wire_time = nbytes / link.rate_out

@@ -54,7 +54,8 @@ def test_bad_arguments_name_the_argument(argv: list[str], culprit: str,
     assert culprit in capsys.readouterr().err
 
 
-def test_sim_says_it_is_not_available_and_prints_no_result() -> None:
-    err = io.StringIO()
-    assert sim_cli.main(["run", "scenarios/quickstart.yaml"], err=err) == 2
-    assert "sim run: not available yet" in err.getvalue()
+def test_sim_names_a_scenario_it_cannot_read(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        sim_cli.main(["run", "scenarios/nowhere.yaml"])
+    assert exit_info.value.code == 2
+    assert "scenarios/nowhere.yaml: cannot read scenario" in capsys.readouterr().err

@@ -1,5 +1,7 @@
-"""Every shipped scenario is replayed with its `expect` block: each node a task in one loop,
-over loopback ZeroMQ (tests/test_runtime_up.py replays scenarios as real processes)."""
+"""Every shipped scenario in numeric mode is replayed with its `expect` block: each node a task
+in one loop, over loopback ZeroMQ (tests/test_runtime_up.py replays scenarios as real processes).
+Timing-mode scenarios (phantom kernels) compute nothing and run in the simulator only
+(tests/test_timing_mode.py)."""
 
 from __future__ import annotations
 
@@ -19,15 +21,17 @@ from runtime.zmq_transport import ZmqTransport
 from cluster_helpers import free_endpoints, make_job
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
+NUMERIC = [p for p in SCENARIOS if load_scenario(p).backend.kernels != "phantom"]
 
 
 def test_scenarios_are_shipped() -> None:
     names = {p.stem for p in SCENARIOS}
-    assert {"quickstart", "async", "half_async", "geo", "dc_asgd", "ctr_dnn_distributed"} <= names
+    assert {"quickstart", "async", "half_async", "geo", "dc_asgd", "ctr_dnn_distributed",
+            "scale"} <= names
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+@pytest.mark.parametrize("path", NUMERIC, ids=[p.stem for p in NUMERIC])
 def test_shipped_scenario_meets_its_expectations(path: Path) -> None:
     scenario = load_scenario(path)
     job = Job.from_scenario(scenario, free_endpoints(scenario.cluster.pservers))

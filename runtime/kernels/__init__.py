@@ -1,8 +1,8 @@
 """Kernels: the functions that compute ops, registered per op type and backend.
 
 `get_kernel(op_type, backend)` finds one (loading the backend's modules on first use);
-a kernel is ``kernel(ctx: KernelContext) -> None``. Backends: `numpy` (default) and, later,
-`torch` with the same ops.
+a kernel is ``kernel(ctx: KernelContext) -> None``. Backends: `numpy` (default), `torch` with
+the same ops, and `phantom` (timing mode: no arithmetic, outputs are `Phantom` shapes).
 """
 
 from .context import KernelContext

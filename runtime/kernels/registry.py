@@ -20,6 +20,7 @@ Kernel = Callable[["KernelContext"], None]
 BACKENDS: dict[str, str] = {
     "numpy": "runtime.kernels.numpy_ops",
     "torch": "runtime.kernels.torch_ops",
+    "phantom": "runtime.kernels.phantom",
 }
 
 _kernels: dict[tuple[str, str], Kernel] = {}

@@ -1,0 +1,536 @@
+"""Compute time in the simulator: how long each op takes on each node.
+
+The runtime runs every compute op for real and then asks the run's `ComputeModel` what the op
+"cost": `cost(node, op, scope, step)` sees the op and its inputs and outputs in `scope`, and the
+runtime sleeps the sum on the virtual clock (`runtime.compute.Charge`). A scenario's `compute`
+section picks the model:
+
+- ``{model: roofline, device: {flops: 2.0e12, mem_bandwidth: 50GB/s, op_overhead: 2us}}``: an
+  op takes ``max(flops / device.flops, bytes / device.mem_bandwidth) + op_overhead``, its FLOPs
+  and bytes moved counted from the shapes it worked on (`op_work`). ``op_overhead`` (a kernel
+  launch, an interpreter's dispatch) defaults to 0 so that hand computations come out exact.
+  ``overrides: [{nodes: "pserver:*", device: {mem_bandwidth: 100GB/s}}]`` changes some figures
+  for the nodes matching a pattern (later entries win).
+- ``{model: profile, path: profile.json}``: measured seconds per op type, from a JSON file
+  ``{"ops": {"mul": 2.5e-05, "sgd": {"per_element": 1e-09}}, "default": 0.0}``: an entry is
+  seconds per call, or ``{"per_element": s}``: s times the elements of the op's outputs. An op
+  type the profile does not list takes ``default`` seconds (0 if absent). The path is relative
+  to the scenario file. ``ops:`` (and ``default:``) may also be given inline instead of
+  ``path:``, with durations such as ``25us``. (`runtime profile`, which will write such a file
+  from a real run, does not exist yet.)
+- ``stragglers: [{node: "trainer:3", slowdown: 3.0}, {nodes: "trainer:*", probability: 0.02,
+  slowdown: 10.0}]`` (under either model): every op of a matching node takes ``slowdown`` times
+  as long; with ``probability``, only during the training steps the rule picks for that node, at
+  random but seeded by (scenario seed, rule, node, step), so a run is reproducible. The factors
+  of all the rules that apply multiply. A pserver's step is its sync round (always 0 in the
+  asynchronous modes); -1 is a trainer's startup.
+
+No `compute` section: `compute_model` returns None and compute takes no simulated time.
+A bad section raises `ComputeConfigError` naming the field, e.g. ``compute.device.flops``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import numpy as np
+from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, ValidationError,
+                      model_validator)
+
+from runtime import units
+from runtime.compute import ComputeModel
+from runtime.scope import Scope
+from runtime.tensor import LoDTensor, SelectedRows
+from transpiler.ir import Op
+
+__all__ = [
+    "ComputeConfigError", "Device", "Ledger", "OpTime", "Profile", "Roofline", "Straggler",
+    "Stragglers",
+    "Work", "compute_model", "load_profile", "op_work", "parse_compute",
+]
+
+
+class ComputeConfigError(ValueError):
+    """The scenario's `compute` section (or the profile it names) is invalid; `field` is the path
+    of the culprit."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+# ------------------------------------------------------------------------------- op work
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What an op does, as a roofline sees it."""
+
+    flops: float
+    bytes: float
+
+
+FLOPS_PER_ELEMENT: dict[str, float] = {
+    "elementwise_add": 1, "elementwise_sub": 1, "elementwise_mul": 1, "elementwise_div": 1,
+    "elementwise_max": 1, "elementwise_min": 1, "elementwise_pow": 4,
+    "elementwise_add_grad": 1, "elementwise_sub_grad": 1, "elementwise_mul_grad": 2,
+    "elementwise_div_grad": 3, "elementwise_max_grad": 1, "elementwise_min_grad": 1,
+    "elementwise_pow_grad": 8,
+    "relu": 1, "relu_grad": 1, "sigmoid": 4, "sigmoid_grad": 3, "tanh": 4, "tanh_grad": 3,
+    "exp": 4, "exp_grad": 1, "log": 4, "log_grad": 1, "sqrt": 4, "sqrt_grad": 2,
+    "square": 1, "square_grad": 2, "cos": 4, "cos_grad": 4, "sign": 1, "floor": 1, "ceil": 1,
+    "scale": 2, "scale_grad": 1, "clip": 2, "clip_grad": 2,
+    "cast": 0, "cast_grad": 0, "assign": 0, "assign_grad": 0, "reshape": 0, "reshape_grad": 0,
+}
+"""Elementwise ops and activations: FLOPs per element of the op's outputs."""
+
+SOFTMAX_FLOPS_PER_ELEMENT = 5.0
+"""Softmax and cross-entropy (forward and gradient): FLOPs per element of the largest input."""
+SOFTMAX_OPS = frozenset({
+    "softmax", "softmax_grad", "softmax_with_cross_entropy", "softmax_with_cross_entropy_grad",
+    "cross_entropy", "cross_entropy_grad",
+})
+
+REDUCTION_FLOPS_PER_ELEMENT: dict[str, float] = {
+    "mean": 1, "sequence_pool": 1, "squared_l2_norm": 2,
+}
+"""Reductions: FLOPs per element of the input."""
+
+OPTIMIZER_FLOPS_PER_ELEMENT: dict[str, float] = {
+    "sgd": 2, "momentum": 4, "adam": 12, "adagrad": 6, "decayed_adagrad": 7, "adamax": 10,
+    "rmsprop": 10, "ftrl": 16,
+}
+"""Optimizer updates: FLOPs per parameter element updated."""
+
+_OPTIMIZER_SCALARS = frozenset({"Grad", "LearningRate", "Beta1Pow", "Beta2Pow"})
+"""Optimizer input slots that are not parameter-shaped state."""
+
+
+def _array(value: Any) -> np.ndarray | None:
+    if isinstance(value, LoDTensor):
+        return value.data
+    if isinstance(value, SelectedRows):
+        return value.values
+    return value if isinstance(value, np.ndarray) else None
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, SelectedRows):
+        return int(value.values.nbytes + value.rows.nbytes)
+    array = _array(value)
+    return 0 if array is None else int(array.nbytes)
+
+
+def _elements(value: Any) -> int:
+    array = _array(value)
+    return 0 if array is None else int(array.size)
+
+
+def _values(scope: Scope, names: list[str]) -> list[Any]:
+    return [scope.get_tensor(name) for name in names if scope.has(name)]
+
+
+def _first(op: Op, scope: Scope, slot: str, output: bool = False) -> Any | None:
+    values = _values(scope, op.output(slot) if output else op.input(slot))
+    return values[0] if values else None
+
+
+def _moved(op: Op, scope: Scope, skip: frozenset[str] = frozenset()) -> int:
+    """Bytes of every input read (but those of the `skip` slots) and every output written."""
+    read = sum(_nbytes(v) for slot, names in op.inputs.items() if slot not in skip
+               for v in _values(scope, names))
+    return read + sum(_nbytes(v) for names in op.outputs.values() for v in _values(scope, names))
+
+
+def _out_elements(op: Op, scope: Scope) -> int:
+    return sum(_elements(v) for names in op.outputs.values() for v in _values(scope, names))
+
+
+def _generic(op: Op, scope: Scope) -> Work:
+    """Any other op: one FLOP per output element; every input and output moved once."""
+    return Work(_out_elements(op, scope), _moved(op, scope))
+
+
+def _matmul(op: Op, scope: Scope, products: int) -> Work:
+    """`mul` and `mul_grad`: X and Y flattened to [M, K] and [K, N] by their num_col_dims;
+    each product is 2*M*K*N FLOPs."""
+    x, y = _array(_first(op, scope, "X")), _array(_first(op, scope, "Y"))
+    if x is None or y is None:
+        return _generic(op, scope)
+    xd, yd = int(op.attr("x_num_col_dims", 1)), int(op.attr("y_num_col_dims", 1))
+    m, k, n = math.prod(x.shape[:xd]), math.prod(x.shape[xd:]), math.prod(y.shape[yd:])
+    return Work(2.0 * m * k * n * products, _moved(op, scope))
+
+
+def _mul(op: Op, scope: Scope) -> Work:
+    return _matmul(op, scope, 1)
+
+
+def _mul_grad(op: Op, scope: Scope) -> Work:
+    products = sum(1 for slot in ("X@GRAD", "Y@GRAD") if _first(op, scope, slot, output=True)
+                   is not None)
+    return _matmul(op, scope, products)
+
+
+def _lookup(op: Op, scope: Scope) -> Work:
+    """`lookup_table`: the ids read, the rows read from the table and written to Out."""
+    out = _first(op, scope, "Out", output=True)
+    return Work(0.0, _moved(op, scope, skip=frozenset({"W"})) + _nbytes(out))
+
+
+def _lookup_grad(op: Op, scope: Scope) -> Work:
+    """`lookup_table_grad`: the table itself is not read, only the rows' gradients."""
+    return Work(_out_elements(op, scope), _moved(op, scope, skip=frozenset({"W"})))
+
+
+def _sum(op: Op, scope: Scope) -> Work:
+    adds = max(len(_values(scope, op.input("X"))) - 1, 0)
+    return Work(_out_elements(op, scope) * adds, _moved(op, scope))
+
+
+def _softmax(op: Op, scope: Scope) -> Work:
+    largest = max((_elements(v) for names in op.inputs.values() for v in _values(scope, names)),
+                  default=0)
+    return Work(SOFTMAX_FLOPS_PER_ELEMENT * largest, _moved(op, scope))
+
+
+def _reduction(op: Op, scope: Scope) -> Work:
+    elements = sum(_elements(v) for v in _values(scope, op.input("X")))
+    return Work(REDUCTION_FLOPS_PER_ELEMENT[op.type] * elements, _moved(op, scope))
+
+
+def _optimizer(op: Op, scope: Scope) -> Work:
+    """The gradient read, and each parameter-shaped state (Param, moments, accumulators) read
+    and written at the elements updated: the rows of a sparse gradient for `sgd`, the whole
+    parameter otherwise (the other optimizers densify a sparse gradient)."""
+    param, grad = _array(_first(op, scope, "Param")), _first(op, scope, "Grad")
+    if param is None or grad is None:
+        return _generic(op, scope)
+    sparse = op.type == "sgd" and isinstance(grad, SelectedRows)
+    updated = _elements(grad) if sparse else int(param.size)
+    states = sum(1 for slot, names in op.inputs.items()
+                 if slot not in _OPTIMIZER_SCALARS and _values(scope, names))
+    moved = _nbytes(grad) + 2 * states * updated * param.itemsize
+    return Work(OPTIMIZER_FLOPS_PER_ELEMENT[op.type] * updated, moved)
+
+
+def _elementwise(op: Op, scope: Scope) -> Work:
+    return Work(FLOPS_PER_ELEMENT[op.type] * _out_elements(op, scope), _moved(op, scope))
+
+
+_RULES: dict[str, Callable[[Op, Scope], Work]] = {
+    "mul": _mul, "mul_grad": _mul_grad, "sum": _sum,
+    "lookup_table": _lookup, "lookup_sparse_table": _lookup, "lookup_table_grad": _lookup_grad,
+    **{name: _softmax for name in SOFTMAX_OPS},
+    **{name: _reduction for name in REDUCTION_FLOPS_PER_ELEMENT},
+    **{name: _optimizer for name in OPTIMIZER_FLOPS_PER_ELEMENT},
+    **{name: _elementwise for name in FLOPS_PER_ELEMENT},
+}
+
+
+def op_work(op: Op, scope: Scope) -> Work:
+    """FLOPs and bytes moved by `op`, from the values its inputs and outputs hold in `scope`."""
+    return _RULES.get(op.type, _generic)(op, scope)
+
+
+# ------------------------------------------------------------------------------- models
+
+@dataclass(frozen=True)
+class Device:
+    """A node's compute figures: FLOP/s, memory bytes/s, and seconds of overhead per op."""
+
+    flops: float
+    mem_bandwidth: float
+    op_overhead: float = 0.0
+
+    def seconds(self, work: Work) -> float:
+        return max(work.flops / self.flops, work.bytes / self.mem_bandwidth) + self.op_overhead
+
+
+class Roofline:
+    """Each op bound by the device's compute or its memory bandwidth, whichever is slower."""
+
+    def __init__(self, device: Device,
+                 overrides: Sequence[tuple[tuple[str, ...], Mapping[str, float]]] = ()) -> None:
+        self.device = device
+        self.overrides = list(overrides)
+        self._devices: dict[str, Device] = {}
+
+    def device_for(self, node: str) -> Device:
+        device = self._devices.get(node)
+        if device is None:
+            device = self.device
+            for patterns, figures in self.overrides:
+                if _matches(node, patterns):
+                    device = dataclasses.replace(device, **figures)
+            self._devices[node] = device
+        return device
+
+    def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
+        return self.device_for(node).seconds(op_work(op, scope))
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """A profile entry: seconds per call plus seconds per element of the op's outputs."""
+
+    per_call: float = 0.0
+    per_element: float = 0.0
+
+
+class Profile:
+    """Measured seconds per op type; op types it does not list take `default` seconds."""
+
+    def __init__(self, ops: Mapping[str, OpTime], default: float = 0.0) -> None:
+        self.ops = dict(ops)
+        self.default = default
+
+    def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
+        time = self.ops.get(op.type)
+        if time is None:
+            return self.default
+        if not time.per_element:
+            return time.per_call
+        return time.per_call + time.per_element * _out_elements(op, scope)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A slowdown of the nodes matching `nodes`: always, or in a step with `probability`."""
+
+    nodes: tuple[str, ...]
+    slowdown: float
+    probability: float | None = None
+
+
+class Stragglers:
+    """`base`'s costs times the slowdown of each rule that applies to the node at that step."""
+
+    def __init__(self, base: ComputeModel, rules: Sequence[Straggler], seed: int) -> None:
+        self.base = base
+        self.rules = list(rules)
+        self.seed = seed
+        self._last: dict[str, tuple[int, float]] = {}
+
+    def slowdown(self, node: str, step: int) -> float:
+        """The factor `node`'s ops take longer by during `step`."""
+        last = self._last.get(node)
+        if last is not None and last[0] == step:
+            return last[1]
+        factor = 1.0
+        for index, rule in enumerate(self.rules):
+            if _matches(node, rule.nodes) and self._fires(index, rule, node, step):
+                factor *= rule.slowdown
+        self._last[node] = (step, factor)
+        return factor
+
+    def _fires(self, index: int, rule: Straggler, node: str, step: int) -> bool:
+        if rule.probability is None:
+            return True
+        return random.Random(f"{self.seed}:{index}:{node}:{step}").random() < rule.probability
+
+    def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
+        return self.base.cost(node, op, scope, step) * self.slowdown(node, step)
+
+
+class Ledger:
+    """`model`, adding up what it charges each node during training steps (step >= 0; a
+    trainer's startup is step -1) in the order the runtime adds the same costs up."""
+
+    def __init__(self, model: ComputeModel) -> None:
+        self.model = model
+        self.in_steps: dict[str, float] = {}
+
+    def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
+        seconds = self.model.cost(node, op, scope, step)
+        if step >= 0:
+            self.in_steps[node] = self.in_steps.get(node, 0.0) + seconds
+        return seconds
+
+
+def _matches(node: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatchcase(node, pattern) for pattern in patterns)
+
+
+# ------------------------------------------------------------------------------- the section
+
+def _quantity(parse: Callable[[Any], float], example: str,
+              positive: bool) -> Callable[[Any], float]:
+    """A validator of a number or a string with a unit (`runtime.units`), > 0 or >= 0."""
+    def convert(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"must be {example}, got {value!r}")
+        number = parse(value)  # a UnitError is a ValueError: pydantic reports it at the field
+        if not (number > 0 if positive else number >= 0) or number == math.inf:
+            raise ValueError(f"must be finite and {'> 0' if positive else '>= 0'}, got {value!r}")
+        return number
+
+    return convert
+
+
+_duration = _quantity(units.duration, "a duration such as 25us", positive=False)
+
+
+def _patterns(value: Any) -> tuple[str, ...]:
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, list) or not patterns \
+            or not all(isinstance(p, str) and p for p in patterns):
+        raise ValueError(f"must be a node pattern or a list of them, got {value!r}")
+    return tuple(patterns)
+
+
+def _op_time(value: Any) -> OpTime:
+    if isinstance(value, Mapping):
+        if set(value) != {"per_element"}:
+            raise ValueError(f"must be seconds per call or {{per_element: seconds}}, got {value!r}")
+        return OpTime(per_element=_duration(value["per_element"]))
+    return OpTime(per_call=_duration(value))
+
+
+Seconds = Annotated[float, PlainValidator(_duration)]
+FlopRate = Annotated[float, PlainValidator(
+    _quantity(units.flops, "a compute rate such as 2.0e12 or 2TFLOPS", positive=True))]
+ByteRate = Annotated[float, PlainValidator(
+    _quantity(units.rate, "a rate such as 50GB/s", positive=True))]
+Patterns = Annotated[tuple[str, ...], PlainValidator(_patterns)]
+OpTimes = dict[str, Annotated[OpTime, PlainValidator(_op_time)]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceSpec(_Strict):
+    flops: FlopRate
+    mem_bandwidth: ByteRate
+    op_overhead: Seconds = 0.0
+
+
+class DevicePatch(_Strict):
+    flops: FlopRate | None = None
+    mem_bandwidth: ByteRate | None = None
+    op_overhead: Seconds | None = None
+
+
+class DeviceOverride(_Strict):
+    nodes: Patterns
+    device: DevicePatch
+
+
+class StragglerSpec(_Strict):
+    node: str | None = None
+    nodes: Patterns | None = None
+    slowdown: float = Field(gt=0, allow_inf_nan=False)
+    probability: float | None = Field(None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> StragglerSpec:
+        if (self.node is None) == (self.nodes is None):
+            raise ValueError("name the slowed nodes with either node or nodes (not both)")
+        return self
+
+    def rule(self) -> Straggler:
+        nodes = (self.node,) if self.node is not None else self.nodes
+        assert nodes is not None
+        return Straggler(nodes, self.slowdown, self.probability)
+
+
+class RooflineSpec(_Strict):
+    model: Literal["roofline"]
+    device: DeviceSpec
+    overrides: list[DeviceOverride] = []
+    stragglers: list[StragglerSpec] = []
+
+
+class ProfileSpec(_Strict):
+    model: Literal["profile"]
+    path: str | None = None
+    ops: OpTimes | None = None
+    default: Seconds = 0.0
+    stragglers: list[StragglerSpec] = []
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ProfileSpec:
+        if (self.path is None) == (self.ops is None):
+            raise ValueError("give the measured times either in a file (path) or inline (ops)")
+        return self
+
+
+class ProfileFile(_Strict):
+    ops: OpTimes
+    default: Seconds = 0.0
+
+
+_SPECS: dict[str, type[RooflineSpec] | type[ProfileSpec]] = {
+    "roofline": RooflineSpec, "profile": ProfileSpec,
+}
+S = TypeVar("S", bound=BaseModel)
+
+
+def _validated(kind: type[S], raw: Any, where: str) -> S:
+    """`raw` as a `kind`; the first problem becomes a `ComputeConfigError` naming its field."""
+    try:
+        return kind.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = where
+        for part in error["loc"]:
+            field += f"[{part}]" if isinstance(part, int) else f".{part}"
+        raise ComputeConfigError(field, error["msg"].removeprefix("Value error, ")) from None
+
+
+def parse_compute(section: Any) -> RooflineSpec | ProfileSpec:
+    """Validate a scenario's `compute` section."""
+    if not isinstance(section, Mapping):
+        raise ComputeConfigError("compute", f"must be a mapping, got {section!r}")
+    name = section.get("model")
+    kind = _SPECS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ComputeConfigError("compute.model", f"must be one of {sorted(_SPECS)}, got {name!r}")
+    return _validated(kind, section, "compute")
+
+
+def load_profile(path: Path) -> Profile:
+    """A profile file: ``{"ops": {op_type: seconds or {"per_element": seconds}}, "default": s}``."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ComputeConfigError("compute.path", f"cannot read profile {path}: "
+                                                 f"{exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ComputeConfigError("compute.path", f"profile {path} is not JSON: {exc}") from None
+    try:
+        data = _validated(ProfileFile, raw, "profile")
+    except ComputeConfigError as exc:
+        raise ComputeConfigError("compute.path", f"{path}: {exc}") from None
+    return Profile(data.ops, data.default)
+
+
+def _base_model(spec: RooflineSpec | ProfileSpec, base_dir: Path) -> ComputeModel:
+    if isinstance(spec, RooflineSpec):
+        overrides = [(o.nodes, o.device.model_dump(exclude_none=True)) for o in spec.overrides]
+        return Roofline(Device(**spec.device.model_dump()), overrides)
+    if spec.path is not None:
+        return load_profile(base_dir / spec.path)
+    return Profile(spec.ops or {}, spec.default)
+
+
+def compute_model(section: Mapping[str, Any] | None, seed: int,
+                  base_dir: Path = Path(".")) -> ComputeModel | None:
+    """The model a scenario's `compute` section describes (None: compute takes no time);
+    `base_dir` is where a profile's relative path starts (the scenario file's folder)."""
+    if section is None:
+        return None
+    spec = parse_compute(section)
+    base = _base_model(spec, base_dir)
+    if not spec.stragglers:
+        return base
+    return Stragglers(base, [s.rule() for s in spec.stragglers], seed)

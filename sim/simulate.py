@@ -1,0 +1,106 @@
+"""Run a scenario in the simulator: the real job on the virtual clock, over the simulated network.
+
+`simulate(scenario)` builds the scenario's job exactly as `runtime up` does (`Job.from_scenario`)
+and runs it with `runtime.cluster.run_job`, every pserver and trainer a task of one
+`VirtualTimeLoop` (`sim.loop.run`), talking through the `Network` its `network` section
+describes, charged for compute by the model its `compute` section names (`sim.cost`), and traced
+by a `TraceRecorder`. The numbers are real (numeric mode: real tensors, real updates); only time
+is simulated, so the parameters equal those of a real run of the same sync scenario.
+
+`train.deadline` is the limit of simulated time: a run that would go past it stops with
+`SimTimeLimit`, and one where every node waits on another with `SimDeadlock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+
+from runtime.cluster import JobResult, run_job, trainer_name
+from runtime.job import Job
+from runtime.pserver import ServerStats
+from runtime.scenario import Scenario
+
+from .cost import Ledger, compute_model
+from .loop import SimStats, VirtualTimeLoop, run
+from .network import LinkStats, Network, NicStats
+from .trace import TraceRecorder
+
+__all__ = ["SimResult", "TrainerRun", "simulate"]
+
+StepObserver = Callable[[int, int, float, float, float], None]
+"""`on_step(trainer, step, loss, step_seconds, now)`: a trainer finished a step at simulated
+time `now`."""
+
+
+@dataclass
+class TrainerRun:
+    """One trainer's steps: loss, simulated duration, and simulated time at the end of each."""
+
+    index: int
+    losses: list[float]
+    step_times: list[float]
+    step_ends: list[float]
+
+    @property
+    def steps_start(self) -> float:
+        """When its first step began (its startup lies before)."""
+        return self.step_ends[0] - self.step_times[0] if self.step_ends else 0.0
+
+
+@dataclass
+class SimResult:
+    scenario: Scenario
+    endpoints: list[str]
+    simulated_seconds: float
+    """Virtual time when the job ended: every trainer completed and every pserver stopped."""
+    trainers: list[TrainerRun]
+    pservers: list[ServerStats]
+    params: dict[str, np.ndarray]
+    """Trainer 0's parameters after its last step."""
+    links: dict[tuple[str, str], LinkStats]
+    nics: dict[str, NicStats]
+    trace: TraceRecorder
+    compute: dict[str, float] = field(default_factory=dict)
+    """Modelled compute seconds of each node during training steps (a trainer's startup aside)."""
+    loop: SimStats = field(default_factory=SimStats)
+
+    @property
+    def messages(self) -> int:
+        return sum(link.messages for link in self.links.values())
+
+
+def simulate(scenario: Scenario, *, base_dir: Path | None = None,
+             on_step: StepObserver | None = None) -> SimResult:
+    """Run `scenario` on the virtual clock; `base_dir` is where the paths it names start (the
+    scenario file's folder; default the working directory)."""
+    trace = TraceRecorder()
+    network = Network.from_spec(scenario.network, scenario.seed, trace.message)
+    model = compute_model(scenario.compute, scenario.seed, base_dir or Path.cwd())
+    compute = None if model is None else Ledger(model)
+    job = Job.from_scenario(scenario)
+    ends: dict[int, list[float]] = {i: [] for i in range(job.trainers)}
+
+    def observe(trainer: int, step: int, loss: float, seconds: float) -> None:
+        now = asyncio.get_running_loop().time()
+        ends[trainer].append(now)
+        trace.span(trainer_name(trainer), f"step {step}", now - seconds, now, "step")
+        if on_step is not None:
+            on_step(trainer, step, loss, seconds, now)
+
+    async def main() -> tuple[JobResult, float, SimStats]:
+        result = await run_job(job, network.transport, compute, trace, observe)
+        loop = cast(VirtualTimeLoop, asyncio.get_running_loop())
+        return result, loop.time(), loop.stats
+
+    result, now, stats = run(main(), max_time=scenario.train.deadline)
+    trainers = [TrainerRun(r.trainer_id, r.losses, r.step_times, ends[r.trainer_id])
+                for r in result.trainers]
+    return SimResult(scenario, job.endpoints, now, trainers, result.pservers, result.params,
+                     network.link_stats(), network.nic_stats(), trace,
+                     dict(compute.in_steps) if compute else {}, stats)

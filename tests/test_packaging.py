@@ -84,7 +84,7 @@ def readme_commands() -> list[str]:
 
 def test_readme_starts_with_run_and_test_commands_that_ci_runs() -> None:
     run, test = readme_commands()
-    assert "pip install -e '.[data]'" in run and "runtime train" in run
+    assert "pip install -e '.[data,plot]'" in run and "sim run scenarios/quickstart.yaml" in run
     assert "pip install -e '.[dev,data,torch]'" in test and test.endswith("python -m pytest -q")
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test in ci_lines, ".ci/run must run the README's test command verbatim"

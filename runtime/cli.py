@@ -4,7 +4,9 @@
 with the executor, printing the mean loss of each logging window and the throughput, then a
 summary line. ``runtime up SCENARIO`` runs a scenario's pservers and trainers as processes on
 this host (`runtime.launch`), or with ``--role``/``TRAINING_ROLE`` one of them in the foreground
-(`runtime.node`). Later subcommands (``profile``) hang off the same parser.
+(`runtime.node`). ``runtime profile SCENARIO`` runs a scenario's job in this process, times every
+kernel call and writes a profile file the simulator's ``compute: {model: profile}`` reads
+(`runtime.profile`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from transpiler.optimizer import OPTIMIZERS
 
 from . import Executor, Scope
 from .data import DATASETS, DataError, Dataset, dataset_for
-from .launch import launch
+from .launch import ignored_by_runtime, launch
 from .node import RoleError, add_arguments, load_for_role, resolve_role, run_role
-from .scenario import ScenarioError
+from .profile import (ProfileError, check_profilable, fit_all, format_table, measure,
+                      profile_document, write_profile)
+from .scenario import ScenarioError, load_scenario
 
 def _positive_int(text: str) -> int:
     try:
@@ -75,12 +79,32 @@ def _add_up(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_up, parser=p)
 
 
+def _add_profile(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile", help="time every op type's kernel in a real run, for the simulator",
+        description="Run a scenario's job for real in this process (pservers and trainers as "
+                    "tasks over loopback ZeroMQ), time every kernel call, and write a profile: "
+                    "seconds per call or per output element of each op type, the file that "
+                    "`compute: {model: profile, path: FILE}` makes the simulator use.")
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("-o", "--output", type=Path, default=Path("profile.json"),
+                   help="the profile file to write (profile.json)")
+    p.add_argument("--steps", type=_positive_int,
+                   help="training steps to run (default: the scenario's train.steps)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a scenario field, e.g. --set cluster.trainers=4 (repeatable)")
+    p.add_argument("--top", type=_positive_int, default=10,
+                   help="op types listed in the summary table (10)")
+    p.set_defaults(run=_profile, parser=p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runtime", description="Run pslab programs: train locally, or run a scenario.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train(subparsers)
     _add_up(subparsers)
+    _add_profile(subparsers)
     return parser
 
 
@@ -153,6 +177,40 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
         return run_role(scenario, role, args.out)
     out_dir = args.out or Path(scenario.outputs.dir or Path("out") / scenario.name)
     return launch(Path(args.scenario), args.set, scenario, out_dir, out)
+
+
+def _profile(args: argparse.Namespace, out: TextIO) -> int:
+    parser: argparse.ArgumentParser = args.parser
+    overrides = args.set + ([f"train.steps={args.steps}"] if args.steps else [])
+    try:
+        scenario = load_scenario(args.scenario, overrides)
+        check_profilable(scenario, args.scenario)
+    except (ScenarioError, ProfileError) as err:
+        parser.error(str(err))
+    print(f"profiling {scenario.name}: {scenario.cluster.pservers} pserver(s) x "
+          f"{scenario.cluster.trainers} trainer(s), {scenario.train.steps} steps, "
+          f"{scenario.backend.kernels} kernels on {scenario.backend.device}", file=out)
+    for note in ignored_by_runtime(scenario):
+        print(f"note: {note}", file=out)
+    steps = scenario.train.steps
+    every = max(1, steps // 10)
+
+    def on_step(trainer: int, step: int, loss: float, seconds: float) -> None:
+        if trainer == 0 and ((step + 1) % every == 0 or step + 1 == steps):
+            print(f"step {step + 1}/{steps} loss {loss:.4f} time {seconds * 1e3:.2f}ms", file=out)
+
+    try:
+        times = measure(scenario, args.scenario, on_step)
+    except ProfileError as err:
+        print(f"runtime profile: {err}", file=sys.stderr)
+        return 1
+    fits = fit_all(times)
+    write_profile(args.output, profile_document(scenario, args.scenario, fits))
+    print(f"measured {times.calls} kernel calls of {len(fits)} op types", file=out)
+    for line in format_table(fits, args.top):
+        print(line, file=out)
+    print(f"wrote {args.output}", file=out)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

@@ -12,14 +12,24 @@ refuses a block that holds any (`AsyncOpError`).
 
 With the ``phantom`` backend (timing mode) feeds may be `Phantom`s, checked against their
 declarations like arrays, and fetches return phantoms as they are.
+
+Profiling (`runtime.profile`): an executor given a `KernelTimer`, or made inside
+``with timing_kernels(timer):`` (how the executors that `runtime.cluster` makes are reached),
+wraps each kernel of its plans so that every call's real duration (`time.perf_counter`, not the
+loop's clock) is reported to the timer. A control-flow op's duration includes the ops of the
+sub-blocks it ran. Without a timer the kernels are not wrapped and nothing is measured.
 """
 
 from __future__ import annotations
 
 import importlib
+import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, cast
+from typing import Any, Callable, Iterable, Mapping, Protocol, cast
 
 import numpy as np
 
@@ -81,6 +91,39 @@ def _unbound(kernel: Kernel) -> Kernel:
     return kernel
 
 
+class KernelTimer(Protocol):
+    def record(self, op: Op, scope: Scope, seconds: float) -> None:
+        """A kernel ran `op` (its outputs now in `scope`) in `seconds` of real time."""
+        ...
+
+
+_ambient_timer: ContextVar[KernelTimer | None] = ContextVar("kernel_timer", default=None)
+
+
+@contextmanager
+def timing_kernels(timer: KernelTimer) -> Iterator[None]:
+    """Every `Executor` made inside the block (or in tasks started from it) without a timer of
+    its own reports its kernel calls to `timer`."""
+    token = _ambient_timer.set(timer)
+    try:
+        yield
+    finally:
+        _ambient_timer.reset(token)
+
+
+def timed_binder(bind: Binder, timer: KernelTimer) -> Binder:
+    """`bind`, then wrap the kernel so that each call's duration is reported to `timer`."""
+    def bind_timed(kernel: Kernel) -> Kernel:
+        bound = bind(kernel)
+
+        def run(ctx: KernelContext) -> None:
+            start = time.perf_counter()
+            bound(ctx)
+            timer.record(ctx.op, ctx.scope, time.perf_counter() - start)
+        return run
+    return bind_timed
+
+
 def build_plan(block: Block, backend: str, bind: Binder = _unbound) -> BlockPlan:
     steps = []
     for i, op in enumerate(block.ops):
@@ -138,11 +181,16 @@ def run_step(step: OpStep, scope: Scope, program: Program,
 
 
 class Executor:
-    def __init__(self, backend: str = "numpy", device: str = "cpu") -> None:
+    def __init__(self, backend: str = "numpy", device: str = "cpu",
+                 timer: KernelTimer | None = None) -> None:
         load_backend(backend)
         self.backend = backend
         self.device = device
-        self.plans = PlanCache(backend, device_binder(backend, device))
+        self.timer = timer if timer is not None else _ambient_timer.get()
+        bind = device_binder(backend, device)
+        if self.timer is not None:
+            bind = timed_binder(bind, self.timer)
+        self.plans = PlanCache(backend, bind)
 
     def run(self, program: Program, feed: Mapping[str, FeedValue] | None = None,
             fetch_list: Iterable[Var | str] | None = None, scope: Scope | None = None,
@@ -226,5 +274,6 @@ def _fetch(scope: Scope, name: str, return_numpy: bool) -> Any:
     return np.array(to_dense(value), copy=True) if return_numpy else copy_value(value)
 
 
-__all__ = ["Binder", "BlockPlan", "Executor", "OpStep", "PlanCache", "RPC_OP_TYPES", "build_plan",
-           "check_feed", "device_binder", "fingerprint", "run_step"]
+__all__ = ["Binder", "BlockPlan", "Executor", "KernelTimer", "OpStep", "PlanCache", "RPC_OP_TYPES",
+           "build_plan", "check_feed", "device_binder", "fingerprint", "run_step", "timed_binder",
+           "timing_kernels"]

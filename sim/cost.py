@@ -16,8 +16,9 @@ section picks the model:
   seconds per call, or ``{"per_element": s}``: s times the elements of the op's outputs. An op
   type the profile does not list takes ``default`` seconds (0 if absent). The path is relative
   to the scenario file. ``ops:`` (and ``default:``) may also be given inline instead of
-  ``path:``, with durations such as ``25us``. (`runtime profile`, which will write such a file
-  from a real run, does not exist yet.)
+  ``path:``, with durations such as ``25us``. ``runtime profile SCENARIO -o profile.json``
+  writes such a file from a real run of the scenario's job (`runtime.profile`), with a
+  ``meta`` mapping (what was run, where, calls and seconds per op type) that is not read here.
 - ``stragglers: [{node: "trainer:3", slowdown: 3.0}, {nodes: "trainer:*", probability: 0.02,
   slowdown: 10.0}]`` (under either model): every op of a matching node takes ``slowdown`` times
   as long; with ``probability``, only during the training steps the rule picks for that node, at
@@ -467,6 +468,7 @@ class ProfileSpec(_Strict):
 class ProfileFile(_Strict):
     ops: OpTimes
     default: Seconds = 0.0
+    meta: dict[str, Any] = {}  # free-form, for people: `runtime profile` says what it measured
 
 
 _SPECS: dict[str, type[RooflineSpec] | type[ProfileSpec]] = {

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from .checkpoint import MANIFEST
 from .compute import ComputeModel, Tracer
 from .executor import Executor
 from .job import Job
@@ -45,30 +47,42 @@ def trainer_name(index: int) -> str:
     return f"trainer:{index}"
 
 
-def serve_config(job: Job) -> ServeConfig:
-    """A pserver's timing: the heartbeat timeout, and a drain long enough to answer a trainer's
-    first two retries of a request whose reply was lost (e.g. the last COMPLETE)."""
+def serve_config(job: Job, checkpoint_dir: Path | None = None) -> ServeConfig:
+    """A pserver's timing: the heartbeat timeout, a drain long enough to answer a trainer's
+    first two retries of a request whose reply was lost (e.g. the last COMPLETE), and the
+    periodic checkpoints (`train.checkpoint_every`, into `checkpoint_dir`)."""
     train = job.scenario.train
-    return ServeConfig(heartbeat_timeout=train.heartbeat_timeout, drain=3 * train.retry_after)
+    every = train.checkpoint_every if checkpoint_dir is not None else None
+    return ServeConfig(heartbeat_timeout=train.heartbeat_timeout, drain=3 * train.retry_after,
+                       checkpoint_every=every, checkpoint_dir=checkpoint_dir)
 
 
 def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,
-                 tracer: Tracer | None = None) -> PserverService:
-    """The pserver service of node `index`, ready to `serve(job.endpoints[index])`."""
+                 tracer: Tracer | None = None, checkpoint_dir: Path | None = None,
+                 recovering: bool = False) -> PserverService:
+    """The pserver service of node `index`, ready to `serve(job.endpoints[index])`. With
+    `recovering` it replaces one that crashed: it starts from its last checkpoint in
+    `checkpoint_dir` if there is one (else from its startup state) and has the trainers redo
+    the steps it lost."""
     main, startup = job.pserver_programs(index)
     backend = job.scenario.backend
+    name = pserver_name(index)
+    saved = checkpoint_dir is not None and (checkpoint_dir / name / MANIFEST).exists()
     return PserverService(main, startup, transport, Executor(backend.kernels, backend.device),
-                          serve_config(job),
-                          compute, tracer)
+                          serve_config(job, checkpoint_dir), compute, tracer,
+                          load_from=checkpoint_dir if recovering and saved else None,
+                          recovering=recovering)
 
 
 def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,
-                 tracer: Tracer | None = None) -> Trainer:
-    """Trainer `index`, ready to `run(batches_for(job, index), ...)`."""
+                 tracer: Tracer | None = None, incarnation: int = 0) -> Trainer:
+    """Trainer `index` (in its `incarnation`-th restart), ready to `run(batches_for(job,
+    index), ...)`."""
     main, startup = job.trainer_programs(index)
     train, backend = job.scenario.train, job.scenario.backend
-    client = RpcClient(transport, RetryPolicy(deadline=train.deadline,
-                                              first_retry=train.retry_after))
+    client = RpcClient(transport, RetryPolicy(deadline=train.request_timeout,
+                                              first_retry=train.retry_after),
+                       incarnation=incarnation)
     return Trainer(index, main, startup, client, job.endpoints,
                    Executor(backend.kernels, backend.device),
                    heartbeat_interval=train.heartbeat_timeout / 3, compute=compute, tracer=tracer)
@@ -86,32 +100,156 @@ def batches_for(job: Job, index: int) -> Callable[[int], dict[str, Any]]:
 
 
 async def run_job(job: Job, transport_for: TransportFactory, compute: ComputeModel | None = None,
-                  tracer: Tracer | None = None, on_step: StepObserver | None = None) -> JobResult:
+                  tracer: Tracer | None = None, on_step: StepObserver | None = None,
+                  checkpoint_dir: Path | None = None) -> JobResult:
     """Serve every pserver and train every trainer as tasks of the running loop; `on_step` hears
     of every trainer's every step."""
-    servers = [make_pserver(job, j, transport_for(pserver_name(j)), compute, tracer)
-               for j in range(len(job.endpoints))]
-    loop = asyncio.get_running_loop()
-    server_tasks = [loop.create_task(s.serve(ep), name=f"{s.name} serve")
-                    for s, ep in zip(servers, job.endpoints)]
-    trainers = [make_trainer(job, i, transport_for(trainer_name(i)), compute, tracer)
-                for i in range(job.trainers)]
-    steps, loss = job.scenario.train.steps, job.model.loss.name
-    try:
-        reports = await asyncio.gather(*(t.run(batches_for(job, t.trainer_id), steps, loss,
-                                               _observer(on_step, t.trainer_id))
-                                         for t in trainers))
-        stats = await asyncio.gather(*server_tasks)
-    finally:
-        for task in server_tasks:
+    return await LocalCluster(job, transport_for, compute, tracer, on_step, checkpoint_dir).run()
+
+
+class LocalCluster:
+    """Every node of a job as tasks of the running loop, which `crash` and `restart` can kill
+    and bring back (the simulator's fault injection). A crashed node's tasks are cancelled and
+    its transport closed, as if its process had died; a restarted one is built anew under the
+    same name, a pserver from its last checkpoint, a trainer with a new incarnation."""
+
+    def __init__(self, job: Job, transport_for: TransportFactory,
+                 compute: ComputeModel | None = None, tracer: Tracer | None = None,
+                 on_step: StepObserver | None = None, checkpoint_dir: Path | None = None) -> None:
+        self.job = job
+        self.transport_for = transport_for
+        self.compute, self.tracer, self.on_step = compute, tracer, on_step
+        self.checkpoint_dir = checkpoint_dir
+        self.servers: dict[int, PserverService] = {}
+        self.trainers: dict[int, Trainer] = {}
+        self.reports: dict[int, TrainerReport] = {}
+        self.stats: dict[int, ServerStats] = {}
+        self.incarnations: dict[str, int] = {}
+        self.down: set[str] = set()
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._changed = asyncio.Event()
+        self._restarting: set[str] = set()
+
+    # -- nodes ------------------------------------------------------------------------------------
+    def _start_pserver(self, index: int, recovering: bool = False) -> None:
+        name = pserver_name(index)
+        server = make_pserver(self.job, index, self.transport_for(name), self.compute,
+                              self.tracer, self.checkpoint_dir, recovering)
+        self.servers[index] = server
+        self._launch(name, server.serve(self.job.endpoints[index]))
+
+    def _start_trainer(self, index: int) -> None:
+        name = trainer_name(index)
+        trainer = make_trainer(self.job, index, self.transport_for(name), self.compute,
+                               self.tracer, self.incarnations.get(name, 0))
+        self.trainers[index] = trainer
+        steps, loss = self.job.scenario.train.steps, self.job.model.loss.name
+        self._launch(name, trainer.run(batches_for(self.job, index), steps, loss,
+                                       _observer(self.on_step, index)))
+
+    def _launch(self, name: str, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=f"{name} main")
+        task.add_done_callback(lambda _: self._changed.set())
+        self._tasks[name] = task
+
+    def crash(self, node: str, restart_after: float | None = None) -> bool:
+        """Kill `node` now: its tasks stop, its transport closes, its state is lost; with
+        `restart_after`, it comes back that many seconds later. False if it was not running."""
+        task = self._tasks.get(node)
+        if task is None or task.done():
+            return False
+        del self._tasks[node]
+        self.down.add(node)
+        task.cancel()
+        loop = asyncio.get_running_loop()
+        if restart_after is not None:
+            self._restarting.add(node)
+            loop.call_later(restart_after, self.restart, node)
+        role, index = _parse_node(node)
+        owner: Any = self.servers[index] if role == "pserver" else self.trainers[index]
+        loop.create_task(_close(owner, role))
+        return True
+
+    def restart(self, node: str) -> None:
+        """Bring a crashed `node` back."""
+        if node not in self.down:
+            return
+        self.down.discard(node)
+        self._restarting.discard(node)
+        self.incarnations[node] = self.incarnations.get(node, 0) + 1
+        role, index = _parse_node(node)
+        if role == "pserver":
+            self._start_pserver(index, recovering=True)
+        else:
+            self._start_trainer(index)
+        self._changed.set()
+
+    # -- the run ----------------------------------------------------------------------------------
+    async def run(self) -> JobResult:
+        for j in range(len(self.job.endpoints)):
+            self._start_pserver(j)
+        for i in range(self.job.trainers):
+            self._start_trainer(i)
+        try:
+            await self._until_done()
+        finally:
+            await self._stop_all()
+        trainer0 = self.trainers.get(0)
+        params = {} if self.job.timing or trainer0 is None else \
+            {p: np.array(trainer0.scope.get(p)) for p in self.job.model.params}
+        reports = [self.reports.get(i) or self._partial(i) for i in range(self.job.trainers)]
+        stats = [self.stats.get(j, ServerStats()) for j in range(len(self.job.endpoints))]
+        return JobResult(reports, stats, params)
+
+    async def _until_done(self) -> None:
+        """Wait until every node's work has ended and no crashed node is due back; the first
+        failure ends the job with it."""
+        while True:
+            self._changed.clear()
+            self._collect()
+            if not self._restarting and all(task.done() for task in self._tasks.values()):
+                return
+            await self._changed.wait()
+
+    def _collect(self) -> None:
+        for name, task in list(self._tasks.items()):
+            if not task.done() or task.cancelled():
+                continue
+            error = task.exception()
+            if error is not None:
+                raise error
+            role, index = _parse_node(name)
+            if role == "trainer":
+                self.reports[index] = task.result()
+            else:
+                self.stats[index] = task.result()
+
+    def _partial(self, index: int) -> TrainerReport:
+        trainer = self.trainers.get(index)
+        return trainer.report if trainer is not None else TrainerReport(index)
+
+    async def _stop_all(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*server_tasks, return_exceptions=True)
-        for t in trainers:
-            await t.client.close()
-        for server in servers:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for trainer in self.trainers.values():
+            await trainer.client.close()
+        for server in self.servers.values():
             await server.transport.close()
-    params = {} if job.timing else {p: np.array(trainers[0].scope.get(p)) for p in job.model.params}
-    return JobResult(list(reports), list(stats), params)
+
+
+async def _close(owner: Any, role: str) -> None:
+    if role == "trainer":
+        await owner.rpc.abandon()
+        await owner.client.close()
+    else:
+        await owner.transport.close()
+
+
+def _parse_node(node: str) -> tuple[str, int]:
+    role, _, index = node.partition(":")
+    return role, int(index)
 
 
 def _observer(on_step: StepObserver | None,

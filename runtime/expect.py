@@ -10,6 +10,12 @@ what was measured and, in words, why it passed or failed:
 - ``params_equal_to: local``: the final parameters (trainer 0's) equal single-process training
   on the same global batches within ``params_rtol`` and ``params_atol`` (both 1e-5 by default:
   float32 sums in another order; long runs drift further and state their own tolerance).
+- ``params_equal_to: fault_free``: the final parameters are *exactly* (bit for bit) those of
+  the same scenario without its `faults` (sync mode: no update lost or applied twice).
+- ``max_steps_redone``: no trainer redid more steps than this after pservers restarted from
+  their checkpoints.
+- ``error``: the run fails, with an error whose message contains the text (`outcome`): for a
+  fault the job is not meant to survive.
 - ``no_lost_updates``: in sync mode every pserver ran exactly ``train.steps`` optimize steps and
   rejected no message; in the other modes (no step count on the server) no message was rejected.
 - ``max_step_time``: no step of any trainer took longer than the bound. It is about simulated
@@ -61,14 +67,16 @@ def loss_drop_factor(factor: float, losses: list[float]) -> ExpectationResult:
 
 
 def params_equal(actual: Mapping[str, np.ndarray] | None, reference: Mapping[str, np.ndarray],
-                 rtol: float = 1e-5, atol: float = 1e-5) -> ExpectationResult:
+                 rtol: float = 1e-5, atol: float = 1e-5,
+                 against: str = "local") -> ExpectationResult:
     name = "params_equal_to"
+    what = "local training" if against == "local" else "the fault-free run"
     if actual is None:
-        return ExpectationResult(name, "local", None, False, "trainer 0 wrote no parameters")
+        return ExpectationResult(name, against, None, False, "trainer 0 wrote no parameters")
     if set(actual) != set(reference):
-        return ExpectationResult(name, "local", sorted(actual), False,
-                                 f"parameter names differ: run has {sorted(actual)}, local "
-                                 f"training has {sorted(reference)}")
+        return ExpectationResult(name, against, sorted(actual), False,
+                                 f"parameter names differ: run has {sorted(actual)}, {what} "
+                                 f"has {sorted(reference)}")
     worst, worst_name = 0.0, ""
     failing = []
     for pname in sorted(reference):
@@ -79,16 +87,42 @@ def params_equal(actual: Mapping[str, np.ndarray] | None, reference: Mapping[str
         diff = float(np.max(np.abs(a - r))) if a.size else 0.0
         if diff >= worst:
             worst, worst_name = diff, pname
-        if not np.allclose(a, r, rtol=rtol, atol=atol):
+        exact = rtol == 0 and atol == 0
+        if not (np.array_equal(a, r) if exact else np.allclose(a, r, rtol=rtol, atol=atol)):
             failing.append(f"{pname} (max |diff| {diff:.3g})")
-    tolerance = f"rtol {rtol:g}, atol {atol:g}"
+    tolerance = "bit for bit" if rtol == 0 and atol == 0 else f"within rtol {rtol:g}, atol {atol:g}"
     if failing:
-        return ExpectationResult(name, "local", worst, False,
-                                 f"parameters differ from local training beyond {tolerance}: "
+        return ExpectationResult(name, against, worst, False,
+                                 f"parameters differ from {what} ({tolerance}): "
                                  + ", ".join(failing))
-    return ExpectationResult(name, "local", worst, True,
-                             f"{len(reference)} parameters equal local training within {tolerance} "
+    return ExpectationResult(name, against, worst, True,
+                             f"{len(reference)} parameters equal {what} {tolerance} "
                              f"(largest |diff| {worst:.3g}, in {worst_name})")
+
+
+def max_steps_redone(bound: int, redone: Sequence[int]) -> ExpectationResult:
+    name = "max_steps_redone"
+    most = max(redone, default=0)
+    passed = most <= bound
+    return ExpectationResult(name, bound, most, passed,
+                             f"the most steps a trainer redid after pserver restarts: {most}, "
+                             f"{'within' if passed else 'over'} {bound}")
+
+
+def outcome(scenario: Scenario, error: BaseException | None) -> ExpectationResult | None:
+    """Whether the run ended as `expect.error` says: failed with that text (None: the
+    scenario expects nothing of the kind). `error` is the run's failure, None if it succeeded."""
+    wanted = scenario.expect.error
+    if wanted is None:
+        return None
+    if error is None:
+        return ExpectationResult("error", wanted, None, False,
+                                 f"expected the run to fail with an error containing {wanted!r}; "
+                                 "it succeeded")
+    text = f"{type(error).__name__}: {error}"
+    passed = wanted in text
+    return ExpectationResult("error", wanted, text, passed,
+                             f"the run failed {'as expected' if passed else 'otherwise'}: {text}")
 
 
 def no_lost_updates(pservers: list[PserverMetrics], steps: int, sync: bool) -> ExpectationResult:
@@ -122,10 +156,14 @@ def max_step_time(bound: float, step_times: Sequence[Sequence[float]]) -> Expect
 def check(scenario: Scenario, losses: list[float], params: Mapping[str, np.ndarray] | None,
           pservers: list[PserverMetrics],
           local_params: Callable[[], Mapping[str, np.ndarray]],
-          step_times: Sequence[Sequence[float]] | None = None) -> list[ExpectationResult]:
-    """Every expectation `scenario` states, measured on a run: trainer 0's losses and final
-    parameters, the pservers' records; `local_params` trains the local reference when asked.
-    `step_times` (each trainer's, in simulated seconds) lets ``max_step_time`` be checked."""
+          step_times: Sequence[Sequence[float]] | None = None,
+          fault_free_params: Callable[[], Mapping[str, np.ndarray]] | None = None,
+          redone: Sequence[int] = ()) -> list[ExpectationResult]:
+    """Every expectation `scenario` states, measured on a run that ended (``error`` aside, see
+    `outcome`): trainer 0's losses and final parameters, the pservers' records; `local_params`
+    trains the local reference and `fault_free_params` runs the scenario without its faults,
+    when asked. `step_times` (each trainer's, in simulated seconds) lets ``max_step_time`` be
+    checked; `redone` is each trainer's count of steps redone."""
     spec = scenario.expect
     results = []
     if spec.final_loss_below is not None:
@@ -134,6 +172,12 @@ def check(scenario: Scenario, losses: list[float], params: Mapping[str, np.ndarr
         results.append(loss_drop_factor(spec.loss_drop_factor, losses))
     if spec.params_equal_to == "local":
         results.append(params_equal(params, local_params(), spec.params_rtol, spec.params_atol))
+    if spec.params_equal_to == "fault_free":
+        if fault_free_params is None:
+            raise ValueError("expect.params_equal_to fault_free: no fault-free run to compare with")
+        results.append(params_equal(params, fault_free_params(), 0.0, 0.0, "fault_free"))
+    if spec.max_steps_redone is not None:
+        results.append(max_steps_redone(spec.max_steps_redone, redone))
     if spec.no_lost_updates:
         results.append(no_lost_updates(pservers, scenario.train.steps,
                                        scenario.transpiler.mode == "sync"))

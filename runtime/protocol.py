@@ -194,8 +194,9 @@ class SyncRound:
 
     @property
     def finished(self) -> bool:
-        """Every trainer has completed: the server may stop."""
-        return len(self.completed) == self.trainers
+        """Every trainer has completed, or some have and the others were dropped and are not
+        joining again: the server may stop."""
+        return bool(self.completed) and not self.live and not self.joining
 
     @property
     def contributors(self) -> set[int]:

@@ -21,9 +21,19 @@ It owns a `Scope` initialized by the pserver's startup program and answers the t
   table by the program's checkpoint block (see `runtime.checkpoint`); the message is handled in
   one piece, so the checkpoint is one consistent state. ``load_from=dir`` starts a server from
   such a checkpoint, its sync round at the step the checkpoint was taken before.
+- Periodic checkpoints: with `ServeConfig.checkpoint_every` k, the state is saved to
+  ``checkpoint_dir/<server name>/`` each time the sync round reaches a multiple of k (in the
+  asynchronous modes, each time a trainer's step does).
+- Recovery (``recovering=True``: this server replaces one that crashed; it starts from the last
+  checkpoint if there is one, else from its startup state): in sync mode, a trainer's first
+  message for a step at or past the restored one is answered with a REPLY carrying
+  ``rewind: <step>``; the trainer abandons its step, fetches the parameters again and redoes the
+  steps from there (the other pservers, already past them, acknowledge the redone sends as
+  stale), so no update is applied twice on any server and at most k steps are redone.
 - COMPLETE: the trainer leaves the fan-in; the server stops when every trainer has completed.
-- HEARTBEAT: proof of life. In sync mode a trainer that the round waits for and that has been
-  silent for `heartbeat_timeout` is dropped from the fan-in and the event is logged.
+- HEARTBEAT: proof of life. A trainer that has been silent for `heartbeat_timeout` (in sync
+  mode, one the round waits for) is dropped from the fan-in and the event is logged; the
+  server stops once every trainer has completed or been dropped (and one at least completed).
 
 Timing mode (phantom kernels): trainers send `Phantom`s, checked against the declarations like
 tensors and stored as they are; the blocks then compute shapes only, GETs answer phantoms, and
@@ -91,6 +101,11 @@ class ServerStats:
     steps: int = 0
     errors: int = 0
     dropped: list[int] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)
+    """Steps at which the periodic checkpoints were taken."""
+    restored_step: int | None = None
+    """The step this server started from after a crash (its checkpoint's, or 0)."""
+    rewinds: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,13 +115,20 @@ class ServeConfig:
     # After the last trainer completed, go on answering retries (a lost reply to COMPLETE is
     # resent) until the trainers have been quiet this long.
     drain: float = 1.0
+    checkpoint_every: int | None = None
+    checkpoint_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every is not None and (self.checkpoint_every < 1
+                                                  or self.checkpoint_dir is None):
+            raise ValueError(f"checkpoint_every must be >= 1 and needs a checkpoint_dir: {self}")
 
 
 class PserverService:
     def __init__(self, program: Program, startup: Program, transport: Transport,
                  executor: Executor | None = None, config: ServeConfig | None = None,
                  compute: ComputeModel | None = None, tracer: Tracer | None = None,
-                 load_from: Path | str | None = None) -> None:
+                 load_from: Path | str | None = None, recovering: bool = False) -> None:
         self.program = program
         self.transport = transport
         self.executor = executor or Executor()
@@ -131,6 +153,10 @@ class PserverService:
         self._deferred: list[tuple[str, Message]] = []
         self._pending: set[tuple[str, int]] = set()
         self._last_seen: dict[int, float] = {}
+        self._serving_since = 0.0
+        self._next_step: dict[int, int] = {}  # trainer -> the step after its latest message
+        self._progress = 0  # asynchronous modes: the furthest step any trainer reached
+        self._resynced: set[int] | None = None  # recovering: trainers told to rewind, or rewound
         self._done = asyncio.Event()
         self._optimizing = False
         self._last_message = 0.0
@@ -138,16 +164,19 @@ class PserverService:
         self.charge = Charge(self.name, compute, tracer)
         if load_from is not None:
             self._restore(Path(load_from))
+        if recovering:
+            self._resynced = set()
+            self.stats.restored_step = self._progress = self.round.step
 
     # -- serving loop ---------------------------------------------------------------------------
     async def serve(self, endpoint: str) -> ServerStats:
         """Bind `endpoint` and answer trainers until every one has completed."""
         await self.transport.bind(endpoint)
         loop = asyncio.get_running_loop()
+        self._serving_since = loop.time()
         tasks: list[asyncio.Task[Any]] = [
             loop.create_task(self._receive(), name=f"{self.name} receive")]
-        if self.mode == SYNC:
-            tasks.append(loop.create_task(self._watchdog(), name=f"{self.name} watchdog"))
+        tasks.append(loop.create_task(self._watchdog(), name=f"{self.name} watchdog"))
         tasks.append(loop.create_task(self._done.wait(), name=f"{self.name} done"))
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -203,6 +232,11 @@ class PserverService:
         try:
             trainer = _trainer_of(msg)
             self._last_seen[trainer] = asyncio.get_running_loop().time()
+            if msg.step >= 0 and msg.kind not in (Kind.HEARTBEAT, Kind.COMPLETE):
+                self._next_step[trainer] = max(self._next_step.get(trainer, 0), msg.step + 1)
+            if self._resynced is not None and self._must_rewind(trainer, msg):
+                await self._send(peer, self._rewind(msg))
+                return
             handler = self._handlers()[msg.kind]
             reply = handler(peer, msg, trainer)
         except Exception as exc:  # one bad message must not stop the server
@@ -262,6 +296,7 @@ class PserverService:
                 progressed = True
             if self.round.take_step_done():
                 self.stats.steps += 1
+                self._checkpoint_at(self.round.step)
                 progressed = True
             if progressed:
                 await self._replay_deferred()
@@ -346,6 +381,7 @@ class PserverService:
                 value = to_dense(self.scope.get_tensor(name)) + to_dense(value)  # a counter
             self.scope.put(name, value)
         if self.mode != SYNC:
+            self._checkpoint_at(msg.step + 1)
             if self.dc_asgd:
                 self.scope.put(TRAINER_ID_VAR, np.array([trainer], dtype=np.int64))
             for name in values:
@@ -455,6 +491,42 @@ class PserverService:
         log.info("%s: restored the state before step %d from %s", self.name, saved.step,
                  directory / self.name)
 
+    def _checkpoint_at(self, step: int) -> None:
+        """Save the periodic checkpoint if `step` (the sync round's new step, or the step an
+        asynchronous trainer moved on to) is the next multiple of `checkpoint_every`."""
+        every = self.config.checkpoint_every
+        if every is None or self.config.checkpoint_dir is None or step <= self._progress:
+            return
+        due = step // every > self._progress // every
+        self._progress = step
+        if due and self.executor.backend != "phantom":
+            self.save_checkpoint(self.config.checkpoint_dir)
+            self.stats.checkpoints.append(self._steps_applied() if self.mode == SYNC else step)
+
+    # -- recovery ---------------------------------------------------------------------------------
+    def _must_rewind(self, trainer: int, msg: Message) -> bool:
+        """Recovering in sync mode: whether `msg` comes from a trainer still at a step this
+        server lost (it has to redo the steps from `round.step`). A trainer's first message
+        for an earlier step (its fetch of the parameters again) shows it has rewound."""
+        resynced = self._resynced
+        assert resynced is not None
+        if self.mode != SYNC or msg.kind in (Kind.HEARTBEAT, Kind.COMPLETE) \
+                or trainer in resynced:
+            return False
+        if msg.step < self.round.step:
+            resynced.add(trainer)
+            if len(resynced | self.round.completed) >= self.trainers:
+                self._resynced = None  # every trainer is back in step
+            return False
+        return True
+
+    def _rewind(self, msg: Message) -> Message:
+        self.stats.rewinds += 1
+        log.info("%s: trainer message %s at step %d: rewind to step %d", self.name, msg.kind,
+                 msg.step, self.round.step)
+        return Message(Kind.REPLY, msg.id, self.name, self.round.step,
+                       extra={"server_step": self.round.step, "rewind": self.round.step})
+
     def _steps_applied(self) -> int:
         """The first step whose gradients the state has not seen."""
         return self.round.step + (self.round.phase is Phase.PARAMS)
@@ -483,7 +555,8 @@ class PserverService:
         """What a trainer learns from a fetch: where this server is and whether it is waited for."""
         in_fanin = self.mode != SYNC or trainer in self.round.live
         return {"server_step": self.round.step, "in_fanin": in_fanin,
-                "entry_step": self.round.entry_step()}
+                "entry_step": self.round.entry_step(),
+                "next_step": self._next_step.get(trainer, 0), "sync": self.mode == SYNC}
 
     def _ack(self, msg: Message) -> Message:
         return Message(Kind.REPLY, msg.id, self.name, self.round.step,
@@ -529,16 +602,19 @@ class PserverService:
 
     # -- liveness -------------------------------------------------------------------------------
     async def _watchdog(self) -> None:
-        """Drop trainers the sync round waits for that have been silent too long."""
+        """Drop trainers that have been silent too long: in sync mode those the round waits
+        for; otherwise any that has not completed (so a trainer that died for good does not
+        keep the server up)."""
         timeout = self.config.heartbeat_timeout
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(timeout / 4)
             now = loop.time()
-            waited_for = self.round.live - (self.round.sent if self.round.phase.value == "grads"
-                                            else self.round.fetched)
+            waited_for = self.round.live if self.mode != SYNC else \
+                self.round.live - (self.round.sent if self.round.phase is Phase.GRADS
+                                   else self.round.fetched)
             silent = [t for t in sorted(waited_for)
-                      if now - self._last_seen.get(t, 0.0) > timeout]
+                      if now - self._last_seen.get(t, self._serving_since) > timeout]
             for trainer in silent:
                 self.round.leave(trainer, completed=False)
                 self.stats.dropped.append(trainer)

@@ -6,7 +6,8 @@ is sent again, with exponential backoff, until the call's deadline; the server d
 (sender, id), so a retried gradient is applied once. A reply of kind ERROR raises `RemoteError`;
 a deadline that passes raises `RpcTimeout` naming the endpoint, the request and the wait.
 
-One reader task takes every incoming message off the transport and resolves the matching call;
+A node that restarts passes its `incarnation` (how many times it started before) so that its
+message ids do not repeat its earlier life's. One reader task takes every incoming message off the transport and resolves the matching call;
 a reply to a call that already gave up is dropped. All waiting goes through the running loop,
 so the same code runs on a virtual clock.
 """
@@ -53,11 +54,13 @@ class RpcClient:
     """A node's client side: calls to pserver endpoints over one transport."""
 
     def __init__(self, transport: Transport, policy: RetryPolicy | None = None,
-                 max_message_size: int = 1 << 30) -> None:
+                 max_message_size: int = 1 << 30, incarnation: int = 0) -> None:
         self.transport = transport
         self.policy = policy or RetryPolicy()
         self.max_message_size = max_message_size
-        self._ids = itertools.count(1)
+        # A restarted node numbers its messages apart from its earlier life's, which the
+        # servers still remember replies to (their dedupe is by sender name and id).
+        self._ids = itertools.count((incarnation << 32) + 1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self._connected: set[str] = set()
         self._reader: asyncio.Task[None] | None = None

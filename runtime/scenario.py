@@ -6,8 +6,8 @@ file, the line, the field path and a reason, e.g.
 ``quickstart.yaml:14: cluster.trainers: Input should be greater than or equal to 1``.
 `--set path=value` overrides (`apply_overrides`) are validated the same way.
 
-`network`, `compute` and `faults` belong to the simulator and fault injection; they are kept here
-as free-form sections until those layers define their schemas.
+`network` and `compute` belong to the simulator, which parses them (`sim.network`, `sim.cost`);
+`faults` is checked here (`runtime.faults`), against the cluster's nodes too.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import units
+from .faults import FAULT_KINDS, Fault, check_against
 
 
 class ScenarioError(ValueError):
@@ -103,9 +104,16 @@ class TrainSpec(_Strict):
     heartbeat_timeout: float = Field(10.0, gt=0)
     retry_after: float = Field(1.0, gt=0, description="seconds before an unanswered request is "
                                "sent again (then twice as long each time, up to 10 s)")
+    request_timeout: float = Field(120.0, gt=0, description="seconds a request may go "
+                                   "unanswered before its node fails, naming the pserver")
     log_every: int = Field(10, ge=1)
+    checkpoint_every: int | None = Field(None, ge=1, description="pservers save their state "
+                                         "every this many steps (and restart from the last)")
+    checkpoint_dir: str | None = Field(None, description="where; default <outputs.dir>/"
+                                       "checkpoints, or a temporary directory")
 
-    @field_validator("deadline", "heartbeat_timeout", "retry_after", mode="before")
+    @field_validator("deadline", "heartbeat_timeout", "retry_after", "request_timeout",
+                     mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:
         return units.duration(v)
@@ -128,11 +136,15 @@ class BackendSpec(_Strict):
 class ExpectSpec(_Strict):
     final_loss_below: float | None = None
     loss_drop_factor: float | None = Field(None, gt=1)
-    params_equal_to: Literal["local"] | None = None
+    params_equal_to: Literal["local", "fault_free"] | None = None
     params_rtol: float = Field(1e-5, gt=0)
     params_atol: float = Field(1e-5, ge=0)
     no_lost_updates: bool = False
     max_step_time: float | None = None
+    max_steps_redone: int | None = Field(None, ge=0, description="no trainer redoes more steps "
+                                         "than this after pserver restarts")
+    error: str | None = Field(None, description="the run must fail with an error whose message "
+                              "contains this (a fault the job cannot survive)")
 
     @field_validator("max_step_time", mode="before")
     @classmethod
@@ -158,7 +170,7 @@ class Scenario(_Strict):
     backend: BackendSpec = BackendSpec()
     network: dict[str, Any] | None = None
     compute: dict[str, Any] | None = None
-    faults: list[dict[str, Any]] = []
+    faults: list[Fault] = []
     expect: ExpectSpec = ExpectSpec()
     outputs: OutputsSpec = OutputsSpec()
 
@@ -167,6 +179,12 @@ class Scenario(_Strict):
         if self.expect.params_equal_to and self.transpiler.mode != "sync":
             raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, "
                              f"not {self.transpiler.mode}")
+        return self
+
+    @model_validator(mode="after")
+    def _faults_fit_the_cluster(self) -> "Scenario":
+        check_against(self.faults, self.cluster.pservers, self.cluster.trainers,
+                      mode=self.transpiler.mode)
         return self
 
     @model_validator(mode="after")
@@ -207,6 +225,8 @@ def _describe(err: ValidationError, source: str, lines: dict) -> str:
     problems = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        if len(loc) > 2 and loc[0] == "faults" and loc[2] in FAULT_KINDS:
+            loc = loc[:2] + loc[3:]  # the fault's shape is a tag pydantic adds, not a key
         field = ".".join(str(p) for p in loc) or "(top level)"
         line = _line_of(lines, loc)
         where = f"{source}:{line}" if line else source

@@ -15,7 +15,12 @@
 - `checkpoint_notify`: once everything sent is in, every pserver saves its state to ``dir``.
 
 Every message carries the trainer's id and step (`INITIAL_STEP` while running the startup
-program). In timing mode (phantom kernels) the values sent and received are `Phantom`s, cut and
+program). A pserver that restarted from a checkpoint answers a message of a step it lost with
+``rewind: <step>`` (`Rewind`): the trainer abandons what is in flight, fetches the parameters
+again and redoes the steps from there (`TrainerReport.redone` counts them). A trainer that
+starts when the job is under way (late, or restarted after a crash) joins it: in sync mode at
+the first step every pserver admits it, otherwise at the step after the latest the pservers saw
+from it. In timing mode (phantom kernels) the values sent and received are `Phantom`s, cut and
 joined by shape alone, and the loss reported is NaN; remote sparse update needs real ids and
 is refused there. `run_program` runs a block with compute ops through the executor's kernels and RPC ops
 awaited; `Trainer.run` is the loop: startup, then `steps` steps on this trainer's shard of each
@@ -28,7 +33,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -44,6 +49,15 @@ from .tensor import LoDTensor, Phantom, Value, concat_rows, slice_rows, to_dense
 from .wire import Kind, Message
 
 log = logging.getLogger(__name__)
+
+
+class Rewind(Exception):
+    """A pserver restarted from the state before `step`: redo the steps from there."""
+
+    def __init__(self, endpoint: str, step: int) -> None:
+        super().__init__(f"{endpoint} restarted at step {step}")
+        self.endpoint = endpoint
+        self.step = step
 
 
 class RpcOps:
@@ -64,14 +78,19 @@ class RpcOps:
             "checkpoint_notify": self.checkpoint_notify,
         }
 
-    def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
-             names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
-             deadline: float | None = None) -> Coroutine[Any, Any, Message]:
-        """A request of this trainer at its current step (the coroutine of the call)."""
+    async def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
+                   names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
+                   deadline: float | None = None) -> Message:
+        """A request of this trainer at its current step; raises `Rewind` when the pserver
+        asks for the steps it lost to be redone."""
         header: dict[str, Any] = {"trainer": self.trainer_id, **(extra or {})}
         if names is not None:
             header["names"] = names
-        return self.client.call(endpoint, kind, self.step, vars, header, deadline)
+        reply = await self.client.call(endpoint, kind, self.step, vars, header, deadline)
+        rewind = reply.extra.get("rewind")
+        if isinstance(rewind, int) and not isinstance(rewind, bool):
+            raise Rewind(endpoint, rewind)
+        return reply
 
     async def run(self, op: Op, scope: Scope) -> None:
         handler = self.handlers.get(op.type)
@@ -223,6 +242,15 @@ class RpcOps:
         await self.flush_sends()
         await self.wait_for(list(self.pending))
 
+    async def abandon(self) -> None:
+        """Cancel every request in flight (a step given up) and forget what it owed."""
+        tasks = [*self._sends, *self.pending.values()]
+        self._sends, self.pending = [], {}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.charge.owed, self.charge.ops = 0.0, []
+
 
 async def run_program(executor: Executor, program: Program, scope: Scope, rpc: RpcOps,
                       feed: Mapping[str, Any] | None = None,
@@ -324,6 +352,10 @@ class TrainerReport:
     trainer_id: int
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    first_step: int = 0
+    """The step it started at (later than 0 when it joined a job under way)."""
+    redone: int = 0
+    """Steps it took again because a pserver restarted from an earlier checkpoint."""
 
 
 class Trainer:
@@ -339,41 +371,69 @@ class Trainer:
         self.scope = Scope()
         self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer))
         self.heartbeat_interval = heartbeat_interval
+        self.report = TrainerReport(trainer_id)
+        """What it has done so far (all of it once `run` returns)."""
 
     async def run(self, batches: Callable[[int], Mapping[str, Any]], steps: int, loss: str,
                   on_step: Callable[[int, float, float], None] | None = None) -> TrainerReport:
         await self.client.connect(self.endpoints)
-        report = TrainerReport(self.trainer_id)
+        report = self.report = TrainerReport(self.trainer_id)
         beat = asyncio.get_running_loop().create_task(self._heartbeat())
         try:
             self.rpc.step = INITIAL_STEP
             await run_program(self.executor, self.startup, self.scope, self.rpc)
-            first = await self._join_if_late()
+            step = report.first_step = await self._join_if_late()
             loop = asyncio.get_running_loop()
-            for step in range(first, steps):
+            while step < steps:
                 self.rpc.step = self.rpc.charge.step = step
                 start = loop.time()
-                (value,) = await run_program(self.executor, self.main, self.scope, self.rpc,
-                                             batches(step), [loss])
+                try:
+                    (value,) = await run_program(self.executor, self.main, self.scope, self.rpc,
+                                                 batches(step), [loss])
+                except Rewind as rewind:
+                    report.redone += step - rewind.step
+                    step = await self._rewind(rewind)
+                    continue
                 elapsed = loop.time() - start
                 report.losses.append(_loss(value))
                 report.step_times.append(elapsed)
                 if on_step is not None:
                     on_step(step, report.losses[-1], elapsed)
+                step += 1
             if self.main.attrs.get("_is_chief"):
                 await self.rpc.pull_tables(self.main, self.scope)
             await self._complete()
         finally:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
+            await self.rpc.abandon()
         return report
 
+    async def _rewind(self, rewind: Rewind) -> int:
+        """Give up the step in flight and fetch the parameters the step before `rewind.step`
+        left (again, if another pserver asks for an earlier step meanwhile); the step to go on
+        from."""
+        step = rewind.step
+        while True:
+            log.warning("trainer %d: %s; redoing from step %d", self.trainer_id, rewind, step)
+            await self.rpc.abandon()
+            self.rpc.step = step - 1
+            try:
+                await run_program(self.executor, self.startup, self.scope, self.rpc)
+                return step
+            except Rewind as again:
+                rewind, step = again, min(step, again.step)
+
     async def _join_if_late(self) -> int:
-        """The first step this trainer takes part in: 0 when every pserver waits for it;
-        otherwise (it started late, or was dropped) it joins every pserver at the first step
-        all of them can admit, and fetches the parameters the step before leaves."""
+        """The first step this trainer takes part in: 0 when every pserver waits for it and
+        has heard nothing from it yet; otherwise (it started late, was dropped, or restarted)
+        it joins every pserver at the first step all of them can admit, and fetches the
+        parameters the step before leaves."""
         states = [self.rpc.server_state.get(ep, {}) for ep in self.endpoints]
-        if all(state.get("in_fanin", True) for state in states):
+        seen = max((int(state.get("next_step", 0)) for state in states), default=0)
+        if not any(state.get("sync") for state in states):
+            return seen  # asynchronous: fresh, or restarted and going on after its last step
+        if all(state.get("in_fanin", True) for state in states) and seen == 0:
             return 0
         entry = max(int(state.get("entry_step", 0)) for state in states)
         while True:  # servers that moved on admit later; then all are asked for the latest

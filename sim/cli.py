@@ -30,6 +30,7 @@ from typing import Protocol, Sequence, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from runtime import expect
 from runtime.cluster import trainer_name
 from runtime.scenario import Scenario, ScenarioError, load_scenario
 
@@ -158,6 +159,10 @@ def _run(args: argparse.Namespace, stream: TextIO) -> int:
         parser: argparse.ArgumentParser = args.parser
         parser.error(f"{args.scenario}: {err}")
     except Exception as exc:  # the run's failure is the command's outcome, reported by name
+        verdict = expect.outcome(scenario, exc)
+        if verdict is not None and verdict.passed:
+            print(f"OK: {scenario.name}: {verdict.detail}", file=stream)
+            return 0
         print(f"FAILED: the simulation stopped: {type(exc).__name__}: {exc}", file=stream)
         return 1
     wall = time.perf_counter() - start
@@ -212,6 +217,8 @@ def _sweep(args: argparse.Namespace, stream: TextIO) -> int:
     print(f"sweep: {out / 'sweep.json'}", file=stream)
     _plot_sweep(args, record, out, stream)
     errors = sum(p.error is not None for p in record.points)
+    passed = sum(p.passed for p in record.points)
+    print(f"{passed} of {len(record.points)} point(s) met every expectation", file=stream)
     print(f"{errors} of {len(record.points)} point(s) could not run" if errors
           else f"OK: {len(record.points)} point(s) simulated", file=stream, flush=True)
     return 1 if errors else 0

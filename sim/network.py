@@ -51,6 +51,7 @@ from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
 from runtime import units
+from sim.faults import REORDER_WAIT, Fate, MessageFaults
 from runtime.wire import charged_size
 from runtime.transport import (
     Inbound,
@@ -376,6 +377,11 @@ class LinkStats:
     bytes: int = 0
     dropped: int = 0
     """Messages that arrived at a transport already closed."""
+    lost: int = 0
+    """Messages a fault dropped (or a partition cut); see `sim.faults`."""
+    duplicated: int = 0
+    reordered: int = 0
+    delayed: int = 0
 
 
 @dataclass(slots=True)
@@ -446,6 +452,10 @@ class Network:
         self._connected: dict[str, list[SimTransport]] = {}
         self._nics: dict[str, _Nic] = {}
         self._links: dict[tuple[str, str], _Link] = {}
+        self.faults: MessageFaults | None = None
+        """The message faults in force (`sim.faults`); None: none."""
+        self._held_back: dict[tuple[str, str], tuple[_Packet, float]] = {}
+        """A reordered message per link, waiting for the next one to overtake it."""
 
     @classmethod
     def from_spec(
@@ -517,10 +527,50 @@ class Network:
         The one path every message takes between the sender's NIC and the receiver's: fault
         injection decides here whether it is dropped, duplicated, delayed or cut off.
         """
+        faults = self.faults
+        if faults is not None and faults.active:
+            fate = faults.fate(packet.link.src, packet.link.dst)
+            if fate is not None:
+                self._suffer(packet, first_bit, fate)
+                return
+        self._schedule(packet, first_bit)
+        self._release_held_back(packet.link)
+
+    def _schedule(self, packet: _Packet, first_bit: float) -> None:
         link = packet.link
         arrival = max(first_bit, link.last_bit)
         link.last_bit = arrival + packet.wire_time
         asyncio.get_running_loop().call_at(arrival, self._arrive, packet)
+
+    def _suffer(self, packet: _Packet, first_bit: float, fate: Fate) -> None:
+        """Deliver `packet` as its fate says (see `sim.faults.MessageFaults`)."""
+        link = packet.link
+        if fate.lost:
+            link.stats.lost += 1
+            return
+        link.stats.delayed += fate.delay > 0
+        link.stats.duplicated += fate.copies - 1
+        first_bit += fate.delay
+        key = (link.src, link.dst)
+        if fate.reorder and key not in self._held_back:
+            link.stats.reordered += 1
+            self._held_back[key] = (packet, first_bit)
+            loop = asyncio.get_running_loop()
+            loop.call_at(loop.time() + REORDER_WAIT, self._release_held_back, link, packet)
+            return
+        for _ in range(fate.copies):
+            self._schedule(packet, first_bit)
+        self._release_held_back(link)
+
+    def _release_held_back(self, link: _Link, only: _Packet | None = None) -> None:
+        """Send the message held back on `link` (after the one just sent), if any; `only`: if
+        it is that one still (its wait ran out)."""
+        held = self._held_back.get((link.src, link.dst))
+        if held is None or (only is not None and held[0] is not only):
+            return
+        del self._held_back[link.src, link.dst]
+        packet, first_bit = held
+        self._schedule(packet, first_bit)
 
     def _arrive(self, packet: _Packet) -> None:
         """The first bit is in: queue on the receiver's NIC, deliver once fully taken."""

@@ -11,15 +11,17 @@ time can answer). ``OUT/metrics.json`` is exactly `dataclasses.asdict` of it:
                     "samples_per_second", "step_time", "step_time_all", "final_loss",
                     "messages", "bytes", "success", "reason"},
      "trainers": [{"index", "losses", "step_times", "step_ends", "final_loss", "step_time",
-                   "compute_seconds", "barrier_wait_seconds"}],
+                   "compute_seconds", "barrier_wait_seconds", "steps_redone", "first_step"}],
      "pservers": [{"index", "endpoint", "messages", "bytes_in", "bytes_out", "optimize_seconds",
                    "busy_seconds", "busy_share", "nic_in_share", "nic_out_share", "steps",
-                   "errors", "dropped"}],
-     "links": [{"src", "dst", "messages", "bytes", "dropped"}],
+                   "errors", "dropped", "checkpoints", "restored_step", "rewinds"}],
+     "links": [{"src", "dst", "messages", "bytes", "dropped", "lost", "duplicated", "reordered",
+                "delayed"}],
      "nics": [{"node", "messages_out", "bytes_out", "busy_out", "wait_out",
                "messages_in", "bytes_in", "busy_in", "wait_in"}],
      "expectations": [{"name", "expected", "actual", "passed", "detail"}],
-     "notes": ["what this run did not simulate"]}
+     "notes": ["what this run did not simulate"],
+     "faults": [{"fault", "kind", "what", "start", "end"}]}
 
 All times are simulated seconds; the file holds no wall-clock figure, so two runs of the same
 scenario and seed write the same bytes. Definitions:
@@ -58,9 +60,10 @@ from rich.table import Table
 from runtime import expect
 from runtime.cluster import pserver_name, train_locally, trainer_name
 from runtime.job import Job
+from runtime.faults import Slow
 from runtime.metrics import ExpectationResult, PserverMetrics
 
-from .simulate import SimResult, TrainerRun
+from .simulate import SimResult, TrainerRun, simulate
 
 __all__ = ["SimMetrics", "StepTimeStats", "check_expectations", "collect", "console_for",
            "fmt_bytes", "fmt_seconds", "new_figure", "plots_available", "print_summary", "save_png",
@@ -121,6 +124,8 @@ class SimTrainerMetrics:
     step_time: StepTimeStats | None
     compute_seconds: float
     barrier_wait_seconds: float
+    steps_redone: int = 0
+    first_step: int = 0
 
 
 @dataclass
@@ -138,6 +143,9 @@ class SimPserverMetrics:
     steps: int
     errors: int
     dropped: list[int]
+    checkpoints: list[int] = field(default_factory=list)
+    restored_step: int | None = None
+    rewinds: int = 0
 
 
 @dataclass
@@ -147,6 +155,10 @@ class LinkMetrics:
     messages: int
     bytes: int
     dropped: int
+    lost: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    delayed: int = 0
 
 
 @dataclass
@@ -171,6 +183,7 @@ class SimMetrics:
     nics: list[NicMetrics]
     expectations: list[ExpectationResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
     schema: int = SCHEMA_VERSION
 
 
@@ -196,7 +209,8 @@ def _trainer(result: SimResult, run: TrainerRun) -> SimTrainerMetrics:
     return SimTrainerMetrics(
         run.index, list(run.losses), list(run.step_times), list(run.step_ends),
         run.losses[-1] if run.losses else None, StepTimeStats.of(run.step_times),
-        result.compute.get(node, 0.0), result.trace.seconds(node, "rpc", BARRIER_OPS, since))
+        result.compute.get(node, 0.0), result.trace.seconds(node, "rpc", BARRIER_OPS, since),
+        run.redone, run.first_step)
 
 
 def _pserver(result: SimResult, index: int) -> SimPserverMetrics:
@@ -207,7 +221,8 @@ def _pserver(result: SimResult, index: int) -> SimPserverMetrics:
         index, result.endpoints[index], stats.messages, stats.bytes_in, stats.bytes_out,
         stats.optimize_seconds, busy, _share(busy, total),
         _share(nic.busy_in, total) if nic else 0.0, _share(nic.busy_out, total) if nic else 0.0,
-        stats.steps, stats.errors, list(stats.dropped))
+        stats.steps, stats.errors, list(stats.dropped), list(stats.checkpoints),
+        stats.restored_step, stats.rewinds)
 
 
 def _summary(result: SimResult, trainers: list[SimTrainerMetrics]) -> SimSummary:
@@ -235,8 +250,8 @@ def notes_for(result: SimResult) -> list[str]:
         notes.append("network: none given, so an ideal network (no latency, unlimited bandwidth)")
     if s.compute is None:
         notes.append("compute: none given, so compute takes no simulated time")
-    if s.faults:
-        notes.append(f"faults: {len(s.faults)} fault(s) not injected (not simulated yet)")
+    if s.compute is None and any(isinstance(f, Slow) for f in s.faults):
+        notes.append("faults: a slowdown has no effect without a compute model")
     return notes
 
 
@@ -249,20 +264,28 @@ def check_expectations(result: SimResult) -> list[ExpectationResult]:
     def local() -> dict[str, np.ndarray]:
         return train_locally(Job.from_scenario(scenario), scenario.backend.kernels)[1]
 
+    def fault_free() -> dict[str, np.ndarray]:
+        return simulate(scenario.model_copy(update={"faults": []}), base_dir=result.base_dir).params
+
     losses = result.trainers[0].losses if result.trainers else []
-    return expect.check(scenario, losses, result.params, pservers, local,
-                        [t.step_times for t in result.trainers])
+    checked = expect.check(scenario, losses, result.params, pservers, local,
+                           [t.step_times for t in result.trainers], fault_free,
+                           [t.redone for t in result.trainers])
+    verdict = expect.outcome(scenario, None)
+    return checked + ([verdict] if verdict is not None else [])
 
 
 def collect(result: SimResult) -> SimMetrics:
     """Everything `metrics.json` holds, expectations checked."""
     trainers = [_trainer(result, run) for run in result.trainers]
     pservers = [_pserver(result, j) for j in range(len(result.pservers))]
-    links = [LinkMetrics(src, dst, st.messages, st.bytes, st.dropped)
+    links = [LinkMetrics(src, dst, st.messages, st.bytes, st.dropped, st.lost, st.duplicated,
+                         st.reordered, st.delayed)
              for (src, dst), st in sorted(result.links.items())]
     nics = [NicMetrics(node, **asdict(st)) for node, st in sorted(result.nics.items())]
     metrics = SimMetrics(_summary(result, trainers), trainers, pservers, links, nics,
-                         check_expectations(result), notes_for(result))
+                         check_expectations(result), notes_for(result),
+                         [event.as_dict() for event in result.faults])
     failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
     if failed:
         metrics.simulation.success = False
@@ -362,6 +385,28 @@ def pserver_table(m: SimMetrics) -> Table:
     return table
 
 
+def fault_table(m: SimMetrics) -> Table | None:
+    """The faults as they happened, and what they did to messages and steps; None: no fault."""
+    if not m.faults:
+        return None
+    table = Table("fault", "what", "from", "until", title="faults")
+    for f in m.faults:
+        end = f["end"]
+        table.add_row(str(f["fault"]), str(f["what"]), fmt_seconds(float(f["start"])),
+                      fmt_seconds(float(end)) if end is not None else "the end")
+    counts = {name: sum(getattr(link, name) for link in m.links)
+              for name in ("lost", "duplicated", "reordered", "delayed")}
+    table.add_row("", "messages: " + ", ".join(f"{v:,} {k}" for k, v in counts.items()), "", "")
+    redone = [t.steps_redone for t in m.trainers]
+    restarts = [p for p in m.pservers if p.restored_step is not None]
+    if any(redone) or restarts:
+        restored = ", ".join(f"{pserver_name(p.index)} restored at step {p.restored_step}"
+                             for p in restarts)
+        table.add_row("", f"steps redone per trainer: {redone}" + (f"; {restored}" if restored
+                                                                   else ""), "", "")
+    return table
+
+
 def console_for(stream: TextIO) -> Console:
     """A rich console on `stream`: the terminal's width, or 120 columns into a file or pipe."""
     return Console(file=stream, width=None if stream.isatty() else 120, highlight=False)
@@ -370,8 +415,9 @@ def console_for(stream: TextIO) -> Console:
 def print_summary(m: SimMetrics, stream: TextIO) -> None:
     """The summary table, per-trainer and per-pserver tables, notes and expectations."""
     console = console_for(stream)
-    for table in (summary_table(m), trainer_table(m), pserver_table(m)):
-        console.print(table)
+    for table in (summary_table(m), trainer_table(m), pserver_table(m), fault_table(m)):
+        if table is not None:
+            console.print(table)
     for note in m.notes:
         print(f"note: {note}", file=stream)
     for e in m.expectations:

@@ -7,6 +7,11 @@ describes, charged for compute by the model its `compute` section names (`sim.co
 by a `TraceRecorder`. The numbers are real (numeric mode: real tensors, real updates); only time
 is simulated, so the parameters equal those of a real run of the same sync scenario.
 
+The scenario's `faults` are injected by `sim.faults` (messages in the network, crashes and
+restarts of nodes through `runtime.cluster.LocalCluster`, slowdowns in the compute model) and
+listed in `SimResult.faults`; pservers checkpoint into `train.checkpoint_dir`, or a temporary
+directory that is removed after the run.
+
 `train.deadline` is the limit of simulated time: a run that would go past it stops with
 `SimTimeLimit`, and one where every node waits on another with `SimDeadlock`.
 """
@@ -14,19 +19,23 @@ is simulated, so the parameters equal those of a real run of the same sync scena
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import tempfile
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 
-from runtime.cluster import JobResult, run_job, trainer_name
+from runtime.cluster import JobResult, LocalCluster, trainer_name
+from runtime.faults import Crash
 from runtime.job import Job
 from runtime.pserver import ServerStats
 from runtime.scenario import Scenario
 
 from .cost import Ledger, compute_model
+from .faults import FaultEvent, FaultInjector, MessageFaults, Slowdowns
 from .loop import SimStats, VirtualTimeLoop, run
 from .network import LinkStats, Network, NicStats
 from .trace import TraceRecorder
@@ -46,6 +55,9 @@ class TrainerRun:
     losses: list[float]
     step_times: list[float]
     step_ends: list[float]
+    redone: int = 0
+    """Steps taken again after a pserver restarted from an earlier checkpoint."""
+    first_step: int = 0
 
     @property
     def steps_start(self) -> float:
@@ -69,6 +81,8 @@ class SimResult:
     compute: dict[str, float] = field(default_factory=dict)
     """Modelled compute seconds of each node during training steps (a trainer's startup aside)."""
     loop: SimStats = field(default_factory=SimStats)
+    faults: list[FaultEvent] = field(default_factory=list)
+    base_dir: Path | None = None
 
     @property
     def messages(self) -> int:
@@ -81,8 +95,10 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
     scenario file's folder; default the working directory)."""
     trace = TraceRecorder()
     network = Network.from_spec(scenario.network, scenario.seed, trace.message)
+    messages = network.faults = MessageFaults(scenario.seed)
     model = compute_model(scenario.compute, scenario.seed, base_dir or Path.cwd())
-    compute = None if model is None else Ledger(model)
+    slowdowns = None if model is None else Slowdowns(model)
+    compute = None if slowdowns is None else Ledger(slowdowns)
     job = Job.from_scenario(scenario)
     ends: dict[int, list[float]] = {i: [] for i in range(job.trainers)}
 
@@ -90,17 +106,38 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
         now = asyncio.get_running_loop().time()
         ends[trainer].append(now)
         trace.span(trainer_name(trainer), f"step {step}", now - seconds, now, "step")
+        injector.on_step(trainer, step)
         if on_step is not None:
             on_step(trainer, step, loss, seconds, now)
 
-    async def main() -> tuple[JobResult, float, SimStats]:
-        result = await run_job(job, network.transport, compute, trace, observe)
+    async def main(cluster: LocalCluster) -> tuple[JobResult, float, SimStats]:
+        injector.start()
+        result = await cluster.run()
         loop = cast(VirtualTimeLoop, asyncio.get_running_loop())
         return result, loop.time(), loop.stats
 
-    result, now, stats = run(main(), max_time=scenario.train.deadline)
-    trainers = [TrainerRun(r.trainer_id, r.losses, r.step_times, ends[r.trainer_id])
-                for r in result.trainers]
+    with _checkpoint_dir(scenario) as checkpoints:
+        cluster = LocalCluster(job, network.transport, compute, trace, observe, checkpoints)
+        injector = FaultInjector(list(scenario.faults), cluster, messages, slowdowns, trace)
+        result, now, stats = run(main(cluster), max_time=scenario.train.deadline)
+    trainers = [TrainerRun(r.trainer_id, r.losses, r.step_times, ends[r.trainer_id], r.redone,
+                           r.first_step) for r in result.trainers]
     return SimResult(scenario, job.endpoints, now, trainers, result.pservers, result.params,
                      network.link_stats(), network.nic_stats(), trace,
-                     dict(compute.in_steps) if compute else {}, stats)
+                     dict(compute.in_steps) if compute else {}, stats, injector.events, base_dir)
+
+
+@contextmanager
+def _checkpoint_dir(scenario: Scenario) -> Iterator[Path | None]:
+    """Where pservers checkpoint: `train.checkpoint_dir`, or a temporary directory when they
+    checkpoint (`train.checkpoint_every`) or may restart (a pserver crash); else None."""
+    train = scenario.train
+    if train.checkpoint_dir is not None:
+        yield Path(train.checkpoint_dir)
+        return
+    crashes = any(isinstance(f, Crash) and f.crash.startswith("pserver:") for f in scenario.faults)
+    if train.checkpoint_every is None and not crashes:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="pslab-sim-checkpoints-") as tmp:
+        yield Path(tmp)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
+from runtime import expect
 from runtime.scenario import load_scenario
 
 from .report import collect, fmt_seconds, new_figure, save_png
@@ -49,12 +50,23 @@ class Axis:
 
     @staticmethod
     def parse(text: str) -> Axis:
+        """``path=v1,v2,...``; an item ``a..b`` stands for the integers a to b inclusive."""
         path, sep, values = text.partition("=")
         items = tuple(v.strip() for v in values.split(","))
         if not sep or not path.strip() or not all(items):
             raise SweepError(f"--vary {text!r}: expected path=value,value..., "
-                             f"e.g. cluster.pservers=1,2,4")
-        return Axis(path.strip(), items)
+                             f"e.g. cluster.pservers=1,2,4 or seed=0..199")
+        return Axis(path.strip(), tuple(v for item in items for v in _expand(item, text)))
+
+
+def _expand(item: str, text: str) -> list[str]:
+    first, dots, last = item.partition("..")
+    if not dots:
+        return [item]
+    if not (first.strip().lstrip("-").isdigit() and last.strip().lstrip("-").isdigit()) \
+            or int(first) > int(last):
+        raise SweepError(f"--vary {text!r}: {item!r} is not a range of integers a..b with a <= b")
+    return [str(n) for n in range(int(first), int(last) + 1)]
 
 
 @dataclass
@@ -87,11 +99,16 @@ class SweepRecord:
 def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str]) -> SweepPoint:
     """Simulate the scenario with `settings` on top of `overrides`; errors are recorded."""
     point = SweepPoint(settings)
+    scenario = None
     try:
         scenario = load_scenario(scenario_path,
                                  overrides + [f"{k}={v}" for k, v in settings.items()])
         metrics = collect(simulate(scenario, base_dir=scenario_path.parent))
     except Exception as exc:  # a point that cannot run is an outcome of the sweep
+        verdict = None if scenario is None else expect.outcome(scenario, exc)
+        if verdict is not None:  # the scenario expects this run to fail
+            point.passed, point.failed = verdict.passed, [] if verdict.passed else ["error"]
+            return point
         point.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         return point
     s = metrics.simulation

@@ -234,7 +234,7 @@ def test_another_process_with_another_hash_seed_writes_the_same_bytes(
 def test_quickstart_metrics_hold_the_run(sim_runs: Callable[[Path, int], Run]) -> None:
     metrics = sim_runs(QUICKSTART, 1).metrics()
     assert set(metrics) == {"schema", "simulation", "trainers", "pservers", "links", "nics",
-                            "expectations", "notes"}
+                            "expectations", "notes", "faults"}
     s, trainers, pservers = metrics["simulation"], metrics["trainers"], metrics["pservers"]
     assert (s["scenario"], s["mode"], s["pservers"], s["trainers"], s["steps"]) == \
         ("quickstart", "sync", 2, 2, 150)

@@ -129,6 +129,7 @@ class LocalCluster:
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._changed = asyncio.Event()
         self._restarting: set[str] = set()
+        self._earlier: dict[int, TrainerReport] = {}  # what crashed trainers did before
 
     # -- nodes ------------------------------------------------------------------------------------
     def _start_pserver(self, index: int, recovering: bool = False) -> None:
@@ -181,6 +182,7 @@ class LocalCluster:
         if role == "pserver":
             self._start_pserver(index, recovering=True)
         else:
+            self._earlier[index] = _joined(self._earlier.get(index), self.trainers[index].report)
             self._start_trainer(index)
         self._changed.set()
 
@@ -197,7 +199,8 @@ class LocalCluster:
         trainer0 = self.trainers.get(0)
         params = {} if self.job.timing or trainer0 is None else \
             {p: np.array(trainer0.scope.get(p)) for p in self.job.model.params}
-        reports = [self.reports.get(i) or self._partial(i) for i in range(self.job.trainers)]
+        reports = [_joined(self._earlier.get(i), self.reports.get(i) or self._partial(i))
+                   for i in range(self.job.trainers)]
         stats = [self.stats.get(j, ServerStats()) for j in range(len(self.job.endpoints))]
         return JobResult(reports, stats, params)
 
@@ -237,6 +240,16 @@ class LocalCluster:
             await trainer.client.close()
         for server in self.servers.values():
             await server.transport.close()
+
+
+def _joined(earlier: TrainerReport | None, later: TrainerReport) -> TrainerReport:
+    """A trainer's whole record over its lives: the steps of each, in order; `first_step` is
+    where its last life began."""
+    if earlier is None:
+        return later
+    return TrainerReport(later.trainer_id, earlier.losses + later.losses,
+                         earlier.step_times + later.step_times, later.first_step,
+                         earlier.redone + later.redone)
 
 
 async def _close(owner: Any, role: str) -> None:

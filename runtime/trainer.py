@@ -353,7 +353,7 @@ class TrainerReport:
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     first_step: int = 0
-    """The step it started at (later than 0 when it joined a job under way)."""
+    """The step it started at (later than 0 when it joined a job under way, e.g. restarted)."""
     redone: int = 0
     """Steps it took again because a pserver restarted from an earlier checkpoint."""
 

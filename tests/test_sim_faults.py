@@ -1,0 +1,250 @@
+"""Faults in the simulator: the `faults:` schema, message fates on the simulated network, crash
+and restart with checkpoints, rewind and rejoin, and every shipped fault scenario replayed with
+its `expect` block (tests/test_runtime_faults.py replays them on real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.faults import LinkFaults, Partition, Trigger
+from runtime.scenario import ScenarioError, load_scenario, parse_scenario
+from sim.faults import REORDER_WAIT, MessageFaults
+from sim.loop import run
+from sim.network import Network, SimTransport
+from sim.report import collect
+from sim.simulate import SimResult, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULT_SCENARIOS = sorted((ROOT / "scenarios" / "faults").glob("*.yaml"))
+LOSSY = ROOT / "scenarios" / "faults" / "lossy.yaml"
+RESTART = ROOT / "scenarios" / "faults" / "pserver_restart.yaml"
+
+
+def sim(path: Path, *overrides: str) -> SimResult:
+    return simulate(load_scenario(path, list(overrides)), base_dir=path.parent)
+
+
+# -- the schema -------------------------------------------------------------------------------
+
+def test_the_four_fault_shapes_parse_with_units_and_step_triggers() -> None:
+    s = load_scenario(ROOT / "scenarios" / "quickstart.yaml", [
+        'faults=[{at: "step 80", crash: "pserver:1", restart_after: 2s},'
+        ' {at: 1.5s, partition: [["trainer:0"], ["pserver:*"]], heal_after: 300ms},'
+        ' {links: ["trainer:*", "pserver:*"], drop: 0.01, delay: 0.1, delay_by: 20ms},'
+        ' {at: 2s, slow: "trainer:1", slowdown: 3, for: 1s}]'])
+    crash, partition, links, slow = s.faults
+    assert crash.at == Trigger(step=80) and crash.restart_after == 2.0  # type: ignore[union-attr]
+    assert partition.at == Trigger(seconds=1.5) and partition.heal_after == pytest.approx(0.3)  # type: ignore[union-attr]
+    assert links.delay_by == pytest.approx(0.02) and links.at is None  # type: ignore[union-attr]
+    assert slow.duration == 1.0 and slow.slowdown == 3.0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fault, message", [
+    ('{at: 1s, crash: "pserver:5"}', "faults[0]: crash 'pserver:5': no such node"),
+    ('{at: 1s, crash: "trainer:*"}', "faults.0.crash: Value error, crash names one node"),
+    ('{at: 1s, partition: [["trainer:9"], ["pserver:*"]]}', "'trainer:9' matches no node"),
+    ('{links: ["trainer:*", "pserver:*"], drop: 1.0}', "faults.0.drop: Input should be less than 1"),
+    ('{at: soon, slow: "trainer:0", slowdown: 2}', 'faults.0.at: Value error, duration \'soon\''),
+    ('{at: 1s, crash: "pserver:0", reboot: 2s}', "faults.0.reboot: Extra inputs"),
+    ('{at: 1s, explode: "pserver:0"}', "a fault names exactly one of crash, partition, links, slow"),
+])
+def test_a_bad_fault_is_refused_naming_the_entry_and_line(fault: str, message: str) -> None:
+    text = f"name: x\nmodel: {{name: mlp}}\ncluster: {{pservers: 2, trainers: 2}}\nfaults:\n  - {fault}\n"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text, "x.yaml")
+    assert message.replace("Value error, ", "") in str(err.value)
+    assert str(err.value).startswith("x.yaml:")
+
+
+# -- message fates ------------------------------------------------------------------------------
+
+def test_a_partition_cuts_both_ways_between_its_groups_only() -> None:
+    faults = MessageFaults(seed=0)
+    faults.partitions.append(Partition(at=Trigger(seconds=0), partition=(("trainer:0",),
+                                                                         ("pserver:*",))))
+    assert faults.fate("trainer:0", "pserver:1") == faults.fate("pserver:1", "trainer:0")
+    assert faults.fate("trainer:0", "pserver:1").cut  # type: ignore[union-attr]
+    assert faults.fate("trainer:1", "pserver:1") is None
+
+
+def test_fates_are_drawn_per_link_from_the_seed_in_a_fixed_order() -> None:
+    rule = LinkFaults(links=("trainer:*", "pserver:*"), drop=0.3, duplicate=0.2, reorder=0.1)
+    faults = MessageFaults(seed=11)
+    faults.rules.append(rule)
+    other = [faults.fate("trainer:1", "pserver:0") for _ in range(50)]  # another link's stream
+    fates = [faults.fate("trainer:0", "pserver:0") for _ in range(500)]
+    rng = random.Random("11:faults:trainer:0->pserver:0")
+    for fate in fates:
+        drop, dup, late, swap = (rng.random() for _ in range(4))
+        assert fate is not None and fate.lost == (drop < 0.3)
+        assert fate.copies == 1 + (dup < 0.2) and fate.reorder == (swap < 0.1)
+    assert 0.25 < sum(f.lost for f in fates if f) / 500 < 0.35
+    assert other != fates[:50]
+
+
+def deliveries(rule: LinkFaults, count: int = 40) -> tuple[list[tuple[float, int]], Network]:
+    """`count` numbered messages from trainer:0 to pserver:0, 1ms apart, under `rule`:
+    (arrival time, number) in arrival order."""
+    net = Network.from_spec({"default": {"latency": "100us"}}, seed=3)
+    net.faults = MessageFaults(seed=3)
+    net.faults.rules.append(rule)
+    log: list[tuple[float, int]] = []
+
+    async def receive(server: SimTransport) -> None:
+        while True:
+            _, frames = await server.recv()
+            log.append((asyncio.get_running_loop().time(),
+                        int.from_bytes(bytes(frames[0]), "little")))
+
+    async def main() -> None:
+        server = net.transport("pserver:0")
+        await server.bind("ps0")
+        client = net.transport("trainer:0")
+        await client.connect("ps0")
+        receiver = asyncio.get_running_loop().create_task(receive(server))
+        for n in range(count):
+            await client.send("ps0", [n.to_bytes(4, "little")])
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.1)  # virtual time: everything due has arrived by then
+        receiver.cancel()
+        await asyncio.gather(receiver, return_exceptions=True)
+
+    run(main())
+    return log, net
+
+
+def test_dropped_messages_never_arrive_and_duplicates_arrive_twice() -> None:
+    log, net = deliveries(LinkFaults(links=("trainer:*", "pserver:*"), drop=0.2, duplicate=0.2))
+    stats = net.link_stats()["trainer:0", "pserver:0"]
+    numbers = [n for _, n in log]
+    assert len(set(numbers)) == 40 - stats.lost and len(numbers) - len(set(numbers)) == stats.duplicated
+    assert stats.lost > 0 and stats.duplicated > 0
+    assert numbers == sorted(numbers)  # no reordering asked: order kept
+
+
+def test_a_reordered_message_arrives_right_after_the_next_one() -> None:
+    log, net = deliveries(LinkFaults(links=("trainer:*", "pserver:*"), reorder=0.3))
+    numbers = [n for _, n in log]
+    assert sorted(numbers) == list(range(40))
+    swapped = [i for i in range(39) if numbers[i] > numbers[i + 1]]
+    reordered = net.link_stats()["trainer:0", "pserver:0"].reordered
+    last_time, last = log[-1]
+    held_alone = last == 39 and last_time >= 0.039 + REORDER_WAIT  # no next message came
+    assert len(swapped) + held_alone == reordered > 0
+    for i in swapped:
+        assert numbers[i] == numbers[i + 1] + 1  # a neighbouring pair, swapped
+
+
+def test_a_delayed_message_arrives_delay_by_later() -> None:
+    clean, _ = deliveries(LinkFaults(links=("trainer:*", "pserver:*")))
+    late, net = deliveries(LinkFaults(links=("trainer:*", "pserver:*"), delay=0.5,
+                                      delay_by=0.0005))
+    delayed = [b - a for (a, _), (b, _) in zip(clean, late) if b != a]
+    assert len(delayed) == net.link_stats()["trainer:0", "pserver:0"].delayed > 0
+    assert delayed == pytest.approx([0.0005] * len(delayed))
+
+
+# -- the shipped fault scenarios ---------------------------------------------------------------
+
+def test_the_fault_scenarios_are_shipped() -> None:
+    assert {p.stem for p in FAULT_SCENARIOS} >= {"lossy", "partition", "pserver_restart",
+                                                 "pserver_lost", "trainer_crash", "slow_node"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", FAULT_SCENARIOS, ids=[p.stem for p in FAULT_SCENARIOS])
+def test_each_fault_scenario_meets_its_expectations_in_the_simulator(path: Path) -> None:
+    scenario = load_scenario(path)
+    try:
+        result = simulate(scenario, base_dir=path.parent)
+    except Exception as exc:
+        assert scenario.expect.error is not None, f"{path.name} failed: {exc}"
+        assert scenario.expect.error in str(exc)
+        return
+    metrics = collect(result)
+    assert metrics.expectations, f"{path.name} states no expectation"
+    failed = [e.detail for e in metrics.expectations if not e.passed]
+    assert not failed, failed
+    assert metrics.faults and all(f["start"] is not None for f in metrics.faults)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("name", ["lossy", "partition"])
+def test_sync_under_message_faults_ends_exactly_as_without_them(name: str, seed: int) -> None:
+    """200 seeds per scenario are `sim sweep scenarios/faults/NAME.yaml --vary seed=0..199`."""
+    path = ROOT / "scenarios" / "faults" / f"{name}.yaml"
+    faulty = sim(path, f"seed={seed}")
+    clean = sim(path, f"seed={seed}", "faults=[]")
+    links = faulty.links.values()
+    assert sum(link.lost for link in links) > 0
+    for pname, value in clean.params.items():
+        np.testing.assert_array_equal(faulty.params[pname], value, err_msg=pname)
+    assert [p.steps for p in faulty.pservers] == [faulty.scenario.train.steps] * 2
+
+
+@pytest.mark.timeout(60)
+def test_two_runs_of_a_fault_scenario_give_identical_metrics_and_trace() -> None:
+    def once() -> tuple[str, str]:
+        result = sim(LOSSY, "train.steps=10")
+        metrics = json.dumps(asdict(collect(result)), sort_keys=True)
+        return metrics, json.dumps(result.trace.chrome_trace(), sort_keys=True)
+    first, second = once(), once()
+    assert first == second
+    assert '"cat": "fault"' in first[1]
+
+
+# -- recovery -----------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_restarted_pserver_resumes_from_its_checkpoint_and_trainers_redo_the_rest() -> None:
+    result = sim(RESTART, "train.steps=60")
+    restarted = result.pservers[1]
+    assert restarted.restored_step == 40 and restarted.rewinds >= 2
+    assert result.pservers[0].checkpoints == [10, 20, 30, 40, 50, 60][:len(result.pservers[0].checkpoints)]
+    redone = [t.redone for t in result.trainers]
+    assert all(0 < r <= 10 for r in redone)
+    # every trainer took every step once, plus those it redid
+    assert [len(t.losses) for t in result.trainers] == [60 + r for r in redone]
+
+
+@pytest.mark.timeout(60)
+def test_a_pserver_restarted_without_checkpoints_starts_over_and_trainers_redo_everything() -> None:
+    result = sim(RESTART, "train.steps=60", "train.checkpoint_every=null")
+    assert result.pservers[1].restored_step == 0
+    assert [t.redone for t in result.trainers] == [45, 44] or \
+        all(44 <= t.redone <= 46 for t in result.trainers)
+
+
+@pytest.mark.timeout(60)
+def test_a_trainer_that_dies_for_good_is_dropped_and_the_others_finish() -> None:
+    path = ROOT / "scenarios" / "faults" / "trainer_crash.yaml"
+    result = sim(path, "train.steps=200", 'faults=[{at: "step 50", crash: "trainer:1"}]')
+    finished = [len(t.losses) for t in result.trainers]
+    assert finished[0] == finished[2] == 200 and finished[1] in (49, 50)  # the first has 50
+    assert all(p.dropped == [1] for p in result.pservers)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["async", "half_async"])
+def test_in_the_asynchronous_modes_a_restarted_trainer_goes_on_after_its_last_step(mode: str) -> None:
+    path = ROOT / "scenarios" / "faults" / "trainer_crash.yaml"
+    result = sim(path, f"transpiler.mode={mode}", "train.steps=300", "expect={}",
+                 'faults=[{at: "step 50", crash: "trainer:1", restart_after: 100ms}]')
+    crashed = result.trainers[1]
+    assert 45 <= crashed.first_step <= 60
+    assert len(crashed.losses) == 300 - crashed.first_step + _steps_before_crash(result)
+
+
+def _steps_before_crash(result: SimResult) -> int:
+    """Steps trainer 1 finished before it crashed (its restarted life starts at first_step)."""
+    ends = result.trainers[1].step_ends
+    crash = result.faults[0].start
+    return sum(1 for end in ends if end <= crash)

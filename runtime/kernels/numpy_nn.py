@@ -10,7 +10,8 @@ import math
 import numpy as np
 
 from ..tensor import SelectedRows
-from .common import out_grad
+from .common import (Segments, hard_labels, ignore_index, lookup_ids, mul_dims, out_grad,
+                     padding_idx, pool_scale, soft_label)
 from .context import KernelContext
 from .registry import register
 
@@ -22,14 +23,10 @@ def _flatten2(a: Array, num_col_dims: int) -> Array:
     return a.reshape(math.prod(a.shape[:num_col_dims]), math.prod(a.shape[num_col_dims:]))
 
 
-def _mul_dims(ctx: KernelContext) -> tuple[int, int]:
-    return int(ctx.attr("x_num_col_dims", 1)), int(ctx.attr("y_num_col_dims", 1))
-
-
 @register("mul")
 def mul(ctx: KernelContext) -> None:
     x, y = ctx.input("X"), ctx.input("Y")
-    xd, yd = _mul_dims(ctx)
+    xd, yd = mul_dims(ctx)
     out = _flatten2(x, xd) @ _flatten2(y, yd)
     ctx.set_output("Out", out.reshape(x.shape[:xd] + y.shape[yd:]), lod=ctx.lod("X"))
 
@@ -37,7 +34,7 @@ def mul(ctx: KernelContext) -> None:
 @register("mul_grad")
 def mul_grad(ctx: KernelContext) -> None:
     x, y = ctx.input("X"), ctx.input("Y")
-    xd, yd = _mul_dims(ctx)
+    xd, yd = mul_dims(ctx)
     x2, y2 = _flatten2(x, xd), _flatten2(y, yd)
     g = out_grad(ctx, ctx.input("Out")).reshape(x2.shape[0], y2.shape[1])
     if ctx.has_output("X@GRAD"):
@@ -66,31 +63,14 @@ def softmax_grad(ctx: KernelContext) -> None:
 
 
 # -- cross entropy ------------------------------------------------------------------------------
-def _hard_labels(label: Array, rows: int, ignore_index: int) -> tuple[Array, Array]:
-    """Class ids per row (ignored rows point at class 0) and the mask of rows that count."""
-    ids = label.reshape(-1).astype(np.int64)
-    if ids.shape[0] != rows:
-        raise ValueError(f"Label holds {ids.shape[0]} ids for {rows} rows")
-    keep = ids != ignore_index
-    return np.where(keep, ids, 0), keep
-
-
-def _soft(ctx: KernelContext) -> bool:
-    return bool(ctx.attr("soft_label", False))
-
-
-def _ignore(ctx: KernelContext) -> int:
-    return int(ctx.attr("ignore_index", -100))
-
-
 @register("cross_entropy")
 def cross_entropy(ctx: KernelContext) -> None:
     x, label = ctx.input("X"), ctx.input("Label")
     p = x.reshape(-1, x.shape[-1])
-    if _soft(ctx):
+    if soft_label(ctx):
         loss = -(label.reshape(p.shape) * np.log(p)).sum(axis=1)
     else:
-        ids, keep = _hard_labels(label, p.shape[0], _ignore(ctx))
+        ids, keep = hard_labels(label, p.shape[0], ignore_index(ctx))
         loss = np.where(keep, -np.log(p[np.arange(p.shape[0]), ids]), 0)
     ctx.set_output("Y", loss.astype(x.dtype).reshape(x.shape[:-1] + (1,)))
 
@@ -100,10 +80,10 @@ def cross_entropy_grad(ctx: KernelContext) -> None:
     x, label = ctx.input("X"), ctx.input("Label")
     p = x.reshape(-1, x.shape[-1])
     g = out_grad(ctx, ctx.input("Y"), "Y@GRAD").reshape(-1, 1)
-    if _soft(ctx):
+    if soft_label(ctx):
         dp = -g * label.reshape(p.shape) / p
     else:
-        ids, keep = _hard_labels(label, p.shape[0], _ignore(ctx))
+        ids, keep = hard_labels(label, p.shape[0], ignore_index(ctx))
         rows = np.arange(p.shape[0])
         dp = np.zeros_like(p)
         dp[rows, ids] = np.where(keep, -g[:, 0] / p[rows, ids], 0)
@@ -116,10 +96,10 @@ def softmax_with_cross_entropy(ctx: KernelContext) -> None:
     z = logits.reshape(-1, logits.shape[-1])
     shifted = z - z.max(axis=1, keepdims=True)
     log_sm = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    if _soft(ctx):
+    if soft_label(ctx):
         loss = -(label.reshape(z.shape) * log_sm).sum(axis=1)
     else:
-        ids, keep = _hard_labels(label, z.shape[0], _ignore(ctx))
+        ids, keep = hard_labels(label, z.shape[0], ignore_index(ctx))
         loss = np.where(keep, -log_sm[np.arange(z.shape[0]), ids], 0)
     ctx.set_output("Softmax", np.exp(log_sm).reshape(logits.shape))
     ctx.set_output("Loss", loss.astype(logits.dtype).reshape(logits.shape[:-1] + (1,)))
@@ -132,11 +112,11 @@ def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
     sm, label = ctx.input("Softmax"), ctx.input("Label")
     s = sm.reshape(-1, sm.shape[-1])
     g = out_grad(ctx, ctx.input("Loss"), "Loss@GRAD").reshape(-1, 1)
-    if _soft(ctx):
+    if soft_label(ctx):
         soft = label.reshape(s.shape)
         d = s * soft.sum(axis=1, keepdims=True) - soft
     else:
-        ids, keep = _hard_labels(label, s.shape[0], _ignore(ctx))
+        ids, keep = hard_labels(label, s.shape[0], ignore_index(ctx))
         d = s.copy()
         d[np.arange(s.shape[0]), ids] -= 1
         d *= keep[:, None]
@@ -144,24 +124,12 @@ def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
 
 
 # -- lookup_table -------------------------------------------------------------------------------
-def _ids(ctx: KernelContext, vocab: int) -> Array:
-    ids = ctx.input("Ids").reshape(-1).astype(np.int64, copy=False)
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-        raise IndexError(f"Ids {ids.min()}..{ids.max()} outside the table's {vocab} rows")
-    return ids
-
-
-def _padding(ctx: KernelContext) -> int:
-    pad = ctx.attr("padding_idx", -1)
-    return -1 if pad is None else int(pad)
-
-
 @register("lookup_table")
 def lookup_table(ctx: KernelContext) -> None:
     w, ids_in = ctx.input("W"), ctx.input("Ids")
-    ids = _ids(ctx, w.shape[0])
+    ids = lookup_ids(ctx, w.shape[0])
     out = w[ids]
-    pad = _padding(ctx)
+    pad = padding_idx(ctx)
     if pad >= 0:
         out[ids == pad] = 0
     lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
@@ -173,9 +141,9 @@ def lookup_table_grad(ctx: KernelContext) -> None:
     """Rows of Out@GRAD go to the rows they were read from; the padding row gets none. Sparse
     (`is_sparse`): a SelectedRows with one row per id, repeats kept."""
     w = ctx.input("W")
-    ids = _ids(ctx, w.shape[0])
+    ids = lookup_ids(ctx, w.shape[0])
     g = out_grad(ctx, ctx.input("Out")).reshape((ids.shape[0],) + w.shape[1:])
-    keep = ids != _padding(ctx)
+    keep = ids != padding_idx(ctx)
     if ctx.attr("is_sparse", False):
         ctx.set_output("W@GRAD", SelectedRows(ids[keep], g[keep], w.shape[0]))
         return
@@ -185,35 +153,11 @@ def lookup_table_grad(ctx: KernelContext) -> None:
 
 
 # -- sequence_pool ------------------------------------------------------------------------------
-class _Segments:
-    """The last LoD level of X as start offsets, lengths and a row -> sequence map."""
-
-    def __init__(self, ctx: KernelContext, rows: int) -> None:
-        lod = ctx.lod("X")
-        if not lod:
-            raise ValueError(f"input X {ctx.input_names('X')[0]!r} has no LoD")
-        offsets = np.asarray(lod[-1], dtype=np.int64)
-        if offsets[-1] != rows:
-            raise ValueError(f"LoD {lod[-1]} does not cover the {rows} rows of X")
-        self.outer_lod = lod[:-1]
-        self.starts, self.ends = offsets[:-1], offsets[1:]
-        self.lengths = self.ends - self.starts
-        self.count = self.lengths.shape[0]
-        self.nonempty = self.lengths > 0
-        self.row_seq = np.repeat(np.arange(self.count), self.lengths)
-
-
-def _pool_scale(kind: str, lengths: Array, dtype: np.dtype) -> Array:
-    """Per-sequence factor of SUM-like pools: 1, 1/len (AVERAGE) or 1/sqrt(len) (SQRT)."""
-    n = np.maximum(lengths, 1).astype(dtype)
-    return {"SUM": np.ones_like(n), "AVERAGE": 1 / n, "SQRT": 1 / np.sqrt(n)}[kind]
-
-
 @register("sequence_pool")
 def sequence_pool(ctx: KernelContext) -> None:
     x = ctx.input("X")
     kind = str(ctx.attr("pooltype", "AVERAGE")).upper()
-    seg = _Segments(ctx, x.shape[0])
+    seg = Segments(ctx, x.shape[0])
     x2 = x.reshape(x.shape[0], -1)
     out = np.zeros((seg.count, x2.shape[1]), dtype=x.dtype)
     index = np.full(out.shape, -1, dtype=np.int32)
@@ -221,7 +165,7 @@ def sequence_pool(ctx: KernelContext) -> None:
     if kind in ("SUM", "AVERAGE", "SQRT"):
         if starts.size:
             out[ne] = np.add.reduceat(x2, starts, axis=0)
-        out *= _pool_scale(kind, seg.lengths, x.dtype)[:, None]
+        out *= pool_scale(kind, seg.lengths, x.dtype)[:, None]
     elif kind == "MAX":
         if starts.size:
             out[ne] = np.maximum.reduceat(x2, starts, axis=0)
@@ -242,11 +186,11 @@ def sequence_pool(ctx: KernelContext) -> None:
 def sequence_pool_grad(ctx: KernelContext) -> None:
     x = ctx.input("X")
     kind = str(ctx.attr("pooltype", "AVERAGE")).upper()
-    seg = _Segments(ctx, x.shape[0])
+    seg = Segments(ctx, x.shape[0])
     g = out_grad(ctx, ctx.input("Out")).reshape(seg.count, -1)
     ne = seg.nonempty
     if kind in ("SUM", "AVERAGE", "SQRT"):
-        dx = (g * _pool_scale(kind, seg.lengths, x.dtype)[:, None])[seg.row_seq]
+        dx = (g * pool_scale(kind, seg.lengths, x.dtype)[:, None])[seg.row_seq]
     else:
         dx = np.zeros((x.shape[0], g.shape[1]), dtype=x.dtype)
         if kind == "MAX":

@@ -2,7 +2,7 @@
 (dense or `SelectedRows` gradient) and `sequence_pool`, with their gradients: `numpy_nn` op for op.
 
 Index bookkeeping stays on the host in numpy, shared with the numpy backend: label ids and the
-ignore mask (`_hard_labels`), table ids (`_ids`), LoD segments (`_Segments`). Only the values are
+ignore mask (`hard_labels`), table ids (`lookup_ids`), LoD segments (`Segments`). Only the values are
 computed in torch; scatters and gathers replace numpy's fancy indexing and `ufunc.at`/`reduceat`.
 """
 
@@ -14,8 +14,8 @@ import numpy as np
 
 from ..tensor import SelectedRows
 from .context import KernelContext
-from .numpy_nn import (_hard_labels, _ids, _ignore, _mul_dims, _padding, _pool_scale, _Segments,
-                       _soft)
+from .common import (Segments, hard_labels, ignore_index, lookup_ids, mul_dims, padding_idx,
+                     pool_scale, soft_label)
 from .torch_common import (Tensor, array, as_float, input_t, kernel, out_grad_t, put, tensor,
                            torch, zeros)
 
@@ -34,7 +34,7 @@ def _matmul(a: Tensor, b: Tensor) -> Tensor:
 @kernel("mul")
 def mul(ctx: KernelContext) -> None:
     x, y = input_t(ctx, "X"), input_t(ctx, "Y")
-    xd, yd = _mul_dims(ctx)
+    xd, yd = mul_dims(ctx)
     out = _matmul(_flatten2(x, xd), _flatten2(y, yd))
     put(ctx, "Out", out.reshape(x.shape[:xd] + y.shape[yd:]), lod=ctx.lod("X"))
 
@@ -42,7 +42,7 @@ def mul(ctx: KernelContext) -> None:
 @kernel("mul_grad")
 def mul_grad(ctx: KernelContext) -> None:
     x, y = input_t(ctx, "X"), input_t(ctx, "Y")
-    xd, yd = _mul_dims(ctx)
+    xd, yd = mul_dims(ctx)
     x2, y2 = _flatten2(x, xd), _flatten2(y, yd)
     g = out_grad_t(ctx).reshape(x2.shape[0], y2.shape[1])
     if ctx.has_output("X@GRAD"):
@@ -74,7 +74,7 @@ def softmax_grad(ctx: KernelContext) -> None:
 # -- cross entropy ------------------------------------------------------------------------------
 def _labels(ctx: KernelContext, label: np.ndarray, rows: int) -> tuple[Tensor, Tensor]:
     """Class ids per row (as a [rows, 1] index) and the mask of rows that count, on the device."""
-    ids, keep = _hard_labels(label, rows, _ignore(ctx))
+    ids, keep = hard_labels(label, rows, ignore_index(ctx))
     return tensor(ids).reshape(-1, 1), tensor(keep)
 
 
@@ -82,7 +82,7 @@ def _labels(ctx: KernelContext, label: np.ndarray, rows: int) -> tuple[Tensor, T
 def cross_entropy(ctx: KernelContext) -> None:
     x, label = ctx.input("X"), ctx.input("Label")
     p = tensor(x).reshape(-1, x.shape[-1])
-    if _soft(ctx):
+    if soft_label(ctx):
         loss = -(tensor(label).reshape(p.shape) * torch.log(p)).sum(dim=1)
     else:
         ids, keep = _labels(ctx, label, p.shape[0])
@@ -95,7 +95,7 @@ def cross_entropy_grad(ctx: KernelContext) -> None:
     x, label = ctx.input("X"), ctx.input("Label")
     p = tensor(x).reshape(-1, x.shape[-1])
     g = out_grad_t(ctx, "Y", "Y@GRAD").reshape(-1, 1)
-    if _soft(ctx):
+    if soft_label(ctx):
         dp = -g * tensor(label).reshape(p.shape) / p
     else:
         ids, keep = _labels(ctx, label, p.shape[0])
@@ -110,7 +110,7 @@ def softmax_with_cross_entropy(ctx: KernelContext) -> None:
     z = tensor(logits).reshape(-1, logits.shape[-1])
     shifted = z - z.amax(dim=1, keepdim=True)
     log_sm = shifted - torch.log(torch.exp(shifted).sum(dim=1, keepdim=True))
-    if _soft(ctx):
+    if soft_label(ctx):
         loss = -(tensor(label).reshape(z.shape) * log_sm).sum(dim=1)
     else:
         ids, keep = _labels(ctx, label, z.shape[0])
@@ -125,7 +125,7 @@ def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
     sm, label = ctx.input("Softmax"), ctx.input("Label")
     s = tensor(sm).reshape(-1, sm.shape[-1])
     g = out_grad_t(ctx, "Loss", "Loss@GRAD").reshape(-1, 1)
-    if _soft(ctx):
+    if soft_label(ctx):
         soft = tensor(label).reshape(s.shape)
         d = s * soft.sum(dim=1, keepdim=True) - soft
     else:
@@ -138,9 +138,9 @@ def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
 @kernel("lookup_table")
 def lookup_table(ctx: KernelContext) -> None:
     w, ids_in = ctx.input("W"), ctx.input("Ids")
-    ids = _ids(ctx, w.shape[0])
+    ids = lookup_ids(ctx, w.shape[0])
     out = tensor(w)[tensor(ids)]
-    pad = _padding(ctx)
+    pad = padding_idx(ctx)
     if pad >= 0:
         out[tensor(ids == pad)] = 0
     lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
@@ -152,9 +152,9 @@ def lookup_table_grad(ctx: KernelContext) -> None:
     """Rows of Out@GRAD go to the rows they were read from; the padding row gets none. Sparse
     (`is_sparse`): a SelectedRows with one row per id, repeats kept."""
     w = ctx.input("W")
-    ids = _ids(ctx, w.shape[0])
+    ids = lookup_ids(ctx, w.shape[0])
     g = out_grad_t(ctx).reshape((ids.shape[0],) + w.shape[1:])
-    keep = ids != _padding(ctx)
+    keep = ids != padding_idx(ctx)
     kept = g[tensor(keep)]
     if ctx.attr("is_sparse", False):
         ctx.set_output("W@GRAD", SelectedRows(ids[keep], array(kept), w.shape[0]))
@@ -164,7 +164,7 @@ def lookup_table_grad(ctx: KernelContext) -> None:
 
 
 # -- sequence_pool ------------------------------------------------------------------------------
-def _segment_index(seg: _Segments, width: int) -> Tensor:
+def _segment_index(seg: Segments, width: int) -> Tensor:
     """For each row, its sequence, repeated over the `width` columns (a scatter index)."""
     return tensor(seg.row_seq).reshape(-1, 1).expand(-1, width)
 
@@ -173,14 +173,14 @@ def _segment_index(seg: _Segments, width: int) -> Tensor:
 def sequence_pool(ctx: KernelContext) -> None:
     x = ctx.input("X")
     kind = str(ctx.attr("pooltype", "AVERAGE")).upper()
-    seg = _Segments(ctx, x.shape[0])
+    seg = Segments(ctx, x.shape[0])
     x2 = tensor(x).reshape(x.shape[0], -1)
     out = zeros((seg.count, x2.shape[1]), x.dtype)
     index = torch.full(out.shape, -1, dtype=torch.int32, device=out.device)
     ne = seg.nonempty
     if kind in ("SUM", "AVERAGE", "SQRT"):
         out.index_add_(0, tensor(seg.row_seq), x2)
-        out *= tensor(_pool_scale(kind, seg.lengths, x.dtype))[:, None]
+        out *= tensor(pool_scale(kind, seg.lengths, x.dtype))[:, None]
     elif kind == "MAX":
         where = _segment_index(seg, x2.shape[1])
         out.scatter_reduce_(0, where, x2, "amax", include_self=False)
@@ -201,11 +201,11 @@ def sequence_pool(ctx: KernelContext) -> None:
 def sequence_pool_grad(ctx: KernelContext) -> None:
     x = ctx.input("X")
     kind = str(ctx.attr("pooltype", "AVERAGE")).upper()
-    seg = _Segments(ctx, x.shape[0])
+    seg = Segments(ctx, x.shape[0])
     g = out_grad_t(ctx).reshape(seg.count, -1)
     ne = seg.nonempty
     if kind in ("SUM", "AVERAGE", "SQRT"):
-        dx = (g * tensor(_pool_scale(kind, seg.lengths, x.dtype))[:, None])[tensor(seg.row_seq)]
+        dx = (g * tensor(pool_scale(kind, seg.lengths, x.dtype))[:, None])[tensor(seg.row_seq)]
     else:
         dx = zeros((x.shape[0], g.shape[1]), x.dtype)
         picked = g[tensor(ne)].to(dx.dtype)

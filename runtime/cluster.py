@@ -82,7 +82,8 @@ def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeMod
     train, backend = job.scenario.train, job.scenario.backend
     client = RpcClient(transport, RetryPolicy(deadline=train.request_timeout,
                                               first_retry=train.retry_after),
-                       incarnation=incarnation)
+                       incarnation=incarnation,
+                       labels={ep: pserver_name(j) for j, ep in enumerate(job.endpoints)})
     return Trainer(index, main, startup, client, job.endpoints,
                    Executor(backend.kernels, backend.device),
                    heartbeat_interval=train.heartbeat_timeout / 3, compute=compute, tracer=tracer)

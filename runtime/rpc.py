@@ -30,8 +30,9 @@ class RpcTimeout(TimeoutError):
     """A request got no reply before its deadline."""
 
     def __init__(self, src: str, endpoint: str, kind: Kind, step: int, waited: float,
-                 attempts: int) -> None:
-        super().__init__(f"{src}: no reply from {endpoint} to {kind} (step {step}) after "
+                 attempts: int, node: str | None = None) -> None:
+        where = f"{node} at {endpoint}" if node else endpoint
+        super().__init__(f"{src}: no reply from {where} to {kind} (step {step}) after "
                          f"{waited:.3g}s and {attempts} attempt(s)")
         self.endpoint = endpoint
         self.kind = kind
@@ -54,8 +55,11 @@ class RpcClient:
     """A node's client side: calls to pserver endpoints over one transport."""
 
     def __init__(self, transport: Transport, policy: RetryPolicy | None = None,
-                 max_message_size: int = 1 << 30, incarnation: int = 0) -> None:
+                 max_message_size: int = 1 << 30, incarnation: int = 0,
+                 labels: Mapping[str, str] | None = None) -> None:
         self.transport = transport
+        self.labels = dict(labels or {})
+        """Endpoint -> the node's name, for errors (``pserver:1 at host:port``)."""
         self.policy = policy or RetryPolicy()
         self.max_message_size = max_message_size
         # A restarted node numbers its messages apart from its earlier life's, which the
@@ -98,14 +102,17 @@ class RpcClient:
                 await self.transport.send(endpoint, frames)
                 left = start + limit - loop.time()
                 if left <= 0:
-                    raise RpcTimeout(self.name, endpoint, kind, step, loop.time() - start, attempts)
+                    raise RpcTimeout(self.name, endpoint, kind, step,
+                                     loop.time() - start, attempts,
+                                     self.labels.get(endpoint))
                 try:
                     return raise_for_error(await asyncio.wait_for(asyncio.shield(reply),
                                                                   min(interval, left)))
                 except TimeoutError:
                     if loop.time() - start >= limit:
-                        raise RpcTimeout(self.name, endpoint, kind, step, loop.time() - start,
-                                         attempts) from None
+                        raise RpcTimeout(self.name, endpoint, kind, step,
+                                         loop.time() - start, attempts,
+                                         self.labels.get(endpoint)) from None
                     log.debug("%s: resending %s id %d to %s", self.name, kind, msg.id, endpoint)
                     interval = min(interval * policy.backoff, policy.max_interval)
         finally:

@@ -190,10 +190,17 @@ def test_sync_under_message_faults_ends_exactly_as_without_them(name: str, seed:
     assert [p.steps for p in faulty.pservers] == [faulty.scenario.train.steps] * 2
 
 
+SHORT = {"lossy": ["train.steps=10"], "partition": ["train.steps=25"],
+         "pserver_restart": ["train.steps=50"], "slow_node": ["train.steps=30"],
+         "trainer_crash": ["train.steps=150",
+                           'faults=[{at: "step 50", crash: "trainer:1", restart_after: 100ms}]']}
+
+
 @pytest.mark.timeout(60)
-def test_two_runs_of_a_fault_scenario_give_identical_metrics_and_trace() -> None:
+@pytest.mark.parametrize("name", sorted(SHORT))
+def test_two_runs_of_a_fault_scenario_give_identical_metrics_and_trace(name: str) -> None:
     def once() -> tuple[str, str]:
-        result = sim(LOSSY, "train.steps=10")
+        result = sim(ROOT / "scenarios" / "faults" / f"{name}.yaml", *SHORT[name])
         metrics = json.dumps(asdict(collect(result)), sort_keys=True)
         return metrics, json.dumps(result.trace.chrome_trace(), sort_keys=True)
     first, second = once(), once()

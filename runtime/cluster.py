@@ -112,11 +112,17 @@ class LocalCluster:
     """Every node of a job as tasks of the running loop, which `crash` and `restart` can kill
     and bring back (the simulator's fault injection). A crashed node's tasks are cancelled and
     its transport closed, as if its process had died; a restarted one is built anew under the
-    same name, a pserver from its last checkpoint, a trainer with a new incarnation."""
+    same name, a pserver from its last checkpoint, a trainer with a new incarnation. With
+    `resume`, the whole job starts from the pservers' checkpoints in `checkpoint_dir` (the
+    trainers join at the step they were taken at)."""
 
     def __init__(self, job: Job, transport_for: TransportFactory,
                  compute: ComputeModel | None = None, tracer: Tracer | None = None,
-                 on_step: StepObserver | None = None, checkpoint_dir: Path | None = None) -> None:
+                 on_step: StepObserver | None = None, checkpoint_dir: Path | None = None,
+                 resume: bool = False) -> None:
+        if resume and checkpoint_dir is None:
+            raise ValueError("resuming a job needs the checkpoint_dir its pservers saved to")
+        self.resume = resume
         self.job = job
         self.transport_for = transport_for
         self.compute, self.tracer, self.on_step = compute, tracer, on_step
@@ -190,7 +196,7 @@ class LocalCluster:
     # -- the run ----------------------------------------------------------------------------------
     async def run(self) -> JobResult:
         for j in range(len(self.job.endpoints)):
-            self._start_pserver(j)
+            self._start_pserver(j, recovering=self.resume)
         for i in range(self.job.trainers):
             self._start_trainer(i)
         try:

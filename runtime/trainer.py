@@ -425,15 +425,17 @@ class Trainer:
                 rewind, step = again, min(step, again.step)
 
     async def _join_if_late(self) -> int:
-        """The first step this trainer takes part in: 0 when every pserver waits for it and
-        has heard nothing from it yet; otherwise (it started late, was dropped, or restarted)
-        it joins every pserver at the first step all of them can admit, and fetches the
-        parameters the step before leaves."""
+        """The first step this trainer takes part in: 0 when every pserver is at step 0,
+        waits for it and has heard nothing from it yet; otherwise (it started late, was
+        dropped or restarted, or the job resumed from checkpoints) it joins every pserver at
+        the first step all of them can admit, and fetches the parameters the step before
+        leaves."""
         states = [self.rpc.server_state.get(ep, {}) for ep in self.endpoints]
         seen = max((int(state.get("next_step", 0)) for state in states), default=0)
         if not any(state.get("sync") for state in states):
             return seen  # asynchronous: fresh, or restarted and going on after its last step
-        if all(state.get("in_fanin", True) for state in states) and seen == 0:
+        if all(state.get("in_fanin", True) for state in states) and seen == 0 \
+                and all(int(state.get("server_step", 0)) == 0 for state in states):
             return 0
         entry = max(int(state.get("entry_step", 0)) for state in states)
         while True:  # servers that moved on admit later; then all are asked for the latest

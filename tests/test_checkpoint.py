@@ -1,7 +1,8 @@
-"""Pserver checkpoints: a trainer's `checkpoint_notify` makes every pserver save its whole state
-(params, the distributed table's shard, Adam's accumulators, LR counters, its round step); a
-server started from the checkpoint holds that state bit for bit, and training on from it ends
-where an uninterrupted run does. Writing is atomic and loading names every mismatch."""
+"""Pserver checkpoints: periodic ones (`train.checkpoint_every`) and a trainer's
+`checkpoint_notify` make every pserver save its whole state (params, the distributed table's
+shard, Adam's accumulators, LR counters, its round step); a server started from the checkpoint
+holds that state bit for bit, and a job resumed from its checkpoints ends where an
+uninterrupted run does. Writing is atomic and loading names every mismatch."""
 
 from __future__ import annotations
 
@@ -13,12 +14,10 @@ import numpy as np
 import pytest
 
 from runtime.checkpoint import MANIFEST, CheckpointError, Staging
-from runtime.cluster import make_trainer, pserver_name, run_job, trainer_name
+from runtime.cluster import LocalCluster, make_trainer, pserver_name, run_job, trainer_name
 from runtime.job import Job
-from runtime.protocol import INITIAL_STEP
 from runtime.pserver import PserverService
-from runtime.trainer import Trainer, run_program
-from runtime.wire import Kind
+from runtime.trainer import run_program
 from runtime.zmq_transport import ZmqTransport
 from transpiler.ir import Program
 
@@ -45,43 +44,10 @@ def notify_program(endpoints: list[str], directory: Path) -> Program:
     return program
 
 
-async def train(job: Job, servers: list[PserverService], steps: range,
-                checkpoint: Path | None = None) -> dict[str, np.ndarray]:
-    """Serve `servers` and run the trainers through `steps`; trainer 0 then notifies a
-    checkpoint to `checkpoint`, if given. Returns trainer 0's final parameters."""
-    loop = asyncio.get_running_loop()
-    serving = [loop.create_task(s.serve(ep)) for s, ep in zip(servers, job.endpoints)]
-    trainers = [make_trainer(job, i, ZmqTransport(trainer_name(i))) for i in range(job.trainers)]
-    try:
-        await asyncio.gather(*(run_trainer(job, t, steps, checkpoint) for t in trainers))
-        await asyncio.gather(*serving)
-    finally:
-        for task in serving:
-            task.cancel()
-        await asyncio.gather(*serving, return_exceptions=True)
-        for t in trainers:
-            await t.client.close()
-        for s in servers:
-            await s.transport.close()
-    return {p: np.array(trainers[0].scope.get(p)) for p in job.model.params}
-
-
-async def run_trainer(job: Job, trainer: Trainer, steps: range, checkpoint: Path | None) -> None:
-    """`Trainer.run` from step `steps.start`, with a checkpoint before trainer 0 completes."""
-    rpc, exe, scope = trainer.rpc, trainer.executor, trainer.scope
-    await trainer.client.connect(job.endpoints)
-    rpc.step = INITIAL_STEP
-    await run_program(exe, trainer.startup, scope, rpc)
-    shard = job.dataset.shard(trainer.trainer_id, job.trainers)
-    for step in steps:
-        rpc.step = step
-        await run_program(exe, trainer.main, scope, rpc,
-                          shard.batch(step, job.scenario.data.batch_size, job.model.feeds))
-    if trainer.trainer_id == 0:
-        if checkpoint is not None:
-            await run_program(exe, notify_program(job.endpoints, checkpoint), scope, rpc)
-        await rpc.pull_tables(trainer.main, scope)
-    await asyncio.gather(*(rpc.call(ep, Kind.COMPLETE) for ep in job.endpoints))
+def with_steps(job: Job, steps: int) -> Job:
+    """`job` with `steps` training steps, the same endpoints and everything else."""
+    train = job.scenario.train.model_copy(update={"steps": steps, "checkpoint_every": 10})
+    return Job(job.scenario.model_copy(update={"train": train}), job.args)
 
 
 def state_bytes(service: PserverService) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
@@ -92,25 +58,57 @@ def state_bytes(service: PserverService) -> dict[str, tuple[str, tuple[int, ...]
 # -- save, restore, train on -----------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
-def test_a_restored_server_holds_the_state_and_trains_on_as_if_never_stopped(tmp_path: Path) -> None:
+def test_a_job_resumed_from_its_checkpoints_ends_as_if_never_stopped(tmp_path: Path) -> None:
+    """10 steps with a checkpoint every 10; then a new job of 20 steps from those checkpoints:
+    its pservers hold the saved state bit for bit (table shard, Adam's moments, LR counter)
+    and it ends with the parameters of 20 uninterrupted steps."""
     job = ctr_job()
-    uninterrupted = asyncio.run(run_job(job, ZmqTransport)).params
+    uninterrupted = asyncio.run(run_job(with_steps(job, 20), ZmqTransport)).params
 
-    first = services(job)
-    asyncio.run(train(job, first, range(10), checkpoint=tmp_path))
+    first = LocalCluster(with_steps(job, 10), ZmqTransport, checkpoint_dir=tmp_path)
+    asyncio.run(first.run())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pserver:0", "pserver:1"]
     restored = services(job, load_from=tmp_path)
-    for old, new in zip(first, restored):
+    for old, new in zip(first.servers.values(), restored):
         assert {"ctr.emb", "@LR_DECAY_COUNTER@"} <= set(new.state)
         assert any("moment" in name for name in new.state)
         assert state_bytes(new) == state_bytes(old)
         assert state_bytes(new) != state_bytes(services(job)[0 if old.name == "pserver:0" else 1])
         assert new.round.step == 10
 
-    resumed = asyncio.run(train(job, restored, range(10, 20)))
-    assert resumed.keys() == uninterrupted.keys()
+    second = LocalCluster(with_steps(job, 20), ZmqTransport, checkpoint_dir=tmp_path, resume=True)
+    resumed = asyncio.run(second.run())
+    assert [t.first_step for t in resumed.trainers] == [10, 10]
+    assert resumed.params.keys() == uninterrupted.keys()
     for name, value in uninterrupted.items():
-        np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+        np.testing.assert_array_equal(resumed.params[name], value, err_msg=name)
+
+
+@pytest.mark.timeout(60)
+def test_checkpoint_notify_saves_every_pservers_state(tmp_path: Path) -> None:
+    job = ctr_job()
+    servers = services(job)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        serving = [loop.create_task(s.serve(ep)) for s, ep in zip(servers, job.endpoints)]
+        trainer = make_trainer(job, 0, ZmqTransport(trainer_name(0)))
+        try:
+            await trainer.client.connect(job.endpoints)
+            await run_program(trainer.executor, notify_program(job.endpoints, tmp_path),
+                              trainer.scope, trainer.rpc)
+        finally:
+            for task in serving:
+                task.cancel()
+            await asyncio.gather(*serving, return_exceptions=True)
+            await trainer.client.close()
+            for s in servers:
+                await s.transport.close()
+
+    asyncio.run(main())
+    for server in servers:
+        assert state_bytes(services(job, load_from=tmp_path)[int(server.name[-1])]) == \
+            state_bytes(server)
 
 
 def test_the_checkpoint_directory_holds_a_manifest_and_npy_files(tmp_path: Path) -> None:

@@ -472,15 +472,16 @@ class PserverService:
         log.info("%s: saved the state before step %d to %s", self.name, self._steps_applied(), path)
         return self._ack(msg)
 
-    def save_checkpoint(self, directory: Path) -> Path:
-        """Save the whole state to ``directory/<name>/`` (see `runtime.checkpoint`)."""
+    def save_checkpoint(self, directory: Path, step: int | None = None) -> Path:
+        """Save the whole state to ``directory/<name>/`` (see `runtime.checkpoint`), as the
+        state before `step` (default: the sync round's first step not applied)."""
         with checkpoint.Staging(directory / self.name) as stage:
             if self.table is not None and self.table.checkpoint_block >= 0:
                 path = stage.file_of(self.table.table)
                 self.scope.put(CHECKPOINT_PATH_VAR, np.array(str(path)))
                 self._run(self.table.checkpoint_block)
             stage.commit({name: self.scope.get(name) for name in self.state},
-                         self._steps_applied())
+                         self._steps_applied() if step is None else step)
         return stage.target
 
     def _restore(self, directory: Path) -> None:
@@ -500,8 +501,9 @@ class PserverService:
         due = step // every > self._progress // every
         self._progress = step
         if due and self.executor.backend != "phantom":
-            self.save_checkpoint(self.config.checkpoint_dir)
-            self.stats.checkpoints.append(self._steps_applied() if self.mode == SYNC else step)
+            saved = self._steps_applied() if self.mode == SYNC else step
+            self.save_checkpoint(self.config.checkpoint_dir, saved)
+            self.stats.checkpoints.append(saved)
 
     # -- recovery ---------------------------------------------------------------------------------
     def _must_rewind(self, trainer: int, msg: Message) -> bool:

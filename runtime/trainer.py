@@ -89,7 +89,7 @@ class RpcOps:
         reply = await self.client.call(endpoint, kind, self.step, vars, header, deadline)
         rewind = reply.extra.get("rewind")
         if isinstance(rewind, int) and not isinstance(rewind, bool):
-            raise Rewind(endpoint, rewind)
+            raise Rewind(self.client.labels.get(endpoint, endpoint), rewind)
         return reply
 
     async def run(self, op: Op, scope: Scope) -> None:

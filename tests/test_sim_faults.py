@@ -255,3 +255,15 @@ def _steps_before_crash(result: SimResult) -> int:
     ends = result.trainers[1].step_ends
     crash = result.faults[0].start
     return sum(1 for end in ends if end <= crash)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["async", "half_async"])
+def test_in_the_asynchronous_modes_a_restarted_pserver_goes_on_from_its_checkpoint(mode: str) -> None:
+    result = sim(RESTART, f"transpiler.mode={mode}", "train.steps=60", "expect={}")
+    first, restarted = result.pservers
+    assert first.checkpoints == [10, 20, 30, 40, 50, 60]
+    assert restarted.restored_step == 40 and restarted.checkpoints == [50, 60]
+    assert [t.redone for t in result.trainers] == [0, 0]  # nothing to redo: no barrier
+    assert [len(t.losses) for t in result.trainers] == [60, 60]
+

@@ -3,8 +3,8 @@
 ``runtime train`` builds a ready-made model, makes its data set, and trains it in this process
 with the executor, printing the mean loss of each logging window and the throughput, then a
 summary line. ``runtime up SCENARIO`` runs a scenario's pservers and trainers as processes on
-this host (`runtime.launch`), or with ``--role``/``TRAINING_ROLE`` one of them in the foreground
-(`runtime.node`). ``runtime profile SCENARIO`` runs a scenario's job in this process, times every
+this host, injecting its faults (`runtime.launch`, `runtime.inject`), or with
+``--role``/``TRAINING_ROLE`` one of them in the foreground (`runtime.node`). ``runtime profile SCENARIO`` runs a scenario's job in this process, times every
 kernel call and writes a profile file the simulator's ``compute: {model: profile}`` reads
 (`runtime.profile`).
 """
@@ -24,7 +24,7 @@ from transpiler.optimizer import OPTIMIZERS
 from . import Executor, Scope
 from .data import DATASETS, DataError, Dataset, dataset_for
 from .launch import ignored_by_runtime, launch
-from .node import RoleError, add_arguments, load_for_role, resolve_role, run_role
+from .node import RoleError, add_arguments, load_for_role, node_options, resolve_role, run_role
 from .profile import (ProfileError, check_profilable, fit_all, format_table, measure,
                       profile_document, write_profile)
 from .scenario import ScenarioError, load_scenario
@@ -71,8 +71,9 @@ def _add_up(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "up", help="run a scenario's pservers and trainers as processes",
         description="Start every pserver and trainer of a scenario as a process on this host, "
-                    "show their progress, write OUT/logs, OUT/metrics.json and OUT/params.npz, "
-                    "check the scenario's expect section, and exit non-zero on any failure. "
+                    "inject the scenario's faults, show their progress, write OUT/logs, "
+                    "OUT/metrics.json and OUT/params.npz, check the scenario's expect section, "
+                    "and exit non-zero on any failure. "
                     "With --role (or TRAINING_ROLE and the PADDLE_* variables, as Paddle's "
                     "launchers set them) run that one node in the foreground instead.")
     add_arguments(p)
@@ -166,6 +167,7 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
     parser: argparse.ArgumentParser = args.parser
     try:
         role = resolve_role(args.role, args.index, args.endpoints, os.environ)
+        options = node_options(role, args.bind, args.recover, args.incarnation)
         scenario = load_for_role(args.scenario, args.set, role)
     except (RoleError, ScenarioError) as err:
         parser.error(str(err))
@@ -174,7 +176,7 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
                      "numbers: only the simulator runs it (sim run); a real run needs "
                      "backend.kernels numpy or torch")
     if role is not None:
-        return run_role(scenario, role, args.out)
+        return run_role(scenario, role, args.out, options)
     out_dir = args.out or Path(scenario.outputs.dir or Path("out") / scenario.name)
     return launch(Path(args.scenario), args.set, scenario, out_dir, out)
 

@@ -54,7 +54,8 @@ def serve_config(job: Job, checkpoint_dir: Path | None = None) -> ServeConfig:
     train = job.scenario.train
     every = train.checkpoint_every if checkpoint_dir is not None else None
     return ServeConfig(heartbeat_timeout=train.heartbeat_timeout, drain=3 * train.retry_after,
-                       checkpoint_every=every, checkpoint_dir=checkpoint_dir)
+                       startup_grace=train.startup_timeout, checkpoint_every=every,
+                       checkpoint_dir=checkpoint_dir)
 
 
 def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,

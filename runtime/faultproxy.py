@@ -16,11 +16,14 @@ ZMTP 3.x framing, which the proxy reads to find message boundaries:
   ``Identity`` property names the client, and any later PING/PONG) pass through untouched; the
   other frames make up messages, each ending with a frame without MORE.
 
-Faults act on whole messages, per direction, as `Faults` says (`proxy.faults[direction]`,
-replaceable at any time). For each message the proxy draws, in this order, drop, duplicate and
-reorder from one `random.Random` per directed link, seeded ``"{seed}:{src}->{dst}"`` by the
-client's identity and the upstream endpoint as the simulator seeds its links, then samples the
-latency: the same seed and message sequence give the same fates however links interleave.
+Faults act on whole messages, per direction, as `Faults` says: `proxy.faults[direction]`
+for every client, unless `proxy.client_faults[client]` names that client (its READY identity,
+e.g. ``"trainer:0"``); both replaceable at any time, so one proxy in front of a server can give
+each client's link its own faults. For each message the proxy draws, in this order, drop,
+duplicate and reorder from one `random.Random` per directed link, seeded
+``"{seed}:{src}->{dst}"`` by the client's identity and the upstream's name (`upstream_name`,
+by default its endpoint) as the simulator seeds its links, then samples the latency: the same
+seed and message sequence give the same fates however links interleave.
 
 - drop: the message is not forwarded (TCP never knows).
 - duplicate: it is forwarded twice in a row.
@@ -32,11 +35,13 @@ latency: the same seed and message sequence give the same fates however links in
   before the latency, as a serializing link).
 - `partition()` / `heal()`: while partitioned, messages due in either direction of every link
   are dropped (``"drop"``, a cut cable under live TCP connections) or held until `heal`
-  (``"hold"``). Greeting and commands still pass, so connections stay up.
+  (``"hold"``). Greeting and commands still pass, so connections stay up. With ``clients=``
+  both act on the links of those client identities only (`partition_of` says what holds).
 
-`counters[direction]` counts what happened. All waiting is on the running loop's clock. An
-error on one connection (bad framing, a reset) closes that connection and is logged; the proxy
-keeps serving, and ZeroMQ reconnects as it would over a flaky network.
+`counters[direction]` counts what happened (`client_counters[client][direction]`, per client
+identity). All waiting is on the running loop's clock. An error on one connection (bad framing,
+a reset) closes that connection and is logged; the proxy keeps serving, and ZeroMQ reconnects as
+it would over a flaky network.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ import logging
 import random
 import struct
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
@@ -125,7 +130,8 @@ def decide(faults: Faults, rng: random.Random) -> Fate:
 
 @dataclass
 class Counters:
-    """What one direction of a proxy saw and did, over all its connections."""
+    """What one direction of a proxy saw and did, over all its connections (or, in
+    `FaultProxy.client_counters`, over one client's)."""
 
     messages: int = 0
     """Messages read."""
@@ -135,6 +141,8 @@ class Counters:
     duplicated: int = 0
     reordered: int = 0
     """Messages that the next message overtook."""
+    delayed: int = 0
+    """Messages given a latency above zero."""
     cut: int = 0
     """Messages dropped by a partition."""
     held: int = 0
@@ -230,7 +238,7 @@ class _Lane:
         self.direction = direction
         self.reader = reader
         self.writer = writer
-        self.counters = proxy.counters[direction]
+        self.totals = proxy.counters[direction]
         self._units: deque[_Unit | None] = deque()  # None: the input ended
         self._queued_bytes = 0
         self._wake = asyncio.Event()
@@ -238,6 +246,18 @@ class _Lane:
         self._last_release = 0.0
         self._link_free = 0.0
         self._held: _Held | None = None
+
+    @property
+    def faults(self) -> Faults:
+        return self.proxy.faults_for(self.link.client, self.direction)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add `n` to counter `name` of this direction, in total and, once its READY named
+        the client, for that client."""
+        setattr(self.totals, name, getattr(self.totals, name) + n)
+        if self.link.named:
+            mine = self.proxy.counters_of(self.link.client, self.direction)
+            setattr(mine, name, getattr(mine, name) + n)
 
     # -- reading
     async def read(self) -> None:
@@ -255,7 +275,7 @@ class _Lane:
             if not chunk:
                 return False
             greeting += chunk
-            self.counters.bytes_in += len(chunk)
+            self.totals.bytes_in += len(chunk)
             self._push([_Unit([chunk], message=False)], 0.0)
         check_greeting(greeting)
         return True
@@ -264,7 +284,7 @@ class _Lane:
         message: list[bytes] = []
         while (frame := await read_frame(self.reader, self.proxy.max_frame_size)) is not None:
             flags, header, body = frame
-            self.counters.bytes_in += len(header) + len(body)
+            self.count("bytes_in", len(header) + len(body))
             if flags & COMMAND:
                 self._on_command(body)
                 self._push([_Unit([header, body], message=False)], 0.0)
@@ -281,22 +301,25 @@ class _Lane:
             self.link.identify(properties.get("Identity", b""))
 
     def _on_message(self, data: list[bytes]) -> None:
-        self.counters.messages += 1
-        fate = decide(self.proxy.faults[self.direction], self.link.rng(self.direction))
+        self.count("messages")
+        faults = self.faults
+        fate = decide(faults, self.link.rng(self.direction))
         if fate.copies == 0:
-            self.counters.dropped += 1
+            self.count("dropped")
             return
         if fate.copies == 2:
-            self.counters.duplicated += 1
+            self.count("duplicated")
+        if fate.delay > 0:
+            self.count("delayed")
         units = [_Unit(data, message=True) for _ in range(fate.copies)]
         if self._held is not None:
             held, self._held = self._held, None
             held.timer.cancel()
             self._push(units, fate.delay)
             self._push(held.units, held.delay)
-            self.counters.reordered += 1
+            self.count("reordered")
         elif fate.reorder:
-            wait = self.proxy.faults[self.direction].reorder_wait
+            wait = faults.reorder_wait
             timer = asyncio.get_running_loop().call_later(wait, self._release_held)
             self._held = _Held(units, fate.delay, timer)
         else:
@@ -313,7 +336,7 @@ class _Lane:
         """Queue `units` to go out `delay` seconds after they leave a link of the configured
         bandwidth, and never before what was queued earlier."""
         now = asyncio.get_running_loop().time()
-        bandwidth = self.proxy.faults[self.direction].bandwidth
+        bandwidth = self.faults.bandwidth
         for unit in units:
             sent = max(now, self._link_free) + (unit.size / bandwidth if bandwidth else 0.0)
             self._link_free = sent
@@ -346,20 +369,26 @@ class _Lane:
             if unit.message and not await self._through_partition():
                 continue
             self.writer.writelines(unit.data)
-            self.counters.bytes_out += unit.size
-            self.counters.delivered += int(unit.message)
+            self.count("bytes_out", unit.size)
+            if unit.message:
+                self.count("delivered")
             await self.writer.drain()
 
     async def _through_partition(self) -> bool:
-        """Whether a message due now may pass (after waiting for `heal`, when held)."""
-        mode = self.proxy.partitioned
+        """Whether a message due now may pass (after waiting for the heal, when held)."""
+        mode = self.proxy.partition_of(self.link.client)
         if mode is None:
             return True
         if mode == "drop":
-            self.counters.cut += 1
+            self.count("cut")
             return False
-        self.counters.held += 1
-        await self.proxy.healed.wait()
+        self.count("held")
+        while mode == "hold":
+            await self.proxy.heal_signal().wait()
+            mode = self.proxy.partition_of(self.link.client)
+        if mode == "drop":  # the hold became a cut meanwhile
+            self.count("cut")
+            return False
         return True
 
 
@@ -372,6 +401,7 @@ class _Link:
                  upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
         self.proxy = proxy
         self.client = peer
+        self.named = False
         self.lanes = (_Lane(proxy, self, Direction.UP, client[0], upstream[1]),
                       _Lane(proxy, self, Direction.DOWN, upstream[0], client[1]))
 
@@ -379,9 +409,10 @@ class _Link:
         """The client's READY named it: its RNG streams are those of that name."""
         if identity:
             self.client = identity.decode("utf-8", "surrogateescape")
+            self.named = True
 
     def rng(self, direction: Direction) -> random.Random:
-        upstream = self.proxy.upstream
+        upstream = self.proxy.upstream_name
         name = f"{self.client}->{upstream}" if direction is Direction.UP \
             else f"{upstream}->{self.client}"
         return self.proxy.rng(name)
@@ -426,26 +457,41 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
 # ------------------------------------------------------------------------------------- proxy
 
 
+DirectedFaults = Faults | Mapping[Direction, Faults]
+"""One `Faults` for both directions, or one per `Direction`."""
+
+
+def _per_direction(faults: DirectedFaults) -> dict[Direction, Faults]:
+    return {d: faults for d in Direction} if isinstance(faults, Faults) else dict(faults)
+
+
 class FaultProxy:
     """Listens on `listen`, forwards each connection to `upstream`, and injects `faults`
-    (one `Faults` for both directions, or one per `Direction`); see the module doc."""
+    into every link, or `client_faults[client]` into the links of that client identity;
+    see the module doc."""
 
     def __init__(self, *, upstream: str, listen: str = "127.0.0.1:0",
-                 faults: Faults | Mapping[Direction, Faults] = Faults(), seed: int = 0,
+                 faults: DirectedFaults = Faults(), seed: int = 0,
+                 client_faults: Mapping[str, DirectedFaults] | None = None,
+                 upstream_name: str | None = None,
                  max_frame_size: int = 1 << 30, max_queued_bytes: int = 256 << 20) -> None:
         self.listen = split_endpoint(listen)
         self.upstream = upstream.removeprefix("tcp://")
+        self.upstream_name = upstream_name or self.upstream
+        """The upstream as the links' RNG seeds name it (e.g. ``pserver:0``)."""
         self._upstream_address = split_endpoint(upstream)
-        self.faults: dict[Direction, Faults] = (
-            {d: faults for d in Direction} if isinstance(faults, Faults) else dict(faults))
+        self.faults: dict[Direction, Faults] = _per_direction(faults)
+        self.client_faults: dict[str, dict[Direction, Faults]] = {
+            client: _per_direction(f) for client, f in (client_faults or {}).items()}
         self.seed = seed
         self.max_frame_size = max_frame_size
         self.max_queued_bytes = max_queued_bytes
         """Bytes a direction of a connection may queue before it stops reading its input."""
         self.counters = {d: Counters() for d in Direction}
-        self.partitioned: PartitionMode | None = None
-        self.healed = asyncio.Event()
-        self.healed.set()
+        self.client_counters: dict[str, dict[Direction, Counters]] = {}
+        """The counters of each client identity's links (after its READY named it)."""
+        self._partitions: dict[str | None, PartitionMode] = {}  # None: every link
+        self._healed = asyncio.Event()
         self.address = ""
         self._rngs: dict[str, random.Random] = {}
         self._server: asyncio.Server | None = None
@@ -468,17 +514,44 @@ class FaultProxy:
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
 
-    def partition(self, mode: PartitionMode = "drop") -> None:
-        """Cut every link: messages due from now on are dropped, or held until `heal`."""
+    def faults_for(self, client: str, direction: Direction) -> Faults:
+        """The faults of `client`'s links in `direction`: its own, else every link's."""
+        own = self.client_faults.get(client)
+        return own[direction] if own is not None else self.faults[direction]
+
+    def counters_of(self, client: str, direction: Direction) -> Counters:
+        """The counters of `client`'s links in `direction` (made on first use)."""
+        mine = self.client_counters.get(client)
+        if mine is None:
+            mine = self.client_counters[client] = {d: Counters() for d in Direction}
+        return mine[direction]
+
+    def partition(self, mode: PartitionMode = "drop", clients: Iterable[str] | None = None) -> None:
+        """Cut every link, or those of the `clients` identities: messages due from now on are
+        dropped, or held until `heal`."""
         if mode not in ("drop", "hold"):
             raise ValueError(f"partition mode is 'drop' or 'hold', got {mode!r}")
-        self.partitioned = mode
-        self.healed.clear()
+        for client in [None] if clients is None else clients:
+            self._partitions[client] = mode
 
-    def heal(self) -> None:
-        """End the partition; held messages go out in their order."""
-        self.partitioned = None
-        self.healed.set()
+    def heal(self, clients: Iterable[str] | None = None) -> None:
+        """End the partition of every link (clients None), or of those `clients` (a partition
+        of every link still cuts them); held messages go out in their order."""
+        if clients is None:
+            self._partitions.clear()
+        else:
+            for client in clients:
+                self._partitions.pop(client, None)
+        healed, self._healed = self._healed, asyncio.Event()
+        healed.set()
+
+    def partition_of(self, client: str) -> PartitionMode | None:
+        """What a partition does to `client`'s messages now: None when none cuts its links."""
+        return self._partitions.get(client, self._partitions.get(None))
+
+    def heal_signal(self) -> asyncio.Event:
+        """An event set at the next `heal`."""
+        return self._healed
 
     def rng(self, link: str) -> random.Random:
         """The RNG of the directed link named `link` (``src->dst``), made on first use."""

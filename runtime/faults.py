@@ -204,3 +204,22 @@ def check_against(faults: list[Crash | Partition | LinkFaults | Slow], pservers:
             if not any(fnmatchcase(n, pattern) for n in nodes):
                 raise ValueError(f"{where}: {pattern!r} matches no node of a cluster of "
                                  f"{pservers} pserver(s) and {trainers} trainer(s)")
+
+
+def describe(fault: Crash | Partition | LinkFaults | Slow) -> str:
+    """One line saying what `fault` does."""
+    if isinstance(fault, Crash):
+        back = f", restarted {fault.restart_after:g}s later" if fault.restart_after else ""
+        return f"crash {fault.crash}{back}"
+    if isinstance(fault, Partition):
+        left, right = (",".join(group) for group in fault.partition)
+        heal = f" for {fault.heal_after:g}s" if fault.heal_after else ""
+        return f"partition ({left}) from ({right}){heal}"
+    if isinstance(fault, LinkFaults):
+        rates = [f"{name} {getattr(fault, name):g}" for name in
+                 ("drop", "duplicate", "reorder", "delay") if getattr(fault, name)]
+        if fault.delay:
+            rates[-1] += f" by {fault.delay_by * 1e3:g}ms"
+        return f"links {fault.links[0]}<->{fault.links[1]}: {', '.join(rates) or 'none'}"
+    lasting = f" for {fault.duration:g}s" if fault.duration else ""
+    return f"slow {fault.slow} x{fault.slowdown:g}{lasting}"

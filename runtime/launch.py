@@ -11,12 +11,26 @@ While the nodes run, the launcher copies each one's stdout and stderr line by li
 display: a table redrawn in place (rich) on a terminal, plain lines every ``train.log_every``
 steps otherwise. The run fails, and every node still running is stopped, as soon as a node
 exits non-zero, ``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM arrives.
-Stopping is SIGTERM to each child's process group, then SIGKILL after `GRACE_SECONDS`; the
-launcher reaps every child before it returns, so nothing is left behind.
+After a node failed the others get `SETTLE_SECONDS` to end on their own first: one fault often
+fails several nodes at once, each naming what it waited for (the first to give up may name a
+live pserver that holds its request for the next step), and the reason lists every node that
+failed, the first first. Stopping is SIGTERM to each child's process group, then SIGKILL after
+`GRACE_SECONDS`; the launcher reaps every child before it returns, so nothing is left behind.
+
+The scenario's `faults` are injected into the real processes by `runtime.inject`: the
+launcher SIGKILLs a crashed node's process group and, with ``restart_after``, starts it again
+(a pserver with ``--recover``, a trainer with ``--incarnation N``); it pauses a slowed one with
+SIGSTOP/SIGCONT; and for message faults it puts a `FaultProxy` at each pserver's endpoint, the
+pserver serving behind it (``--bind``). A node killed by a fault is not a failure by itself.
+Every pserver checkpoints into ``train.checkpoint_dir`` or ``OUT/checkpoints`` (what an
+earlier run left there for this job's pservers is removed first).
 
 At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.metrics`), checks
 the scenario's `expect` (`runtime.expect`) when every node succeeded, and prints a summary whose
-last line says OK or why not. The exit status is 0 on success, 1 on a failure, and 128 + the
+last line says OK or why not. ``params_equal_to: fault_free`` is checked against the same job
+without its faults, run here in one process over loopback ZeroMQ (`fault_free_params`). A
+scenario whose ``expect.error`` says the run must fail is OK when it failed with that text. The
+exit status is 0 on success (a failure as expected included), 1 on a failure, and 128 + the
 signal number when interrupted.
 """
 
@@ -24,11 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, TextIO
 
@@ -40,17 +55,26 @@ from rich.table import Table
 from transpiler.distribute.from_spec import pserver_endpoints
 
 from . import expect
-from .cluster import train_locally
+from .cluster import pserver_name, run_job, train_locally
+from .faultproxy import FaultProxy
+from .faults import LinkFaults, Partition, Slow
+from .inject import SLOW_PERIOD, Injector, connects, needs_proxies
 from .job import Job
-from .metrics import (ExpectationResult, JobMetrics, JobSummary, PserverMetrics, TrainerMetrics,
-                      read_record, write_record)
-from .node import ENV_VARS, Progress, node_file_stem, node_name, parse_progress, run_async
+from .metrics import (ExpectationResult, JobMetrics, JobSummary, ProxyMetrics, PserverMetrics,
+                      TrainerMetrics, read_record, write_record)
+from .node import (ENV_VARS, Progress, checkpoint_dir_for, node_file_stem, node_name,
+                   parse_progress, run_async)
 from .scenario import Scenario
+from .zmq_transport import ZmqTransport
 
 GRACE_SECONDS = 5.0
 """How long a node has to exit after SIGTERM before it is killed."""
+SETTLE_SECONDS = 1.0
+"""How long the other nodes may go on after one failed, to fail as well (and say why)."""
 READ_LIMIT = 1 << 20
 """Longest line read from a node's output."""
+FAULT_FREE_RETRY = 0.1
+"""Seconds before a request is resent in the fault-free reference run (at most)."""
 
 
 @dataclass
@@ -60,22 +84,59 @@ class Failure:
     signal: int | None = None
 
 
+class RunFailed(RuntimeError):
+    """The run failed; the message is the launcher's reason (naming the node and its error)."""
+
+
+@dataclass
+class Life:
+    """One process of a node: a node restarted after a crash has several, one after another."""
+
+    number: int
+    """0 for the first start, N for the N-th restart."""
+    process: asyncio.subprocess.Process
+    watcher: asyncio.Task[None] | None = None
+    exit_code: int | None = None
+    killed: bool = False
+    """Killed by fault injection."""
+    checked: bool = False
+    """The supervisor has judged its exit."""
+
+
 @dataclass
 class NodeRun:
-    """A node's process and what the launcher has seen of it."""
+    """A node's processes and what the launcher has seen of them."""
 
     role: str
     index: int
     log: IO[str]
-    process: asyncio.subprocess.Process | None = None
-    watcher: asyncio.Task[None] | None = None
+    lives: list[Life] = field(default_factory=list)
+    restart: asyncio.Task[None] | None = None
+    """Starting the node again after a crash, while that is pending."""
     seen: list[Progress] = field(default_factory=list)
     last_line: str = ""
-    exit_code: int | None = None
 
     @property
     def name(self) -> str:
         return node_name(self.role, self.index)
+
+    @property
+    def life(self) -> Life | None:
+        return self.lives[-1] if self.lives else None
+
+    @property
+    def process(self) -> asyncio.subprocess.Process | None:
+        return self.lives[-1].process if self.lives else None
+
+    @property
+    def exit_code(self) -> int | None:
+        """Its last process's exit code (None while it runs)."""
+        return self.lives[-1].exit_code if self.lives else None
+
+    @property
+    def killed(self) -> bool:
+        """Its last process was killed by fault injection."""
+        return bool(self.lives) and self.lives[-1].killed
 
     @property
     def progress(self) -> Progress | None:
@@ -84,6 +145,15 @@ class NodeRun:
     @property
     def running(self) -> bool:
         return self.process is not None and self.exit_code is None
+
+    def state(self) -> str:
+        if self.restart is not None:
+            return "restarting"
+        if self.process is None:
+            return "starting"
+        if self.running:
+            return "running"
+        return "killed" if self.killed else f"exit {self.exit_code}"
 
     def exit_reason(self) -> str:
         code = self.exit_code
@@ -95,8 +165,9 @@ class NodeRun:
     def progress_record(self) -> TrainerMetrics:
         """What the progress lines told of a trainer that wrote no record (losses to the 6
         significant digits printed)."""
+        first = self.seen[0].step - 1 if self.seen else 0
         return TrainerMetrics.from_steps(self.index, [p.loss for p in self.seen],
-                                         [p.step_time for p in self.seen])
+                                         [p.step_time for p in self.seen], first)
 
 
 # -- display -----------------------------------------------------------------------------------
@@ -139,9 +210,7 @@ class LiveDisplay:
         table = Table("node", "state", "step", "loss", "step time")
         for n in self.nodes:
             p = n.progress
-            state = "running" if n.running else ("starting" if n.process is None
-                                                 else f"exit {n.exit_code}")
-            table.add_row(n.name, state, f"{p.step}/{p.steps}" if p else "",
+            table.add_row(n.name, n.state(), f"{p.step}/{p.steps}" if p else "",
                           f"{p.loss:.4f}" if p else "", f"{p.step_time * 1e3:.1f}ms" if p else "")
         return table
 
@@ -184,11 +253,23 @@ def choose_endpoints(scenario: Scenario) -> list[str]:
 
 
 def ignored_by_runtime(scenario: Scenario) -> list[str]:
-    """What of `scenario` a real run on one host does not do, for the notes."""
+    """What of `scenario` a real run on one host does not do, or does otherwise than the
+    simulator, for the notes."""
     notes = [f"{section}: simulator only, ignored" for section in ("network", "compute")
              if getattr(scenario, section)]
-    if scenario.faults:
-        notes.append(f"faults: {len(scenario.faults)} fault(s) not injected by runtime up")
+    if scenario.network:
+        notes[0] += (" (runtime up shapes no latency or bandwidth: it uses neither tc nor "
+                     "network namespaces)")
+    cluster = scenario.cluster
+    for i, fault in enumerate(scenario.faults):
+        if isinstance(fault, (Partition, LinkFaults)) and \
+                not connects(fault, cluster.trainers, cluster.pservers):
+            notes.append(f"faults[{i}]: acts on no trainer-pserver connection, the only ones "
+                         "a real run has: nothing injected")
+        if isinstance(fault, Slow):
+            notes.append(f"faults[{i}]: slow {fault.slow} x{fault.slowdown:g}: the process is "
+                         f"paused {1 - 1 / fault.slowdown:.0%} of every {SLOW_PERIOD * 1e3:g}ms "
+                         "(SIGSTOP/SIGCONT), its compute not made slower")
     if scenario.expect.max_step_time is not None:
         notes.append("expect.max_step_time: simulated time, not checked by runtime up")
     notes += [f"outputs.{name}: not written by runtime up" for name in ("trace", "plots")
@@ -196,21 +277,39 @@ def ignored_by_runtime(scenario: Scenario) -> list[str]:
     return notes
 
 
-def prepare_out(out: Path) -> None:
-    """Make OUT/logs and OUT/nodes, and remove what an earlier run left that this one writes."""
+def prepare_out(out: Path, scenario: Scenario) -> None:
+    """Make OUT/logs and OUT/nodes, and remove what an earlier run left that this one writes or
+    reads: its files, and this job's pservers' checkpoints (a restarted pserver must not load
+    an earlier run's)."""
     for sub in ("logs", "nodes"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     stale = [*(out / "logs").glob("*.log"), *(out / "nodes").glob("*.json"),
              out / "params.npz", out / "metrics.json"]
     for path in stale:
         path.unlink(missing_ok=True)
+    checkpoints = checkpoint_dir_for(scenario, out)
+    if checkpoints is not None:
+        for j in range(scenario.cluster.pservers):
+            shutil.rmtree(checkpoints / pserver_name(j), ignore_errors=True)
 
 
 def node_command(scenario_path: Path, overrides: list[str], role: str, index: int,
-                 endpoints: list[str], out: Path) -> list[str]:
+                 endpoints: list[str], out: Path, flags: list[str]) -> list[str]:
     sets = [f"--set={o}" for o in overrides]
     return [sys.executable, "-m", "runtime.node", str(scenario_path), *sets, "--role", role,
-            "--index", str(index), "--endpoints", ",".join(endpoints), "--out", str(out)]
+            "--index", str(index), "--endpoints", ",".join(endpoints), "--out", str(out), *flags]
+
+
+def fault_proxies(scenario: Scenario, endpoints: list[str]) -> tuple[list[FaultProxy], list[str]]:
+    """For a scenario with message faults, a `FaultProxy` listening at each pserver endpoint and
+    the address each pserver then serves at (a free port); else none, and the endpoints."""
+    if not needs_proxies(scenario.faults):
+        return [], list(endpoints)
+    binds = free_endpoints(scenario.cluster.host, len(endpoints))
+    proxies = [FaultProxy(listen=ep, upstream=bind, seed=scenario.seed,
+                          upstream_name=pserver_name(j))
+               for j, (ep, bind) in enumerate(zip(endpoints, binds))]
+    return proxies, binds
 
 
 def node_environment() -> dict[str, str]:
@@ -229,16 +328,23 @@ class Launcher:
     overrides: list[str]
     scenario: Scenario
     endpoints: list[str]
+    """Where the trainers reach the pservers (their fault proxies', when there are any)."""
     out: Path
+    binds: list[str] = field(default_factory=list)
+    """Where each pserver serves: its endpoint, or the address behind its fault proxy."""
+    proxies: list[FaultProxy] = field(default_factory=list)
     nodes: list[NodeRun] = field(default_factory=list)
+    injector: Injector | None = None
 
     def __post_init__(self) -> None:
         cluster = self.scenario.cluster
+        self.binds = self.binds or list(self.endpoints)
         roles = [("pserver", j) for j in range(cluster.pservers)]
         roles += [("trainer", i) for i in range(cluster.trainers)]
         for role, index in roles:
             log = (self.out / "logs" / f"{node_file_stem(role, index)}.log").open("w")
             self.nodes.append(NodeRun(role, index, log))
+        self._display: Display | None = None
 
     async def run(self, display: Display) -> tuple[float, Failure | None]:
         """Start every node and wait for all; the wall time and the failure, if any."""
@@ -251,36 +357,61 @@ class Launcher:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
+        self._display = display
+        cluster = self.scenario.cluster
+        injector = self.injector = Injector(
+            self.scenario.faults, self, dict(enumerate(self.proxies)),
+            [n.name for n in self.nodes], cluster.trainers, display.message)
         start = time.perf_counter()  # loop.time() is whole milliseconds on uvloop
+        failure: Failure | None = None
         try:
+            for proxy in self.proxies:
+                await proxy.start()
+            injector.arm()
             for node in self.nodes:
-                await self._start(node, display)
+                await self._start(node)
+            injector.start()
             failure = await self._supervise(stop)
-            if failure is not None:
-                display.message(f"stopping: {failure.reason}")
-                await self._stop_all(failure.reason)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            await self._stop_all("the launcher is exiting")
+            await injector.close()  # resumes paused nodes before they are told to stop
+            if failure is not None:
+                display.message(f"stopping: {failure.reason}")
+            await self._stop_all(failure.reason if failure else "the launcher is exiting")
+            for proxy in self.proxies:
+                await proxy.close()
             for node in self.nodes:
                 node.log.close()
         return time.perf_counter() - start, failure
 
-    async def _start(self, node: NodeRun, display: Display) -> None:
+    def _flags(self, node: NodeRun, life: int) -> list[str]:
+        """The node's flags besides its role: where a pserver serves, and how a restart
+        differs from the first start."""
+        if node.role == "trainer":
+            return ["--incarnation", str(life)] if life else []
+        bind = self.binds[node.index]
+        flags = ["--bind", bind] if bind != self.endpoints[node.index] else []
+        return flags + (["--recover"] if life else [])
+
+    async def _start(self, node: NodeRun) -> None:
+        number = len(node.lives)
         cmd = node_command(self.scenario_path, self.overrides, node.role, node.index,
-                           self.endpoints, self.out)
-        node.process = await asyncio.create_subprocess_exec(
+                           self.endpoints, self.out, self._flags(node, number))
+        process = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, env=node_environment(), start_new_session=True,
             limit=READ_LIMIT)
-        node.watcher = asyncio.get_running_loop().create_task(self._watch(node, display),
+        life = Life(number, process)
+        node.lives.append(life)
+        life.watcher = asyncio.get_running_loop().create_task(self._watch(node, life),
                                                               name=f"watch {node.name}")
 
-    async def _watch(self, node: NodeRun, display: Display) -> None:
-        """Copy the node's output to its log, follow its progress, and reap it."""
-        assert node.process is not None and node.process.stdout is not None
-        async for raw in node.process.stdout:
+    async def _watch(self, node: NodeRun, life: Life) -> None:
+        """Copy the process's output to the node's log, follow its progress, and reap it."""
+        assert life.process.stdout is not None
+        display = self._display
+        async for raw in life.process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
             node.log.write(line + "\n")
             node.log.flush()
@@ -289,51 +420,135 @@ class Launcher:
             progress = parse_progress(line)
             if progress is not None:
                 node.seen.append(progress)
-                display.progress(node)
-        node.exit_code = await node.process.wait()
-        display.message(f"{node.name} exited with status {node.exit_code}")
+                if display is not None:
+                    display.progress(node)
+                if self.injector is not None and node.role == "trainer":
+                    self.injector.on_progress(node.index, progress.step)
+        life.exit_code = await life.process.wait()
+        if display is not None:
+            display.message(f"{node.name} was killed (fault injection)" if life.killed
+                            else f"{node.name} exited with status {life.exit_code}")
 
     async def _supervise(self, stop: asyncio.Future[int]) -> Failure | None:
+        """Wait until every node is done and no restart is pending; the first failure, the
+        deadline or a signal ends it early."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.scenario.train.deadline
-        watching: dict[asyncio.Future[Any], NodeRun] = {
-            n.watcher: n for n in self.nodes if n.watcher is not None}
-        while watching:
-            done, _ = await asyncio.wait([*watching, stop], timeout=deadline - loop.time(),
+        while True:
+            waiting: dict[asyncio.Future[Any], NodeRun] = {}
+            for node in self.nodes:
+                life = node.life
+                if life is not None and life.watcher is not None and not life.checked:
+                    waiting[life.watcher] = node
+                if node.restart is not None:
+                    waiting[node.restart] = node
+            if not waiting:
+                return None
+            done, _ = await asyncio.wait([*waiting, stop], timeout=deadline - loop.time(),
                                          return_when=asyncio.FIRST_COMPLETED)
             if stop in done:
                 sig = signal.Signals(stop.result())
                 return Failure(f"interrupted by {sig.name}", signal=sig)
             if not done:
-                running = ", ".join(n.name for n in watching.values())
+                running = ", ".join(n.name for n in self.nodes if n.running or n.restart)
                 return Failure(f"train.deadline ({self.scenario.train.deadline:g}s) passed; "
                                f"still running: {running}")
             for task in done:
-                node = watching.pop(task)
+                node = waiting[task]
+                if task is node.restart:
+                    node.restart = None
+                    try:
+                        task.result()
+                    except OSError as exc:
+                        return Failure(f"{node.name} could not be restarted: {exc}", node.name)
+                    continue
                 task.result()
-                if node.exit_code != 0:
-                    return Failure(node.exit_reason(), node.name)
-        return None
+                life = node.life
+                assert life is not None
+                life.checked = True
+                if life.exit_code != 0 and not life.killed:
+                    return await self._settle(node, stop)
+
+    async def _settle(self, failed: NodeRun, stop: asyncio.Future[int]) -> Failure:
+        """The failure of `failed`, and of every other node that fails within
+        `SETTLE_SECONDS` (a signal ends the wait)."""
+        others = [n for n in self.nodes if n.running]
+        watchers = [w for n in others if (w := n.lives[-1].watcher) is not None]
+        if watchers:
+            ended: asyncio.Future[Any] = asyncio.gather(*watchers, return_exceptions=True)
+            await asyncio.wait([ended, stop], timeout=SETTLE_SECONDS,
+                               return_when=asyncio.FIRST_COMPLETED)
+        also = [n.exit_reason() for n in others
+                if n.exit_code not in (0, None) and not n.killed]
+        return Failure("; ".join([failed.exit_reason(), *also]), failed.name)
+
+    # -- what the injector asks (`runtime.inject.Nodes`) -----------------------------------------
+    def _node(self, name: str) -> NodeRun:
+        return next(n for n in self.nodes if n.name == name)
+
+    def kill(self, node: str) -> int | None:
+        run = self._node(node)
+        life = run.life
+        if life is None or not run.running or life.process.returncode is not None:
+            return None
+        life.killed = True
+        run.log.write(f"[runtime up] fault injection: SIGKILL to {run.name} "
+                      f"(process group {life.process.pid})\n")
+        _signal_group(life.process.pid, signal.SIGKILL)
+        return life.process.pid
+
+    def restart_after(self, node: str, delay: float) -> None:
+        run = self._node(node)
+        run.restart = asyncio.get_running_loop().create_task(self._restart(run, delay),
+                                                             name=f"restart {node}")
+
+    def send_signal(self, node: str, sig: signal.Signals) -> bool:
+        run = self._node(node)
+        if not run.running:
+            return False
+        assert run.process is not None
+        _signal_group(run.process.pid, sig)
+        return True
+
+    async def _restart(self, node: NodeRun, delay: float) -> None:
+        """Start `node` again `delay` seconds from now, once its killed process is reaped."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        life = node.life
+        if life is not None and life.watcher is not None:
+            await asyncio.wait([life.watcher])
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        how = "--recover" if node.role == "pserver" else f"--incarnation {len(node.lives)}"
+        node.log.write(f"[runtime up] restarting {node.name} ({how})\n")
+        if self._display is not None:
+            self._display.message(f"restarting {node.name} ({how})")
+        await self._start(node)
 
     async def _stop_all(self, why: str) -> None:
+        restarts = [n.restart for n in self.nodes if n.restart is not None]
+        for task in restarts:
+            task.cancel()
+        await asyncio.gather(*restarts, return_exceptions=True)
         running = [n for n in self.nodes if n.running]
         for node in running:
+            assert node.process is not None
             node.log.write(f"[runtime up] stopping {node.name}: {why}\n")
-            _signal_group(node, signal.SIGTERM)
-        watchers = [n.watcher for n in running if n.watcher is not None]
+            _signal_group(node.process.pid, signal.SIGTERM)
+            _signal_group(node.process.pid, signal.SIGCONT)  # a paused node must see it
+        watchers = [w for n in running if (w := n.lives[-1].watcher) is not None]
         if not watchers:
             return
         _, late = await asyncio.wait(watchers, timeout=GRACE_SECONDS)
         for node in running:
-            if node.watcher in late:
-                _signal_group(node, signal.SIGKILL)
+            if node.lives[-1].watcher in late:
+                assert node.process is not None
+                _signal_group(node.process.pid, signal.SIGKILL)
         await asyncio.gather(*watchers, return_exceptions=True)
 
 
-def _signal_group(node: NodeRun, sig: signal.Signals) -> None:
-    assert node.process is not None
+def _signal_group(pid: int, sig: signal.Signals) -> None:
     try:
-        os.killpg(node.process.pid, sig)
+        os.killpg(pid, sig)
     except ProcessLookupError:
         pass
 
@@ -357,7 +572,7 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
                                                                                        endpoint)
             p.exit_code, p.log = node.exit_code, log
             pservers.append(p)
-        if failure is None and not path.exists():
+        if failure is None and not path.exists() and not node.killed:
             failure = Failure(f"{node.name} exited with status 0 but wrote no {path}", node.name)
     train = scenario.train
     samples = sum(len(t.losses) for t in trainers) * scenario.data.batch_size
@@ -368,7 +583,29 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
         scenario.cluster.trainers, train.steps, scenario.data.batch_size, launcher.endpoints,
         wall, train_seconds, samples, samples / train_seconds if train_seconds else None,
         failure is None, failure.reason if failure else None, failure.node if failure else None)
-    return JobMetrics(summary, trainers, pservers, [], notes)
+    events = list(launcher.injector.events) if launcher.injector is not None else []
+    return JobMetrics(summary, trainers, pservers, [], notes, events, proxy_metrics(launcher))
+
+
+def proxy_metrics(launcher: Launcher) -> list[ProxyMetrics]:
+    """Each fault proxy's counters, per client link and direction."""
+    return [ProxyMetrics(j, proxy.address, proxy.upstream,
+                         {client: {d.value: asdict(c) for d, c in counters.items()}
+                          for client, counters in sorted(proxy.client_counters.items())})
+            for j, proxy in enumerate(launcher.proxies)]
+
+
+def fault_free_params(scenario: Scenario) -> dict[str, np.ndarray]:
+    """Trainer 0's final parameters in the same job without its faults: every node a task of
+    this process over loopback ZeroMQ, which in sync mode computes the same numbers, bit for
+    bit, as separate processes. Timing does not change those numbers, so the pservers' final
+    drain (three retry intervals) is kept short."""
+    train = scenario.train.model_copy(update={"retry_after": min(scenario.train.retry_after,
+                                                                 FAULT_FREE_RETRY)})
+    clean = scenario.model_copy(update={"faults": [], "train": train})
+    job = Job.from_scenario(clean, free_endpoints(scenario.cluster.host, scenario.cluster.pservers))
+    result = run_async(asyncio.wait_for(run_job(job, ZmqTransport), scenario.train.deadline))
+    return result.params
 
 
 def check_expectations(launcher: Launcher, metrics: JobMetrics) -> list[ExpectationResult]:
@@ -380,7 +617,22 @@ def check_expectations(launcher: Launcher, metrics: JobMetrics) -> list[Expectat
 
     losses = metrics.trainers[0].losses if metrics.trainers else []
     return expect.check(scenario, losses, _load_params(launcher.out / "params.npz"),
-                        metrics.pservers, local)
+                        metrics.pservers, local,
+                        fault_free_params=lambda: fault_free_params(scenario),
+                        redone=[t.steps_redone for t in metrics.trainers])
+
+
+def judge_outcome(scenario: Scenario, metrics: JobMetrics) -> None:
+    """For a scenario whose ``expect.error`` says the run must fail: the run is a success when
+    it failed with that text (its reason stays), a failure when it did not fail."""
+    job = metrics.job
+    result = expect.outcome(scenario, None if job.success else RunFailed(job.reason))
+    assert result is not None
+    metrics.expectations = [result]
+    if job.success:
+        job.success, job.reason = False, f"expectation not met: error ({result.detail})"
+    else:
+        job.success = result.passed
 
 
 def _load_params(path: Path) -> dict[str, np.ndarray] | None:
@@ -390,19 +642,32 @@ def _load_params(path: Path) -> dict[str, np.ndarray] | None:
         return {name: data[name] for name in data.files}
 
 
+COUNTED = ("messages", "dropped", "duplicated", "reordered", "delayed", "cut")
+
+
 def summary_lines(metrics: JobMetrics) -> list[str]:
     lines = []
     for t in metrics.trainers:
         loss = (f"loss {t.losses[0]:.4f} -> {t.losses[-1]:.4f}" if t.losses else "no steps")
         mean = f"mean step {1e3 * sum(t.step_times) / len(t.step_times):.1f}ms" \
             if t.step_times else ""
-        lines.append(f"trainer:{t.index:<4} {len(t.losses)} steps  {loss}  {mean}  "
-                     f"(exit {t.exit_code})")
+        joined = f"  from step {t.first_step}" if t.first_step else ""
+        redone = f"  redid {t.steps_redone}" if t.steps_redone else ""
+        lines.append(f"trainer:{t.index:<4} {len(t.losses)} steps{joined}{redone}  {loss}  "
+                     f"{mean}  (exit {t.exit_code})")
     for p in metrics.pservers:
         lines.append(f"pserver:{p.index:<4} {p.steps} steps  {p.messages} messages  "
                      f"{p.bytes_in / 1e6:.2f} MB in  {p.bytes_out / 1e6:.2f} MB out  optimize "
                      f"{p.optimize_seconds:.3f}s  errors {p.errors}  dropped {p.dropped or '-'}  "
                      f"(exit {p.exit_code})")
+    for f in metrics.faults:
+        span = f"{f.start:.2f}s" + (f" -> {f.end:.2f}s" if f.end is not None else "")
+        lines.append(f"fault {f.fault} {f.what}: {span} ({f.detail})")
+    for x in metrics.proxies:
+        totals = {name: sum(link[d][name] for link in x.links.values() for d in link)
+                  for name in COUNTED}
+        counted = ", ".join(f"{v} {k}" for k, v in totals.items() if v or k == "messages")
+        lines.append(f"proxy pserver:{x.pserver} {x.address} -> {x.upstream}: {counted}")
     for e in metrics.expectations:
         lines.append(f"expect {e.name}: {'PASS' if e.passed else 'FAIL'}: {e.detail}")
     job = metrics.job
@@ -413,19 +678,25 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
 
 def verdict(metrics: JobMetrics) -> str:
     job = metrics.job
-    return f"OK: {job.scenario}" if job.success else f"FAILED: {job.reason}"
+    if not job.success:
+        return f"FAILED: {job.reason}"
+    expected = [e.detail for e in metrics.expectations if e.name == "error"]
+    return f"OK: {job.scenario}" + "".join(f": {detail}" for detail in expected)
 
 
 def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
            stream: TextIO) -> int:
     """Run every node of `scenario` as a process; the exit status for `runtime up`."""
-    prepare_out(out)
+    prepare_out(out, scenario)
     notes = ignored_by_runtime(scenario)
-    launcher = Launcher(scenario_path.resolve(), overrides, scenario, choose_endpoints(scenario),
-                        out)
+    endpoints = choose_endpoints(scenario)
+    proxies, binds = fault_proxies(scenario, endpoints)
+    launcher = Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out, binds,
+                        proxies)
     cluster, train = scenario.cluster, scenario.train
+    behind = f" (fault proxies, serving at {','.join(binds)})" if proxies else ""
     print(f"runtime up {scenario.name}: {cluster.pservers} pserver(s) at "
-          f"{','.join(launcher.endpoints)}, {cluster.trainers} trainer(s), "
+          f"{','.join(launcher.endpoints)}{behind}, {cluster.trainers} trainer(s), "
           f"{scenario.transpiler.mode}, {train.steps} steps of {scenario.data.batch_size}; "
           f"logs in {out / 'logs'}", file=stream, flush=True)
     for note in notes:
@@ -436,7 +707,10 @@ def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: P
     finally:
         display.close()
     metrics = gather_metrics(launcher, wall, failure, notes)
-    if metrics.job.success:
+    interrupted = failure is not None and failure.signal is not None
+    if scenario.expect.error is not None and not interrupted:
+        judge_outcome(scenario, metrics)
+    elif metrics.job.success:
         metrics.expectations = check_expectations(launcher, metrics)
         failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
         if failed:

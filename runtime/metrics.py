@@ -11,14 +11,22 @@ whole `JobMetrics` as ``OUT/metrics.json``. The file is exactly `dataclasses.asd
      "job": {"scenario", "mode", "pservers", "trainers", "steps", "batch_size", "endpoints",
              "wall_seconds", "train_seconds", "samples", "samples_per_second",
              "success", "reason", "failed_node"},
-     "trainers": [{"index", "losses", "step_times", "final_loss", "exit_code", "log"}],
+     "trainers": [{"index", "losses", "step_times", "final_loss", "first_step",
+                   "steps_redone", "exit_code", "log"}],
      "pservers": [{"index", "endpoint", "messages", "bytes_in", "bytes_out",
                    "optimize_seconds", "steps", "errors", "dropped", "exit_code", "log"}],
      "expectations": [{"name", "expected", "actual", "passed", "detail"}],
-     "notes": ["what this run ignored of the scenario"]}
+     "notes": ["what this run ignored of the scenario"],
+     "faults": [{"fault", "kind", "what", "start", "end", "detail"}],
+     "proxies": [{"pserver", "address", "upstream", "links": {client: {"up", "down"}}}]}
 
 Times are seconds. A node that failed before writing its part appears with empty figures and
-its exit code.
+its exit code (a trainer with what its progress lines told); a node restarted after a crash
+appears as its last process left it. ``success`` says whether the run did what the scenario
+expects: for a scenario whose ``expect.error`` says it must fail, a run that failed that way
+is a success (``reason`` still says why it failed). ``faults`` lists the faults injected, when
+(seconds since every node had started) and what was done; ``proxies`` the fault proxy in front
+of each pserver (when the scenario has message faults) with its counters per client link.
 """
 
 from __future__ import annotations
@@ -39,13 +47,18 @@ class TrainerMetrics:
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     final_loss: float | None = None
+    first_step: int = 0
+    """The step its (last) process started at: later than 0 when it joined a job under way."""
+    steps_redone: int = 0
+    """Steps it took again because a pserver restarted from an earlier checkpoint."""
     exit_code: int | None = None
     log: str | None = None
 
     @staticmethod
-    def from_steps(index: int, losses: list[float], step_times: list[float]) -> "TrainerMetrics":
+    def from_steps(index: int, losses: list[float], step_times: list[float],
+                   first_step: int = 0, steps_redone: int = 0) -> "TrainerMetrics":
         return TrainerMetrics(index, list(losses), list(step_times),
-                              losses[-1] if losses else None)
+                              losses[-1] if losses else None, first_step, steps_redone)
 
 
 @dataclass
@@ -100,12 +113,40 @@ class JobSummary:
 
 
 @dataclass
+class FaultEvent:
+    """One fault of the scenario as it was injected: when it began and (if it did) ended, in
+    seconds since every node had started, and what was done."""
+
+    fault: int
+    """Its index in the scenario's `faults` list."""
+    kind: str
+    what: str
+    start: float
+    end: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class ProxyMetrics:
+    """The fault proxy in front of one pserver: where it listens and forwards, and for each
+    client identity the counters (`runtime.faultproxy.Counters` as a dict) of each direction."""
+
+    pserver: int
+    address: str
+    upstream: str
+    links: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    """client -> "up"/"down" -> counter -> value."""
+
+
+@dataclass
 class JobMetrics:
     job: JobSummary
     trainers: list[TrainerMetrics]
     pservers: list[PserverMetrics]
     expectations: list[ExpectationResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    faults: list[FaultEvent] = field(default_factory=list)
+    proxies: list[ProxyMetrics] = field(default_factory=list)
     schema: int = SCHEMA_VERSION
 
 
@@ -135,7 +176,9 @@ def read_metrics(path: Path) -> JobMetrics:
         pservers=[_build(PserverMetrics, p, f"{path}: pservers") for p in raw["pservers"]],
         expectations=[_build(ExpectationResult, e, f"{path}: expectations")
                       for e in raw["expectations"]],
-        notes=list(raw["notes"]))
+        notes=list(raw["notes"]),
+        faults=[_build(FaultEvent, f, f"{path}: faults") for f in raw.get("faults", [])],
+        proxies=[_build(ProxyMetrics, p, f"{path}: proxies") for p in raw.get("proxies", [])])
 
 
 T = TypeVar("T")

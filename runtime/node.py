@@ -18,12 +18,20 @@ Endpoints and the trainer count given this way replace the scenario's ``cluster.
 ``cluster.endpoints.pservers`` must list the same ones.
 
 A pserver serves until every trainer has completed, a trainer runs ``train.steps`` steps and
-prints a progress line per step (`format_progress`, which `runtime.launch` parses); both give up
-when ``train.deadline`` passes. With an output directory the node writes its `runtime.metrics`
-record to ``OUT/nodes/<role>-<index>.json``, and trainer 0 its final parameters to
-``OUT/params.npz``. Exit status 0 means done; any error is logged with its traceback and ends
-with one line ``<node> failed: <error>`` on stderr and status 1. The event loop is uvloop's where
-installed.
+prints a progress line per step (`format_progress`, which `runtime.launch` parses, also to fire
+faults triggered at a step); both give up when ``train.deadline`` passes. With an output
+directory the node writes its `runtime.metrics` record to ``OUT/nodes/<role>-<index>.json``,
+and trainer 0 its final parameters to ``OUT/params.npz``. Exit status 0 means done; any error is
+logged with its traceback and ends with one line ``<node> failed: <error>`` on stderr and
+status 1. The event loop is uvloop's where installed.
+
+Every pserver checkpoints into `checkpoint_dir_for` (``train.checkpoint_dir``, else
+``OUT/checkpoints``) when ``train.checkpoint_every`` asks for it. Three flags serve `runtime
+up`'s fault injection (`NodeOptions`): ``--bind HOST:PORT`` makes a pserver serve there instead
+of at its endpoint (a fault proxy listens at the endpoint and forwards to it), ``--recover``
+starts a pserver that replaces one that crashed (from its last checkpoint, the trainers redoing
+the steps it lost) and ``--incarnation N`` a trainer restarted for the N-th time (its message ids
+then differ from its earlier lives').
 """
 
 from __future__ import annotations
@@ -63,6 +71,18 @@ class RoleError(ValueError):
 
 class NodeError(RuntimeError):
     """A node that could not do its part (e.g. its deadline passed); the message names it."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """How this node's process differs from a first start at its own endpoint."""
+
+    bind: str | None = None
+    """A pserver: the address to serve at instead of its endpoint (behind a fault proxy)."""
+    recover: bool = False
+    """A pserver that replaces a crashed one: start from its last checkpoint."""
+    incarnation: int = 0
+    """A trainer: how many times it was started before."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +193,35 @@ def _role_from_env(env_role: str, env: Mapping[str, str]) -> Role:
                 "PADDLE_PSERVERS_IP_PORT_LIST", trainers)
 
 
+def node_options(role: Role | None, bind: str | None, recover: bool,
+                 incarnation: int | None) -> NodeOptions:
+    """The `NodeOptions` the flags give, checked against the role they apply to."""
+    given = [flag for flag, value in (("--bind", bind), ("--recover", recover),
+                                      ("--incarnation", incarnation)) if value]
+    if role is None:
+        if given:
+            raise RoleError(f"{given[0]} needs --role (it describes one node's process)")
+        return NodeOptions()
+    wrong = [f for f in given if (f == "--incarnation") != (role.role == "trainer")]
+    if wrong:
+        raise RoleError(f"{wrong[0]} does not apply to {role.name}: --bind and --recover are "
+                        "for a pserver, --incarnation for a trainer")
+    if bind is not None:
+        (bind,) = parse_endpoints(bind, "--bind")
+    if incarnation is not None and incarnation < 0:
+        raise RoleError(f"--incarnation {incarnation}: must be >= 0")
+    return NodeOptions(bind, recover, incarnation or 0)
+
+
+def checkpoint_dir_for(scenario: Scenario, out: Path | None) -> Path | None:
+    """Where pservers save their checkpoints: ``train.checkpoint_dir``, else ``OUT/checkpoints``
+    (None without an output directory: then only a scenario that names one checkpoints)."""
+    named = scenario.train.checkpoint_dir
+    if named is not None:
+        return Path(named)
+    return None if out is None else out / "checkpoints"
+
+
 def scenario_for(scenario: Scenario, role: Role) -> Scenario:
     """`scenario` with the cluster size `role` implies, after checking that they agree."""
     cluster = scenario.cluster
@@ -237,21 +286,32 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def _before_deadline(coro: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
+    """`coro`'s result; `NodeError` when `seconds` pass first. A timeout of its own (an
+    `RpcTimeout` is a TimeoutError too) propagates as it is."""
+    scope = asyncio.timeout(seconds)
     try:
-        return await asyncio.wait_for(coro, seconds)
+        async with scope:
+            return await coro
     except TimeoutError:
-        raise NodeError(f"{what} within train.deadline ({seconds:g}s)") from None
+        if scope.expired():
+            raise NodeError(f"{what} within train.deadline ({seconds:g}s)") from None
+        raise
 
 
-async def serve_pserver(job: Job, index: int, out: Path | None) -> PserverMetrics:
+async def serve_pserver(job: Job, index: int, out: Path | None,
+                        options: NodeOptions = NodeOptions()) -> PserverMetrics:
     train = job.scenario.train
     endpoint = job.endpoints[index]
     # linger: the acks of the last COMPLETE messages must leave before the process exits
     transport = ZmqTransport(pserver_name(index), ZmqLimits(linger_ms=2000))
-    service = make_pserver(job, index, transport)
-    log.info("%s: serving %s for %d trainer(s)", service.name, endpoint, job.trainers)
+    service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(
+        job.scenario, out), recovering=options.recover)
+    bind = options.bind or endpoint
+    log.info("%s: serving %s%s for %d trainer(s)%s", service.name, endpoint,
+             f" at {bind}" if bind != endpoint else "", job.trainers,
+             ", recovering from a crash" if options.recover else "")
     try:
-        stats = await _before_deadline(service.serve(endpoint), train.deadline,
+        stats = await _before_deadline(service.serve(bind), train.deadline,
                                        f"{service.name}: not every trainer completed")
     finally:
         await transport.close()
@@ -263,24 +323,28 @@ async def serve_pserver(job: Job, index: int, out: Path | None) -> PserverMetric
     return record
 
 
-async def run_trainer(job: Job, index: int, out: Path | None) -> TrainerMetrics:
+async def run_trainer(job: Job, index: int, out: Path | None,
+                      options: NodeOptions = NodeOptions()) -> TrainerMetrics:
     scenario, model = job.scenario, job.model
     steps, batch = scenario.train.steps, scenario.data.batch_size
-    trainer = make_trainer(job, index, ZmqTransport(trainer_name(index)))
+    trainer = make_trainer(job, index, ZmqTransport(trainer_name(index)),
+                           incarnation=options.incarnation)
     client = trainer.client
 
     def on_step(step: int, loss: float, seconds: float) -> None:
         print(format_progress(Progress(step + 1, steps, loss, seconds)), flush=True)
 
-    log.info("%s: %d steps of %d examples against %s", trainer_name(index), steps, batch,
-             ",".join(job.endpoints))
+    log.info("%s: %d steps of %d examples against %s%s", trainer_name(index), steps, batch,
+             ",".join(job.endpoints),
+             f" (restarted, incarnation {options.incarnation})" if options.incarnation else "")
     try:
         report = await _before_deadline(
             trainer.run(batches_for(job, index), steps, model.loss.name, on_step),
             scenario.train.deadline, f"{trainer_name(index)}: {steps} steps not done")
     finally:
         await client.close()
-    record = TrainerMetrics.from_steps(index, report.losses, report.step_times)
+    record = TrainerMetrics.from_steps(index, report.losses, report.step_times,
+                                       report.first_step, report.redone)
     if out is not None:
         write_record(out / "nodes" / f"{node_file_stem('trainer', index)}.json", record)
         if index == 0:
@@ -289,7 +353,8 @@ async def run_trainer(job: Job, index: int, out: Path | None) -> TrainerMetrics:
     return record
 
 
-def run_role(scenario: Scenario, role: Role, out: Path | None) -> int:
+def run_role(scenario: Scenario, role: Role, out: Path | None,
+             options: NodeOptions = NodeOptions()) -> int:
     """Run `role`'s node of `scenario` (from `load_for_role`) in the foreground; its exit
     status: 0 done, 1 failed, 130 interrupted."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -297,9 +362,9 @@ def run_role(scenario: Scenario, role: Role, out: Path | None) -> int:
     try:
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
         if role.role == "pserver":
-            run_async(serve_pserver(job, role.index, out))
+            run_async(serve_pserver(job, role.index, out, options))
         else:
-            run_async(run_trainer(job, role.index, out))
+            run_async(run_trainer(job, role.index, out, options))
     except KeyboardInterrupt:
         print(f"{role.name} interrupted", file=sys.stderr, flush=True)
         return 130
@@ -324,6 +389,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", type=int, help="which pserver or trainer (with --role)")
     parser.add_argument("--endpoints", metavar="HOST:PORT,...",
                         help="the pserver endpoints (with --role; default: the scenario's)")
+    parser.add_argument("--bind", metavar="HOST:PORT",
+                        help="a pserver serves here instead of at its endpoint (runtime up puts "
+                             "a fault proxy at the endpoint)")
+    parser.add_argument("--recover", action="store_true",
+                        help="a pserver that replaces a crashed one: start from its last "
+                             "checkpoint and have the trainers redo the steps it lost")
+    parser.add_argument("--incarnation", type=int, metavar="N",
+                        help="a trainer restarted for the N-th time (its message ids then "
+                             "differ from its earlier lives')")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -337,10 +411,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         role = resolve_role(args.role, args.index, args.endpoints, os.environ)
         if role is None:
             raise RoleError("no role: give --role and --index, or set TRAINING_ROLE")
+        options = node_options(role, args.bind, args.recover, args.incarnation)
         scenario = load_for_role(args.scenario, args.set, role)
     except (RoleError, ScenarioError) as err:
         parser.error(str(err))
-    return run_role(scenario, role, args.out)
+    return run_role(scenario, role, args.out, options)
 
 
 if __name__ == "__main__":

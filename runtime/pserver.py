@@ -41,7 +41,9 @@ byte counts are what the messages would weigh with data (`wire.charged_size`). C
 real values and are refused.
 
 Requests are deduplicated by (sender, message id): a retry gets the first reply again, and a
-retry of a request still waiting (a deferred GET) is ignored. Any failure in handling one message
+retry of a request still waiting (deferred until the round moves on) gets a ``pending`` notice,
+so the trainer knows this server is alive and waits on rather than timing out on it: a request
+times out only on a server that has gone silent, and the error names that one. Any failure in handling one message
 becomes an error reply to its sender; the server keeps serving.
 """
 
@@ -115,6 +117,9 @@ class ServeConfig:
     # After the last trainer completed, go on answering retries (a lost reply to COMPLETE is
     # resent) until the trainers have been quiet this long.
     drain: float = 1.0
+    # A trainer never heard from is dropped after this long (processes start slowly; a
+    # heartbeat timeout below the start-up time would drop every trainer at once).
+    startup_grace: float = 60.0
     checkpoint_every: int | None = None
     checkpoint_dir: Path | None = None
 
@@ -224,7 +229,10 @@ class PserverService:
         if done:
             await self._send(peer, reply)
             return
-        if (msg.src, msg.id) in self._pending:
+        if (msg.src, msg.id) in self._pending:  # a retry of a deferred request: still waiting
+            await self._send(peer, Message(Kind.REPLY, msg.id, self.name, self.round.step,
+                                           extra={"pending": True,
+                                                  "server_step": self.round.step}))
             return
         await self._handle(peer, msg)
 
@@ -610,20 +618,30 @@ class PserverService:
         timeout = self.config.heartbeat_timeout
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(timeout / 4)
-            now = loop.time()
+            await asyncio.sleep(min(timeout, self.config.startup_grace) / 4)
             waited_for = self.round.live if self.mode != SYNC else \
                 self.round.live - (self.round.sent if self.round.phase is Phase.GRADS
                                    else self.round.fetched)
-            silent = [t for t in sorted(waited_for)
-                      if now - self._last_seen.get(t, self._serving_since) > timeout]
-            for trainer in silent:
+            silent = [(t, why) for t in sorted(waited_for)
+                      for why in [self._silence(t, loop.time())] if why]
+            for trainer, why in silent:
                 self.round.leave(trainer, completed=False)
                 self.stats.dropped.append(trainer)
-                log.warning("%s: dropped trainer %d from the fan-in at step %d: silent for more "
-                            "than %gs", self.name, trainer, self.round.step, timeout)
+                log.warning("%s: dropped trainer %d from the fan-in at step %d: %s", self.name,
+                            trainer, self.round.step, why)
             if silent:
                 await self._after_event()
+
+    def _silence(self, trainer: int, now: float) -> str | None:
+        """Why `trainer` counts as gone (None: it does not): silent for longer than the
+        heartbeat timeout, or never heard from within the start-up grace."""
+        seen = self._last_seen.get(trainer)
+        if seen is None:
+            grace = self.config.startup_grace
+            return f"not heard from within {grace:g}s of the start" \
+                if now - self._serving_since > grace else None
+        timeout = self.config.heartbeat_timeout
+        return f"silent for more than {timeout:g}s" if now - seen > timeout else None
 
 
 def _listen_and_serv(program: Program) -> Op:

@@ -2,7 +2,9 @@
 
 `RpcClient.call(endpoint, kind, ...)` sends a request with a fresh message id and waits for the
 reply carrying the same id. If none comes within the retry interval the same message (same id)
-is sent again, with exponential backoff, until the call's deadline; the server deduplicates by
+is sent again, with exponential backoff, until the call's deadline, which counts from the last
+sign of life: a server holding the request until other trainers catch up answers a retry with a
+``pending`` notice, and the wait starts over, so only a silent server makes a call time out; the server deduplicates by
 (sender, id), so a retried gradient is applied once. A reply of kind ERROR raises `RemoteError`;
 a deadline that passes raises `RpcTimeout` naming the endpoint, the request and the wait.
 
@@ -66,6 +68,7 @@ class RpcClient:
         # servers still remember replies to (their dedupe is by sender name and id).
         self._ids = itertools.count((incarnation << 32) + 1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
+        self._heard: dict[int, float] = {}  # message id -> when its server last said "pending"
         self._connected: set[str] = set()
         self._reader: asyncio.Task[None] | None = None
 
@@ -100,7 +103,7 @@ class RpcClient:
             while True:
                 attempts += 1
                 await self.transport.send(endpoint, frames)
-                left = start + limit - loop.time()
+                left = self._heard.get(msg.id, start) + limit - loop.time()
                 if left <= 0:
                     raise RpcTimeout(self.name, endpoint, kind, step,
                                      loop.time() - start, attempts,
@@ -109,7 +112,7 @@ class RpcClient:
                     return raise_for_error(await asyncio.wait_for(asyncio.shield(reply),
                                                                   min(interval, left)))
                 except TimeoutError:
-                    if loop.time() - start >= limit:
+                    if loop.time() - self._heard.get(msg.id, start) >= limit:
                         raise RpcTimeout(self.name, endpoint, kind, step,
                                          loop.time() - start, attempts,
                                          self.labels.get(endpoint)) from None
@@ -117,6 +120,7 @@ class RpcClient:
                     interval = min(interval * policy.backoff, policy.max_interval)
         finally:
             self._waiting.pop(msg.id, None)
+            self._heard.pop(msg.id, None)
 
     async def _read(self) -> None:
         while True:
@@ -130,8 +134,12 @@ class RpcClient:
                 log.warning("%s: dropping a malformed reply from %s: %s", self.name, peer, exc)
                 continue
             waiter = self._waiting.get(msg.id)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(msg)
+            if waiter is None or waiter.done():
+                continue
+            if msg.kind is Kind.REPLY and msg.extra.get("pending") is True:
+                self._heard[msg.id] = asyncio.get_running_loop().time()  # alive, still busy
+                continue
+            waiter.set_result(msg)
 
     async def close(self) -> None:
         if self._reader is not None:

@@ -101,7 +101,10 @@ class TranspilerSpec(_Strict):
 class TrainSpec(_Strict):
     steps: int = Field(100, ge=1)
     deadline: float = Field(600.0, gt=0, description="seconds a whole run may take")
-    heartbeat_timeout: float = Field(10.0, gt=0)
+    heartbeat_timeout: float = Field(10.0, gt=0, description="a pserver drops a trainer silent "
+                                     "this long from the fan-in")
+    startup_timeout: float = Field(60.0, gt=0, description="a pserver drops a trainer it has "
+                                   "never heard from this long after it started serving")
     retry_after: float = Field(1.0, gt=0, description="seconds before an unanswered request is "
                                "sent again (then twice as long each time, up to 10 s)")
     request_timeout: float = Field(120.0, gt=0, description="seconds a request may go "
@@ -112,8 +115,8 @@ class TrainSpec(_Strict):
     checkpoint_dir: str | None = Field(None, description="where; default <outputs.dir>/"
                                        "checkpoints, or a temporary directory")
 
-    @field_validator("deadline", "heartbeat_timeout", "retry_after", "request_timeout",
-                     mode="before")
+    @field_validator("deadline", "heartbeat_timeout", "startup_timeout", "retry_after",
+                     "request_timeout", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:
         return units.duration(v)

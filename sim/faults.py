@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from runtime.cluster import LocalCluster
 from runtime.compute import ComputeModel, Tracer
-from runtime.faults import Crash, LinkFaults, Partition, Slow, Trigger, fault_kind
+from runtime.faults import Crash, LinkFaults, Partition, Slow, Trigger, describe, fault_kind
 from runtime.scope import Scope
 from transpiler.ir import Op
 
@@ -154,7 +154,7 @@ class FaultInjector:
     # -- firing -----------------------------------------------------------------------------------
     def _fire(self, index: int, fault: AnyFault) -> None:
         now = asyncio.get_running_loop().time()
-        event = FaultEvent(index, fault_kind(fault), _describe(fault), now)
+        event = FaultEvent(index, fault_kind(fault), describe(fault), now)
         self.events.append(event)
         if isinstance(fault, Crash):
             self._crash(fault, event)
@@ -213,17 +213,3 @@ def _patterns_of(fault: AnyFault) -> list[str]:
     if isinstance(fault, LinkFaults):
         return list(fault.links)
     return [fault.slow]
-
-
-def _describe(fault: AnyFault) -> str:
-    if isinstance(fault, Crash):
-        back = f", back after {fault.restart_after:g}s" if fault.restart_after else ""
-        return f"crash {fault.crash}{back}"
-    if isinstance(fault, Partition):
-        left, right = (",".join(group) for group in fault.partition)
-        return f"partition ({left}) from ({right})"
-    if isinstance(fault, LinkFaults):
-        rates = [f"{name} {getattr(fault, name):g}" for name in
-                 ("drop", "duplicate", "reorder", "delay") if getattr(fault, name)]
-        return f"links {fault.links[0]}<->{fault.links[1]}: {', '.join(rates) or 'none'}"
-    return f"slow {fault.slow} x{fault.slowdown:g}"

@@ -15,7 +15,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -94,16 +94,17 @@ class Link:
 
     def rng(self, direction: Direction) -> random.Random:
         """A fresh copy of the RNG the proxy uses for this link and direction."""
-        up = f"{self.client.name}->{self.proxy.upstream}"
-        down = f"{self.proxy.upstream}->{self.client.name}"
+        up = f"{self.client.name}->{self.proxy.upstream_name}"
+        down = f"{self.proxy.upstream_name}->{self.client.name}"
         return random.Random(f"{self.proxy.seed}:{up if direction is UP else down}")
 
 
 @asynccontextmanager
-async def link(faults: Faults | dict[Direction, Faults] = Faults(), seed: int = 0
-               ) -> AsyncIterator[Link]:
+async def link(faults: Faults | dict[Direction, Faults] = Faults(), seed: int = 0,
+               **options: Any) -> AsyncIterator[Link]:
     server, client = ZmqTransport("server"), ZmqTransport("client")
-    proxy = FaultProxy(upstream=await server.bind("tcp://127.0.0.1:*"), faults=faults, seed=seed)
+    proxy = FaultProxy(upstream=await server.bind("tcp://127.0.0.1:*"), faults=faults, seed=seed,
+                       **options)
     try:
         endpoint = await proxy.start()
         await client.connect(endpoint)
@@ -261,6 +262,70 @@ async def test_a_holding_partition_delivers_in_order_when_it_heals() -> None:
         ln.proxy.heal()
         assert [number((await within(ln.server.recv()))[1]) for _ in range(10)] == list(range(10))
         assert up.cut == 0 and up.delivered == 10
+
+
+# ----------------------------------------------------------------------------- per client
+
+
+@pytest.mark.timeout(30)
+async def test_a_clients_own_faults_are_seeded_by_its_identity_and_the_upstream_name() -> None:
+    faults = Faults(drop=0.3)
+    async with link(seed=5, upstream_name="pserver:0",
+                    client_faults={"client": {UP: faults, DOWN: Faults()}}) as ln:
+        await ln.send(range(200))
+        await until(lambda: ln.proxy.counters[UP].messages == 200)
+        ln.proxy.client_faults.clear()  # the default (no faults) lets the marker through
+        await within(ln.client.send(ln.endpoint, numbered(MARKER)))
+        survivors = await ln.received_before_marker()
+        rng = random.Random("5:client->pserver:0")
+        assert survivors == [i for i in range(200) if decide(faults, rng).copies]
+        mine = ln.proxy.client_counters["client"][UP]
+        assert mine.dropped == ln.proxy.counters[UP].dropped == 200 - len(survivors) > 0
+
+
+@pytest.mark.timeout(30)
+async def test_faults_and_partitions_can_be_chosen_per_client() -> None:
+    """Two clients of one proxy: one's messages are all dropped while the other's pass; then a
+    partition of the other alone cuts it and not the first, until it heals."""
+    async with link() as ln:
+        other = ZmqTransport("other")
+        try:
+            await other.connect(ln.endpoint)
+            ln.proxy.client_faults["client"] = {UP: Faults(drop=1.0), DOWN: Faults()}
+            await ln.send(range(10))
+            await within(other.send(ln.endpoint, numbered(100)))
+            peer, frames = await within(ln.server.recv())
+            assert (peer, number(frames)) == ("other", 100)
+            await until(lambda: ln.proxy.counters[UP].messages == 11)
+            assert ln.proxy.counters_of("client", UP).dropped == 10
+            assert ln.proxy.counters_of("other", UP).delivered == 1
+
+            del ln.proxy.client_faults["client"]
+            ln.proxy.partition(clients=["other"])
+            assert (ln.proxy.partition_of("other"), ln.proxy.partition_of("client")) == \
+                ("drop", None)
+            await within(other.send(ln.endpoint, numbered(101)))
+            await until(lambda: ln.proxy.counters_of("other", UP).cut == 1)
+            await ln.send(range(10, 11))
+            assert number((await within(ln.server.recv()))[1]) == 10
+            ln.proxy.heal(["other"])
+            await within(other.send(ln.endpoint, numbered(102)))
+            peer, frames = await within(ln.server.recv())
+            assert (peer, number(frames)) == ("other", 102)  # 101 was cut
+        finally:
+            await other.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_partition_of_every_link_outlasts_a_heal_of_one_client() -> None:
+    proxy = FaultProxy(upstream="127.0.0.1:1")
+    proxy.partition("hold")
+    proxy.partition("drop", clients=["a"])
+    assert (proxy.partition_of("a"), proxy.partition_of("b")) == ("drop", "hold")
+    proxy.heal(["a"])
+    assert (proxy.partition_of("a"), proxy.partition_of("b")) == ("hold", "hold")
+    proxy.heal()
+    assert (proxy.partition_of("a"), proxy.partition_of("b")) == (None, None)
 
 
 def test_partition_modes_are_checked() -> None:

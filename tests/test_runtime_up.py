@@ -20,7 +20,8 @@ from runtime import cli
 from runtime.cluster import train_locally
 from runtime.job import Job
 from runtime.metrics import JobMetrics, TrainerMetrics, read_metrics, read_record
-from runtime.node import Role, RoleError, parse_progress, resolve_role, scenario_for
+from runtime.node import (NodeOptions, Role, RoleError, node_options, parse_progress,
+                          resolve_role, scenario_for)
 from runtime.scenario import parse_scenario
 
 from cluster_helpers import free_endpoints
@@ -329,14 +330,40 @@ def test_cli_reports_role_errors_as_usage_errors(tmp_path: Path,
     assert "runtime up: error: --index needs --role pserver|trainer" in capsys.readouterr().err
 
 
-def test_metrics_json_round_trips(tmp_path: Path) -> None:
-    from runtime.metrics import (ExpectationResult, JobSummary, PserverMetrics, write_record)
+@pytest.mark.parametrize("flags,role,culprit", [
+    (("127.0.0.1:7", False, None), None, "--bind needs --role"),
+    ((None, True, None), Role("trainer", 0, "--index"), "--recover does not apply to trainer:0"),
+    ((None, False, 2), Role("pserver", 1, "--index"), "--incarnation does not apply to pserver:1"),
+    (("nowhere", False, None), Role("pserver", 0, "--index"), "--bind: 'nowhere' is not host"),
+    ((None, False, -1), Role("trainer", 0, "--index"), "--incarnation -1: must be >= 0"),
+])
+def test_restart_flags_are_checked_against_the_role(
+        flags: tuple[str | None, bool, int | None], role: Role | None, culprit: str) -> None:
+    with pytest.raises(RoleError, match=culprit):
+        node_options(role, *flags)
 
+
+def test_restart_flags_describe_the_nodes_process() -> None:
+    pserver, trainer = Role("pserver", 1, "--index"), Role("trainer", 0, "--index")
+    assert node_options(pserver, "127.0.0.1:7001", True, None) == \
+        NodeOptions("127.0.0.1:7001", recover=True)
+    assert node_options(trainer, None, False, 3) == NodeOptions(incarnation=3)
+    assert node_options(None, None, False, None) == NodeOptions()
+
+
+def test_metrics_json_round_trips(tmp_path: Path) -> None:
+    from runtime.metrics import (ExpectationResult, FaultEvent, JobSummary, ProxyMetrics,
+                                 PserverMetrics, write_record)
+
+    counters = {"messages": 3, "dropped": 1}
     metrics = JobMetrics(
         JobSummary("s", "sync", 1, 1, 2, 4, ["127.0.0.1:1"], 1.5, 0.5, 8, 16.0, True),
-        [TrainerMetrics.from_steps(0, [2.0, 1.0], [0.25, 0.25])],
+        [TrainerMetrics.from_steps(0, [2.0, 1.0], [0.25, 0.25], first_step=3, steps_redone=1)],
         [PserverMetrics(0, "127.0.0.1:1", 10, 100, 200, 0.1, 2, 0, [])],
-        [ExpectationResult("final_loss_below", 1.5, 1.5, False, "why")], ["a note"])
+        [ExpectationResult("final_loss_below", 1.5, 1.5, False, "why")], ["a note"],
+        [FaultEvent(0, "crash", "crash pserver:0", 1.25, 2.25, "at 1.25s")],
+        [ProxyMetrics(0, "127.0.0.1:1", "127.0.0.1:2",
+                      {"trainer:0": {"up": counters, "down": counters}})])
     write_record(tmp_path / "m.json", metrics)
     assert read_metrics(tmp_path / "m.json") == metrics
 

@@ -218,7 +218,9 @@ class Dedupe:
         return False, None
 
     def remember(self, src: str, msg_id: int, reply: Any) -> None:
-        seen = self._seen.setdefault(src, OrderedDict())
+        seen = self._seen.get(src)
+        if seen is None:
+            seen = self._seen[src] = OrderedDict()
         seen[msg_id] = reply
         while len(seen) > self.window:
             seen.popitem(last=False)

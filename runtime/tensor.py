@@ -134,16 +134,21 @@ class Phantom:
     lod: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
-        shape = tuple(int(dim) for dim in self.shape)
-        if any(dim < 0 for dim in shape):
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(dim) is int for dim in shape):
+            shape = tuple(int(dim) for dim in shape)
+            object.__setattr__(self, "shape", shape)
+        if shape and min(shape) < 0:
             raise TensorError(f"Phantom: shape {list(shape)} has a negative dimension")
-        if (self.height is not None or self.lod) and not shape:
+        if not isinstance(self.dtype, np.dtype):
+            object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        if self.height is None and not self.lod:  # a dense phantom, the common case: done
+            return
+        if not shape:
             raise TensorError("Phantom: rows or a LoD need a shape of rank >= 1")
         if self.height is not None and int(self.height) < 0:
             raise TensorError(f"Phantom: height {self.height} is negative")
         lod = validate_lod(self.lod, shape[0]) if self.lod else []
-        object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
         object.__setattr__(self, "height", None if self.height is None else int(self.height))
         object.__setattr__(self, "lod", tuple(tuple(level) for level in lod))
 

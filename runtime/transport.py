@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -132,25 +133,92 @@ Inbound = tuple[str, list[Frame]]
 
 class Inbox:
     """The messages a transport received and `recv` has not taken yet. Once it `fail`s, what
-    it held is dropped and every later `get` raises that error (closed, or a broken socket)."""
+    it held is dropped, later messages are dropped too, and every later `get` raises that error
+    (closed, or a broken socket). With a `maxsize`, `put` waits for room and `put_nowait`
+    raises `asyncio.QueueFull`.
+
+    A deque with the waiting getters' and putters' futures beside it (`asyncio.Queue`'s
+    bookkeeping, less what an inbox never needs): every simulated message passes through one.
+    """
 
     def __init__(self, maxsize: int = 0) -> None:
-        self._queue: asyncio.Queue[Inbound | TransportError] = asyncio.Queue(maxsize)
+        self._items: deque[Inbound] = deque()
+        self._maxsize = maxsize
+        self._error: TransportError | None = None
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self._putters: deque[asyncio.Future[None]] = deque()
+
+    def _full(self) -> bool:
+        return 0 < self._maxsize <= len(self._items)
 
     async def put(self, item: Inbound) -> None:
-        await self._queue.put(item)
+        while self._full() and self._error is None:
+            await _wait_in(self._putters, lambda: not self._full())
+        self.put_nowait(item)
 
     def put_nowait(self, item: Inbound) -> None:
-        self._queue.put_nowait(item)
+        if self._error is not None:
+            return
+        if self._maxsize and self._full():
+            raise asyncio.QueueFull
+        self._items.append(item)
+        if self._getters:
+            _wake_next(self._getters)
 
     async def get(self) -> Inbound:
-        item = await self._queue.get()
-        if isinstance(item, TransportError):
-            self._queue.put_nowait(item)  # every later recv fails the same way
-            raise item
+        items = self._items
+        while not items:
+            if self._error is not None:
+                raise self._error
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except BaseException:
+                _leave_line(self._getters, getter, bool(items))
+                raise
+        item = items.popleft()
+        if self._putters:
+            _wake_next(self._putters)
         return item
 
     def fail(self, error: TransportError) -> None:
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._queue.put_nowait(error)
+        self._items.clear()
+        self._error = error
+        for waiters in (self._getters, self._putters):
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+
+
+async def _wait_in(waiters: deque[asyncio.Future[None]], ready: Callable[[], bool]) -> None:
+    """Wait in line in `waiters` until woken."""
+    waiter = asyncio.get_running_loop().create_future()
+    waiters.append(waiter)
+    try:
+        await waiter
+    except BaseException:
+        _leave_line(waiters, waiter, ready())
+        raise
+
+
+def _leave_line(waiters: deque[asyncio.Future[None]], waiter: asyncio.Future[None],
+                ready: bool) -> None:
+    """A waiter gave up (cancelled): leave the line, and pass the wake-up on to the next in
+    line if it got one (`ready`: there is still something to take)."""
+    waiter.cancel()
+    try:
+        waiters.remove(waiter)
+    except ValueError:
+        pass
+    if ready and not waiter.cancelled():
+        _wake_next(waiters)
+
+
+def _wake_next(waiters: deque[asyncio.Future[None]]) -> None:
+    while waiters:
+        waiter = waiters.popleft()
+        if not waiter.done():
+            waiter.set_result(None)
+            return

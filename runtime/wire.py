@@ -31,7 +31,7 @@ import enum
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -195,6 +195,7 @@ class VarSpec:
 
 
 _FRAME_COUNTS = {VarKind.DENSE: 1, VarKind.ROWS: 2, VarKind.PHANTOM: 0}
+_PHANTOM = str(VarKind.PHANTOM)
 
 # ---------------------------------------------------------------------------------------- encode
 
@@ -203,14 +204,20 @@ def encode(msg: Message) -> list[Frame]:
     """The frames of `msg`: the msgpack header, then each tensor's bytes without copying."""
     _check_outgoing(msg)
     specs: list[dict[str, Any]] = []
+    phantoms: list[Phantom] = []
     frames: list[Frame] = []
     for name, value in msg.vars.items():
+        if isinstance(value, Phantom):
+            specs.append(_phantom_entry(name, value))
+            phantoms.append(value)
+            continue
         spec, var_frames = _encode_var(name, value)
         specs.append(spec.to_header())
         frames.extend(var_frames)
+    kind = _KINDS.get(msg.kind) or Kind(msg.kind)
     header = {
         "v": WIRE_VERSION,
-        "kind": str(Kind(msg.kind)),
+        "kind": kind.value,
         "id": msg.id,
         "src": msg.src,
         "step": msg.step,
@@ -223,15 +230,17 @@ def encode(msg: Message) -> list[Frame]:
         raise EncodeError(
             Reason.BAD_FIELD, f"header of {msg.kind} message is not msgpack data: {exc}"
         ) from exc
-    return [packed, *frames]
+    return [_header(packed, msg, kind, phantoms, bool(frames)), *frames]
 
 
 def _check_outgoing(msg: Message) -> None:
-    reserved = HEADER_FIELDS.intersection(msg.extra)
-    if reserved:
-        raise EncodeError(
-            Reason.RESERVED_FIELD, f"extra fields {sorted(reserved)} are header fields"
-        )
+    if not HEADER_FIELDS.isdisjoint(msg.extra):
+        reserved = sorted(HEADER_FIELDS.intersection(msg.extra))
+        raise EncodeError(Reason.RESERVED_FIELD, f"extra fields {reserved} are header fields")
+    if type(msg.id) is int and type(msg.step) is int and type(msg.src) is str and msg.src \
+            and ID_RANGE[0] <= msg.id <= ID_RANGE[1] \
+            and STEP_RANGE[0] <= msg.step <= STEP_RANGE[1]:
+        return  # the common case, checked at once
     for key, value, (low, high) in (("id", msg.id, ID_RANGE), ("step", msg.step, STEP_RANGE)):
         if not _is_int(value) or not low <= value <= high:
             raise EncodeError(
@@ -241,13 +250,26 @@ def _check_outgoing(msg: Message) -> None:
         raise EncodeError(Reason.BAD_FIELD, f"message src must be a non-empty str, got {msg.src!r}")
 
 
-def _encode_var(name: str, value: Any) -> tuple[VarSpec, list[Frame]]:
+def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name:
         raise EncodeError(Reason.BAD_FIELD, f"var names must be non-empty str, got {name!r}")
-    if isinstance(value, Phantom):
-        dtype = _wire_dtype(np.dtype(value.dtype), name, EncodeError)
-        lod = [list(level) for level in value.lod] or None
-        return VarSpec(name, dtype, value.shape, VarKind.PHANTOM, value.height, lod), []
+
+
+def _phantom_entry(name: str, value: Phantom) -> dict[str, Any]:
+    """The header's `vars` entry of a phantom (what `VarSpec.to_header` writes)."""
+    _check_name(name)
+    dtype = _wire_dtype(value.dtype, name, EncodeError)
+    entry: dict[str, Any] = {"name": name, "dtype": _DTYPE_NAMES[dtype],
+                             "shape": list(value.shape), "kind": _PHANTOM}
+    if value.height is not None:
+        entry["height"] = value.height
+    if value.lod:
+        entry["lod"] = [list(level) for level in value.lod]
+    return entry
+
+
+def _encode_var(name: str, value: Any) -> tuple[VarSpec, list[Frame]]:
+    _check_name(name)
     if isinstance(value, SelectedRows):
         return _encode_rows(name, value)
     if isinstance(value, LoDTensor):
@@ -315,6 +337,10 @@ def decode(frames: Sequence[Frame], max_message_size: int = DEFAULT_MAX_MESSAGE_
     """The message the frames carry; raise `DecodeError` naming the first thing wrong with them."""
     if not frames:
         raise DecodeError(Reason.FRAME_COUNT, "empty message: no header frame")
+    encoded = _encoded_header(frames)
+    if encoded is not None and encoded.parsed is not None and len(frames) == 1 \
+            and len(encoded) <= max_message_size:
+        return encoded.parsed.message()
     if _nbytes(frames[0]) > max_message_size:
         raise DecodeError(
             Reason.TOO_LARGE, f"header of {_nbytes(frames[0])} bytes exceeds {max_message_size}"
@@ -554,6 +580,16 @@ def charged_size(frames: Sequence[Frame]) -> int:
     phantom var the frames it stands for, less the header bytes its kind "phantom" takes over
     its twin's "dense" or "rows". A message without phantoms, or one that does not decode,
     weighs its frames."""
+    encoded = _encoded_header(frames)
+    if encoded is not None:
+        if len(frames) == 1:
+            return len(encoded) + encoded.surcharge
+        return sum(_nbytes(frame) for frame in frames) + encoded.surcharge
+    return _charged_size(frames)
+
+
+def _charged_size(frames: Sequence[Frame]) -> int:
+    """`charged_size` read off the frames alone."""
     size = sum(_nbytes(frame) for frame in frames)
     if not frames or _PHANTOM_KIND not in bytes(frames[0]):
         return size
@@ -565,6 +601,139 @@ def charged_size(frames: Sequence[Frame]) -> int:
         return size
     return size + sum(spec.data_nbytes + _TWIN_KIND_BYTES[spec.height is not None]
                       for spec in phantoms)
+
+
+# ---------------------------------------------------------------------------- encoded here
+
+
+class _Header(bytes):
+    """A header frame `encode` made: the msgpack bytes, which also remember what the message
+    weighs with data (`surcharge`: what its phantoms add to its frames' bytes, as
+    `charged_size` reads it off the frames) and, for a message of phantoms and plain header
+    data, the message `decode` parses out of it (`parsed`). The bytes cannot change, so these
+    stay true; the simulator hands the very frames (as memoryviews of them) to the receiver,
+    which then needs to parse nothing. Frames that arrive any other way are parsed."""
+
+    surcharge: int
+    parsed: _Parsed | None
+
+
+class _Parsed(NamedTuple):
+    """What `decode` makes of a header of phantoms: the message's fields as msgpack gives
+    them back (`extra` plain data; `nested` when it holds lists or maps, copied per decode)."""
+
+    kind: Kind
+    id: int
+    src: str
+    step: int
+    vars: dict[str, Phantom]
+    extra: dict[str, Any]
+    nested: bool
+
+    def message(self) -> Message:
+        """A new `Message` of these fields (with new maps), as `decode` would build it."""
+        msg = object.__new__(Message)  # the fields as __init__ sets them, at less cost
+        object.__setattr__(msg, "__dict__", {
+            "kind": self.kind, "id": self.id, "src": self.src, "step": self.step,
+            "vars": self.vars.copy(),
+            "extra": _fresh(self.extra) if self.nested else self.extra.copy()})
+        return msg
+
+
+class _NotPlain(Exception):
+    """Header data that msgpack would give back as something else (a tuple, an enum...)."""
+
+
+def _header(packed: bytes, msg: Message, kind: Kind, phantoms: list[Phantom],
+            has_data: bool) -> _Header:
+    """`packed` as a `_Header` of `msg` (of `kind`), whose phantom vars are `phantoms`."""
+    header = _Header(packed)
+    surcharge = 0
+    for phantom in phantoms:  # it adds its bytes, less "phantom" over "dense" or "rows"
+        if not _decodable(phantom):  # charged_size weighs the frames alone, as it would
+            header.surcharge = _charged_size([packed]) - len(packed)
+            header.parsed = None
+            return header
+        surcharge += phantom.nbytes + _TWIN_KIND_BYTES[phantom.height is not None]
+    header.surcharge = surcharge
+    header.parsed = None if has_data else _parsed(msg, kind)
+    return header
+
+
+def _decodable(phantom: Phantom) -> bool:
+    """Whether `decode` accepts the shape and height of this phantom (encode does not check
+    these limits)."""
+    shape, height = phantom.shape, phantom.height
+    return len(shape) <= MAX_NDIM and (not shape or max(shape) <= MAX_DIM) \
+        and (height is None or height <= MAX_DIM)
+
+
+def _parsed(msg: Message, kind: Kind) -> _Parsed | None:
+    """What decoding `msg`'s header would give (it has no data frames), or None if its names
+    and extra fields are not plain data."""
+    nested = False
+    extra = {}
+    for key, value in msg.extra.items():
+        if type(key) is not str:
+            return None
+        if type(value) not in _SCALARS:
+            nested = True
+            try:
+                value = _plain(value)
+            except _NotPlain:
+                return None
+        extra[key] = value
+    phantoms = {}
+    for name, phantom in msg.vars.items():
+        if type(name) is not str:
+            return None
+        phantoms[name] = _received(phantom)
+    return _Parsed(kind, int(msg.id), str(msg.src), int(msg.step), phantoms, extra, nested)
+
+
+def _received(value: Phantom) -> Phantom:
+    """The phantom the receiver decodes: the same, with the wire dtype in native byte order."""
+    dtype = value.dtype
+    if type(value) is Phantom and dtype.isnative and dtype in _DTYPE_NAMES:
+        return value
+    native = np.dtype(_DTYPE_NAMES[_wire_dtype(dtype, "", EncodeError)])
+    return Phantom(value.shape, native, value.height, value.lod)
+
+
+_SCALARS = (str, int, float, bool, bytes, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """`value` as msgpack gives it back (a tuple comes back a list); `_NotPlain` if it would
+    come back as anything else, or not at all."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple:
+        return [_plain(item) for item in value]
+    if kind is dict and all(type(key) is str for key in value):
+        return {key: _plain(item) for key, item in value.items()}
+    raise _NotPlain(kind.__name__)
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of plain data whose lists and maps are new."""
+    if type(value) is list:
+        return [_fresh(item) for item in value]
+    if type(value) is dict:
+        return {key: _fresh(item) for key, item in value.items()}
+    return value
+
+
+def _encoded_header(frames: Sequence[Frame]) -> _Header | None:
+    """The header `encode` made that frame 0 is (or is a whole view of), if it is one."""
+    if not frames:
+        return None
+    head = frames[0]
+    origin = head.obj if type(head) is memoryview else head
+    if type(origin) is _Header and _nbytes(head) == len(origin):
+        return origin
+    return None
 
 
 # ---------------------------------------------------------------------------------------- shared

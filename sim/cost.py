@@ -7,7 +7,8 @@ section picks the model:
 
 - ``{model: roofline, device: {flops: 2.0e12, mem_bandwidth: 50GB/s, op_overhead: 2us}}``: an
   op takes ``max(flops / device.flops, bytes / device.mem_bandwidth) + op_overhead``, its FLOPs
-  and bytes moved counted from the shapes it worked on (`op_work`). ``op_overhead`` (a kernel
+  and bytes moved counted from the shapes it worked on (`op_work`; in timing mode the shapes of
+  the phantoms, so that a phantom op costs what its numeric twin does). ``op_overhead`` (a kernel
   launch, an interpreter's dispatch) defaults to 0 so that hand computations come out exact.
   ``overrides: [{nodes: "pserver:*", device: {mem_bandwidth: 100GB/s}}]`` changes some figures
   for the nodes matching a pattern (later entries win).
@@ -49,7 +50,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, ValidationEr
 from runtime import units
 from runtime.compute import ComputeModel
 from runtime.scope import Scope
-from runtime.tensor import LoDTensor, SelectedRows
+from runtime.tensor import LoDTensor, Phantom, SelectedRows, nbytes_of, shape_of
 from transpiler.ir import Op
 
 __all__ = [
@@ -115,24 +116,27 @@ _OPTIMIZER_SCALARS = frozenset({"Grad", "LearningRate", "Beta1Pow", "Beta2Pow"})
 """Optimizer input slots that are not parameter-shaped state."""
 
 
-def _array(value: Any) -> np.ndarray | None:
-    if isinstance(value, LoDTensor):
-        return value.data
-    if isinstance(value, SelectedRows):
-        return value.values
-    return value if isinstance(value, np.ndarray) else None
+_VALUES = (np.ndarray, LoDTensor, SelectedRows, Phantom)
+"""What a cost counts: numeric values and the phantoms that stand for them in timing mode."""
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of the data `value` holds (or, a phantom, would hold); None for anything else."""
+    return shape_of(value) if isinstance(value, _VALUES) else None
 
 
 def _nbytes(value: Any) -> int:
-    if isinstance(value, SelectedRows):
-        return int(value.values.nbytes + value.rows.nbytes)
-    array = _array(value)
-    return 0 if array is None else int(array.nbytes)
+    return nbytes_of(value) if isinstance(value, _VALUES) else 0
 
 
 def _elements(value: Any) -> int:
-    array = _array(value)
-    return 0 if array is None else int(array.size)
+    shape = _shape(value)
+    return 0 if shape is None else math.prod(shape)
+
+
+def _is_rows(value: Any) -> bool:
+    """Whether `value` is a `SelectedRows` or the phantom of one."""
+    return isinstance(value, SelectedRows) or (isinstance(value, Phantom) and value.is_rows)
 
 
 def _values(scope: Scope, names: list[str]) -> list[Any]:
@@ -163,11 +167,11 @@ def _generic(op: Op, scope: Scope) -> Work:
 def _matmul(op: Op, scope: Scope, products: int) -> Work:
     """`mul` and `mul_grad`: X and Y flattened to [M, K] and [K, N] by their num_col_dims;
     each product is 2*M*K*N FLOPs."""
-    x, y = _array(_first(op, scope, "X")), _array(_first(op, scope, "Y"))
+    x, y = _shape(_first(op, scope, "X")), _shape(_first(op, scope, "Y"))
     if x is None or y is None:
         return _generic(op, scope)
     xd, yd = int(op.attr("x_num_col_dims", 1)), int(op.attr("y_num_col_dims", 1))
-    m, k, n = math.prod(x.shape[:xd]), math.prod(x.shape[xd:]), math.prod(y.shape[yd:])
+    m, k, n = math.prod(x[:xd]), math.prod(x[xd:]), math.prod(y[yd:])
     return Work(2.0 * m * k * n * products, _moved(op, scope))
 
 
@@ -212,14 +216,14 @@ def _optimizer(op: Op, scope: Scope) -> Work:
     """The gradient read, and each parameter-shaped state (Param, moments, accumulators) read
     and written at the elements updated: the rows of a sparse gradient for `sgd`, the whole
     parameter otherwise (the other optimizers densify a sparse gradient)."""
-    param, grad = _array(_first(op, scope, "Param")), _first(op, scope, "Grad")
-    if param is None or grad is None:
+    param, grad = _first(op, scope, "Param"), _first(op, scope, "Grad")
+    if not isinstance(param, _VALUES) or grad is None:
         return _generic(op, scope)
-    sparse = op.type == "sgd" and isinstance(grad, SelectedRows)
-    updated = _elements(grad) if sparse else int(param.size)
+    sparse = op.type == "sgd" and _is_rows(grad)
+    updated = _elements(grad) if sparse else _elements(param)
     states = sum(1 for slot, names in op.inputs.items()
                  if slot not in _OPTIMIZER_SCALARS and _values(scope, names))
-    moved = _nbytes(grad) + 2 * states * updated * param.itemsize
+    moved = _nbytes(grad) + 2 * states * updated * param.dtype.itemsize
     return Work(OPTIMIZER_FLOPS_PER_ELEMENT[op.type] * updated, moved)
 
 
@@ -238,7 +242,8 @@ _RULES: dict[str, Callable[[Op, Scope], Work]] = {
 
 
 def op_work(op: Op, scope: Scope) -> Work:
-    """FLOPs and bytes moved by `op`, from the values its inputs and outputs hold in `scope`."""
+    """FLOPs and bytes moved by `op`, from the values its inputs and outputs hold in `scope`
+    (phantoms count as the values they stand for: `shape_of`, `nbytes_of`)."""
     return _RULES.get(op.type, _generic)(op, scope)
 
 

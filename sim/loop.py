@@ -22,6 +22,12 @@ No real I/O. There is no selector: sockets, pipes, subprocesses and signals rais
 `run_in_executor` (hence `asyncio.to_thread`) calls the function inline, at the current virtual
 time. Other threads cannot wake the loop: when it is idle it reports a deadlock.
 
+Speed. A large simulation is millions of callbacks, so the loop's own cost per callback
+counts. Its handles skip what only debug mode needs (`_Handle`, `_Timer`); a `run_forever`
+stays inside one `_run_once` call, batch after batch, until it is stopped; callbacks run
+inline rather than through `Handle._run`; and tasks are remembered, for deadlock reports, by
+weak references without callbacks. In debug mode the stock asyncio handles are made instead.
+
 DESIGN: why subclass `asyncio.BaseEventLoop`. Futures, Tasks, `sleep`, `wait_for`,
 `asyncio.timeout`, `gather`, `Queue`, `Event`, async generators and `run_until_complete` only
 need `call_soon`, `call_at`, `time`, `create_future` and `create_task` from a loop, and
@@ -43,6 +49,7 @@ import os
 import sys
 import warnings
 import weakref
+from asyncio import format_helpers
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -260,6 +267,45 @@ _REAL_IO_METHODS = (
 )  # fmt: skip
 
 
+class _Handle(asyncio.Handle):
+    """A `call_soon` handle made without the debug-mode checks of `asyncio.Handle`."""
+
+    __slots__ = ()
+
+    def __init__(self, callback: Callable[..., object], args: tuple[Any, ...],
+                 loop: asyncio.AbstractEventLoop, context: contextvars.Context | None) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
+class _Timer(asyncio.TimerHandle):
+    """A `call_at` handle made without the debug-mode checks of `asyncio.TimerHandle`."""
+
+    __slots__ = ()
+
+    def __init__(self, when: float, callback: Callable[..., object], args: tuple[Any, ...],
+                 loop: asyncio.AbstractEventLoop, context: contextvars.Context | None) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = True
+
+
+# Prune the dead task references once there are this many more than twice the live ones left
+# by the last pruning.
+_PRUNE_TASKS_MIN = 1024
+
+
 def _check_limits(max_time: float | None, max_steps: int | None) -> None:
     if max_time is not None and not max_time >= 0:
         raise ValueError(f"max_time must be >= 0, got {max_time!r}")
@@ -289,9 +335,9 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         self._steps_left = sys.maxsize
         self._timers: list[tuple[float, int, asyncio.TimerHandle]] = []
         self._timer_seq = itertools.count()
-        self._task_order: weakref.WeakKeyDictionary[asyncio.Task[Any], None] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._task_refs: list[weakref.ref[asyncio.Task[Any]]] = []
+        """Every task made here, in creation order (dead references pruned now and then)."""
+        self._tasks_pruned_to = 0
         self.stats = SimStats()
 
     def run_forever(self) -> None:
@@ -303,6 +349,33 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         """Virtual seconds since the loop was created."""
         return self._now
 
+    def call_soon(
+        self,
+        callback: Callable[[Unpack[Ts]], object],
+        *args: Unpack[Ts],
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        """Schedule `callback(*args)` after the callbacks already ready (first in, first out)."""
+        if self._debug:  # type: ignore[attr-defined]
+            return super().call_soon(callback, *args, context=context)
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)  # type: ignore[attr-defined]
+        return handle
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[Unpack[Ts]], object],
+        *args: Unpack[Ts],
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        """Schedule `callback(*args)` `delay` virtual seconds from now."""
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self._now + delay, callback, *args, context=context)
+
     def call_at(
         self,
         when: float,
@@ -313,10 +386,14 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         """Schedule `callback(*args)` at virtual time `when`; ties run in scheduling order."""
         if when is None:
             raise TypeError("when cannot be None")
-        self._check_closed()  # type: ignore[attr-defined]
-        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        if self._debug:  # type: ignore[attr-defined]
+            timer = asyncio.TimerHandle(when, callback, args, self, context)
+            timer._scheduled = True  # type: ignore[attr-defined]
+        else:
+            timer = _Timer(when, callback, args, self, context)
         heapq.heappush(self._timers, (when, next(self._timer_seq), timer))
-        timer._scheduled = True  # type: ignore[attr-defined]
         return timer
 
     def create_task(  # type: ignore[override]
@@ -324,7 +401,11 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
     ) -> asyncio.Task[T]:
         """Create a task and remember its creation order (deadlock reports list tasks so)."""
         task = super().create_task(coro, name=name, context=context)
-        self._task_order[task] = None
+        refs = self._task_refs
+        refs.append(weakref.ref(task))
+        if len(refs) > 2 * self._tasks_pruned_to + _PRUNE_TASKS_MIN:
+            refs[:] = [ref for ref in refs if ref() is not None]
+            self._tasks_pruned_to = len(refs)
         return task
 
     def run_in_executor(
@@ -344,7 +425,8 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
 
     def pending_tasks(self) -> list[asyncio.Task[Any]]:
         """Unfinished tasks of this loop, in creation order."""
-        known = [task for task in list(self._task_order) if not task.done()]
+        alive = (ref() for ref in self._task_refs)
+        known = [task for task in alive if task is not None and not task.done()]
         others = asyncio.all_tasks(self).difference(known)
         return known + sorted(others, key=lambda task: task.get_name())
 
@@ -388,28 +470,48 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
                 )
 
     def _run_once(self) -> None:
-        """Run one batch: jump the clock if nothing is ready, move due timers, run callbacks."""
-        if (
-            self._timer_cancelled_count > _PURGE_MIN_CANCELLED
-            and 2 * self._timer_cancelled_count > len(self._timers)
-        ):
-            self._purge_cancelled_timers()
-        if self._steps_left == 0:
-            raise SimStepLimit(self._now, self._max_steps or 0)
+        """Run batches until the loop is stopped: jump the clock if nothing is ready, move due
+        timers, run the callbacks ready at the start of the batch (those they schedule wait for
+        the next batch, as in asyncio)."""
         ready = self._ready  # type: ignore[attr-defined]
-        if not ready and not self._stopping:  # type: ignore[attr-defined]
-            self._jump_to_next_timer()
-        self._move_due_timers(ready)
-        ntodo = min(len(ready), self._steps_left)
-        self._steps_left -= ntodo
-        skipped = 0
-        for _ in range(ntodo):
-            handle = ready.popleft()
-            if handle._cancelled:
-                skipped += 1
-            else:
-                handle._run()
-        self.stats.callbacks += ntodo - skipped
+        popleft = ready.popleft
+        stats = self.stats
+        while True:
+            if (
+                self._timer_cancelled_count > _PURGE_MIN_CANCELLED
+                and 2 * self._timer_cancelled_count > len(self._timers)
+            ):
+                self._purge_cancelled_timers()
+            if self._steps_left == 0:
+                raise SimStepLimit(self._now, self._max_steps or 0)
+            if not ready and not self._stopping:  # type: ignore[attr-defined]
+                self._jump_to_next_timer()
+            timers = self._timers
+            if timers and timers[0][0] <= self._now:
+                self._move_due_timers(ready)
+            ntodo = min(len(ready), self._steps_left)
+            self._steps_left -= ntodo
+            stats.callbacks += ntodo
+            for _ in range(ntodo):
+                handle = popleft()
+                if handle._cancelled:
+                    stats.callbacks -= 1
+                    continue
+                try:
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._callback_failed(handle, exc)
+            if self._stopping:  # type: ignore[attr-defined]
+                return
+
+    def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
+        """Report an exception a callback raised, as `Handle._run` does."""
+        source = format_helpers._format_callback_source(  # type: ignore[attr-defined]
+            handle._callback, handle._args)  # type: ignore[attr-defined]
+        self.call_exception_handler(
+            {"message": f"Exception in callback {source}", "exception": exc, "handle": handle})
 
     def _jump_to_next_timer(self) -> None:
         timers = self._timers
@@ -428,11 +530,12 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
     def _move_due_timers(self, ready: Any) -> None:
         timers = self._timers
         now = self._now
+        heappop = heapq.heappop
         fired = 0
         while timers and timers[0][0] <= now:
-            timer = heapq.heappop(timers)[2]
+            timer = heappop(timers)[2]
             timer._scheduled = False  # type: ignore[attr-defined]
-            if timer.cancelled():
+            if timer._cancelled:  # type: ignore[attr-defined]
                 self._timer_cancelled_count -= 1
             else:
                 ready.append(timer)

@@ -45,7 +45,7 @@ import abc
 import asyncio
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
@@ -509,13 +509,18 @@ class Network:
     ) -> None:
         """Put a message on the sender's NIC; `peer` is who the receiver will see it from."""
         now = asyncio.get_running_loop().time()
-        link = self._link(sender, receiver.name)
+        link = self._links.get((sender, receiver.name)) or self._link(sender, receiver.name)
         nbytes = charged_size(frames)
         nic = link.src_nic
-        start = max(now, nic.egress_free)
+        egress_free = nic.egress_free
+        start = now if now > egress_free else egress_free
         wire_time = nbytes / link.rate_out
         nic.egress_free = start + wire_time
-        _count_out(nic.stats, nbytes, wire_time, start - now)
+        stats = nic.stats
+        stats.messages_out += 1
+        stats.bytes_out += nbytes
+        stats.busy_out += wire_time
+        stats.wait_out += start - now
         link.stats.messages += 1
         link.stats.bytes += nbytes
         packet = _Packet(link, receiver, peer, frames, nbytes, now, wire_time)
@@ -578,11 +583,18 @@ class Network:
         now = loop.time()
         link = packet.link
         nic = link.dst_nic
-        start = max(now, nic.ingress_free)
-        busy = packet.nbytes / link.rate_in
-        nic.ingress_free = start + busy
-        _count_in(nic.stats, packet.nbytes, busy, start - now)
-        loop.call_at(max(start + busy, now + packet.wire_time), self._hand_over, packet)
+        ingress_free = nic.ingress_free
+        start = now if now > ingress_free else ingress_free
+        nbytes = packet.nbytes
+        busy = nbytes / link.rate_in
+        done = nic.ingress_free = start + busy
+        stats = nic.stats
+        stats.messages_in += 1
+        stats.bytes_in += nbytes
+        stats.busy_in += busy
+        stats.wait_in += start - now
+        last_bit = now + packet.wire_time
+        loop.call_at(done if done > last_bit else last_bit, self._hand_over, packet)
 
     def _hand_over(self, packet: _Packet) -> None:
         receiver = packet.receiver
@@ -590,10 +602,11 @@ class Network:
             packet.link.stats.dropped += 1
             return
         receiver._inbox.put_nowait((packet.peer, packet.frames))
-        if self.on_message is not None:
+        on_message = self.on_message
+        if on_message is not None:
             link = packet.link
             now = asyncio.get_running_loop().time()
-            self.on_message(link.src, link.dst, packet.nbytes, packet.sent_at, now)
+            on_message(link.src, link.dst, packet.nbytes, packet.sent_at, now)
 
     def _link(self, src: str, dst: str) -> _Link:
         link = self._links.get((src, dst))
@@ -613,22 +626,10 @@ class Network:
         return nic
 
 
-def _count_out(stats: NicStats, nbytes: int, busy: float, wait: float) -> None:
-    stats.messages_out += 1
-    stats.bytes_out += nbytes
-    stats.busy_out += busy
-    stats.wait_out += wait
-
-
-def _count_in(stats: NicStats, nbytes: int, busy: float, wait: float) -> None:
-    stats.messages_in += 1
-    stats.bytes_in += nbytes
-    stats.busy_in += busy
-    stats.wait_in += wait
-
-
 def _frozen(frame: Frame) -> memoryview:
     """`frame` as a read-only flat byte view, as a ZeroMQ receiver gets it, without a copy."""
+    if isinstance(frame, bytes):  # immutable and flat already
+        return memoryview(frame)
     view = memoryview(frame)
     if not view.readonly:
         view = view.toreadonly()
@@ -675,7 +676,7 @@ class SimTransport(Transport):
         self._check_open("send")
         if not frames:
             raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
-        message: list[Frame] = [_frozen(frame) for frame in frames]
+        message: list[Frame] = list(map(_frozen, frames))
         held = self._held.get(peer)
         if held is not None:
             server = self.network._bound.get(peer)
@@ -689,9 +690,9 @@ class SimTransport(Transport):
             raise UnknownPeerError(self.name, peer)
         self.network._transmit(self.name, client[0], client[1], message)
 
-    async def recv(self) -> Inbound:
+    def recv(self) -> Coroutine[Any, Any, Inbound]:  # the inbox's own wait: one frame less
         self._check_open("recv")
-        return await self._inbox.get()
+        return self._inbox.get()
 
     async def close(self) -> None:
         if self.closed:

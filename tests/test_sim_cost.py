@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from runtime.scope import Scope
-from runtime.tensor import SelectedRows
+from runtime.tensor import LoDTensor, Phantom, SelectedRows, phantom_of
 from sim.cost import (ComputeConfigError, Device, OpTime, Profile, Roofline, Straggler, Stragglers,
                       Work, compute_model, op_work)
 from transpiler.ir import Op
@@ -104,6 +104,45 @@ def test_sparse_sgd_touches_only_the_rows_of_its_gradient() -> None:
 def test_any_other_op_is_one_flop_per_output_element() -> None:
     op = Op("fill_constant", {}, {"Out": ["out"]}, {"shape": [3, 3]})
     assert op_work(op, scope_of(out=zeros(3, 3))) == Work(9, 36)
+
+
+def phantoms_of(scope: Scope) -> Scope:
+    """The timing-mode twin of `scope`: every value replaced by its phantom."""
+    return scope_of(**{name: phantom_of(scope.get_tensor(name)) for name in scope.names()})
+
+
+TWIN_CASES: dict[str, tuple[Op, dict[str, Any]]] = {
+    "mul": (Op("mul", {"X": ["x"], "Y": ["y"]}, {"Out": ["out"]}, {"x_num_col_dims": 2}),
+            dict(x=zeros(8, 3, 4), y=zeros(4, 5), out=zeros(8, 3, 5))),
+    "elementwise_add": (Op("elementwise_add", {"X": ["x"], "Y": ["y"]}, {"Out": ["out"]}),
+                        dict(x=zeros(16, 10), y=zeros(10), out=zeros(16, 10))),
+    "sgd": (Op("sgd", {"Param": ["p"], "Grad": ["g"], "LearningRate": ["lr"]},
+               {"ParamOut": ["p"]}),
+            dict(p=zeros(10, 4), g=zeros(10, 4), lr=np.array([0.1], F32))),
+    "sparse sgd": (Op("sgd", {"Param": ["p"], "Grad": ["g"], "LearningRate": ["lr"]},
+                      {"ParamOut": ["p"]}),
+                   dict(p=zeros(10, 4), lr=np.array([0.1], F32),
+                        g=SelectedRows(np.array([1, 3, 3], np.int64), zeros(3, 4), 10))),
+    "lookup_table": (Op("lookup_table", {"W": ["table"], "Ids": ["ids"]}, {"Out": ["rows"]}),
+                     dict(table=zeros(1000, 8), ids=zeros(6, 1, dtype=np.int64),
+                          rows=LoDTensor(zeros(6, 8), [[0, 2, 6]]))),
+    "sequence_pool": (Op("sequence_pool", {"X": ["x"]}, {"Out": ["out"]}),
+                      dict(x=LoDTensor(zeros(6, 8), [[0, 2, 6]]), out=zeros(2, 8))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TWIN_CASES))
+def test_a_phantom_op_costs_what_its_numeric_twin_costs(case: str) -> None:
+    op, values = TWIN_CASES[case]
+    numeric = scope_of(**values)
+    timing = phantoms_of(numeric)
+    assert all(isinstance(timing.get_tensor(name), Phantom) for name in values)
+    roofline = Roofline(Device(flops=1e9, mem_bandwidth=1e9, op_overhead=1e-6))
+    work = op_work(op, numeric)
+    assert work.flops > 0 or work.bytes > 0
+    assert op_work(op, timing) == work
+    assert roofline.cost("pserver:0", op, timing, 0) == roofline.cost("pserver:0", op, numeric, 0)
+    assert roofline.cost("pserver:0", op, timing, 0) > 1e-6  # more than the overhead alone
 
 
 # -- models -------------------------------------------------------------------------------------

@@ -570,3 +570,64 @@ def test_timers_fire_in_when_then_scheduling_order(delays: list[float]) -> None:
     loop.run_forever()
     loop.shutdown()
     assert fired == sorted((delay, index) for index, delay in enumerate(delays))
+
+
+def test_a_callback_that_raises_is_reported_and_the_loop_goes_on() -> None:
+    reports: list[dict[str, object]] = []
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise ValueError("bad callback")
+
+    loop = VirtualTimeLoop()
+    loop.set_exception_handler(lambda _, context: reports.append(context))
+    loop.call_soon(boom)
+    loop.call_later(1, boom)
+    loop.call_later(2, ran.append, "after")
+    loop.call_later(3, loop.stop)
+    loop.run_forever()
+    assert ran == ["after"] and loop.time() == 3.0
+    assert [type(r["exception"]) for r in reports] == [ValueError, ValueError]
+    assert all(str(r["message"]).startswith("Exception in callback ") and "boom" in str(r["message"])
+               for r in reports)
+    loop.shutdown()
+
+
+def test_debug_mode_runs_the_same_trace() -> None:
+    def traced(debug: bool) -> Trace:
+        trace: Trace = []
+        loop = VirtualTimeLoop()
+        loop.set_debug(debug)
+        log = recorder(trace)
+
+        async def worker(name: str, delay: float) -> None:
+            for _ in range(3):
+                await asyncio.sleep(delay)
+                log(name, "tick")
+
+        async def main() -> None:
+            await asyncio.gather(worker("a", 0.5), worker("b", 0.75), worker("c", 0.5))
+
+        loop.run_until_complete(main())
+        loop.shutdown()
+        return trace
+
+    assert traced(debug=True) == traced(debug=False)
+    assert len(traced(debug=False)) == 9
+
+
+def test_deadlock_lists_tasks_in_creation_order_among_thousands_of_finished_ones() -> None:
+    async def main() -> None:
+        for _ in range(5000):  # finished tasks: their references are pruned as tasks come
+            await asyncio.create_task(asyncio.sleep(0))
+        never = asyncio.Event()
+        for name in ("late", "early", "middle"):
+            asyncio.create_task(never.wait(), name=name)
+        await never.wait()
+
+    loop = VirtualTimeLoop()
+    with pytest.raises(SimDeadlock) as caught:
+        loop.run_until_complete(loop.create_task(main(), name="main"))
+    assert [w.task for w in caught.value.waits] == ["main", "late", "early", "middle"]
+    assert len(loop._task_refs) < 5000  # type: ignore[attr-defined]
+    loop.shutdown()

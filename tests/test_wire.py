@@ -23,7 +23,9 @@ from runtime.wire import (
     Message,
     Phantom,
     Reason,
+    VarKind,
     RemoteError,
+    charged_size,
     decode,
     encode,
     error_reply,
@@ -464,3 +466,109 @@ def test_error_reply_to_an_unreadable_request_has_id_zero() -> None:
 def test_raise_for_error_passes_other_messages_through() -> None:
     msg = Message(Kind.REPLY, 3, "ps0")
     assert raise_for_error(msg) is msg
+
+
+# -- headers this process encoded ---------------------------------------------------------------
+# `encode`'s header frame remembers its charged size and, for a message of phantoms, the message
+# it decodes to; these must be exactly what parsing its bytes gives.
+
+
+def parsed(frames: Frames, **kwargs: Any) -> Message:
+    """`decode` of the frames' bytes alone (copies of them: nothing remembered)."""
+    return decode([bytes(frame) for frame in frames], **kwargs)
+
+
+def typed(value: Any) -> Any:
+    """`value` with the type of every part, so that 1 == True or [1] == (1,) do not pass."""
+    if isinstance(value, Phantom):
+        return ("phantom", value.shape, value.dtype.str, value.height, value.lod)
+    if isinstance(value, dict):
+        return ("dict", [(typed(k), typed(v)) for k, v in value.items()])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [typed(v) for v in value])
+    return (type(value).__name__, value)
+
+
+def typed_message(msg: Message) -> Any:
+    return typed([msg.kind, msg.id, msg.src, msg.step, msg.vars, msg.extra])
+
+
+WIRE_DTYPES = st.sampled_from([*DTYPES, ">f4", ">i8", "=f8"])
+PLAIN = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False) | st.text(max_size=5) | st.binary(max_size=5)
+    | st.sampled_from([Kind.GET, VarKind.ROWS]),  # enums come back as plain str
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8)
+
+
+@st.composite
+def phantoms(draw: st.DrawFn) -> Phantom:
+    shape = tuple(draw(st.lists(st.integers(0, 5), min_size=1, max_size=3)))
+    dtype = np.dtype(draw(WIRE_DTYPES))
+    kind = draw(st.sampled_from(["dense", "rows", "lod"]))
+    if kind == "rows":
+        return Phantom(shape, dtype, height=draw(st.integers(0, 50)))
+    if kind == "lod":
+        return Phantom(shape, dtype, lod=((0, shape[0]),))
+    return Phantom(shape, dtype)
+
+
+@st.composite
+def phantom_messages(draw: st.DrawFn) -> Message:
+    names = draw(st.lists(st.text(min_size=1, max_size=6), max_size=3, unique=True))
+    keys = st.text(min_size=1, max_size=6).filter(lambda k: k not in HEADER_FIELDS)
+    return Message(draw(st.sampled_from(list(Kind))), draw(st.integers(0, 2**64 - 1)),
+                   draw(st.text(min_size=1, max_size=8)), draw(st.integers(-(2**63), 2**63 - 1)),
+                   {name: draw(phantoms()) for name in names},
+                   draw(st.dictionaries(keys, PLAIN, max_size=3)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(phantom_messages())
+def test_an_encoded_header_decodes_and_weighs_as_its_bytes_do(msg: Message) -> None:
+    frames = encode(msg)
+    want = typed_message(parsed(frames))
+    assert typed_message(decode(frames)) == want
+    assert typed_message(decode([memoryview(frames[0])])) == want  # as the simulator hands it on
+    assert charged_size(frames) == charged_size([bytes(f) for f in frames])
+    assert charged_size([memoryview(frames[0])]) == charged_size(frames)
+
+
+def test_an_encoded_header_is_plain_msgpack_bytes() -> None:
+    msg = Message(Kind.GET, 5, "t0", 1, {"p": Phantom((2, 3), np.dtype("float32"))},
+                  {"names": ["p"]})
+    header = encode(msg)[0]
+    assert isinstance(header, bytes)
+    assert header == msgpack.packb(msgpack.unpackb(header))
+
+
+def test_each_decode_of_a_header_gets_its_own_maps_and_lists() -> None:
+    msg = Message(Kind.GET, 5, "t0", 1, {"p": Phantom((2,), np.dtype("float32"))},
+                  {"names": ["p"], "nested": {"a": [1]}})
+    frames = encode(msg)
+    first = decode(frames)
+    first.extra["names"].append("q")
+    first.extra["nested"]["a"].append(2)
+    first.vars.clear()  # type: ignore[attr-defined]
+    again = decode(frames)
+    assert again.extra == {"names": ["p"], "nested": {"a": [1]}} == msg.extra
+    assert list(again.vars) == ["p"]
+
+
+def test_an_encoded_header_obeys_the_size_limit() -> None:
+    frames = encode(Message(Kind.SEND, 1, "t0", 0, {"p": Phantom((4,), np.dtype("int8"))}))
+    assert decode_error(frames, max_message_size=10).reason is Reason.TOO_LARGE
+
+
+def test_a_phantom_past_the_limits_fails_to_decode_and_is_not_charged_its_data() -> None:
+    too_deep = Phantom((1,) * 40, np.dtype("float32"))
+    frames = encode(Message(Kind.SEND, 1, "t0", 0, {"p": too_deep}))
+    assert decode_error(frames).reason is Reason.BAD_SHAPE
+    assert charged_size(frames) == len(frames[0]) == charged_size([bytes(frames[0])])
+
+
+def test_a_header_with_keys_msgpack_refuses_to_decode_still_fails() -> None:
+    frames = encode(Message(Kind.SEND, 1, "t0", 0, extra={"x": {1: "one"}}))
+    assert decode_error(frames).reason is Reason.BAD_HEADER

@@ -167,6 +167,7 @@ class PserverService:
         self._last_message = 0.0
         self.name = transport.name
         self.charge = Charge(self.name, compute, tracer)
+        self._by_kind = self._handlers()
         if load_from is not None:
             self._restore(Path(load_from))
         if recovering:
@@ -245,7 +246,7 @@ class PserverService:
             if self._resynced is not None and self._must_rewind(trainer, msg):
                 await self._send(peer, self._rewind(msg))
                 return
-            handler = self._handlers()[msg.kind]
+            handler = self._by_kind[msg.kind]
             reply = handler(peer, msg, trainer)
         except Exception as exc:  # one bad message must not stop the server
             await self._error(peer, exc, msg)

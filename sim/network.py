@@ -533,13 +533,14 @@ class Network:
         injection decides here whether it is dropped, duplicated, delayed or cut off.
         """
         faults = self.faults
-        if faults is not None and faults.active:
+        if faults is not None and (faults.partitions or faults.rules):
             fate = faults.fate(packet.link.src, packet.link.dst)
             if fate is not None:
                 self._suffer(packet, first_bit, fate)
                 return
         self._schedule(packet, first_bit)
-        self._release_held_back(packet.link)
+        if self._held_back:
+            self._release_held_back(packet.link)
 
     def _schedule(self, packet: _Packet, first_bit: float) -> None:
         link = packet.link

@@ -22,6 +22,8 @@ from runtime.cluster import train_locally
 from runtime.job import Job
 from runtime.metrics import PserverMetrics, TrainerMetrics, read_record
 from runtime.scenario import parse_scenario
+from runtime.shaping import ShapingError, shape, tbf_command
+from runtime.units import rate
 
 SUBNET = "10.147.0"
 PORT = 6174
@@ -88,11 +90,11 @@ def node_command(ns: str, scenario: Path, out: Path, *role: str) -> list[str]:
             "--out", str(out), *role]
 
 
-@pytest.mark.timeout(90)
-def test_pserver_and_two_trainers_in_three_namespaces(namespaces: dict[str, str],
-                                                      tmp_path: Path) -> None:
+def run_three_hosts(namespaces: dict[str, str], tmp_path: Path,
+                    text: str = SCENARIO) -> Path:
+    """The scenario's pserver and two trainers, one per namespace; their output folder."""
     scenario = tmp_path / "netns.yaml"
-    scenario.write_text(SCENARIO)
+    scenario.write_text(text)
     out = tmp_path / "out"
     endpoint = f"{NODES['ps']}:{PORT}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "TRAINING_ROLE"))}
@@ -115,7 +117,14 @@ def test_pserver_and_two_trainers_in_three_namespaces(namespaces: dict[str, str]
                 p.kill()
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0, 0], "\n----\n".join(outputs)
+    return out
 
+
+@pytest.mark.timeout(90)
+def test_pserver_and_two_trainers_in_three_namespaces(namespaces: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    out = run_three_hosts(namespaces, tmp_path)
+    endpoint = f"{NODES['ps']}:{PORT}"
     pserver = read_record(out / "nodes" / "pserver-0.json", PserverMetrics)
     assert (pserver.endpoint, pserver.steps, pserver.errors, pserver.dropped) == \
         (endpoint, 20, 0, [])
@@ -127,6 +136,35 @@ def test_pserver_and_two_trainers_in_three_namespaces(namespaces: dict[str, str]
     assert received > pserver.bytes_in
 
     _, local = train_locally(Job.from_scenario(parse_scenario(SCENARIO)))
+    with np.load(out / "params.npz") as params:
+        for name, value in local.items():
+            np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_the_tbf_command_limits_egress_to_the_rate() -> None:
+    assert tbf_command("eth0", rate("2Mbps"), namespace="ns1") == [
+        "ip", "netns", "exec", "ns1", "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+        "rate", "2000000bit", "burst", "24224", "latency", "1000ms"]
+
+
+@pytest.mark.timeout(90)
+def test_a_scenario_bandwidth_shaped_with_tbf_slows_the_job_not_its_numbers(
+        namespaces: dict[str, str], tmp_path: Path) -> None:
+    """The pserver's egress limited to the scenario's 2 Mbps by tc tbf: the trainers wait at
+    least the time its replies take at that rate, and train exactly as unshaped."""
+    text = SCENARIO + "network: {default: {bandwidth: 2Mbps}}\n"
+    bandwidth = rate("2Mbps")
+    try:
+        shape("eth0", bandwidth, namespaces["ps"])
+    except ShapingError as exc:
+        pytest.skip(f"tc tbf is not available here: {exc}")
+    out = run_three_hosts(namespaces, tmp_path, text)
+    pserver = read_record(out / "nodes" / "pserver-0.json", PserverMetrics)
+    trainers = [read_record(out / "nodes" / f"trainer-{i}.json", TrainerMetrics) for i in (0, 1)]
+    floor = pserver.bytes_out / bandwidth  # its replies cannot leave faster than the rate
+    assert floor > 0.5
+    assert max(sum(t.step_times) for t in trainers) >= 0.9 * floor
+    _, local = train_locally(Job.from_scenario(parse_scenario(text)))
     with np.load(out / "params.npz") as params:
         for name, value in local.items():
             np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -123,7 +123,8 @@ def _wanted(scenario: Scenario, output: str, refused: bool) -> bool:
 def _simulate(args: argparse.Namespace, scenario: Scenario, stream: TextIO) -> SimResult:
     progress = make_progress(stream, scenario)
     try:
-        return simulate(scenario, base_dir=Path(args.scenario).parent, on_step=progress.step)
+        return simulate(scenario, base_dir=Path(args.scenario).parent, on_step=progress.step,
+                        trace_messages=_wanted(scenario, "trace", args.no_trace))
     finally:
         progress.close()
 

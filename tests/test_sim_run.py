@@ -383,3 +383,11 @@ def test_the_chrome_trace_of_a_span_and_a_message() -> None:
     threads = {(e["pid"], e["args"]["name"]) for e in events["traceEvents"]
                if e["name"] == "thread_name"}
     assert threads == {(2, "compute"), (2, "sent"), (1, "received")}
+
+
+def test_a_run_without_a_trace_keeps_spans_but_no_record_per_message() -> None:
+    scenario = load_scenario(QUICKSTART, ["train.steps=5"])
+    traced, untraced = simulate(scenario), simulate(scenario, trace_messages=False)
+    assert traced.trace.messages and not untraced.trace.messages
+    assert untraced.trace.spans == traced.trace.spans
+    assert untraced.messages == traced.messages  # the network still counts them

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from runtime.cluster import LocalCluster
 from runtime.compute import ComputeModel, Tracer
-from runtime.faults import Crash, LinkFaults, Partition, Slow, Trigger, describe, fault_kind
+from runtime.faults import Crash, LinkFaults, Partition, Slow, describe, fault_kind
 from runtime.scope import Scope
 from transpiler.ir import Op
 
@@ -60,10 +60,6 @@ class MessageFaults:
         self.partitions: list[Partition] = []
         self.rules: list[LinkFaults] = []
         self._rngs: dict[tuple[str, str], random.Random] = {}
-
-    @property
-    def active(self) -> bool:
-        return bool(self.partitions or self.rules)
 
     def fate(self, src: str, dst: str) -> Fate | None:
         """The fate of a message from `src` to `dst` sent now; None: delivered as usual."""
@@ -136,7 +132,7 @@ class FaultInjector:
         """Schedule the time-triggered faults (call inside the running loop, at time 0)."""
         loop = asyncio.get_running_loop()
         for index, fault in enumerate(self.faults):
-            trigger = _trigger_of(fault)
+            trigger = fault.at
             if trigger is None:
                 self._fire(index, fault)
             elif trigger.step is not None:
@@ -199,10 +195,6 @@ class FaultInjector:
         job = self.cluster.job
         return [f"pserver:{j}" for j in range(len(job.endpoints))] + \
             [f"trainer:{i}" for i in range(job.trainers)]
-
-
-def _trigger_of(fault: AnyFault) -> Trigger | None:
-    return fault.at
 
 
 def _patterns_of(fault: AnyFault) -> list[str]:

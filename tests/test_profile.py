@@ -17,21 +17,13 @@ from runtime.profile import KernelTimes, OpFit, OpSamples, fit_op, format_table
 from runtime.scenario import load_scenario
 from sim.cost import load_profile
 from sim.simulate import simulate
-from transpiler.ir import Op, Program
+from transpiler.ir import Op
+
+from test_executor import double_program
 
 QUICKSTART = "scenarios/quickstart.yaml"
 STEPS = 3
 FAST_DRAIN = "train.retry_after=0.05"  # a pserver drains 3 x retry_after after the last trainer
-
-
-def scale_program() -> Program:
-    """out = 2 * x for x of shape [-1, 3] float32."""
-    prog = Program()
-    block = prog.global_block()
-    block.create_var("x", shape=(-1, 3), dtype="float32")
-    block.create_var("out", shape=(-1, 3), dtype="float32")
-    block.append_op("scale", {"X": ["x"]}, {"Out": ["out"]}, {"scale": 2.0})
-    return prog
 
 
 # -- timing kernels in the executor --------------------------------------------------------------
@@ -47,7 +39,7 @@ def test_an_executor_with_a_timer_reports_each_kernel_call_after_it_ran() -> Non
     calls = Calls()
     exe = Executor(timer=calls)
     for rows in (1, 2):
-        exe.run(scale_program(), feed={"x": np.ones((rows, 3), np.float32)}, scope=Scope())
+        exe.run(double_program(), feed={"x": np.ones((rows, 3), np.float32)}, scope=Scope())
     assert [(t, out) for t, out, _ in calls.seen] == [("scale", [2.0] * 3), ("scale", [2.0] * 6)]
     assert all(0 < s < 1 for _, _, s in calls.seen)
 
@@ -58,9 +50,9 @@ def test_executors_made_inside_timing_kernels_report_and_others_do_not() -> None
         inside = Executor()
     outside = Executor()
     for exe in (inside, outside):
-        exe.run(scale_program(), feed={"x": np.ones((4, 3), np.float32)}, scope=Scope())
+        exe.run(double_program(), feed={"x": np.ones((4, 3), np.float32)}, scope=Scope())
     assert times.calls == 1 and times.samples["scale"].elements == [12]
-    plain = outside.plans.get(scale_program(), 0).steps[0].kernel
+    plain = outside.plans.get(double_program(), 0).steps[0].kernel
     assert plain is get_kernel("scale")  # unwrapped: no cost when not profiling
 
 

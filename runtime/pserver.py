@@ -275,7 +275,8 @@ class PserverService:
         frames = encode(reply)
         self.stats.bytes_out += charged_size(frames)
         try:
-            await self.transport.send(peer, frames)
+            if not self.transport.send_nowait(peer, frames):
+                await self.transport.send(peer, frames)
         except Exception as exc:  # the trainer went away; it will retry or be dropped
             log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
 

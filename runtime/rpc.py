@@ -9,11 +9,16 @@ sign of life: a server holding the request until other trainers catch up answers
 a deadline that passes raises `RpcTimeout` naming the endpoint, the request and the wait.
 
 A node that restarts passes its `incarnation` (how many times it started before) so that its
-message ids do not repeat its earlier life's. One reader task takes every incoming message off the transport and resolves the matching call;
-a reply to a call that already gave up is dropped. All waiting goes through the running loop,
-so the same code runs on a virtual clock. A call awaits its reply's future directly (no
-`wait_for`/`shield` wrappers), and a client times its calls' attempts out on one loop timer
-(`_Timeouts`): a simulation makes millions of calls.
+message ids do not repeat its earlier life's. Replies reach the client from one reader task, or
+straight from the transport where it can hand them over (`Transport.deliver_to`, the
+simulator's); a reply to a call that already gave up is dropped. All waiting goes through the
+running loop, so the same code runs on a virtual clock.
+
+DESIGN: a call is a future driven by callbacks (`_Call`: sent at once where the transport can
+send without waiting, resent or failed when its attempt's timeout fires, answered when its
+reply comes), not a task: a simulation makes millions of calls, and a trainer sends to every
+pserver at once. `start` returns the future; `call` is its awaitable form. A client times its
+calls' attempts out on one loop timer (`_Timeouts`).
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ import itertools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from .transport import Transport, TransportClosed
+from .transport import Frame, Transport, TransportClosed
 from .wire import DecodeError, Kind, Message, decode, encode, raise_for_error
 
 log = logging.getLogger(__name__)
@@ -62,11 +67,10 @@ class _Timeouts:
 
     Replies come in milliseconds and retry intervals are seconds, so a loop timer per attempt
     would fill the loop's timer heap with timers nearly all cancelled, at a cost to every other
-    timer. Instead the client keeps its own heap of ``[when, seq, reply]`` and one loop timer at
-    the earliest; when it fires, every reply due is resolved with None ("timed out"), exactly
-    at the time a timer of its own would have fired. A call that got its answer drops its entry
-    (`drop`), which lets its reply go; dropped entries are swept out once they are half the
-    heap, and skipped when they come to the top.
+    timer. Instead the client keeps its own heap of ``[when, seq, call]`` and one loop timer at
+    the earliest; when it fires, every call due `expire`s, exactly at the time a timer of its
+    own would have fired. A call that got its answer drops its entry (`drop`); dropped entries
+    are swept out once they are half the heap, and skipped when they come to the top.
     """
 
     def __init__(self) -> None:
@@ -77,16 +81,16 @@ class _Timeouts:
         """When `_timer` fires (a handle need not say: uvloop's for a time past is a plain one)."""
         self._dropped = 0
 
-    def add(self, when: float, reply: asyncio.Future[Message | None]) -> list[Any]:
-        """Time `reply` out at `when` unless it is done by then; the entry to `drop` after."""
-        entry = [when, next(self._seq), reply]
+    def add(self, when: float, call: _Call) -> list[Any]:
+        """Expire `call` at `when` unless it is dropped by then; the entry to `drop` after."""
+        entry = [when, next(self._seq), call]
         heapq.heappush(self._heap, entry)
         if when < self._due:
             self._arm(when)
         return entry
 
     def drop(self, entry: list[Any]) -> None:
-        """The wait of `entry` is over: forget its reply."""
+        """The wait of `entry` is over: forget its call."""
         if entry[2] is None:
             return
         entry[2] = None
@@ -112,20 +116,104 @@ class _Timeouts:
         heap, now = self._heap, asyncio.get_running_loop().time()
         while heap and (heap[0][0] <= now or heap[0][2] is None):
             entry = heapq.heappop(heap)
-            reply = entry[2]
-            if reply is None:
+            call = entry[2]
+            if call is None:
                 self._dropped -= 1
                 continue
             entry[2] = None
-            if not reply.done():
-                reply.set_result(None)
-        if heap:
+            call.expire()  # may add entries (a resend): the heap is re-read each turn
+        if heap and self._timer is None:
             self._arm(heap[0][0])
 
 
 _SWEEP_MIN = 64
 """`_Timeouts` sweeps its dropped entries out once there are more than this many (and they are
 half its heap)."""
+
+
+class _Call:
+    """One request in flight: its frames, where its retries stand, and the future its caller
+    awaits. Driven by callbacks (a reply, a pending notice, its attempt's timeout), not by a
+    task of its own: a simulation makes millions of calls."""
+
+    __slots__ = ("client", "endpoint", "msg", "frames", "limit", "start", "heard", "interval",
+                 "attempts", "future", "entry", "check")
+
+    def __init__(self, client: RpcClient, endpoint: str, msg: Message, limit: float,
+                 check: Callable[[str, Message], None] | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.client = client
+        self.endpoint = endpoint
+        self.msg = msg
+        self.frames = encode(msg)
+        self.limit = limit
+        self.start = self.heard = loop.time()
+        """`heard`: when the server last showed it is alive (a pending notice), or `start`."""
+        self.interval = client.policy.first_retry
+        self.attempts = 0
+        self.future: asyncio.Future[Message] = loop.create_future()
+        self.entry: list[Any] | None = None
+        self.check = check
+
+    def attempt(self) -> None:
+        """Send the request (again) and wait for its reply until the retry interval or the
+        deadline, whichever comes first."""
+        self.attempts += 1
+        self.client._send(self)
+        now = asyncio.get_running_loop().time()
+        left = self.heard + self.limit - now
+        if left <= 0:
+            self.fail(self.timeout(now))
+            return
+        self.entry = self.client._timeouts.add(now + min(self.interval, left), self)
+
+    def expire(self) -> None:
+        """The current attempt's wait ran out: resend with backoff, or time out."""
+        self.entry = None
+        if self.future.done():  # cancelled by its caller meanwhile
+            self.client._waiting.pop(self.msg.id, None)
+            return
+        now = asyncio.get_running_loop().time()
+        if now - self.heard >= self.limit:
+            self.fail(self.timeout(now))
+            return
+        log.debug("%s: resending %s id %d to %s", self.client.name, self.msg.kind, self.msg.id,
+                  self.endpoint)
+        self.interval = min(self.interval * self.client.policy.backoff,
+                            self.client.policy.max_interval)
+        self.attempt()
+
+    def answer(self, reply: Message) -> None:
+        """The reply came: the call's result, or its error (`RemoteError`, or what `check`
+        raises)."""
+        self.settle()
+        if self.future.done():
+            return
+        try:
+            result = raise_for_error(reply)
+            if self.check is not None:
+                self.check(self.endpoint, result)
+        except Exception as exc:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+    def fail(self, exc: BaseException) -> None:
+        self.settle()
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+    def settle(self) -> None:
+        """Stop waiting: forget the call and its attempt's timeout."""
+        self.client._waiting.pop(self.msg.id, None)
+        if self.entry is not None:
+            self.client._timeouts.drop(self.entry)
+            self.entry = None
+
+    def timeout(self, now: float) -> RpcTimeout:
+        client = self.client
+        return RpcTimeout(client.name, self.endpoint, self.msg.kind, self.msg.step,
+                          now - self.start, self.attempts, client.labels.get(self.endpoint))
 
 
 class RpcClient:
@@ -142,12 +230,13 @@ class RpcClient:
         # A restarted node numbers its messages apart from its earlier life's, which the
         # servers still remember replies to (their dedupe is by sender name and id).
         self._ids = itertools.count((incarnation << 32) + 1)
-        self._waiting: dict[int, asyncio.Future[Message | None]] = {}
-        """Request id -> its reply once it comes (None: the current attempt timed out)."""
+        self._waiting: dict[int, _Call] = {}
+        """Request id -> its call, until it is answered, fails or is cancelled."""
         self._timeouts = _Timeouts()
-        self._heard: dict[int, float] = {}  # message id -> when its server last said "pending"
         self._connected: set[str] = set()
         self._reader: asyncio.Task[None] | None = None
+        self._pushed = False
+        """The transport hands replies to `_on_message` itself (no reader task)."""
 
     @property
     def name(self) -> str:
@@ -158,9 +247,11 @@ class RpcClient:
             if ep not in self._connected:
                 await self.transport.connect(ep)
                 self._connected.add(ep)
-        if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(
-                self._read(), name=f"{self.name} rpc reader")
+        if self._reader is None and not self._pushed:
+            self._pushed = self.transport.deliver_to(self._on_message)
+            if not self._pushed:
+                self._reader = asyncio.get_running_loop().create_task(
+                    self._read(), name=f"{self.name} rpc reader")
 
     async def call(self, endpoint: str, kind: Kind, step: int = 0,
                    vars: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
@@ -168,49 +259,48 @@ class RpcClient:
         """Send a request to `endpoint` and return its reply (resending until the deadline)."""
         if endpoint not in self._connected:
             await self.connect([endpoint])
-        msg = Message(kind, next(self._ids), self.name, step, vars or {}, extra or {})
-        frames = encode(msg)
-        loop = asyncio.get_running_loop()
-        self._waiting[msg.id] = loop.create_future()
-        policy = self.policy
-        limit = policy.deadline if deadline is None else deadline
-        start, interval, attempts = loop.time(), policy.first_retry, 0
-        try:
-            while True:
-                attempts += 1
-                await self.transport.send(endpoint, frames)
-                left = self._heard.get(msg.id, start) + limit - loop.time()
-                if left <= 0:
-                    raise RpcTimeout(self.name, endpoint, kind, step,
-                                     loop.time() - start, attempts,
-                                     self.labels.get(endpoint))
-                answer = await self._answer(msg.id, min(interval, left))
-                if answer is not None:
-                    return raise_for_error(answer)
-                if loop.time() - self._heard.get(msg.id, start) >= limit:
-                    raise RpcTimeout(self.name, endpoint, kind, step,
-                                     loop.time() - start, attempts,
-                                     self.labels.get(endpoint))
-                log.debug("%s: resending %s id %d to %s", self.name, kind, msg.id, endpoint)
-                interval = min(interval * policy.backoff, policy.max_interval)
-        finally:
-            self._waiting.pop(msg.id, None)
-            self._heard.pop(msg.id, None)
+        return await self.start(endpoint, kind, step, vars, extra, deadline)
 
-    async def _answer(self, msg_id: int, timeout: float) -> Message | None:
-        """The reply to request `msg_id` once it comes, or None if `timeout` seconds pass
-        first (the request's future then gives way to a new one for the next attempt)."""
-        reply = self._waiting[msg_id]
-        if not reply.done():
-            entry = self._timeouts.add(asyncio.get_running_loop().time() + timeout, reply)
-            try:
-                await reply
-            finally:
-                self._timeouts.drop(entry)
-        answer = reply.result()
-        if answer is None and self._waiting.get(msg_id) is reply:
-            self._waiting[msg_id] = asyncio.get_running_loop().create_future()
-        return answer
+    def start(self, endpoint: str, kind: Kind, step: int = 0,
+              vars: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
+              deadline: float | None = None,
+              check: Callable[[str, Message], None] | None = None) -> asyncio.Future[Message]:
+        """`call` without a coroutine: the request leaves now (if the transport can send
+        without waiting) and the future holds its reply. `check(endpoint, reply)` may raise to
+        make a reply the call's error instead."""
+        if endpoint not in self._connected:
+            return asyncio.ensure_future(self._connect_then_start(
+                endpoint, kind, step, vars, extra, deadline, check))
+        msg = Message(kind, next(self._ids), self.name, step, vars or {}, extra or {})
+        call = _Call(self, endpoint, msg, self.policy.deadline if deadline is None else deadline,
+                     check)
+        self._waiting[msg.id] = call
+        call.attempt()
+        return call.future
+
+    async def _connect_then_start(self, endpoint: str, kind: Kind, step: int,
+                                  vars: Mapping[str, Any] | None,
+                                  extra: Mapping[str, Any] | None, deadline: float | None,
+                                  check: Callable[[str, Message], None] | None) -> Message:
+        await self.connect([endpoint])
+        return await self.start(endpoint, kind, step, vars, extra, deadline, check)
+
+    def _send(self, call: _Call) -> None:
+        """Put `call`'s request on the transport: at once where it can, else by a task (a
+        send that must wait for room), which fails the call if the send does."""
+        try:
+            if self.transport.send_nowait(call.endpoint, call.frames):
+                return
+        except Exception as exc:  # closed, or an endpoint it cannot route to
+            call.fail(exc)
+            return
+        asyncio.get_running_loop().create_task(self._send_later(call))
+
+    async def _send_later(self, call: _Call) -> None:
+        try:
+            await self.transport.send(call.endpoint, call.frames)
+        except Exception as exc:
+            call.fail(exc)
 
     async def _read(self) -> None:
         while True:
@@ -218,32 +308,29 @@ class RpcClient:
                 peer, frames = await self.transport.recv()
             except TransportClosed:
                 return
-            try:
-                msg = decode(frames, self.max_message_size)
-            except DecodeError as exc:
-                log.warning("%s: dropping a malformed reply from %s: %s", self.name, peer, exc)
-                continue
-            self._resolve(msg)
+            self._on_message(peer, frames)
+
+    def _on_message(self, peer: str, frames: list[Frame]) -> None:
+        try:
+            msg = decode(frames, self.max_message_size)
+        except DecodeError as exc:
+            log.warning("%s: dropping a malformed reply from %s: %s", self.name, peer, exc)
+            return
+        self._resolve(msg)
 
     def _resolve(self, msg: Message) -> None:
-        """Hand a reply to the call waiting for it, or note a pending notice. A call whose wait
-        ran out this very instant still gets the reply (after resending), as if it had come a
-        moment earlier."""
-        waiter = self._waiting.get(msg.id)
-        if waiter is None or waiter.cancelled():
+        """Hand a reply to the call waiting for it, or note a pending notice; a reply to a call
+        that is over (answered, timed out, cancelled) is dropped."""
+        call = self._waiting.get(msg.id)
+        if call is None:
             return
-        timed_out = waiter.done()
-        if timed_out and waiter.result() is not None:  # answered already
+        if call.future.done():  # cancelled by its caller
+            call.settle()
             return
         if msg.kind is Kind.REPLY and msg.extra.get("pending") is True:
-            self._heard[msg.id] = asyncio.get_running_loop().time()  # alive, still busy
+            call.heard = asyncio.get_running_loop().time()  # alive, still busy
             return
-        if not timed_out:
-            waiter.set_result(msg)
-            return
-        answered = asyncio.get_running_loop().create_future()
-        answered.set_result(msg)
-        self._waiting[msg.id] = answered
+        call.answer(msg)
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -253,7 +340,8 @@ class RpcClient:
             except asyncio.CancelledError:
                 pass
             self._reader = None
-        for fut in self._waiting.values():
-            fut.cancel()
+        for call in list(self._waiting.values()):
+            call.future.cancel()
+            call.settle()
         self._timeouts.close()
         await self.transport.close()

@@ -69,8 +69,8 @@ class RpcOps:
         self.server_state: dict[str, dict[str, Any]] = {}  # endpoint -> its last fetch reply
         self.trainer_id = trainer_id
         self.step = INITIAL_STEP
-        self._sends: list[asyncio.Task[Any]] = []
-        self.pending: dict[str, asyncio.Task[Any]] = {}
+        self._sends: list[asyncio.Future[Message]] = []
+        self.pending: dict[str, asyncio.Future[Any]] = {}
         self.handlers: dict[str, Callable[[Op, Scope], Awaitable[None]]] = {
             "send": self.send, "send_barrier": self.send_barrier, "recv": self.recv,
             "fetch_barrier": self.fetch_barrier, "prefetch": self.prefetch,
@@ -78,19 +78,22 @@ class RpcOps:
             "checkpoint_notify": self.checkpoint_notify,
         }
 
-    async def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
-                   names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
-                   deadline: float | None = None) -> Message:
-        """A request of this trainer at its current step; raises `Rewind` when the pserver
-        asks for the steps it lost to be redone."""
+    def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
+             names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
+             deadline: float | None = None) -> asyncio.Future[Message]:
+        """A request of this trainer at its current step, sent now; its reply comes in the
+        future, which raises `Rewind` when the pserver asks for the steps it lost to be
+        redone."""
         header: dict[str, Any] = {"trainer": self.trainer_id, **(extra or {})}
         if names is not None:
             header["names"] = names
-        reply = await self.client.call(endpoint, kind, self.step, vars, header, deadline)
+        return self.client.start(endpoint, kind, self.step, vars, header, deadline,
+                                 self._check_rewind)
+
+    def _check_rewind(self, endpoint: str, reply: Message) -> None:
         rewind = reply.extra.get("rewind")
         if isinstance(rewind, int) and not isinstance(rewind, bool):
             raise Rewind(self.client.labels.get(endpoint, endpoint), rewind)
-        return reply
 
     async def run(self, op: Op, scope: Scope) -> None:
         handler = self.handlers.get(op.type)
@@ -116,9 +119,8 @@ class RpcOps:
         for value, wire, ep in zip(values, wire_names, endpoints):
             by_endpoint[ep][wire] = value
         extra = {"merge_add": True} if op.attr("merge_add") else None
-        loop = asyncio.get_running_loop()
         for ep, vars in by_endpoint.items():
-            self._sends.append(loop.create_task(self.call(ep, Kind.SEND, vars, extra=extra)))
+            self._sends.append(self.call(ep, Kind.SEND, vars, extra=extra))
 
     async def flush_sends(self) -> None:
         sends, self._sends = self._sends, []

@@ -18,6 +18,9 @@ semantics are pinned down by one contract suite (`tests/transport_contract.py`):
   read them later): the caller must not mutate them after the call.
 - After `close()`, `send` and `recv` raise `TransportClosed`, and a `recv` waiting at that moment
   is woken with it.
+- Fast paths, optional (the simulator has them; a transport without them says False):
+  `send_nowait` sends without a coroutine, `deliver_to` hands messages to a callback instead
+  of `recv`. Semantics are otherwise the same.
 - Time: implementations wait only through the running asyncio loop, never the wall clock, so a
   virtual-time loop can drive them; timeouts are the caller's (`asyncio.wait_for`).
 """
@@ -110,6 +113,18 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def recv(self) -> tuple[str, list[Frame]]:
         """Wait for the next message from any peer; return `(peer, frames)`."""
+
+    def send_nowait(self, peer: str, frames: Sequence[Frame]) -> bool:
+        """Send as `send` does if that needs no wait, and return True; False (nothing sent):
+        this transport cannot, `await send(...)` instead. Errors are `send`'s."""
+        return False
+
+    def deliver_to(self, handler: Callable[[str, list[Frame]], None]) -> bool:
+        """Hand every later message to `handler(peer, frames)` the moment it arrives, in
+        order, instead of keeping it for `recv`, and return True; False: this transport
+        cannot (use `recv`). A handler must not block; what it raises is the transport's
+        caller's bug and propagates to the loop."""
+        return False
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import math
 import random
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -424,6 +425,11 @@ class _Link:
     stats: LinkStats = field(default_factory=LinkStats)
 
 
+_QUIET = contextvars.Context()
+"""The context a message's own timers (first bit in, fully taken) run in: they read no context
+variables, and copying the sender's for each would cost every message."""
+
+
 @dataclass(slots=True)
 class _Packet:
     link: _Link
@@ -546,7 +552,7 @@ class Network:
         link = packet.link
         arrival = max(first_bit, link.last_bit)
         link.last_bit = arrival + packet.wire_time
-        asyncio.get_running_loop().call_at(arrival, self._arrive, packet)
+        asyncio.get_running_loop().call_at(arrival, self._arrive, packet, context=_QUIET)
 
     def _suffer(self, packet: _Packet, first_bit: float, fate: Fate) -> None:
         """Deliver `packet` as its fate says (see `sim.faults.MessageFaults`)."""
@@ -595,14 +601,19 @@ class Network:
         stats.busy_in += busy
         stats.wait_in += start - now
         last_bit = now + packet.wire_time
-        loop.call_at(done if done > last_bit else last_bit, self._hand_over, packet)
+        loop.call_at(done if done > last_bit else last_bit, self._hand_over, packet,
+                     context=_QUIET)
 
     def _hand_over(self, packet: _Packet) -> None:
         receiver = packet.receiver
         if receiver.closed:
             packet.link.stats.dropped += 1
             return
-        receiver._inbox.put_nowait((packet.peer, packet.frames))
+        handler = receiver._handler
+        if handler is None:
+            receiver._inbox.put_nowait((packet.peer, packet.frames))
+        else:
+            handler(packet.peer, packet.frames)
         on_message = self.on_message
         if on_message is not None:
             link = packet.link
@@ -657,6 +668,8 @@ class SimTransport(Transport):
         self._clients: dict[str, tuple[SimTransport, str]] = {}
         """Client node name -> (its transport, the endpoint it connected to)."""
         self._inbox = Inbox()
+        self._handler: Callable[[str, list[Frame]], None] | None = None
+        """Where messages go instead of the inbox (`deliver_to`)."""
 
     async def bind(self, endpoint: str) -> str:
         self._check_open("bind")
@@ -674,6 +687,9 @@ class SimTransport(Transport):
         self.network._connect(self, endpoint)
 
     async def send(self, peer: str, frames: Sequence[Frame]) -> None:
+        self.send_nowait(peer, frames)
+
+    def send_nowait(self, peer: str, frames: Sequence[Frame]) -> bool:
         self._check_open("send")
         if not frames:
             raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
@@ -685,11 +701,17 @@ class SimTransport(Transport):
                 held.append(message)
             else:
                 self.network._transmit(self.name, server, self.name, message)
-            return
+            return True
         client = self._clients.get(peer)
         if client is None:
             raise UnknownPeerError(self.name, peer)
         self.network._transmit(self.name, client[0], client[1], message)
+        return True
+
+    def deliver_to(self, handler: Callable[[str, list[Frame]], None]) -> bool:
+        self._check_open("deliver")
+        self._handler = handler
+        return True
 
     def recv(self) -> Coroutine[Any, Any, Inbound]:  # the inbox's own wait: one frame less
         self._check_open("recv")

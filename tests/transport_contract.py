@@ -253,3 +253,37 @@ class TransportContract:
         assert (peer, received.kind, received.id, received.step) == ("trainer:0", Kind.SEND, 41, 5)
         for name, grad in grads.items():
             np.testing.assert_array_equal(received.vars[name], grad)
+
+    async def test_send_nowait_sends_as_send_does_or_declines(self, nodes: Nodes) -> None:
+        server, endpoint = await nodes.serve()
+        client = await nodes.client(endpoint, "c")
+        for i in range(10):
+            if not client.send_nowait(endpoint, numbered(i)):  # this transport cannot: no trace
+                await within(client.send(endpoint, numbered(i)))
+        assert [await recv_number(server) for _ in range(10)] == [("c", i) for i in range(10)]
+        with pytest.raises(UnknownPeerError):
+            server.send_nowait("nobody", [b"x"]) or await within(server.send("nobody", [b"x"]))
+
+    async def test_deliver_to_hands_each_message_over_in_order_or_declines(
+            self, nodes: Nodes) -> None:
+        server, endpoint = await nodes.serve()
+        client = await nodes.client(endpoint, "c")
+        got: list[tuple[str, list[bytes]]] = []
+        arrived = asyncio.Event()
+
+        def handler(peer: str, frames: list[Frame]) -> None:
+            got.append((peer, as_bytes(frames)))
+            if len(got) == 5:
+                arrived.set()
+
+        pushed = client.deliver_to(handler)
+        await within(client.send(endpoint, [b"hello"]))
+        assert (await within(server.recv()))[0] == "c"  # the server knows "c" now
+        for i in range(5):
+            await within(server.send("c", numbered(i)))
+        if pushed:
+            await within(arrived.wait())
+        else:
+            got.extend((peer, as_bytes(frames)) for peer, frames in
+                       [await within(client.recv()) for _ in range(5)])
+        assert got == [(endpoint, as_bytes(numbered(i))) for i in range(5)]

@@ -10,6 +10,7 @@ advances exactly by the modelled cost. An optional `Tracer` is told what each no
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 from transpiler.ir import Op
@@ -51,6 +52,12 @@ class Charge:
     @property
     def active(self) -> bool:
         return self.model is not None and not isinstance(self.model, RealCompute)
+
+    def clock(self) -> float:
+        """Now, for timing this node's work: the loop's clock where compute is modelled (a
+        simulation's virtual time), else a fine wall clock (a real loop's time may tick in
+        whole milliseconds, as uvloop's does, and a small update takes less)."""
+        return asyncio.get_running_loop().time() if self.active else time.perf_counter()
 
     def add(self, op: Op, scope: Scope) -> None:
         if self.model is None:

@@ -320,8 +320,7 @@ class PserverService:
             await self._handle(peer, msg)
 
     async def _optimize_step(self) -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        start = self.charge.clock()
         self._optimizing = True
         try:
             contributors = self.round.contributors
@@ -337,7 +336,7 @@ class PserverService:
         finally:
             self._optimizing = False
         self.round.optimized()
-        self.stats.optimize_seconds += loop.time() - start
+        self.stats.optimize_seconds += self.charge.clock() - start
 
     def _run(self, block_idx: int) -> None:
         """Run one block and charge its ops to this node's modelled compute time."""

@@ -54,10 +54,12 @@ class Charge:
         return self.model is not None and not isinstance(self.model, RealCompute)
 
     def clock(self) -> float:
-        """Now, for timing this node's work: the loop's clock where compute is modelled (a
-        simulation's virtual time), else a fine wall clock (a real loop's time may tick in
-        whole milliseconds, as uvloop's does, and a small update takes less)."""
-        return asyncio.get_running_loop().time() if self.active else time.perf_counter()
+        """Now, for timing this node's work: the loop's clock where it is virtual (a
+        simulation: its time is the simulated time, modelled compute or none), else a fine
+        wall clock (a real loop's time may tick in whole milliseconds, as uvloop's does, and a
+        small update takes less)."""
+        loop = asyncio.get_running_loop()
+        return loop.time() if getattr(loop, "virtual_time", False) else time.perf_counter()
 
     def add(self, op: Op, scope: Scope) -> None:
         if self.model is None:

@@ -7,8 +7,11 @@ ready to run, by jumping straight to the earliest pending timer. A one-hour `sle
 wall time, and the real runtime code runs unchanged, in one process, under simulated time.
 
 Determinism. One thread; ready callbacks run first-in first-out; timers are ordered by
-`(when, seq)`, where `seq` counts `call_at` calls, so timers due at the same virtual time run
-in the order they were scheduled (SimPy's `(time, priority, seq)` rule without a priority).
+`(when, seq)`, where `seq` is the order of `call_at` calls, so timers due at the same virtual
+time run in the order they were scheduled (SimPy's `(time, priority, seq)` rule without a
+priority). They are kept so: a heap of the distinct due times (bare floats, which compare
+several times faster than tuples; a heap of 100,000 timers is common at scale), each with the
+list of its timers in scheduling order.
 Nothing reads the wall clock or depends on hash order, so the same program gives the same
 trace byte for byte.
 
@@ -34,7 +37,8 @@ need `call_soon`, `call_at`, `time`, `create_future` and `create_task` from a lo
 BaseEventLoop already implements all of them (plus task factories, exception handlers and
 async-generator bookkeeping) on top of two data structures: the `_ready` deque and a timer
 heap. Reusing it keeps the semantics identical to the stock loop; only `time()`, `call_at`
-(to order timers by `(when, seq)`) and `_run_once` (jump instead of `select`) change. This is
+(to order timers by `(when, seq)`, in its own timer store) and `_run_once` (jump instead of
+`select`) change. This is
 trio's `MockClock` idea ("jump when every task waits") applied to asyncio.
 """
 
@@ -322,6 +326,9 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
     spin at one virtual instant).
     """
 
+    virtual_time = True
+    """Time measured on this loop is simulated time (`runtime.compute.Charge.clock` asks)."""
+
     def __init__(self, *, max_time: float | None = None, max_steps: int | None = None) -> None:
         super().__init__()
         try:
@@ -333,8 +340,12 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         self._max_time = max_time
         self._max_steps = max_steps
         self._steps_left = sys.maxsize
-        self._timers: list[tuple[float, int, asyncio.TimerHandle]] = []
-        self._timer_seq = itertools.count()
+        self._timers: list[float] = []
+        """A heap of the distinct times timers are due at (`_due`'s keys)."""
+        self._due: dict[float, list[asyncio.TimerHandle]] = {}
+        """Time -> the timers due then, in the order they were scheduled."""
+        self._timer_count = 0
+        """Timers in `_due`, cancelled ones not yet dropped included."""
         self._task_refs: list[weakref.ref[asyncio.Task[Any]]] = []
         """Every task made here, in creation order (dead references pruned now and then)."""
         self._tasks_pruned_to = 0
@@ -393,7 +404,13 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
             timer._scheduled = True  # type: ignore[attr-defined]
         else:
             timer = _Timer(when, callback, args, self, context)
-        heapq.heappush(self._timers, (when, next(self._timer_seq), timer))
+        bucket = self._due.get(when)
+        if bucket is None:
+            self._due[when] = [timer]
+            heapq.heappush(self._timers, when)
+        else:
+            bucket.append(timer)
+        self._timer_count += 1
         return timer
 
     def create_task(  # type: ignore[override]
@@ -447,6 +464,8 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
     def close(self) -> None:
         super().close()
         self._timers.clear()
+        self._due.clear()
+        self._timer_count = 0
 
     def _cancel_leftovers(self) -> None:
         tasks = self.pending_tasks()
@@ -479,7 +498,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         while True:
             if (
                 self._timer_cancelled_count > _PURGE_MIN_CANCELLED
-                and 2 * self._timer_cancelled_count > len(self._timers)
+                and 2 * self._timer_cancelled_count > self._timer_count
             ):
                 self._purge_cancelled_timers()
             if self._steps_left == 0:
@@ -487,7 +506,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
             if not ready and not self._stopping:  # type: ignore[attr-defined]
                 self._jump_to_next_timer()
             timers = self._timers
-            if timers and timers[0][0] <= self._now:
+            if timers and timers[0] <= self._now:
                 self._move_due_timers(ready)
             ntodo = min(len(ready), self._steps_left)
             self._steps_left -= ntodo
@@ -514,43 +533,59 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
             {"message": f"Exception in callback {source}", "exception": exc, "handle": handle})
 
     def _jump_to_next_timer(self) -> None:
-        timers = self._timers
-        while timers and timers[0][2].cancelled():
-            heapq.heappop(timers)[2]._scheduled = False  # type: ignore[attr-defined]
-            self._timer_cancelled_count -= 1
+        timers, due = self._timers, self._due
+        while timers and all(timer._cancelled for timer in due[timers[0]]):  # type: ignore[attr-defined]
+            self._drop_bucket(heapq.heappop(timers))
         if not timers:
             raise SimDeadlock(self._now, self.pending_waits())
-        when = timers[0][0]
+        when = timers[0]
         if self._max_time is not None and when > self._max_time:
             raise SimTimeLimit(self._now, self._max_time, when)
         if when > self._now:
             self._now = float(when)
             self.stats.jumps += 1
 
+    def _drop_bucket(self, when: float) -> None:
+        """Forget the timers due at `when`, every one of them cancelled."""
+        bucket = self._due.pop(when)
+        for timer in bucket:
+            timer._scheduled = False  # type: ignore[attr-defined]
+        self._timer_cancelled_count -= len(bucket)
+        self._timer_count -= len(bucket)
+
     def _move_due_timers(self, ready: Any) -> None:
-        timers = self._timers
+        timers, due = self._timers, self._due
         now = self._now
         heappop = heapq.heappop
-        fired = 0
-        while timers and timers[0][0] <= now:
-            timer = heappop(timers)[2]
-            timer._scheduled = False  # type: ignore[attr-defined]
-            if timer._cancelled:  # type: ignore[attr-defined]
-                self._timer_cancelled_count -= 1
-            else:
-                ready.append(timer)
-                fired += 1
+        fired = moved = 0
+        while timers and timers[0] <= now:
+            bucket = due.pop(heappop(timers))
+            moved += len(bucket)
+            for timer in bucket:
+                timer._scheduled = False  # type: ignore[attr-defined]
+                if timer._cancelled:  # type: ignore[attr-defined]
+                    self._timer_cancelled_count -= 1
+                else:
+                    ready.append(timer)
+                    fired += 1
+        self._timer_count -= moved
         self.stats.timers += fired
 
     def _purge_cancelled_timers(self) -> None:
-        live = []
-        for entry in self._timers:
-            if entry[2].cancelled():
-                entry[2]._scheduled = False  # type: ignore[attr-defined]
-            else:
-                live.append(entry)
-        heapq.heapify(live)
-        self._timers = live
+        live: dict[float, list[asyncio.TimerHandle]] = {}
+        for when, bucket in self._due.items():
+            kept = []
+            for timer in bucket:
+                if timer.cancelled():
+                    timer._scheduled = False  # type: ignore[attr-defined]
+                else:
+                    kept.append(timer)
+            if kept:
+                live[when] = kept
+        self._due = live
+        self._timers = list(live)
+        heapq.heapify(self._timers)
+        self._timer_count = sum(len(bucket) for bucket in live.values())
         self._timer_cancelled_count = 0
 
 

@@ -21,7 +21,7 @@ from runtime.trainer import run_program
 from runtime.zmq_transport import ZmqTransport
 from transpiler.ir import Program
 
-from cluster_helpers import make_job
+from cluster_helpers import FAST_DRAIN, make_job
 
 MODEL = ("{{name: ctr_dnn, vocab: 100, embed_dim: 4, hidden: [{hidden}], is_distributed: true, "
          "optimizer: {{type: {opt}, learning_rate: 0.05}}, "
@@ -29,7 +29,8 @@ MODEL = ("{{name: ctr_dnn, vocab: 100, embed_dim: 4, hidden: [{hidden}], is_dist
 
 
 def ctr_job(hidden: int = 8, opt: str = "adam") -> Job:
-    return make_job(MODEL.format(hidden=hidden, opt=opt), trainers=2, pservers=2, batch=8)
+    return make_job(MODEL.format(hidden=hidden, opt=opt), trainers=2, pservers=2, batch=8,
+                    retry_after=FAST_DRAIN)
 
 
 def services(job: Job, load_from: Path | None = None) -> list[PserverService]:

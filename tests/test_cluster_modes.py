@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cluster_helpers import make_job, run
+from cluster_helpers import FAST_DRAIN, make_job, run
 
 MODEL = ("{name: mlp, sizes: [64, 64, 10], optimizer: {type: sgd, learning_rate: 0.1}%s}")
 DECAY = ", lr: {type: exponential_decay, decay_steps: 20, decay_rate: 0.5}"
@@ -25,7 +25,8 @@ DECAY = ", lr: {type: exponential_decay, decay_steps: 20, decay_rate: 0.5}"
     ("async", "dc_asgd: true", ""),
 ])
 def test_mode_trains(mode: str, transpiler: str, lr: str) -> None:
-    job = make_job(MODEL % lr, trainers=2, pservers=2, steps=60, mode=mode, transpiler=transpiler)
+    job = make_job(MODEL % lr, trainers=2, pservers=2, steps=60, mode=mode, transpiler=transpiler,
+                   retry_after=FAST_DRAIN)
     result = run(job)
     for report in result.trainers:
         assert len(report.losses) == 60

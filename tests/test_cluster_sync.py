@@ -8,7 +8,7 @@ import pytest
 
 from runtime.cluster import train_locally
 
-from cluster_helpers import make_job, run
+from cluster_helpers import FAST_DRAIN, make_job, run
 
 MLP = "{{name: mlp, sizes: [256, 64, 10], optimizer: {opt}{lr}}}"
 OPTIMIZERS = {
@@ -35,7 +35,8 @@ def assert_params_equal(result_params: dict, local: dict) -> None:
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
 def test_mlp_sync_equals_local(opt: str, trainers: int, pservers: int) -> None:
     lr = EXP_DECAY if opt == "adam" else ""
-    job = make_job(MLP.format(opt=OPTIMIZERS[opt], lr=lr), trainers, pservers)
+    job = make_job(MLP.format(opt=OPTIMIZERS[opt], lr=lr), trainers, pservers,
+                   retry_after=FAST_DRAIN)
     result = run(job)
     _, local = train_locally(job)
     assert_params_equal(result.params, local)
@@ -47,7 +48,7 @@ def test_mlp_sync_equals_local(opt: str, trainers: int, pservers: int) -> None:
 @pytest.mark.parametrize("trainers,pservers", GRID)
 def test_ctr_dnn_sparse_local_table_sync_equals_local(trainers: int, pservers: int) -> None:
     model = "{name: ctr_dnn, vocab: 20000, embed_dim: 8, hidden: [16], optimizer: {type: adam, learning_rate: 0.01}}"
-    job = make_job(model, trainers, pservers, batch=8)
+    job = make_job(model, trainers, pservers, batch=8, retry_after=FAST_DRAIN)
     result = run(job)
     _, local = train_locally(job)
     assert_params_equal(result.params, local)

@@ -33,7 +33,7 @@ from runtime.zmq_transport import ZmqTransport
 from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR, local_padding_idx
 from transpiler.ir import Op, Program
 
-from cluster_helpers import free_endpoints, make_job, run
+from cluster_helpers import FAST_DRAIN, free_endpoints, make_job, run
 from test_cluster_sync import assert_params_equal
 
 CTR = ("{{name: ctr_dnn, vocab: {vocab}, embed_dim: 4, hidden: [8], {table}, "
@@ -60,7 +60,7 @@ def test_distributed_table_sync_equals_local(trainers: int, pservers: int) -> No
     """SGD (the table runs plain SGD whatever the dense optimizer is, as in the original); the
     reference is the same model with an ordinary shared table. Tolerances as in
     test_cluster_sync: float32 sums in another order."""
-    job = make_job(ctr(), trainers, pservers, batch=8)
+    job = make_job(ctr(), trainers, pservers, batch=8, retry_after=FAST_DRAIN)
     table_block = job.pserver_programs(0)[0].global_block().ops[0].attr("optimize_blocks")[-1]
     assert op_types(job.pserver_programs(0)[0], table_block.idx) == ["sum", "sgd"]
     result = run(job)
@@ -89,7 +89,7 @@ def test_sync_averages_the_trainers_table_pieces() -> None:
 
 @pytest.mark.timeout(60)
 def test_the_scenario_equals_local_training() -> None:
-    scenario = load_scenario(SCENARIO)
+    scenario = load_scenario(SCENARIO, [f"train.retry_after={FAST_DRAIN}"])  # see make_job
     job = Job.from_scenario(scenario, endpoints=free_endpoints(scenario.cluster.pservers))
     result = asyncio.run(run_job(job, ZmqTransport))
     check = expect.params_equal(result.params, train_locally(job)[1])
@@ -101,8 +101,9 @@ def test_the_scenario_equals_local_training() -> None:
 @pytest.mark.timeout(60)
 def test_torch_kernels_train_the_table_as_numpy_does() -> None:
     pytest.importorskip("torch")
-    numpy_run = run(make_job(ctr(), trainers=2, pservers=2, batch=8)).params
-    torch_run = run(make_job(ctr(), trainers=2, pservers=2, batch=8,
+    numpy_run = run(make_job(ctr(), trainers=2, pservers=2, batch=8,
+                             retry_after=FAST_DRAIN)).params
+    torch_run = run(make_job(ctr(), trainers=2, pservers=2, batch=8, retry_after=FAST_DRAIN,
                              extra="backend: {kernels: torch}")).params
     for name, value in numpy_run.items():
         np.testing.assert_allclose(torch_run[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -156,7 +157,8 @@ def test_async_modes_train_a_distributed_table(mode: str) -> None:
     0.79 async, 0.77 to 0.82 half-async); local training reaches about 0.75."""
     model = ("{name: ctr_dnn, vocab: 1000, embed_dim: 8, hidden: [16], pool: average, "
              "is_distributed: true, optimizer: {type: sgd, learning_rate: 1.0}}")
-    job = make_job(model, trainers=2, pservers=2, steps=80, batch=32, mode=mode)
+    job = make_job(model, trainers=2, pservers=2, steps=80, batch=32, mode=mode,
+                   retry_after=FAST_DRAIN)
     result = run(job)
     for report in result.trainers:
         assert np.mean(report.losses[-10:]) < 0.9 * np.mean(report.losses[:10])
@@ -173,7 +175,8 @@ def test_remote_sparse_update_sync_equals_local(trainers: int, pservers: int, op
     """Lookups marked remote_prefetch read rows of the table's blocks from the pservers (6144
     x 4 floats: one block per pserver at the least min_block_size, 8192); the table runs the
     dense optimizer."""
-    job = make_job(ctr("shared_table: true", opt, 0.05, vocab=6144), trainers, pservers, batch=8)
+    job = make_job(ctr("shared_table: true", opt, 0.05, vocab=6144), trainers, pservers, batch=8,
+                   retry_after=FAST_DRAIN)
     for op in job.model.main.global_block().ops:
         if op.type == "lookup_table":
             op.attrs["remote_prefetch"] = True

@@ -123,7 +123,8 @@ def run_three_hosts(namespaces: dict[str, str], tmp_path: Path,
 @pytest.mark.timeout(90)
 def test_pserver_and_two_trainers_in_three_namespaces(namespaces: dict[str, str],
                                                       tmp_path: Path) -> None:
-    out = run_three_hosts(namespaces, tmp_path)
+    text = SCENARIO.replace("deadline: 60s", "deadline: 60s, retry_after: 100ms")  # drain 0.3 s
+    out = run_three_hosts(namespaces, tmp_path, text)
     endpoint = f"{NODES['ps']}:{PORT}"
     pserver = read_record(out / "nodes" / "pserver-0.json", PserverMetrics)
     assert (pserver.endpoint, pserver.steps, pserver.errors, pserver.dropped) == \
@@ -135,7 +136,7 @@ def test_pserver_and_two_trainers_in_three_namespaces(namespaces: dict[str, str]
     received = link["stats64"]["rx"]["bytes"]
     assert received > pserver.bytes_in
 
-    _, local = train_locally(Job.from_scenario(parse_scenario(SCENARIO)))
+    _, local = train_locally(Job.from_scenario(parse_scenario(text)))
     with np.load(out / "params.npz") as params:
         for name, value in local.items():
             np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -29,10 +29,9 @@ from runtime.inject import SLOW_PERIOD, Injector, link_faults
 from runtime.launch import ignored_by_runtime
 from runtime.metrics import JobMetrics, read_metrics
 from runtime.scenario import Scenario, load_scenario, parse_scenario
-from sim.report import collect
-from sim.simulate import simulate
 
 from test_runtime_up import children_of, up
+from test_sim_faults import simulated
 
 FAULTS = Path(__file__).resolve().parents[1] / "scenarios" / "faults"
 
@@ -43,7 +42,8 @@ CASES: dict[str, list[str]] = {
     "partition": ["train.steps=30"],             # cut at step 20 for 1 s
     "pserver_restart": ["train.steps=120"],      # crash at 45; loss 0.55 at 120, bound 0.6
     "pserver_lost": [],
-    "slow_node": ["train.steps=60"],             # slowed from step 20 for 2 s
+    "slow_node": ["train.steps=60",              # slowed from step 20 for 2 s
+                  "train.retry_after=100ms"],    # drain 0.3 s, not 3 s, as the others
     "trainer_crash": [],  # its length lets the restarted trainer find the job still running
 }
 """Each shipped fault scenario and the overrides that shorten it without losing its point."""
@@ -64,9 +64,12 @@ class Outcome:
     as_expected: bool | None = None
 
 
-def sim_outcome(scenario: Scenario) -> Outcome:
+def sim_outcome(path: Path, overrides: list[str]) -> Outcome:
+    """The simulator's run of `path` with `overrides` (shared with tests/test_sim_faults.py,
+    which replays the same scenarios: see `simulated`)."""
+    scenario = load_scenario(path, overrides)
     try:
-        metrics = collect(simulate(scenario))
+        metrics = simulated(path, *overrides)
     except Exception as exc:
         verdict = expect.outcome(scenario, exc)
         return Outcome(error=type(exc).__name__, as_expected=verdict and verdict.passed)
@@ -181,7 +184,7 @@ def test_a_fault_scenario_on_real_processes_ends_as_in_the_simulator(name: str,
     assert [f.fault for f in metrics.faults] == list(range(len(scenario.faults)))
     assert not any("not injected" in note for note in metrics.notes)
     EVIDENCE[name](metrics, tmp_path)
-    assert real_outcome(scenario, metrics) == sim_outcome(scenario)
+    assert real_outcome(scenario, metrics) == sim_outcome(path, overrides)
 
 
 # -- the injector without processes --------------------------------------------------------------

@@ -34,9 +34,11 @@ model: {{name: mlp, sizes: [64, 32, 10], optimizer: {optimizer}{lr}}}
 data: {{batch_size: 16}}
 cluster: {cluster}
 transpiler: {{mode: sync}}
-train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: 10s, log_every: 5}}
+train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: 10s, retry_after: 100ms, log_every: 5}}
 expect: {expect}
 """
+"""`retry_after: 100ms`: the pservers drain 0.3 s after the last trainer, not 3 s (see
+`cluster_helpers.make_job`)."""
 
 
 def scenario_file(tmp_path: Path, optimizer: str = SGD, lr: str = "", steps: int = 20,

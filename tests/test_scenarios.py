@@ -18,7 +18,7 @@ from runtime.metrics import PserverMetrics
 from runtime.scenario import load_scenario
 from runtime.zmq_transport import ZmqTransport
 
-from cluster_helpers import free_endpoints, make_job
+from cluster_helpers import FAST_DRAIN, free_endpoints, make_job
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
 NUMERIC = [p for p in SCENARIOS if load_scenario(p).backend.kernels != "phantom"]
@@ -33,7 +33,7 @@ def test_scenarios_are_shipped() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("path", NUMERIC, ids=[p.stem for p in NUMERIC])
 def test_shipped_scenario_meets_its_expectations(path: Path) -> None:
-    scenario = load_scenario(path)
+    scenario = load_scenario(path)  # as shipped: what a user runs
     job = Job.from_scenario(scenario, free_endpoints(scenario.cluster.pservers))
     result = asyncio.run(run_job(job, ZmqTransport))
     pservers = [PserverMetrics.from_stats(j, ep, s)
@@ -51,7 +51,8 @@ def test_a_job_trains_identically_with_numpy_and_torch_kernels() -> None:
     model = "{name: mlp, sizes: [64, 32, 10], optimizer: {type: adam, learning_rate: 0.01}}"
     runs = {}
     for kernels in ("numpy", "torch"):
-        job = make_job(model, trainers=2, pservers=2, extra=f"backend: {{kernels: {kernels}}}")
+        job = make_job(model, trainers=2, pservers=2, extra=f"backend: {{kernels: {kernels}}}",
+                       retry_after=FAST_DRAIN)
         runs[kernels] = asyncio.run(run_job(job, ZmqTransport))
     for name, value in runs["numpy"].params.items():
         # numpy's and torch's matrix products differ by about an ulp per op

@@ -121,8 +121,8 @@ class _Timeouts:
                 self._dropped -= 1
                 continue
             entry[2] = None
-            call.expire()  # may add entries (a resend): the heap is re-read each turn
-        if heap and self._timer is None:
+            call.expire()  # may add entries (a resend), arming the timer at the earliest
+        if heap and heap[0][0] < self._due:  # an entry older than those added comes first
             self._arm(heap[0][0])
 
 

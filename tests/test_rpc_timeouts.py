@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from runtime.rpc import RetryPolicy, RpcClient, RpcTimeout
+from runtime.rpc import RetryPolicy, RpcClient, RpcTimeout, _Timeouts
 from runtime.transport import Frame, Transport
 from runtime.wire import Kind, Message, decode, encode
 from sim.loop import run
@@ -104,3 +104,28 @@ def test_close_cancels_the_calls_still_waiting() -> None:
         return call.cancelled()
 
     assert run(main())
+
+
+def test_a_resend_timed_later_than_another_wait_does_not_delay_that_wait() -> None:
+    """Waits of 1 s (call A) and 4 s (call B): A's resend at 1 s waits 5 s more, and B still
+    times out at 4 s, not at A's 6 s."""
+    fired: list[tuple[str, float]] = []
+
+    class Call:
+        def __init__(self, name: str, again: float | None = None) -> None:
+            self.name, self.again = name, again
+
+        def expire(self) -> None:
+            now = asyncio.get_running_loop().time()
+            fired.append((self.name, now))
+            if self.again is not None:
+                timeouts.add(now + self.again, Call(self.name + "'"))  # type: ignore[arg-type]
+
+    async def main() -> None:
+        timeouts.add(4.0, Call("B"))  # type: ignore[arg-type]
+        timeouts.add(1.0, Call("A", again=5.0))  # type: ignore[arg-type]
+        await asyncio.sleep(10)
+
+    timeouts = _Timeouts()
+    run(main())
+    assert fired == [("A", 1.0), ("B", 4.0), ("A'", 6.0)]

@@ -3,10 +3,12 @@
 ``runtime train`` builds a ready-made model, makes its data set, and trains it in this process
 with the executor, printing the mean loss of each logging window and the throughput, then a
 summary line. ``runtime up SCENARIO`` runs a scenario's pservers and trainers as processes on
-this host, injecting its faults (`runtime.launch`, `runtime.inject`), or with
-``--role``/``TRAINING_ROLE`` one of them in the foreground (`runtime.node`). ``runtime profile SCENARIO`` runs a scenario's job in this process, times every
-kernel call and writes a profile file the simulator's ``compute: {model: profile}`` reads
-(`runtime.profile`).
+this host, injecting its faults (`runtime.launch`, `runtime.inject`; with ``--netns`` each in a
+network namespace of its own, the scenario's network applied, `runtime.netns`), or with
+``--role``/``TRAINING_ROLE`` one of them in the foreground (`runtime.node`). ``runtime profile
+SCENARIO`` runs a scenario's job as ``runtime up`` does with every node measuring its kernels
+and its runtime costs, and writes a profile file the simulator's ``compute: {model: profile}``
+reads (`runtime.profile`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence, TextIO
@@ -24,9 +27,10 @@ from transpiler.optimizer import OPTIMIZERS
 from . import Executor, Scope
 from .data import DATASETS, DataError, Dataset, dataset_for
 from .launch import ignored_by_runtime, launch
+from .netns import NetnsError, check_netns
 from .node import RoleError, add_arguments, load_for_role, node_options, resolve_role, run_role
-from .profile import (ProfileError, check_profilable, fit_all, format_table, measure,
-                      profile_document, write_profile)
+from .profile import (ProfileError, check_profilable, fit_all, format_costs, format_table,
+                      measure, profile_document, write_profile)
 from .scenario import ScenarioError, load_scenario
 
 def _positive_int(text: str) -> int:
@@ -77,15 +81,21 @@ def _add_up(subparsers: argparse._SubParsersAction) -> None:
                     "With --role (or TRAINING_ROLE and the PADDLE_* variables, as Paddle's "
                     "launchers set them) run that one node in the foreground instead.")
     add_arguments(p)
+    p.add_argument("--netns", action="store_true",
+                   help="run each node in a network namespace of its own and apply the "
+                        "scenario's network: bandwidth as tc tbf, latency by a proxy in front of "
+                        "each pserver (needs root and iproute2)")
     p.set_defaults(run=_up, parser=p)
 
 
 def _add_profile(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "profile", help="time every op type's kernel in a real run, for the simulator",
-        description="Run a scenario's job for real in this process (pservers and trainers as "
-                    "tasks over loopback ZeroMQ), time every kernel call, and write a profile: "
-                    "seconds per call or per output element of each op type, the file that "
+        "profile", help="measure a real run's kernels and runtime costs, for the simulator",
+        description="Run a scenario's job for real as `runtime up` does (a process per node), "
+                    "every node timing its kernels and its runtime costs (messages by kind and "
+                    "size, per-op, per-step and per-round work, process CPU), and write a "
+                    "profile: seconds per call or per output element of each op type, the "
+                    "runtime's costs, and the machine, the file that "
                     "`compute: {model: profile, path: FILE}` makes the simulator use.")
     p.add_argument("scenario", help="scenario YAML file")
     p.add_argument("-o", "--output", type=Path, default=Path("profile.json"),
@@ -96,6 +106,9 @@ def _add_profile(subparsers: argparse._SubParsersAction) -> None:
                    help="override a scenario field, e.g. --set cluster.trainers=4 (repeatable)")
     p.add_argument("--top", type=_positive_int, default=10,
                    help="op types listed in the summary table (10)")
+    p.add_argument("--out", type=Path,
+                   help="keep the measured run's logs and metrics here (default: a temporary "
+                        "directory, removed afterwards)")
     p.set_defaults(run=_profile, parser=p)
 
 
@@ -175,10 +188,19 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
         parser.error(f"{args.scenario}: backend.kernels phantom is timing mode, which computes no "
                      "numbers: only the simulator runs it (sim run); a real run needs "
                      "backend.kernels numpy or torch")
+    if role is not None and args.netns:
+        parser.error(f"--netns runs every node of the job itself, in namespaces of its own; it "
+                     f"does not combine with running one node ({role.name}, from "
+                     f"{role.index_source})")
     if role is not None:
         return run_role(scenario, role, args.out, options)
+    if args.netns:
+        try:
+            check_netns(scenario)
+        except NetnsError as err:
+            parser.error(f"--netns {err}")
     out_dir = args.out or Path(scenario.outputs.dir or Path("out") / scenario.name)
-    return launch(Path(args.scenario), args.set, scenario, out_dir, out)
+    return launch(Path(args.scenario), args.set, scenario, out_dir, out, netns=args.netns)
 
 
 def _profile(args: argparse.Namespace, out: TextIO) -> int:
@@ -191,26 +213,25 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
         parser.error(str(err))
     print(f"profiling {scenario.name}: {scenario.cluster.pservers} pserver(s) x "
           f"{scenario.cluster.trainers} trainer(s), {scenario.train.steps} steps, "
-          f"{scenario.backend.kernels} kernels on {scenario.backend.device}", file=out)
-    for note in ignored_by_runtime(scenario):
-        print(f"note: {note}", file=out)
-    steps = scenario.train.steps
-    every = max(1, steps // 10)
-
-    def on_step(trainer: int, step: int, loss: float, seconds: float) -> None:
-        if trainer == 0 and ((step + 1) % every == 0 or step + 1 == steps):
-            print(f"step {step + 1}/{steps} loss {loss:.4f} time {seconds * 1e3:.2f}ms", file=out)
-
-    try:
-        times = measure(scenario, args.scenario, on_step)
-    except ProfileError as err:
-        print(f"runtime profile: {err}", file=sys.stderr)
-        return 1
-    fits = fit_all(times)
-    write_profile(args.output, profile_document(scenario, args.scenario, fits))
-    print(f"measured {times.calls} kernel calls of {len(fits)} op types", file=out)
+          f"{scenario.backend.kernels} kernels on {scenario.backend.device}, "
+          "every node measuring", file=out, flush=True)
+    with tempfile.TemporaryDirectory(prefix="pslab-profile-") as tmp:
+        run_dir = args.out or Path(tmp)
+        try:
+            run = measure(Path(args.scenario), overrides, scenario, run_dir, out)
+        except ProfileError as err:
+            print(f"runtime profile: {err}", file=sys.stderr)
+            return 1
+    fits = fit_all(run.times)
+    document = profile_document(scenario, args.scenario, fits, run)
+    write_profile(args.output, document)
+    print(f"measured {run.times.calls} kernel calls of {len(fits)} op types", file=out)
     for line in format_table(fits, args.top):
         print(line, file=out)
+    for line in format_costs(run.costs):
+        print(line, file=out)
+    measured = document["meta"]["measured"]["step_time_median"]
+    print(f"median step time of the measured run: {measured * 1e3:.2f}ms", file=out)
     print(f"wrote {args.output}", file=out)
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import Protocol
 
 from transpiler.ir import Op
@@ -22,6 +23,19 @@ class ComputeModel(Protocol):
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
         """Seconds that `node` spends computing `op` (its inputs and outputs in `scope`) during
         training step `step`."""
+        ...
+
+
+class RuntimeModel(ComputeModel, Protocol):
+    """A model that also prices the runtime's own work and owns the nodes' CPUs (the
+    simulator's, `sim.cost.Ledger`): `Charge` uses these where the model has them."""
+
+    def overhead(self, node: str, what: str, step: int) -> float:
+        """Seconds `node` spends on its per-`what` bookkeeping ("step", "round")."""
+        ...
+
+    def spend(self, node: str, seconds: float) -> Awaitable[None]:
+        """Occupy `node`'s CPU for `seconds` of work (done when it is)."""
         ...
 
 
@@ -69,6 +83,17 @@ class Charge:
             self.owed += seconds
             self.ops.append((op.type, seconds))
 
+    def add_overhead(self, what: str) -> None:
+        """Owe the model's per-`what` bookkeeping ("step": a trainer's, "round": a sync
+        pserver's), where the model prices it."""
+        overhead = getattr(self.model, "overhead", None)
+        if overhead is None:
+            return
+        seconds = overhead(self.node, what, self.step)
+        if seconds > 0:
+            self.owed += seconds
+            self.ops.append((what, seconds))
+
     def span(self, name: str, start: float, category: str) -> None:
         """Tell the tracer, if any, that this node spent [start, now) on `name` (an RPC op)."""
         if self.tracer is not None:
@@ -76,16 +101,24 @@ class Charge:
             self.tracer.span(self.node, name, start, now, category)
 
     async def pay(self) -> None:
-        """Sleep for what is owed; trace each op as a slice of that stretch."""
+        """Wait for what is owed: on the node's CPU where the model has one (it may share
+        cores, so the stretch can take longer than owed), else a sleep; trace each op as a
+        slice of that stretch, in proportion."""
         if self.owed <= 0:
             return
         loop = asyncio.get_running_loop()
         start = loop.time()
         owed, ops = self.owed, self.ops
         self.owed, self.ops = 0.0, []
-        await asyncio.sleep(owed)
+        spend = getattr(self.model, "spend", None)
+        stretch = 1.0
+        if spend is None:
+            await asyncio.sleep(owed)
+        else:
+            await spend(self.node, owed)
+            stretch = (loop.time() - start) / owed
         if self.tracer is not None:
             t = start
             for name, seconds in ops:
-                self.tracer.span(self.node, name, t, t + seconds, "compute")
-                t += seconds
+                self.tracer.span(self.node, name, t, t + seconds * stretch, "compute")
+                t += seconds * stretch

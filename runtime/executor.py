@@ -16,7 +16,8 @@ declarations like arrays, and fetches return phantoms as they are.
 Profiling (`runtime.profile`): an executor given a `KernelTimer`, or made inside
 ``with timing_kernels(timer):`` (how the executors that `runtime.cluster` makes are reached),
 wraps each kernel of its plans so that every call's real duration (`time.perf_counter`, not the
-loop's clock) is reported to the timer. A control-flow op's duration includes the ops of the
+loop's clock, or the timer's own ``clock``: `runtime profile` measures CPU time) is reported to
+the timer. A control-flow op's duration includes the ops of the
 sub-blocks it ran. Without a timer the kernels are not wrapped and nothing is measured.
 """
 
@@ -112,14 +113,17 @@ def timing_kernels(timer: KernelTimer) -> Iterator[None]:
 
 
 def timed_binder(bind: Binder, timer: KernelTimer) -> Binder:
-    """`bind`, then wrap the kernel so that each call's duration is reported to `timer`."""
+    """`bind`, then wrap the kernel so that each call's duration is reported to `timer`, on
+    the timer's ``clock`` where it has one (else `time.perf_counter`)."""
+    clock: Callable[[], float] = getattr(timer, "clock", time.perf_counter)
+
     def bind_timed(kernel: Kernel) -> Kernel:
         bound = bind(kernel)
 
         def run(ctx: KernelContext) -> None:
-            start = time.perf_counter()
+            start = clock()
             bound(ctx)
-            timer.record(ctx.op, ctx.scope, time.perf_counter() - start)
+            timer.record(ctx.op, ctx.scope, clock() - start)
         return run
     return bind_timed
 

@@ -38,6 +38,10 @@ seed and message sequence give the same fates however links interleave.
   (``"hold"``). Greeting and commands still pass, so connections stay up. With ``clients=``
   both act on the links of those client identities only (`partition_of` says what holds).
 
+The proxy makes its sockets with ``socket.socket`` unless given a `socket_factory`: `runtime
+up --netns` passes one that makes them in the pserver's network namespace (`runtime.netns`), so
+that a proxy run by the launcher listens and forwards inside it.
+
 `counters[direction]` counts what happened (`client_counters[client][direction]`, per client
 identity). All waiting is on the running loop's clock. An error on one connection (bad framing,
 a reset) closes that connection and is logged; the proxy keeps serving, and ZeroMQ reconnects as
@@ -50,6 +54,7 @@ import asyncio
 import enum
 import logging
 import random
+import socket
 import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -68,6 +73,8 @@ STREAM_LIMIT = 1 << 20
 Latency = float | Callable[[random.Random], float]
 """Seconds a message is delayed: a constant, or a sampler drawing from the link's RNG."""
 PartitionMode = Literal["drop", "hold"]
+SocketFactory = Callable[[int], socket.socket]
+"""Makes an unconnected TCP socket of the given address family."""
 
 
 class ZmtpError(ValueError):
@@ -474,7 +481,8 @@ class FaultProxy:
                  faults: DirectedFaults = Faults(), seed: int = 0,
                  client_faults: Mapping[str, DirectedFaults] | None = None,
                  upstream_name: str | None = None,
-                 max_frame_size: int = 1 << 30, max_queued_bytes: int = 256 << 20) -> None:
+                 max_frame_size: int = 1 << 30, max_queued_bytes: int = 256 << 20,
+                 socket_factory: SocketFactory | None = None) -> None:
         self.listen = split_endpoint(listen)
         self.upstream = upstream.removeprefix("tcp://")
         self.upstream_name = upstream_name or self.upstream
@@ -487,6 +495,8 @@ class FaultProxy:
         self.max_frame_size = max_frame_size
         self.max_queued_bytes = max_queued_bytes
         """Bytes a direction of a connection may queue before it stops reading its input."""
+        self.socket_factory = socket_factory
+        """Makes the listening and upstream sockets (None: `socket.socket`)."""
         self.counters = {d: Counters() for d in Direction}
         self.client_counters: dict[str, dict[Direction, Counters]] = {}
         """The counters of each client identity's links (after its READY named it)."""
@@ -500,10 +510,46 @@ class FaultProxy:
     async def start(self) -> str:
         """Listen; return the address bound, as ``host:port``."""
         host, port = self.listen
-        self._server = await asyncio.start_server(self._accept, host, port, limit=STREAM_LIMIT)
+        if self.socket_factory is None:
+            self._server = await asyncio.start_server(self._accept, host, port,
+                                                      limit=STREAM_LIMIT)
+        else:
+            self._server = await asyncio.start_server(self._accept, sock=self._listening(),
+                                                      limit=STREAM_LIMIT)
         bound = self._server.sockets[0].getsockname()
         self.address = f"{bound[0]}:{bound[1]}"
         return self.address
+
+    def _socket(self, host: str) -> socket.socket:
+        assert self.socket_factory is not None
+        return self.socket_factory(socket.AF_INET6 if ":" in host else socket.AF_INET)
+
+    def _listening(self) -> socket.socket:
+        """A socket from the factory, listening at `listen`."""
+        host, port = self.listen
+        sock = self._socket(host)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, port = self._upstream_address
+        if self.socket_factory is None:
+            return await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+        sock = self._socket(host)
+        try:
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock, limit=STREAM_LIMIT)
 
     async def close(self) -> None:
         """Stop listening and close every connection, dropping what is still queued."""
@@ -570,8 +616,7 @@ class FaultProxy:
     async def _carry(self, peer: str, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
         try:
-            host, port = self._upstream_address
-            upstream = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+            upstream = await self._open_upstream()
         except OSError as exc:
             log.info("fault proxy %s: %s cannot reach %s: %s", self.address, peer,
                      self.upstream, exc)

@@ -16,7 +16,8 @@ real processes the launcher does the same with what the operating system and a p
   cut cable under live TCP connections, until it heals. Only trainer-pserver connections exist,
   so a pattern pair that matches no such pair has nothing to act on (`runtime.launch` says so
   in its notes). The proxies draw from generators seeded by the scenario's seed, the trainer
-  and the pserver's name.
+  and the pserver's name. Under ``runtime up --netns`` the proxies also hold every message for
+  the network's latency of its link (`Injector.base`); a rule's delays add to it.
 - slow: the node's process group is paused (SIGSTOP) for ``1 - 1/slowdown`` of every
   `SLOW_PERIOD` and resumed (SIGCONT) for the rest, for the fault's duration: on average the
   whole node, its replies as much as its compute, runs ``slowdown`` times slower.
@@ -41,7 +42,7 @@ from fnmatch import fnmatchcase
 from typing import Protocol
 
 from .cluster import pserver_name, trainer_name
-from .faultproxy import Direction, FaultProxy, Faults
+from .faultproxy import Direction, FaultProxy, Faults, Latency
 from .faults import Crash, LinkFaults, Partition, Slow, describe, fault_kind
 from .metrics import FaultEvent
 
@@ -81,25 +82,30 @@ def connects(fault: Partition | LinkFaults, trainers: int, pservers: int) -> boo
 
 @dataclass(frozen=True)
 class DelaySampler:
-    """A link's latency: each rule's ``delay_by`` with its ``delay`` probability, added up; one
-    draw per rule and message from the link's generator."""
+    """A link's latency: its `base` latency (the scenario's network, under ``--netns``), then
+    each rule's ``delay_by`` with its ``delay`` probability, added up; one draw per rule and
+    message from the link's generator."""
 
     delays: tuple[tuple[float, float], ...]
     """(probability, seconds) of each rule."""
+    base: Latency = 0.0
 
     def __call__(self, rng: random.Random) -> float:
-        return sum(seconds for chance, seconds in self.delays if rng.random() < chance)
+        base = self.base(rng) if callable(self.base) else self.base
+        return base + sum(seconds for chance, seconds in self.delays if rng.random() < chance)
 
 
-def link_faults(rules: Sequence[LinkFaults]) -> Faults:
+def link_faults(rules: Sequence[LinkFaults], base: Faults | None = None) -> Faults:
     """The proxy's `Faults` for a link that all of `rules` match: each fault happens if any
-    rule's independent draw says so (probability ``1 - prod(1 - p)``), delays add up."""
+    rule's independent draw says so (probability ``1 - prod(1 - p)``), delays add up, on top of
+    the latency of `base` (the link's own faults, without the rules)."""
 
     def either(chances: list[float]) -> float:
         return 1.0 - math.prod(1.0 - p for p in chances)
 
     delays = tuple((r.delay, r.delay_by) for r in rules if r.delay > 0)
-    return Faults(latency=DelaySampler(delays) if delays else 0.0,
+    latency = base.latency if base is not None else 0.0
+    return Faults(latency=DelaySampler(delays, latency) if delays else latency,
                   drop=either([r.drop for r in rules]),
                   duplicate=either([r.duplicate for r in rules]),
                   reorder=either([r.reorder for r in rules]), reorder_wait=REORDER_WAIT)
@@ -116,6 +122,9 @@ class Injector:
     node_names: Sequence[str]
     trainers: int
     say: Callable[[str], None]
+    base: Mapping[tuple[str, str], Faults] = field(default_factory=dict)
+    """(trainer, pserver) -> the faults of that link without any rule: the scenario network's
+    latency under ``--netns``; none (no faults) for a link not listed."""
     events: list[FaultEvent] = field(default_factory=list)
     _active: list[Partition | LinkFaults] = field(default_factory=list)
     """The partitions and link rules in force now."""
@@ -215,9 +224,12 @@ class Injector:
             for i in range(self.trainers):
                 trainer = trainer_name(i)
                 matching = [r for r in rules if r.matches(trainer, pserver)]
+                base = self.base.get((trainer, pserver))
                 if matching:
                     proxy.client_faults[trainer] = dict.fromkeys(Direction,
-                                                                 link_faults(matching))
+                                                                 link_faults(matching, base))
+                elif base is not None:
+                    proxy.client_faults[trainer] = dict.fromkeys(Direction, base)
                 else:
                     proxy.client_faults.pop(trainer, None)
                 if any(p.cuts(trainer, pserver) for p in partitions):

@@ -26,7 +26,7 @@ class Job:
 
     @staticmethod
     def from_scenario(scenario: Scenario, endpoints: list[str] | None = None) -> "Job":
-        cluster = scenario.cluster.model_dump(exclude_none=True)
+        cluster = scenario.cluster.model_dump(exclude_none=True, exclude={"hosts"})
         if endpoints:
             cluster["endpoints"] = {"pservers": list(endpoints)}
         transpiler = scenario.transpiler.model_dump()

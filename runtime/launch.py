@@ -25,6 +25,14 @@ pserver serving behind it (``--bind``). A node killed by a fault is not a failur
 Every pserver checkpoints into ``train.checkpoint_dir`` or ``OUT/checkpoints`` (what an
 earlier run left there for this job's pservers is removed first).
 
+With ``--netns`` (`runtime.netns`) each node runs in a network namespace of its own, bridged to
+the others, and the scenario's `network` is applied: its bandwidths as tc tbf qdiscs on the
+nodes' interfaces, its latencies by a proxy in front of each pserver (a `FaultProxy` that
+delays every message by a draw from the link's distribution; it carries the message faults
+too). The pservers' endpoints are then their namespaces' addresses, and the namespaces are
+deleted before `launch` returns, whatever happened. Without it the nodes share the host's
+loopback and the notes list every network setting not applied (`runtime.netns.network_notes`).
+
 At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.metrics`), checks
 the scenario's `expect` (`runtime.expect`) when every node succeeded, and prints a summary whose
 last line says OK or why not. ``params_equal_to: fault_free`` is checked against the same job
@@ -56,12 +64,14 @@ from transpiler.distribute.from_spec import pserver_endpoints
 
 from . import expect
 from .cluster import pserver_name, run_job, train_locally
-from .faultproxy import FaultProxy
+from .faultproxy import FaultProxy, Faults
 from .faults import LinkFaults, Partition, Slow
 from .inject import SLOW_PERIOD, Injector, connects, needs_proxies
 from .job import Job
-from .metrics import (ExpectationResult, JobMetrics, JobSummary, ProxyMetrics, PserverMetrics,
-                      TrainerMetrics, read_record, write_record)
+from .metrics import (ExpectationResult, JobMetrics, JobSummary, NetnsMetrics, ProxyMetrics,
+                      PserverMetrics, TrainerMetrics, read_record, write_record)
+from .netns import PORT, Fabric, NetnsError, link_latencies, network_notes, sigterm_interrupts
+from .netspec import NetworkSpec, fmt_rate
 from .node import (ENV_VARS, Progress, checkpoint_dir_for, node_file_stem, node_name,
                    parse_progress, run_async)
 from .scenario import Scenario
@@ -248,18 +258,17 @@ def choose_endpoints(scenario: Scenario) -> list[str]:
     """The scenario's endpoints where it names them (listed, or a base port), else free ports."""
     cluster = scenario.cluster
     if (cluster.endpoints or {}).get("pservers") or cluster.base_port:
-        return list(pserver_endpoints(cluster.model_dump(exclude_none=True)))
+        return list(pserver_endpoints(cluster.model_dump(exclude_none=True, exclude={"hosts"})))
     return free_endpoints(cluster.host, cluster.pservers)
 
 
-def ignored_by_runtime(scenario: Scenario) -> list[str]:
+def ignored_by_runtime(scenario: Scenario, netns: bool = False) -> list[str]:
     """What of `scenario` a real run on one host does not do, or does otherwise than the
-    simulator, for the notes."""
-    notes = [f"{section}: simulator only, ignored" for section in ("network", "compute")
-             if getattr(scenario, section)]
-    if scenario.network:
-        notes[0] += (" (runtime up shapes no latency or bandwidth: it uses neither tc nor "
-                     "network namespaces)")
+    simulator, for the notes; `netns`: with its nodes in network namespaces (``--netns``),
+    which apply the scenario's network (see `runtime.netns.network_notes`)."""
+    notes = network_notes(scenario, netns)
+    if scenario.compute:
+        notes.append("compute: simulator only, ignored")
     cluster = scenario.cluster
     for i, fault in enumerate(scenario.faults):
         if isinstance(fault, (Partition, LinkFaults)) and \
@@ -312,11 +321,27 @@ def fault_proxies(scenario: Scenario, endpoints: list[str]) -> tuple[list[FaultP
     return proxies, binds
 
 
-def node_environment() -> dict[str, str]:
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+"""How numpy's BLAS and torch learn how many threads a kernel may use."""
+
+
+def kernel_threads(nodes: int) -> int:
+    """Threads a node's kernels may use when `nodes` processes share this machine's cores: its
+    share of them, at least one. More would make the nodes' kernels fight for the cores (and a
+    profile's CPU times would count threads the simulator's one-thread-a-node model lacks)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(nodes, 1))
+
+
+def node_environment(threads: int | None = None) -> dict[str, str]:
     """The launcher's environment without Paddle's role variables (the flags say the role),
-    with unbuffered output so that progress lines arrive as they are printed."""
+    with unbuffered output so that progress lines arrive as they are printed, and `threads`
+    for the kernels (`THREAD_VARS`) where the environment does not set them already."""
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     env["PYTHONUNBUFFERED"] = "1"
+    if threads is not None:
+        for name in THREAD_VARS:
+            env.setdefault(name, str(threads))
     return env
 
 
@@ -333,6 +358,11 @@ class Launcher:
     binds: list[str] = field(default_factory=list)
     """Where each pserver serves: its endpoint, or the address behind its fault proxy."""
     proxies: list[FaultProxy] = field(default_factory=list)
+    namespaces: dict[str, str] = field(default_factory=dict)
+    """node name -> the network namespace it runs in (``--netns``); none: the host's."""
+    base_faults: dict[tuple[str, str], Faults] = field(default_factory=dict)
+    """(trainer, pserver) -> what the proxy does to that link without fault rules: the
+    network's latency under ``--netns``."""
     nodes: list[NodeRun] = field(default_factory=list)
     injector: Injector | None = None
 
@@ -355,13 +385,14 @@ class Launcher:
             if not stop.done():
                 stop.set_result(signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
             loop.add_signal_handler(sig, on_signal, sig)
         self._display = display
         cluster = self.scenario.cluster
         injector = self.injector = Injector(
             self.scenario.faults, self, dict(enumerate(self.proxies)),
-            [n.name for n in self.nodes], cluster.trainers, display.message)
+            [n.name for n in self.nodes], cluster.trainers, display.message, self.base_faults)
         start = time.perf_counter()  # loop.time() is whole milliseconds on uvloop
         failure: Failure | None = None
         try:
@@ -373,8 +404,10 @@ class Launcher:
             injector.start()
             failure = await self._supervise(stop)
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig, handler in previous.items():
                 loop.remove_signal_handler(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)  # what was there before, e.g. `runtime.netns`'s
             await injector.close()  # resumes paused nodes before they are told to stop
             if failure is not None:
                 display.message(f"stopping: {failure.reason}")
@@ -398,9 +431,13 @@ class Launcher:
         number = len(node.lives)
         cmd = node_command(self.scenario_path, self.overrides, node.role, node.index,
                            self.endpoints, self.out, self._flags(node, number))
+        namespace = self.namespaces.get(node.name)
+        if namespace is not None:
+            cmd = ["ip", "netns", "exec", namespace, *cmd]  # execs: the same process
         process = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=node_environment(), start_new_session=True,
+            stderr=asyncio.subprocess.STDOUT, env=node_environment(kernel_threads(len(self.nodes))),
+            start_new_session=True,
             limit=READ_LIMIT)
         life = Life(number, process)
         node.lives.append(life)
@@ -556,7 +593,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 # -- results -----------------------------------------------------------------------------------
 
 def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
-                   notes: list[str]) -> JobMetrics:
+                   notes: list[str], netns: NetnsMetrics | None = None) -> JobMetrics:
     scenario, out = launcher.scenario, launcher.out
     trainers, pservers = [], []
     for node in launcher.nodes:
@@ -584,7 +621,8 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
         wall, train_seconds, samples, samples / train_seconds if train_seconds else None,
         failure is None, failure.reason if failure else None, failure.node if failure else None)
     events = list(launcher.injector.events) if launcher.injector is not None else []
-    return JobMetrics(summary, trainers, pservers, [], notes, events, proxy_metrics(launcher))
+    return JobMetrics(summary, trainers, pservers, [], notes, events, proxy_metrics(launcher),
+                      netns)
 
 
 def proxy_metrics(launcher: Launcher) -> list[ProxyMetrics]:
@@ -668,11 +706,29 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
                   for name in COUNTED}
         counted = ", ".join(f"{v} {k}" for k, v in totals.items() if v or k == "messages")
         lines.append(f"proxy pserver:{x.pserver} {x.address} -> {x.upstream}: {counted}")
+    lines += netns_lines(metrics.netns)
     for e in metrics.expectations:
         lines.append(f"expect {e.name}: {'PASS' if e.passed else 'FAIL'}: {e.detail}")
     job = metrics.job
     rate = f", {job.samples_per_second:.0f} samples/s in steps" if job.samples_per_second else ""
     lines.append(f"wall {job.wall_seconds:.2f}s{rate}")
+    return lines
+
+
+def netns_lines(netns: NetnsMetrics | None) -> list[str]:
+    """A line per node of a ``--netns`` run: what its interface's qdiscs let through."""
+    if netns is None:
+        return []
+    lines = []
+    for n in netns.nodes:
+        if n.rate is None:
+            lines.append(f"netns {n.node:<12} {n.address}: not shaped")
+            continue
+        out, into = n.egress, n.ingress
+        lines.append(f"netns {n.node:<12} {n.address}: tbf {fmt_rate(n.rate)}, sent "
+                     f"{(out.get('bytes') or 0) / 1e6:.2f} MB (waited {out.get('overlimits')}x, "
+                     f"dropped {out.get('drops')}), took in {(into.get('bytes') or 0) / 1e6:.2f} "
+                     f"MB (waited {into.get('overlimits')}x, dropped {into.get('drops')})")
     return lines
 
 
@@ -685,20 +741,89 @@ def verdict(metrics: JobMetrics) -> str:
 
 
 def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
-           stream: TextIO) -> int:
-    """Run every node of `scenario` as a process; the exit status for `runtime up`."""
+           stream: TextIO, netns: bool = False) -> int:
+    """Run every node of `scenario` as a process; the exit status for `runtime up`. With
+    `netns`, each node in a network namespace of its own with the scenario's network applied
+    (`runtime.netns`; `check_netns` says whether that can work here): the namespaces are deleted
+    before this returns, on failure and interruption too."""
     prepare_out(out, scenario)
-    notes = ignored_by_runtime(scenario)
-    endpoints = choose_endpoints(scenario)
-    proxies, binds = fault_proxies(scenario, endpoints)
-    launcher = Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out, binds,
-                        proxies)
+    notes = ignored_by_runtime(scenario, netns)
+    if not netns:
+        endpoints = choose_endpoints(scenario)
+        proxies, binds = fault_proxies(scenario, endpoints)
+        launcher = Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out, binds,
+                            proxies)
+        return run_launcher(launcher, notes, stream)
+    with sigterm_interrupts():  # Ctrl-C or SIGTERM: the namespaces are deleted all the same
+        try:
+            return _launch_in_namespaces(scenario_path, overrides, scenario, out, stream, notes)
+        except KeyboardInterrupt:
+            print("FAILED: interrupted (the network namespaces are deleted)", file=stream,
+                  flush=True)
+            return 128 + signal.SIGINT
+
+
+def _launch_in_namespaces(scenario_path: Path, overrides: list[str], scenario: Scenario,
+                          out: Path, stream: TextIO, notes: list[str]) -> int:
+    try:
+        fabric = Fabric.create(scenario)
+    except NetnsError as exc:
+        print(f"FAILED: --netns: {exc}", file=stream, flush=True)
+        return 1
+    try:
+        if fabric.removed_stale:
+            print(f"note: removed network namespaces an earlier run left behind: "
+                  f"{', '.join(fabric.removed_stale)}", file=stream)
+        launcher = netns_launcher(scenario_path, overrides, scenario, out, fabric)
+        return run_launcher(launcher, notes, stream, fabric)
+    finally:
+        for problem in fabric.delete():
+            print(f"warning: --netns: deleting the namespaces: {problem}", file=stream,
+                  flush=True)
+
+
+def netns_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
+                   fabric: Fabric) -> Launcher:
+    """The launcher of a ``--netns`` run: each node in its namespace, the pservers' endpoints at
+    their addresses and, where a trainer-pserver link has a latency (or the scenario message
+    faults), a proxy in each pserver's namespace in front of it, the pserver serving behind it
+    on that namespace's loopback."""
+    port = scenario.cluster.base_port or PORT
+    pservers = [pserver_name(j) for j in range(scenario.cluster.pservers)]
+    endpoints = [f"{fabric.address(p)}:{port}" for p in pservers]
+    namespaces = {node: host.namespace for node, host in fabric.hosts.items()}
+    spec = NetworkSpec.from_section(scenario.network)
+    base = {link: Faults(latency=latency.sample)
+            for link, latency in link_latencies(spec, scenario).items()}
+    if not base and not needs_proxies(scenario.faults):
+        return Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out,
+                        namespaces=namespaces)
+    bind = f"127.0.0.1:{port + 1 if port < 65535 else port - 1}"
+    proxies = [FaultProxy(listen=endpoint, upstream=bind, seed=scenario.seed, upstream_name=p,
+                          client_faults={t: f for (t, q), f in base.items() if q == p},
+                          socket_factory=fabric.sockets(p))
+               for p, endpoint in zip(pservers, endpoints)]
+    return Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out,
+                    [bind] * len(pservers), proxies, namespaces, base)
+
+
+def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
+                 fabric: Fabric | None = None) -> int:
+    """Run `launcher`'s job, report, check and record it; the exit status."""
+    scenario, out = launcher.scenario, launcher.out
     cluster, train = scenario.cluster, scenario.train
-    behind = f" (fault proxies, serving at {','.join(binds)})" if proxies else ""
+    binds = ",".join(dict.fromkeys(launcher.binds))
+    where = " in their namespaces" if fabric is not None else ""
+    behind = f" (behind proxies, serving at {binds}{where})" if launcher.proxies else ""
     print(f"runtime up {scenario.name}: {cluster.pservers} pserver(s) at "
           f"{','.join(launcher.endpoints)}{behind}, {cluster.trainers} trainer(s), "
           f"{scenario.transpiler.mode}, {train.steps} steps of {scenario.data.batch_size}; "
           f"logs in {out / 'logs'}", file=stream, flush=True)
+    if fabric is not None:
+        for host in fabric.hosts.values():
+            shaped = f"tbf {fmt_rate(host.rate)} each way" if host.rate else "not shaped"
+            print(f"netns: {host.node} at {host.address} in {host.namespace}, {shaped}",
+                  file=stream)
     for note in notes:
         print(f"note: {note}", file=stream)
     display = make_display(stream, launcher.nodes, train.log_every)
@@ -706,7 +831,8 @@ def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: P
         wall, failure = run_async(launcher.run(display))
     finally:
         display.close()
-    metrics = gather_metrics(launcher, wall, failure, notes)
+    netns = fabric.metrics() if fabric is not None else None
+    metrics = gather_metrics(launcher, wall, failure, notes, netns)
     interrupted = failure is not None and failure.signal is not None
     if scenario.expect.error is not None and not interrupted:
         judge_outcome(scenario, metrics)

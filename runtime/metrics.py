@@ -18,7 +18,9 @@ whole `JobMetrics` as ``OUT/metrics.json``. The file is exactly `dataclasses.asd
      "expectations": [{"name", "expected", "actual", "passed", "detail"}],
      "notes": ["what this run ignored of the scenario"],
      "faults": [{"fault", "kind", "what", "start", "end", "detail"}],
-     "proxies": [{"pserver", "address", "upstream", "links": {client: {"up", "down"}}}]}
+     "proxies": [{"pserver", "address", "upstream", "links": {client: {"up", "down"}}}],
+     "netns": null or {"subnet", "hub", "nodes": [{"node", "namespace", "address", "rate",
+                                                   "egress", "ingress"}]}}
 
 Times are seconds. A node that failed before writing its part appears with empty figures and
 its exit code (a trainer with what its progress lines told); a node restarted after a crash
@@ -26,7 +28,11 @@ appears as its last process left it. ``success`` says whether the run did what t
 expects: for a scenario whose ``expect.error`` says it must fail, a run that failed that way
 is a success (``reason`` still says why it failed). ``faults`` lists the faults injected, when
 (seconds since every node had started) and what was done; ``proxies`` the fault proxy in front
-of each pserver (when the scenario has message faults) with its counters per client link.
+of each pserver (when the scenario has message faults, or ``--netns`` a latency) with its
+counters per client link. ``netns`` (``runtime up --netns``) says where each node ran and what
+the tbf qdiscs of its interface counted: ``egress`` on its own end of its veth, ``ingress`` on
+the bridge's end (``kind``, ``rate`` in bytes per second, ``bytes``, ``packets``, ``drops``,
+``overlimits``: times the bucket was empty and a packet had to wait).
 """
 
 from __future__ import annotations
@@ -74,12 +80,14 @@ class PserverMetrics:
     dropped: list[int] = field(default_factory=list)
     exit_code: int | None = None
     log: str | None = None
+    heartbeat_bytes: int = 0
+    """Of bytes_in and bytes_out, those of heartbeats (how many depends on wall time)."""
 
     @staticmethod
     def from_stats(index: int, endpoint: str, stats: ServerStats) -> "PserverMetrics":
         return PserverMetrics(index, endpoint, stats.messages, stats.bytes_in, stats.bytes_out,
                               stats.optimize_seconds, stats.steps, stats.errors,
-                              list(stats.dropped))
+                              list(stats.dropped), heartbeat_bytes=stats.heartbeat_bytes)
 
 
 @dataclass
@@ -139,6 +147,28 @@ class ProxyMetrics:
 
 
 @dataclass
+class NetnsNodeMetrics:
+    """One node of a ``runtime up --netns`` run: its namespace and address, the rate its
+    interface was shaped at (bytes per second each way; None: not shaped), and the counters of
+    the root qdisc each way (`runtime.netns`)."""
+
+    node: str
+    namespace: str
+    address: str
+    rate: float | None = None
+    egress: dict[str, Any] = field(default_factory=dict)
+    ingress: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class NetnsMetrics:
+    subnet: str
+    hub: str
+    """The namespace of the bridge."""
+    nodes: list[NetnsNodeMetrics] = field(default_factory=list)
+
+
+@dataclass
 class JobMetrics:
     job: JobSummary
     trainers: list[TrainerMetrics]
@@ -147,6 +177,7 @@ class JobMetrics:
     notes: list[str] = field(default_factory=list)
     faults: list[FaultEvent] = field(default_factory=list)
     proxies: list[ProxyMetrics] = field(default_factory=list)
+    netns: NetnsMetrics | None = None
     schema: int = SCHEMA_VERSION
 
 
@@ -178,7 +209,15 @@ def read_metrics(path: Path) -> JobMetrics:
                       for e in raw["expectations"]],
         notes=list(raw["notes"]),
         faults=[_build(FaultEvent, f, f"{path}: faults") for f in raw.get("faults", [])],
-        proxies=[_build(ProxyMetrics, p, f"{path}: proxies") for p in raw.get("proxies", [])])
+        proxies=[_build(ProxyMetrics, p, f"{path}: proxies") for p in raw.get("proxies", [])],
+        netns=_netns(raw.get("netns"), f"{path}: netns"))
+
+
+def _netns(raw: dict[str, Any] | None, where: str) -> NetnsMetrics | None:
+    if raw is None:
+        return None
+    nodes = [_build(NetnsNodeMetrics, n, where) for n in raw.get("nodes", [])]
+    return _build(NetnsMetrics, {**raw, "nodes": nodes}, where)
 
 
 T = TypeVar("T")

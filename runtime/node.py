@@ -31,23 +31,29 @@ up`'s fault injection (`NodeOptions`): ``--bind HOST:PORT`` makes a pserver serv
 of at its endpoint (a fault proxy listens at the endpoint and forwards to it), ``--recover``
 starts a pserver that replaces one that crashed (from its last checkpoint, the trainers redoing
 the steps it lost) and ``--incarnation N`` a trainer restarted for the N-th time (its message ids
-then differ from its earlier lives').
+then differ from its earlier lives'). With ``PSLAB_MEASURE=1`` in its environment (`runtime
+profile` sets it) a node also times its kernels and its runtime costs (`runtime.costs.Meter`)
+and writes them to ``OUT/nodes/<role>-<index>.costs.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import re
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from .costs import KernelTimes, Meter
+from .executor import timing_kernels
 from .cluster import batches_for, make_pserver, make_trainer, pserver_name, trainer_name
 from .job import Job
 from .metrics import PserverMetrics, TrainerMetrics, write_record
@@ -61,6 +67,9 @@ ROLES: tuple[RoleName, ...] = ("pserver", "trainer")
 ENV_ROLES: dict[str, RoleName] = {"PSERVER": "pserver", "TRAINER": "trainer"}
 ENV_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
             "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
+MEASURE_VAR = "PSLAB_MEASURE"
+"""Set to 1 (as `runtime profile` does), a node measures its kernels and runtime costs and
+writes them to ``OUT/nodes/<role>-<index>.costs.json``."""
 T = TypeVar("T")
 
 
@@ -298,14 +307,36 @@ async def _before_deadline(coro: Coroutine[Any, Any, T], seconds: float, what: s
         raise
 
 
+def measuring() -> bool:
+    """Whether this node measures its costs for `runtime profile` (``PSLAB_MEASURE=1``)."""
+    return os.environ.get(MEASURE_VAR) == "1"
+
+
+def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes) -> None:
+    """The node's measurements, for `runtime profile`: OUT/nodes/<stem>.costs.json."""
+    if out is None:
+        return
+    seconds = sum(sum(s.seconds) for s in times.samples.values())
+    record = meter.record(seconds, times.calls)
+    record["kernels"] = {op: {"elements": s.elements, "seconds": s.seconds}
+                         for op, s in times.samples.items()}
+    path = out / "nodes" / f"{stem}.costs.json"
+    path.write_text(json.dumps(record))
+
+
 async def serve_pserver(job: Job, index: int, out: Path | None,
                         options: NodeOptions = NodeOptions()) -> PserverMetrics:
     train = job.scenario.train
     endpoint = job.endpoints[index]
     # linger: the acks of the last COMPLETE messages must leave before the process exits
     transport = ZmqTransport(pserver_name(index), ZmqLimits(linger_ms=2000))
-    service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(
-        job.scenario, out), recovering=options.recover)
+    times = KernelTimes()
+    with timing_kernels(times) if measuring() else nullcontext():
+        service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(
+            job.scenario, out), recovering=options.recover)
+    if measuring():
+        service.meter = Meter("pserver")
+        times.samples.clear()  # its startup program ran uncharged, as in a simulation
     bind = options.bind or endpoint
     log.info("%s: serving %s%s for %d trainer(s)%s", service.name, endpoint,
              f" at {bind}" if bind != endpoint else "", job.trainers,
@@ -315,6 +346,8 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
                                        f"{service.name}: not every trainer completed")
     finally:
         await transport.close()
+    if service.meter is not None:
+        write_costs(out, node_file_stem("pserver", index), service.meter, times)
     record = PserverMetrics.from_stats(index, endpoint, stats)
     log.info("%s: done after %d steps, %d messages, %d errors", service.name, stats.steps,
              stats.messages, stats.errors)
@@ -327,9 +360,13 @@ async def run_trainer(job: Job, index: int, out: Path | None,
                       options: NodeOptions = NodeOptions()) -> TrainerMetrics:
     scenario, model = job.scenario, job.model
     steps, batch = scenario.train.steps, scenario.data.batch_size
-    trainer = make_trainer(job, index, ZmqTransport(trainer_name(index)),
-                           incarnation=options.incarnation)
+    times = KernelTimes()
+    with timing_kernels(times) if measuring() else nullcontext():
+        trainer = make_trainer(job, index, ZmqTransport(trainer_name(index)),
+                               incarnation=options.incarnation)
     client = trainer.client
+    if measuring():
+        client.meter = Meter("trainer")
 
     def on_step(step: int, loss: float, seconds: float) -> None:
         print(format_progress(Progress(step + 1, steps, loss, seconds)), flush=True)
@@ -343,6 +380,8 @@ async def run_trainer(job: Job, index: int, out: Path | None,
             scenario.train.deadline, f"{trainer_name(index)}: {steps} steps not done")
     finally:
         await client.close()
+    if client.meter is not None:
+        write_costs(out, node_file_stem("trainer", index), client.meter, times)
     record = TrainerMetrics.from_steps(index, report.losses, report.step_times,
                                        report.first_step, report.redone)
     if out is not None:

@@ -1,11 +1,13 @@
-"""`runtime profile`: measure what each op type's kernel takes in a real run, for the simulator.
+"""`runtime profile`: measure what a real run of a scenario costs, for the simulator.
 
-The scenario's job runs for real in this process: `runtime.cluster.run_job` with every pserver
-and trainer a task of one event loop, talking over loopback ZeroMQ, and every executor timing its
-kernels (`runtime.executor.timing_kernels`). Each kernel call is a sample: the op's type, the
-elements of its outputs right after it ran, and its real duration. RPC ops have no kernel and are
-not measured (the simulator's network prices them); neither are waits. A control-flow op's
-duration includes the ops its sub-blocks ran, as the runtime charges it as one op.
+The scenario's job runs for real, as `runtime up` runs it (`runtime.launch`: one process per
+node on this host), with every node measuring (``PSLAB_MEASURE=1``, `runtime.node`): each
+kernel call (the op's type, the elements of its outputs right after it ran, its duration on
+`time.perf_counter`) and the runtime's own costs (`runtime.costs.Meter`: messages by kind and
+size on both sides, the executor's per-op overhead, the trainer's per-step and the pserver's
+per-round work, and what no timer sees, from the process's CPU time). RPC ops have no kernel;
+the network and the runtime's message costs price them. A control-flow op's duration includes
+the ops its sub-blocks ran, as the runtime charges it as one op.
 
 Each op type gets one of two fits, both of which reproduce the type's measured total exactly:
 
@@ -17,91 +19,42 @@ The per-element fit is kept when the op type's calls wrote outputs of at least t
 leaves less than `PER_ELEMENT_GAIN` times the squared error of the per-call fit; otherwise (one
 size only, or no clear gain) per call, which extrapolates least.
 Elements are counted as `sim.cost.Profile` counts them: every array, LoDTensor's data or
-SelectedRows' values an output slot holds.
+SelectedRows' values an output slot holds. The runtime's costs are fitted by
+`runtime.costs.fit_costs`.
 
 The result is the profile file `sim.cost.load_profile` reads,
-``{"ops": {op_type: seconds | {"per_element": seconds}}, "default": 0.0, "meta": {...}}``;
-op types the run did not execute cost ``default`` (nothing) in the simulator. ``meta`` says what
-was run, where, and the calls, seconds, elements and chosen fit of every op type.
+``{"ops": {op_type: seconds | {"per_element": seconds}}, "default": 0.0, "runtime": {...},
+"meta": {...}}``; op types the run did not execute cost ``default`` (nothing) in the
+simulator. ``meta`` says what was run, on which machine, the step times the run measured, and
+the calls, seconds, elements and chosen fit of every op type and the CPU of every node.
 Timing-mode scenarios (phantom kernels) compute nothing and cannot be profiled.
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import os
-import platform
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import numpy as np
 
-from transpiler.ir import Op
-
-from .cluster import run_job
-from .executor import timing_kernels
-from .job import Job
-from .launch import free_endpoints
-from .node import run_async
-from .scenario import Scenario
-from .scope import Scope
-from .tensor import LoDTensor, SelectedRows, Value
-from .zmq_transport import ZmqTransport
+from .costs import KernelTimes, NodeCosts, OpSamples, RuntimeCosts, fit_costs, machine
+from .launch import launch
+from .metrics import JobMetrics, read_metrics
+from .node import MEASURE_VAR
+from .scenario import ExpectSpec, Scenario
 
 PER_ELEMENT_GAIN = 0.5
 """The per-element fit must leave under this share of the per-call fit's squared error."""
 
 FitKind = Literal["per_call", "per_element"]
-StepObserver = Callable[[int, int, float, float], None]
-"""`on_step(trainer_id, step, loss, seconds)`, as `runtime.cluster.run_job` calls it."""
 
 
 class ProfileError(RuntimeError):
     """The scenario cannot be profiled, or its run failed; the message names the culprit."""
-
-
-# -- measuring ---------------------------------------------------------------------------------
-
-@dataclass
-class OpSamples:
-    """The calls of one op type: output elements and seconds of each."""
-
-    elements: list[int] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-
-
-class KernelTimes:
-    """A `runtime.executor.KernelTimer` that keeps every call's sample, per op type."""
-
-    def __init__(self) -> None:
-        self.samples: dict[str, OpSamples] = {}
-
-    def record(self, op: Op, scope: Scope, seconds: float) -> None:
-        samples = self.samples.setdefault(op.type, OpSamples())
-        samples.elements.append(output_elements(op, scope))
-        samples.seconds.append(seconds)
-
-    @property
-    def calls(self) -> int:
-        return sum(len(s.seconds) for s in self.samples.values())
-
-
-def _elements(value: Value) -> int:
-    if isinstance(value, LoDTensor):
-        return int(value.data.size)
-    if isinstance(value, SelectedRows):
-        return int(value.values.size)
-    return int(value.size) if isinstance(value, np.ndarray) else 0
-
-
-def output_elements(op: Op, scope: Scope) -> int:
-    """Elements of the values `op`'s outputs hold in `scope` (as `sim.cost.Profile` counts)."""
-    return sum(_elements(scope.get_tensor(name)) for names in op.outputs.values()
-               for name in names if scope.has(name))
 
 
 # -- fitting -----------------------------------------------------------------------------------
@@ -156,31 +109,71 @@ def check_profilable(scenario: Scenario, source: str) -> None:
             "kernels (--set backend.kernels=numpy or torch)")
 
 
-async def _run_before_deadline(job: Job, on_step: StepObserver | None) -> None:
-    deadline = job.scenario.train.deadline
-    try:
-        await asyncio.wait_for(run_job(job, ZmqTransport, on_step=on_step), deadline)
-    except TimeoutError:
-        raise ProfileError(f"{job.scenario.name}: the run did not finish within train.deadline "
-                           f"({deadline:g}s)") from None
+@dataclass
+class ProfileRun:
+    """What a measured real run gave: kernel samples, runtime costs, and the run's metrics."""
+
+    times: KernelTimes
+    costs: RuntimeCosts
+    nodes: list[NodeCosts]
+    metrics: JobMetrics
 
 
-def measure(scenario: Scenario, source: str, on_step: StepObserver | None = None) -> KernelTimes:
-    """Run `scenario`'s job for real in this process (pservers on free loopback ports) and
-    return the duration of every kernel call."""
-    check_profilable(scenario, source)
-    job = Job.from_scenario(scenario, free_endpoints("127.0.0.1", scenario.cluster.pservers))
+def read_measurements(out: Path) -> tuple[KernelTimes, dict[str, dict[str, Any]]]:
+    """Every node's OUT/nodes/<role>-<index>.costs.json: merged kernel samples, and each
+    node's record by node name."""
     times = KernelTimes()
-    with timing_kernels(times):
-        run_async(_run_before_deadline(job, on_step))
+    records = {}
+    for path in sorted((out / "nodes").glob("*.costs.json")):
+        record = json.loads(path.read_text())
+        for op_type, samples in record.pop("kernels").items():
+            times.merge(op_type, samples["elements"], samples["seconds"])
+        records[path.name.removesuffix(".costs.json").replace("-", ":")] = record
+    return times, records
+
+
+def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
+            stream: TextIO) -> ProfileRun:
+    """Run `scenario`'s job as `runtime up` does, every node measuring; its output in `out`."""
+    check_profilable(scenario, str(scenario_path))
+    previous = os.environ.get(MEASURE_VAR)
+    os.environ[MEASURE_VAR] = "1"
+    unjudged = scenario.model_copy(update={"expect": ExpectSpec()})  # a short run may miss them
+    try:
+        code = launch(scenario_path, overrides, unjudged, out, stream)
+    finally:
+        if previous is None:
+            del os.environ[MEASURE_VAR]
+        else:
+            os.environ[MEASURE_VAR] = previous
+    metrics = read_metrics(out / "metrics.json")
+    if code != 0 or not metrics.job.success:
+        raise ProfileError(f"{scenario_path}: the measured run failed: {metrics.job.reason} "
+                           f"(logs in {out / 'logs'})")
+    times, records = read_measurements(out)
     if not times.samples:
-        raise ProfileError(f"{source}: the run executed no compute op, so nothing was measured")
-    return times
+        raise ProfileError(f"{scenario_path}: the run executed no compute op, so nothing was "
+                           "measured")
+    costs, nodes = fit_costs(records)
+    return ProfileRun(times, costs, nodes, metrics)
 
 
 # -- the file ----------------------------------------------------------------------------------
 
-def _meta(scenario: Scenario, source: str, fits: list[OpFit]) -> dict[str, Any]:
+def _measured(run: ProfileRun) -> dict[str, Any]:
+    """The step times and CPU the measured run showed, for comparing a simulation with it."""
+    times = [t for trainer in run.metrics.trainers for t in trainer.step_times]
+    return {"step_time_median": float(np.median(times)) if times else None,
+            "samples_per_second": run.metrics.job.samples_per_second,
+            "nodes": {n.node: {"cpu_seconds": n.cpu_seconds, "main_seconds": n.main_seconds,
+                               "timed_seconds": n.timed_seconds, "bytes": n.bytes,
+                               "messages": n.messages,
+                               "residual_per_message": n.residual_per_message}
+                      for n in run.nodes}}
+
+
+def _meta(scenario: Scenario, source: str, fits: list[OpFit],
+          run: ProfileRun | None = None) -> dict[str, Any]:
     return {
         "tool": "runtime profile",
         "scenario": scenario.name,
@@ -190,23 +183,32 @@ def _meta(scenario: Scenario, source: str, fits: list[OpFit]) -> dict[str, Any]:
         "cluster": {"pservers": scenario.cluster.pservers, "trainers": scenario.cluster.trainers},
         "steps": scenario.train.steps,
         "batch_size": scenario.data.batch_size,
-        "host": {"platform": platform.platform(), "python": platform.python_version(),
-                 "numpy": np.__version__, "cpus": os.cpu_count()},
+        "host": machine(),
+        "measured": None if run is None else _measured(run),
         "fit": "per_call: total seconds / calls; per_element: total seconds / output elements, "
                f"kept when its squared error is under {PER_ELEMENT_GAIN} of per_call's",
         "ops": {f.op_type: f.meta() for f in fits},
     }
 
 
-def profile_document(scenario: Scenario, source: str, fits: list[OpFit]) -> dict[str, Any]:
+def profile_document(scenario: Scenario, source: str, fits: list[OpFit],
+                     run: ProfileRun | None = None) -> dict[str, Any]:
     """The profile file's content, in the format `sim.cost.load_profile` reads."""
-    return {"ops": {f.op_type: f.entry() for f in sorted(fits, key=lambda f: f.op_type)},
-            "default": 0.0, "meta": _meta(scenario, source, fits)}
+    document: dict[str, Any] = {
+        "ops": {f.op_type: f.entry() for f in sorted(fits, key=lambda f: f.op_type)},
+        "default": 0.0}
+    if run is not None:
+        document["runtime"] = run.costs.document()
+    document["meta"] = _meta(scenario, source, fits, run)
+    return document
 
 
 def write_profile(path: Path, document: dict[str, Any]) -> None:
+    """Write the file whole or not at all (a temporary file renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def format_table(fits: list[OpFit], top: int = 10) -> list[str]:
@@ -225,6 +227,21 @@ def format_table(fits: list[OpFit], top: int = 10) -> list[str]:
     return lines
 
 
-__all__ = ["KernelTimes", "OpFit", "OpSamples", "PER_ELEMENT_GAIN", "ProfileError",
-           "check_profilable", "fit_all", "fit_op", "format_table", "measure",
-           "output_elements", "profile_document", "write_profile"]
+def format_costs(costs: RuntimeCosts) -> list[str]:
+    """The runtime's costs, one line per side and kind, then the overheads."""
+    lines = [f"{'runtime cost':<32} {'per message':>12} {'per KiB':>10}"]
+    for (side, kind), cost in sorted(costs.messages.items()):
+        lines.append(f"{side + ' ' + kind:<32} {cost.per_message * 1e6:>10.1f}us "
+                     f"{cost.per_byte * 1024 * 1e6:>8.3f}us")
+    lines.append(f"{'io thread (either side)':<32} {costs.io.per_message * 1e6:>10.1f}us "
+                 f"{costs.io.per_byte * 1024 * 1e6:>8.3f}us")
+    lines.append(f"op overhead {costs.op_overhead * 1e6:.2f}us, step overhead "
+                 f"{costs.step_overhead * 1e6:.1f}us, round overhead "
+                 f"{costs.round_overhead * 1e6:.1f}us; {costs.machine.get('cores')} cores "
+                 f"({costs.machine.get('cpu')})")
+    return lines
+
+
+__all__ = ["KernelTimes", "OpFit", "OpSamples", "PER_ELEMENT_GAIN", "ProfileError", "ProfileRun",
+           "check_profilable", "fit_all", "fit_op", "format_costs", "format_table", "measure",
+           "profile_document", "read_measurements", "write_profile"]

@@ -62,6 +62,7 @@ from transpiler.ir import BlockRef, Op, Program, Var, VarType
 
 from . import checkpoint
 from .compute import Charge, ComputeModel, Tracer
+from .costs import RECEIVES, SENDS, Meter
 from .executor import Executor
 from .protocol import INITIAL_STEP, Dedupe, Event, Phase, SyncRound, Verdict
 from .scope import Scope
@@ -108,6 +109,9 @@ class ServerStats:
     restored_step: int | None = None
     """The step this server started from after a crash (its checkpoint's, or 0)."""
     rewinds: int = 0
+    heartbeat_bytes: int = 0
+    """Bytes in and out of heartbeats and their acknowledgements (their number depends on how
+    long the job runs, not on its steps)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,8 @@ class PserverService:
         self._last_message = 0.0
         self.name = transport.name
         self.charge = Charge(self.name, compute, tracer)
+        self.meter: Meter | None = None
+        """Measures what each message, round and op costs this node (`runtime profile`)."""
         self._by_kind = self._handlers()
         if load_from is not None:
             self._restore(Path(load_from))
@@ -178,6 +184,8 @@ class PserverService:
     async def serve(self, endpoint: str) -> ServerStats:
         """Bind `endpoint` and answer trainers until every one has completed."""
         await self.transport.bind(endpoint)
+        if self.meter is not None:
+            self.meter.begin_run()
         loop = asyncio.get_running_loop()
         self._serving_since = loop.time()
         tasks: list[asyncio.Task[Any]] = [
@@ -192,6 +200,8 @@ class PserverService:
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
+            if self.meter is not None:
+                self.meter.end_run()
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:  # an optimize step failed: the server's state is no longer trustworthy
             raise PserverFailure(self.name, failures[0]) from failures[0]
@@ -221,21 +231,34 @@ class PserverService:
             await self._handle_frames(peer, frames)
 
     async def _handle_frames(self, peer: str, frames: list[Any]) -> None:
+        meter = self.meter
+        if meter is None:
+            await self._handle_decoded(peer, frames)
+            return
+        started = meter.start()
+        kind = await self._handle_decoded(peer, frames)
+        meter.stop_message(started, RECEIVES, kind, charged_size(frames))
+
+    async def _handle_decoded(self, peer: str, frames: list[Any]) -> str:
+        """Decode and handle one message; its kind (for the meter)."""
         try:
             msg = decode(frames, self.config.max_message_size)
         except DecodeError as exc:
             await self._error(peer, exc, None)
-            return
+            return Kind.ERROR.value
+        if msg.kind is Kind.HEARTBEAT:
+            self.stats.heartbeat_bytes += charged_size(frames)
         done, reply = self.dedupe.lookup(msg.src, msg.id)
         if done:
             await self._send(peer, reply)
-            return
+            return msg.kind.value
         if (msg.src, msg.id) in self._pending:  # a retry of a deferred request: still waiting
             await self._send(peer, Message(Kind.REPLY, msg.id, self.name, self.round.step,
                                            extra={"pending": True,
                                                   "server_step": self.round.step}))
-            return
+            return msg.kind.value
         await self._handle(peer, msg)
+        return msg.kind.value
 
     async def _handle(self, peer: str, msg: Message) -> None:
         try:
@@ -247,6 +270,7 @@ class PserverService:
                 await self._send(peer, self._rewind(msg))
                 return
             handler = self._by_kind[msg.kind]
+            start = self.charge.clock()
             reply = handler(peer, msg, trainer)
         except Exception as exc:  # one bad message must not stop the server
             await self._error(peer, exc, msg)
@@ -256,6 +280,9 @@ class PserverService:
             self._deferred.append((peer, msg))
             return
         await self.charge.pay()  # async modes: the update this message caused
+        if self.mode != SYNC and msg.kind is Kind.SEND:
+            self.stats.optimize_seconds += self.charge.clock() - start
+            self.stats.steps = max(self.stats.steps, msg.step + 1)
         await self._answer(peer, msg, reply)
         await self._after_event()
 
@@ -269,16 +296,25 @@ class PserverService:
     async def _answer(self, peer: str, msg: Message, reply: Message) -> None:
         self._pending.discard((msg.src, msg.id))
         self.dedupe.remember(msg.src, msg.id, reply)
-        await self._send(peer, reply)
+        nbytes = await self._send(peer, reply)
+        if msg.kind is Kind.HEARTBEAT:
+            self.stats.heartbeat_bytes += nbytes
 
-    async def _send(self, peer: str, reply: Message) -> None:
+    async def _send(self, peer: str, reply: Message) -> int:
+        """Send `reply` to `peer`; the bytes it weighs."""
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
         frames = encode(reply)
-        self.stats.bytes_out += charged_size(frames)
+        nbytes = charged_size(frames)
+        self.stats.bytes_out += nbytes
         try:
             if not self.transport.send_nowait(peer, frames):
                 await self.transport.send(peer, frames)
         except Exception as exc:  # the trainer went away; it will retry or be dropped
             log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+        if meter is not None:
+            meter.stop_message(started, SENDS, reply.kind.value, nbytes)
+        return nbytes
 
     async def _error(self, peer: str, exc: Exception, msg: Message | None) -> None:
         self.stats.errors += 1
@@ -317,10 +353,16 @@ class PserverService:
         deferred, self._deferred = self._deferred, []
         for peer, msg in deferred:
             self._pending.discard((msg.src, msg.id))
+            meter = self.meter
+            started = 0.0 if meter is None else meter.start()
             await self._handle(peer, msg)
+            if meter is not None:
+                meter.stop_message(started, RECEIVES, msg.kind.value, 0, again=True)
 
     async def _optimize_step(self) -> None:
         start = self.charge.clock()
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
         self._optimizing = True
         try:
             contributors = self.round.contributors
@@ -332,15 +374,22 @@ class PserverService:
                 self.table.average_pieces(self.scope, contributors)
             for idx in self._step_blocks():
                 self._run(idx)
+            self.charge.add_overhead("round")
             await self.charge.pay()
         finally:
             self._optimizing = False
         self.round.optimized()
+        if meter is not None:
+            meter.stop_round(started)
         self.stats.optimize_seconds += self.charge.clock() - start
 
     def _run(self, block_idx: int) -> None:
         """Run one block and charge its ops to this node's modelled compute time."""
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
         self.executor.run_block(self.program, block_idx, self.scope)
+        if meter is not None:
+            meter.stop_ops(started, len(self.program.blocks[block_idx].ops))
         self.charge.step = self.round.step
         for op in self.program.blocks[block_idx].ops:
             self.charge.add(op, self.scope)

@@ -31,8 +31,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .costs import RECEIVES, SENDS, Meter
 from .transport import Frame, Transport, TransportClosed
-from .wire import DecodeError, Kind, Message, decode, encode, raise_for_error
+from .wire import DecodeError, Kind, Message, charged_size, decode, encode, raise_for_error
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +238,8 @@ class RpcClient:
         self._reader: asyncio.Task[None] | None = None
         self._pushed = False
         """The transport hands replies to `_on_message` itself (no reader task)."""
+        self.meter: Meter | None = None
+        """Measures what each request and reply costs this node (`runtime profile`)."""
 
     @property
     def name(self) -> str:
@@ -271,11 +274,15 @@ class RpcClient:
         if endpoint not in self._connected:
             return asyncio.ensure_future(self._connect_then_start(
                 endpoint, kind, step, vars, extra, deadline, check))
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
         msg = Message(kind, next(self._ids), self.name, step, vars or {}, extra or {})
         call = _Call(self, endpoint, msg, self.policy.deadline if deadline is None else deadline,
                      check)
         self._waiting[msg.id] = call
         call.attempt()
+        if meter is not None:
+            meter.stop_message(started, SENDS, kind.value, charged_size(call.frames))
         return call.future
 
     async def _connect_then_start(self, endpoint: str, kind: Kind, step: int,
@@ -311,12 +318,18 @@ class RpcClient:
             self._on_message(peer, frames)
 
     def _on_message(self, peer: str, frames: list[Frame]) -> None:
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
         try:
             msg = decode(frames, self.max_message_size)
         except DecodeError as exc:
             log.warning("%s: dropping a malformed reply from %s: %s", self.name, peer, exc)
+            if meter is not None:
+                meter.discard(started)
             return
         self._resolve(msg)
+        if meter is not None:
+            meter.stop_message(started, RECEIVES, msg.kind.value, charged_size(frames))
 
     def _resolve(self, msg: Message) -> None:
         """Hand a reply to the call waiting for it, or note a pending notice; a reply to a call

@@ -6,21 +6,25 @@ file, the line, the field path and a reason, e.g.
 ``quickstart.yaml:14: cluster.trainers: Input should be greater than or equal to 1``.
 `--set path=value` overrides (`apply_overrides`) are validated the same way.
 
-`network` and `compute` belong to the simulator, which parses them (`sim.network`, `sim.cost`);
-`faults` is checked here (`runtime.faults`), against the cluster's nodes too.
+`network` is checked here too (`runtime.netspec`: the simulator simulates it, `runtime up
+--netns` applies it to real links); `compute` belongs to the simulator, which parses it
+(`sim.cost`); `faults` is checked here (`runtime.faults`), against the cluster's nodes too.
 """
 
 from __future__ import annotations
 
 import copy
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from . import units
 from .faults import FAULT_KINDS, Fault, check_against
+from .netspec import NetworkSection, strip_tags
 
 
 class ScenarioError(ValueError):
@@ -57,12 +61,49 @@ class DataSpec(_Strict):
     size: int | None = Field(None, ge=1)
 
 
+class HostSpec(_Strict):
+    """Nodes that share one machine's cores (the simulator's `sim.cpu`)."""
+
+    name: str | None = None
+    nodes: list[str] = Field(min_length=1, description="node names or patterns, e.g. trainer:*")
+    cores: float = Field(gt=0, allow_inf_nan=False, description="the cores the nodes share")
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _one_or_more(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
 class ClusterSpec(_Strict):
     pservers: int = Field(1, ge=1, le=4096)
     trainers: int = Field(1, ge=1, le=65536)
     endpoints: dict[str, list[str]] | None = None
     host: str = "127.0.0.1"
     base_port: int = Field(0, ge=0, le=65535)
+    hosts: list[HostSpec] | None = Field(None, description="which nodes share a machine and "
+                                         "its cores; a node on none has a machine of its own")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_place_nodes(cls, hosts: list[HostSpec] | None,
+                           info: ValidationInfo) -> list[HostSpec] | None:
+        pservers, trainers = info.data.get("pservers"), info.data.get("trainers")
+        if not hosts or pservers is None or trainers is None:
+            return hosts
+        nodes = [f"pserver:{j}" for j in range(pservers)]
+        nodes += [f"trainer:{i}" for i in range(trainers)]
+        owner: dict[str, int] = {}
+        for h, host in enumerate(hosts):
+            for pattern in host.nodes:
+                matched = [n for n in nodes if fnmatchcase(n, pattern)]
+                if not matched:
+                    raise ValueError(f"[{h}].nodes: {pattern!r} names no node of the cluster "
+                                     f"(pserver:0..{pservers - 1}, trainer:0..{trainers - 1})")
+                for node in matched:
+                    if owner.setdefault(node, h) != h:
+                        raise ValueError(f"[{h}].nodes: {node} is on hosts[{owner[node]}] "
+                                         "already; a node runs on one host")
+        return hosts
 
     @model_validator(mode="after")
     def _endpoints_match(self) -> "ClusterSpec":
@@ -171,7 +212,7 @@ class Scenario(_Strict):
     transpiler: TranspilerSpec = TranspilerSpec()
     train: TrainSpec = TrainSpec()
     backend: BackendSpec = BackendSpec()
-    network: dict[str, Any] | None = None
+    network: NetworkSection | None = None
     compute: dict[str, Any] | None = None
     faults: list[Fault] = []
     expect: ExpectSpec = ExpectSpec()
@@ -230,6 +271,8 @@ def _describe(err: ValidationError, source: str, lines: dict) -> str:
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         if len(loc) > 2 and loc[0] == "faults" and loc[2] in FAULT_KINDS:
             loc = loc[:2] + loc[3:]  # the fault's shape is a tag pydantic adds, not a key
+        if loc and loc[0] == "network":
+            loc = strip_tags(loc)  # so are latency distributions
         field = ".".join(str(p) for p in loc) or "(top level)"
         line = _line_of(lines, loc)
         where = f"{source}:{line}" if line else source

@@ -287,8 +287,12 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
             await rpc.wait_for(step.op.input_arg_names)
         sub = _rpc_sub_block(executor, program, step.op)
         if sub is None:
+            meter = rpc.client.meter
+            started = 0.0 if meter is None else meter.start()
             run_step(step, scope, program, run_sub)
             rpc.charge.add(step.op, scope)
+            if meter is not None:
+                meter.stop_ops(started, 1)
         elif _condition_holds(step.op, scope):
             await run_block(executor, program, sub, scope, rpc)
 
@@ -378,6 +382,8 @@ class Trainer:
 
     async def run(self, batches: Callable[[int], Mapping[str, Any]], steps: int, loss: str,
                   on_step: Callable[[int, float, float], None] | None = None) -> TrainerReport:
+        if self.client.meter is not None:
+            self.client.meter.begin_run()
         await self.client.connect(self.endpoints)
         report = self.report = TrainerReport(self.trainer_id)
         beat = asyncio.get_running_loop().create_task(self._heartbeat())
@@ -385,22 +391,30 @@ class Trainer:
             self.rpc.step = INITIAL_STEP
             await run_program(self.executor, self.startup, self.scope, self.rpc)
             step = report.first_step = await self._join_if_late()
-            loop = asyncio.get_running_loop()
+            charge, meter = self.rpc.charge, self.client.meter
             while step < steps:
-                self.rpc.step = self.rpc.charge.step = step
-                start = loop.time()
+                self.rpc.step = charge.step = step
+                start = charge.clock()
+                started = 0.0 if meter is None else meter.start()
+                feed = batches(step)
+                charge.add_overhead("step")
+                if meter is not None:
+                    meter.add_step_time(started)
                 try:
                     (value,) = await run_program(self.executor, self.main, self.scope, self.rpc,
-                                                 batches(step), [loss])
+                                                 feed, [loss])
                 except Rewind as rewind:
                     report.redone += step - rewind.step
                     step = await self._rewind(rewind)
                     continue
-                elapsed = loop.time() - start
+                elapsed = charge.clock() - start
+                started = 0.0 if meter is None else meter.start()
                 report.losses.append(_loss(value))
                 report.step_times.append(elapsed)
                 if on_step is not None:
                     on_step(step, report.losses[-1], elapsed)
+                if meter is not None:
+                    meter.stop_step(started)
                 step += 1
             if self.main.attrs.get("_is_chief"):
                 await self.rpc.pull_tables(self.main, self.scope)
@@ -409,6 +423,8 @@ class Trainer:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
             await self.rpc.abandon()
+            if self.client.meter is not None:
+                self.client.meter.end_run()
         return report
 
     async def _rewind(self, rewind: Rewind) -> int:

@@ -616,6 +616,7 @@ class _Header(bytes):
 
     surcharge: int
     parsed: _Parsed | None
+    kind: str
 
 
 class _Parsed(NamedTuple):
@@ -648,6 +649,7 @@ def _header(packed: bytes, msg: Message, kind: Kind, phantoms: list[Phantom],
             has_data: bool) -> _Header:
     """`packed` as a `_Header` of `msg` (of `kind`), whose phantom vars are `phantoms`."""
     header = _Header(packed)
+    header.kind = kind.value
     surcharge = 0
     for phantom in phantoms:  # it adds its bytes, less "phantom" over "dense" or "rows"
         if not _decodable(phantom):  # charged_size weighs the frames alone, as it would
@@ -723,6 +725,13 @@ def _fresh(value: Any) -> Any:
     if type(value) is dict:
         return {key: _fresh(item) for key, item in value.items()}
     return value
+
+
+def message_kind(frames: Sequence[Frame]) -> str | None:
+    """The kind of a message `encode` made (as its header says), without decoding; None for
+    frames that came any other way."""
+    encoded = _encoded_header(frames)
+    return None if encoded is None else encoded.kind
 
 
 def _encoded_header(frames: Sequence[Frame]) -> _Header | None:

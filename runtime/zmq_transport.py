@@ -21,8 +21,10 @@ created it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -39,6 +41,7 @@ from runtime.transport import (
     check_node_name,
 )
 
+log = logging.getLogger(__name__)
 _IDENTITY_ENCODING = ("utf-8", "surrogateescape")
 
 
@@ -135,6 +138,42 @@ class ZmqTransport(Transport):
             if self._closed:
                 raise TransportClosed(self.name, "send") from exc
             raise TransportError(f"node {self.name!r}: sending to {peer!r}: {exc}") from exc
+
+    def send_nowait(self, peer: str, frames: Sequence[Frame]) -> bool:
+        """Send now, from the caller, without a coroutine: pyzmq's asyncio socket hands the
+        message to libzmq at once when the socket can take it (its high-water mark not reached,
+        no earlier send waiting), and else queues it behind the earlier ones, in order; a send
+        queued that later fails is logged (the RPC layer resends what is not answered). Sending
+        from the caller, rather than from a task that runs when the caller next yields, lets
+        a trainer's gradients leave while it goes on computing."""
+        self._check_open("send")
+        if not frames:
+            raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
+        socket, parts = self._route(peer, frames)
+        sent = cast("asyncio.Future[Any]", socket.send_multipart(parts, copy=False))
+        if not sent.done():
+            sent.add_done_callback(self._log_failed_send(peer))
+            return True
+        exc = sent.exception()
+        if exc is not None:
+            raise self._send_error(peer, exc)
+        return True
+
+    def _send_error(self, peer: str, exc: BaseException) -> BaseException:
+        if isinstance(exc, zmq.ZMQError):
+            if exc.errno == zmq.EHOSTUNREACH:
+                return UnknownPeerError(self.name, peer)
+            if self._closed:
+                return TransportClosed(self.name, "send")
+            return TransportError(f"node {self.name!r}: sending to {peer!r}: {exc}")
+        return exc
+
+    def _log_failed_send(self, peer: str) -> Callable[[asyncio.Future[Any]], None]:
+        def check(sent: asyncio.Future[Any]) -> None:
+            if not sent.cancelled() and sent.exception() is not None:
+                log.warning("%s: a queued message to %s was not sent: %s", self.name, peer,
+                            self._send_error(peer, sent.exception()))  # type: ignore[arg-type]
+        return check
 
     async def recv(self) -> Inbound:
         self._check_open("recv")

@@ -27,6 +27,15 @@ section picks the model:
   of all the rules that apply multiply. A pserver's step is its sync round (always 0 in the
   asynchronous modes); -1 is a trainer's startup.
 
+The runtime's own costs (`runtime.costs.RuntimeCosts`: each message's CPU on its sender and
+receiver, by kind and size, and on their I/O threads; each op's dispatch; a trainer's step and
+a pserver's round) are charged where a profile file has a ``runtime`` section (as `runtime
+profile` writes it; ``runtime: false`` in the section turns them off), or, under the roofline,
+from the profile file its ``runtime: profile.json`` names: a device you do not have still runs
+the same runtime. With runtime costs or ``cluster.hosts``, a node's compute and costs run on its
+CPU (`sim.cpu`, through `OnCpus`): one piece of work at a time, the nodes of a host sharing its
+cores; without them compute is a sleep and every node always runs at full speed.
+
 No `compute` section: `compute_model` returns None and compute takes no simulated time.
 A bad section raises `ComputeConfigError` naming the field, e.g. ``compute.device.flops``.
 """
@@ -37,7 +46,7 @@ import dataclasses
 import json
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -49,14 +58,18 @@ from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, ValidationEr
 
 from runtime import units
 from runtime.compute import ComputeModel
+from runtime.costs import RuntimeCosts
 from runtime.scope import Scope
 from runtime.tensor import LoDTensor, Phantom, SelectedRows, nbytes_of, shape_of
 from transpiler.ir import Op
 
+from .cpu import Cpus
+
 __all__ = [
-    "ComputeConfigError", "Device", "Ledger", "OpTime", "Profile", "Roofline", "Straggler",
+    "ComputeConfigError", "Device", "Ledger", "OnCpus", "OpTime", "Profile", "Roofline", "Straggler",
     "Stragglers",
-    "Work", "compute_model", "load_profile", "op_work", "parse_compute",
+    "Work", "compute_model", "load_profile", "load_runtime_costs", "op_work", "parse_compute",
+    "runtime_costs",
 ]
 
 
@@ -362,6 +375,34 @@ class Ledger:
         return seconds
 
 
+class OnCpus(Ledger):
+    """A `Ledger` that also prices the runtime's own work (`runtime.costs.RuntimeCosts`: each
+    op's dispatch, a trainer's step, a pserver's round) and runs every node's compute on its
+    CPU (`sim.cpu.Cpus`), where the nodes of a host share its cores; `runtime.compute.Charge`
+    uses `overhead` and `spend`."""
+
+    def __init__(self, model: ComputeModel, costs: RuntimeCosts, cpus: Cpus) -> None:
+        super().__init__(model)
+        self.costs = costs
+        self.cpus = cpus
+        self._overheads = {"step": costs.step_overhead, "round": costs.round_overhead}
+
+    def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
+        seconds = self.model.cost(node, op, scope, step) + self.costs.op_overhead
+        if step >= 0:
+            self.in_steps[node] = self.in_steps.get(node, 0.0) + seconds
+        return seconds
+
+    def overhead(self, node: str, what: str, step: int) -> float:
+        seconds = self._overheads.get(what, 0.0)
+        if step >= 0:
+            self.in_steps[node] = self.in_steps.get(node, 0.0) + seconds
+        return seconds
+
+    def spend(self, node: str, seconds: float) -> Awaitable[None]:
+        return self.cpus.spend(node, seconds)
+
+
 def _matches(node: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatchcase(node, pattern) for pattern in patterns)
 
@@ -454,6 +495,8 @@ class RooflineSpec(_Strict):
     device: DeviceSpec
     overrides: list[DeviceOverride] = []
     stragglers: list[StragglerSpec] = []
+    runtime: str | None = None
+    """A profile file (from `runtime profile`) whose runtime costs are charged too."""
 
 
 class ProfileSpec(_Strict):
@@ -462,6 +505,8 @@ class ProfileSpec(_Strict):
     ops: OpTimes | None = None
     default: Seconds = 0.0
     stragglers: list[StragglerSpec] = []
+    runtime: bool = True
+    """Charge the runtime costs the profile file has (false: its kernels only)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ProfileSpec:
@@ -470,9 +515,26 @@ class ProfileSpec(_Strict):
         return self
 
 
+class LinearSpec(_Strict):
+    per_message: float = Field(0.0, ge=0, allow_inf_nan=False)
+    per_byte: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
+class RuntimeSection(_Strict):
+    """A profile's ``runtime`` section (`runtime.costs.RuntimeCosts.document`)."""
+
+    messages: dict[Literal["send", "receive"], dict[str, LinearSpec]] = {}
+    io: LinearSpec = LinearSpec()
+    op_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    step_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    round_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    machine: dict[str, Any] = {}
+
+
 class ProfileFile(_Strict):
     ops: OpTimes
     default: Seconds = 0.0
+    runtime: RuntimeSection | None = None
     meta: dict[str, Any] = {}  # free-form, for people: `runtime profile` says what it measured
 
 
@@ -505,20 +567,45 @@ def parse_compute(section: Any) -> RooflineSpec | ProfileSpec:
     return _validated(kind, section, "compute")
 
 
-def load_profile(path: Path) -> Profile:
-    """A profile file: ``{"ops": {op_type: seconds or {"per_element": seconds}}, "default": s}``."""
+def _profile_file(path: Path, field: str = "compute.path") -> ProfileFile:
     try:
         raw = json.loads(path.read_text())
     except OSError as exc:
-        raise ComputeConfigError("compute.path", f"cannot read profile {path}: "
-                                                 f"{exc.strerror}") from None
+        raise ComputeConfigError(field, f"cannot read profile {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
-        raise ComputeConfigError("compute.path", f"profile {path} is not JSON: {exc}") from None
+        raise ComputeConfigError(field, f"profile {path} is not JSON: {exc}") from None
     try:
-        data = _validated(ProfileFile, raw, "profile")
+        return _validated(ProfileFile, raw, "profile")
     except ComputeConfigError as exc:
-        raise ComputeConfigError("compute.path", f"{path}: {exc}") from None
+        raise ComputeConfigError(field, f"{path}: {exc}") from None
+
+
+def load_profile(path: Path) -> Profile:
+    """A profile file: ``{"ops": {op_type: seconds or {"per_element": seconds}}, "default": s}``."""
+    data = _profile_file(path)
     return Profile(data.ops, data.default)
+
+
+def load_runtime_costs(path: Path, field: str = "compute.path") -> RuntimeCosts | None:
+    """The runtime costs a profile file has (None: it has none, an older or hand-made one)."""
+    section = _profile_file(path, field).runtime
+    return None if section is None else RuntimeCosts.from_document(section.model_dump())
+
+
+def runtime_costs(section: Mapping[str, Any] | None,
+                  base_dir: Path = Path(".")) -> RuntimeCosts | None:
+    """The runtime costs a scenario's `compute` section charges, if any: a profile's own
+    (unless ``runtime: false``), or the profile a roofline's ``runtime`` names."""
+    if section is None:
+        return None
+    spec = parse_compute(section)
+    if isinstance(spec, RooflineSpec):
+        if spec.runtime is None:
+            return None
+        return load_runtime_costs(base_dir / spec.runtime, "compute.runtime")
+    if not spec.runtime or spec.path is None:
+        return None
+    return load_runtime_costs(base_dir / spec.path)
 
 
 def _base_model(spec: RooflineSpec | ProfileSpec, base_dir: Path) -> ComputeModel:

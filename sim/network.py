@@ -31,6 +31,11 @@ node binds it; a server that closes and a new one binding the same endpoint (a r
 the clients' later messages. A node that reconnects under its old name takes the name over.
 Messages still in flight to a transport that closes are dropped (counted per link).
 
+The `network` section's schema, the latency distributions and how rules resolve for a pair of
+nodes (`NetworkSpec.link`, `NetworkSpec.nic_bandwidth`) are the runtime's (`runtime.netspec`),
+so that `runtime up --netns` applies the same network to real links; this module re-exports
+them.
+
 Determinism: latencies come from one `random.Random` per directed link, seeded from the run's
 seed and the two node names, so the same seed gives the same times however traffic on other
 links interleaves. Everything waits on `loop.call_at`, never the wall clock.
@@ -41,19 +46,30 @@ single place where fault injection (drop, duplicate, delay, partition) decides i
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextvars
-import math
 import random
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
-from typing import Any, NamedTuple
+from typing import Any
 
-from runtime import units
+from runtime.netspec import (
+    ConstantLatency,
+    Latency,
+    LinkParams,
+    LinkRule,
+    LogNormalLatency,
+    NetworkConfigError,
+    NetworkSection,
+    NetworkSpec,
+    NicRule,
+    NormalLatency,
+    UniformLatency,
+)
+from runtime.costs import RECEIVES, SENDS, RuntimeCosts, Side
+from sim.cpu import Cpus, io_thread
 from sim.faults import REORDER_WAIT, Fate, MessageFaults
-from runtime.wire import charged_size
+from runtime.wire import charged_size, message_kind
 from runtime.transport import (
     Inbound,
     Inbox,
@@ -86,285 +102,6 @@ __all__ = [
 
 MessageObserver = Callable[[str, str, int, float, float], None]
 """`on_message(src, dst, nbytes, t_send, t_deliver)`, called as each message is delivered."""
-
-
-class NetworkConfigError(ValueError):
-    """The scenario's `network` section is invalid; `field` is the path of the culprit."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
-
-
-# ----------------------------------------------------------------------------- latency models
-
-
-class Latency(abc.ABC):
-    """A distribution of one-way link latencies, in seconds."""
-
-    @abc.abstractmethod
-    def sample(self, rng: random.Random) -> float:
-        """One latency drawn with `rng`."""
-
-
-@dataclass(frozen=True)
-class ConstantLatency(Latency):
-    value: float
-
-    def __post_init__(self) -> None:
-        _at_least_zero("value", self.value)
-
-    def sample(self, rng: random.Random) -> float:
-        return self.value
-
-
-@dataclass(frozen=True)
-class UniformLatency(Latency):
-    low: float
-    high: float
-
-    def __post_init__(self) -> None:
-        _at_least_zero("low", self.low)
-        if not self.high >= self.low:
-            raise ValueError(f"high must be >= low ({self.low!r}), got {self.high!r}")
-
-    def sample(self, rng: random.Random) -> float:
-        return rng.uniform(self.low, self.high)
-
-
-@dataclass(frozen=True)
-class NormalLatency(Latency):
-    """Normal, truncated at 0: negative draws are redrawn (mean >= 0 keeps that rare)."""
-
-    mean: float
-    std: float
-
-    def __post_init__(self) -> None:
-        _at_least_zero("mean", self.mean)
-        _at_least_zero("std", self.std)
-
-    def sample(self, rng: random.Random) -> float:
-        while True:
-            value = rng.normalvariate(self.mean, self.std)
-            if value >= 0.0:
-                return value
-
-
-@dataclass(frozen=True)
-class LogNormalLatency(Latency):
-    """`median * exp(sigma * Z)`, Z standard normal: heavy-tailed, median `median`."""
-
-    median: float
-    sigma: float
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.median < math.inf:
-            raise ValueError(f"median must be > 0, got {self.median!r}")
-        _at_least_zero("sigma", self.sigma)
-
-    def sample(self, rng: random.Random) -> float:
-        return self.median * math.exp(self.sigma * rng.normalvariate(0.0, 1.0))
-
-
-def _at_least_zero(name: str, value: float) -> None:
-    if not 0.0 <= value < math.inf:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-
-
-# name -> (class, parameters); parameters named "sigma" are plain numbers, the others durations
-_DISTRIBUTIONS: dict[str, tuple[type[Latency], tuple[str, ...]]] = {
-    "constant": (ConstantLatency, ("value",)),
-    "uniform": (UniformLatency, ("low", "high")),
-    "normal": (NormalLatency, ("mean", "std")),
-    "lognormal": (LogNormalLatency, ("median", "sigma")),
-}
-
-
-# ------------------------------------------------------------------------------ configuration
-
-
-class LinkParams(NamedTuple):
-    latency: Latency
-    bandwidth: float
-    """Bytes per second; `math.inf` for no serialization delay."""
-
-
-@dataclass(frozen=True)
-class LinkRule:
-    """Latency and/or bandwidth for links between nodes matching the two patterns."""
-
-    between: tuple[str, str]
-    latency: Latency | None = None
-    bandwidth: float | None = None
-
-    def matches(self, a: str, b: str) -> bool:
-        """Whether the link a <-> b (either direction) falls under this rule."""
-        p, q = self.between
-        return (fnmatchcase(a, p) and fnmatchcase(b, q)) or (
-            fnmatchcase(a, q) and fnmatchcase(b, p)
-        )
-
-
-@dataclass(frozen=True)
-class NicRule:
-    """A cap on the rate of the NICs of nodes matching any of the patterns."""
-
-    nodes: tuple[str, ...]
-    bandwidth: float
-
-    def matches(self, node: str) -> bool:
-        return any(fnmatchcase(node, pattern) for pattern in self.nodes)
-
-
-@dataclass(frozen=True)
-class NetworkSpec:
-    """The `network` section, parsed: defaults, then link and NIC rules (later ones win)."""
-
-    latency: Latency = ConstantLatency(0.0)
-    bandwidth: float = math.inf
-    links: tuple[LinkRule, ...] = ()
-    nics: tuple[NicRule, ...] = ()
-
-    @classmethod
-    def parse(cls, spec: Mapping[str, Any] | None) -> NetworkSpec:
-        """Validate a scenario's `network` section (None: an ideal network)."""
-        if spec is None:
-            return cls()
-        section = _mapping(spec, "network", {"default", "links", "nics"})
-        default = _mapping(section.get("default", {}), "network.default", {"latency", "bandwidth"})
-        latency, bandwidth = _link_fields(default, "network.default")
-        links = _items(section.get("links", []), "network.links")
-        nics = _items(section.get("nics", []), "network.nics")
-        return cls(
-            latency=cls.latency if latency is None else latency,
-            bandwidth=cls.bandwidth if bandwidth is None else bandwidth,
-            links=tuple(_link_rule(rule, f"network.links[{i}]") for i, rule in enumerate(links)),
-            nics=tuple(_nic_rule(rule, f"network.nics[{i}]") for i, rule in enumerate(nics)),
-        )
-
-    def link(self, src: str, dst: str) -> LinkParams:
-        """The parameters of the link between nodes `src` and `dst`."""
-        latency, bandwidth = self.latency, self.bandwidth
-        for rule in self.links:
-            if rule.matches(src, dst):
-                latency = latency if rule.latency is None else rule.latency
-                bandwidth = bandwidth if rule.bandwidth is None else rule.bandwidth
-        return LinkParams(latency, bandwidth)
-
-    def nic_bandwidth(self, node: str) -> float:
-        """The cap on `node`'s NIC rate (bytes per second; `math.inf` if no rule names it)."""
-        cap = math.inf
-        for rule in self.nics:
-            if rule.matches(node):
-                cap = rule.bandwidth
-        return cap
-
-
-def _mapping(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise NetworkConfigError(where, f"must be a mapping, got {value!r}")
-    for key in value:
-        if key not in allowed:
-            raise NetworkConfigError(f"{where}.{key}", f"unknown field (one of {sorted(allowed)})")
-    return value
-
-
-def _items(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise NetworkConfigError(where, f"must be a list, got {value!r}")
-    return value
-
-
-def _link_fields(spec: Mapping[str, Any], where: str) -> tuple[Latency | None, float | None]:
-    latency = spec.get("latency")
-    bandwidth = spec.get("bandwidth")
-    return (
-        None if latency is None else _latency(latency, f"{where}.latency"),
-        None if bandwidth is None else _rate(bandwidth, f"{where}.bandwidth"),
-    )
-
-
-def _link_rule(value: Any, where: str) -> LinkRule:
-    spec = _mapping(value, where, {"between", "latency", "bandwidth"})
-    if "between" not in spec:
-        raise NetworkConfigError(f"{where}.between", "missing: two node patterns")
-    between = _patterns(spec["between"], f"{where}.between")
-    if len(between) != 2:
-        raise NetworkConfigError(f"{where}.between", f"needs two node patterns, got {between!r}")
-    latency, bandwidth = _link_fields(spec, where)
-    if latency is None and bandwidth is None:
-        raise NetworkConfigError(where, "sets neither latency nor bandwidth")
-    return LinkRule((between[0], between[1]), latency, bandwidth)
-
-
-def _nic_rule(value: Any, where: str) -> NicRule:
-    spec = _mapping(value, where, {"nodes", "bandwidth"})
-    for key in ("nodes", "bandwidth"):
-        if key not in spec:
-            raise NetworkConfigError(f"{where}.{key}", "missing")
-    nodes = _patterns(spec["nodes"], f"{where}.nodes")
-    return NicRule(nodes, _rate(spec["bandwidth"], f"{where}.bandwidth"))
-
-
-def _patterns(value: Any, where: str) -> tuple[str, ...]:
-    patterns = [value] if isinstance(value, str) else value
-    valid = isinstance(patterns, list) and all(isinstance(p, str) and p for p in patterns)
-    if not valid or not patterns:
-        raise NetworkConfigError(where, f"must be a node pattern or a list of them, got {value!r}")
-    return tuple(patterns)
-
-
-def _latency(value: Any, where: str) -> Latency:
-    if not isinstance(value, Mapping):
-        return _checked(ConstantLatency, where, value=_duration(value, where))
-    dist = value.get("dist")
-    if dist not in _DISTRIBUTIONS:
-        choices = sorted(_DISTRIBUTIONS)
-        raise NetworkConfigError(f"{where}.dist", f"must be one of {choices}, got {dist!r}")
-    kind, names = _DISTRIBUTIONS[dist]
-    spec = _mapping(value, where, {"dist", *names})
-    params = {}
-    for name in names:
-        if name not in spec:
-            needs = ", ".join(names)
-            raise NetworkConfigError(f"{where}.{name}", f"missing (a {dist} latency needs {needs})")
-        parse = _number if name == "sigma" else _duration
-        params[name] = parse(spec[name], f"{where}.{name}")
-    return _checked(kind, where, **params)
-
-
-def _checked(kind: type[Latency], where: str, **params: float) -> Latency:
-    try:
-        return kind(**params)  # type: ignore[call-arg]
-    except ValueError as exc:
-        raise NetworkConfigError(where, str(exc)) from None
-
-
-def _duration(value: Any, where: str) -> float:
-    return _unit(units.duration, value, where, "a duration such as 200us")
-
-
-def _rate(value: Any, where: str) -> float:
-    rate = _unit(units.rate, value, where, "a rate such as 10Gbps")
-    if not rate > 0:
-        raise NetworkConfigError(where, f"must be > 0, got {value!r}")
-    return rate
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise NetworkConfigError(where, f"must be a number, got {value!r}")
-    return float(value)
-
-
-def _unit(parse: Callable[[Any], float], value: Any, where: str, example: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise NetworkConfigError(where, f"must be {example}, got {value!r}")
-    try:
-        return parse(value)
-    except units.UnitError as exc:
-        raise NetworkConfigError(where, str(exc)) from None
 
 
 # ------------------------------------------------------------------------------------ counters
@@ -462,12 +199,19 @@ class Network:
         """The message faults in force (`sim.faults`); None: none."""
         self._held_back: dict[tuple[str, str], tuple[_Packet, float]] = {}
         """A reordered message per link, waiting for the next one to overtake it."""
+        self.cpus: Cpus | None = None
+        self.costs: RuntimeCosts | None = None
+        """The runtime's own costs per message, charged on the nodes' `cpus` (None: free)."""
 
     @classmethod
     def from_spec(
-        cls, spec: Mapping[str, Any] | None, seed: int, on_message: MessageObserver | None = None
+        cls,
+        spec: NetworkSection | Mapping[str, Any] | None,
+        seed: int,
+        on_message: MessageObserver | None = None,
     ) -> Network:
-        """A network from a scenario's `network` section (None: ideal) and its seed."""
+        """A network from a scenario's `network` section (validated, or a plain mapping
+        validated here; None: ideal) and its seed."""
         return cls(NetworkSpec.parse(spec), seed, on_message)
 
     def transport(self, name: str) -> SimTransport:
@@ -604,7 +348,35 @@ class Network:
         loop.call_at(done if done > last_bit else last_bit, self._hand_over, packet,
                      context=_QUIET)
 
+    def message_cost(self, side: Side, frames: list[Frame]) -> float:
+        """What handling `frames` on `side` costs the node (the runtime's costs; 0 if none)."""
+        costs = self.costs
+        if costs is None:
+            return 0.0
+        return costs.message(side, message_kind(frames) or "*", charged_size(frames))
+
     def _hand_over(self, packet: _Packet) -> None:
+        """The message is in the receiver's NIC: its I/O thread takes it (where the runtime's
+        costs are charged), then `_take`."""
+        receiver = packet.receiver
+        if receiver.closed:
+            packet.link.stats.dropped += 1
+            return
+        cpus, costs = self.cpus, self.costs
+        if cpus is not None and costs is not None:
+            cpus.run(io_thread(receiver.name), costs.io.seconds(packet.nbytes), self._take,
+                     packet)
+        else:
+            self._take(packet)
+        on_message = self.on_message
+        if on_message is not None:
+            link = packet.link
+            now = asyncio.get_running_loop().time()
+            on_message(link.src, link.dst, packet.nbytes, packet.sent_at, now)
+
+    def _take(self, packet: _Packet) -> None:
+        """Hand the message to the receiving node: into its inbox (it pays its receive cost
+        when it takes it: `SimTransport.recv`), or to its handler once its main thread has."""
         receiver = packet.receiver
         if receiver.closed:
             packet.link.stats.dropped += 1
@@ -612,13 +384,11 @@ class Network:
         handler = receiver._handler
         if handler is None:
             receiver._inbox.put_nowait((packet.peer, packet.frames))
+        elif self.cpus is not None and self.costs is not None:
+            self.cpus.run(receiver.name, self.message_cost(RECEIVES, packet.frames), handler,
+                          packet.peer, packet.frames)
         else:
             handler(packet.peer, packet.frames)
-        on_message = self.on_message
-        if on_message is not None:
-            link = packet.link
-            now = asyncio.get_running_loop().time()
-            on_message(link.src, link.dst, packet.nbytes, packet.sent_at, now)
 
     def _link(self, src: str, dst: str) -> _Link:
         link = self._links.get((src, dst))
@@ -694,6 +464,27 @@ class SimTransport(Transport):
         if not frames:
             raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
         message: list[Frame] = list(map(_frozen, frames))
+        network = self.network
+        if network.cpus is not None and network.costs is not None:
+            if peer not in self._held and peer not in self._clients:
+                raise UnknownPeerError(self.name, peer)
+            network.cpus.run(self.name, network.message_cost(SENDS, message), self._to_io,
+                             peer, message)
+            return True
+        return self._route(peer, message)
+
+    def _to_io(self, peer: str, message: list[Frame]) -> None:
+        """The main thread has sent `message`: this node's I/O thread moves it out."""
+        cpus, costs = self.network.cpus, self.network.costs
+        assert cpus is not None and costs is not None
+        cpus.run(io_thread(self.name), costs.io.seconds(charged_size(message)), self._route,
+                 peer, message, True)
+
+    def _route(self, peer: str, message: list[Frame], later: bool = False) -> bool:
+        """Put `message` on its way to `peer` (or hold it until its endpoint is bound); after
+        the sender's CPU did its part, the transport may have closed: then it is dropped."""
+        if self.closed:
+            return True
         held = self._held.get(peer)
         if held is not None:
             server = self.network._bound.get(peer)
@@ -704,6 +495,8 @@ class SimTransport(Transport):
             return True
         client = self._clients.get(peer)
         if client is None:
+            if later:  # the client left while this node was busy: as a lost reply
+                return True
             raise UnknownPeerError(self.name, peer)
         self.network._transmit(self.name, client[0], client[1], message)
         return True
@@ -715,7 +508,18 @@ class SimTransport(Transport):
 
     def recv(self) -> Coroutine[Any, Any, Inbound]:  # the inbox's own wait: one frame less
         self._check_open("recv")
-        return self._inbox.get()
+        if self.network.cpus is None or self.network.costs is None:
+            return self._inbox.get()
+        return self._recv_paid()
+
+    async def _recv_paid(self) -> Inbound:
+        """The next message, once this node's CPU has received it (decode, dispatch: the
+        runtime's receive cost)."""
+        peer, frames = await self._inbox.get()
+        cpus = self.network.cpus
+        assert cpus is not None
+        await cpus.spend(self.name, self.network.message_cost(RECEIVES, frames))
+        return peer, frames
 
     async def close(self) -> None:
         if self.closed:

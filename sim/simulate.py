@@ -36,13 +36,15 @@ from typing import cast
 
 import numpy as np
 
-from runtime.cluster import JobResult, LocalCluster, trainer_name
+from runtime.cluster import JobResult, LocalCluster, pserver_name, trainer_name
+from runtime.costs import RuntimeCosts
 from runtime.faults import Crash
 from runtime.job import Job
 from runtime.pserver import ServerStats
 from runtime.scenario import Scenario
 
-from .cost import Ledger, compute_model
+from .cost import Ledger, OnCpus, compute_model, runtime_costs
+from .cpu import Cpus, hosts_of
 from .faults import FaultEvent, FaultInjector, MessageFaults, Slowdowns
 from .loop import SimStats, VirtualTimeLoop, run
 from .network import LinkStats, Network, NicStats
@@ -109,8 +111,9 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
     messages = network.faults = MessageFaults(scenario.seed)
     model = compute_model(scenario.compute, scenario.seed, base_dir or Path.cwd())
     slowdowns = None if model is None else Slowdowns(model)
-    compute = None if slowdowns is None else Ledger(slowdowns)
     job = Job.from_scenario(scenario)
+    compute = None if slowdowns is None else _ledger(scenario, job, slowdowns, network,
+                                                     base_dir or Path.cwd())
     ends: dict[int, list[float]] = {i: [] for i in range(job.trainers)}
 
     def observe(trainer: int, step: int, loss: float, seconds: float) -> None:
@@ -137,6 +140,22 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
     return SimResult(scenario, job.endpoints, now, trainers, result.pservers, result.params,
                      network.link_stats(), network.nic_stats(), trace,
                      dict(compute.in_steps) if compute else {}, stats, injector.events, base_dir)
+
+
+def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,
+            base_dir: Path) -> Ledger:
+    """The ledger of compute: on the nodes' CPUs (`sim.cpu`), with the runtime's own costs on
+    them and on every message, where the scenario prices those or places nodes on hosts; else
+    plain (compute as sleeps, each node always at full speed)."""
+    costs = runtime_costs(scenario.compute, base_dir)
+    hosts = hosts_of([h.model_dump() for h in scenario.cluster.hosts or ()])
+    if costs is None and not hosts:
+        return Ledger(model)
+    nodes = [pserver_name(j) for j in range(scenario.cluster.pservers)]
+    nodes += [trainer_name(i) for i in range(job.trainers)]
+    cpus = Cpus(hosts, nodes, io=costs is not None)
+    network.cpus, network.costs = cpus, costs
+    return OnCpus(model, costs or RuntimeCosts(), cpus)
 
 
 @contextmanager

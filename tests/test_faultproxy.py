@@ -464,9 +464,16 @@ class LosesCompleteReplies(BindingUpstream):
     proxy: FaultProxy
 
     async def send(self, peer: str, frames: Sequence[Frame]) -> None:
+        self._watch(frames)
+        await super().send(peer, frames)
+
+    def send_nowait(self, peer: str, frames: Sequence[Frame]) -> bool:
+        self._watch(frames)
+        return super().send_nowait(peer, frames)
+
+    def _watch(self, frames: Sequence[Frame]) -> None:
         if decode(frames).kind is Kind.COMPLETE:
             self.proxy.faults[DOWN] = Faults(drop=1.0)
-        await super().send(peer, frames)
 
 
 @pytest.mark.timeout(60)

@@ -1,171 +1,296 @@
-"""One role per "host": a pserver and two trainers, each in its own network namespace with its own
-10.x address, joined by veth pairs to a bridge in a fourth namespace, so the nodes talk real TCP
-between distinct addresses as they would across machines. The test builds the namespaces itself
-and always deletes them (which deletes their links); it is skipped with the reason where they
-cannot be made (not root, no iproute2, or no permission, e.g. in an unprivileged container).
+"""`runtime up --netns`: one network namespace per node, bridged in a namespace of the run's own,
+with the scenario's network applied (bandwidth as tc tbf on each node's interface, latency by a
+proxy in front of the pserver), and every namespace deleted afterwards, also when the job fails
+or is interrupted. The tests that make namespaces are skipped, with the reason, where they
+cannot be made (not root, no iproute2, no permission, e.g. in an unprivileged container); the
+rest (notes, checks, the tbf command) run anywhere.
 """
 
 from __future__ import annotations
 
-import json
+import io
+import ipaddress
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from runtime import cli, netns
 from runtime.cluster import train_locally
 from runtime.job import Job
-from runtime.metrics import PserverMetrics, TrainerMetrics, read_record
+from runtime.launch import ignored_by_runtime
+from runtime.metrics import JobMetrics, NetnsNodeMetrics, read_metrics
+from runtime.netspec import NetworkSpec
 from runtime.scenario import parse_scenario
-from runtime.shaping import ShapingError, shape, tbf_command
+from runtime.shaping import tbf_command
 from runtime.units import rate
 
-SUBNET = "10.147.0"
-PORT = 6174
-NODES = {"ps": f"{SUBNET}.1", "t0": f"{SUBNET}.2", "t1": f"{SUBNET}.3"}
-SCENARIO = """\
+RATE = "20Mbit/s"
+SCENARIO = f"""\
 name: netns
 seed: 5
-model: {name: mlp, sizes: [64, 32, 10], optimizer: {type: momentum, learning_rate: 0.05}}
-data: {batch_size: 16}
-cluster: {pservers: 1, trainers: 2}
-train: {steps: 20, deadline: 60s}
+model: {{name: mlp, sizes: [64, 256, 10], optimizer: {{type: momentum, learning_rate: 0.05}}}}
+data: {{batch_size: 16}}
+cluster: {{pservers: 1, trainers: 2}}
+train: {{steps: 20, deadline: 60s, retry_after: 100ms, log_every: 1}}
+network:
+  default: {{latency: {{dist: uniform, low: 1ms, high: 3ms}}, bandwidth: {RATE}}}
+expect: {{params_equal_to: local, no_lost_updates: true}}
 """
+"""Each step the pserver sends each trainer ~77 KB of parameters, far more than the 25 KB
+bucket of a 20 Mbit/s tbf: the shaping cannot help but make packets wait. ``retry_after:
+100ms``: the pserver drains 0.3 s after the last trainer, not 3 s."""
 
 
-def ip(*args: str, ns: str | None = None) -> str:
-    prefix = ["ip", "netns", "exec", ns] if ns else []
-    done = subprocess.run([*prefix, "ip", *args], capture_output=True, text=True, timeout=10)
-    if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}{f' (in {ns})' if ns else ''}: "
-                           f"{done.stderr.strip()}")
-    return done.stdout
-
-
-def build_network(prefix: str, created: list[str]) -> dict[str, str]:
-    """The namespaces (node -> namespace name), each node's veth bridged in the hub namespace."""
-    hub = f"{prefix}-hub"
-    created.append(hub)  # before adding: a failed add may leave the name behind
-    ip("netns", "add", hub)
-    ip("link", "add", "br0", "type", "bridge", ns=hub)
-    ip("link", "set", "br0", "up", ns=hub)
-    names = {}
-    for node, address in NODES.items():
-        ns = names[node] = f"{prefix}-{node}"
-        created.append(ns)
-        ip("netns", "add", ns)
-        ip("link", "add", "eth0", "type", "veth", "peer", "name", f"v-{node}", "netns", hub, ns=ns)
-        ip("link", "set", f"v-{node}", "master", "br0", "up", ns=hub)
-        ip("addr", "add", f"{address}/24", "dev", "eth0", ns=ns)
-        ip("link", "set", "eth0", "up", ns=ns)
-        ip("link", "set", "lo", "up", ns=ns)
-    return names
-
-
-@pytest.fixture
-def namespaces() -> Iterator[dict[str, str]]:
-    if shutil.which("ip") is None:
-        pytest.skip("network namespaces: iproute2's `ip` is not installed")
+def probe() -> str | None:
+    """Why namespaces with a tbf cannot be made here (None: they can)."""
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2's `ip` and `tc` are not installed"
     if os.geteuid() != 0:
-        pytest.skip("network namespaces: creating them needs root")
-    created: list[str] = []
+        return "creating them needs root"
+    name = f"pslab-probe-{os.getpid()}"
     try:
-        try:
-            names = build_network(f"pslab{os.getpid()}", created)
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"network namespaces cannot be made here: {exc}")
-        yield names
-    finally:
-        for ns in reversed(created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
-
-
-def node_command(ns: str, scenario: Path, out: Path, *role: str) -> list[str]:
-    return ["ip", "netns", "exec", ns, sys.executable, "-m", "runtime.node", str(scenario),
-            "--out", str(out), *role]
-
-
-def run_three_hosts(namespaces: dict[str, str], tmp_path: Path,
-                    text: str = SCENARIO) -> Path:
-    """The scenario's pserver and two trainers, one per namespace; their output folder."""
-    scenario = tmp_path / "netns.yaml"
-    scenario.write_text(text)
-    out = tmp_path / "out"
-    endpoint = f"{NODES['ps']}:{PORT}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "TRAINING_ROLE"))}
-    paddle = {**env, "TRAINING_ROLE": "TRAINER", "PADDLE_PSERVERS_IP_PORT_LIST": endpoint,
-              "PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINER_ID": "1"}
-    launches = [
-        (node_command(namespaces["ps"], scenario, out, "--role", "pserver", "--index", "0",
-                      "--endpoints", endpoint), env),
-        (node_command(namespaces["t0"], scenario, out, "--role", "trainer", "--index", "0",
-                      "--endpoints", endpoint), env),
-        (node_command(namespaces["t1"], scenario, out), paddle),  # Paddle's variables
-    ]
-    procs = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for cmd, e in launches]
+        netns.run_command(["ip", "netns", "add", name])
+    except netns.NetnsError as exc:
+        return f"they cannot be made here: {exc}"
     try:
-        outputs = [p.communicate(timeout=75)[0] for p in procs]
+        netns.run_command(["ip", "netns", "exec", name, *tbf_command("lo", 1e6)])
+    except netns.NetnsError as exc:
+        return f"tc tbf is not available here: {exc}"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0, 0], "\n----\n".join(outputs)
-    return out
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+    return None
 
 
-@pytest.mark.timeout(90)
-def test_pserver_and_two_trainers_in_three_namespaces(namespaces: dict[str, str],
-                                                      tmp_path: Path) -> None:
-    text = SCENARIO.replace("deadline: 60s", "deadline: 60s, retry_after: 100ms")  # drain 0.3 s
-    out = run_three_hosts(namespaces, tmp_path, text)
-    endpoint = f"{NODES['ps']}:{PORT}"
-    pserver = read_record(out / "nodes" / "pserver-0.json", PserverMetrics)
-    assert (pserver.endpoint, pserver.steps, pserver.errors, pserver.dropped) == \
-        (endpoint, 20, 0, [])
-    trainers = [read_record(out / "nodes" / f"trainer-{i}.json", TrainerMetrics) for i in (0, 1)]
-    assert all(len(t.losses) == 20 for t in trainers)
-    # Everything the pserver received came in through its veth, from the other namespaces.
-    (link,) = json.loads(ip("-s", "-j", "link", "show", "eth0", ns=namespaces["ps"]))
-    received = link["stats64"]["rx"]["bytes"]
-    assert received > pserver.bytes_in
+@pytest.fixture(scope="module")
+def can_make_namespaces() -> None:
+    reason = probe()
+    if reason is not None:
+        pytest.skip(f"network namespaces: {reason}")
 
-    _, local = train_locally(Job.from_scenario(parse_scenario(text)))
+
+def up(*argv: str) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    code = cli.main(["up", *argv], out=out)
+    return code, out.getvalue().splitlines()
+
+
+def scenario_file(tmp_path: Path, text: str = SCENARIO) -> Path:
+    path = tmp_path / "netns.yaml"
+    path.write_text(text)
+    return path
+
+
+def assert_all_gone(names: list[str]) -> None:
+    assert names, "the run recorded no namespace"
+    assert set(names).isdisjoint(netns.namespaces())
+
+
+def namespaces_of(metrics: JobMetrics) -> list[str]:
+    assert metrics.netns is not None
+    return [n.namespace for n in metrics.netns.nodes] + [metrics.netns.hub]
+
+
+# -- a job in namespaces ---------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_a_job_in_namespaces_is_shaped_and_delayed_and_equals_local_training(
+        can_make_namespaces: None, tmp_path: Path) -> None:
+    scenario, out = scenario_file(tmp_path), tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out), "--netns")
+    assert code == 0, "\n".join(lines)
+    assert lines[-1] == "OK: netns"
+    metrics = read_metrics(out / "metrics.json")
+    assert metrics.netns is not None
+    nodes = {n.node: n for n in metrics.netns.nodes}
+    assert list(nodes) == ["pserver:0", "trainer:0", "trainer:1"]
+    assert_all_gone(namespaces_of(metrics))
+
+    # Each node had its own address in the run's own /24; the trainers found the pserver there.
+    subnet = ipaddress.ip_network(metrics.netns.subnet)
+    assert subnet.prefixlen == 24 and subnet.subnet_of(ipaddress.ip_network("10.147.0.0/16"))
+    addresses = [ipaddress.ip_address(n.address) for n in nodes.values()]
+    assert all(a in subnet for a in addresses) and len(set(addresses)) == 3
+    assert metrics.job.endpoints == [f"{nodes['pserver:0'].address}:{netns.PORT}"]
+
+    # A tbf at the scenario's rate on every interface, both ways; every node sent messages
+    # larger than its bucket, so each one's egress made packets wait.
+    bandwidth = rate(RATE)
+    for node in nodes.values():
+        assert node.rate == bandwidth and node.egress["overlimits"] > 0
+        for qdisc in (node.egress, node.ingress):
+            assert (qdisc["kind"], qdisc["rate"], qdisc["drops"]) == ("tbf", bandwidth, 0)
+    assert_shaped(nodes["pserver:0"], metrics, bandwidth)
+
+    # Every message of both trainers' links, both ways, was held for its drawn latency.
+    (proxy,) = metrics.proxies
+    assert sorted(proxy.links) == ["trainer:0", "trainer:1"]
+    for link in proxy.links.values():
+        for direction in ("up", "down"):
+            counters = link[direction]
+            assert counters["messages"] > 20 and counters["delayed"] == counters["messages"]
+
+    assert {(e.name, e.passed) for e in metrics.expectations} == \
+        {("params_equal_to", True), ("no_lost_updates", True)}
+    _, local = train_locally(Job.from_scenario(parse_scenario(scenario.read_text())))
     with np.load(out / "params.npz") as params:
         for name, value in local.items():
             np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def assert_shaped(pserver: NetnsNodeMetrics, metrics: JobMetrics, bandwidth: float) -> None:
+    """Bounds that shaping makes hold however loaded the machine (load only adds time)."""
+    sent = metrics.pservers[0].bytes_out
+    assert pserver.egress["bytes"] >= sent  # all it sent left through its tbf, with headers
+    burst = max(bandwidth / 100, 16 * 1514)  # runtime.shaping's bucket
+    assert metrics.job.wall_seconds >= (pserver.egress["bytes"] - burst) / bandwidth
+    # The trainers wait in their steps for replies that cannot leave faster than the rate.
+    floor = sent / bandwidth
+    assert floor > 1.0
+    assert max(sum(t.step_times) for t in metrics.trainers) >= 0.9 * floor
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_job_deletes_its_namespaces_too(can_make_namespaces: None,
+                                                 tmp_path: Path) -> None:
+    scenario, out = scenario_file(tmp_path), tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out), "--netns",
+                     "--set", "data.name=no_such_data")
+    assert code == 1
+    assert lines[-1].startswith("FAILED: trainer:")
+    assert "DataError: unknown dataset 'no_such_data'" in lines[-1]
+    assert_all_gone(namespaces_of(read_metrics(out / "metrics.json")))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_job_deletes_its_namespaces(can_make_namespaces: None, tmp_path: Path,
+                                                   sig: signal.Signals) -> None:
+    """The signal is sent once trainer 0 reported a step (read off the launcher's output, no
+    sleeping); the launcher stops every node and deletes every namespace it named."""
+    scenario = scenario_file(tmp_path, SCENARIO.replace("steps: 20", "steps: 100000"))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "up", str(scenario), "--out",
+         str(tmp_path / "out"), "--netns"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    try:
+        assert launcher.stdout is not None
+        for line in launcher.stdout:
+            seen.append(line.rstrip("\n"))
+            if line.startswith("trainer:0 ") and " step " in line:
+                break
+        launcher.send_signal(sig)
+        rest, _ = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    seen += rest.splitlines()
+    assert launcher.returncode == 128 + sig, "\n".join(seen)
+    assert seen[-1] == f"FAILED: interrupted by {sig.name}"
+    named = [line.split(" in ")[1].split(",")[0] for line in seen if line.startswith("netns: ")]
+    assert len(named) == 3
+    hub = named[0].rsplit("-", 1)[0] + "-hub"
+    assert_all_gone([*named, hub])
+
+
+@pytest.mark.timeout(30)
+def test_runs_claim_distinct_subnets(can_make_namespaces: None) -> None:
+    first, lock = netns._claim()
+    try:
+        second, other = netns._claim()
+        os.close(other)
+    finally:
+        os.close(lock)
+    assert first != second
+
+
+# -- what is and is not applied ----------------------------------------------------------------
+
+NETWORK = """\
+name: n
+model: {name: mlp}
+cluster: {pservers: 2, trainers: 2}
+network:
+  default: {latency: {dist: lognormal, median: 50us, sigma: 0.2}, bandwidth: 200Mbit/s}
+  links:
+    - {between: [trainer:0, pserver:1], bandwidth: 1Gbps}
+    - {between: ["pserver:*", "trainer:*"], latency: 2ms}
+  nics: [{nodes: "pserver:*", bandwidth: 10Gbps}]
+"""
+
+
+def test_without_netns_every_network_setting_is_noted_as_not_applied() -> None:
+    assert ignored_by_runtime(parse_scenario(NETWORK)) == [
+        "network.default.latency lognormal(median 50us, sigma 0.2): not applied (needs --netns)",
+        "network.default.bandwidth 200Mbit/s: not applied (needs --netns)",
+        "network.links.0.bandwidth 1Gbit/s between trainer:0 and pserver:1: not applied "
+        "(needs --netns)",
+        "network.links.1.latency 2ms between pserver:* and trainer:*: not applied "
+        "(needs --netns)",
+        "network.nics.0.bandwidth 10Gbit/s for pserver:*: not applied (needs --netns)"]
+    assert ignored_by_runtime(parse_scenario("name: n\nmodel: {name: mlp}\n")) == []
+
+
+def test_with_netns_only_rates_one_tbf_per_interface_cannot_give_are_noted() -> None:
+    scenario = parse_scenario(NETWORK)
+    spec = NetworkSpec.from_section(scenario.network)
+    rates, notes = netns.tbf_rates(spec, scenario)
+    mbit200, gbit = rate("200Mbit/s"), rate("1Gbps")
+    assert rates == {"pserver:0": mbit200, "pserver:1": gbit, "trainer:0": gbit,
+                     "trainer:1": mbit200}
+    assert ignored_by_runtime(scenario, netns=True) == notes == [
+        "network: pserver:1's links have different rates (200Mbit/s to trainer:1; 1Gbit/s to "
+        "trainer:0): one tbf per interface has one rate, so it is shaped at 1Gbit/s to every "
+        "peer and the slower links are not applied",
+        "network: trainer:0's links have different rates (200Mbit/s to pserver:0; 1Gbit/s to "
+        "pserver:1): one tbf per interface has one rate, so it is shaped at 1Gbit/s to every "
+        "peer and the slower links are not applied"]
+    latencies = netns.link_latencies(spec, scenario)
+    assert sorted(latencies) == [(f"trainer:{i}", f"pserver:{j}") for i in (0, 1) for j in (0, 1)]
+    assert {str(latency) for latency in latencies.values()} == {"2ms"}
+
+
+def test_a_zero_latency_needs_no_proxy_and_no_bandwidth_no_tbf() -> None:
+    scenario = parse_scenario("name: n\nmodel: {name: mlp}\nnetwork: {default: {latency: 0}}\n")
+    spec = NetworkSpec.from_section(scenario.network)
+    assert netns.link_latencies(spec, scenario) == {}
+    assert netns.tbf_rates(spec, scenario) == ({"pserver:0": None, "trainer:0": None}, [])
+
+
+def test_netns_says_why_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(netns.NetnsError, match="^needs root: it creates network namespaces"):
+        netns.check_netns(parse_scenario(NETWORK))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "tc" else f"/bin/{name}")
+    with pytest.raises(netns.NetnsError, match="sets a bandwidth, which needs iproute2's `tc`"):
+        netns.check_netns(parse_scenario(NETWORK))
+    listed = parse_scenario("name: n\nmodel: {name: mlp}\n"
+                            "cluster: {endpoints: {pservers: ['10.0.0.1:6174']}}\n")
+    with pytest.raises(netns.NetnsError, match="lists cluster.endpoints.pservers"):
+        netns.check_netns(listed)
+    big = parse_scenario("name: n\nmodel: {name: mlp}\ncluster: {pservers: 4, trainers: 250}\n")
+    with pytest.raises(netns.NetnsError, match="at most 253 nodes, and the scenario has 254"):
+        netns.check_netns(big)
+
+
+def test_netns_does_not_combine_with_one_role(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["up", str(scenario_file(tmp_path)), "--netns", "--role", "trainer",
+                  "--index", "0"])
+    assert exit_.value.code == 2
+    assert "--netns runs every node of the job itself" in capsys.readouterr().err
 
 
 def test_the_tbf_command_limits_egress_to_the_rate() -> None:
     assert tbf_command("eth0", rate("2Mbps"), namespace="ns1") == [
         "ip", "netns", "exec", "ns1", "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
         "rate", "2000000bit", "burst", "24224", "latency", "1000ms"]
-
-
-@pytest.mark.timeout(90)
-def test_a_scenario_bandwidth_shaped_with_tbf_slows_the_job_not_its_numbers(
-        namespaces: dict[str, str], tmp_path: Path) -> None:
-    """The pserver's egress limited to the scenario's 2 Mbps by tc tbf: the trainers wait at
-    least the time its replies take at that rate, and train exactly as unshaped."""
-    text = SCENARIO + "network: {default: {bandwidth: 2Mbps}}\n"
-    bandwidth = rate("2Mbps")
-    try:
-        shape("eth0", bandwidth, namespaces["ps"])
-    except ShapingError as exc:
-        pytest.skip(f"tc tbf is not available here: {exc}")
-    out = run_three_hosts(namespaces, tmp_path, text)
-    pserver = read_record(out / "nodes" / "pserver-0.json", PserverMetrics)
-    trainers = [read_record(out / "nodes" / f"trainer-{i}.json", TrainerMetrics) for i in (0, 1)]
-    floor = pserver.bytes_out / bandwidth  # its replies cannot leave faster than the rate
-    assert floor > 0.5
-    assert max(sum(t.step_times) for t in trainers) >= 0.9 * floor
-    _, local = train_locally(Job.from_scenario(parse_scenario(text)))
-    with np.load(out / "params.npz") as params:
-        for name, value in local.items():
-            np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-5, err_msg=name)

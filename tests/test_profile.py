@@ -104,10 +104,15 @@ def quickstart_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
 def test_profile_prints_progress_and_a_table(quickstart_profile: tuple[Path, list[str]]) -> None:
     path, lines = quickstart_profile
     assert lines[0] == ("profiling quickstart: 2 pserver(s) x 2 trainer(s), 3 steps, "
-                        "numpy kernels on cpu")
-    assert [line.split()[1] for line in lines if line.startswith("step ")] == ["1/3", "2/3", "3/3"]
+                        "numpy kernels on cpu, every node measuring")
+    assert any(line.startswith("runtime up quickstart") for line in lines)  # a real run
+    assert "OK: quickstart" in lines
     header = lines.index(next(line for line in lines if line.startswith("op type")))
-    assert len(lines[header + 1:-1]) == 11  # the top 10 and the rest
+    costs = lines.index(next(line for line in lines if line.startswith("runtime cost")))
+    assert len(lines[header + 1:costs]) == 11  # the top 10 and the rest
+    assert any(line.startswith("send send ") for line in lines[costs:])
+    assert any(line.startswith("receive reply ") for line in lines[costs:])
+    assert lines[-2].startswith("median step time of the measured run: ")
     assert lines[-1] == f"wrote {path}"
 
 
@@ -151,3 +156,35 @@ def test_a_timing_mode_scenario_cannot_be_profiled(tmp_path: Path,
     assert exit_info.value.code == 2
     assert "scenarios/scale.yaml: cannot profile backend.kernels phantom" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_profile_measures_the_runtimes_own_costs_and_the_machine(
+        quickstart_profile: tuple[Path, list[str]]) -> None:
+    path, _ = quickstart_profile
+    document = json.loads(path.read_text())
+    runtime = document["runtime"]
+    requests = {"send", "send_barrier", "get", "fetch_barrier", "complete"}
+    assert requests <= set(runtime["messages"]["send"]) and "reply" in runtime["messages"]["send"]
+    assert requests <= set(runtime["messages"]["receive"])
+    assert all(cost["per_message"] > 0 for side in runtime["messages"].values()
+               for cost in side.values())
+    assert runtime["op_overhead"] > 0 and runtime["step_overhead"] > 0
+    assert runtime["machine"]["cores"] >= 1
+    measured = document["meta"]["measured"]
+    assert measured["step_time_median"] > 0
+    assert set(measured["nodes"]) == {"trainer:0", "trainer:1", "pserver:0", "pserver:1"}
+
+
+def test_a_simulation_with_the_profile_charges_the_runtime_and_shares_the_hosts_cores(
+        quickstart_profile: tuple[Path, list[str]]) -> None:
+    path, _ = quickstart_profile
+    compute = f"compute={{model: profile, path: {path}}}"
+
+    def median_step(*sets: str) -> float:
+        result = simulate(load_scenario(QUICKSTART, [f"train.steps={STEPS}", compute, *sets]))
+        return float(np.median([t for r in result.trainers for t in r.step_times]))
+
+    kernels_only = median_step(f"compute={{model: profile, path: {path}, runtime: false}}")
+    apart = median_step()
+    one_core = median_step("cluster.hosts=[{nodes: '*', cores: 1}]")
+    assert kernels_only < apart < one_core

@@ -396,3 +396,31 @@ def test_progress_is_a_live_table_on_a_terminal_and_plain_lines_elsewhere(tmp_pa
     assert "pserver:0 exited with status 0" in screen
     assert all(cell in screen for cell in ("trainer:1", "4/20", "0.5000", "12.0ms"))
     node.log.close()
+
+
+# -- the scenario's network ---------------------------------------------------------------------
+
+def test_a_typo_in_network_is_a_usage_error_naming_file_line_and_field(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = scenario_file(tmp_path)
+    path.write_text(path.read_text() + "network:\n  default: {bandwith: 200Mbit/s}\n")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["up", str(path)])
+    assert exit_.value.code == 2
+    assert f"{path}:10: network.default.bandwith: Extra inputs are not permitted" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_without_netns_the_network_is_noted_as_not_applied(tmp_path: Path) -> None:
+    scenario, out = scenario_file(tmp_path, steps=2, cluster="{pservers: 1, trainers: 1}",
+                                  expect="{}"), tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out), "--set",
+                     "network={default: {latency: 2ms, bandwidth: 200Mbit/s}}")
+    assert code == 0, "\n".join(lines)
+    notes = ["network.default.latency 2ms: not applied (needs --netns)",
+             "network.default.bandwidth 200Mbit/s: not applied (needs --netns)"]
+    assert [line for line in lines if line.startswith("note: ")] == \
+        [f"note: {note}" for note in notes]
+    metrics = read_metrics(out / "metrics.json")
+    assert metrics.notes == notes and metrics.netns is None and metrics.proxies == []

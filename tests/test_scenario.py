@@ -89,3 +89,62 @@ def test_overrides_are_validated() -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="nope.yaml: cannot read scenario"):
         load_scenario(tmp_path / "nope.yaml")
+
+
+NETWORK_TYPOS = """\
+name: x
+model: {name: mlp}
+network:
+  default:
+    latency: {dist: lognormal, median: 50us, sigm: 0.2}
+    bandwith: 10Gbps
+  links:
+    - {between: ["trainer:0"], latency: 1ms}
+  nics:
+    - {nodes: "pserver:*", bandwidth: 10 furlongs}
+"""
+
+
+def test_a_typo_in_network_names_file_line_and_field() -> None:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(NETWORK_TYPOS, "net.yaml")
+    assert str(info.value).splitlines() == [
+        "net.yaml:5: network.default.latency.sigma: Field required",
+        "net.yaml:5: network.default.latency.sigm: Extra inputs are not permitted",
+        "net.yaml:6: network.default.bandwith: Extra inputs are not permitted",
+        "net.yaml:8: network.links.0.between: needs two node patterns, got ['trainer:0']",
+        "net.yaml:10: network.nics.0.bandwidth: rate '10 furlongs': unknown unit 'furlongs' "
+        "(Gbps, Mbit/s, GB/s, MiB/s...)",
+    ]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("network: {default: {latency: {dist: gamma, shape: 2}}}\n",
+     "f.yaml:3: network.default.latency.dist: Input should be 'constant', 'uniform', 'normal' "
+     "or 'lognormal'"),
+    ("network: {defaults: {bandwidth: 1Gbps}}\n",
+     "f.yaml:3: network.defaults: Extra inputs are not permitted"),
+    ("network:\n  links:\n    - between: [a, b]\n", "f.yaml:5: network.links.0: sets neither "
+                                                       "latency nor bandwidth"),
+])
+def test_network_errors_point_at_their_line(text: str, needle: str) -> None:
+    with pytest.raises(ScenarioError, match=f"^{needle.replace('(', '.').replace(')', '.')}$"):
+        parse_scenario("name: x\nmodel: {name: mlp}\n" + text, "f.yaml")
+
+
+def test_network_overrides_are_validated_as_the_file_is() -> None:
+    s = parse_scenario("name: t\nmodel: {name: mlp}\n", overrides=[
+        "network.default.bandwidth=200Mbit/s", "network.default.latency={dist: uniform, "
+        "low: 1ms, high: 2ms}"])
+    assert s.network is not None and s.network.default.bandwidth == units.rate("200Mbit/s")
+    with pytest.raises(ScenarioError, match=r": network.default.latency.high: Field required$"):
+        parse_scenario("name: t\nmodel: {name: mlp}\n", "f.yaml",
+                       overrides=["network.default.latency={dist: uniform, low: 1ms}"])
+
+
+def test_every_shipped_scenario_network_validates() -> None:
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    for path in sorted(root.rglob("*.yaml")):
+        scenario = load_scenario(path)
+        if scenario.network is not None:
+            assert scenario.network.default.bandwidth == units.rate("10Gbps"), path

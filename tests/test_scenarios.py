@@ -59,4 +59,4 @@ def test_a_job_trains_identically_with_numpy_and_torch_kernels() -> None:
         np.testing.assert_allclose(runs["torch"].params[name], value, rtol=1e-5, atol=1e-6,
                                    err_msg=name)
     np.testing.assert_allclose(runs["torch"].trainers[0].losses, runs["numpy"].trainers[0].losses,
-                               rtol=1e-5)
+                               rtol=1e-5, atol=1e-6)  # a loss near 0 differs by ulps of its terms

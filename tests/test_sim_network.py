@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import random
 import re
 import statistics
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from runtime.cluster import run_job, train_locally
+from runtime.scenario import ScenarioError, parse_scenario
 from runtime.transport import EndpointError, Transport, TransportClosed, UnknownPeerError
 from runtime.units import duration
 from sim.loop import run
@@ -556,41 +558,64 @@ def test_receivers_cannot_write_into_the_senders_buffers() -> None:
 # ------------------------------------------------------------------------------ validation
 
 
-@pytest.mark.parametrize(
-    "section,field",
-    [
-        ([], "network"),
-        ({"defaults": {}}, "network.defaults"),
-        ({"default": {"latency": "200 parsecs"}}, "network.default.latency"),
-        ({"default": {"latency": "-1ms"}}, "network.default.latency"),
-        ({"default": {"latency": {"dist": "gamma"}}}, "network.default.latency.dist"),
-        ({"default": {"latency": {"dist": "lognormal", "median": "1ms"}}},
-         "network.default.latency.sigma"),
-        ({"default": {"latency": {"dist": "lognormal", "median": 0, "sigma": 1}}},
-         "network.default.latency"),
-        ({"default": {"latency": {"dist": "uniform", "low": "2ms", "high": "1ms"}}},
-         "network.default.latency"),
-        ({"default": {"latency": {"dist": "constant", "value": 1, "mean": 2}}},
-         "network.default.latency.mean"),
-        ({"default": {"bandwidth": "10 furlongs"}}, "network.default.bandwidth"),
-        ({"default": {"bandwidth": 0}}, "network.default.bandwidth"),
-        ({"default": {"bandwidth": True}}, "network.default.bandwidth"),
-        ({"links": {"between": ["a", "b"]}}, "network.links"),
-        ({"links": [{"between": ["a"], "latency": 1}]}, "network.links[0].between"),
-        ({"links": [{"latency": 1}]}, "network.links[0].between"),
-        ({"links": [{"between": ["a", "b"]}]}, "network.links[0]"),
-        ({"links": [{"between": ["a", "b"], "bandwidth": "1Gbps"},
-                    {"between": ["a", "b"], "latency": {"dist": "normal", "mean": "1ms"}}]},
-         "network.links[1].latency.std"),
-        ({"nics": [{"nodes": "pserver:*"}]}, "network.nics[0].bandwidth"),
-        ({"nics": [{"nodes": [], "bandwidth": "1Gbps"}]}, "network.nics[0].nodes"),
-    ],
-)  # fmt: skip
-def test_an_invalid_section_is_refused_naming_the_field(section: Any, field: str) -> None:
+INVALID_SECTIONS = [
+    ([], "network", "Input should be a valid dictionary"),
+    ({"defaults": {}}, "network.defaults", "Extra inputs are not permitted"),
+    ({"default": {"latency": "200 parsecs"}}, "network.default.latency", "unknown unit 'parsecs'"),
+    ({"default": {"latency": "-1ms"}}, "network.default.latency", "not a number with a unit"),
+    ({"default": {"latency": -0.001}}, "network.default.latency", "must be finite and >= 0"),
+    ({"default": {"latency": {"dist": "gamma"}}}, "network.default.latency.dist",
+     "Input should be 'constant', 'uniform', 'normal' or 'lognormal'"),
+    ({"default": {"latency": {"median": "1ms"}}}, "network.default.latency.dist", "Field required"),
+    ({"default": {"latency": {"dist": "lognormal", "median": "1ms"}}},
+     "network.default.latency.sigma", "Field required"),
+    ({"default": {"latency": {"dist": "lognormal", "median": 0, "sigma": 1}}},
+     "network.default.latency", "median must be > 0"),
+    ({"default": {"latency": {"dist": "uniform", "low": "2ms", "high": "1ms"}}},
+     "network.default.latency", "high must be >= low"),
+    ({"default": {"latency": {"dist": "constant", "value": 1, "mean": 2}}},
+     "network.default.latency.mean", "Extra inputs are not permitted"),
+    ({"default": {"latency": {"dist": "lognormal", "median": "1ms", "sigma": "1"}}},
+     "network.default.latency.sigma", "must be a number"),
+    ({"default": {"bandwidth": "10 furlongs"}}, "network.default.bandwidth",
+     "unknown unit 'furlongs'"),
+    ({"default": {"bandwidth": 0}}, "network.default.bandwidth", "must be > 0"),
+    ({"default": {"bandwidth": True}}, "network.default.bandwidth", "must be a rate"),
+    ({"links": {"between": ["a", "b"]}}, "network.links", "Input should be a valid list"),
+    ({"links": [{"between": ["a"], "latency": 1}]}, "network.links.0.between",
+     "needs two node patterns"),
+    ({"links": [{"latency": 1}]}, "network.links.0.between", "Field required"),
+    ({"links": [{"between": ["a", "b"]}]}, "network.links.0", "sets neither latency nor bandwidth"),
+    ({"links": [{"between": ["a", "b"], "bandwidth": "1Gbps"},
+                {"between": ["a", "b"], "latency": {"dist": "normal", "mean": "1ms"}}]},
+     "network.links.1.latency.std", "Field required"),
+    ({"nics": [{"nodes": "pserver:*"}]}, "network.nics.0.bandwidth", "Field required"),
+    ({"nics": [{"nodes": [], "bandwidth": "1Gbps"}]}, "network.nics.0.nodes",
+     "must be a node pattern or a list of them"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("section,field,problem", INVALID_SECTIONS)
+def test_an_invalid_section_is_refused_naming_the_field(section: Any, field: str,
+                                                        problem: str) -> None:
     with pytest.raises(NetworkConfigError, match=f"^{re.escape(field)}: ") as info:
         Network.from_spec(section, seed=0)
     assert info.value.field == field
+    assert problem in info.value.problem
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("section,field,problem", INVALID_SECTIONS)
+def test_a_scenario_with_an_invalid_section_names_file_line_and_field(
+        section: Any, field: str, problem: str) -> None:
+    """The same errors come from loading the scenario (for `sim run` and `runtime up` alike),
+    at the line of the section (JSON is YAML on one line)."""
+    text = f"name: n\nmodel: {{name: mlp}}\nnetwork: {json.dumps(section)}\n"
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text, "net.yaml")
+    first = str(info.value).splitlines()[0]
+    assert first.startswith(f"net.yaml:3: {field}: ")
+    assert problem in first
 
 
 def test_the_sketchs_network_section_parses() -> None:

@@ -1,0 +1,181 @@
+"""How far to trust the simulator: real runs against simulations of the same jobs, same machine.
+
+For every configuration of a matrix (cluster sizes 1x1 to 4x2 oversubscribed on this
+machine's cores, sync and async, small and wide models; with ``--netns`` and root, links capped
+by tc tbf in network namespaces), in one run of this script:
+
+1. `runtime profile` runs the job for real, every node measuring its kernels and runtime costs,
+   and writes a profile;
+2. `runtime up` runs the same job for real ``--repeat`` times more (no measuring): the measured
+   median step time (min/median/max over the runs), samples/s and per-pserver bytes;
+3. the simulator runs it with that profile, every node on one host with this machine's cores
+   (``cluster.hosts``), and the same network: the predicted figures.
+
+It prints a row per configuration and one summary line: the median and worst |error| of the
+predicted median step time, and whether the per-pserver bytes matched exactly (the heartbeats,
+which depend on wall time, excluded: bytes of everything else).
+
+Run: python benchmarks/fidelity.py [--repeat 2] [--only NAME,...] [--netns] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.scenario import load_scenario
+from sim.simulate import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    sizes: tuple[int, ...]
+    pservers: int
+    trainers: int
+    mode: str = "sync"
+    steps: int = 150
+    bandwidth: str | None = None
+    """A tbf cap on every node's link (needs --netns)."""
+
+    def scenario(self, steps: int | None) -> str:
+        network = "" if self.bandwidth is None else \
+            f"network: {{default: {{bandwidth: {self.bandwidth}}}}}\n"
+        return (f"name: fidelity-{self.name}\nseed: 3\n"
+                f"model: {{name: mlp, sizes: {list(self.sizes)}, "
+                "optimizer: {type: sgd, learning_rate: 0.05}}\n"
+                "data: {name: digits, batch_size: 32}\n"
+                f"cluster: {{pservers: {self.pservers}, trainers: {self.trainers}}}\n"
+                f"transpiler: {{mode: {self.mode}}}\n"
+                f"train: {{steps: {steps or self.steps}, deadline: 600s, "
+                f"log_every: 1000}}\n" + network)
+
+
+SMALL, MID, WIDE = (64, 256, 10), (64, 512, 128, 10), (64, 1024, 1024, 10)
+CONFIGS = [
+    Config("1x1-small", SMALL, 1, 1),
+    Config("2x2-quickstart", (64, 128, 10), 2, 2),
+    Config("2x3-mid", MID, 2, 3),
+    Config("2x4-oversubscribed", (64, 128, 10), 2, 4),
+    Config("1x2-wide", WIDE, 1, 2, steps=60),
+    Config("2x2-async", (64, 128, 10), 2, 2, mode="async"),
+    Config("2x4-async", (64, 128, 10), 2, 4, mode="async"),
+    Config("2x2-half-async", MID, 2, 2, mode="half_async"),
+    Config("2x2-200Mbit", MID, 2, 2, steps=60, bandwidth="200Mbit/s"),
+    Config("2x2-1Gbit", MID, 2, 2, steps=60, bandwidth="1Gbit/s"),
+]
+
+
+@dataclass
+class Outcome:
+    config: Config
+    measured: list[float]
+    """Median step time of each real run."""
+    predicted: float
+    samples_measured: float
+    samples_predicted: float
+    bytes_measured: list[int]
+    bytes_predicted: list[int]
+
+    @property
+    def error(self) -> float:
+        return self.predicted / statistics.median(self.measured) - 1.0
+
+
+def _run(command: list[str], log: Path) -> None:
+    with log.open("w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}); see {log}")
+
+
+def _median_step(metrics: dict[str, Any]) -> float:
+    return statistics.median(t for trainer in metrics["trainers"] for t in trainer["step_times"])
+
+
+def _pserver_bytes(pservers: list[dict[str, Any]]) -> list[int]:
+    return [p["bytes_in"] + p["bytes_out"] - p["heartbeat_bytes"] for p in pservers]
+
+
+def run_config(config: Config, work: Path, repeat: int, steps: int | None,
+               netns: bool) -> Outcome:
+    scenario = work / f"{config.name}.yaml"
+    scenario.write_text(config.scenario(steps))
+    flags = ["--netns"] if netns and config.bandwidth else []
+    runtime = [sys.executable, "-m", "runtime.cli"]
+    profile = work / f"{config.name}.profile.json"
+    _run([*runtime, "profile", str(scenario), "-o", str(profile), "--out",
+          str(work / f"{config.name}-profile")] + flags, work / f"{config.name}.profile.log")
+    measured, samples, real_bytes = [], [], []
+    for r in range(repeat):
+        out = work / f"{config.name}-up{r}"
+        _run([*runtime, "up", str(scenario), "--out", str(out)] + flags,
+             work / f"{config.name}.up{r}.log")
+        metrics = json.loads((out / "metrics.json").read_text())
+        measured.append(_median_step(metrics))
+        samples.append(metrics["job"]["samples_per_second"] or 0.0)
+        real_bytes = _pserver_bytes(metrics["pservers"])
+    cores = json.loads(profile.read_text())["runtime"]["machine"]["cores"]
+    sim = simulate(load_scenario(scenario, [
+        f"compute={{model: profile, path: {profile}}}",
+        f"cluster.hosts=[{{nodes: '*', cores: {cores}}}]"]), trace_messages=False)
+    times = [t for trainer in sim.trainers for t in trainer.step_times]
+    steps_time = max(sum(trainer.step_times) for trainer in sim.trainers)
+    samples_sim = sum(len(t.step_times) for t in sim.trainers) * 32 / steps_time
+    sim_bytes = [p.bytes_in + p.bytes_out - p.heartbeat_bytes for p in sim.pservers]
+    return Outcome(config, measured, statistics.median(times), statistics.median(samples),
+                   samples_sim, real_bytes, sim_bytes)
+
+
+def row(o: Outcome) -> str:
+    lo, mid, hi = min(o.measured), statistics.median(o.measured), max(o.measured)
+    same = "exact" if o.bytes_measured == o.bytes_predicted else \
+        f"DIFFER {o.bytes_measured} vs {o.bytes_predicted}"
+    return (f"{o.config.name:<20} {lo * 1e3:7.2f} {mid * 1e3:7.2f} {hi * 1e3:7.2f}  "
+            f"{o.predicted * 1e3:8.2f} {o.error:+7.1%}  {o.samples_measured:9,.0f} "
+            f"{o.samples_predicted:9,.0f}  bytes {same}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=2, help="real runs per configuration (2)")
+    parser.add_argument("--only", help="comma-separated configuration names")
+    parser.add_argument("--steps", type=int, help="steps per run (default: per configuration)")
+    parser.add_argument("--netns", action="store_true",
+                        help="also the tbf-shaped configurations, in network namespaces (root)")
+    parser.add_argument("--keep", type=Path, help="keep scenarios, profiles and logs here")
+    args = parser.parse_args()
+    chosen = [c for c in CONFIGS if (c.bandwidth is None or args.netns)
+              and (not args.only or c.name in args.only.split(","))]
+    print(f"{len(chosen)} configurations, {args.repeat} real run(s) each besides the profiling "
+          f"run, on {os.cpu_count()} cores", flush=True)
+    print(f"{'configuration':<20} {'measured step ms (min/med/max)':>23}  {'predicted':>8} "
+          f"{'error':>7}  {'samples/s':>9} {'predicted':>9}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="pslab-fidelity-") as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        outcomes = []
+        for config in chosen:
+            outcome = run_config(config, work, args.repeat, args.steps, args.netns)
+            outcomes.append(outcome)
+            print(row(outcome), flush=True)
+    errors = [abs(o.error) for o in outcomes]
+    exact = sum(o.bytes_measured == o.bytes_predicted for o in outcomes)
+    print(f"summary: {len(outcomes)} configurations, median |error| "
+          f"{statistics.median(errors):.1%}, worst {max(errors):.1%} "
+          f"({max(outcomes, key=lambda o: abs(o.error)).config.name}); per-pserver bytes exact "
+          f"in {exact} of {len(outcomes)}")
+
+
+if __name__ == "__main__":
+    main()

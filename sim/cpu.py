@@ -1,0 +1,208 @@
+"""Nodes' CPUs on the virtual clock: each node one process, the nodes of a host sharing its cores.
+
+A real node is one Python process with one event loop: it does one thing at a time (a kernel,
+encoding a message, handling a request), and what arrives while it is busy waits. `Cpus` gives
+every node a queue of work that it serves first in first out: `run(node, seconds, callback)`
+queues `seconds` of CPU work and calls `callback` when it is done; `spend(node, seconds)` is
+the same as an awaitable. The simulator puts on it everything a node spends CPU on: its
+kernels (`runtime.compute.Charge.pay`), and the runtime's own costs (`runtime.costs`): each
+message's cost on its sender before it leaves and on its receiver before it is handled.
+
+Hosts and cores (the scenario's ``cluster.hosts``). The nodes of one host share its k cores by
+processor sharing: while m of its nodes have work, each runs at rate ``min(1, k / m)`` (a node
+is one thread, so it never runs faster than one core). Processor sharing is what a time-sliced
+scheduler such as Linux's CFS tends to on CPU-bound processes over slices much shorter than
+the work (milliseconds against a 0.75-6 ms slice, with several slices per step), and it is
+exact for the two cases that matter most: an idle host (m <= k, every node at full speed) and a
+saturated one (the host's k cores split evenly). It does not model cache effects, the cost of a
+context switch, or a scheduler's wake-up preference for a process that just slept.
+
+A host with at least as many cores as nodes (every node on its own host, the default) needs no
+sharing: each node's queue is then served at full speed with one timer per piece of work.
+
+Determinism: work that finishes at the same instant completes in the order its nodes became
+busy; every timer is on the loop's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+__all__ = ["Cpus", "HostSpec", "IO_SUFFIX", "hosts_of", "io_thread"]
+
+EPSILON = 1e-12
+"""Work left below this many seconds is done (float rounding of rate x time)."""
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A host: the nodes on it (names or patterns) and its cores."""
+
+    name: str
+    nodes: tuple[str, ...]
+    cores: float
+
+
+@dataclass(slots=True)
+class _Work:
+    left: float
+    callback: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    host: _Host
+    queue: deque[_Work] = field(default_factory=deque)
+    free_at: float = 0.0
+    """Unshared hosts: when the node's last queued work ends."""
+    busy: float = 0.0
+    """Seconds of CPU work it has done (or has queued, on an unshared host)."""
+
+
+class _Host:
+    """Processor sharing of `cores` among the host's nodes that have work."""
+
+    def __init__(self, name: str, cores: float, nodes: int) -> None:
+        self.name = name
+        self.cores = cores
+        self.shared = nodes > cores
+        self.active: list[_Node] = []
+        self.updated = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def rate(self) -> float:
+        return min(1.0, self.cores / len(self.active)) if self.active else 1.0
+
+    def advance(self, now: float) -> None:
+        """Take the work done since the last update off every busy node's current piece."""
+        if self.active and now > self.updated:
+            done = (now - self.updated) * self.rate()
+            for node in self.active:
+                node.queue[0].left -= done
+        self.updated = now
+
+    def submit(self, node: _Node, work: _Work, loop: asyncio.AbstractEventLoop) -> None:
+        self.advance(loop.time())
+        node.queue.append(work)
+        if len(node.queue) == 1:
+            self.active.append(node)
+        self.reschedule(loop)
+
+    def reschedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.active:
+            return
+        soonest = min(node.queue[0].left for node in self.active)
+        self.timer = loop.call_at(self.updated + max(soonest, 0.0) / self.rate(), self.tick)
+
+    def tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.timer = None
+        self.advance(loop.time())
+        finished = []
+        for node in self.active:
+            if node.queue[0].left <= EPSILON:
+                finished.append(node.queue.popleft())
+        self.active = [node for node in self.active if node.queue]
+        self.reschedule(loop)
+        for work in finished:
+            work.callback(*work.args)
+
+
+def io_thread(node: str) -> str:
+    """The name of `node`'s I/O thread's processor (ZeroMQ moves the bytes on a thread of its
+    own, beside the node's main thread: `runtime.costs`)."""
+    return node + IO_SUFFIX
+
+
+IO_SUFFIX = "/io"
+
+
+class Cpus:
+    """Every node's CPU in one simulated run (see the module doc). A node runs on the first
+    host of `hosts` whose patterns match its name, its I/O thread (`io_thread`) beside it; a
+    node on no host has a machine of its own, with a core for each of its threads."""
+
+    def __init__(self, hosts: Sequence[HostSpec], nodes: Sequence[str], io: bool = False) -> None:
+        self.hosts = list(hosts)
+        self.io = io
+        threads = 2 if io else 1
+        members: dict[str, int] = {}
+        for name in nodes:
+            spec = self._host_of(name)
+            if spec is not None:
+                members[spec.name] = members.get(spec.name, 0) + threads
+        self._hosts = {spec.name: _Host(spec.name, spec.cores, members.get(spec.name, 0))
+                       for spec in self.hosts}
+        self._own: dict[str, _Host] = {}
+        self._nodes: dict[str, _Node] = {}
+
+    def _host_of(self, name: str) -> HostSpec | None:
+        name = name.removesuffix(IO_SUFFIX)
+        return next((spec for spec in self.hosts
+                     if any(fnmatchcase(name, pattern) for pattern in spec.nodes)), None)
+
+    def node(self, name: str) -> _Node:
+        node = self._nodes.get(name)
+        if node is None:
+            spec = self._host_of(name)
+            if spec is None:
+                base = name.removesuffix(IO_SUFFIX)
+                host = self._own.get(base)
+                if host is None:
+                    host = self._own[base] = _Host(base, 2.0, 2)
+            else:
+                host = self._hosts[spec.name]
+            node = self._nodes[name] = _Node(name, host)
+        return node
+
+    def run(self, name: str, seconds: float, callback: Callable[..., Any], *args: Any) -> None:
+        """Queue `seconds` of work on `name`'s CPU; `callback(*args)` when it is done. Work of
+        no duration on an idle node calls back at once."""
+        node = self.node(name)
+        host = node.host
+        loop = asyncio.get_running_loop()
+        if not host.shared:
+            now = loop.time()
+            if seconds <= 0 and node.free_at <= now:
+                callback(*args)
+                return
+            node.free_at = max(now, node.free_at) + max(seconds, 0.0)
+            node.busy += max(seconds, 0.0)
+            loop.call_at(node.free_at, callback, *args)
+            return
+        node.busy += max(seconds, 0.0)
+        if seconds <= 0 and not node.queue:
+            callback(*args)
+            return
+        host.submit(node, _Work(max(seconds, 0.0), callback, args), loop)
+
+    def spend(self, name: str, seconds: float) -> asyncio.Future[None]:
+        """`run` as a future that is done when the work is."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.run(name, seconds, _settle, future)
+        return future
+
+    def busy(self) -> Mapping[str, float]:
+        """Seconds of CPU work each node was given."""
+        return {name: node.busy for name, node in self._nodes.items()}
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def hosts_of(spec: Sequence[Mapping[str, Any]] | None) -> list[HostSpec]:
+    """`HostSpec`s from a scenario's validated ``cluster.hosts`` entries."""
+    return [HostSpec(str(entry.get("name") or f"host{i}"), tuple(entry["nodes"]),
+                     float(entry["cores"])) for i, entry in enumerate(spec or ())]

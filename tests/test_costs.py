@@ -1,0 +1,98 @@
+"""The runtime's own costs (`runtime.costs`): the meter's nested spans, and fitting a node's
+records into the model the simulator charges, exactly."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from runtime.costs import Linear, Meter, RuntimeCosts, fit_costs, fit_io, fit_linear
+
+
+def record(role: str, main: float, cpu: float, messages: list[dict[str, Any]],
+           ops: int = 0, op_seconds: float = 0.0, kernels: float = 0.0, steps: int = 0,
+           step_seconds: float = 0.0, rounds: int = 0,
+           round_seconds: float = 0.0) -> dict[str, Any]:
+    return {"role": role, "cpu_seconds": cpu, "main_seconds": main, "kernel_seconds": kernels,
+            "kernel_calls": ops, "ops": ops, "op_seconds": op_seconds, "steps": steps,
+            "step_seconds": step_seconds, "rounds": rounds, "round_seconds": round_seconds,
+            "messages": messages}
+
+
+def messages(side: str, kind: str, sizes: list[int], seconds: list[float],
+             again: float = 0.0) -> dict[str, Any]:
+    return {"side": side, "kind": kind, "bytes": sizes, "seconds": seconds, "again": again}
+
+
+def test_a_linear_fit_keeps_the_total_and_finds_a_per_byte_cost() -> None:
+    sizes = [0, 8192, 16384, 32768]
+    fit = fit_linear(sizes, [1e-4 + 1e-9 * n for n in sizes])
+    assert fit.per_byte == pytest.approx(1e-9) and fit.per_message == pytest.approx(1e-4)
+    same = fit_linear([100] * 5, [1e-4, 2e-4, 3e-4, 2e-4, 2e-4], total=2e-3)
+    assert same == Linear(pytest.approx(4e-4), 0.0)
+
+
+def test_the_residual_of_a_node_goes_to_its_messages_and_the_rest_to_its_io_thread() -> None:
+    """A trainer: 10 ms of main-thread CPU of which 6 timed (2 ms ops, 4 ms sends), 4 ms
+    untimed over its 4 messages; 2 ms more on other threads."""
+    trainer = record("trainer", main=0.010, cpu=0.012, ops=100, op_seconds=0.002,
+                     kernels=0.0015, messages=[
+                         messages("send", "send", [1000, 1000], [0.001, 0.001]),
+                         messages("receive", "reply", [100, 100], [0.001, 0.001])])
+    pserver = record("pserver", main=0.004, cpu=0.006, rounds=2, round_seconds=0.0004,
+                     messages=[messages("receive", "send", [1000, 1000], [0.001, 0.0008],
+                                        again=0.0002),
+                               messages("send", "reply", [100, 100], [0.0005, 0.0005])])
+    costs, nodes = fit_costs({"trainer:0": trainer, "pserver:0": pserver})
+    assert costs.op_overhead == pytest.approx(0.0005 / 100)
+    assert costs.round_overhead == pytest.approx(0.0002)
+    # trainer: residual (10 - 6) / 4 = 1 ms per message on top of what was timed
+    assert costs.messages["send", "send"] == Linear(pytest.approx(0.002), 0.0)
+    assert costs.messages["receive", "reply"] == Linear(pytest.approx(0.002), 0.0)
+    # pserver: timed 0.4 + 1.8 + 0.2 + 1.0 = 3.4 ms of 4: residual 0.15 ms a message
+    assert costs.messages["receive", "send"].per_message == pytest.approx(0.00115)
+    assert costs.messages["send", "reply"].per_message == pytest.approx(0.00065)
+    # the model adds up to each node's main-thread CPU, and its other threads' to the I/O cost
+    trainer_total = 2 * costs.message("send", "send", 1000) + \
+        2 * costs.message("receive", "reply", 100) + 100 * costs.op_overhead + 0.0015
+    assert trainer_total == pytest.approx(0.010)
+    pserver_total = 2 * costs.message("receive", "send", 1000) + \
+        2 * costs.message("send", "reply", 100) + 2 * costs.round_overhead
+    assert pserver_total == pytest.approx(0.004)
+    assert costs.io == Linear(pytest.approx(0.0005), 0.0)  # 4 ms over 8 messages
+    assert [n.node for n in nodes] == ["pserver:0", "trainer:0"]
+    assert costs.message("send", "never-seen", 0) == costs.default["send"].per_message
+
+
+def test_io_costs_per_byte_are_told_apart_where_the_nodes_move_different_sizes() -> None:
+    fit = fit_io([10, 10], [10 * 1024, 10 * 1024 * 1024], [10 * 1e-5 + 10 * 1024 * 1e-9,
+                                                           10 * 1e-5 + 10 * 1024 * 1024 * 1e-9])
+    assert fit.per_message == pytest.approx(1e-5) and fit.per_byte == pytest.approx(1e-9)
+    assert fit_io([4, 4], [400, 400], [1e-3, 3e-3]) == Linear(pytest.approx(5e-4), 0.0)
+
+
+def test_the_meter_charges_an_outer_span_only_what_its_inner_spans_did_not_take() -> None:
+    meter = Meter("pserver")
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    outer = meter.start()
+    burn(0.01)
+    inner = meter.start()
+    burn(0.02)
+    meter.stop_message(inner, "send", "reply", 10)
+    meter.stop_message(outer, "receive", "get", 20)
+    ((_, reply),) = meter.samples["send", "reply"]
+    ((_, get),) = meter.samples["receive", "get"]
+    assert reply >= 0.02 and 0.01 <= get < 0.02
+
+
+def test_a_profiles_runtime_section_round_trips() -> None:
+    costs = RuntimeCosts({("send", "get"): Linear(1e-4, 1e-9)}, {"send": Linear(2e-4)},
+                         1e-6, 2e-4, 3e-5, Linear(5e-6, 1e-10), {"cores": 2})
+    assert RuntimeCosts.from_document(costs.document()) == costs

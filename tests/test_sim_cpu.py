@@ -1,0 +1,189 @@
+"""Nodes' CPUs in the simulator (`sim.cpu`) and the runtime's own costs charged on them: exact
+completion times for FIFO work on one node, processor sharing of a host's cores, and a message
+of N bytes costing what the profile says on both sides, I/O threads included."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.costs import Linear, RuntimeCosts
+from runtime.scenario import ScenarioError, parse_scenario
+from runtime.scope import Scope
+from runtime.wire import Kind, Message, charged_size, encode
+from sim.cost import OnCpus, Profile, runtime_costs
+from sim.cpu import Cpus, HostSpec, io_thread
+from sim.loop import run
+from sim.network import Network
+from transpiler.ir import Op
+
+# powers of two: every sum and product below is exact in binary floating point
+U = 2.0**-10
+
+
+def finish_times(cpus: Cpus, work: list[tuple[float, str, float]]) -> dict[str, list[float]]:
+    """Submit (at, node, seconds) pieces of work; when each node's pieces finished."""
+    done: dict[str, list[float]] = {}
+
+    def finished(node: str) -> None:
+        done.setdefault(node, []).append(asyncio.get_running_loop().time())
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for at, node, seconds in work:
+            loop.call_at(at, cpus.run, node, seconds, finished, node)
+        await asyncio.sleep(1000 * U)
+
+    run(main())
+    return done
+
+
+def test_a_node_does_its_work_first_in_first_out_at_full_speed_on_a_host_of_its_own() -> None:
+    cpus = Cpus([], ["a", "b"])
+    done = finish_times(cpus, [(0, "a", 4 * U), (U, "a", 2 * U), (U, "b", 3 * U),
+                               (10 * U, "a", U)])
+    assert done == {"a": [4 * U, 6 * U, 11 * U], "b": [4 * U]}
+    assert cpus.busy() == {"a": 7 * U, "b": 3 * U}
+
+
+def test_nodes_sharing_a_host_run_at_cores_over_busy_nodes_each() -> None:
+    """2 cores, 4 nodes: while 4 are busy each runs at 1/2; as they finish the rest speed up
+    to one core each (never faster)."""
+    host = HostSpec("box", ("*",), 2.0)
+    cpus = Cpus([host], ["a", "b", "c", "d"])
+    done = finish_times(cpus, [(0, "a", U), (0, "b", 2 * U), (0, "c", 4 * U), (0, "d", 4 * U)])
+    # 0..2U: four at rate 1/2: a finishes (U of work); b has U left
+    # 2U..: three busy, rate 2/3: b finishes after 1.5U, at 3.5U; c, d have 3U - U = 2U left
+    # 3.5U..: two busy, rate 1: c and d finish at 5.5U
+    assert done == {"a": [2 * U], "b": [3.5 * U], "c": [5.5 * U], "d": [5.5 * U]}
+
+
+def test_a_node_arriving_on_a_busy_host_slows_the_others_from_then_on() -> None:
+    cpus = Cpus([HostSpec("box", ("a", "b"), 1.0)], ["a", "b"])
+    done = finish_times(cpus, [(0, "a", 4 * U), (2 * U, "b", U)])
+    # a alone for 2U (2U left); then both at 1/2: b done after 2U (at 4U), a has U left -> 5U
+    assert done == {"a": [5 * U], "b": [4 * U]}
+
+
+def test_a_nodes_io_thread_shares_its_host() -> None:
+    cpus = Cpus([HostSpec("box", ("a",), 1.0)], ["a"], io=True)
+    done = finish_times(cpus, [(0, "a", 2 * U), (0, io_thread("a"), 2 * U)])
+    assert done == {"a": [4 * U], io_thread("a"): [4 * U]}
+    alone = Cpus([], ["a"], io=True)  # a machine of its own: a core per thread
+    assert finish_times(alone, [(0, "a", 2 * U), (0, io_thread("a"), 2 * U)]) == \
+        {"a": [2 * U], io_thread("a"): [2 * U]}
+
+
+def test_work_of_no_duration_on_an_idle_node_is_done_at_once() -> None:
+    calls: list[float] = []
+
+    async def main() -> None:
+        cpus = Cpus([], ["a"])
+        cpus.run("a", 0.0, lambda: calls.append(asyncio.get_running_loop().time()))
+        assert calls == [0.0]
+        await cpus.spend("a", U)
+        assert asyncio.get_running_loop().time() == U
+
+    run(main())
+
+
+# -- a message's costs --------------------------------------------------------------------------
+
+COSTS = RuntimeCosts(
+    messages={("send", "send"): Linear(4 * U, 2.0**-20), ("receive", "send"): Linear(8 * U),
+              ("send", "reply"): Linear(2 * U), ("receive", "reply"): Linear(U)},
+    io=Linear(U, 2.0**-22))
+
+
+def test_a_message_of_n_bytes_costs_its_sender_and_receiver_what_the_profile_says() -> None:
+    """Sender main 4U + S/2^20, sender I/O U + S/2^22, no network time, receiver I/O again,
+    receiver main 8U: the server has the message at the sum."""
+    network = Network.from_spec(None, seed=0)
+    network.cpus, network.costs = Cpus([], ["trainer:0", "pserver:0"], io=True), COSTS
+    frames = encode(Message(Kind.SEND, 1, "trainer:0", 0, {"g": np.ones(4096, np.float32)}))
+    size = charged_size(frames)
+    expected = 4 * U + size * 2.0**-20 + 2 * (U + size * 2.0**-22) + 8 * U
+
+    async def main() -> float:
+        server, client = network.transport("pserver:0"), network.transport("trainer:0")
+        await server.bind("ps")
+        await client.connect("ps")
+        assert client.send_nowait("ps", frames)
+        await server.recv()
+        return asyncio.get_running_loop().time()
+
+    assert run(main()) == pytest.approx(expected, rel=1e-15)
+
+
+def test_a_message_waits_for_the_work_its_node_is_busy_with() -> None:
+    network = Network.from_spec(None, seed=0)
+    cpus = network.cpus = Cpus([], ["trainer:0", "pserver:0"], io=True)
+    network.costs = RuntimeCosts(messages={("send", "send"): Linear(U)})
+    frames = encode(Message(Kind.SEND, 1, "trainer:0", 0))
+
+    async def main() -> float:
+        server, client = network.transport("pserver:0"), network.transport("trainer:0")
+        await server.bind("ps")
+        await client.connect("ps")
+        busy = cpus.spend("trainer:0", 16 * U)  # a stretch of kernels, say
+        client.send_nowait("ps", frames)
+        await server.recv()
+        await busy
+        return asyncio.get_running_loop().time()
+
+    assert run(main()) == 17 * U
+
+
+def test_op_step_and_round_overheads_are_charged_on_top_of_the_kernels() -> None:
+    costs = RuntimeCosts(op_overhead=U, step_overhead=4 * U, round_overhead=8 * U)
+    model = OnCpus(Profile({}, default=2 * U), costs, Cpus([], ["trainer:0"]))
+    op = Op("relu", {"X": ["x"]}, {"Out": ["y"]}, {})
+    assert model.cost("trainer:0", op, Scope(), 0) == 3 * U
+    assert model.overhead("trainer:0", "step", 0) == 4 * U
+    assert model.overhead("pserver:0", "round", 3) == 8 * U
+    assert model.in_steps == {"trainer:0": 7 * U, "pserver:0": 8 * U}
+
+
+def test_a_profile_with_a_runtime_section_prices_the_runtime_and_roofline_can_borrow_it(
+        tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"ops": {"relu": 1e-6}, "runtime": COSTS.document()}))
+    loaded = runtime_costs({"model": "profile", "path": "profile.json"}, tmp_path)
+    assert loaded == COSTS
+    assert runtime_costs({"model": "profile", "path": "profile.json", "runtime": False},
+                         tmp_path) is None
+    roofline = {"model": "roofline", "device": {"flops": 1e12, "mem_bandwidth": 1e10},
+                "runtime": "profile.json"}
+    assert runtime_costs(roofline, tmp_path) == COSTS
+    assert runtime_costs({**roofline, "runtime": None}, tmp_path) is None
+
+
+# -- hosts in the scenario ----------------------------------------------------------------------
+
+BASE = "name: h\nmodel: {name: mlp, sizes: [4, 2]}\n"
+
+
+def test_hosts_name_the_nodes_they_hold_and_their_cores() -> None:
+    s = parse_scenario(BASE + "cluster: {pservers: 1, trainers: 2, hosts: "
+                       "[{nodes: pserver:0, cores: 2}, {nodes: ['trainer:*'], cores: 1}]}")
+    assert s.cluster.hosts is not None
+    assert [(h.nodes, h.cores) for h in s.cluster.hosts] == [(["pserver:0"], 2), (["trainer:*"], 1)]
+
+
+@pytest.mark.parametrize("hosts, problem", [
+    ("[{nodes: 'trainer:5', cores: 2}]", "s.yaml:6: cluster.hosts: [0].nodes: 'trainer:5' names "
+                                         "no node of the cluster (pserver:0..0, trainer:0..1)"),
+    ("[{nodes: '*', cores: 2}, {nodes: 'pserver:0', cores: 1}]",
+     "s.yaml:6: cluster.hosts: [1].nodes: pserver:0 is on hosts[0] already"),
+    ("[{nodes: '*', cores: 0}]", "s.yaml:6: cluster.hosts.0.cores: Input should be greater than 0"),
+    ("[{nodes: '*', cpus: 2}]", "s.yaml:6: cluster.hosts.0.cpus: Extra inputs are not permitted"),
+])
+def test_a_bad_host_is_an_error_naming_the_line_and_field(hosts: str, problem: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(BASE + "cluster:\n  pservers: 1\n  trainers: 2\n  hosts: " + hosts + "\n",
+                       "s.yaml")
+    assert problem in str(err.value)

@@ -6,7 +6,7 @@ by tc tbf in network namespaces), in one run of this script:
 
 1. `runtime profile` runs the job for real, every node measuring its kernels and runtime costs,
    and writes a profile;
-2. `runtime up` runs the same job for real ``--repeat`` times more (no measuring): the measured
+2. `runtime up` runs the same job for real ``--repeat`` times more (not measuring): the measured
    median step time (min/median/max over the runs), samples/s and per-pserver bytes;
 3. the simulator runs it with that profile, every node on one host with this machine's cores
    (``cluster.hosts``), and the same network: the predicted figures.
@@ -15,7 +15,11 @@ It prints a row per configuration and one summary line: the median and worst |er
 predicted median step time, and whether the per-pserver bytes matched exactly (the heartbeats,
 which depend on wall time, excluded: bytes of everything else).
 
-Run: python benchmarks/fidelity.py [--repeat 2] [--only NAME,...] [--netns] [--steps N]
+Each row also gives the share of the machine's CPU time its hypervisor took during the real runs
+("steal"): on a shared machine that time slows the real runs in a way nothing here predicts, so
+a row with much steal measures the neighbours, not the simulator.
+
+Run: python benchmarks/fidelity.py [--repeat 3] [--only NAME,...] [--netns] [--steps N]
 """
 
 from __future__ import annotations
@@ -86,10 +90,19 @@ class Outcome:
     samples_predicted: float
     bytes_measured: list[int]
     bytes_predicted: list[int]
+    steal: float
+    """Share of the machine's CPU time the hypervisor took during the real runs."""
 
     @property
     def error(self) -> float:
         return self.predicted / statistics.median(self.measured) - 1.0
+
+
+def _steal() -> tuple[int, int]:
+    """(stolen, total) jiffies of this machine's CPUs so far (/proc/stat): time the
+    hypervisor gave other guests, which no model of this machine can predict."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
 
 
 def _run(command: list[str], log: Path) -> None:
@@ -117,6 +130,7 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
     _run([*runtime, "profile", str(scenario), "-o", str(profile), "--out",
           str(work / f"{config.name}-profile")] + flags, work / f"{config.name}.profile.log")
     measured, samples, real_bytes = [], [], []
+    stolen, total = _steal()
     for r in range(repeat):
         out = work / f"{config.name}-up{r}"
         _run([*runtime, "up", str(scenario), "--out", str(out)] + flags,
@@ -125,6 +139,8 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
         measured.append(_median_step(metrics))
         samples.append(metrics["job"]["samples_per_second"] or 0.0)
         real_bytes = _pserver_bytes(metrics["pservers"])
+    stolen_after, total_after = _steal()
+    steal = (stolen_after - stolen) / max(total_after - total, 1)
     cores = json.loads(profile.read_text())["runtime"]["machine"]["cores"]
     sim = simulate(load_scenario(scenario, [
         f"compute={{model: profile, path: {profile}}}",
@@ -134,7 +150,7 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
     samples_sim = sum(len(t.step_times) for t in sim.trainers) * 32 / steps_time
     sim_bytes = [p.bytes_in + p.bytes_out - p.heartbeat_bytes for p in sim.pservers]
     return Outcome(config, measured, statistics.median(times), statistics.median(samples),
-                   samples_sim, real_bytes, sim_bytes)
+                   samples_sim, real_bytes, sim_bytes, steal)
 
 
 def row(o: Outcome) -> str:
@@ -143,12 +159,12 @@ def row(o: Outcome) -> str:
         f"DIFFER {o.bytes_measured} vs {o.bytes_predicted}"
     return (f"{o.config.name:<20} {lo * 1e3:7.2f} {mid * 1e3:7.2f} {hi * 1e3:7.2f}  "
             f"{o.predicted * 1e3:8.2f} {o.error:+7.1%}  {o.samples_measured:9,.0f} "
-            f"{o.samples_predicted:9,.0f}  bytes {same}")
+            f"{o.samples_predicted:9,.0f}  bytes {same}  steal {o.steal:.1%}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=2, help="real runs per configuration (2)")
+    parser.add_argument("--repeat", type=int, default=3, help="real runs per configuration (3)")
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--steps", type=int, help="steps per run (default: per configuration)")
     parser.add_argument("--netns", action="store_true",

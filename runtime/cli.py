@@ -109,6 +109,9 @@ def _add_profile(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path,
                    help="keep the measured run's logs and metrics here (default: a temporary "
                         "directory, removed afterwards)")
+    p.add_argument("--netns", action="store_true",
+                   help="measure with each node in a network namespace of its own and the "
+                        "scenario's network applied, as runtime up --netns (root)")
     p.set_defaults(run=_profile, parser=p)
 
 
@@ -211,6 +214,11 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
         check_profilable(scenario, args.scenario)
     except (ScenarioError, ProfileError) as err:
         parser.error(str(err))
+    if args.netns:
+        try:
+            check_netns(scenario)
+        except NetnsError as err:
+            parser.error(f"--netns {err}")
     print(f"profiling {scenario.name}: {scenario.cluster.pservers} pserver(s) x "
           f"{scenario.cluster.trainers} trainer(s), {scenario.train.steps} steps, "
           f"{scenario.backend.kernels} kernels on {scenario.backend.device}, "
@@ -218,7 +226,7 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
     with tempfile.TemporaryDirectory(prefix="pslab-profile-") as tmp:
         run_dir = args.out or Path(tmp)
         try:
-            run = measure(Path(args.scenario), overrides, scenario, run_dir, out)
+            run = measure(Path(args.scenario), overrides, scenario, run_dir, out, args.netns)
         except ProfileError as err:
             print(f"runtime profile: {err}", file=sys.stderr)
             return 1

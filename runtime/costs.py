@@ -31,8 +31,9 @@ opposite), so that the model adds up to the CPU each role really used.
 
 The rest of the process's CPU time (`time.process_time` less the main thread's) is ZeroMQ's
 I/O thread moving the bytes (and any helper threads of the kernels'): ``io``, fitted as
-``per_message + per_byte * S`` over the nodes' messages and bytes. It runs beside the main
-thread, so the simulator charges it on a processor of its own that shares the host's cores:
+``per_message + per_byte * S``: a small message's cost measured apart (`calibrate_io`: round
+trips of small messages on this machine), the rest of the nodes' I/O time per byte. It runs
+beside the main thread, so the simulator charges it on a processor of its own that shares the host's cores:
 a message leaves after its sender's main thread and then its I/O thread have done their
 part, and is handled after the receiver's I/O thread and then its main thread have.
 """
@@ -53,8 +54,9 @@ from transpiler.ir import Op
 from .scope import Scope
 from .tensor import LoDTensor, SelectedRows, Value
 
-__all__ = ["KernelTimes", "Linear", "Meter", "OpSamples", "output_elements", "NodeCosts", "RuntimeCosts", "SENDS", "RECEIVES", "Side",
-           "fit_costs", "fit_linear", "machine", "REPLY_KINDS"]
+__all__ = ["KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples", "RECEIVES", "REPLY_KINDS",
+           "RuntimeCosts", "SENDS", "Side", "calibrate_io", "fit_costs", "fit_io", "fit_linear",
+           "machine", "output_elements"]
 
 Side = Literal["send", "receive"]
 SENDS: Side = "send"
@@ -311,13 +313,19 @@ def fit_linear(nbytes: Iterable[int], seconds: Iterable[float], total: float | N
     return Linear(per_message, per_byte)
 
 
-def fit_io(counts: list[int], nbytes: list[int], seconds: list[float]) -> Linear:
+def fit_io(counts: list[int], nbytes: list[int], seconds: list[float],
+           per_message: float | None = None) -> Linear:
     """The I/O thread's ``per_message + per_byte * S`` from each node's messages, bytes and I/O
-    seconds (least squares over the nodes, both >= 0; per message alone where the nodes'
-    bytes per message do not differ enough to tell the two apart)."""
+    seconds. With `per_message` known (`calibrate_io`), the rest is per byte. Else least
+    squares over the nodes, both >= 0, or per message alone where the nodes' bytes per
+    message do not differ enough to tell the two apart."""
     total, messages = sum(seconds), sum(counts)
     if not messages:
         return Linear()
+    if per_message is not None:
+        per_message = min(per_message, total / messages)
+        left = total - per_message * messages
+        return Linear(per_message, left / sum(nbytes) if sum(nbytes) else 0.0)
     a = np.array([counts, nbytes], dtype=np.float64).T
     per_kib = [b / max(c, 1) / 1024 for c, b in zip(counts, nbytes)]
     if len(counts) >= 2 and max(per_kib) - min(per_kib) >= 4:
@@ -329,8 +337,42 @@ def fit_io(counts: list[int], nbytes: list[int], seconds: list[float]) -> Linear
     return Linear(total / messages, 0.0)
 
 
-def fit_costs(records: Mapping[str, Mapping[str, Any]]) -> tuple[RuntimeCosts, list[NodeCosts]]:
-    """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record)."""
+def calibrate_io(messages: int = 2000) -> float:
+    """Seconds of ZeroMQ I/O-thread CPU a small message costs on one side: `messages` round
+    trips between a DEALER and a ROUTER of one context over loopback TCP, the process's CPU
+    time less this thread's, over the four passes each round trip makes through the I/O
+    thread. What a message costs beyond that grows with its bytes (`fit_io`)."""
+    import zmq  # here: the model itself needs no ZeroMQ
+
+    context = zmq.Context(io_threads=1)
+    router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    try:
+        for socket in (router, dealer):
+            socket.setsockopt(zmq.LINGER, 0)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        payload = [b"h" * 64]
+        for _ in range(50):  # connect and warm up
+            dealer.send_multipart(payload)
+            router.send_multipart(router.recv_multipart())
+            dealer.recv_multipart()
+        process, thread = time.process_time(), time.thread_time()
+        for _ in range(messages):
+            dealer.send_multipart(payload)
+            router.send_multipart(router.recv_multipart())
+            dealer.recv_multipart()
+        other = (time.process_time() - process) - (time.thread_time() - thread)
+    finally:
+        router.close()
+        dealer.close()
+        context.term()
+    return max(other, 0.0) / (4 * messages)
+
+
+def fit_costs(records: Mapping[str, Mapping[str, Any]],
+              io_per_message: float | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
+    """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
+    `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`)."""
     ops = sum(int(r["ops"]) for r in records.values())
     op_overhead = max((sum(r["op_seconds"] for r in records.values())
                        - sum(r["kernel_seconds"] for r in records.values())) / ops, 0.0) \
@@ -371,7 +413,7 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]]) -> tuple[RuntimeCosts, l
             default[side] = Linear(sum(n * c.per_message for n, c in fits) / count,
                                    sum(n * c.per_byte for n, c in fits) / count)
     io = fit_io([n.messages for n in nodes], [n.bytes for n in nodes],
-                [max(n.cpu_seconds - n.main_seconds, 0.0) for n in nodes])
+                [max(n.cpu_seconds - n.main_seconds, 0.0) for n in nodes], io_per_message)
     costs = RuntimeCosts(messages, default, op_overhead, step_overhead, round_overhead, io,
                          machine())
     return costs, nodes

@@ -270,6 +270,11 @@ def ignored_by_runtime(scenario: Scenario, netns: bool = False) -> list[str]:
     if scenario.compute:
         notes.append("compute: simulator only, ignored")
     cluster = scenario.cluster
+    if cluster.hosts:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count()
+        notes.append(f"cluster.hosts: simulator only: every node runs on this machine, "
+                     f"sharing its {cores} cores")
     for i, fault in enumerate(scenario.faults):
         if isinstance(fault, (Partition, LinkFaults)) and \
                 not connects(fault, cluster.trainers, cluster.pservers):

@@ -41,7 +41,8 @@ from typing import Any, Literal, TextIO
 
 import numpy as np
 
-from .costs import KernelTimes, NodeCosts, OpSamples, RuntimeCosts, fit_costs, machine
+from .costs import (KernelTimes, NodeCosts, OpSamples, RuntimeCosts, calibrate_io, fit_costs,
+                    machine)
 from .launch import launch
 from .metrics import JobMetrics, read_metrics
 from .node import MEASURE_VAR
@@ -133,14 +134,15 @@ def read_measurements(out: Path) -> tuple[KernelTimes, dict[str, dict[str, Any]]
 
 
 def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
-            stream: TextIO) -> ProfileRun:
-    """Run `scenario`'s job as `runtime up` does, every node measuring; its output in `out`."""
+            stream: TextIO, netns: bool = False) -> ProfileRun:
+    """Run `scenario`'s job as `runtime up` does (`netns`: as ``runtime up --netns``), every
+    node measuring; its output in `out`."""
     check_profilable(scenario, str(scenario_path))
     previous = os.environ.get(MEASURE_VAR)
     os.environ[MEASURE_VAR] = "1"
     unjudged = scenario.model_copy(update={"expect": ExpectSpec()})  # a short run may miss them
     try:
-        code = launch(scenario_path, overrides, unjudged, out, stream)
+        code = launch(scenario_path, overrides, unjudged, out, stream, netns=netns)
     finally:
         if previous is None:
             del os.environ[MEASURE_VAR]
@@ -154,7 +156,7 @@ def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
     if not times.samples:
         raise ProfileError(f"{scenario_path}: the run executed no compute op, so nothing was "
                            "measured")
-    costs, nodes = fit_costs(records)
+    costs, nodes = fit_costs(records, calibrate_io())
     return ProfileRun(times, costs, nodes, metrics)
 
 

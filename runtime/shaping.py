@@ -3,8 +3,9 @@ in network namespaces (`tests/test_netns.py`): the scenario's ``network`` bandwi
 simulator models, applied to a node's interface as a token bucket filter (``tc qdisc ... tbf``).
 
 A tbf qdisc on a device shapes what leaves through it: ``rate`` in bytes per second (the
-scenario's units, `runtime.units.rate`), a ``burst`` bucket big enough for a few full frames at
-that rate, and a queue that holds ``latency`` worth of data before it drops (TCP then resends).
+scenario's units, `runtime.units.rate`), a ``burst`` bucket of a millisecond at that rate
+(`BUCKET_SECONDS`), and a queue that holds ``latency`` worth of data before it drops (TCP then
+resends).
 `tbf_command` builds the command line; `shape` runs it in a namespace and raises `ShapingError`
 naming the device and tc's complaint where traffic control is not available.
 """
@@ -13,7 +14,14 @@ from __future__ import annotations
 
 import subprocess
 
-__all__ = ["ShapingError", "shape", "tbf_command"]
+__all__ = ["BUCKET_FRAMES", "BUCKET_SECONDS", "ShapingError", "shape", "tbf_command"]
+
+BUCKET_SECONDS = 0.001
+"""The bucket holds 1 ms of data at the rate (and at least `BUCKET_FRAMES` full frames). The
+simulator's NICs have no bucket: they send at the rate from the first byte. A deeper bucket
+(10 ms is 250 KB at 200 Mbit/s) lets a step's messages leave at the interface's own speed, and
+a real run beat the rate its scenario states."""
+BUCKET_FRAMES = 4
 
 
 class ShapingError(RuntimeError):
@@ -26,7 +34,7 @@ def tbf_command(device: str, rate: float, latency: float = 1.0,
     if rate <= 0 or latency <= 0:
         raise ValueError(f"tbf on {device}: rate and latency must be > 0, got {rate}, {latency}")
     bits = int(rate * 8)
-    burst = max(int(rate / 100), 16 * 1514)  # 10 ms at the rate, at least 16 full frames
+    burst = max(int(rate * BUCKET_SECONDS), BUCKET_FRAMES * 1514)
     prefix = ["ip", "netns", "exec", namespace] if namespace else []
     return [*prefix, "tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{bits}bit",
             "burst", str(burst), "latency", f"{int(latency * 1000)}ms"]

@@ -8,17 +8,23 @@ the same as an awaitable. The simulator puts on it everything a node spends CPU 
 kernels (`runtime.compute.Charge.pay`), and the runtime's own costs (`runtime.costs`): each
 message's cost on its sender before it leaves and on its receiver before it is handled.
 
-Hosts and cores (the scenario's ``cluster.hosts``). The nodes of one host share its k cores by
-processor sharing: while m of its nodes have work, each runs at rate ``min(1, k / m)`` (a node
-is one thread, so it never runs faster than one core). Processor sharing is what a time-sliced
-scheduler such as Linux's CFS tends to on CPU-bound processes over slices much shorter than
-the work (milliseconds against a 0.75-6 ms slice, with several slices per step), and it is
-exact for the two cases that matter most: an idle host (m <= k, every node at full speed) and a
-saturated one (the host's k cores split evenly). It does not model cache effects, the cost of a
-context switch, or a scheduler's wake-up preference for a process that just slept.
+Threads. With the runtime's costs, each node also has an I/O thread (`io_thread`: ZeroMQ's,
+which moves the bytes beside the main thread): a processor of its own on the node's host, with
+a queue of its own. Kernels are taken to run on the main thread alone (`runtime up` gives
+each node's kernels its share of the cores, one thread when the nodes outnumber them).
 
-A host with at least as many cores as nodes (every node on its own host, the default) needs no
-sharing: each node's queue is then served at full speed with one timer per piece of work.
+Hosts and cores (the scenario's ``cluster.hosts``). The threads of a host's nodes share its k
+cores by processor sharing: while m of them have work, each runs at rate ``min(1, k / m)`` (a
+thread never runs faster than one core). Processor sharing is what a time-sliced scheduler
+such as Linux's CFS tends to over slices short against the work, and it is exact for the two
+cases that matter most: an idle host (m <= k, every thread at full speed) and the total
+throughput of a saturated one (the k cores split evenly). It does not model cache effects, the
+cost of a context switch, or the scheduler's granularity: a thread woken on a saturated host
+may wait for the running one's slice (about a millisecond) where processor sharing serves it at
+once, so on oversubscribed hosts with short pieces of work it predicts somewhat fast.
+
+A node on no host has a machine of its own, with a core for each of its threads: its queues
+are then served at full speed with one timer per piece of work.
 
 Determinism: work that finishes at the same instant completes in the order its nodes became
 busy; every timer is on the loop's clock.

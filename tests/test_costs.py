@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runtime.costs import Linear, Meter, RuntimeCosts, fit_costs, fit_io, fit_linear
+from runtime.costs import Linear, Meter, RuntimeCosts, calibrate_io, fit_costs, fit_io, fit_linear
 
 
 def record(role: str, main: float, cpu: float, messages: list[dict[str, Any]],
@@ -96,3 +96,14 @@ def test_a_profiles_runtime_section_round_trips() -> None:
     costs = RuntimeCosts({("send", "get"): Linear(1e-4, 1e-9)}, {"send": Linear(2e-4)},
                          1e-6, 2e-4, 3e-5, Linear(5e-6, 1e-10), {"cores": 2})
     assert RuntimeCosts.from_document(costs.document()) == costs
+
+
+def test_with_a_small_messages_io_cost_known_the_rest_of_the_io_time_is_per_byte() -> None:
+    fit = fit_io([10, 30], [10_000, 10_000], [10e-5 + 10_000e-9, 30e-5 + 10_000e-9], 1e-5)
+    assert fit.per_message == 1e-5 and fit.per_byte == pytest.approx(1e-9)
+    # never more per message than the nodes spent in all
+    assert fit_io([10], [0], [5e-5], 1e-5) == Linear(5e-6, 0.0)
+
+
+def test_a_small_message_costs_the_io_thread_some_microseconds() -> None:
+    assert 0 < calibrate_io(200) < 1e-3

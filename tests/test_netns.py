@@ -27,7 +27,7 @@ from runtime.launch import ignored_by_runtime
 from runtime.metrics import JobMetrics, NetnsNodeMetrics, read_metrics
 from runtime.netspec import NetworkSpec
 from runtime.scenario import parse_scenario
-from runtime.shaping import tbf_command
+from runtime.shaping import BUCKET_FRAMES, BUCKET_SECONDS, tbf_command
 from runtime.units import rate
 
 RATE = "20Mbit/s"
@@ -147,7 +147,7 @@ def assert_shaped(pserver: NetnsNodeMetrics, metrics: JobMetrics, bandwidth: flo
     """Bounds that shaping makes hold however loaded the machine (load only adds time)."""
     sent = metrics.pservers[0].bytes_out
     assert pserver.egress["bytes"] >= sent  # all it sent left through its tbf, with headers
-    burst = max(bandwidth / 100, 16 * 1514)  # runtime.shaping's bucket
+    burst = max(bandwidth * BUCKET_SECONDS, BUCKET_FRAMES * 1514)  # runtime.shaping's bucket
     assert metrics.job.wall_seconds >= (pserver.egress["bytes"] - burst) / bandwidth
     # The trainers wait in their steps for replies that cannot leave faster than the rate.
     floor = sent / bandwidth
@@ -293,4 +293,4 @@ def test_netns_does_not_combine_with_one_role(tmp_path: Path,
 def test_the_tbf_command_limits_egress_to_the_rate() -> None:
     assert tbf_command("eth0", rate("2Mbps"), namespace="ns1") == [
         "ip", "netns", "exec", "ns1", "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-        "rate", "2000000bit", "burst", "24224", "latency", "1000ms"]
+        "rate", "2000000bit", "burst", "6056", "latency", "1000ms"]

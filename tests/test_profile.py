@@ -188,3 +188,15 @@ def test_a_simulation_with_the_profile_charges_the_runtime_and_shares_the_hosts_
     apart = median_step()
     one_core = median_step("cluster.hosts=[{nodes: '*', cores: 1}]")
     assert kernels_only < apart < one_core
+
+
+def test_a_simulation_charging_the_runtime_on_shared_cores_is_deterministic(
+        quickstart_profile: tuple[Path, list[str]]) -> None:
+    path, _ = quickstart_profile
+    sets = [f"train.steps={STEPS}", f"compute={{model: profile, path: {path}}}",
+            "cluster.hosts=[{nodes: ['pserver:*', 'trainer:0'], cores: 1.5}]"]
+    first, second = (simulate(load_scenario(QUICKSTART, sets)) for _ in range(2))
+    assert [r.step_times for r in first.trainers] == [r.step_times for r in second.trainers]
+    assert first.trace.chrome_trace() == second.trace.chrome_trace()
+    for name, value in first.params.items():
+        np.testing.assert_array_equal(value, second.params[name])

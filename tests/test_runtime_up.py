@@ -19,6 +19,7 @@ import pytest
 from runtime import cli
 from runtime.cluster import train_locally
 from runtime.job import Job
+from runtime.launch import THREAD_VARS, ignored_by_runtime, kernel_threads, node_environment
 from runtime.metrics import JobMetrics, TrainerMetrics, read_metrics, read_record
 from runtime.node import (NodeOptions, Role, RoleError, node_options, parse_progress,
                           resolve_role, scenario_for)
@@ -424,3 +425,14 @@ def test_without_netns_the_network_is_noted_as_not_applied(tmp_path: Path) -> No
         [f"note: {note}" for note in notes]
     metrics = read_metrics(out / "metrics.json")
     assert metrics.notes == notes and metrics.netns is None and metrics.proxies == []
+
+
+def test_hosts_are_noted_as_the_simulators_and_each_node_gets_its_share_of_the_cores() -> None:
+    scenario = parse_scenario("name: h\nmodel: {name: mlp, sizes: [4, 2]}\n"
+                              "cluster: {pservers: 1, trainers: 3, hosts: [{nodes: '*', cores: 8}]}")
+    cores = len(os.sched_getaffinity(0))
+    assert f"cluster.hosts: simulator only: every node runs on this machine, sharing its " \
+           f"{cores} cores" in ignored_by_runtime(scenario)
+    assert kernel_threads(1) == cores and kernel_threads(10 * cores) == 1
+    env = node_environment(1)
+    assert all(env[name] == os.environ.get(name, "1") for name in THREAD_VARS)

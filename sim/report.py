@@ -63,6 +63,7 @@ from runtime.job import Job
 from runtime.faults import Slow
 from runtime.metrics import ExpectationResult, PserverMetrics
 
+from .cost import runtime_costs
 from .simulate import SimResult, TrainerRun, simulate
 
 __all__ = ["SimMetrics", "StepTimeStats", "check_expectations", "collect", "console_for",
@@ -252,6 +253,12 @@ def notes_for(result: SimResult) -> list[str]:
         notes.append("compute: none given, so compute takes no simulated time")
     if s.compute is None and any(isinstance(f, Slow) for f in s.faults):
         notes.append("faults: a slowdown has no effect without a compute model")
+    if s.compute is not None:
+        if runtime_costs(s.compute, result.base_dir or Path.cwd()) is None:
+            notes.append("compute: only kernels are priced, not the runtime's own work "
+                         "(messages, dispatch); a profile from `runtime profile` prices it")
+        elif not s.cluster.hosts:
+            notes.append("cluster.hosts: none given, so every node has a machine of its own")
     return notes
 
 

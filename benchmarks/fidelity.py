@@ -4,8 +4,9 @@ For every configuration of a matrix (cluster sizes 1x1 to 4x2 oversubscribed on 
 machine's cores, sync and async, small and wide models; with ``--netns`` and root, links capped
 by tc tbf in network namespaces), in one run of this script:
 
-1. `runtime profile` runs the job for real, every node measuring its kernels and runtime costs,
-   and writes a profile;
+1. `runtime profile --runs 3` runs the job for real three times, every node measuring its
+   kernels and runtime costs, and writes the profile of the run that used the median CPU (this
+   machine's speed drifts: one run can take 30% more CPU than another for the same work);
 2. `runtime up` runs the same job for real ``--repeat`` times more (not measuring): the measured
    median step time (min/median/max over the runs), samples/s and per-pserver bytes;
 3. the simulator runs it with that profile, every node on one host with this machine's cores
@@ -19,7 +20,8 @@ Each row also gives the share of the machine's CPU time its hypervisor took duri
 ("steal"): on a shared machine that time slows the real runs in a way nothing here predicts, so
 a row with much steal measures the neighbours, not the simulator.
 
-Run: python benchmarks/fidelity.py [--repeat 3] [--only NAME,...] [--netns] [--steps N]
+Run: python benchmarks/fidelity.py [--repeat 3] [--profile-runs 3] [--only NAME,...] [--netns]
+     [--steps N]
 """
 
 from __future__ import annotations
@@ -121,14 +123,15 @@ def _pserver_bytes(pservers: list[dict[str, Any]]) -> list[int]:
 
 
 def run_config(config: Config, work: Path, repeat: int, steps: int | None,
-               netns: bool) -> Outcome:
+               netns: bool, profile_runs: int) -> Outcome:
     scenario = work / f"{config.name}.yaml"
     scenario.write_text(config.scenario(steps))
     flags = ["--netns"] if netns and config.bandwidth else []
     runtime = [sys.executable, "-m", "runtime.cli"]
     profile = work / f"{config.name}.profile.json"
-    _run([*runtime, "profile", str(scenario), "-o", str(profile), "--out",
-          str(work / f"{config.name}-profile")] + flags, work / f"{config.name}.profile.log")
+    _run([*runtime, "profile", str(scenario), "-o", str(profile), "--runs", str(profile_runs),
+          "--out", str(work / f"{config.name}-profile")] + flags,
+         work / f"{config.name}.profile.log")
     measured, samples, real_bytes = [], [], []
     stolen, total = _steal()
     for r in range(repeat):
@@ -165,6 +168,8 @@ def row(o: Outcome) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="real runs per configuration (3)")
+    parser.add_argument("--profile-runs", type=int, default=3,
+                        help="measured runs of runtime profile, which keeps the median (3)")
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--steps", type=int, help="steps per run (default: per configuration)")
     parser.add_argument("--netns", action="store_true",
@@ -182,7 +187,8 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         outcomes = []
         for config in chosen:
-            outcome = run_config(config, work, args.repeat, args.steps, args.netns)
+            outcome = run_config(config, work, args.repeat, args.steps, args.netns,
+                                 args.profile_runs)
             outcomes.append(outcome)
             print(row(outcome), flush=True)
     errors = [abs(o.error) for o in outcomes]

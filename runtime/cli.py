@@ -29,8 +29,8 @@ from .data import DATASETS, DataError, Dataset, dataset_for
 from .launch import ignored_by_runtime, launch
 from .netns import NetnsError, check_netns
 from .node import RoleError, add_arguments, load_for_role, node_options, resolve_role, run_role
-from .profile import (ProfileError, check_profilable, fit_all, format_costs, format_table,
-                      measure, profile_document, write_profile)
+from .profile import (ProfileError, check_profilable, cpu_total, fit_all, format_costs,
+                      format_table, measure_runs, profile_document, write_profile)
 from .scenario import ScenarioError, load_scenario
 
 def _positive_int(text: str) -> int:
@@ -81,6 +81,9 @@ def _add_up(subparsers: argparse._SubParsersAction) -> None:
                     "With --role (or TRAINING_ROLE and the PADDLE_* variables, as Paddle's "
                     "launchers set them) run that one node in the foreground instead.")
     add_arguments(p)
+    p.add_argument("--runs", type=_positive_int, default=1,
+                   help="measured runs; the profile is the one whose nodes used the median "
+                        "CPU time (1)")
     p.add_argument("--netns", action="store_true",
                    help="run each node in a network namespace of its own and apply the "
                         "scenario's network: bandwidth as tc tbf, latency by a proxy in front of "
@@ -109,6 +112,9 @@ def _add_profile(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path,
                    help="keep the measured run's logs and metrics here (default: a temporary "
                         "directory, removed afterwards)")
+    p.add_argument("--runs", type=_positive_int, default=1,
+                   help="measured runs; the profile is the one whose nodes used the median "
+                        "CPU time (1)")
     p.add_argument("--netns", action="store_true",
                    help="measure with each node in a network namespace of its own and the "
                         "scenario's network applied, as runtime up --netns (root)")
@@ -226,13 +232,18 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
     with tempfile.TemporaryDirectory(prefix="pslab-profile-") as tmp:
         run_dir = args.out or Path(tmp)
         try:
-            run = measure(Path(args.scenario), overrides, scenario, run_dir, out, args.netns)
+            run, totals = measure_runs(Path(args.scenario), overrides, scenario, run_dir, out,
+                                       args.netns, args.runs)
         except ProfileError as err:
             print(f"runtime profile: {err}", file=sys.stderr)
             return 1
     fits = fit_all(run.times)
     document = profile_document(scenario, args.scenario, fits, run)
+    document["meta"]["runs_cpu_seconds"] = totals
     write_profile(args.output, document)
+    if len(totals) > 1:
+        print("nodes' CPU seconds of each run: " + ", ".join(f"{t:.2f}" for t in totals)
+              + f"; profiled: the median, {cpu_total(run):.2f}", file=out)
     print(f"measured {run.times.calls} kernel calls of {len(fits)} op types", file=out)
     for line in format_table(fits, args.top):
         print(line, file=out)

@@ -163,11 +163,16 @@ class KernelTimes:
     def __init__(self, clock: Callable[[], float] = time.thread_time) -> None:
         self.samples: dict[str, OpSamples] = {}
         self.clock = clock
+        self.bookkeeping = 0.0
+        """Seconds spent recording the samples (counting outputs' elements): measuring's own
+        cost, which an op's span includes and an unmeasured run does not spend."""
 
     def record(self, op: Op, scope: Scope, seconds: float) -> None:
+        start = self.clock()
         samples = self.samples.setdefault(op.type, OpSamples())
         samples.elements.append(output_elements(op, scope))
         samples.seconds.append(seconds)
+        self.bookkeeping += self.clock() - start
 
     def merge(self, op_type: str, elements: list[int], seconds: list[float]) -> None:
         samples = self.samples.setdefault(op_type, OpSamples())
@@ -266,10 +271,12 @@ class Meter:
             self.main_seconds += time.thread_time() - self._cpu_start[1]
             self._cpu_start = None
 
-    def record(self, kernel_seconds: float, kernel_calls: int) -> dict[str, Any]:
-        """What the node writes for `runtime profile` (JSON data)."""
+    def record(self, kernel_seconds: float, kernel_calls: int,
+               bookkeeping: float = 0.0) -> dict[str, Any]:
+        """What the node writes for `runtime profile` (JSON data); `bookkeeping`: seconds the
+        kernel timer spent recording, inside the op spans."""
         return {"role": self.role, "cpu_seconds": self.cpu_seconds,
-                "main_seconds": self.main_seconds,
+                "main_seconds": self.main_seconds, "bookkeeping_seconds": bookkeeping,
                 "kernel_seconds": kernel_seconds, "kernel_calls": kernel_calls,
                 "ops": self.ops, "op_seconds": self.op_seconds,
                 "steps": self.steps, "step_seconds": self.step_seconds,
@@ -374,9 +381,10 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
     """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
     `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`)."""
     ops = sum(int(r["ops"]) for r in records.values())
+    measuring = sum(r.get("bookkeeping_seconds", 0.0) for r in records.values())
     op_overhead = max((sum(r["op_seconds"] for r in records.values())
-                       - sum(r["kernel_seconds"] for r in records.values())) / ops, 0.0) \
-        if ops else 0.0
+                       - sum(r["kernel_seconds"] for r in records.values())
+                       - measuring) / ops, 0.0) if ops else 0.0
     trainers = [r for r in records.values() if r["role"] == "trainer"]
     pservers = [r for r in records.values() if r["role"] == "pserver"]
     steps = sum(int(r["steps"]) for r in trainers)
@@ -393,6 +401,7 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
         timed = (r["op_seconds"] + r["step_seconds"] + r["round_seconds"]
                  + sum(sum(m["seconds"]) + m["again"] for m in r["messages"]))
         residual = max(r["main_seconds"] - timed, 0.0) / count if count else 0.0
+        timed -= r.get("bookkeeping_seconds", 0.0)  # measuring's own: not the runtime's
         nodes.append(NodeCosts(node, r["role"], r["cpu_seconds"], r["main_seconds"], timed,
                                count, nbytes, residual))
         for m in r["messages"]:

@@ -317,7 +317,7 @@ def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes) -
     if out is None:
         return
     seconds = sum(sum(s.seconds) for s in times.samples.values())
-    record = meter.record(seconds, times.calls)
+    record = meter.record(seconds, times.calls, times.bookkeeping)
     record["kernels"] = {op: {"elements": s.elements, "seconds": s.seconds}
                          for op, s in times.samples.items()}
     path = out / "nodes" / f"{stem}.costs.json"

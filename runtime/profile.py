@@ -160,6 +160,28 @@ def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
     return ProfileRun(times, costs, nodes, metrics)
 
 
+def cpu_total(run: ProfileRun) -> float:
+    """Every node's process CPU time in `run`."""
+    return sum(node.cpu_seconds for node in run.nodes)
+
+
+def measure_runs(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
+                 stream: TextIO, netns: bool = False, runs: int = 1) -> tuple[ProfileRun,
+                                                                             list[float]]:
+    """`measure` `runs` times (into OUT/run-<i> when more than one); the run whose nodes used
+    the median CPU time, and every run's total. On a shared machine whose speed drifts, one
+    run can take 30% more CPU than another for the same work: the median run is the
+    machine as it mostly is, where one run is the machine as it happened to be."""
+    done = []
+    for i in range(runs):
+        where = out if runs == 1 else out / f"run-{i}"
+        if runs > 1:
+            print(f"measured run {i + 1} of {runs}", file=stream, flush=True)
+        done.append(measure(scenario_path, overrides, scenario, where, stream, netns))
+    totals = [cpu_total(run) for run in done]
+    return sorted(done, key=cpu_total)[(runs - 1) // 2], totals
+
+
 # -- the file ----------------------------------------------------------------------------------
 
 def _measured(run: ProfileRun) -> dict[str, Any]:
@@ -245,5 +267,6 @@ def format_costs(costs: RuntimeCosts) -> list[str]:
 
 
 __all__ = ["KernelTimes", "OpFit", "OpSamples", "PER_ELEMENT_GAIN", "ProfileError", "ProfileRun",
-           "check_profilable", "fit_all", "fit_op", "format_costs", "format_table", "measure",
+           "check_profilable", "cpu_total", "fit_all", "fit_op", "format_costs", "format_table",
+           "measure", "measure_runs",
            "profile_document", "read_measurements", "write_profile"]

@@ -6,9 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
-from runtime.costs import Linear, Meter, RuntimeCosts, calibrate_io, fit_costs, fit_io, fit_linear
+from runtime.costs import (KernelTimes, Linear, Meter, RuntimeCosts, calibrate_io, fit_costs,
+                           fit_io, fit_linear)
+from runtime.scope import Scope
+from transpiler.ir import Op
 
 
 def record(role: str, main: float, cpu: float, messages: list[dict[str, Any]],
@@ -107,3 +111,20 @@ def test_with_a_small_messages_io_cost_known_the_rest_of_the_io_time_is_per_byte
 
 def test_a_small_message_costs_the_io_thread_some_microseconds() -> None:
     assert 0 < calibrate_io(200) < 1e-3
+
+
+def test_what_measuring_itself_costs_is_not_charged_as_the_runtimes() -> None:
+    """Recording kernel samples happens inside the op spans; an unmeasured run does not pay it."""
+    base = record("trainer", main=0.010, cpu=0.010, ops=100, op_seconds=0.004, kernels=0.001,
+                  messages=[messages("send", "send", [10], [0.001])])
+    costs, _ = fit_costs({"trainer:0": {**base, "bookkeeping_seconds": 0.002}})
+    assert costs.op_overhead == pytest.approx(0.001 / 100)
+    assert costs.messages["send", "send"].per_message == pytest.approx(0.006)
+
+
+def test_the_kernel_timer_counts_its_own_bookkeeping() -> None:
+    times = KernelTimes()
+    scope = Scope()
+    scope.put("y", np.ones(8, np.float32))
+    times.record(Op("relu", {"X": ["x"]}, {"Out": ["y"]}, {}), scope, 1e-3)
+    assert times.samples["relu"].elements == [8] and 0 < times.bookkeeping < 1e-3

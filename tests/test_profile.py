@@ -200,3 +200,19 @@ def test_a_simulation_charging_the_runtime_on_shared_cores_is_deterministic(
     assert first.trace.chrome_trace() == second.trace.chrome_trace()
     for name, value in first.params.items():
         np.testing.assert_array_equal(value, second.params[name])
+
+
+def test_with_several_runs_the_profile_is_the_median_runs(tmp_path: Path) -> None:
+    path, out = tmp_path / "p.json", io.StringIO()
+    argv = ["profile", QUICKSTART, "--steps", "2", "--set", FAST_DRAIN, "--set",
+            "cluster.trainers=1", "--set", "cluster.pservers=1", "--runs", "3", "-o", str(path),
+            "--out", str(tmp_path / "runs")]
+    assert cli.main(argv, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert [line for line in lines if line.startswith("measured run ")] == \
+        ["measured run 1 of 3", "measured run 2 of 3", "measured run 3 of 3"]
+    totals = json.loads(path.read_text())["meta"]["runs_cpu_seconds"]
+    assert len(totals) == 3 and all((tmp_path / "runs" / f"run-{i}" / "metrics.json").exists()
+                                    for i in range(3))
+    measured = json.loads(path.read_text())["meta"]["measured"]["nodes"]
+    assert sum(n["cpu_seconds"] for n in measured.values()) == pytest.approx(sorted(totals)[1])

@@ -1,4 +1,4 @@
-"""The `sim` command: scenarios run by the real runtime on the virtual clock (DESIGN.md, sim/).
+"""The `sim` command: scenarios run by the real runtime on the virtual clock (docs/architecture.md).
 
 ``sim run SCENARIO`` simulates the scenario (`sim.simulate`) and shows its progress over the
 simulated steps: a bar on a terminal, otherwise a line per trainer every ``train.log_every``

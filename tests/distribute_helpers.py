@@ -1,4 +1,5 @@
-"""Models and shortcuts shared by the distribute transpiler tests (spec section 9's setup)."""
+"""Models and shortcuts shared by the distribute transpiler tests (the setup of
+docs/transpiler.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Slicing (spec section 4) and dispatch (spec section 5), including HashName's fixes."""
+"""Slicing (docs/transpiler.md §4) and dispatch (§5), including HashName's fixes."""
 
 from __future__ import annotations
 

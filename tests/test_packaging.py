@@ -1,5 +1,5 @@
-"""Packaging: the import graph points up the layers (DESIGN.md), console scripts resolve, and the
-README's two commands are the ones CI runs."""
+"""Packaging: the import graph points up the layers (docs/architecture.md), console scripts
+resolve, and the README's two commands are the ones CI runs."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 
 As in Paddle's static graph, layers append ops to the *current block* of the default main program
 and put parameter initializers into the default startup program. Initializers are *prepended* to
-the startup block, so the most recently created variable's initializer runs first (the spec's
-acceptance op lists depend on this order).
+the startup block, so the most recently created variable's initializer runs first (the
+acceptance op lists of docs/transpiler.md §9, depend on this order).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Optimizer update ops with Paddle's slots; the update rules are TRANSPILER_SPEC.md section 2.
+"""Optimizer update ops with Paddle's slots; the update rules are docs/transpiler.md §2.
 
 `LearningRate` (and Adam's / Adamax's `Beta1Pow`, `Beta2Pow`) are [1] arrays. A `Grad` may be a
 `SelectedRows`: `sgd` scatter-subtracts its rows (repeated rows accumulate); every other

@@ -1,11 +1,11 @@
 """Reading the program to transpile: which ops update which parameter, and which compute the
 learning rate.
 
-The front end marks them (spec section 1): every optimizer, clipping and regularization op has
-role Optimize and ``op_role_var = [param, grad]``; learning-rate ops have role LRSched. An
-*optimizer op* is the one update op of a parameter (it has ``Param`` and ``LearningRate``
-inputs); the other Optimize ops of the parameter (clip, weight decay, Adam's beta-pow scales)
-travel with it to the pserver that owns it.
+The front end marks them (docs/transpiler.md §1): every optimizer, clipping and regularization op
+has role Optimize and ``op_role_var = [param, grad]``; learning-rate ops have role LRSched. An
+*optimizer op* is the one update op of a parameter (it has ``Param`` and ``LearningRate`` inputs);
+the other Optimize ops of the parameter (clip, weight decay, Adam's beta-pow scales) travel with it
+to the pserver that owns it.
 """
 
 from __future__ import annotations

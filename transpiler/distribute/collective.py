@@ -1,5 +1,5 @@
 """nccl2 and collective modes: every trainer holds every parameter and trainers talk to each
-other, not to pservers (spec section 8). Both only add ops to copies of the programs.
+other, not to pservers (docs/transpiler.md §8). Both only add ops to copies of the programs.
 
 **nccl2**: the startup gets RAW vars ``NCCLID`` (``NCCLID_{i}`` for more rings, and the
 hierarchical ``Hierarchical_inter_NCCLID_{i}`` / ``Hierarchical_exter_NCCLID_{i}``) and, last,

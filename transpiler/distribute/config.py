@@ -1,10 +1,10 @@
 """What the distribute transpiler is asked to do: `DistributeTranspilerConfig` and the
 `DistributedMode` it resolves to.
 
-The config holds Paddle's fields with Paddle's defaults (spec section 3). Each field is checked
-when it is set, so a bad value fails where it is written, not deep inside `transpile`; fields that
-only conflict with each other are checked by `validate()`, which `DistributeTranspiler` calls.
-`sync_mode` and `runtime_split_send_recv` exclude each other at assignment time, as in the
+The config holds Paddle's fields with Paddle's defaults (docs/transpiler.md §3). Each field is
+checked when it is set, so a bad value fails where it is written, not deep inside `transpile`;
+fields that only conflict with each other are checked by `validate()`, which `DistributeTranspiler`
+calls. `sync_mode` and `runtime_split_send_recv` exclude each other at assignment time, as in the
 original: set one to False before setting the other to True.
 
 The mode a transpile runs in is `resolve_mode(config, sync_mode)`, where `sync_mode` is
@@ -38,7 +38,7 @@ _BOOL_FIELDS = ("slice_var_up", "enable_dc_asgd", "half_async", "completely_not_
 
 
 class DistributeTranspilerConfig:
-    """Fields and defaults of Paddle's `DistributeTranspilerConfig` (spec section 3).
+    """Fields and defaults of Paddle's `DistributeTranspilerConfig` (docs/transpiler.md §3).
 
     `local_sgd_k_steps` (default 1) is this project's addition: how many local steps
     `collective_mode="local_sgd"` takes between two parameter averages. `print_log` and

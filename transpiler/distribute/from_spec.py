@@ -6,7 +6,7 @@ in the ``show`` command); this module takes the sections as plain values, so bot
 it without the transpiler importing the runtime. A missing key takes the scenario schema's
 default, which is also the config's. Every error is a `ValueError` naming the scenario field.
 
-Modes (``transpiler.mode``), onto spec section 3:
+Modes (``transpiler.mode``), onto docs/transpiler.md §3:
 
 - ``sync``: ``sync_mode`` True (SYNC);
 - ``async``: ``sync_mode`` False and ``runtime_split_send_recv`` True (ASYNC: whole grads are

@@ -1,4 +1,4 @@
-"""Geo-SGD (spec section 8): trainers train locally and push parameter deltas now and then.
+"""Geo-SGD (docs/transpiler.md §8): trainers train locally and push parameter deltas now and then.
 
 Each trainer keeps its whole program (forward, backward, optimizer, LR ops) and the last
 parameter values it pulled, ``<param>@GEO_OLD``. Every ``geo_sgd_need_push_nums`` steps a

@@ -1,10 +1,10 @@
 """The plan every later pass reads: each (param, grad) pair cut into row blocks (`slice_pass`)
 and each block placed on a pserver (`dispatch_pass`), plus the names both sides agree on.
 
-Naming (spec section 5): param block i is ``p.block{i}`` and grad block i ``g.block{i}`` when a
-var is cut in more than one block, else the var keeps its name. In sync mode with several
-trainers, trainer t sends its copy as ``<grad block>.trainer_{t}`` and the pserver sums the
-copies into the grad block.
+Naming (docs/transpiler.md §5): param block i is ``p.block{i}`` and grad block i ``g.block{i}``
+when a var is cut in more than one block, else the var keeps its name. In sync mode with several
+trainers, trainer t sends its copy as ``<grad block>.trainer_{t}`` and the pserver sums the copies
+into the grad block.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class Plan:
 
 def slice_pass(origin: Program, section: OptimizeSection, config: DistributeTranspilerConfig,
                pservers: int, exclude: set[str]) -> list[SlicedPair]:
-    """Cut every (param, grad) pair not in `exclude` into row blocks (spec section 4)."""
+    """Cut every (param, grad) pair not in `exclude` into row blocks (docs/transpiler.md §4)."""
     block = origin.global_block()
     whole = section.whole_params()
     out = []
@@ -136,7 +136,7 @@ def slice_pass(origin: Program, section: OptimizeSection, config: DistributeTran
 
 def dispatch_pass(origin: Program, sliced: Sequence[SlicedPair],
                   config: DistributeTranspilerConfig, cluster: Cluster) -> tuple[DistVar, ...]:
-    """Place every block (spec section 5): grad blocks first, then param blocks from a reset
+    """Place every block (docs/transpiler.md §5): grad blocks first, then param blocks from a reset
     dispatcher; unsliced pairs are shuffled first, seeded by the program's random_seed."""
     items = list(sliced)
     if not config.slice_var_up:

@@ -1,4 +1,4 @@
-"""Building one pserver's program (spec section 7).
+"""Building one pserver's program (docs/transpiler.md §7).
 
 Block 0 declares everything the server holds (its param blocks, the merged grad blocks, in sync
 mode every trainer's copy, accumulators, learning-rate vars) and runs one op, `listen_and_serv`:
@@ -255,7 +255,7 @@ def dc_asgd_baks(plan: Plan, endpoint: str) -> list[tuple[str, str]]:
 # -- the program -----------------------------------------------------------------------------------
 
 def build_pserver_program(plan: Plan, endpoint: str) -> Program:
-    """The program `endpoint` runs (spec section 7)."""
+    """The program `endpoint` runs (docs/transpiler.md §7)."""
     pserver_id = plan.cluster.pserver_index(endpoint)
     program = Program()
     program.random_seed = plan.origin.random_seed

@@ -1,4 +1,4 @@
-"""Slicing: how a var is cut into row blocks for the pservers (spec section 4).
+"""Slicing: how a var is cut into row blocks for the pservers (docs/transpiler.md §4).
 
 A var of N elements is cut into at most `slice_count` blocks of at least `min_block_size`
 elements; for rank >= 2 the block size is rounded up to whole rows, so every block is a run of
@@ -55,7 +55,7 @@ def _blocks_of(var: Shaped, slice_count: int, min_block_size: int) -> list[VarBl
 
 def slice_variable(var_list: Sequence[Shaped], slice_count: int,
                    min_block_size: int) -> list[VarBlock]:
-    """The blocks of every var of `var_list`, in order (spec section 4)."""
+    """The blocks of every var of `var_list`, in order (docs/transpiler.md §4)."""
     if slice_count < 1:
         raise ValueError(f"slice_variable: slice_count must be >= 1, got {slice_count}")
     if min_block_size < 1:

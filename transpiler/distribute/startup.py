@@ -1,4 +1,4 @@
-"""Startup programs of the distributed roles (spec sections 6.8 and 7).
+"""Startup programs of the distributed roles (docs/transpiler.md, sections 6.8 and 7).
 
 - Trainer: the original startup (so every var a trainer computes with is created), the
   distributed table's initializer turned into `fake_init`, then a `recv` of every parameter's

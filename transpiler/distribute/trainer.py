@@ -1,4 +1,4 @@
-"""Rewriting the trainer program (spec section 6).
+"""Rewriting the trainer program (docs/transpiler.md §6).
 
 The trainer keeps forward and backward and loses every optimize and learning-rate op (and the
 vars only they used): the pservers update the parameters. In their place it gets, in order:
@@ -26,8 +26,8 @@ What the ops mean to a runtime:
   (selected rows re-based to the first row of their section).
 
 Every RPC op carries ``trainer_id`` and the endpoints it talks to, so a runtime can tag requests,
-count fan-in per step, and drop or re-admit a trainer without guessing (spec section 10). Send
-and barrier ops write RAW control vars (``@SEND@<grad>``, ``@SEND_BARRIER@``) that order them;
+count fan-in per step, and drop or re-admit a trainer without guessing (docs/transpiler.md §10).
+Send and barrier ops write RAW control vars (``@SEND@<grad>``, ``@SEND_BARRIER@``) that order them;
 `fetch_barrier` lists the received params as outputs, as in the original, so that nothing reads
 them before it.
 """
@@ -122,7 +122,7 @@ def sends_lr_counter(plan: Plan) -> bool:
 def append_lr_counter_send(block: Block, plan: Plan) -> list[str]:
     """Async with LR ops: send this trainer's step (a constant 1, filled by its startup) to
     every pserver with ``merge_add``: the pserver adds it into its copy for this trainer and its
-    LR block sums the copies into the global step (spec section 6.7)."""
+    LR block sums the copies into the global step (docs/transpiler.md §6.7)."""
     if not sends_lr_counter(plan):
         return []
     mine = trainer_copy(LR_COUNTER, plan.cluster.trainer_id)
@@ -189,7 +189,7 @@ def recv_and_merge(block: Block, plan: Plan, sends: dict[str, str], barrier: str
 
 
 def rewrite_trainer(plan: Plan) -> Program:
-    """The trainer program of `plan` (spec section 6), built from a copy of the origin."""
+    """The trainer program of `plan` (docs/transpiler.md §6), built from a copy of the origin."""
     program = plan.origin.clone()
     block = program.global_block()
     strip_optimize_ops(program)

@@ -10,7 +10,7 @@ Geo-SGD reuses slice and dispatch (see `geo`); nccl2 and collective modes only a
 communication ops to the copies (see `collective`). Every step is a plain function of the `Plan`
 before it, so transpiling twice gives identical programs.
 
-Modes (spec section 3, `config.resolve_mode`): SYNC when both ``config.sync_mode`` and
+Modes (docs/transpiler.md §3, `config.resolve_mode`): SYNC when both ``config.sync_mode`` and
 `transpile`'s ``sync_mode`` hold (or ``completely_not_async``); else ASYNC with
 ``runtime_split_send_recv`` (whole grads sent, the runtime cuts them) or HALF_ASYNC (the
 transpiler cuts them; trainers may send in the background); GEO with ``geo_sgd_mode``.
@@ -56,7 +56,7 @@ def make_plan(config: DistributeTranspilerConfig, cluster: Cluster, mode: Distri
 
 
 def distributed_attrs(plan: Plan) -> dict[str, Any]:
-    """Program attributes a runtime reads (spec section 6.9, and the job's shape)."""
+    """Program attributes a runtime reads (docs/transpiler.md §6.9, and the job's shape)."""
     placed = [pv.to_dict() for ep in plan.cluster.pservers for pv in placed_vars(plan, ep)]
     return {
         "_is_distributed": True,
@@ -83,7 +83,7 @@ def trainer_programs(plan: Plan) -> tuple[Program, Program]:
 
 
 class DistributeTranspiler:
-    """Paddle's parameter-server transpiler (spec sections 3 to 10)."""
+    """Paddle's parameter-server transpiler (docs/transpiler.md, sections 3 to 10)."""
 
     def __init__(self, config: DistributeTranspilerConfig | None = None) -> None:
         if config is not None and not isinstance(config, DistributeTranspilerConfig):

@@ -227,19 +227,17 @@ class PserverService:
                 return
             self._last_message = loop.time()
             self.stats.messages += 1
-            self.stats.bytes_in += charged_size(frames)
-            await self._handle_frames(peer, frames)
+            nbytes = charged_size(frames)
+            self.stats.bytes_in += nbytes
+            meter = self.meter
+            if meter is None:
+                await self._handle_frames(peer, frames)
+                continue
+            started = meter.start()
+            kind = await self._handle_frames(peer, frames)
+            meter.stop_message(started, RECEIVES, kind, nbytes)
 
-    async def _handle_frames(self, peer: str, frames: list[Any]) -> None:
-        meter = self.meter
-        if meter is None:
-            await self._handle_decoded(peer, frames)
-            return
-        started = meter.start()
-        kind = await self._handle_decoded(peer, frames)
-        meter.stop_message(started, RECEIVES, kind, charged_size(frames))
-
-    async def _handle_decoded(self, peer: str, frames: list[Any]) -> str:
+    async def _handle_frames(self, peer: str, frames: list[Any]) -> str:
         """Decode and handle one message; its kind (for the meter)."""
         try:
             msg = decode(frames, self.config.max_message_size)

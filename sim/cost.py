@@ -369,7 +369,10 @@ class Ledger:
         self.in_steps: dict[str, float] = {}
 
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
-        seconds = self.model.cost(node, op, scope, step)
+        return self._count(node, step, self.model.cost(node, op, scope, step))
+
+    def _count(self, node: str, step: int, seconds: float) -> float:
+        """Add `seconds` to what `node` was charged in the steps (if `step` is one); return it."""
         if step >= 0:
             self.in_steps[node] = self.in_steps.get(node, 0.0) + seconds
         return seconds
@@ -388,16 +391,11 @@ class OnCpus(Ledger):
         self._overheads = {"step": costs.step_overhead, "round": costs.round_overhead}
 
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
-        seconds = self.model.cost(node, op, scope, step) + self.costs.op_overhead
-        if step >= 0:
-            self.in_steps[node] = self.in_steps.get(node, 0.0) + seconds
-        return seconds
+        return self._count(node, step,
+                           self.model.cost(node, op, scope, step) + self.costs.op_overhead)
 
     def overhead(self, node: str, what: str, step: int) -> float:
-        seconds = self._overheads.get(what, 0.0)
-        if step >= 0:
-            self.in_steps[node] = self.in_steps.get(node, 0.0) + seconds
-        return seconds
+        return self._count(node, step, self._overheads.get(what, 0.0))
 
     def spend(self, node: str, seconds: float) -> Awaitable[None]:
         return self.cpus.spend(node, seconds)

@@ -348,12 +348,13 @@ class Network:
         loop.call_at(done if done > last_bit else last_bit, self._hand_over, packet,
                      context=_QUIET)
 
-    def message_cost(self, side: Side, frames: list[Frame]) -> float:
-        """What handling `frames` on `side` costs the node (the runtime's costs; 0 if none)."""
+    def message_cost(self, side: Side, frames: list[Frame], nbytes: int) -> float:
+        """What handling `frames` (`nbytes`, as `charged_size` weighs them) on `side` costs the
+        node (the runtime's costs; 0 if none)."""
         costs = self.costs
         if costs is None:
             return 0.0
-        return costs.message(side, message_kind(frames) or "*", charged_size(frames))
+        return costs.message(side, message_kind(frames) or "*", nbytes)
 
     def _hand_over(self, packet: _Packet) -> None:
         """The message is in the receiver's NIC: its I/O thread takes it (where the runtime's
@@ -385,8 +386,9 @@ class Network:
         if handler is None:
             receiver._inbox.put_nowait((packet.peer, packet.frames))
         elif self.cpus is not None and self.costs is not None:
-            self.cpus.run(receiver.name, self.message_cost(RECEIVES, packet.frames), handler,
-                          packet.peer, packet.frames)
+            self.cpus.run(receiver.name, self.message_cost(RECEIVES, packet.frames,
+                                                           packet.nbytes),
+                          handler, packet.peer, packet.frames)
         else:
             handler(packet.peer, packet.frames)
 
@@ -468,17 +470,18 @@ class SimTransport(Transport):
         if network.cpus is not None and network.costs is not None:
             if peer not in self._held and peer not in self._clients:
                 raise UnknownPeerError(self.name, peer)
-            network.cpus.run(self.name, network.message_cost(SENDS, message), self._to_io,
-                             peer, message)
+            nbytes = charged_size(message)
+            network.cpus.run(self.name, network.message_cost(SENDS, message, nbytes),
+                             self._to_io, peer, message, nbytes)
             return True
         return self._route(peer, message)
 
-    def _to_io(self, peer: str, message: list[Frame]) -> None:
+    def _to_io(self, peer: str, message: list[Frame], nbytes: int) -> None:
         """The main thread has sent `message`: this node's I/O thread moves it out."""
         cpus, costs = self.network.cpus, self.network.costs
         assert cpus is not None and costs is not None
-        cpus.run(io_thread(self.name), costs.io.seconds(charged_size(message)), self._route,
-                 peer, message, True)
+        cpus.run(io_thread(self.name), costs.io.seconds(nbytes), self._route, peer, message,
+                 True)
 
     def _route(self, peer: str, message: list[Frame], later: bool = False) -> bool:
         """Put `message` on its way to `peer` (or hold it until its endpoint is bound); after
@@ -518,7 +521,8 @@ class SimTransport(Transport):
         peer, frames = await self._inbox.get()
         cpus = self.network.cpus
         assert cpus is not None
-        await cpus.spend(self.name, self.network.message_cost(RECEIVES, frames))
+        await cpus.spend(self.name, self.network.message_cost(RECEIVES, frames,
+                                                              charged_size(frames)))
         return peer, frames
 
     async def close(self) -> None:

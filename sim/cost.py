@@ -441,12 +441,18 @@ def _op_time(value: Any) -> OpTime:
 
 
 Seconds = Annotated[float, PlainValidator(_duration)]
+"""A duration: seconds, or a number with a unit (``25us``); finite, >= 0."""
 FlopRate = Annotated[float, PlainValidator(
     _quantity(units.flops, "a compute rate such as 2.0e12 or 2TFLOPS", positive=True))]
+"""FLOP/s: a number or a rate with a unit (``2TFLOPS``, ``900GFLOP/s``); finite, > 0."""
 ByteRate = Annotated[float, PlainValidator(
     _quantity(units.rate, "a rate such as 50GB/s", positive=True))]
+"""Bytes per second: a number or a rate with a unit (``50GB/s``); finite, > 0."""
 Patterns = Annotated[tuple[str, ...], PlainValidator(_patterns)]
+"""A node name pattern (``trainer:*``) or a list of them."""
 OpTimes = dict[str, Annotated[OpTime, PlainValidator(_op_time)]]
+"""Op type -> seconds per call (a `Seconds`), or ``{per_element: seconds}``: seconds per element
+of the op's outputs."""
 
 
 class _Strict(BaseModel):
@@ -454,30 +460,54 @@ class _Strict(BaseModel):
 
 
 class DeviceSpec(_Strict):
+    """A device's figures: an op takes ``max(flops / device.flops, bytes / mem_bandwidth) +
+    op_overhead``."""
+
     flops: FlopRate
+    """Compute rate."""
     mem_bandwidth: ByteRate
+    """Memory bandwidth."""
     op_overhead: Seconds = 0.0
+    """Added to every op (a kernel launch, a dispatch)."""
 
 
 class DevicePatch(_Strict):
+    """Figures that replace the device's (none: kept)."""
+
     flops: FlopRate | None = None
+    """Compute rate."""
     mem_bandwidth: ByteRate | None = None
+    """Memory bandwidth."""
     op_overhead: Seconds | None = None
+    """Seconds added to every op."""
 
 
 class DeviceOverride(_Strict):
+    """Other device figures for some nodes; later entries win."""
+
     nodes: Patterns
+    """The nodes it applies to."""
     device: DevicePatch
+    """The figures that change."""
 
 
 class StragglerSpec(_Strict):
+    """Every op of the matching nodes takes `slowdown` times as long: always, or in the steps
+    drawn with `probability` (seeded by scenario seed, rule, node and step). The factors of
+    all the rules that apply multiply."""
+
     node: str | None = None
+    """One node (or give `nodes`)."""
     nodes: Patterns | None = None
+    """Node patterns (or give `node`)."""
     slowdown: float = Field(gt=0, allow_inf_nan=False)
+    """The factor its ops' costs are multiplied by."""
     probability: float | None = Field(None, gt=0, le=1)
+    """The chance a given step of a given node is slowed (none: every step)."""
 
     @model_validator(mode="after")
     def _one_target(self) -> StragglerSpec:
+        """Exactly one of `node` and `nodes`."""
         if (self.node is None) == (self.nodes is None):
             raise ValueError("name the slowed nodes with either node or nodes (not both)")
         return self
@@ -489,51 +519,83 @@ class StragglerSpec(_Strict):
 
 
 class RooflineSpec(_Strict):
+    """Each op bound by compute or memory bandwidth, its FLOPs and bytes counted from the
+    shapes it worked on (`sim.cost.op_work`)."""
+
     model: Literal["roofline"]
+    """Picks this model."""
     device: DeviceSpec
+    """Every node's device."""
     overrides: list[DeviceOverride] = []
+    """Other figures for some nodes."""
     stragglers: list[StragglerSpec] = []
+    """Slowdowns on top."""
     runtime: str | None = None
     """A profile file (from `runtime profile`) whose runtime costs are charged too."""
 
 
 class ProfileSpec(_Strict):
+    """Measured seconds per op type, from a profile file (`runtime profile`) or inline."""
+
     model: Literal["profile"]
+    """Picks this model."""
     path: str | None = None
+    """The profile file, relative to the scenario's folder."""
     ops: OpTimes | None = None
+    """The op times inline, instead of `path`."""
     default: Seconds = 0.0
+    """Seconds of an op type `ops` does not list (inline only; a file has its own)."""
     stragglers: list[StragglerSpec] = []
+    """Slowdowns on top."""
     runtime: bool = True
     """Charge the runtime costs the profile file has (false: its kernels only)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ProfileSpec:
+        """Exactly one of `path` and `ops`."""
         if (self.path is None) == (self.ops is None):
             raise ValueError("give the measured times either in a file (path) or inline (ops)")
         return self
 
 
 class LinearSpec(_Strict):
+    """A message of S bytes costs ``per_message + per_byte * S`` seconds of CPU."""
+
     per_message: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds per message."""
     per_byte: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds per byte."""
 
 
 class RuntimeSection(_Strict):
     """A profile's ``runtime`` section (`runtime.costs.RuntimeCosts.document`)."""
 
     messages: dict[Literal["send", "receive"], dict[str, LinearSpec]] = {}
+    """Side -> message kind (``send``, ``get``, ``reply``..., ``*`` for any other) -> the main
+    thread's cost of one message of that kind on that side."""
     io: LinearSpec = LinearSpec()
+    """A message's cost on its node's I/O thread, on either side."""
     op_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds of the executor's dispatch per op, on top of its kernel."""
     step_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds of a trainer's bookkeeping per step."""
     round_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds of a sync pserver's bookkeeping per round, on top of its optimize ops."""
     machine: dict[str, Any] = {}
+    """What it was measured on (cores, processor); for people."""
 
 
 class ProfileFile(_Strict):
+    """A profile: measured op times and the runtime's own costs (`runtime.profile`)."""
+
     ops: OpTimes
+    """Seconds per op type."""
     default: Seconds = 0.0
+    """Seconds of an op type `ops` does not list."""
     runtime: RuntimeSection | None = None
+    """The runtime's own costs (none: an older or hand-made profile; kernels only)."""
     meta: dict[str, Any] = {}  # free-form, for people: `runtime profile` says what it measured
+    """Free-form, for people: what was run, where, and each op type's calls and fit; not read."""
 
 
 _SPECS: dict[str, type[RooflineSpec] | type[ProfileSpec]] = {

@@ -124,6 +124,8 @@ def _arith(type: str, flops: float, grad_flops: float) -> OpDef:
 
 def _optimizer(type: str, *state: State, flops: float | None, table: bool = True,
                sparse_rows: bool = False, runs: Runs = "kernel") -> OpDef:
+    """An optimizer: Param, Grad, LearningRate and its state in, ParamOut and the state's
+    outputs out, every output shaped like Param; `flops` per element updated."""
     update = Update(tuple(state), table, sparse_rows)
     inputs = ("Param", "Grad", "LearningRate") + tuple(s.slot for s in state)
     outputs = ("ParamOut",) + tuple(s.out for s in state if s.out is not None)

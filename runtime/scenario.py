@@ -16,11 +16,13 @@ from __future__ import annotations
 import copy
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
+
+from transpiler.opcatalog import optimizer_types
 
 from . import units
 from .faults import FAULT_KINDS, Fault, check_against
@@ -35,13 +37,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+if TYPE_CHECKING:
+    OptimizerType = str
+else:
+    # DESIGN: a Literal built from the op catalog's optimizers (those that run), so pydantic
+    # still reports "Input should be 'sgd', 'momentum', ... or 'ftrl'"; mypy sees a str.
+    OptimizerType = Literal[optimizer_types("kernel")]
+
+
 class OptimizerSpec(BaseModel):
     """The optimizer `transpiler.models` appends; keys other than these go to it
     (e.g. `momentum`, `beta1`)."""
 
     model_config = ConfigDict(extra="allow")
-    type: Literal["sgd", "momentum", "adam", "adagrad", "decayed_adagrad", "adamax", "rmsprop",
-                  "ftrl"] = "sgd"
+    type: OptimizerType = "sgd"
     """The optimizer op (`sgd`, `momentum`, `adam`, ...)."""
     learning_rate: float = Field(0.1, gt=0)
     """The base learning rate (an `lr` schedule starts from it)."""

@@ -8,7 +8,8 @@ section picks the model:
 - ``{model: roofline, device: {flops: 2.0e12, mem_bandwidth: 50GB/s, op_overhead: 2us}}``: an
   op takes ``max(flops / device.flops, bytes / device.mem_bandwidth) + op_overhead``, its FLOPs
   and bytes moved counted from the shapes it worked on (`op_work`; in timing mode the shapes of
-  the phantoms, so that a phantom op costs what its numeric twin does). ``op_overhead`` (a kernel
+  the phantoms, so that a phantom op costs what its numeric twin does) by the rule and the FLOPs
+  per element its entry in the op catalog gives (`transpiler.opcatalog.Cost`, `COST_RULES`). ``op_overhead`` (a kernel
   launch, an interpreter's dispatch) defaults to 0 so that hand computations come out exact.
   ``overrides: [{nodes: "pserver:*", device: {mem_bandwidth: 100GB/s}}]`` changes some figures
   for the nodes matching a pattern (later entries win).
@@ -62,14 +63,14 @@ from runtime.costs import RuntimeCosts
 from runtime.scope import Scope
 from runtime.tensor import LoDTensor, Phantom, SelectedRows, nbytes_of, shape_of
 from transpiler.ir import Op
+from transpiler.opcatalog import OPS, Cost, OpDef
 
 from .cpu import Cpus
 
 __all__ = [
-    "ComputeConfigError", "Device", "Ledger", "OnCpus", "OpTime", "Profile", "Roofline", "Straggler",
-    "Stragglers",
-    "Work", "compute_model", "load_profile", "load_runtime_costs", "op_work", "parse_compute",
-    "runtime_costs",
+    "COST_RULES", "ComputeConfigError", "Device", "Ledger", "OnCpus", "OpTime", "Profile",
+    "Roofline", "Straggler", "Stragglers", "Work", "compute_model", "load_profile",
+    "load_runtime_costs", "op_work", "parse_compute", "runtime_costs",
 ]
 
 
@@ -91,42 +92,6 @@ class Work:
 
     flops: float
     bytes: float
-
-
-FLOPS_PER_ELEMENT: dict[str, float] = {
-    "elementwise_add": 1, "elementwise_sub": 1, "elementwise_mul": 1, "elementwise_div": 1,
-    "elementwise_max": 1, "elementwise_min": 1, "elementwise_pow": 4,
-    "elementwise_add_grad": 1, "elementwise_sub_grad": 1, "elementwise_mul_grad": 2,
-    "elementwise_div_grad": 3, "elementwise_max_grad": 1, "elementwise_min_grad": 1,
-    "elementwise_pow_grad": 8,
-    "relu": 1, "relu_grad": 1, "sigmoid": 4, "sigmoid_grad": 3, "tanh": 4, "tanh_grad": 3,
-    "exp": 4, "exp_grad": 1, "log": 4, "log_grad": 1, "sqrt": 4, "sqrt_grad": 2,
-    "square": 1, "square_grad": 2, "cos": 4, "cos_grad": 4, "sign": 1, "floor": 1, "ceil": 1,
-    "scale": 2, "scale_grad": 1, "clip": 2, "clip_grad": 2,
-    "cast": 0, "cast_grad": 0, "assign": 0, "assign_grad": 0, "reshape": 0, "reshape_grad": 0,
-}
-"""Elementwise ops and activations: FLOPs per element of the op's outputs."""
-
-SOFTMAX_FLOPS_PER_ELEMENT = 5.0
-"""Softmax and cross-entropy (forward and gradient): FLOPs per element of the largest input."""
-SOFTMAX_OPS = frozenset({
-    "softmax", "softmax_grad", "softmax_with_cross_entropy", "softmax_with_cross_entropy_grad",
-    "cross_entropy", "cross_entropy_grad",
-})
-
-REDUCTION_FLOPS_PER_ELEMENT: dict[str, float] = {
-    "mean": 1, "sequence_pool": 1, "squared_l2_norm": 2,
-}
-"""Reductions: FLOPs per element of the input."""
-
-OPTIMIZER_FLOPS_PER_ELEMENT: dict[str, float] = {
-    "sgd": 2, "momentum": 4, "adam": 12, "adagrad": 6, "decayed_adagrad": 7, "adamax": 10,
-    "rmsprop": 10, "ftrl": 16,
-}
-"""Optimizer updates: FLOPs per parameter element updated."""
-
-_OPTIMIZER_SCALARS = frozenset({"Grad", "LearningRate", "Beta1Pow", "Beta2Pow"})
-"""Optimizer input slots that are not parameter-shaped state."""
 
 
 _VALUES = (np.ndarray, LoDTensor, SelectedRows, Phantom)
@@ -188,76 +153,97 @@ def _matmul(op: Op, scope: Scope, products: int) -> Work:
     return Work(2.0 * m * k * n * products, _moved(op, scope))
 
 
-def _mul(op: Op, scope: Scope) -> Work:
+def _mul(op: Op, scope: Scope, flops: float) -> Work:
     return _matmul(op, scope, 1)
 
 
-def _mul_grad(op: Op, scope: Scope) -> Work:
+def _mul_grad(op: Op, scope: Scope, flops: float) -> Work:
     products = sum(1 for slot in ("X@GRAD", "Y@GRAD") if _first(op, scope, slot, output=True)
                    is not None)
     return _matmul(op, scope, products)
 
 
-def _lookup(op: Op, scope: Scope) -> Work:
+def _lookup(op: Op, scope: Scope, flops: float) -> Work:
     """`lookup_table`: the ids read, the rows read from the table and written to Out."""
     out = _first(op, scope, "Out", output=True)
     return Work(0.0, _moved(op, scope, skip=frozenset({"W"})) + _nbytes(out))
 
 
-def _lookup_grad(op: Op, scope: Scope) -> Work:
+def _lookup_grad(op: Op, scope: Scope, flops: float) -> Work:
     """`lookup_table_grad`: the table itself is not read, only the rows' gradients."""
     return Work(_out_elements(op, scope), _moved(op, scope, skip=frozenset({"W"})))
 
 
-def _sum(op: Op, scope: Scope) -> Work:
+def _sum(op: Op, scope: Scope, flops: float) -> Work:
     adds = max(len(_values(scope, op.input("X"))) - 1, 0)
     return Work(_out_elements(op, scope) * adds, _moved(op, scope))
 
 
-def _softmax(op: Op, scope: Scope) -> Work:
+def _softmax(op: Op, scope: Scope, flops: float) -> Work:
+    """Softmax and cross-entropy: `flops` per element of the largest input."""
     largest = max((_elements(v) for names in op.inputs.values() for v in _values(scope, names)),
                   default=0)
-    return Work(SOFTMAX_FLOPS_PER_ELEMENT * largest, _moved(op, scope))
+    return Work(flops * largest, _moved(op, scope))
 
 
-def _reduction(op: Op, scope: Scope) -> Work:
+def _reduction(op: Op, scope: Scope, flops: float) -> Work:
+    """Reductions: `flops` per element of X."""
     elements = sum(_elements(v) for v in _values(scope, op.input("X")))
-    return Work(REDUCTION_FLOPS_PER_ELEMENT[op.type] * elements, _moved(op, scope))
+    return Work(flops * elements, _moved(op, scope))
 
 
-def _optimizer(op: Op, scope: Scope) -> Work:
+def _optimizer(op: Op, scope: Scope, flops: float) -> Work:
     """The gradient read, and each parameter-shaped state (Param, moments, accumulators) read
-    and written at the elements updated: the rows of a sparse gradient for `sgd`, the whole
-    parameter otherwise (the other optimizers densify a sparse gradient)."""
+    and written at the elements updated: `flops` per element updated, which are the rows of a
+    sparse gradient for an optimizer that updates only those (`sgd`), the whole parameter
+    otherwise (the other optimizers densify a sparse gradient)."""
     param, grad = _first(op, scope, "Param"), _first(op, scope, "Grad")
-    if not isinstance(param, _VALUES) or grad is None:
+    update = OPS[op.type].update
+    if not isinstance(param, _VALUES) or grad is None or update is None:
         return _generic(op, scope)
-    sparse = op.type == "sgd" and _is_rows(grad)
+    sparse = update.sparse_rows and _is_rows(grad)
     updated = _elements(grad) if sparse else _elements(param)
     states = sum(1 for slot, names in op.inputs.items()
-                 if slot not in _OPTIMIZER_SCALARS and _values(scope, names))
+                 if slot not in update.scalar_slots and _values(scope, names))
     moved = _nbytes(grad) + 2 * states * updated * param.dtype.itemsize
-    return Work(OPTIMIZER_FLOPS_PER_ELEMENT[op.type] * updated, moved)
+    return Work(flops * updated, moved)
 
 
-def _elementwise(op: Op, scope: Scope) -> Work:
-    return Work(FLOPS_PER_ELEMENT[op.type] * _out_elements(op, scope), _moved(op, scope))
+def _elementwise(op: Op, scope: Scope, flops: float) -> Work:
+    """Elementwise ops and activations: `flops` per element of the op's outputs."""
+    return Work(flops * _out_elements(op, scope), _moved(op, scope))
 
 
-_RULES: dict[str, Callable[[Op, Scope], Work]] = {
-    "mul": _mul, "mul_grad": _mul_grad, "sum": _sum,
-    "lookup_table": _lookup, "lookup_sparse_table": _lookup, "lookup_table_grad": _lookup_grad,
-    **{name: _softmax for name in SOFTMAX_OPS},
-    **{name: _reduction for name in REDUCTION_FLOPS_PER_ELEMENT},
-    **{name: _optimizer for name in OPTIMIZER_FLOPS_PER_ELEMENT},
-    **{name: _elementwise for name in FLOPS_PER_ELEMENT},
+CostRule = Callable[[Op, Scope, float], Work]
+
+COST_RULES: dict[str, CostRule] = {
+    "elementwise": _elementwise, "softmax": _softmax, "reduction": _reduction,
+    "optimizer": _optimizer, "matmul": _mul, "matmul_grad": _mul_grad, "sum": _sum,
+    "lookup": _lookup, "lookup_grad": _lookup_grad,
 }
+"""The cost rules by the names the op catalog's entries give (`transpiler.opcatalog.Cost`)."""
+
+
+def _priced(op_def: OpDef, cost: Cost) -> tuple[CostRule, float]:
+    if cost.rule not in COST_RULES:
+        raise ValueError(f"op {op_def.type!r}: the catalog names cost rule {cost.rule!r}, "
+                         f"which is not one of {sorted(COST_RULES)}")
+    return COST_RULES[cost.rule], cost.flops
+
+
+_RULES: dict[str, tuple[CostRule, float]] = {
+    op.type: _priced(op, op.cost) for op in OPS.values() if op.cost is not None}
+"""Each op type's cost rule and FLOPs per element; op types not here get `_generic`."""
 
 
 def op_work(op: Op, scope: Scope) -> Work:
     """FLOPs and bytes moved by `op`, from the values its inputs and outputs hold in `scope`
     (phantoms count as the values they stand for: `shape_of`, `nbytes_of`)."""
-    return _RULES.get(op.type, _generic)(op, scope)
+    priced = _RULES.get(op.type)
+    if priced is None:
+        return _generic(op, scope)
+    rule, flops = priced
+    return rule(op, scope, flops)
 
 
 # ------------------------------------------------------------------------------- models

@@ -159,7 +159,11 @@ def _field_docstrings(model: type[BaseModel]) -> dict[str, str]:
 
 def _written_annotation(model: type[BaseModel], name: str) -> str:
     """The field's annotation as its class's source writes it (a string, under
-    ``from __future__ import annotations``)."""
+    ``from __future__ import annotations``); a choice of literals is spelled out, since the
+    name a class gives it (built at import, e.g. from the op catalog) says nothing to a reader."""
+    annotation = model.model_fields[name].annotation
+    if typing.get_origin(annotation) is typing.Literal:
+        return typing._type_repr(annotation).removeprefix("typing.")  # type: ignore[attr-defined]
     for cls in model.__mro__:
         written = cls.__dict__.get("__annotations__", {}).get(name)
         if written is not None:

@@ -356,15 +356,6 @@ else:
 """One entry of the `faults:` list, parsed into the class its key names."""
 
 
-def fault_kind(fault: AnyFault) -> str:
-    return fault.kind
-
-
-def describe(fault: AnyFault) -> str:
-    """One line saying what `fault` does."""
-    return fault.describe()
-
-
 def _any(patterns: tuple[str, ...], node: str) -> bool:
     return any(fnmatchcase(node, p) for p in patterns)
 

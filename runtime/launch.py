@@ -373,7 +373,7 @@ class Launcher:
     network's latency under ``--netns``."""
     nodes: list[NodeRun] = field(default_factory=list)
     injector: FaultSchedule | None = None
-    _comebacks: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+    _comebacks: dict[str, asyncio.Future[None]] = field(default_factory=dict, init=False)
     """node -> set when the fault schedule restarts that crashed node."""
 
     def __post_init__(self) -> None:

@@ -159,6 +159,24 @@ def test_a_reordered_message_arrives_right_after_the_next_one() -> None:
         assert numbers[i] == numbers[i + 1] + 1  # a neighbouring pair, swapped
 
 
+def test_a_duplicated_message_held_back_arrives_twice_behind_the_next() -> None:
+    log, net = deliveries(LinkFaults(links=("trainer:*", "pserver:*"), duplicate=0.5,
+                                     reorder=0.5))
+    stats = net.link_stats()["trainer:0", "pserver:0"]
+    numbers = [n for _, n in log]
+    assert sorted(set(numbers)) == list(range(40))
+    assert len(numbers) - 40 == stats.duplicated > 0  # every copy arrives, held or not
+    assert all(numbers.count(n) <= 2 for n in range(40))
+
+
+def test_several_rules_on_a_link_duplicate_a_message_once_at_most() -> None:
+    rule = LinkFaults(links=("trainer:*", "pserver:*"), duplicate=0.9)
+    faults = MessageFaults(seed=5)
+    faults.rules += [rule, rule.model_copy(update={"links": ("trainer:0", "pserver:0")})]
+    copies = [faults.fate("trainer:0", "pserver:0").copies for _ in range(200)]  # type: ignore[union-attr]
+    assert set(copies) == {1, 2} and copies.count(2) > 190  # 1 - 0.1 * 0.1 of them
+
+
 def test_a_delayed_message_arrives_delay_by_later() -> None:
     clean, _ = deliveries(LinkFaults(links=("trainer:*", "pserver:*")))
     late, net = deliveries(LinkFaults(links=("trainer:*", "pserver:*"), delay=0.5,

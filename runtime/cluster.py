@@ -161,22 +161,20 @@ class LocalCluster:
         task.add_done_callback(lambda _: self._changed.set())
         self._tasks[name] = task
 
-    def crash(self, node: str, restart_after: float | None = None) -> bool:
+    def crash(self, node: str, returning: bool = False) -> bool:
         """Kill `node` now: its tasks stop, its transport closes, its state is lost; with
-        `restart_after`, it comes back that many seconds later. False if it was not running."""
+        `returning`, the job waits for its `restart`. False if it was not running."""
         task = self._tasks.get(node)
         if task is None or task.done():
             return False
         del self._tasks[node]
         self.down.add(node)
         task.cancel()
-        loop = asyncio.get_running_loop()
-        if restart_after is not None:
+        if returning:
             self._restarting.add(node)
-            loop.call_later(restart_after, self.restart, node)
         role, index = _parse_node(node)
         owner: Any = self.servers[index] if role == "pserver" else self.trainers[index]
-        loop.create_task(_close(owner, role))
+        asyncio.get_running_loop().create_task(_close(owner, role))
         return True
 
     def restart(self, node: str) -> None:

@@ -27,8 +27,11 @@ seed and message sequence give the same fates however links interleave.
 
 - drop: the message is not forwarded (TCP never knows).
 - duplicate: it is forwarded twice in a row.
-- reorder: it is held until the next message of its direction has been forwarded, then
-  forwarded after it (a swapped pair); if none comes within `Faults.reorder_wait` it goes alone.
+- reorder: it is held until the next message of its direction has been read, then forwarded
+  right after it (a swapped pair); if none comes within `Faults.reorder_wait` of its reading it
+  goes alone. Holding it adds nothing to its own latency, which counts from its reading: it
+  goes at the later of its release and its due time (as the simulator holds a message back,
+  `runtime.faults.LinkFaults`).
 - latency: it is forwarded `latency` seconds (constant, or drawn by a sampler from the link's
   RNG) after it was read, never before an earlier message of its direction: order is kept.
 - bandwidth: each direction of a connection sends at most that many bytes per second (paced
@@ -230,8 +233,13 @@ class _Held:
     """A reordered message waiting for the next one to overtake it."""
 
     units: list[_Unit]
-    delay: float
+    due: float
+    """When its latency, counted from its reading, has passed (the loop's clock)."""
     timer: asyncio.TimerHandle
+
+    def delay(self) -> float:
+        """Its latency left, released now."""
+        return max(0.0, self.due - asyncio.get_running_loop().time())
 
 
 class _Lane:
@@ -323,12 +331,12 @@ class _Lane:
             held, self._held = self._held, None
             held.timer.cancel()
             self._push(units, fate.delay)
-            self._push(held.units, held.delay)
+            self._push(held.units, held.delay())
             self.count("reordered")
         elif fate.reorder:
-            wait = faults.reorder_wait
-            timer = asyncio.get_running_loop().call_later(wait, self._release_held)
-            self._held = _Held(units, fate.delay, timer)
+            loop = asyncio.get_running_loop()
+            timer = loop.call_later(faults.reorder_wait, self._release_held)
+            self._held = _Held(units, loop.time() + fate.delay, timer)
         else:
             self._push(units, fate.delay)
 
@@ -337,7 +345,7 @@ class _Lane:
         if self._held is not None:
             held, self._held = self._held, None
             held.timer.cancel()
-            self._push(held.units, held.delay)
+            self._push(held.units, held.delay())
 
     def _push(self, units: list[_Unit], delay: float) -> None:
         """Queue `units` to go out `delay` seconds after they leave a link of the configured

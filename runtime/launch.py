@@ -17,11 +17,12 @@ live pserver that holds its request for the next step), and the reason lists eve
 failed, the first first. Stopping is SIGTERM to each child's process group, then SIGKILL after
 `GRACE_SECONDS`; the launcher reaps every child before it returns, so nothing is left behind.
 
-The scenario's `faults` are injected into the real processes by `runtime.inject`: the
-launcher SIGKILLs a crashed node's process group and, with ``restart_after``, starts it again
-(a pserver with ``--recover``, a trainer with ``--incarnation N``); it pauses a slowed one with
-SIGSTOP/SIGCONT; and for message faults it puts a `FaultProxy` at each pserver's endpoint, the
-pserver serving behind it (``--bind``). A node killed by a fault is not a failure by itself.
+The scenario's `faults` are fired by `runtime.faultschedule.FaultSchedule` (the simulator's
+schedule too) on `runtime.inject.RuntimeTarget`, with the trainers' progress as the trigger of
+``at: "step N"``: the launcher SIGKILLs a crashed node's process group and, when the schedule
+says it restarts, starts it again (a pserver with ``--recover``, a trainer with ``--incarnation
+N``); the target pauses a slowed one with SIGSTOP/SIGCONT; and for message faults the launcher
+puts a `FaultProxy` at each pserver's endpoint, the pserver serving behind it (``--bind``). A node killed by a fault is not a failure by itself.
 Every pserver checkpoints into ``train.checkpoint_dir`` or ``OUT/checkpoints`` (what an
 earlier run left there for this job's pservers is removed first).
 
@@ -66,7 +67,9 @@ from . import expect
 from .cluster import pserver_name, run_job, train_locally
 from .faultproxy import FaultProxy, Faults
 from .faults import LinkFaults, Partition, Slow
-from .inject import SLOW_PERIOD, Injector, connects, needs_proxies
+from .faultschedule import FaultSchedule
+from .faults import nodes_of
+from .inject import SLOW_PERIOD, RuntimeTarget, connects, metrics_events, needs_proxies
 from .job import Job
 from .metrics import (ExpectationResult, JobMetrics, JobSummary, NetnsMetrics, ProxyMetrics,
                       PserverMetrics, TrainerMetrics, read_record, write_record)
@@ -369,7 +372,9 @@ class Launcher:
     """(trainer, pserver) -> what the proxy does to that link without fault rules: the
     network's latency under ``--netns``."""
     nodes: list[NodeRun] = field(default_factory=list)
-    injector: Injector | None = None
+    injector: FaultSchedule | None = None
+    _comebacks: dict[str, asyncio.Future[None]] = field(default_factory=dict, init=False)
+    """node -> set when the fault schedule restarts that crashed node."""
 
     def __post_init__(self) -> None:
         cluster = self.scenario.cluster
@@ -395,9 +400,10 @@ class Launcher:
             loop.add_signal_handler(sig, on_signal, sig)
         self._display = display
         cluster = self.scenario.cluster
-        injector = self.injector = Injector(
-            self.scenario.faults, self, dict(enumerate(self.proxies)),
-            [n.name for n in self.nodes], cluster.trainers, display.message, self.base_faults)
+        target = RuntimeTarget(self, dict(enumerate(self.proxies)), cluster.trainers,
+                               display.message, self.base_faults)
+        injector = self.injector = FaultSchedule(self.scenario.faults, target,
+                                                 nodes_of(cluster.pservers, cluster.trainers))
         start = time.perf_counter()  # loop.time() is whole milliseconds on uvloop
         failure: Failure | None = None
         try:
@@ -413,7 +419,8 @@ class Launcher:
                 loop.remove_signal_handler(sig)
                 if handler is not None:
                     signal.signal(sig, handler)  # what was there before, e.g. `runtime.netns`'s
-            await injector.close()  # resumes paused nodes before they are told to stop
+            injector.close()
+            await target.close()  # resumes paused nodes before they are told to stop
             if failure is not None:
                 display.message(f"stopping: {failure.reason}")
             await self._stop_all(failure.reason if failure else "the launcher is exiting")
@@ -524,11 +531,11 @@ class Launcher:
                 if n.exit_code not in (0, None) and not n.killed]
         return Failure("; ".join([failed.exit_reason(), *also]), failed.name)
 
-    # -- what the injector asks (`runtime.inject.Nodes`) -----------------------------------------
+    # -- what the fault target asks (`runtime.inject.Nodes`) -------------------------------------
     def _node(self, name: str) -> NodeRun:
         return next(n for n in self.nodes if n.name == name)
 
-    def kill(self, node: str) -> int | None:
+    def kill(self, node: str, returning: bool) -> int | None:
         run = self._node(node)
         life = run.life
         if life is None or not run.running or life.process.returncode is not None:
@@ -537,12 +544,16 @@ class Launcher:
         run.log.write(f"[runtime up] fault injection: SIGKILL to {run.name} "
                       f"(process group {life.process.pid})\n")
         _signal_group(life.process.pid, signal.SIGKILL)
+        if returning:
+            loop = asyncio.get_running_loop()
+            back = self._comebacks[node] = loop.create_future()
+            run.restart = loop.create_task(self._restart(run, back), name=f"restart {node}")
         return life.process.pid
 
-    def restart_after(self, node: str, delay: float) -> None:
-        run = self._node(node)
-        run.restart = asyncio.get_running_loop().create_task(self._restart(run, delay),
-                                                             name=f"restart {node}")
+    def restart(self, node: str) -> None:
+        back = self._comebacks.pop(node, None)
+        if back is not None and not back.done():
+            back.set_result(None)
 
     def send_signal(self, node: str, sig: signal.Signals) -> bool:
         run = self._node(node)
@@ -552,14 +563,12 @@ class Launcher:
         _signal_group(run.process.pid, sig)
         return True
 
-    async def _restart(self, node: NodeRun, delay: float) -> None:
-        """Start `node` again `delay` seconds from now, once its killed process is reaped."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + delay
+    async def _restart(self, node: NodeRun, back: asyncio.Future[None]) -> None:
+        """Start `node` again once its killed process is reaped and `back` is set."""
         life = node.life
         if life is not None and life.watcher is not None:
             await asyncio.wait([life.watcher])
-        await asyncio.sleep(max(0.0, due - loop.time()))
+        await back
         how = "--recover" if node.role == "pserver" else f"--incarnation {len(node.lives)}"
         node.log.write(f"[runtime up] restarting {node.name} ({how})\n")
         if self._display is not None:
@@ -625,7 +634,7 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
         scenario.cluster.trainers, train.steps, scenario.data.batch_size, launcher.endpoints,
         wall, train_seconds, samples, samples / train_seconds if train_seconds else None,
         failure is None, failure.reason if failure else None, failure.node if failure else None)
-    events = list(launcher.injector.events) if launcher.injector is not None else []
+    events = metrics_events(launcher.injector.events) if launcher.injector is not None else []
     return JobMetrics(summary, trainers, pservers, [], notes, events, proxy_metrics(launcher),
                       netns)
 

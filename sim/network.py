@@ -197,8 +197,9 @@ class Network:
         self._links: dict[tuple[str, str], _Link] = {}
         self.faults: MessageFaults | None = None
         """The message faults in force (`sim.faults`); None: none."""
-        self._held_back: dict[tuple[str, str], tuple[_Packet, float]] = {}
-        """A reordered message per link, waiting for the next one to overtake it."""
+        self._held_back: dict[tuple[str, str], tuple[_Packet, float, int]] = {}
+        """A reordered message per link (the packet, its first bit's due time, its copies),
+        waiting for the next one to overtake it."""
         self.cpus: Cpus | None = None
         self.costs: RuntimeCosts | None = None
         """The runtime's own costs per message, charged on the nodes' `cpus` (None: free)."""
@@ -310,7 +311,7 @@ class Network:
         key = (link.src, link.dst)
         if fate.reorder and key not in self._held_back:
             link.stats.reordered += 1
-            self._held_back[key] = (packet, first_bit)
+            self._held_back[key] = (packet, first_bit, fate.copies)
             loop = asyncio.get_running_loop()
             loop.call_at(loop.time() + REORDER_WAIT, self._release_held_back, link, packet)
             return
@@ -325,8 +326,9 @@ class Network:
         if held is None or (only is not None and held[0] is not only):
             return
         del self._held_back[link.src, link.dst]
-        packet, first_bit = held
-        self._schedule(packet, first_bit)
+        packet, first_bit, copies = held
+        for _ in range(copies):
+            self._schedule(packet, first_bit)
 
     def _arrive(self, packet: _Packet) -> None:
         """The first bit is in: queue on the receiver's NIC, deliver once fully taken."""

@@ -7,9 +7,10 @@ describes, charged for compute by the model its `compute` section names (`sim.co
 by a `TraceRecorder`. The numbers are real (numeric mode: real tensors, real updates); only time
 is simulated, so the parameters equal those of a real run of the same sync scenario.
 
-The scenario's `faults` are injected by `sim.faults` (messages in the network, crashes and
-restarts of nodes through `runtime.cluster.LocalCluster`, slowdowns in the compute model) and
-listed in `SimResult.faults`; pservers checkpoint into `train.checkpoint_dir`, or a temporary
+The scenario's `faults` are fired by `runtime.faultschedule.FaultSchedule`, the schedule
+`runtime up` uses too, on `sim.faults.SimTarget` (messages in the network, crashes and restarts
+of nodes through `runtime.cluster.LocalCluster`, slowdowns in the compute model) and listed in
+`SimResult.faults`; pservers checkpoint into `train.checkpoint_dir`, or a temporary
 directory that is removed after the run.
 
 Speed: the built job (programs, scopes, the network) lives the whole run, and a large run makes
@@ -38,14 +39,15 @@ import numpy as np
 
 from runtime.cluster import JobResult, LocalCluster, pserver_name, trainer_name
 from runtime.costs import RuntimeCosts
-from runtime.faults import Crash
+from runtime.faults import Crash, nodes_of
+from runtime.faultschedule import FaultSchedule
 from runtime.job import Job
 from runtime.pserver import ServerStats
 from runtime.scenario import Scenario
 
 from .cost import Ledger, OnCpus, compute_model, runtime_costs
 from .cpu import Cpus, hosts_of
-from .faults import FaultEvent, FaultInjector, MessageFaults, Slowdowns
+from .faults import FaultEvent, MessageFaults, SimTarget, Slowdowns
 from .loop import SimStats, VirtualTimeLoop, run
 from .network import LinkStats, Network, NicStats
 from .trace import TraceRecorder
@@ -120,26 +122,28 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
         now = asyncio.get_running_loop().time()
         ends[trainer].append(now)
         trace.span(trainer_name(trainer), f"step {step}", now - seconds, now, "step")
-        injector.on_step(trainer, step)
+        schedule.on_progress(trainer, step + 1)
         if on_step is not None:
             on_step(trainer, step, loss, seconds, now)
 
     async def main(cluster: LocalCluster) -> tuple[JobResult, float, SimStats]:
-        injector.start()
+        schedule.start()
         result = await cluster.run()
         loop = cast(VirtualTimeLoop, asyncio.get_running_loop())
         return result, loop.time(), loop.stats
 
     with _checkpoint_dir(scenario) as checkpoints:
         cluster = LocalCluster(job, network.transport, compute, trace, observe, checkpoints)
-        injector = FaultInjector(list(scenario.faults), cluster, messages, slowdowns, trace)
+        schedule = FaultSchedule(list(scenario.faults),
+                                 SimTarget(cluster, messages, slowdowns, trace),
+                                 nodes_of(len(job.endpoints), job.trainers))
         with _without_cyclic_gc():
             result, now, stats = run(main(cluster), max_time=scenario.train.deadline)
     trainers = [TrainerRun(r.trainer_id, r.losses, r.step_times, ends[r.trainer_id], r.redone,
                            r.first_step) for r in result.trainers]
     return SimResult(scenario, job.endpoints, now, trainers, result.pservers, result.params,
                      network.link_stats(), network.nic_stats(), trace,
-                     dict(compute.in_steps) if compute else {}, stats, injector.events, base_dir)
+                     dict(compute.in_steps) if compute else {}, stats, schedule.events, base_dir)
 
 
 def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,

@@ -198,6 +198,19 @@ async def test_a_reordered_message_with_no_successor_goes_alone_after_its_wait()
 
 
 @pytest.mark.timeout(30)
+async def test_holding_a_reordered_message_adds_nothing_to_its_latency() -> None:
+    """Latency 1 s, held at most 0.5 s for a successor that never comes: it goes after 1 s
+    (its latency counts from its reading, as in the simulator), not 1.5 s."""
+    async with link({UP: Faults(reorder=1.0, reorder_wait=0.5, latency=1.0),
+                     DOWN: Faults()}) as ln:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await ln.send(range(1))
+        assert number((await within(ln.server.recv()))[1]) == 0
+        assert 1.0 <= loop.time() - start < 1.4
+
+
+@pytest.mark.timeout(30)
 async def test_latency_delays_each_direction() -> None:
     latency = 0.2
     async with link(Faults(latency=latency)) as ln:

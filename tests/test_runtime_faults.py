@@ -15,7 +15,7 @@ import os
 import random
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,12 +24,16 @@ import pytest
 from runtime import expect
 from runtime.checkpoint import MANIFEST
 from runtime.faultproxy import Direction, FaultProxy, Faults
-from runtime.faults import LinkFaults
-from runtime.inject import SLOW_PERIOD, Injector, link_faults
+from runtime.faults import REORDER_WAIT, LinkFaults
+from runtime.faultschedule import FaultSchedule
+from runtime.inject import SLOW_PERIOD, RuntimeTarget, link_faults
 from runtime.launch import ignored_by_runtime
 from runtime.metrics import JobMetrics, read_metrics
 from runtime.scenario import Scenario, load_scenario, parse_scenario
 
+from sim.loop import run
+
+from fault_contract import NODES, SCENARIO, FaultTargetContract, Harness, Look, faults_of, look
 from test_runtime_up import children_of, up
 from test_sim_faults import simulated
 
@@ -203,114 +207,146 @@ def test_link_rules_combine_as_independent_chances_and_added_delays() -> None:
 
 @dataclass
 class FakeNodes:
-    """The launcher's side of the injector, recording what was asked."""
+    """The launcher's side of the target: processes that are only names, recording what was
+    asked, with the loop's time."""
 
     running: set[str]
-    calls: list[tuple[str, str]] = field(default_factory=list)
+    calls: list[tuple[float, str, str]] = field(default_factory=list)
 
-    def kill(self, node: str) -> int | None:
-        self.calls.append(("kill", node))
+    def _record(self, what: str, node: str) -> None:
+        self.calls.append((asyncio.get_running_loop().time(), what, node))
+
+    def kill(self, node: str, returning: bool) -> int | None:
+        self._record("kill, returning" if returning else "kill", node)
         if node not in self.running:
             return None
         self.running.discard(node)
         return 4242
 
-    def restart_after(self, node: str, delay: float) -> None:
-        self.calls.append((f"restart after {delay:g}s", node))
+    def restart(self, node: str) -> None:
+        self._record("restart", node)
+        self.running.add(node)
 
     def send_signal(self, node: str, sig: signal.Signals) -> bool:
-        self.calls.append((sig.name, node))
+        self._record(sig.name, node)
         return node in self.running
 
 
-SCENARIO = """\
-name: inject
-model: {{name: mlp}}
-cluster: {{pservers: 2, trainers: 2}}
-faults: {faults}
-"""
+class RuntimeHarness:
+    """runtime up's target over fake processes and two fault proxies that are never started."""
+
+    def __init__(self, running: Sequence[str] = NODES) -> None:
+        self.nodes = FakeNodes(set(running))
+        self.proxies = {j: FaultProxy(upstream=f"127.0.0.1:{7000 + j}",
+                                      upstream_name=f"pserver:{j}") for j in range(2)}
+        self.said: list[str] = []
+        self.target = RuntimeTarget(self.nodes, self.proxies, 2, self.said.append)
+
+    def look(self) -> Look:
+        def cut(trainer: str, pserver: str) -> bool:
+            return self.proxies[int(pserver[-1])].partition_of(trainer) == "drop"
+
+        def link(trainer: str, pserver: str) -> tuple[float, float, float]:
+            proxy = self.proxies[int(pserver[-1])]
+            up, down = (proxy.faults_for(trainer, d) for d in Direction)
+            assert up == down and (up == Faults() or up.reorder_wait == REORDER_WAIT)
+            return up.drop, up.duplicate, up.reorder
+
+        return look(set(NODES) - self.nodes.running, cut, link, self.target.slowdown)
+
+    async def close(self) -> None:
+        await self.target.close()
 
 
-def injector_for(faults: str, nodes: FakeNodes,
-                 wake_on: str = " ended ") -> tuple[Injector, list[str], asyncio.Event]:
-    """An injector of `faults` over two proxies; what it says, and an event set when it says
-    something containing `wake_on`."""
-    scenario = parse_scenario(SCENARIO.format(faults=faults))
-    said: list[str] = []
-    woken = asyncio.Event()
-
-    def say(text: str) -> None:
-        said.append(text)
-        if wake_on in text:
-            woken.set()
-
-    proxies = {j: FaultProxy(upstream=f"127.0.0.1:{7000 + j}") for j in range(2)}
-    names = ["pserver:0", "pserver:1", "trainer:0", "trainer:1"]
-    return Injector(scenario.faults, nodes, proxies, names, 2, say), said, woken
+class TestRuntimeTarget(FaultTargetContract):
+    @pytest.fixture
+    def harness(self) -> Callable[[], Harness]:
+        return RuntimeHarness
 
 
-@pytest.mark.timeout(10)
-async def test_a_partition_cuts_the_links_of_its_groups_and_heals() -> None:
-    nodes = FakeNodes(set())
-    injector, said, ended = injector_for(
-        '[{at: "step 3", partition: [["trainer:0"], ["pserver:1"]], heal_after: 50ms}, '
-        '{links: ["trainer:1", "pserver:*"], drop: 0.5}]', nodes)
-    proxies = injector.proxies
-    injector.arm()  # the link rule without `at` holds from the start
-    assert proxies[0].faults_for("trainer:1", Direction.UP) == link_faults(
-        [LinkFaults(links=("trainer:1", "pserver:*"), drop=0.5)])
-    assert proxies[0].faults_for("trainer:0", Direction.UP) == Faults()
-    injector.start()
-    injector.on_progress(1, 2)
-    assert proxies[1].partition_of("trainer:0") is None
-    injector.on_progress(1, 4)
-    injector.on_progress(0, 5)  # fires once
-    assert [e.fault for e in injector.events] == [1, 0]
-    assert injector.events[1].detail == "trainer:1 reported step 4"
-    assert [p.partition_of("trainer:0") for p in proxies.values()] == [None, "drop"]
-    assert proxies[1].partition_of("trainer:1") is None
-    await asyncio.wait_for(ended.wait(), 5)
-    assert [p.partition_of("trainer:0") for p in proxies.values()] == [None, None]
-    assert said[-1].startswith("fault 0 ended at")
-    await injector.close()
-    assert nodes.calls == []
+Script = Callable[["RuntimeHarness", FaultSchedule], Awaitable[None]]
 
 
-@pytest.mark.timeout(10)
-async def test_crashes_kill_the_node_and_ask_for_its_restart() -> None:
-    nodes = FakeNodes({"pserver:1"})
-    injector, said, fired = injector_for(
-        '[{at: 0s, crash: "pserver:1", restart_after: 2s}, {at: "step 1", crash: "trainer:0"}]',
-        nodes, wake_on="fault 0 at")
-    injector.start()
-    injector.on_progress(0, 1)  # trainer:0 is not running: nothing to crash
-    await asyncio.wait_for(fired.wait(), 5)
-    assert nodes.calls == [("kill", "trainer:0"), ("kill", "pserver:1"),
-                           ("restart after 2s", "pserver:1")]
-    second, first = injector.events
-    assert "not running: nothing to crash" in second.detail and second.end == second.start
-    assert "SIGKILL to process group 4242" in first.detail
-    assert first.end == pytest.approx(first.start + 2.0, abs=0.01)
-    await injector.close()
+def played(faults: str, script: Script,
+           running: Sequence[str] = NODES) -> tuple[RuntimeHarness, FaultSchedule]:
+    """`faults` scheduled on a `RuntimeHarness` on the virtual clock while `script` runs; the
+    schedule is closed after it."""
+    async def main() -> tuple[RuntimeHarness, FaultSchedule]:
+        harness = RuntimeHarness(running)
+        schedule = FaultSchedule(faults_of(faults), harness.target, NODES)
+        await script(harness, schedule)
+        schedule.close()
+        await harness.close()
+        return harness, schedule
+    return run(main(), max_time=60.0)
 
 
-@pytest.mark.timeout(10)
-async def test_a_slowed_node_is_paused_in_a_duty_cycle_and_resumed_at_the_end() -> None:
-    nodes = FakeNodes({"trainer:1"})
-    injector, said, fired = injector_for('[{at: 0s, slow: "trainer:1", slowdown: 4, '
-                                         'for: 100ms}]', nodes, wake_on="fault 0 at")
-    injector.start()
-    await asyncio.wait_for(fired.wait(), 5)
-    (task,) = injector._slowed
-    await asyncio.wait_for(task, 5)
-    signals = [sig for sig, node in nodes.calls if node == "trainer:1"]
-    pauses = signals.count("SIGSTOP")
-    assert signals == ["SIGSTOP", "SIGCONT"] * pauses + ["SIGCONT"]  # resumed at the end
-    assert 2 <= pauses <= 0.1 / SLOW_PERIOD + 1
-    (event,) = injector.events
-    assert "paused 15.0ms of every 20ms" in event.detail
-    assert event.detail.endswith(f"trainer:1 paused {pauses} times")
-    await injector.close()
+def test_a_partition_cuts_the_links_of_its_groups_and_heals() -> None:
+    async def script(harness: RuntimeHarness, schedule: FaultSchedule) -> None:
+        proxies = harness.proxies
+        schedule.arm()  # the link rule without `at` holds from the start
+        assert proxies[0].faults_for("trainer:1", Direction.UP) == link_faults(
+            [LinkFaults(links=("trainer:1", "pserver:*"), drop=0.5)])
+        assert proxies[0].faults_for("trainer:0", Direction.UP) == Faults()
+        schedule.start()
+        schedule.on_progress(1, 2)
+        assert proxies[1].partition_of("trainer:0") is None
+        schedule.on_progress(1, 4)
+        schedule.on_progress(0, 5)  # fires once
+        assert [e.fault for e in schedule.events] == [1, 0]
+        assert schedule.events[1].detail == "trainer:1 reported step 4"
+        assert [p.partition_of("trainer:0") for p in proxies.values()] == [None, "drop"]
+        assert proxies[1].partition_of("trainer:1") is None
+        await asyncio.sleep(0.05)
+        assert [p.partition_of("trainer:0") for p in proxies.values()] == [None, None]
+
+    harness, _ = played('[{at: "step 3", partition: [["trainer:0"], ["pserver:1"]], '
+                        'heal_after: 50ms}, {links: ["trainer:1", "pserver:*"], drop: 0.5}]',
+                        script)
+    assert harness.said[-1] == ("fault 0 ended at 0.05s: partition (trainer:0) from (pserver:1) "
+                                "for 0.05s")
+    assert harness.nodes.calls == []
+
+
+def test_crashes_kill_the_node_and_restart_it_when_due() -> None:
+    async def script(harness: RuntimeHarness, schedule: FaultSchedule) -> None:
+        schedule.start()
+        schedule.on_progress(0, 1)  # trainer:0 is not running: nothing to crash
+        await asyncio.sleep(3.0)
+
+    harness, schedule = played('[{at: 0s, crash: "pserver:1", restart_after: 2s}, '
+                               '{at: "step 1", crash: "trainer:0"}]', script,
+                               running=["pserver:0", "pserver:1", "trainer:1"])
+    assert harness.nodes.calls == [(0.0, "kill", "trainer:0"),
+                                   (0.0, "kill, returning", "pserver:1"),
+                                   (2.0, "restart", "pserver:1")]
+    second, first = schedule.events
+    assert second.what.endswith("(not running: nothing to crash)")
+    assert second.end == second.start == 0.0
+    assert first.detail == "at 0s; SIGKILL to process group 4242"
+    assert (first.start, first.end) == (0.0, 2.0)
+    assert harness.said[0] == ("fault 1 at 0.00s (trainer:0 reported step 1): crash trainer:0 "
+                               "(not running: nothing to crash)")
+
+
+def test_a_slowed_node_is_paused_in_a_duty_cycle_and_resumed_at_the_end() -> None:
+    async def script(harness: RuntimeHarness, schedule: FaultSchedule) -> None:
+        schedule.start()
+        await asyncio.sleep(0.2)
+
+    harness, schedule = played('[{at: 0s, slow: "trainer:1", slowdown: 4, for: 100ms}]', script)
+    stop, go = SLOW_PERIOD * 0.75, SLOW_PERIOD * 0.25
+    expected = []
+    for k in range(5):  # paused 15 ms of every 20 ms, from 0 until 100 ms
+        start = k * SLOW_PERIOD
+        expected += [("SIGSTOP", start), ("SIGCONT", start + stop)]
+    signals = [(sig, t) for t, sig, node in harness.nodes.calls if node == "trainer:1"]
+    assert [s for s, _ in signals] == [s for s, _ in expected] + ["SIGCONT"]  # resumed at the end
+    assert [t for _, t in signals[:-1]] == pytest.approx([t for _, t in expected])
+    assert signals[-1][1] == pytest.approx(0.1) and go > 0
+    (event,) = schedule.events
+    assert event.detail == ("at 0s; paused 15.0ms of every 20ms (SIGSTOP/SIGCONT); "
+                            "trainer:1 paused 5 times")
 
 
 def test_runtime_up_notes_what_it_injects_otherwise_than_the_simulator() -> None:

@@ -8,19 +8,25 @@ import asyncio
 import functools
 import json
 import random
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from runtime.cluster import LocalCluster
 from runtime.faults import LinkFaults, Partition, Trigger
 from runtime.scenario import ScenarioError, load_scenario, parse_scenario
-from sim.faults import REORDER_WAIT, MessageFaults
+from runtime.trainer import TrainerReport
+from sim.faults import REORDER_WAIT, MessageFaults, SimTarget, Slowdowns
 from sim.loop import run
 from sim.network import Network, SimTransport
 from sim.report import SimMetrics, collect
 from sim.simulate import SimResult, simulate
+from sim.trace import TraceRecorder
+
+from fault_contract import FaultTargetContract, Harness, Look, chances, look
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULT_SCENARIOS = sorted((ROOT / "scenarios" / "faults").glob("*.yaml"))
@@ -153,6 +159,24 @@ def test_a_reordered_message_arrives_right_after_the_next_one() -> None:
         assert numbers[i] == numbers[i + 1] + 1  # a neighbouring pair, swapped
 
 
+def test_a_duplicated_message_held_back_arrives_twice_behind_the_next() -> None:
+    log, net = deliveries(LinkFaults(links=("trainer:*", "pserver:*"), duplicate=0.5,
+                                     reorder=0.5))
+    stats = net.link_stats()["trainer:0", "pserver:0"]
+    numbers = [n for _, n in log]
+    assert sorted(set(numbers)) == list(range(40))
+    assert len(numbers) - 40 == stats.duplicated > 0  # every copy arrives, held or not
+    assert all(numbers.count(n) <= 2 for n in range(40))
+
+
+def test_several_rules_on_a_link_duplicate_a_message_once_at_most() -> None:
+    rule = LinkFaults(links=("trainer:*", "pserver:*"), duplicate=0.9)
+    faults = MessageFaults(seed=5)
+    faults.rules += [rule, rule.model_copy(update={"links": ("trainer:0", "pserver:0")})]
+    copies = [faults.fate("trainer:0", "pserver:0").copies for _ in range(200)]  # type: ignore[union-attr]
+    assert set(copies) == {1, 2} and copies.count(2) > 190  # 1 - 0.1 * 0.1 of them
+
+
 def test_a_delayed_message_arrives_delay_by_later() -> None:
     clean, _ = deliveries(LinkFaults(links=("trainer:*", "pserver:*")))
     late, net = deliveries(LinkFaults(links=("trainer:*", "pserver:*"), delay=0.5,
@@ -283,3 +307,76 @@ def test_in_the_asynchronous_modes_a_restarted_pserver_goes_on_from_its_checkpoi
     assert [t.redone for t in result.trainers] == [0, 0]  # nothing to redo: no barrier
     assert [len(t.losses) for t in result.trainers] == [60, 60]
 
+
+
+# -- the fault target contract ------------------------------------------------------------------
+
+class _Idle:
+    """What `LocalCluster` closes and reads of a crashed node that never did anything."""
+
+    def __init__(self, index: int) -> None:
+        self.report = TrainerReport(index)
+        self.rpc = self.client = self.transport = self
+
+    async def abandon(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class IdleCluster(LocalCluster):
+    """A `LocalCluster` of 2 pservers and 2 trainers whose nodes wait and do nothing: its crash
+    and restart bookkeeping is the simulator's own."""
+
+    def __init__(self) -> None:
+        super().__init__(None, lambda name: None)  # type: ignore[arg-type]
+        for j in range(2):
+            self._start_pserver(j)
+        for i in range(2):
+            self._start_trainer(i)
+
+    def _start_pserver(self, index: int, recovering: bool = False) -> None:
+        self.servers[index] = _Idle(index)  # type: ignore[assignment]
+        self._launch(f"pserver:{index}", asyncio.Event().wait())
+
+    def _start_trainer(self, index: int) -> None:
+        self.trainers[index] = _Idle(index)  # type: ignore[assignment]
+        self._launch(f"trainer:{index}", asyncio.Event().wait())
+
+
+class UnitCost:
+    def cost(self, node: str, op: object, scope: object, step: int) -> float:
+        return 1.0
+
+
+class SimHarness:
+    def __init__(self) -> None:
+        self.cluster = IdleCluster()
+        self.messages = MessageFaults(seed=0)
+        self.slowdowns = Slowdowns(UnitCost())  # type: ignore[arg-type]
+        self.target = SimTarget(self.cluster, self.messages, self.slowdowns, TraceRecorder())
+
+    def look(self) -> Look:
+        def cut(a: str, b: str) -> bool:
+            there, back = self.messages.fate(a, b), self.messages.fate(b, a)
+            assert (there is not None and there.cut) == (back is not None and back.cut)
+            return there is not None and there.cut
+
+        def link(a: str, b: str) -> tuple[float, float, float]:
+            return chances([r for r in self.messages.rules if r.matches(a, b)])
+
+        return look(set(self.cluster.down), cut, link,
+                    lambda node: self.slowdowns.cost(node, None, None, 0))  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        tasks = list(self.cluster._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class TestSimTarget(FaultTargetContract):
+    @pytest.fixture
+    def harness(self) -> Callable[[], Harness]:
+        return SimHarness

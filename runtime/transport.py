@@ -163,18 +163,19 @@ class Inbox:
         self._getters: deque[asyncio.Future[None]] = deque()
         self._putters: deque[asyncio.Future[None]] = deque()
 
-    def _full(self) -> bool:
+    def full(self) -> bool:
+        """No room for another message (with a `maxsize`)."""
         return 0 < self._maxsize <= len(self._items)
 
     async def put(self, item: Inbound) -> None:
-        while self._full() and self._error is None:
-            await _wait_in(self._putters, lambda: not self._full())
+        while self.full() and self._error is None:
+            await _wait_in(self._putters, lambda: not self.full())
         self.put_nowait(item)
 
     def put_nowait(self, item: Inbound) -> None:
         if self._error is not None:
             return
-        if self._maxsize and self._full():
+        if self._maxsize and self.full():
             raise asyncio.QueueFull
         self._items.append(item)
         if self._getters:

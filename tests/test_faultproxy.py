@@ -477,14 +477,14 @@ class LosesCompleteReplies(BindingUpstream):
     proxy: FaultProxy
 
     async def send(self, peer: str, frames: Sequence[Frame]) -> None:
-        self._watch(frames)
+        self._watch_for_complete(frames)
         await super().send(peer, frames)
 
     def send_nowait(self, peer: str, frames: Sequence[Frame]) -> bool:
-        self._watch(frames)
+        self._watch_for_complete(frames)
         return super().send_nowait(peer, frames)
 
-    def _watch(self, frames: Sequence[Frame]) -> None:
+    def _watch_for_complete(self, frames: Sequence[Frame]) -> None:
         if decode(frames).kind is Kind.COMPLETE:
             self.proxy.faults[DOWN] = Faults(drop=1.0)
 

@@ -9,9 +9,10 @@ Ctrl-C at the terminal reaches only the launcher, which then decides the order o
 While the nodes run, the launcher copies each one's stdout and stderr line by line into
 ``OUT/logs/<role>-<index>.log``, and reads each trainer's progress off a pipe of its own
 (`runtime.progress`; the output is for people and is not parsed) for the live display: a table
-redrawn in place (rich) on a terminal, plain lines every ``train.log_every`` steps otherwise. The run fails, and every node still running is stopped, as soon as a node
-exits non-zero, ``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM arrives.
-After a node failed the others get `SETTLE_SECONDS` to end on their own first: one fault often
+redrawn in place (rich) on a terminal, plain lines every ``train.log_every`` steps otherwise.
+The run fails, and every node still running is stopped, as soon as a node exits non-zero,
+``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM arrives. After a node
+failed the others get `SETTLE_SECONDS` to end on their own first: one fault often
 fails several nodes at once, each naming what it waited for (the first to give up may name a
 live pserver that holds its request for the next step), and the reason lists every node that
 failed, the first first. Stopping is SIGTERM to each child's process group, then SIGKILL after
@@ -71,10 +72,10 @@ from .inject import SLOW_PERIOD, Injector, connects, needs_proxies
 from .job import Job
 from .metrics import (ExpectationResult, JobMetrics, JobSummary, NetnsMetrics, ProxyMetrics,
                       PserverMetrics, TrainerMetrics, read_record, write_record)
-from .progress import Channel, Progress, read_progress
 from .netns import PORT, Fabric, NetnsError, link_latencies, network_notes, sigterm_interrupts
 from .netspec import NetworkSpec, fmt_rate
 from .node import ENV_VARS, checkpoint_dir_for, node_file_stem, node_name, run_async
+from .progress import Channel, Progress, read_progress
 from .scenario import Scenario
 from .zmq_transport import ZmqTransport
 

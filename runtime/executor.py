@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, cast
 import numpy as np
 
 from transpiler.ir import Block, Op, Program, Var
+from transpiler.opcatalog import rpc_op_types
 
 from .kernels import (BACKENDS, AsyncOpError, ExecutionError, FeedError, FetchError,
                       KernelContext, KernelError, KernelNotFound, get_kernel, load_backend)
@@ -42,10 +43,8 @@ from .kernels.registry import Kernel
 from .scope import Scope, global_scope
 from .tensor import LoDTensor, Phantom, TensorError, Value, copy_value, to_dense
 
-RPC_OP_TYPES = frozenset({
-    "send", "recv", "send_barrier", "fetch_barrier", "prefetch", "checkpoint_notify",
-    "listen_and_serv", "distributed_lookup_table",
-})
+RPC_OP_TYPES = rpc_op_types()
+"""Ops the async runtime runs, not a kernel (`transpiler.opcatalog`)."""
 
 FeedValue = Any
 """A fed value: an array-like, a `LoDTensor`, or an ``(array, lod)`` tuple."""

@@ -80,7 +80,10 @@ def _duration(value: Any) -> float | None:
 
 
 At = Annotated[Trigger, BeforeValidator(_trigger)]
+"""When: a time since the job started (``1.5s``, or seconds) or ``"step N"`` (when the first
+trainer has finished N steps)."""
 Duration = Annotated[float, BeforeValidator(_duration)]
+"""A duration > 0: seconds, or a number with a unit (``300ms``)."""
 
 
 class _Fault(BaseModel):
@@ -88,23 +91,34 @@ class _Fault(BaseModel):
 
 
 class Crash(_Fault):
+    """A node dies at `at` and, with `restart_after`, comes back."""
+
     at: At
+    """When it dies."""
     crash: str
+    """The node, ``pserver:<i>`` or ``trainer:<i>``."""
     restart_after: Duration | None = None
+    """How long it stays down (none: for good)."""
 
 
     @field_validator("crash")
     @classmethod
     def _one_node(cls, v: str) -> str:
+        """`crash` names one node, ``pserver:<i>`` or ``trainer:<i>`` (no pattern)."""
         if not _NODE.fullmatch(v):
             raise ValueError(f"crash names one node, pserver:<i> or trainer:<i>, not {v!r}")
         return v
 
 
 class Partition(_Fault):
+    """Messages between two groups of nodes are lost from `at` until it heals."""
+
     at: At
+    """When the cut starts."""
     partition: tuple[tuple[str, ...], tuple[str, ...]]
+    """The two groups, each a list of node patterns."""
     heal_after: Duration | None = None
+    """How long the cut lasts (none: for good)."""
 
 
     def cuts(self, a: str, b: str) -> bool:
@@ -114,17 +128,29 @@ class Partition(_Fault):
 
 
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+"""A probability in [0, 1)."""
 
 
 class LinkFaults(_Fault):
+    """Each message on the matching links is dropped, duplicated, reordered or delayed, each
+    with its probability, drawn per link from the run's seed."""
+
     links: tuple[str, str]
+    """Two node patterns: the links between nodes matching them, either way."""
     drop: Probability = 0.0
+    """Probability a message is lost."""
     duplicate: Probability = 0.0
+    """Probability a second copy follows it."""
     reorder: Probability = 0.0
+    """Probability it is held back behind the link's next message."""
     delay: Probability = 0.0
+    """Probability it is delayed by `delay_by`."""
     delay_by: Duration = 0.01
+    """How long a delayed message is late."""
     at: At | None = None
+    """When the rule starts (none: from the start)."""
     duration: Duration | None = Field(None, alias="for")
+    """How long it lasts (none: to the end)."""
 
 
     def matches(self, src: str, dst: str) -> bool:
@@ -134,10 +160,17 @@ class LinkFaults(_Fault):
 
 
 class Slow(_Fault):
+    """A node computes `slowdown` times slower from `at` on, for a while or for good."""
+
     at: At
+    """When it slows down."""
     slow: str
+    """The node, or a pattern of nodes."""
     slowdown: float = Field(gt=1.0)
+    """How many times slower: the simulator multiplies its modelled compute; `runtime up`
+    pauses the process for 1 - 1/slowdown of every 20 ms."""
     duration: Duration | None = Field(None, alias="for")
+    """How long (none: for good)."""
 
 
 
@@ -162,6 +195,8 @@ Fault = Annotated[
                   custom_error_message="a fault names exactly one of crash, partition, links, "
                                        "slow (see the faults section in README)"),
 ]
+"""One entry of `faults:`: a crash, a partition, link faults or a slowdown, told apart by the
+key that names it (``crash``, ``partition``, ``links``, ``slow``)."""
 
 
 def fault_kind(fault: Crash | Partition | LinkFaults | Slow) -> str:

@@ -208,11 +208,16 @@ def _pair(value: Any) -> tuple[str, str]:
 
 
 Seconds = Annotated[float, PlainValidator(_seconds)]
+"""A duration: seconds, or a number with a unit (``200us``, ``2ms``); finite, >= 0."""
 Rate = Annotated[float, PlainValidator(_rate)]
-"""Bytes per second, > 0."""
+"""A rate: bytes per second, or a number with a unit (``10Gbps``, ``200Mbit/s``,
+``1GiB/s``); > 0."""
 Sigma = Annotated[float, PlainValidator(_number)]
+"""A plain number (no unit), finite, >= 0."""
 Patterns = Annotated[tuple[str, ...], PlainValidator(_patterns)]
+"""A node name pattern (shell wildcards: ``trainer:*``) or a list of them."""
 Pair = Annotated[tuple[str, str], PlainValidator(_pair)]
+"""Two node name patterns: the link between nodes matching them, either way."""
 
 
 class _Spec(BaseModel):
@@ -230,40 +235,61 @@ class _LatencySpec(_Spec):
 
     @model_validator(mode="after")
     def _buildable(self) -> "_LatencySpec":
+        """The distribution's parameters are valid (a uniform's `high` >= `low`, a
+        lognormal's `median` > 0)."""
         self.build()  # the distribution's own checks (median > 0, high >= low)
         return self
 
 
 class ConstantSpec(_LatencySpec):
+    """Every message takes the same latency (``latency: 200us`` is short for this)."""
+
     dist: Literal["constant"] = "constant"
+    """Which distribution (may be left out for a constant)."""
     value: Seconds
+    """The one-way latency."""
 
     def build(self) -> Latency:
         return ConstantLatency(self.value)
 
 
 class UniformSpec(_LatencySpec):
+    """Latencies drawn uniformly from [low, high]."""
+
     dist: Literal["uniform"]
+    """Which distribution."""
     low: Seconds
+    """The shortest latency."""
     high: Seconds
+    """At least `low`."""
 
     def build(self) -> Latency:
         return UniformLatency(self.low, self.high)
 
 
 class NormalSpec(_LatencySpec):
+    """Latencies drawn from a normal distribution, negative draws redrawn."""
+
     dist: Literal["normal"]
+    """Which distribution."""
     mean: Seconds
+    """The mean before truncation."""
     std: Seconds
+    """The standard deviation before truncation."""
 
     def build(self) -> Latency:
         return NormalLatency(self.mean, self.std)
 
 
 class LogNormalSpec(_LatencySpec):
+    """Heavy-tailed latencies: ``median * exp(sigma * Z)``, Z standard normal."""
+
     dist: Literal["lognormal"]
+    """Which distribution."""
     median: Seconds
+    """The median latency (> 0)."""
     sigma: Sigma
+    """The spread of log(latency): 0 is constant, 1 a long tail."""
 
     def build(self) -> Latency:
         return LogNormalLatency(self.median, self.sigma)
@@ -315,22 +341,32 @@ LatencySpec = Annotated[
     ],
     Discriminator(_latency_tag),
 ]
+"""A one-way latency: a duration (a constant), or ``{dist: constant | uniform | normal |
+lognormal, ...}`` (the four `*Spec` models above)."""
 
 
 class LinkDefaults(_Spec):
+    """What every link has unless a rule of `links` says otherwise."""
+
     latency: LatencySpec | None = None
+    """One-way latency (none: 0)."""
     bandwidth: Rate | None = None
+    """Bytes per second each way (none: unlimited)."""
 
 
 class LinkSpec(_Spec):
     """Latency and/or bandwidth for the links between nodes matching the two patterns."""
 
     between: Pair
+    """The two ends' patterns."""
     latency: LatencySpec | None = None
+    """Overrides the latency of these links (none: as before this rule)."""
     bandwidth: Rate | None = None
+    """Overrides their bandwidth (none: as before this rule)."""
 
     @model_validator(mode="after")
     def _sets_something(self) -> "LinkSpec":
+        """A link rule sets latency, bandwidth or both."""
         if self.latency is None and self.bandwidth is None:
             raise ValueError("sets neither latency nor bandwidth")
         return self
@@ -340,15 +376,20 @@ class NicSpec(_Spec):
     """A cap on the rate of the NICs of the nodes matching any of the patterns."""
 
     nodes: Patterns
+    """The nodes whose NICs are capped."""
     bandwidth: Rate
+    """The most these nodes' NICs send and take in, bytes per second each way."""
 
 
 class NetworkSection(_Spec):
     """The scenario's `network` section, as written (see the module doc)."""
 
     default: LinkDefaults = LinkDefaults()
+    """Every link's latency and bandwidth."""
     links: list[LinkSpec] = []
+    """Rules for some links; later rules win, field by field."""
     nics: list[NicSpec] = []
+    """Caps on some nodes' NIC rates; the last matching rule wins."""
 
 
 def strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import copy
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
+
+from transpiler.opcatalog import optimizer_types
 
 from . import units
 from .faults import FAULT_KINDS, Fault, check_against
@@ -35,11 +37,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+if TYPE_CHECKING:
+    OptimizerType = str
+else:
+    # DESIGN: a Literal built from the op catalog's optimizers (those that run), so pydantic
+    # still reports "Input should be 'sgd', 'momentum', ... or 'ftrl'"; mypy sees a str.
+    OptimizerType = Literal[optimizer_types("kernel")]
+
+
 class OptimizerSpec(BaseModel):
+    """The optimizer `transpiler.models` appends; keys other than these go to it
+    (e.g. `momentum`, `beta1`)."""
+
     model_config = ConfigDict(extra="allow")
-    type: Literal["sgd", "momentum", "adam", "adagrad", "decayed_adagrad", "adamax", "rmsprop",
-                  "ftrl"] = "sgd"
+    type: OptimizerType = "sgd"
+    """The optimizer op (`sgd`, `momentum`, `adam`, ...)."""
     learning_rate: float = Field(0.1, gt=0)
+    """The base learning rate (an `lr` schedule starts from it)."""
 
 
 class ModelSpec(BaseModel):
@@ -47,24 +61,37 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: str
+    """A model of `transpiler.models.MODELS` (linear, mlp, ctr_dnn, word2vec) or
+    ``package.module:function``."""
     optimizer: OptimizerSpec = OptimizerSpec()
+    """The optimizer and its arguments."""
     lr: dict[str, Any] | None = None
+    """A learning-rate schedule: ``{type: NAME, ...}``, a schedule of
+    `transpiler.models.LR_SCHEDULES` and its arguments (none: a constant rate)."""
 
     def builder_kwargs(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
 
 class DataSpec(_Strict):
+    """The data set each trainer reads its shard of each global batch from (`runtime.data`)."""
+
     name: str | None = None
+    """A data set of `runtime.data.DATASETS` (synthetic_regression,
+    synthetic_classification, ctr, skipgram, digits); none: the model's own."""
     batch_size: int = Field(32, ge=1)
+    """Examples in a step's global batch, cut into one shard per trainer."""
     shard: Literal["by_trainer"] = "by_trainer"
+    """How a global batch is cut: by trainer id (the only way)."""
     size: int | None = Field(None, ge=1)
+    """Examples in the data set (none: the data set's own size)."""
 
 
 class HostSpec(_Strict):
     """Nodes that share one machine's cores (the simulator's `sim.cpu`)."""
 
     name: str | None = None
+    """A name for reports (none: ``host<i>``)."""
     nodes: list[str] = Field(min_length=1, description="node names or patterns, e.g. trainer:*")
     cores: float = Field(gt=0, allow_inf_nan=False, description="the cores the nodes share")
 
@@ -75,11 +102,21 @@ class HostSpec(_Strict):
 
 
 class ClusterSpec(_Strict):
+    """How many nodes of each role, where the pservers listen, and which nodes share
+    a machine."""
+
     pservers: int = Field(1, ge=1, le=4096)
+    """Parameter servers, ``pserver:0`` ... ``pserver:<n-1>``."""
     trainers: int = Field(1, ge=1, le=65536)
+    """Trainers, ``trainer:0`` ... ``trainer:<n-1>``."""
     endpoints: dict[str, list[str]] | None = None
+    """``{pservers: [host:port, ...]}``: one endpoint per pserver, in order
+    (none: ``host:base_port+i``, or free ports under `runtime up`)."""
     host: str = "127.0.0.1"
+    """The host the pservers' endpoints are on when `endpoints` does not list them."""
     base_port: int = Field(0, ge=0, le=65535)
+    """The first pserver's port, the others' following it (0: 6170 for the
+    programs; `runtime up` then picks free ports)."""
     hosts: list[HostSpec] | None = Field(None, description="which nodes share a machine and "
                                          "its cores; a node on none has a machine of its own")
 
@@ -87,6 +124,7 @@ class ClusterSpec(_Strict):
     @classmethod
     def _hosts_place_nodes(cls, hosts: list[HostSpec] | None,
                            info: ValidationInfo) -> list[HostSpec] | None:
+        """Every pattern of `hosts` names a node of the cluster, and no node is on two hosts."""
         pservers, trainers = info.data.get("pservers"), info.data.get("trainers")
         if not hosts or pservers is None or trainers is None:
             return hosts
@@ -107,6 +145,7 @@ class ClusterSpec(_Strict):
 
     @model_validator(mode="after")
     def _endpoints_match(self) -> "ClusterSpec":
+        """`endpoints` has only a ``pservers`` list, of one distinct ``host:port`` per pserver."""
         if self.endpoints is None:
             return self
         unknown = set(self.endpoints) - {"pservers", "trainers"}
@@ -125,22 +164,36 @@ class ClusterSpec(_Strict):
 
 
 class TranspilerSpec(_Strict):
+    """How the distribute transpiler splits the program (docs/transpiler.md)."""
+
     mode: Literal["sync", "async", "half_async", "geo"] = "sync"
+    """The distributed mode: sync (barriers each step), async, half_async or geo
+    (Geo-SGD)."""
     slice_var_up: bool = True
+    """Cut large vars into blocks spread over the pservers (false: whole vars)."""
     split_method: Literal["round_robin", "hash_name"] = "round_robin"
+    """How blocks are placed on pservers: in turn, or by a hash of the name."""
     min_block_size: int = Field(8192, ge=8192)
+    """The fewest elements of a block when a var is cut."""
     dc_asgd: bool = False
+    """Delay-compensated async SGD (DC-ASGD); async mode only."""
     geo_push_every: int = Field(100, ge=1)
+    """Geo mode: a trainer pushes its parameter deltas every this many steps."""
 
     @model_validator(mode="after")
     def _mode_fields(self) -> "TranspilerSpec":
+        """`dc_asgd` needs `mode: async`."""
         if self.dc_asgd and self.mode != "async":
             raise ValueError(f"dc_asgd needs mode async, not {self.mode}")
         return self
 
 
 class TrainSpec(_Strict):
+    """How long the job trains, and the runtime's timeouts and checkpoints. Durations
+    are seconds or a number with a unit (``2s``, ``500ms``)."""
+
     steps: int = Field(100, ge=1)
+    """Training steps every trainer takes."""
     deadline: float = Field(600.0, gt=0, description="seconds a whole run may take")
     heartbeat_timeout: float = Field(10.0, gt=0, description="a pserver drops a trainer silent "
                                      "this long from the fan-in")
@@ -151,6 +204,7 @@ class TrainSpec(_Strict):
     request_timeout: float = Field(120.0, gt=0, description="seconds a request may go "
                                    "unanswered before its node fails, naming the pserver")
     log_every: int = Field(10, ge=1)
+    """A progress line per trainer every this many steps."""
     checkpoint_every: int | None = Field(None, ge=1, description="pservers save their state "
                                          "every this many steps (and restart from the last)")
     checkpoint_dir: str | None = Field(None, description="where; default <outputs.dir>/"
@@ -160,6 +214,7 @@ class TrainSpec(_Strict):
                      "request_timeout", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:
+        """The timeouts may be written with a unit (``2s``, ``500ms``)."""
         return units.duration(v)
 
 
@@ -168,23 +223,39 @@ class BackendSpec(_Strict):
     (timing mode, for the simulator at scale; `runtime up` refuses it)."""
 
     kernels: Literal["numpy", "torch", "phantom"] = "numpy"
+    """What runs the ops: numpy, torch, or phantom (timing mode)."""
     device: Literal["cpu", "cuda"] = "cpu"
+    """Where torch kernels run."""
 
     @model_validator(mode="after")
     def _cuda_needs_torch(self) -> "BackendSpec":
+        """`device: cuda` needs `kernels: torch`."""
         if self.device == "cuda" and self.kernels != "torch":
             raise ValueError("device cuda needs kernels: torch")
         return self
 
 
 class ExpectSpec(_Strict):
+    """What a run must show to pass; each check is described in `runtime.expect`."""
+
     final_loss_below: float | None = None
+    """Trainer 0's mean loss over its last 10 steps is below this."""
     loss_drop_factor: float | None = Field(None, gt=1)
+    """Trainer 0's mean loss over its first 10 steps is at least this many times
+    its mean over the last 10."""
     params_equal_to: Literal["local", "fault_free"] | None = None
+    """The final parameters equal single-process training on the same global
+    batches (`local`, within the tolerances) or, bit for bit, the same scenario without its
+    faults (`fault_free`)."""
     params_rtol: float = Field(1e-5, gt=0)
+    """Relative tolerance of `params_equal_to: local`."""
     params_atol: float = Field(1e-5, ge=0)
+    """Absolute tolerance of `params_equal_to: local`."""
     no_lost_updates: bool = False
+    """Every pserver rejected no message and, in sync mode, ran exactly
+    `train.steps` optimize steps."""
     max_step_time: float | None = None
+    """No trainer's step took longer than this (simulated time; `sim run` only)."""
     max_steps_redone: int | None = Field(None, ge=0, description="no trainer redoes more steps "
                                          "than this after pserver restarts")
     error: str | None = Field(None, description="the run must fail with an error whose message "
@@ -193,33 +264,61 @@ class ExpectSpec(_Strict):
     @field_validator("max_step_time", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float | None:
+        """`max_step_time` may be written with a unit (``20ms``)."""
         return None if v is None else units.duration(v)
 
 
 class OutputsSpec(_Strict):
+    """Where a run writes its files and which."""
+
     dir: str | None = None
+    """The output folder (none: ``out/<name>``; `sim run` writes into its ``sim``
+    subfolder)."""
     trace: bool = False
+    """`sim run`: false turns the Perfetto trace.json off (written unless set
+    false or ``--no-trace``)."""
     plots: bool = False
+    """`sim run`: false turns the PNG plots off (written unless set false or
+    ``--no-plots``)."""
 
 
 class Scenario(_Strict):
+    """One run, as `sim run` and `runtime up` replay it."""
+
     name: str
+    """The run's name: outputs go to ``out/<name>`` by default."""
     description: str = ""
+    """Free text for people."""
     seed: int = 0
+    """Seeds the model's initial values, the data, the network's latencies and the
+    faults' draws: the same seed gives the same run."""
     model: ModelSpec
+    """The model to train."""
     data: DataSpec = DataSpec()
+    """Its data."""
     cluster: ClusterSpec = ClusterSpec()
+    """The nodes."""
     transpiler: TranspilerSpec = TranspilerSpec()
+    """How the program is split."""
     train: TrainSpec = TrainSpec()
+    """Steps, timeouts, checkpoints."""
     backend: BackendSpec = BackendSpec()
+    """Which kernels compute."""
     network: NetworkSection | None = None
+    """Latency and bandwidth of the links (none: an ideal network)."""
     compute: dict[str, Any] | None = None
+    """The simulator's compute model: `roofline` or `profile`, see below (none:
+    compute takes no simulated time). `runtime up` ignores it."""
     faults: list[Fault] = []
+    """What goes wrong, where and when."""
     expect: ExpectSpec = ExpectSpec()
+    """What the run must show."""
     outputs: OutputsSpec = OutputsSpec()
+    """Where it writes."""
 
     @model_validator(mode="after")
     def _sync_only(self) -> "Scenario":
+        """`expect.params_equal_to` needs `transpiler.mode: sync`."""
         if self.expect.params_equal_to and self.transpiler.mode != "sync":
             raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, "
                              f"not {self.transpiler.mode}")
@@ -227,12 +326,16 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _faults_fit_the_cluster(self) -> "Scenario":
+        """Every fault names nodes of the cluster, and the mode can recover from it
+        (`runtime.faults.check_against`)."""
         check_against(self.faults, self.cluster.pservers, self.cluster.trainers,
                       mode=self.transpiler.mode)
         return self
 
     @model_validator(mode="after")
     def _numbers_need_numeric_mode(self) -> "Scenario":
+        """`final_loss_below`, `loss_drop_factor` and `params_equal_to` need numbers:
+        not with `backend.kernels: phantom`."""
         numeric = ("final_loss_below", "loss_drop_factor", "params_equal_to")
         stated = [name for name in numeric if getattr(self.expect, name)]
         if self.backend.kernels == "phantom" and stated:

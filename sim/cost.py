@@ -8,7 +8,8 @@ section picks the model:
 - ``{model: roofline, device: {flops: 2.0e12, mem_bandwidth: 50GB/s, op_overhead: 2us}}``: an
   op takes ``max(flops / device.flops, bytes / device.mem_bandwidth) + op_overhead``, its FLOPs
   and bytes moved counted from the shapes it worked on (`op_work`; in timing mode the shapes of
-  the phantoms, so that a phantom op costs what its numeric twin does). ``op_overhead`` (a kernel
+  the phantoms, so that a phantom op costs what its numeric twin does) by the rule and the FLOPs
+  per element its entry in the op catalog gives (`transpiler.opcatalog.Cost`, `COST_RULES`). ``op_overhead`` (a kernel
   launch, an interpreter's dispatch) defaults to 0 so that hand computations come out exact.
   ``overrides: [{nodes: "pserver:*", device: {mem_bandwidth: 100GB/s}}]`` changes some figures
   for the nodes matching a pattern (later entries win).
@@ -62,14 +63,14 @@ from runtime.costs import RuntimeCosts
 from runtime.scope import Scope
 from runtime.tensor import LoDTensor, Phantom, SelectedRows, nbytes_of, shape_of
 from transpiler.ir import Op
+from transpiler.opcatalog import OPS, Cost, OpDef
 
 from .cpu import Cpus
 
 __all__ = [
-    "ComputeConfigError", "Device", "Ledger", "OnCpus", "OpTime", "Profile", "Roofline", "Straggler",
-    "Stragglers",
-    "Work", "compute_model", "load_profile", "load_runtime_costs", "op_work", "parse_compute",
-    "runtime_costs",
+    "COST_RULES", "ComputeConfigError", "Device", "Ledger", "OnCpus", "OpTime", "Profile",
+    "Roofline", "Straggler", "Stragglers", "Work", "compute_model", "load_profile",
+    "load_runtime_costs", "op_work", "parse_compute", "runtime_costs",
 ]
 
 
@@ -91,42 +92,6 @@ class Work:
 
     flops: float
     bytes: float
-
-
-FLOPS_PER_ELEMENT: dict[str, float] = {
-    "elementwise_add": 1, "elementwise_sub": 1, "elementwise_mul": 1, "elementwise_div": 1,
-    "elementwise_max": 1, "elementwise_min": 1, "elementwise_pow": 4,
-    "elementwise_add_grad": 1, "elementwise_sub_grad": 1, "elementwise_mul_grad": 2,
-    "elementwise_div_grad": 3, "elementwise_max_grad": 1, "elementwise_min_grad": 1,
-    "elementwise_pow_grad": 8,
-    "relu": 1, "relu_grad": 1, "sigmoid": 4, "sigmoid_grad": 3, "tanh": 4, "tanh_grad": 3,
-    "exp": 4, "exp_grad": 1, "log": 4, "log_grad": 1, "sqrt": 4, "sqrt_grad": 2,
-    "square": 1, "square_grad": 2, "cos": 4, "cos_grad": 4, "sign": 1, "floor": 1, "ceil": 1,
-    "scale": 2, "scale_grad": 1, "clip": 2, "clip_grad": 2,
-    "cast": 0, "cast_grad": 0, "assign": 0, "assign_grad": 0, "reshape": 0, "reshape_grad": 0,
-}
-"""Elementwise ops and activations: FLOPs per element of the op's outputs."""
-
-SOFTMAX_FLOPS_PER_ELEMENT = 5.0
-"""Softmax and cross-entropy (forward and gradient): FLOPs per element of the largest input."""
-SOFTMAX_OPS = frozenset({
-    "softmax", "softmax_grad", "softmax_with_cross_entropy", "softmax_with_cross_entropy_grad",
-    "cross_entropy", "cross_entropy_grad",
-})
-
-REDUCTION_FLOPS_PER_ELEMENT: dict[str, float] = {
-    "mean": 1, "sequence_pool": 1, "squared_l2_norm": 2,
-}
-"""Reductions: FLOPs per element of the input."""
-
-OPTIMIZER_FLOPS_PER_ELEMENT: dict[str, float] = {
-    "sgd": 2, "momentum": 4, "adam": 12, "adagrad": 6, "decayed_adagrad": 7, "adamax": 10,
-    "rmsprop": 10, "ftrl": 16,
-}
-"""Optimizer updates: FLOPs per parameter element updated."""
-
-_OPTIMIZER_SCALARS = frozenset({"Grad", "LearningRate", "Beta1Pow", "Beta2Pow"})
-"""Optimizer input slots that are not parameter-shaped state."""
 
 
 _VALUES = (np.ndarray, LoDTensor, SelectedRows, Phantom)
@@ -188,76 +153,97 @@ def _matmul(op: Op, scope: Scope, products: int) -> Work:
     return Work(2.0 * m * k * n * products, _moved(op, scope))
 
 
-def _mul(op: Op, scope: Scope) -> Work:
+def _mul(op: Op, scope: Scope, flops: float) -> Work:
     return _matmul(op, scope, 1)
 
 
-def _mul_grad(op: Op, scope: Scope) -> Work:
+def _mul_grad(op: Op, scope: Scope, flops: float) -> Work:
     products = sum(1 for slot in ("X@GRAD", "Y@GRAD") if _first(op, scope, slot, output=True)
                    is not None)
     return _matmul(op, scope, products)
 
 
-def _lookup(op: Op, scope: Scope) -> Work:
+def _lookup(op: Op, scope: Scope, flops: float) -> Work:
     """`lookup_table`: the ids read, the rows read from the table and written to Out."""
     out = _first(op, scope, "Out", output=True)
     return Work(0.0, _moved(op, scope, skip=frozenset({"W"})) + _nbytes(out))
 
 
-def _lookup_grad(op: Op, scope: Scope) -> Work:
+def _lookup_grad(op: Op, scope: Scope, flops: float) -> Work:
     """`lookup_table_grad`: the table itself is not read, only the rows' gradients."""
     return Work(_out_elements(op, scope), _moved(op, scope, skip=frozenset({"W"})))
 
 
-def _sum(op: Op, scope: Scope) -> Work:
+def _sum(op: Op, scope: Scope, flops: float) -> Work:
     adds = max(len(_values(scope, op.input("X"))) - 1, 0)
     return Work(_out_elements(op, scope) * adds, _moved(op, scope))
 
 
-def _softmax(op: Op, scope: Scope) -> Work:
+def _softmax(op: Op, scope: Scope, flops: float) -> Work:
+    """Softmax and cross-entropy: `flops` per element of the largest input."""
     largest = max((_elements(v) for names in op.inputs.values() for v in _values(scope, names)),
                   default=0)
-    return Work(SOFTMAX_FLOPS_PER_ELEMENT * largest, _moved(op, scope))
+    return Work(flops * largest, _moved(op, scope))
 
 
-def _reduction(op: Op, scope: Scope) -> Work:
+def _reduction(op: Op, scope: Scope, flops: float) -> Work:
+    """Reductions: `flops` per element of X."""
     elements = sum(_elements(v) for v in _values(scope, op.input("X")))
-    return Work(REDUCTION_FLOPS_PER_ELEMENT[op.type] * elements, _moved(op, scope))
+    return Work(flops * elements, _moved(op, scope))
 
 
-def _optimizer(op: Op, scope: Scope) -> Work:
+def _optimizer(op: Op, scope: Scope, flops: float) -> Work:
     """The gradient read, and each parameter-shaped state (Param, moments, accumulators) read
-    and written at the elements updated: the rows of a sparse gradient for `sgd`, the whole
-    parameter otherwise (the other optimizers densify a sparse gradient)."""
+    and written at the elements updated: `flops` per element updated, which are the rows of a
+    sparse gradient for an optimizer that updates only those (`sgd`), the whole parameter
+    otherwise (the other optimizers densify a sparse gradient)."""
     param, grad = _first(op, scope, "Param"), _first(op, scope, "Grad")
-    if not isinstance(param, _VALUES) or grad is None:
+    update = OPS[op.type].update
+    if not isinstance(param, _VALUES) or grad is None or update is None:
         return _generic(op, scope)
-    sparse = op.type == "sgd" and _is_rows(grad)
+    sparse = update.sparse_rows and _is_rows(grad)
     updated = _elements(grad) if sparse else _elements(param)
     states = sum(1 for slot, names in op.inputs.items()
-                 if slot not in _OPTIMIZER_SCALARS and _values(scope, names))
+                 if slot not in update.scalar_slots and _values(scope, names))
     moved = _nbytes(grad) + 2 * states * updated * param.dtype.itemsize
-    return Work(OPTIMIZER_FLOPS_PER_ELEMENT[op.type] * updated, moved)
+    return Work(flops * updated, moved)
 
 
-def _elementwise(op: Op, scope: Scope) -> Work:
-    return Work(FLOPS_PER_ELEMENT[op.type] * _out_elements(op, scope), _moved(op, scope))
+def _elementwise(op: Op, scope: Scope, flops: float) -> Work:
+    """Elementwise ops and activations: `flops` per element of the op's outputs."""
+    return Work(flops * _out_elements(op, scope), _moved(op, scope))
 
 
-_RULES: dict[str, Callable[[Op, Scope], Work]] = {
-    "mul": _mul, "mul_grad": _mul_grad, "sum": _sum,
-    "lookup_table": _lookup, "lookup_sparse_table": _lookup, "lookup_table_grad": _lookup_grad,
-    **{name: _softmax for name in SOFTMAX_OPS},
-    **{name: _reduction for name in REDUCTION_FLOPS_PER_ELEMENT},
-    **{name: _optimizer for name in OPTIMIZER_FLOPS_PER_ELEMENT},
-    **{name: _elementwise for name in FLOPS_PER_ELEMENT},
+CostRule = Callable[[Op, Scope, float], Work]
+
+COST_RULES: dict[str, CostRule] = {
+    "elementwise": _elementwise, "softmax": _softmax, "reduction": _reduction,
+    "optimizer": _optimizer, "matmul": _mul, "matmul_grad": _mul_grad, "sum": _sum,
+    "lookup": _lookup, "lookup_grad": _lookup_grad,
 }
+"""The cost rules by the names the op catalog's entries give (`transpiler.opcatalog.Cost`)."""
+
+
+def _priced(op_def: OpDef, cost: Cost) -> tuple[CostRule, float]:
+    if cost.rule not in COST_RULES:
+        raise ValueError(f"op {op_def.type!r}: the catalog names cost rule {cost.rule!r}, "
+                         f"which is not one of {sorted(COST_RULES)}")
+    return COST_RULES[cost.rule], cost.flops
+
+
+_RULES: dict[str, tuple[CostRule, float]] = {
+    op.type: _priced(op, op.cost) for op in OPS.values() if op.cost is not None}
+"""Each op type's cost rule and FLOPs per element; op types not here get `_generic`."""
 
 
 def op_work(op: Op, scope: Scope) -> Work:
     """FLOPs and bytes moved by `op`, from the values its inputs and outputs hold in `scope`
     (phantoms count as the values they stand for: `shape_of`, `nbytes_of`)."""
-    return _RULES.get(op.type, _generic)(op, scope)
+    priced = _RULES.get(op.type)
+    if priced is None:
+        return _generic(op, scope)
+    rule, flops = priced
+    return rule(op, scope, flops)
 
 
 # ------------------------------------------------------------------------------- models
@@ -441,12 +427,18 @@ def _op_time(value: Any) -> OpTime:
 
 
 Seconds = Annotated[float, PlainValidator(_duration)]
+"""A duration: seconds, or a number with a unit (``25us``); finite, >= 0."""
 FlopRate = Annotated[float, PlainValidator(
     _quantity(units.flops, "a compute rate such as 2.0e12 or 2TFLOPS", positive=True))]
+"""FLOP/s: a number or a rate with a unit (``2TFLOPS``, ``900GFLOP/s``); finite, > 0."""
 ByteRate = Annotated[float, PlainValidator(
     _quantity(units.rate, "a rate such as 50GB/s", positive=True))]
+"""Bytes per second: a number or a rate with a unit (``50GB/s``); finite, > 0."""
 Patterns = Annotated[tuple[str, ...], PlainValidator(_patterns)]
+"""A node name pattern (``trainer:*``) or a list of them."""
 OpTimes = dict[str, Annotated[OpTime, PlainValidator(_op_time)]]
+"""Op type -> seconds per call (a `Seconds`), or ``{per_element: seconds}``: seconds per element
+of the op's outputs."""
 
 
 class _Strict(BaseModel):
@@ -454,30 +446,54 @@ class _Strict(BaseModel):
 
 
 class DeviceSpec(_Strict):
+    """A device's figures: an op takes ``max(flops / device.flops, bytes / mem_bandwidth) +
+    op_overhead``."""
+
     flops: FlopRate
+    """Compute rate."""
     mem_bandwidth: ByteRate
+    """Memory bandwidth."""
     op_overhead: Seconds = 0.0
+    """Added to every op (a kernel launch, a dispatch)."""
 
 
 class DevicePatch(_Strict):
+    """Figures that replace the device's (none: kept)."""
+
     flops: FlopRate | None = None
+    """Compute rate."""
     mem_bandwidth: ByteRate | None = None
+    """Memory bandwidth."""
     op_overhead: Seconds | None = None
+    """Seconds added to every op."""
 
 
 class DeviceOverride(_Strict):
+    """Other device figures for some nodes; later entries win."""
+
     nodes: Patterns
+    """The nodes it applies to."""
     device: DevicePatch
+    """The figures that change."""
 
 
 class StragglerSpec(_Strict):
+    """Every op of the matching nodes takes `slowdown` times as long: always, or in the steps
+    drawn with `probability` (seeded by scenario seed, rule, node and step). The factors of
+    all the rules that apply multiply."""
+
     node: str | None = None
+    """One node (or give `nodes`)."""
     nodes: Patterns | None = None
+    """Node patterns (or give `node`)."""
     slowdown: float = Field(gt=0, allow_inf_nan=False)
+    """The factor its ops' costs are multiplied by."""
     probability: float | None = Field(None, gt=0, le=1)
+    """The chance a given step of a given node is slowed (none: every step)."""
 
     @model_validator(mode="after")
     def _one_target(self) -> StragglerSpec:
+        """Exactly one of `node` and `nodes`."""
         if (self.node is None) == (self.nodes is None):
             raise ValueError("name the slowed nodes with either node or nodes (not both)")
         return self
@@ -489,51 +505,83 @@ class StragglerSpec(_Strict):
 
 
 class RooflineSpec(_Strict):
+    """Each op bound by compute or memory bandwidth, its FLOPs and bytes counted from the
+    shapes it worked on (`sim.cost.op_work`)."""
+
     model: Literal["roofline"]
+    """Picks this model."""
     device: DeviceSpec
+    """Every node's device."""
     overrides: list[DeviceOverride] = []
+    """Other figures for some nodes."""
     stragglers: list[StragglerSpec] = []
+    """Slowdowns on top."""
     runtime: str | None = None
     """A profile file (from `runtime profile`) whose runtime costs are charged too."""
 
 
 class ProfileSpec(_Strict):
+    """Measured seconds per op type, from a profile file (`runtime profile`) or inline."""
+
     model: Literal["profile"]
+    """Picks this model."""
     path: str | None = None
+    """The profile file, relative to the scenario's folder."""
     ops: OpTimes | None = None
+    """The op times inline, instead of `path`."""
     default: Seconds = 0.0
+    """Seconds of an op type `ops` does not list (inline only; a file has its own)."""
     stragglers: list[StragglerSpec] = []
+    """Slowdowns on top."""
     runtime: bool = True
     """Charge the runtime costs the profile file has (false: its kernels only)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ProfileSpec:
+        """Exactly one of `path` and `ops`."""
         if (self.path is None) == (self.ops is None):
             raise ValueError("give the measured times either in a file (path) or inline (ops)")
         return self
 
 
 class LinearSpec(_Strict):
+    """A message of S bytes costs ``per_message + per_byte * S`` seconds of CPU."""
+
     per_message: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds per message."""
     per_byte: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds per byte."""
 
 
 class RuntimeSection(_Strict):
     """A profile's ``runtime`` section (`runtime.costs.RuntimeCosts.document`)."""
 
     messages: dict[Literal["send", "receive"], dict[str, LinearSpec]] = {}
+    """Side -> message kind (``send``, ``get``, ``reply``..., ``*`` for any other) -> the main
+    thread's cost of one message of that kind on that side."""
     io: LinearSpec = LinearSpec()
+    """A message's cost on its node's I/O thread, on either side."""
     op_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds of the executor's dispatch per op, on top of its kernel."""
     step_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds of a trainer's bookkeeping per step."""
     round_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds of a sync pserver's bookkeeping per round, on top of its optimize ops."""
     machine: dict[str, Any] = {}
+    """What it was measured on (cores, processor); for people."""
 
 
 class ProfileFile(_Strict):
+    """A profile: measured op times and the runtime's own costs (`runtime.profile`)."""
+
     ops: OpTimes
+    """Seconds per op type."""
     default: Seconds = 0.0
+    """Seconds of an op type `ops` does not list."""
     runtime: RuntimeSection | None = None
+    """The runtime's own costs (none: an older or hand-made profile; kernels only)."""
     meta: dict[str, Any] = {}  # free-form, for people: `runtime profile` says what it measured
+    """Free-form, for people: what was run, where, and each op type's calls and fit; not read."""
 
 
 _SPECS: dict[str, type[RooflineSpec] | type[ProfileSpec]] = {

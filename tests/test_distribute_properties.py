@@ -39,8 +39,9 @@ import transpiler as T
 from transpiler.distribute.config import MIN_BLOCK_SIZE
 from transpiler.distribute.lookup_table import table_sections
 from transpiler.ir import Block, Op, Program, VarType
+from transpiler.opcatalog import optimizer_types
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad", "decayed_adagrad", "adamax", "rmsprop", "ftrl")
+OPTIMIZERS = optimizer_types("kernel")
 LR_SCHEDULES = ("constant", "exponential", "natural_exp", "inverse_time", "polynomial",
                 "piecewise", "noam", "cosine")
 MODES = ("sync", "async", "half_async", "geo", "dc_asgd")

@@ -9,7 +9,7 @@ import pytest
 from runtime import units
 from runtime.scenario import ScenarioError, load_scenario, parse_scenario
 
-SKETCH = Path(__file__).resolve().parents[2] / "shared" / "scenario-sketch.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "scenario-example.yaml"
 
 
 def test_units() -> None:
@@ -33,9 +33,8 @@ def test_minimal_scenario_gets_defaults() -> None:
     assert s.model.optimizer.type == "sgd"
 
 
-@pytest.mark.skipif(not SKETCH.exists(), reason="the shared scenario sketch is not beside the checkout")
-def test_sketch_loads() -> None:
-    s = load_scenario(SKETCH)
+def test_the_example_with_every_section_loads() -> None:
+    s = load_scenario(EXAMPLE)
     assert s.cluster.trainers == 4 and s.expect.max_step_time == pytest.approx(0.05)
 
 

@@ -280,14 +280,13 @@ def test_a_bad_profile_file_names_the_file_and_its_field(tmp_path: Path) -> None
     assert f"{tmp_path / 'p.json'}: profile.ops.mul: must be finite and >= 0" in str(info.value)
 
 
-SKETCH = Path(__file__).resolve().parents[2] / "shared" / "scenario-sketch.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "scenario-example.yaml"
 
 
-@pytest.mark.skipif(not SKETCH.exists(), reason="the shared scenario sketch is not beside the checkout")
-def test_the_sketchs_compute_section_builds_its_model() -> None:
+def test_the_examples_compute_section_builds_its_model() -> None:
     from runtime.scenario import load_scenario
 
-    model = compute_model(load_scenario(SKETCH).compute, seed=7)
+    model = compute_model(load_scenario(EXAMPLE).compute, seed=7)
     assert isinstance(model, Stragglers) and isinstance(model.base, Roofline)
     assert model.base.device == Device(2.0e12, 50e9, 0.0)
     assert model.rules == [Straggler(("trainer:3",), 3.0),

@@ -618,7 +618,7 @@ def test_a_scenario_with_an_invalid_section_names_file_line_and_field(
     assert problem in first
 
 
-def test_the_sketchs_network_section_parses() -> None:
+def test_the_examples_network_section_parses() -> None:
     spec = NetworkSpec.parse(
         {
             "default": {"latency": {"dist": "lognormal", "median": "200us", "sigma": 0.3},

@@ -1,12 +1,13 @@
 """Reverse-mode autodiff on programs: `append_backward(loss)` appends the gradient ops.
 
-The grad op of an op of type ``T`` is ``T_grad``. Following Paddle's default grad-op maker it
-reads every forward input and output slot plus ``<OutSlot>@GRAD`` for each output whose gradient
-exists, and writes ``<InSlot>@GRAD`` for each differentiable input slot (only for vars that need
-a gradient). The gradient of var ``X`` is ``X@GRAD``; when several grad ops contribute to one
-gradient, each writes a renamed copy (``X@GRAD@RENAME@block0@k``) and a `sum` after the last
-producer adds them into ``X@GRAD``. A sparse `lookup_table` (``is_sparse``) gives its table a
-``SELECTED_ROWS`` gradient.
+The op catalog (`transpiler.opcatalog`) says which input slots of each op type are
+differentiable and names its grad op, ``T_grad`` for an op of type ``T``. Following Paddle's
+default grad-op maker the grad op reads every forward input and output slot plus
+``<OutSlot>@GRAD`` for each output whose gradient exists, and writes ``<InSlot>@GRAD`` for each
+differentiable input slot (only for vars that need a gradient). The gradient of var ``X`` is
+``X@GRAD``; when several grad ops contribute to one gradient, each writes a renamed copy
+(``X@GRAD@RENAME@block0@k``) and a `sum` after the last producer adds them into ``X@GRAD``. A
+sparse `lookup_table` (``is_sparse``) gives its table a ``SELECTED_ROWS`` gradient.
 """
 
 from __future__ import annotations
@@ -14,40 +15,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .ir import Block, Op, OpRole, Var, VarType, grad_name
+from .opcatalog import OPS, grad_input_slots
 
-# Differentiable input slots of each op type; ops not listed have no gradient.
-GRAD_INPUT_SLOTS: dict[str, tuple[str, ...]] = {
-    "mul": ("X", "Y"),
-    "elementwise_add": ("X", "Y"),
-    "elementwise_sub": ("X", "Y"),
-    "elementwise_mul": ("X", "Y"),
-    "elementwise_div": ("X", "Y"),
-    "elementwise_max": ("X", "Y"),
-    "elementwise_min": ("X", "Y"),
-    "elementwise_pow": ("X", "Y"),
-    "relu": ("X",),
-    "tanh": ("X",),
-    "sigmoid": ("X",),
-    "softmax": ("X",),
-    "square": ("X",),
-    "exp": ("X",),
-    "log": ("X",),
-    "sqrt": ("X",),
-    "mean": ("X",),
-    "scale": ("X",),
-    "assign": ("X",),
-    "cast": ("X",),
-    "concat": ("X",),
-    "sum": ("X",),
-    "cross_entropy": ("X",),
-    "softmax_with_cross_entropy": ("Logits",),
-    "lookup_table": ("W",),
-    "sequence_pool": ("X",),
-    "reshape": ("X",),
-    "cos": ("X",),
-    "clip": ("X",),
-    "squared_l2_norm": ("X",),
-}
+GRAD_INPUT_SLOTS: dict[str, tuple[str, ...]] = grad_input_slots()
+"""Differentiable input slots of each op type (`transpiler.opcatalog`); ops not listed have no
+gradient."""
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 
@@ -141,7 +113,9 @@ def append_backward(loss: Var, parameter_list: list[str] | None = None,
         inputs.update({k: [n for n in v if n in available] for k, v in out_grads.items()})
         attrs = {k: v for k, v in op.attrs.items() if k not in ("op_role", "op_role_var")}
         attrs["op_role"] = int(OpRole.Backward)
-        gop = Op(op.type + "_grad", inputs, in_grads, attrs)
+        grad_type = OPS[op.type].grad_type
+        assert grad_type is not None
+        gop = Op(grad_type, inputs, in_grads, attrs)
         for slot, names in in_grads.items():
             fwd_slot = slot[: -len("@GRAD")]
             for pos, (fwd_name, gname) in enumerate(zip([n for n in op.input(fwd_slot) if n in live],

@@ -5,7 +5,9 @@ Each update op runs under `op_role_guard(Optimize, [param, grad])`, so the distr
 can find it (and the clip/regularization ops of the same param) and move it to the pserver that
 owns the param. Accumulators are persistable vars named like Paddle's (`moment1_0`,
 `velocity_1`, ...), zero-filled by the startup program unless stated otherwise; a float learning
-rate becomes the persistable var `learning_rate_N`.
+rate becomes the persistable var `learning_rate_N`. Each update op's accumulators (their slots,
+var names and shapes) are its entry's in the op catalog (`transpiler.opcatalog`); an optimizer
+class adds its attributes and the accumulators' fill values.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .clip import BaseGradientClipAttr
 from .framework import (append_op, create_global_var, default_startup_program, op_role_guard,
                         program_guard, unique_name)
 from .ir import Op, OpRole, Program, Var
+from .opcatalog import OPS, State
 from .regularizer import WeightDecayRegularizer, append_regularization_ops
 
 ParamsGrads = list[tuple[Var, Var]]
@@ -24,8 +27,7 @@ ParamsGrads = list[tuple[Var, Var]]
 
 class Optimizer:
     type = ""
-    # accumulator name -> (fill value, whether it has the param's shape; else shape [1])
-    accumulators: dict[str, tuple[float, bool]] = {}
+    """The update op's type; its slots and accumulators are the op catalog's."""
 
     def __init__(self, learning_rate: float | Var, regularization: WeightDecayRegularizer | None = None,
                  grad_clip: BaseGradientClipAttr | None = None, name: str | None = None) -> None:
@@ -62,8 +64,9 @@ class Optimizer:
         self._create_learning_rate()
         trainable = [(p, g) for p, g in params_grads if p.trainable]
         for param, _ in trainable:
-            for acc_name, (value, param_shaped) in self.accumulators.items():
-                self._add_accumulator(acc_name, param, self._fill_value(acc_name, value), param_shaped)
+            for state in self.state():
+                self._add_accumulator(state.name, param, self._fill_value(state.name, 0.0),
+                                      state.param_shaped)
         ops = []
         for param, grad in trainable:
             with op_role_guard(OpRole.Optimize, [param.name, grad.name]):
@@ -107,15 +110,20 @@ class Optimizer:
     def _append_optimize_op(self, param: Var, grad: Var) -> Op:
         slots = {"Param": [param], "Grad": [grad], "LearningRate": [self._param_lr(param)]}
         outs = {"ParamOut": [param]}
-        for acc_name, (in_slot, out_slot) in self.accumulator_slots().items():
-            acc = self._get_accumulator(acc_name, param)
-            slots[in_slot] = [acc]
-            if out_slot:
-                outs[out_slot] = [acc]
+        for state in self.state():
+            acc = self._get_accumulator(state.name, param)
+            slots[state.slot] = [acc]
+            if state.out:
+                outs[state.out] = [acc]
         return append_op(self.type, slots, outs, self.attrs())
 
-    def accumulator_slots(self) -> dict[str, tuple[str, str | None]]:
-        return {}
+    @classmethod
+    def state(cls) -> tuple[State, ...]:
+        """The update op's accumulators, in slot order (`transpiler.opcatalog`)."""
+        update = OPS[cls.type].update
+        if update is None:
+            raise ValueError(f"{cls.__name__}: op {cls.type!r} is no optimizer in the op catalog")
+        return update.state
 
     def attrs(self) -> dict[str, Any]:
         return {}
@@ -140,7 +148,6 @@ class SGD(Optimizer):
 
 class Momentum(Optimizer):
     type = "momentum"
-    accumulators = {"velocity": (0.0, True)}
 
     def __init__(self, learning_rate: float | Var, momentum: float = 0.9, use_nesterov: bool = False,
                  **kwargs: Any) -> None:
@@ -148,17 +155,12 @@ class Momentum(Optimizer):
         _check_range("Momentum", "momentum", momentum, 0.0, 1.0)
         self.momentum, self.use_nesterov = float(momentum), bool(use_nesterov)
 
-    def accumulator_slots(self) -> dict[str, tuple[str, str | None]]:
-        return {"velocity": ("Velocity", "VelocityOut")}
-
     def attrs(self) -> dict[str, Any]:
         return {"mu": self.momentum, "use_nesterov": self.use_nesterov}
 
 
 class Adam(Optimizer):
     type = "adam"
-    accumulators = {"moment1": (0.0, True), "moment2": (0.0, True),
-                    "beta1_pow_acc": (0.0, False), "beta2_pow_acc": (0.0, False)}
 
     def __init__(self, learning_rate: float | Var = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, lazy_mode: bool = False, **kwargs: Any) -> None:
@@ -169,10 +171,6 @@ class Adam(Optimizer):
 
     def _fill_value(self, acc_name: str, default: float) -> float:
         return {"beta1_pow_acc": self.beta1, "beta2_pow_acc": self.beta2}.get(acc_name, default)
-
-    def accumulator_slots(self) -> dict[str, tuple[str, str | None]]:
-        return {"moment1": ("Moment1", "Moment1Out"), "moment2": ("Moment2", "Moment2Out"),
-                "beta1_pow_acc": ("Beta1Pow", None), "beta2_pow_acc": ("Beta2Pow", None)}
 
     def attrs(self) -> dict[str, Any]:
         return {"beta1": float(self.beta1), "beta2": float(self.beta2),
@@ -185,7 +183,6 @@ class Adam(Optimizer):
 
 class Adagrad(Optimizer):
     type = "adagrad"
-    accumulators = {"moment": (0.0, True)}
 
     def __init__(self, learning_rate: float | Var, epsilon: float = 1e-6,
                  initial_accumulator_value: float = 0.0, **kwargs: Any) -> None:
@@ -195,16 +192,12 @@ class Adagrad(Optimizer):
     def _fill_value(self, acc_name: str, default: float) -> float:
         return float(self.initial_accumulator_value)
 
-    def accumulator_slots(self) -> dict[str, tuple[str, str | None]]:
-        return {"moment": ("Moment", "MomentOut")}
-
     def attrs(self) -> dict[str, Any]:
         return {"epsilon": float(self.epsilon)}
 
 
 class DecayedAdagrad(Optimizer):
     type = "decayed_adagrad"
-    accumulators = {"moment": (0.0, True)}
 
     def __init__(self, learning_rate: float | Var, decay: float = 0.95, epsilon: float = 1e-6,
                  **kwargs: Any) -> None:
@@ -212,16 +205,12 @@ class DecayedAdagrad(Optimizer):
         _check_range("DecayedAdagrad", "decay", decay, 0.0, 1.0)
         self.decay, self.epsilon = decay, epsilon
 
-    def accumulator_slots(self) -> dict[str, tuple[str, str | None]]:
-        return {"moment": ("Moment", "MomentOut")}
-
     def attrs(self) -> dict[str, Any]:
         return {"decay": float(self.decay), "epsilon": float(self.epsilon)}
 
 
 class Adamax(Optimizer):
     type = "adamax"
-    accumulators = {"moment": (0.0, True), "inf_norm": (0.0, True), "beta1_pow_acc": (0.0, False)}
 
     def __init__(self, learning_rate: float | Var = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, **kwargs: Any) -> None:
@@ -233,10 +222,6 @@ class Adamax(Optimizer):
     def _fill_value(self, acc_name: str, default: float) -> float:
         return self.beta1 if acc_name == "beta1_pow_acc" else default
 
-    def accumulator_slots(self) -> dict[str, tuple[str, str | None]]:
-        return {"moment": ("Moment", "MomentOut"), "inf_norm": ("InfNorm", "InfNormOut"),
-                "beta1_pow_acc": ("Beta1Pow", None)}
-
     def attrs(self) -> dict[str, Any]:
         return {"beta1": float(self.beta1), "beta2": float(self.beta2), "epsilon": float(self.epsilon)}
 
@@ -246,7 +231,6 @@ class Adamax(Optimizer):
 
 class RMSProp(Optimizer):
     type = "rmsprop"
-    accumulators = {"momentum": (0.0, True), "mean_square": (0.0, True), "mean_grad": (0.0, True)}
 
     def __init__(self, learning_rate: float | Var, rho: float = 0.95, epsilon: float = 1e-6,
                  momentum: float = 0.0, centered: bool = False, **kwargs: Any) -> None:
@@ -255,10 +239,6 @@ class RMSProp(Optimizer):
         _check_range("RMSProp", "momentum", momentum, 0.0, 1.0)
         self.rho, self.epsilon, self.momentum, self.centered = rho, epsilon, momentum, centered
 
-    def accumulator_slots(self) -> dict[str, tuple[str, str | None]]:
-        return {"momentum": ("Moment", "MomentOut"), "mean_square": ("MeanSquare", "MeanSquareOut"),
-                "mean_grad": ("MeanGrad", "MeanGradOut")}
-
     def attrs(self) -> dict[str, Any]:
         return {"decay": float(self.rho), "epsilon": float(self.epsilon),
                 "momentum": float(self.momentum), "centered": self.centered}
@@ -266,7 +246,6 @@ class RMSProp(Optimizer):
 
 class Ftrl(Optimizer):
     type = "ftrl"
-    accumulators = {"squared": (0.0, True), "linear": (0.0, True)}
 
     def __init__(self, learning_rate: float | Var, l1: float = 0.0, l2: float = 0.0,
                  lr_power: float = -0.5, **kwargs: Any) -> None:
@@ -274,10 +253,6 @@ class Ftrl(Optimizer):
         if l1 < 0 or l2 < 0:
             raise ValueError(f"Ftrl: l1 and l2 must be non-negative, got l1={l1}, l2={l2}")
         self.l1, self.l2, self.lr_power = l1, l2, lr_power
-
-    def accumulator_slots(self) -> dict[str, tuple[str, str | None]]:
-        return {"squared": ("SquaredAccumulator", "SquaredAccumOut"),
-                "linear": ("LinearAccumulator", "LinearAccumOut")}
 
     def attrs(self) -> dict[str, Any]:
         return {"l1": float(self.l1), "l2": float(self.l2), "lr_power": float(self.lr_power)}
@@ -292,7 +267,5 @@ AdamaxOptimizer = Adamax
 RMSPropOptimizer = RMSProp
 FtrlOptimizer = Ftrl
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {
-    "sgd": SGD, "momentum": Momentum, "adam": Adam, "adagrad": Adagrad,
-    "decayed_adagrad": DecayedAdagrad, "adamax": Adamax, "rmsprop": RMSProp, "ftrl": Ftrl,
-}
+OPTIMIZERS: dict[str, type[Optimizer]] = {cls.type: cls for cls in Optimizer.__subclasses__()}
+"""Every optimizer by its op type (tests/test_opcatalog.py: the catalog's optimizers that run)."""

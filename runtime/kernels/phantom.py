@@ -2,7 +2,8 @@
 
 Every kernel stores a `Phantom` (shape, dtype, and the LoD or row height its real twin would
 have) for each output, so a whole job runs with no arithmetic and every message, op and byte
-count stays what numeric mode would give. How each op's output shapes come about:
+count stays what numeric mode would give. Each op's entry in the op catalog
+(`transpiler.opcatalog`) names its shape rule (`SHAPE_RULES`); the rules:
 
 - The generic rule: an output takes its declared shape and dtype (from the program), and a -1
   dim k takes dim k of the op's first input declared with -1 there; when that is dim 0 (the
@@ -34,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from transpiler.ir import Var, strip_grad_suffix
+from transpiler.opcatalog import OPS, OpDef
 
 from ..tensor import LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of
 from .context import KernelContext
@@ -46,7 +48,7 @@ Rule = Callable[[KernelContext], None]
 Lod = tuple[tuple[int, ...], ...]
 _NO_LOD: Lod = ()
 
-__all__ = ["BACKEND", "RULES", "apportion"]
+__all__ = ["BACKEND", "RULES", "SHAPE_RULES", "apportion"]
 
 
 # -- reading the op ----------------------------------------------------------------------------
@@ -301,34 +303,28 @@ def _save(ctx: KernelContext) -> None:
 
 
 # -- the table ----------------------------------------------------------------------------------
-_UNARY = ("relu", "tanh", "sigmoid", "exp", "log", "sqrt", "square", "cos", "floor", "ceil", "sign")
-_BINARY = ("elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div",
-           "elementwise_max", "elementwise_min", "elementwise_pow", "less_than", "logical_and",
-           "logical_or", "logical_xor")
-_GENERIC = _UNARY + ("logical_not", "cast", "mean", "squared_l2_norm", "softmax",
-                     "softmax_with_cross_entropy", "cross_entropy", "clip", "clip_by_norm",
-                     "increment")
-_WITH_GRADIENT = ("relu", "tanh", "sigmoid", "exp", "log", "sqrt", "square", "cos", "scale",
-                  "cast", "assign", "reshape", "mean", "squared_l2_norm", "sum", "concat", "clip",
-                  "mul", "softmax", "cross_entropy", "softmax_with_cross_entropy", "sequence_pool",
-                  *(op for op in _BINARY if op.startswith("elementwise_")))
-_OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad", "decayed_adagrad", "adamax", "rmsprop", "ftrl")
-_INITIALIZERS = ("fill_constant", "uniform_random", "gaussian_random", "truncated_gaussian_random",
-                 "fake_init")
-
-RULES: dict[str, Rule] = {
-    **{op: _generic for op in _GENERIC},
-    **{op: _elementwise for op in _BINARY},
-    **{op + "_grad": _gradient for op in _WITH_GRADIENT},
-    **{op: _optimizer for op in _OPTIMIZERS},
-    **{op: _initializer for op in _INITIALIZERS},
-    "scale": _like_x, "assign": _like_x, "mul": _mul, "reshape": _reshape,
-    "lookup_table": _lookup, "lookup_sparse_table": _lookup, "lookup_table_grad": _lookup_grad,
+SHAPE_RULES: dict[str, Rule] = {
+    "generic": _generic, "broadcast": _elementwise, "gradient": _gradient,
+    "like_param": _optimizer, "from_attrs": _initializer, "like_x": _like_x, "mul": _mul,
+    "reshape": _reshape, "lookup": _lookup, "lookup_grad": _lookup_grad,
     "sequence_pool": _sequence_pool, "merge_ids": _merge_ids, "split_byref": _split_byref,
     "split_selected_rows": _split_selected_rows, "split_ids": _split_ids, "concat": _concat,
     "sum": _sum, "ref_by_trainer_id": _ref_by_trainer_id,
     "conditional_block": _conditional_block, "save": _save,
 }
+"""The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""
+
+
+def _rule_of(op: OpDef) -> Rule:
+    rule = SHAPE_RULES.get(op.shape or "")
+    if rule is None:
+        raise ValueError(f"op {op.type!r}: the catalog names phantom shape rule {op.shape!r}, "
+                         f"which is not one of {sorted(SHAPE_RULES)}")
+    return rule
+
+
+RULES: dict[str, Rule] = {op.type: _rule_of(op) for op in OPS.values() if op.runs == "kernel"}
+"""Each op type's shape rule: every op the catalog runs through kernels."""
 
 
 def _kernel(op_type: str, rule: Rule) -> Kernel:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..ir import Op, OpRole, Program
+from ..opcatalog import optimizer_types
 
-# Update ops the pservers know how to slice (their accumulators are param-shaped or [1]).
-OPTIMIZER_TYPES = frozenset({"sgd", "momentum", "lars_momentum", "adam", "adagrad",
-                             "decayed_adagrad", "adamax", "rmsprop", "ftrl"})
+# Update ops the pservers know how to slice: the catalog's optimizers (their accumulators are
+# param-shaped or [1]).
+OPTIMIZER_TYPES = frozenset(optimizer_types())
 # Ops whose result depends on the whole grad: a param they touch is never sliced, because the
 # pserver would compute them over one slice only.
 WHOLE_GRAD_OPS = frozenset({"clip_by_norm", "squared_l2_norm"})

@@ -35,15 +35,16 @@ import math
 from dataclasses import dataclass
 
 from ..ir import Block, Op, OpRole, Program, VarType, grad_name
+from ..opcatalog import optimizer_types
 from .analysis import OptimizeSection, is_optimizer_op
 from .edit import clone_var, control_var, copy_op, last_writer, rpc_attrs
 from .plan import Plan
 
 LOOKUP = "lookup_table"
 CHECKPOINT_PATH_VAR = "kLookupTablePath"
-# The table's pserver runs sgd; these update ops are first-order steps it may stand in for.
-TABLE_OPTIMIZERS = frozenset({"sgd", "momentum", "lars_momentum", "adam", "adagrad",
-                              "decayed_adagrad", "adamax", "rmsprop"})
+# The table's pserver runs sgd; the catalog marks the update ops (first-order steps) it may
+# stand in for.
+TABLE_OPTIMIZERS = frozenset(optimizer_types(table=True))
 
 
 def find_distributed_table(program: Program) -> str | None:

@@ -7,11 +7,12 @@ job from the same file and overrides. Each child runs in its own session (proces
 Ctrl-C at the terminal reaches only the launcher, which then decides the order of shutdown.
 
 While the nodes run, the launcher copies each one's stdout and stderr line by line into
-``OUT/logs/<role>-<index>.log`` and reads the trainers' progress lines off them for the live
-display: a table redrawn in place (rich) on a terminal, plain lines every ``train.log_every``
-steps otherwise. The run fails, and every node still running is stopped, as soon as a node
-exits non-zero, ``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM arrives.
-After a node failed the others get `SETTLE_SECONDS` to end on their own first: one fault often
+``OUT/logs/<role>-<index>.log``, and reads each trainer's progress off a pipe of its own
+(`runtime.progress`; the output is for people and is not parsed) for the live display: a table
+redrawn in place (rich) on a terminal, plain lines every ``train.log_every`` steps otherwise.
+The run fails, and every node still running is stopped, as soon as a node exits non-zero,
+``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM arrives. After a node
+failed the others get `SETTLE_SECONDS` to end on their own first: one fault often
 fails several nodes at once, each naming what it waited for (the first to give up may name a
 live pserver that holds its request for the next step), and the reason lists every node that
 failed, the first first. Stopping is SIGTERM to each child's process group, then SIGKILL after
@@ -34,7 +35,8 @@ too). The pservers' endpoints are then their namespaces' addresses, and the name
 deleted before `launch` returns, whatever happened. Without it the nodes share the host's
 loopback and the notes list every network setting not applied (`runtime.netns.network_notes`).
 
-At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.metrics`), checks
+At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.metrics`: the run
+record `sim run` writes too, schema in ``runtime/metrics.schema.json``), checks
 the scenario's `expect` (`runtime.expect`) when every node succeeded, and prints a summary whose
 last line says OK or why not. ``params_equal_to: fault_free`` is checked against the same job
 without its faults, run here in one process over loopback ZeroMQ (`fault_free_params`). A
@@ -66,17 +68,16 @@ from transpiler.distribute.from_spec import pserver_endpoints
 from . import expect
 from .cluster import pserver_name, run_job, train_locally
 from .faultproxy import FaultProxy, Faults
-from .faults import LinkFaults, Partition, Slow
+from .faults import LinkFaults, Partition, Slow, nodes_of
 from .faultschedule import FaultSchedule
-from .faults import nodes_of
 from .inject import SLOW_PERIOD, RuntimeTarget, connects, metrics_events, needs_proxies
 from .job import Job
 from .metrics import (ExpectationResult, JobMetrics, JobSummary, NetnsMetrics, ProxyMetrics,
                       PserverMetrics, TrainerMetrics, read_record, write_record)
 from .netns import PORT, Fabric, NetnsError, link_latencies, network_notes, sigterm_interrupts
 from .netspec import NetworkSpec, fmt_rate
-from .node import (ENV_VARS, Progress, checkpoint_dir_for, node_file_stem, node_name,
-                   parse_progress, run_async)
+from .node import ENV_VARS, checkpoint_dir_for, node_file_stem, node_name, run_async
+from .progress import Channel, Progress, read_progress
 from .scenario import Scenario
 from .zmq_transport import ZmqTransport
 
@@ -85,7 +86,7 @@ GRACE_SECONDS = 5.0
 SETTLE_SECONDS = 1.0
 """How long the other nodes may go on after one failed, to fail as well (and say why)."""
 READ_LIMIT = 1 << 20
-"""Longest line read from a node's output."""
+"""Longest line read from a node's output or progress channel."""
 FAULT_FREE_RETRY = 0.1
 """Seconds before a request is resent in the fault-free reference run (at most)."""
 
@@ -114,6 +115,8 @@ class Life:
     """Killed by fault injection."""
     checked: bool = False
     """The supervisor has judged its exit."""
+    first_seen: int = 0
+    """Where its progress begins in its node's `NodeRun.seen`."""
 
 
 @dataclass
@@ -127,6 +130,7 @@ class NodeRun:
     restart: asyncio.Task[None] | None = None
     """Starting the node again after a crash, while that is pending."""
     seen: list[Progress] = field(default_factory=list)
+    """The progress its processes reported, one after another."""
     last_line: str = ""
 
     @property
@@ -176,11 +180,11 @@ class NodeRun:
         return f"{self.name} exited with status {code}" + (f": {detail}" if detail else "")
 
     def progress_record(self) -> TrainerMetrics:
-        """What the progress lines told of a trainer that wrote no record (losses to the 6
-        significant digits printed)."""
-        first = self.seen[0].step - 1 if self.seen else 0
-        return TrainerMetrics.from_steps(self.index, [p.loss for p in self.seen],
-                                         [p.step_time for p in self.seen], first)
+        """What its last process reported of a trainer that wrote no record."""
+        seen = self.seen[self.lives[-1].first_seen:] if self.lives else self.seen
+        first, redone = (seen[0].first_step, seen[-1].redone) if seen else (0, 0)
+        return TrainerMetrics.from_steps(self.index, [p.loss for p in seen],
+                                         [p.step_time for p in seen], first, redone)
 
 
 # -- display -----------------------------------------------------------------------------------
@@ -343,7 +347,7 @@ def kernel_threads(nodes: int) -> int:
 
 def node_environment(threads: int | None = None) -> dict[str, str]:
     """The launcher's environment without Paddle's role variables (the flags say the role),
-    with unbuffered output so that progress lines arrive as they are printed, and `threads`
+    with unbuffered output so that the logs keep up with the nodes, and `threads`
     for the kernels (`THREAD_VARS`) where the environment does not set them already."""
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     env["PYTHONUNBUFFERED"] = "1"
@@ -445,38 +449,60 @@ class Launcher:
                            self.endpoints, self.out, self._flags(node, number))
         namespace = self.namespaces.get(node.name)
         if namespace is not None:
-            cmd = ["ip", "netns", "exec", namespace, *cmd]  # execs: the same process
-        process = await asyncio.create_subprocess_exec(
-            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=node_environment(kernel_threads(len(self.nodes))),
-            start_new_session=True,
-            limit=READ_LIMIT)
-        life = Life(number, process)
+            cmd = ["ip", "netns", "exec", namespace, *cmd]  # execs: the same process, its fds
+        env = node_environment(kernel_threads(len(self.nodes)))
+        channel = Channel() if node.role == "trainer" else None
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env | (channel.environment() if channel else {}),
+                pass_fds=(channel.write_fd,) if channel else (), start_new_session=True,
+                limit=READ_LIMIT)
+        except BaseException:
+            if channel is not None:
+                channel.close()
+            raise
+        if channel is not None:
+            channel.started()
+        life = Life(number, process, first_seen=len(node.seen))
         node.lives.append(life)
-        life.watcher = asyncio.get_running_loop().create_task(self._watch(node, life),
-                                                              name=f"watch {node.name}")
+        life.watcher = asyncio.get_running_loop().create_task(
+            self._watch(node, life, channel.read_fd if channel else None),
+            name=f"watch {node.name}")
 
-    async def _watch(self, node: NodeRun, life: Life) -> None:
-        """Copy the process's output to the node's log, follow its progress, and reap it."""
+    async def _watch(self, node: NodeRun, life: Life, progress_fd: int | None) -> None:
+        """Copy the process's output to the node's log, follow its progress (a trainer's, on
+        the pipe `progress_fd`), and reap it."""
+        follow = [self._copy_output(node, life)]
+        if progress_fd is not None:
+            follow.append(self._follow_progress(node, progress_fd))
+        await asyncio.gather(*follow)
+        life.exit_code = await life.process.wait()
+        if self._display is not None:
+            self._display.message(f"{node.name} was killed (fault injection)" if life.killed
+                                  else f"{node.name} exited with status {life.exit_code}")
+
+    async def _copy_output(self, node: NodeRun, life: Life) -> None:
         assert life.process.stdout is not None
-        display = self._display
         async for raw in life.process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
             node.log.write(line + "\n")
             node.log.flush()
             if line.strip():
                 node.last_line = line.strip()
-            progress = parse_progress(line)
-            if progress is not None:
-                node.seen.append(progress)
-                if display is not None:
-                    display.progress(node)
-                if self.injector is not None and node.role == "trainer":
-                    self.injector.on_progress(node.index, progress.step)
-        life.exit_code = await life.process.wait()
-        if display is not None:
-            display.message(f"{node.name} was killed (fault injection)" if life.killed
-                            else f"{node.name} exited with status {life.exit_code}")
+
+    async def _follow_progress(self, node: NodeRun, fd: int) -> None:
+        """Each step a trainer reports: to the display and the fault injector."""
+        async for progress in read_progress(fd, READ_LIMIT):
+            if isinstance(progress, ValueError):
+                node.log.write(f"[runtime up] {node.name}'s progress channel: {progress}\n")
+                continue
+            node.seen.append(progress)
+            if self._display is not None:
+                self._display.progress(node)
+            if self.injector is not None:
+                self.injector.on_progress(node.index, progress.step)
 
     async def _supervise(self, stop: asyncio.Future[int]) -> Failure | None:
         """Wait until every node is done and no restart is pending; the first failure, the
@@ -625,18 +651,14 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
             pservers.append(p)
         if failure is None and not path.exists() and not node.killed:
             failure = Failure(f"{node.name} exited with status 0 but wrote no {path}", node.name)
-    train = scenario.train
-    samples = sum(len(t.losses) for t in trainers) * scenario.data.batch_size
-    busy = [sum(t.step_times) for t in trainers if t.step_times]
-    train_seconds = max(busy) if busy else None
-    summary = JobSummary(
-        scenario.name, scenario.transpiler.mode, scenario.cluster.pservers,
-        scenario.cluster.trainers, train.steps, scenario.data.batch_size, launcher.endpoints,
-        wall, train_seconds, samples, samples / train_seconds if train_seconds else None,
-        failure is None, failure.reason if failure else None, failure.node if failure else None)
+    summary = JobSummary.for_run("runtime up", scenario, launcher.endpoints, trainers)
+    summary.wall_seconds = wall
+    summary.success = failure is None
+    if failure is not None:
+        summary.reason, summary.failed_node = failure.reason, failure.node
     events = metrics_events(launcher.injector.events) if launcher.injector is not None else []
-    return JobMetrics(summary, trainers, pservers, [], notes, events, proxy_metrics(launcher),
-                      netns)
+    return JobMetrics(summary, trainers, pservers, [], notes, events,
+                      proxies=proxy_metrics(launcher), netns=netns)
 
 
 def proxy_metrics(launcher: Launcher) -> list[ProxyMetrics]:
@@ -715,7 +737,7 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
     for f in metrics.faults:
         span = f"{f.start:.2f}s" + (f" -> {f.end:.2f}s" if f.end is not None else "")
         lines.append(f"fault {f.fault} {f.what}: {span} ({f.detail})")
-    for x in metrics.proxies:
+    for x in metrics.proxies or ():
         totals = {name: sum(link[d][name] for link in x.links.values() for d in link)
                   for name in COUNTED}
         counted = ", ".join(f"{v} {k}" for k, v in totals.items() if v or k == "messages")

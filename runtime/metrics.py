@@ -1,97 +1,190 @@
-"""The record of a real run: `metrics.json`, as dataclasses.
+"""The run record: one `metrics.json` schema for `sim run` and `runtime up`, defined once.
 
-Each node of a `runtime up` run writes its own part when it finishes (`write_record` to
-``OUT/nodes/trainer-0.json``, ``OUT/nodes/pserver-1.json``): a trainer its `TrainerMetrics`, a
-pserver its `PserverMetrics`. The launcher reads them back (`read_record`), adds each node's exit
-code and log, the job's figures (`JobSummary`) and the expectations it checked, and writes the
-whole `JobMetrics` as ``OUT/metrics.json``. The file is exactly `dataclasses.asdict` of a
-`JobMetrics`, and `read_metrics` turns it back into one, so a reader never guesses the schema:
+A run's ``OUT/metrics.json`` is a `JobMetrics` (the run record) written by `write_record`:
+the job as a whole (`JobSummary`), a `TrainerMetrics` per trainer, a `PserverMetrics` per
+pserver, the expectations checked (`ExpectationResult`), notes, the faults injected
+(`FaultEvent`), and what only one of the two commands can measure: the simulated network's
+links and NICs (`LinkMetrics`, `NicMetrics`; ``sim run``), the fault proxies and network
+namespaces (`ProxyMetrics`, `NetnsMetrics`; ``runtime up``). `read_metrics` turns the file back
+into a `JobMetrics`, so a reader never guesses the schema.
 
-    {"schema": 1,
-     "job": {"scenario", "mode", "pservers", "trainers", "steps", "batch_size", "endpoints",
-             "wall_seconds", "train_seconds", "samples", "samples_per_second",
-             "success", "reason", "failed_node"},
-     "trainers": [{"index", "losses", "step_times", "final_loss", "first_step",
-                   "steps_redone", "exit_code", "log"}],
-     "pservers": [{"index", "endpoint", "messages", "bytes_in", "bytes_out",
-                   "optimize_seconds", "steps", "errors", "dropped", "exit_code", "log"}],
-     "expectations": [{"name", "expected", "actual", "passed", "detail"}],
-     "notes": ["what this run ignored of the scenario"],
-     "faults": [{"fault", "kind", "what", "start", "end", "detail"}],
-     "proxies": [{"pserver", "address", "upstream", "links": {client: {"up", "down"}}}],
-     "netns": null or {"subnet", "hub", "nodes": [{"node", "namespace", "address", "rate",
-                                                   "egress", "ingress"}]}}
+One rule makes the two commands' files alike: a field that both can fill has the same name,
+unit and meaning in both (``job.train_seconds``, ``trainers[].step_times``,
+``pservers[].bytes_in``, ...); a field that only one can fill is there in both files, null in
+the other's (its description says whose it is). Times are seconds on the run's clock, which
+``job.command`` names: simulated seconds for ``sim run`` (its file holds no wall-clock figure,
+so two runs of the same scenario and seed write the same bytes), wall-clock seconds for
+``runtime up``. JSON has no NaN: a loss that is not a number (timing mode computes none) is
+written as null and read back as NaN.
 
-Times are seconds. A node that failed before writing its part appears with empty figures and
-its exit code (a trainer with what its progress lines told); a node restarted after a crash
-appears as its last process left it. ``success`` says whether the run did what the scenario
-expects: for a scenario whose ``expect.error`` says it must fail, a run that failed that way
-is a success (``reason`` still says why it failed). ``faults`` lists the faults injected, when
-(seconds since every node had started) and what was done; ``proxies`` the fault proxy in front
-of each pserver (when the scenario has message faults, or ``--netns`` a latency) with its
-counters per client link. ``netns`` (``runtime up --netns``) says where each node ran and what
-the tbf qdiscs of its interface counted: ``egress`` on its own end of its veth, ``ingress`` on
-the bridge's end (``kind``, ``rate`` in bytes per second, ``bytes``, ``packets``, ``drops``,
-``overlimits``: times the bucket was empty and a packet had to wait).
+The records are pydantic dataclasses: built by position or keyword like plain ones (and
+`dataclasses.asdict` works on them), validated when built and read, and the source of the
+JSON Schema that ``runtime/metrics.schema.json`` holds (`json_schema`; regenerate it with
+``python -m runtime.metrics --write``; a test checks that it is current). Every field's
+description in that file is its docstring here.
+
+``runtime up``'s nodes write their own records (`write_record` to ``OUT/nodes/trainer-0.json``,
+``OUT/nodes/pserver-1.json``) when they finish; the launcher reads them back (`read_record`) and
+adds each node's exit code and log.
+
+DESIGN: ``job.wall_seconds`` (``runtime up``) and ``job.simulated_seconds`` (``sim run``) stay
+two fields, not one on the run's clock: the real figure includes starting Python processes,
+which the simulation does not model, so the two are not the same measure and a reader
+comparing a simulation with a real run should compare ``train_seconds`` instead.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from dataclasses import asdict, dataclass, field, fields
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
-from .pserver import ServerStats
+import numpy as np
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic.dataclasses import dataclass
 
-SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from .pserver import ServerStats
+    from .scenario import Scenario
+
+SCHEMA_VERSION: Final = 2
+SCHEMA_FILE = Path(__file__).with_name("metrics.schema.json")
+"""The JSON Schema of metrics.json, generated from these records (`json_schema`)."""
+REGENERATE = "python -m runtime.metrics --write"
+
+RECORD = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                    json_schema_serialization_defaults_required=True)
+"""Unknown fields are errors; docstrings describe fields; every field is in every file."""
+
+Command = Literal["sim run", "runtime up"]
 
 
-@dataclass
+def _nan_for_null(value: Any) -> Any:
+    return math.nan if value is None else value
+
+
+Loss = Annotated[float, BeforeValidator(_nan_for_null),
+                 WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
+"""A step's loss; null in the file (NaN in memory) where none was computed (timing mode)."""
+
+
+@dataclass(config=RECORD)
+class StepTimeStats:
+    """Step times summed up: mean, median, 99th percentile and maximum, in seconds."""
+
+    mean: float
+    p50: float
+    p99: float
+    max: float
+
+    @staticmethod
+    def of(times: Sequence[float]) -> StepTimeStats | None:
+        if not len(times):
+            return None
+        a = np.asarray(times, dtype=np.float64)
+        return StepTimeStats(float(a.mean()), float(np.percentile(a, 50)),
+                             float(np.percentile(a, 99)), float(a.max()))
+
+
+@dataclass(config=RECORD)
 class TrainerMetrics:
+    """One trainer: its steps' losses and times (of its last process, for a restarted one)."""
+
     index: int
-    losses: list[float] = field(default_factory=list)
+    losses: list[Loss] = field(default_factory=list)
+    """Each step's loss, in the order taken (redone steps included)."""
     step_times: list[float] = field(default_factory=list)
+    """Each step's duration, seconds."""
     final_loss: float | None = None
+    """The last step's loss; null: no step, or no loss computed."""
+    step_time: StepTimeStats | None = None
+    """Its step times summed up; null: no step."""
     first_step: int = 0
     """The step its (last) process started at: later than 0 when it joined a job under way."""
     steps_redone: int = 0
     """Steps it took again because a pserver restarted from an earlier checkpoint."""
+    step_ends: list[float] | None = None
+    """sim run only: the simulated time at the end of each step."""
+    compute_seconds: float | None = None
+    """sim run only: the modelled compute inside its steps."""
+    barrier_wait_seconds: float | None = None
+    """sim run only: time inside its send_barrier, recv and fetch_barrier ops during its steps
+    (waiting for the pservers, and in sync mode for the other trainers)."""
     exit_code: int | None = None
+    """runtime up only: its last process's exit status (negative: killed by that signal)."""
     log: str | None = None
+    """runtime up only: its log file, relative to the output directory."""
 
     @staticmethod
-    def from_steps(index: int, losses: list[float], step_times: list[float],
-                   first_step: int = 0, steps_redone: int = 0) -> "TrainerMetrics":
+    def from_steps(index: int, losses: Sequence[float], step_times: Sequence[float],
+                   first_step: int = 0, steps_redone: int = 0) -> TrainerMetrics:
         return TrainerMetrics(index, list(losses), list(step_times),
-                              losses[-1] if losses else None, first_step, steps_redone)
+                              _finite(losses[-1]) if losses else None,
+                              StepTimeStats.of(step_times), first_step, steps_redone)
 
 
-@dataclass
+@dataclass(config=RECORD)
 class PserverMetrics:
+    """One pserver: its traffic and work (of its last process, for a restarted one)."""
+
     index: int
     endpoint: str
+    """Where the trainers reach it (host:port)."""
     messages: int = 0
+    """Messages it received."""
     bytes_in: int = 0
     bytes_out: int = 0
-    optimize_seconds: float = 0.0
-    steps: int = 0
-    errors: int = 0
-    dropped: list[int] = field(default_factory=list)
-    exit_code: int | None = None
-    log: str | None = None
     heartbeat_bytes: int = 0
-    """Of bytes_in and bytes_out, those of heartbeats (how many depends on wall time)."""
+    """Of bytes_in and bytes_out, those of heartbeats (how many depends on how long the job
+    runs, not on its steps)."""
+    optimize_seconds: float = 0.0
+    """Time inside sync optimize steps."""
+    steps: int = 0
+    """Steps it completed."""
+    errors: int = 0
+    """Requests it answered with an error."""
+    dropped: list[int] = field(default_factory=list)
+    """Trainers it dropped for missing heartbeats."""
+    checkpoints: list[int] = field(default_factory=list)
+    """Steps at which it took its periodic checkpoints."""
+    restored_step: int | None = None
+    """The step it started from after a crash (its checkpoint's, or 0); null: never crashed."""
+    rewinds: int = 0
+    """Messages it answered with a rewind (of a step it lost in a crash)."""
+    busy_seconds: float | None = None
+    """sim run only: its modelled compute (optimize blocks, and in the asynchronous modes the
+    update each message runs)."""
+    busy_share: float | None = None
+    """sim run only: busy_seconds / job.steps_span_seconds."""
+    nic_in_share: float | None = None
+    """sim run only: the time its NIC spent taking in bytes, over job.steps_span_seconds (near
+    1: the bottleneck)."""
+    nic_out_share: float | None = None
+    """sim run only: the same for sending out."""
+    exit_code: int | None = None
+    """runtime up only: its last process's exit status (negative: killed by that signal)."""
+    log: str | None = None
+    """runtime up only: its log file, relative to the output directory."""
 
     @staticmethod
-    def from_stats(index: int, endpoint: str, stats: ServerStats) -> "PserverMetrics":
-        return PserverMetrics(index, endpoint, stats.messages, stats.bytes_in, stats.bytes_out,
-                              stats.optimize_seconds, stats.steps, stats.errors,
-                              list(stats.dropped), heartbeat_bytes=stats.heartbeat_bytes)
+    def from_stats(index: int, endpoint: str, stats: ServerStats) -> PserverMetrics:
+        return PserverMetrics(
+            index, endpoint, messages=stats.messages, bytes_in=stats.bytes_in,
+            bytes_out=stats.bytes_out, heartbeat_bytes=stats.heartbeat_bytes,
+            optimize_seconds=stats.optimize_seconds, steps=stats.steps, errors=stats.errors,
+            dropped=list(stats.dropped), checkpoints=list(stats.checkpoints),
+            restored_step=stats.restored_step, rewinds=stats.rewinds)
 
 
-@dataclass
+@dataclass(config=RECORD)
 class ExpectationResult:
+    """One check of the scenario's `expect` block."""
+
     name: str
     expected: Any
     actual: Any
@@ -99,28 +192,81 @@ class ExpectationResult:
     detail: str
 
 
-@dataclass
+@dataclass(config=RECORD)
 class JobSummary:
+    """The job as a whole: what ran, whether it did what the scenario expects, its figures."""
+
+    command: Command
+    """Which command ran it, and so which clock its times are on: "sim run" simulated
+    seconds, "runtime up" wall-clock seconds."""
     scenario: str
+    seed: int
     mode: str
+    """The transpiler's mode: sync, async, half_async, geo or dc_asgd."""
     pservers: int
     trainers: int
     steps: int
+    """Steps each trainer was to take (train.steps)."""
     batch_size: int
     endpoints: list[str]
-    wall_seconds: float = 0.0
+    """The pservers' endpoints, where the trainers reached them."""
+    success: bool = False
+    """Whether the run did what the scenario expects: for a scenario whose expect.error says it
+    must fail, a run that failed that way is a success (reason still says why it failed)."""
+    reason: str | None = None
+    """Why the run failed; null: it did not."""
+    failed_node: str | None = None
+    """runtime up only: the node whose failure ended the run first; null: none."""
     train_seconds: float | None = None
     """The slowest trainer's time inside its steps (startup and process launch excluded)."""
     samples: int = 0
-    """Examples in the steps the trainers reported."""
+    """Examples in the steps the trainers took, all trainers together."""
     samples_per_second: float | None = None
-    """Samples trained by all trainers together / `train_seconds`."""
-    success: bool = False
-    reason: str | None = None
-    failed_node: str | None = None
+    """samples / train_seconds."""
+    step_time: StepTimeStats | None = None
+    """Trainer 0's step times summed up."""
+    step_time_all: StepTimeStats | None = None
+    """Every step of every trainer summed up."""
+    final_loss: float | None = None
+    """Trainer 0's last loss."""
+    wall_seconds: float | None = None
+    """runtime up only: wall-clock time from starting the first node until every node ended."""
+    simulated_seconds: float | None = None
+    """sim run only: simulated time from the start until the last node finished (startup and
+    the pservers' final drain, the quiet time they wait to answer a retried request,
+    included)."""
+    steps_span_seconds: float | None = None
+    """sim run only: from the first step's start to the last step's end, over all trainers."""
+    network: str | None = None
+    """sim run only: "from the scenario" or "ideal" (none given)."""
+    compute: str | None = None
+    """sim run only: the compute model ("none": compute takes no time)."""
+    messages: int | None = None
+    """sim run only: messages the simulated network carried."""
+    bytes: int | None = None
+    """sim run only: bytes the simulated network carried."""
+
+    @staticmethod
+    def for_run(command: Command, scenario: Scenario, endpoints: Sequence[str],
+                trainers: Sequence[TrainerMetrics]) -> JobSummary:
+        """What `scenario` asked for and the figures both commands derive from the trainers'
+        records alike; the caller adds its outcome and its own fields."""
+        in_steps = [sum(t.step_times) for t in trainers if t.step_times]
+        train_seconds = max(in_steps) if in_steps else None
+        samples = sum(len(t.losses) for t in trainers) * scenario.data.batch_size
+        first = trainers[0] if trainers else None
+        return JobSummary(
+            command, scenario.name, scenario.seed, scenario.transpiler.mode,
+            scenario.cluster.pservers, scenario.cluster.trainers, scenario.train.steps,
+            scenario.data.batch_size, list(endpoints), train_seconds=train_seconds,
+            samples=samples,
+            samples_per_second=samples / train_seconds if train_seconds else None,
+            step_time=first.step_time if first else None,
+            step_time_all=StepTimeStats.of([x for t in trainers for x in t.step_times]),
+            final_loss=first.final_loss if first else None)
 
 
-@dataclass
+@dataclass(config=RECORD)
 class FaultEvent:
     """One fault of the scenario as it was injected: when it began and (if it did) ended, in
     seconds since every node had started, and what was done."""
@@ -131,13 +277,46 @@ class FaultEvent:
     what: str
     start: float
     end: float | None = None
+    """null: it lasted until the end."""
     detail: str = ""
+    """runtime up: how it was triggered and injected; empty in a simulation."""
 
 
-@dataclass
+@dataclass(config=RECORD)
+class LinkMetrics:
+    """sim run: one direction of a simulated link between two nodes, and what crossed it."""
+
+    src: str
+    dst: str
+    messages: int
+    bytes: int
+    dropped: int
+    lost: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    delayed: int = 0
+
+
+@dataclass(config=RECORD)
+class NicMetrics:
+    """sim run: a node's simulated NIC each way: what it carried, the time it was busy and the
+    time messages waited for it (seconds)."""
+
+    node: str
+    messages_out: int
+    bytes_out: int
+    busy_out: float
+    wait_out: float
+    messages_in: int
+    bytes_in: int
+    busy_in: float
+    wait_in: float
+
+
+@dataclass(config=RECORD)
 class ProxyMetrics:
-    """The fault proxy in front of one pserver: where it listens and forwards, and for each
-    client identity the counters (`runtime.faultproxy.Counters` as a dict) of each direction."""
+    """runtime up: the fault proxy in front of one pserver: where it listens and forwards, and
+    for each client identity the counters (`runtime.faultproxy.Counters`) of each direction."""
 
     pserver: int
     address: str
@@ -146,11 +325,13 @@ class ProxyMetrics:
     """client -> "up"/"down" -> counter -> value."""
 
 
-@dataclass
+@dataclass(config=RECORD)
 class NetnsNodeMetrics:
     """One node of a ``runtime up --netns`` run: its namespace and address, the rate its
-    interface was shaped at (bytes per second each way; None: not shaped), and the counters of
-    the root qdisc each way (`runtime.netns`)."""
+    interface was shaped at (bytes per second each way; null: not shaped), and the counters of
+    the root tbf qdisc each way: ``egress`` on its own end of its veth, ``ingress`` on the
+    bridge's end (kind, rate, bytes, packets, drops, overlimits: times the bucket was empty and
+    a packet had to wait)."""
 
     node: str
     namespace: str
@@ -160,72 +341,116 @@ class NetnsNodeMetrics:
     ingress: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(config=RECORD)
 class NetnsMetrics:
+    """runtime up --netns: where each node ran, and what its interface's qdiscs counted."""
+
     subnet: str
     hub: str
     """The namespace of the bridge."""
     nodes: list[NetnsNodeMetrics] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(config=RECORD)
 class JobMetrics:
+    """metrics.json: the record of one run of a scenario, by ``sim run`` or ``runtime up``."""
+
     job: JobSummary
     trainers: list[TrainerMetrics]
     pservers: list[PserverMetrics]
     expectations: list[ExpectationResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    """What of the scenario this run did not do, or did otherwise (e.g. settings only the
+    simulator applies)."""
     faults: list[FaultEvent] = field(default_factory=list)
-    proxies: list[ProxyMetrics] = field(default_factory=list)
+    links: list[LinkMetrics] | None = None
+    """sim run only: every simulated link's counters."""
+    nics: list[NicMetrics] | None = None
+    """sim run only: every node's simulated NIC."""
+    proxies: list[ProxyMetrics] | None = None
+    """runtime up only: the fault proxy in front of each pserver (when the scenario has message
+    faults, or --netns a latency); empty: none."""
     netns: NetnsMetrics | None = None
-    schema: int = SCHEMA_VERSION
+    """runtime up --netns only."""
+    schema: Literal[2] = SCHEMA_VERSION
+    """The version of this schema."""
 
 
 R = TypeVar("R", TrainerMetrics, PserverMetrics)
 
 
-def write_record(path: Path, record: TrainerMetrics | PserverMetrics | JobMetrics) -> None:
-    """Write `record` as JSON, atomically (a reader never sees half a file)."""
+def write_record(path: Path, record: Any) -> None:
+    """Write the dataclass `record` as indented JSON, atomically (a reader never sees half a
+    file); a float that is not finite is written as null."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
+    tmp.write_text(json.dumps(_finite_all(asdict(record)), indent=2, allow_nan=False) + "\n")
     tmp.replace(path)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _finite_all(data: Any) -> Any:
+    if isinstance(data, float):
+        return _finite(data)
+    if isinstance(data, dict):
+        return {key: _finite_all(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_finite_all(value) for value in data]
+    return data
 
 
 def read_record(path: Path, kind: type[R]) -> R:
     """One node's part, as its node wrote it."""
-    return _build(kind, json.loads(path.read_text()), str(path))
+    return _read(path, kind)
 
 
 def read_metrics(path: Path) -> JobMetrics:
     raw = json.loads(Path(path).read_text())
     if raw.get("schema") != SCHEMA_VERSION:
         raise ValueError(f"{path}: metrics schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
-    return JobMetrics(
-        job=_build(JobSummary, raw["job"], f"{path}: job"),
-        trainers=[_build(TrainerMetrics, t, f"{path}: trainers") for t in raw["trainers"]],
-        pservers=[_build(PserverMetrics, p, f"{path}: pservers") for p in raw["pservers"]],
-        expectations=[_build(ExpectationResult, e, f"{path}: expectations")
-                      for e in raw["expectations"]],
-        notes=list(raw["notes"]),
-        faults=[_build(FaultEvent, f, f"{path}: faults") for f in raw.get("faults", [])],
-        proxies=[_build(ProxyMetrics, p, f"{path}: proxies") for p in raw.get("proxies", [])],
-        netns=_netns(raw.get("netns"), f"{path}: netns"))
-
-
-def _netns(raw: dict[str, Any] | None, where: str) -> NetnsMetrics | None:
-    if raw is None:
-        return None
-    nodes = [_build(NetnsNodeMetrics, n, where) for n in raw.get("nodes", [])]
-    return _build(NetnsMetrics, {**raw, "nodes": nodes}, where)
+    return _read(path, JobMetrics, raw)
 
 
 T = TypeVar("T")
 
 
-def _build(kind: type[T], raw: dict[str, Any], where: str) -> T:
-    names = {f.name for f in fields(kind)}  # type: ignore[arg-type]
-    unknown = set(raw) - names
-    if unknown:
-        raise ValueError(f"{where}: unknown {kind.__name__} field(s) {sorted(unknown)}")
-    return kind(**raw)
+def _read(path: Path, kind: type[T], raw: Any = None) -> T:
+    try:
+        return TypeAdapter(kind).validate_python(
+            json.loads(Path(path).read_text()) if raw is None else raw)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise ValueError(f"{path}: not a {kind.__name__} record: {problems}") from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of metrics.json, as the records define it (every field required: the
+    writers write them all)."""
+    schema = TypeAdapter(JobMetrics).json_schema(mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "pslab metrics.json", **{k: v for k, v in schema.items() if k != "title"}}
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime.metrics",
+        description="Print the JSON Schema of metrics.json, generated from runtime/metrics.py.")
+    parser.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_FILE}")
+    args = parser.parse_args(argv)
+    if args.write:
+        SCHEMA_FILE.write_text(schema_text())
+        print(f"wrote {SCHEMA_FILE}")
+    else:
+        sys.stdout.write(schema_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

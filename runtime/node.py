@@ -18,8 +18,10 @@ Endpoints and the trainer count given this way replace the scenario's ``cluster.
 ``cluster.endpoints.pservers`` must list the same ones.
 
 A pserver serves until every trainer has completed, a trainer runs ``train.steps`` steps and
-prints a progress line per step (`format_progress`, which `runtime.launch` parses, also to fire
-faults triggered at a step); both give up when ``train.deadline`` passes. With an output
+prints a progress line per step for people (`format_progress`); where its environment names a
+progress channel (``PSLAB_PROGRESS_FD``, set by `runtime up`) it also reports each step there
+(`runtime.progress`), which the launcher reads for its display and the faults triggered at a
+step. Both give up when ``train.deadline`` passes. With an output
 directory the node writes its `runtime.metrics` record to ``OUT/nodes/<role>-<index>.json``,
 and trainer 0 its final parameters to ``OUT/params.npz``. Exit status 0 means done; any error is
 logged with its traceback and ends with one line ``<node> failed: <error>`` on stderr and
@@ -43,7 +45,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from .executor import timing_kernels
 from .cluster import batches_for, make_pserver, make_trainer, pserver_name, trainer_name
 from .job import Job
 from .metrics import PserverMetrics, TrainerMetrics, write_record
+from .progress import Progress, Reporter
 from .scenario import Scenario, ScenarioError, load_scenario
 from .zmq_transport import ZmqLimits, ZmqTransport
 
@@ -259,28 +261,12 @@ def load_for_role(path: str | Path, overrides: list[str], role: Role | None) -> 
     return scenario if role is None else scenario_for(scenario, role)
 
 
-# -- progress lines ----------------------------------------------------------------------------
-
-_PROGRESS = re.compile(r"step (\d+)/(\d+) loss (\S+) time ([0-9.]+)ms")
-
-
-@dataclass(frozen=True)
-class Progress:
-    step: int       # 1-based: steps done
-    steps: int
-    loss: float
-    step_time: float  # seconds
-
+# -- progress ----------------------------------------------------------------------------------
 
 def format_progress(p: Progress) -> str:
+    """A trainer's progress line on its stdout, for people (the launcher learns the progress
+    from `runtime.progress` instead)."""
     return f"step {p.step}/{p.steps} loss {p.loss:.6g} time {p.step_time * 1e3:.3f}ms"
-
-
-def parse_progress(line: str) -> Progress | None:
-    m = _PROGRESS.fullmatch(line.strip())
-    if m is None:
-        return None
-    return Progress(int(m[1]), int(m[2]), float(m[3]), float(m[4]) / 1e3)
 
 
 # -- running a node ----------------------------------------------------------------------------
@@ -368,8 +354,14 @@ async def run_trainer(job: Job, index: int, out: Path | None,
     if measuring():
         client.meter = Meter("trainer")
 
+    reporter = Reporter.from_environment(os.environ)
+
     def on_step(step: int, loss: float, seconds: float) -> None:
-        print(format_progress(Progress(step + 1, steps, loss, seconds)), flush=True)
+        report = trainer.report
+        progress = Progress(step + 1, steps, loss, seconds, report.first_step, report.redone)
+        print(format_progress(progress), flush=True)
+        if reporter is not None:
+            reporter.report(progress)
 
     log.info("%s: %d steps of %d examples against %s%s", trainer_name(index), steps, batch,
              ",".join(job.endpoints),
@@ -380,6 +372,8 @@ async def run_trainer(job: Job, index: int, out: Path | None,
             scenario.train.deadline, f"{trainer_name(index)}: {steps} steps not done")
     finally:
         await client.close()
+        if reporter is not None:
+            reporter.close()
     if client.meter is not None:
         write_costs(out, node_file_stem("trainer", index), client.meter, times)
     record = TrainerMetrics.from_steps(index, report.losses, report.step_times,

@@ -32,12 +32,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from runtime import expect
 from runtime.cluster import trainer_name
+from runtime.metrics import JobMetrics, write_record
 from runtime.scenario import Scenario, ScenarioError, load_scenario
 
 from .cost import ComputeConfigError
 from .network import NetworkConfigError
-from .report import (SimMetrics, collect, console_for, fmt_seconds, plots_available,
-                     print_summary, write_json, write_plots)
+from .report import (collect, console_for, fmt_seconds, plots_available, print_summary,
+                     write_plots)
 from .simulate import SimResult, simulate
 from .sweep import Axis, SweepError, SweepPoint, SweepRecord, plot_sweep, run_sweep, sweep_table
 
@@ -129,11 +130,11 @@ def _simulate(args: argparse.Namespace, scenario: Scenario, stream: TextIO) -> S
         progress.close()
 
 
-def _write_outputs(args: argparse.Namespace, result: SimResult, metrics: SimMetrics,
+def _write_outputs(args: argparse.Namespace, result: SimResult, metrics: JobMetrics,
                    out: Path) -> list[str]:
     """Write the files; the lines that say where they are."""
     scenario = result.scenario
-    write_json(out / "metrics.json", metrics)
+    write_record(out / "metrics.json", metrics)
     lines = [f"metrics: {out / 'metrics.json'}"]
     if _wanted(scenario, "trace", args.no_trace):
         result.trace.write(out / "trace.json", {"scenario": scenario.name, "seed": scenario.seed})
@@ -177,7 +178,7 @@ def _run(args: argparse.Namespace, stream: TextIO) -> int:
         print(line, file=stream)
     print(f"wall {wall:.2f}s: {result.messages:,} messages simulated, "
           f"{result.messages / wall:,.0f} simulated messages/s", file=stream)
-    s = metrics.simulation
+    s = metrics.job
     print(f"OK: {s.scenario}" if s.success else f"FAILED: {s.reason}", file=stream, flush=True)
     return 0 if s.success else 1
 
@@ -213,7 +214,7 @@ def _sweep(args: argparse.Namespace, stream: TextIO) -> int:
 
     record = run_sweep(Path(args.scenario), scenario.name, _overrides(args), axes, report)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "sweep.json", record)
+    write_record(out / "sweep.json", record)
     console_for(stream).print(sweep_table(record))
     print(f"sweep: {out / 'sweep.json'}", file=stream)
     _plot_sweep(args, record, out, stream)

@@ -1,57 +1,23 @@
 """What a simulated run reports: `metrics.json`, the summary table, and PNG plots.
 
-`collect(result)` turns a `SimResult` into `SimMetrics`, checking the scenario's `expect` block
-with `runtime.expect.check` (as `runtime up` does, plus ``max_step_time``, which only simulated
-time can answer). ``OUT/metrics.json`` is exactly `dataclasses.asdict` of it:
-
-    {"schema": 1,
-     "simulation": {"scenario", "seed", "mode", "pservers", "trainers", "steps", "batch_size",
-                    "network", "compute", "simulated_seconds", "steps_span_seconds",
-                    "train_seconds", "samples",
-                    "samples_per_second", "step_time", "step_time_all", "final_loss",
-                    "messages", "bytes", "success", "reason"},
-     "trainers": [{"index", "losses", "step_times", "step_ends", "final_loss", "step_time",
-                   "compute_seconds", "barrier_wait_seconds", "steps_redone", "first_step"}],
-     "pservers": [{"index", "endpoint", "messages", "bytes_in", "bytes_out", "optimize_seconds",
-                   "busy_seconds", "busy_share", "nic_in_share", "nic_out_share", "steps",
-                   "errors", "dropped", "checkpoints", "restored_step", "rewinds"}],
-     "links": [{"src", "dst", "messages", "bytes", "dropped", "lost", "duplicated", "reordered",
-                "delayed"}],
-     "nics": [{"node", "messages_out", "bytes_out", "busy_out", "wait_out",
-               "messages_in", "bytes_in", "busy_in", "wait_in"}],
-     "expectations": [{"name", "expected", "actual", "passed", "detail"}],
-     "notes": ["what this run did not simulate"],
-     "faults": [{"fault", "kind", "what", "start", "end"}]}
-
-All times are simulated seconds; the file holds no wall-clock figure, so two runs of the same
-scenario and seed write the same bytes. Definitions:
-
-- ``simulated_seconds``: virtual time from the start until the last node finished: startup,
-  and the pservers' final drain (the quiet time they wait after the last trainer completed, to
-  answer a retried request) included. ``steps_span_seconds``: from the first step's start to the
-  last step's end, over all trainers. ``train_seconds``: the slowest trainer's time inside its
-  steps; ``samples_per_second`` = samples of every trainer's steps / ``train_seconds`` (the same
-  definitions as `runtime up`'s metrics).
-- ``step_time`` ({"mean", "p50", "p99", "max"}): trainer 0's step times; ``step_time_all``:
-  every step of every trainer. ``step_ends``: simulated time at the end of each step.
-- ``compute_seconds``: the modelled compute inside a trainer's steps. ``barrier_wait_seconds``:
-  the time it spent inside its send_barrier, recv and fetch_barrier ops during its steps
-  (waiting for the pservers, and, in sync mode, for the other trainers).
-- ``busy_seconds``: a pserver's modelled compute (its optimize blocks, and in the asynchronous
-  modes the update each message runs); ``busy_share`` = busy_seconds / steps_span_seconds.
-  ``nic_in_share`` / ``nic_out_share``: the time its NIC spent taking in / sending out bytes,
-  over steps_span_seconds (a share near 1 marks the bottleneck). ``optimize_seconds``: time inside sync
-  optimize steps, as `runtime up` reports it.
+`collect(result)` turns a `SimResult` into the run record (`runtime.metrics.JobMetrics`, the
+schema `runtime up` writes too; ``runtime/metrics.schema.json``), checking the scenario's
+`expect` block with `runtime.expect.check` (as `runtime up` does, plus ``max_step_time``, which
+only simulated time can answer). ``OUT/metrics.json`` is that record (`write_record`); its
+fields and their meanings are documented in `runtime.metrics`. All its times are simulated
+seconds and it holds no wall-clock figure, so two runs of the same scenario and seed write the
+same bytes. What only a simulation measures fills the fields marked "sim run only":
+``job.simulated_seconds``, ``job.steps_span_seconds``, each trainer's ``step_ends``,
+``compute_seconds`` and ``barrier_wait_seconds`` (counted from its first step's start), each
+pserver's ``busy_seconds`` and NIC shares, and the ``links`` and ``nics`` lists.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 from rich.console import Console
@@ -61,131 +27,16 @@ from runtime import expect
 from runtime.cluster import pserver_name, train_locally, trainer_name
 from runtime.job import Job
 from runtime.faults import Slow
-from runtime.metrics import ExpectationResult, PserverMetrics
+from runtime.metrics import (ExpectationResult, FaultEvent, JobMetrics, JobSummary, LinkMetrics,
+                             NicMetrics, PserverMetrics, StepTimeStats, TrainerMetrics)
 
 from .cost import runtime_costs
 from .simulate import SimResult, TrainerRun, simulate
 
-__all__ = ["SimMetrics", "StepTimeStats", "check_expectations", "collect", "console_for",
-           "fmt_bytes", "fmt_seconds", "new_figure", "plots_available", "print_summary", "save_png",
-           "write_json", "write_plots"]
+__all__ = ["check_expectations", "collect", "console_for", "fmt_bytes", "fmt_seconds",
+           "new_figure", "plots_available", "print_summary", "save_png", "write_plots"]
 
-SCHEMA_VERSION = 1
 BARRIER_OPS = frozenset({"send_barrier", "recv", "fetch_barrier"})
-
-
-@dataclass
-class StepTimeStats:
-    mean: float
-    p50: float
-    p99: float
-    max: float
-
-    @staticmethod
-    def of(times: Sequence[float]) -> StepTimeStats | None:
-        if not len(times):
-            return None
-        a = np.asarray(times, dtype=np.float64)
-        return StepTimeStats(float(a.mean()), float(np.percentile(a, 50)),
-                             float(np.percentile(a, 99)), float(a.max()))
-
-
-@dataclass
-class SimSummary:
-    scenario: str
-    seed: int
-    mode: str
-    pservers: int
-    trainers: int
-    steps: int
-    batch_size: int
-    network: str
-    compute: str
-    simulated_seconds: float
-    steps_span_seconds: float
-    train_seconds: float | None
-    samples: int
-    samples_per_second: float | None
-    step_time: StepTimeStats | None
-    step_time_all: StepTimeStats | None
-    final_loss: float | None
-    messages: int
-    bytes: int
-    success: bool = True
-    reason: str | None = None
-
-
-@dataclass
-class SimTrainerMetrics:
-    index: int
-    losses: list[float]
-    step_times: list[float]
-    step_ends: list[float]
-    final_loss: float | None
-    step_time: StepTimeStats | None
-    compute_seconds: float
-    barrier_wait_seconds: float
-    steps_redone: int = 0
-    first_step: int = 0
-
-
-@dataclass
-class SimPserverMetrics:
-    index: int
-    endpoint: str
-    messages: int
-    bytes_in: int
-    bytes_out: int
-    optimize_seconds: float
-    busy_seconds: float
-    busy_share: float
-    nic_in_share: float
-    nic_out_share: float
-    steps: int
-    errors: int
-    dropped: list[int]
-    checkpoints: list[int] = field(default_factory=list)
-    restored_step: int | None = None
-    rewinds: int = 0
-
-
-@dataclass
-class LinkMetrics:
-    src: str
-    dst: str
-    messages: int
-    bytes: int
-    dropped: int
-    lost: int = 0
-    duplicated: int = 0
-    reordered: int = 0
-    delayed: int = 0
-
-
-@dataclass
-class NicMetrics:
-    node: str
-    messages_out: int
-    bytes_out: int
-    busy_out: float
-    wait_out: float
-    messages_in: int
-    bytes_in: int
-    busy_in: float
-    wait_in: float
-
-
-@dataclass
-class SimMetrics:
-    simulation: SimSummary
-    trainers: list[SimTrainerMetrics]
-    pservers: list[SimPserverMetrics]
-    links: list[LinkMetrics]
-    nics: list[NicMetrics]
-    expectations: list[ExpectationResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    faults: list[dict[str, Any]] = field(default_factory=list)
-    schema: int = SCHEMA_VERSION
 
 
 # -- collecting ---------------------------------------------------------------------------------
@@ -202,46 +53,41 @@ def _share(seconds: float, total: float) -> float:
     return seconds / total if total > 0 else 0.0
 
 
-def _trainer(result: SimResult, run: TrainerRun) -> SimTrainerMetrics:
+def _trainer(result: SimResult, run: TrainerRun) -> TrainerMetrics:
     """A trainer's figures. Its barrier spans count from its first step's start (`steps_start`,
     known to a rounding error: the startup's last barrier ends at it, step 0's first barrier
     begins a send's round trip later)."""
     node, since = trainer_name(run.index), run.steps_start
-    return SimTrainerMetrics(
-        run.index, list(run.losses), list(run.step_times), list(run.step_ends),
-        run.losses[-1] if run.losses else None, StepTimeStats.of(run.step_times),
-        result.compute.get(node, 0.0), result.trace.seconds(node, "rpc", BARRIER_OPS, since),
-        run.redone, run.first_step)
+    record = TrainerMetrics.from_steps(run.index, run.losses, run.step_times, run.first_step,
+                                       run.redone)
+    record.step_ends = list(run.step_ends)
+    record.compute_seconds = result.compute.get(node, 0.0)
+    record.barrier_wait_seconds = result.trace.seconds(node, "rpc", BARRIER_OPS, since)
+    return record
 
 
-def _pserver(result: SimResult, index: int) -> SimPserverMetrics:
-    stats, node, total = result.pservers[index], pserver_name(index), steps_span(result)
+def _pserver(result: SimResult, index: int) -> PserverMetrics:
+    node, total = pserver_name(index), steps_span(result)
+    record = PserverMetrics.from_stats(index, result.endpoints[index], result.pservers[index])
     busy = result.compute.get(node, 0.0)
     nic = result.nics.get(node)
-    return SimPserverMetrics(
-        index, result.endpoints[index], stats.messages, stats.bytes_in, stats.bytes_out,
-        stats.optimize_seconds, busy, _share(busy, total),
-        _share(nic.busy_in, total) if nic else 0.0, _share(nic.busy_out, total) if nic else 0.0,
-        stats.steps, stats.errors, list(stats.dropped), list(stats.checkpoints),
-        stats.restored_step, stats.rewinds)
+    record.busy_seconds, record.busy_share = busy, _share(busy, total)
+    record.nic_in_share = _share(nic.busy_in, total) if nic else 0.0
+    record.nic_out_share = _share(nic.busy_out, total) if nic else 0.0
+    return record
 
 
-def _summary(result: SimResult, trainers: list[SimTrainerMetrics]) -> SimSummary:
+def _summary(result: SimResult, trainers: list[TrainerMetrics]) -> JobSummary:
     s = result.scenario
-    in_steps = [sum(t.step_times) for t in trainers if t.step_times]
-    train_seconds = max(in_steps) if in_steps else None
-    samples = sum(len(t.losses) for t in trainers) * s.data.batch_size
-    first = trainers[0] if trainers else None
-    return SimSummary(
-        s.name, s.seed, s.transpiler.mode, s.cluster.pservers, s.cluster.trainers, s.train.steps,
-        s.data.batch_size, "from the scenario" if s.network is not None else "ideal",
-        str(s.compute["model"]) if s.compute is not None else "none",
-        result.simulated_seconds, steps_span(result), train_seconds, samples,
-        samples / train_seconds if train_seconds else None,
-        first.step_time if first else None,
-        StepTimeStats.of([x for t in trainers for x in t.step_times]),
-        first.final_loss if first else None,
-        result.messages, sum(link.bytes for link in result.links.values()))
+    summary = JobSummary.for_run("sim run", s, result.endpoints, trainers)
+    summary.success = True
+    summary.simulated_seconds = result.simulated_seconds
+    summary.steps_span_seconds = steps_span(result)
+    summary.network = "from the scenario" if s.network is not None else "ideal"
+    summary.compute = str(s.compute["model"]) if s.compute is not None else "none"
+    summary.messages = result.messages
+    summary.bytes = sum(link.bytes for link in result.links.values())
+    return summary
 
 
 def notes_for(result: SimResult) -> list[str]:
@@ -282,7 +128,7 @@ def check_expectations(result: SimResult) -> list[ExpectationResult]:
     return checked + ([verdict] if verdict is not None else [])
 
 
-def collect(result: SimResult) -> SimMetrics:
+def collect(result: SimResult) -> JobMetrics:
     """Everything `metrics.json` holds, expectations checked."""
     trainers = [_trainer(result, run) for run in result.trainers]
     pservers = [_pserver(result, j) for j in range(len(result.pservers))]
@@ -290,33 +136,14 @@ def collect(result: SimResult) -> SimMetrics:
                          st.reordered, st.delayed)
              for (src, dst), st in sorted(result.links.items())]
     nics = [NicMetrics(node, **asdict(st)) for node, st in sorted(result.nics.items())]
-    metrics = SimMetrics(_summary(result, trainers), trainers, pservers, links, nics,
-                         check_expectations(result), notes_for(result),
-                         [event.as_dict() for event in result.faults])
+    faults = [FaultEvent(e.fault, e.kind, e.what, e.start, e.end) for e in result.faults]
+    metrics = JobMetrics(_summary(result, trainers), trainers, pservers,
+                         check_expectations(result), notes_for(result), faults, links, nics)
     failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
     if failed:
-        metrics.simulation.success = False
-        metrics.simulation.reason = f"expectation not met: {'; '.join(failed)}"
+        metrics.job.success = False
+        metrics.job.reason = f"expectation not met: {'; '.join(failed)}"
     return metrics
-
-
-def write_json(path: Path, record: Any) -> None:
-    """A dataclass record as indented JSON, atomically. JSON has no NaN: a loss that is not a
-    number (timing mode computes none) is written as null."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_finite(asdict(record)), indent=2, allow_nan=False) + "\n")
-    tmp.replace(path)
-
-
-def _finite(data: Any) -> Any:
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {key: _finite(value) for key, value in data.items()}
-    if isinstance(data, list):
-        return [_finite(value) for value in data]
-    return data
 
 
 # -- printing -----------------------------------------------------------------------------------
@@ -345,12 +172,12 @@ def _stats(stats: StepTimeStats | None) -> str:
             f"p99 {fmt_seconds(stats.p99)}")
 
 
-def _percent(share: float) -> str:
-    return f"{100 * share:.1f}%"
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
 
 
-def summary_table(m: SimMetrics) -> Table:
-    s = m.simulation
+def summary_table(m: JobMetrics) -> Table:
+    s = m.job
     table = Table(title=f"{s.scenario}: simulated {s.mode}, {s.pservers} pserver(s) x "
                         f"{s.trainers} trainer(s), seed {s.seed}", show_header=False)
     rate = f"{s.samples_per_second:,.0f}" if s.samples_per_second else "-"
@@ -363,14 +190,14 @@ def summary_table(m: SimMetrics) -> Table:
             ("step time, all trainers", _stats(s.step_time_all)),
             ("samples/s (simulated)", rate),
             ("final loss, trainer 0", loss),
-            ("network", f"{s.network}: {s.messages:,} messages, {fmt_bytes(s.bytes)}"),
-            ("compute model", s.compute)]
+            ("network", f"{s.network}: {s.messages or 0:,} messages, {fmt_bytes(s.bytes or 0)}"),
+            ("compute model", str(s.compute))]
     for name, value in rows:
         table.add_row(name, value)
     return table
 
 
-def trainer_table(m: SimMetrics) -> Table:
+def trainer_table(m: JobMetrics) -> Table:
     table = Table("trainer", "steps", "step mean", "p50", "p99", "compute", "barrier wait",
                   "final loss")
     for t in m.trainers:
@@ -382,7 +209,7 @@ def trainer_table(m: SimMetrics) -> Table:
     return table
 
 
-def pserver_table(m: SimMetrics) -> Table:
+def pserver_table(m: JobMetrics) -> Table:
     table = Table("pserver", "messages", "bytes in", "bytes out", "optimize", "busy share",
                   "NIC in", "NIC out")
     for p in m.pservers:
@@ -392,16 +219,15 @@ def pserver_table(m: SimMetrics) -> Table:
     return table
 
 
-def fault_table(m: SimMetrics) -> Table | None:
+def fault_table(m: JobMetrics) -> Table | None:
     """The faults as they happened, and what they did to messages and steps; None: no fault."""
     if not m.faults:
         return None
     table = Table("fault", "what", "from", "until", title="faults")
     for f in m.faults:
-        end = f["end"]
-        table.add_row(str(f["fault"]), str(f["what"]), fmt_seconds(float(f["start"])),
-                      fmt_seconds(float(end)) if end is not None else "the end")
-    counts = {name: sum(getattr(link, name) for link in m.links)
+        table.add_row(str(f.fault), f.what, fmt_seconds(f.start),
+                      fmt_seconds(f.end) if f.end is not None else "the end")
+    counts = {name: sum(getattr(link, name) for link in m.links or ())
               for name in ("lost", "duplicated", "reordered", "delayed")}
     table.add_row("", "messages: " + ", ".join(f"{v:,} {k}" for k, v in counts.items()), "", "")
     redone = [t.steps_redone for t in m.trainers]
@@ -419,7 +245,7 @@ def console_for(stream: TextIO) -> Console:
     return Console(file=stream, width=None if stream.isatty() else 120, highlight=False)
 
 
-def print_summary(m: SimMetrics, stream: TextIO) -> None:
+def print_summary(m: JobMetrics, stream: TextIO) -> None:
     """The summary table, per-trainer and per-pserver tables, notes and expectations."""
     console = console_for(stream)
     for table in (summary_table(m), trainer_table(m), pserver_table(m), fault_table(m)):
@@ -455,15 +281,15 @@ def new_figure(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
     return figure, axes
 
 
-def write_plots(m: SimMetrics, out: Path) -> list[Path]:
+def write_plots(m: JobMetrics, out: Path) -> list[Path]:
     """``loss.png`` (loss against simulated time, per trainer) and ``step_times.png`` (each
     step's simulated time, per trainer), with the Agg backend."""
-    name = m.simulation.scenario
+    name = m.job.scenario
     loss, loss_axes = new_figure(f"{name}: loss", "simulated time (ms)", "loss")
     steps, step_axes = new_figure(f"{name}: step times", "step", "simulated step time (ms)")
     for t in m.trainers:
         label = trainer_name(t.index)
-        loss_axes.plot(np.asarray(t.step_ends) * 1e3, t.losses, label=label, linewidth=1)
+        loss_axes.plot(np.asarray(t.step_ends or ()) * 1e3, t.losses, label=label, linewidth=1)
         step_axes.plot(np.arange(1, len(t.step_times) + 1), np.asarray(t.step_times) * 1e3,
                        label=label, linewidth=1)
     if len(m.trainers) <= 16:

@@ -111,7 +111,7 @@ def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str
             return point
         point.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         return point
-    s = metrics.simulation
+    s = metrics.job
     point.steps_span_seconds = s.steps_span_seconds
     point.step_time_mean = s.step_time_all.mean if s.step_time_all else None
     point.step_time_p99 = s.step_time_all.p99 if s.step_time_all else None

@@ -30,6 +30,8 @@ from runtime.scenario import parse_scenario
 from runtime.shaping import BUCKET_FRAMES, BUCKET_SECONDS, tbf_command
 from runtime.units import rate
 
+from metrics_schema import assert_valid_metrics
+
 RATE = "20Mbit/s"
 SCENARIO = f"""\
 name: netns
@@ -105,6 +107,7 @@ def test_a_job_in_namespaces_is_shaped_and_delayed_and_equals_local_training(
     code, lines = up(str(scenario), "--out", str(out), "--netns")
     assert code == 0, "\n".join(lines)
     assert lines[-1] == "OK: netns"
+    assert assert_valid_metrics(out / "metrics.json")["netns"] is not None
     metrics = read_metrics(out / "metrics.json")
     assert metrics.netns is not None
     nodes = {n.node: n for n in metrics.netns.nodes}

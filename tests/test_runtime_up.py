@@ -20,12 +20,13 @@ from runtime import cli
 from runtime.cluster import train_locally
 from runtime.job import Job
 from runtime.launch import THREAD_VARS, ignored_by_runtime, kernel_threads, node_environment
-from runtime.metrics import JobMetrics, TrainerMetrics, read_metrics, read_record
-from runtime.node import (NodeOptions, Role, RoleError, node_options, parse_progress,
-                          resolve_role, scenario_for)
+from runtime.metrics import TrainerMetrics, read_metrics, read_record
+from runtime.node import NodeOptions, Role, RoleError, node_options, resolve_role, scenario_for
+from runtime.progress import PROGRESS_FD_VAR, Channel, Progress, Reporter, read_progress
 from runtime.scenario import parse_scenario
 
 from cluster_helpers import free_endpoints
+from metrics_schema import assert_valid_metrics
 
 SGD = "{type: sgd, learning_rate: 0.1}"
 SCENARIO = """\
@@ -106,10 +107,13 @@ def test_quickstart_like_scenario_runs_and_writes_metrics(tmp_path: Path) -> Non
     assert [words[2] for words in progress if words[1] == "step"] == \
         ["5/20", "10/20", "15/20", "20/20"]
 
+    raw = assert_valid_metrics(out / "metrics.json")
+    assert raw["links"] is raw["nics"] is None  # sim run's only
     metrics = read_metrics(out / "metrics.json")
     job = metrics.job
-    assert (job.scenario, job.mode, job.pservers, job.trainers, job.steps) == \
-        ("up-test", "sync", 2, 2, 20)
+    assert (job.command, job.scenario, job.mode, job.pservers, job.trainers, job.steps) == \
+        ("runtime up", "up-test", "sync", 2, 2, 20)
+    assert job.simulated_seconds is None and job.step_time_all is not None
     assert job.success and job.reason is None and job.failed_node is None
     assert job.samples == 20 * 16 * 2 and (job.samples_per_second or 0) > 0
     assert 0 < (job.train_seconds or 0) < job.wall_seconds
@@ -117,6 +121,7 @@ def test_quickstart_like_scenario_runs_and_writes_metrics(tmp_path: Path) -> Non
     for t in metrics.trainers:
         assert len(t.losses) == len(t.step_times) == 20 and t.exit_code == 0
         assert t.final_loss == t.losses[-1] < t.losses[0] / 4
+        assert t.step_time is not None and t.step_time.max == max(t.step_times)
         assert t.log is not None and (out / t.log).read_text().count(" loss ") == 20
     for p in metrics.pservers:
         assert (p.steps, p.errors, p.dropped, p.exit_code) == (20, 0, [], 0)
@@ -243,8 +248,8 @@ def test_paddle_environment_variables_run_one_node_per_process(tmp_path: Path) -
                 p.kill()
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], outputs
-    steps = [parse_progress(line) for line in outputs[1].splitlines()]
-    assert [p.step for p in steps if p] == list(range(1, 21))
+    steps = [line.split()[1] for line in outputs[1].splitlines() if line.startswith("step ")]
+    assert steps == [f"{k}/20" for k in range(1, 21)]  # for people: no launcher reads them
     assert "pserver:0: done after 20 steps" in outputs[0]
     record = read_record(out / "nodes" / "trainer-0.json", TrainerMetrics)
     assert len(record.losses) == 20
@@ -357,21 +362,28 @@ def test_restart_flags_describe_the_nodes_process() -> None:
     assert node_options(None, None, False, None) == NodeOptions()
 
 
-def test_metrics_json_round_trips(tmp_path: Path) -> None:
-    from runtime.metrics import (ExpectationResult, FaultEvent, JobSummary, ProxyMetrics,
-                                 PserverMetrics, write_record)
+# -- the progress channel ------------------------------------------------------------------------
 
-    counters = {"messages": 3, "dropped": 1}
-    metrics = JobMetrics(
-        JobSummary("s", "sync", 1, 1, 2, 4, ["127.0.0.1:1"], 1.5, 0.5, 8, 16.0, True),
-        [TrainerMetrics.from_steps(0, [2.0, 1.0], [0.25, 0.25], first_step=3, steps_redone=1)],
-        [PserverMetrics(0, "127.0.0.1:1", 10, 100, 200, 0.1, 2, 0, [])],
-        [ExpectationResult("final_loss_below", 1.5, 1.5, False, "why")], ["a note"],
-        [FaultEvent(0, "crash", "crash pserver:0", 1.25, 2.25, "at 1.25s")],
-        [ProxyMetrics(0, "127.0.0.1:1", "127.0.0.1:2",
-                      {"trainer:0": {"up": counters, "down": counters}})])
-    write_record(tmp_path / "m.json", metrics)
-    assert read_metrics(tmp_path / "m.json") == metrics
+async def test_progress_crosses_the_pipe_and_ends_when_the_trainer_closes_it() -> None:
+    channel = Channel()
+    reporter = Reporter(os.dup(channel.write_fd))  # the child's copy
+    channel.started()
+    sent = [Progress(1, 3, 2.5, 0.125, first_step=0), Progress(2, 3, float("nan"), 0.25, 0, 1)]
+    reporter.report(sent[0])
+    os.write(reporter.fd or -1, b"step 2/3 loss 1\n")
+    reporter.report(sent[1])
+    reporter.close()
+    got = [p async for p in read_progress(channel.read_fd, 1 << 16)]
+    assert got[0] == sent[0] and isinstance(got[1], ValueError) and "not JSON" in str(got[1])
+    assert isinstance(got[2], Progress) and np.isnan(got[2].loss)
+    assert (got[2].step, got[2].steps, got[2].step_time, got[2].redone) == (2, 3, 0.25, 1)
+    assert len(got) == 3
+
+
+def test_a_progress_channel_that_is_not_an_open_fd_is_named() -> None:
+    assert Reporter.from_environment({}) is None
+    with pytest.raises(ValueError, match=f"{PROGRESS_FD_VAR}='x': not an open file descriptor"):
+        Reporter.from_environment({PROGRESS_FD_VAR: "x"})
 
 
 class Terminal(io.StringIO):
@@ -381,7 +393,6 @@ class Terminal(io.StringIO):
 
 def test_progress_is_a_live_table_on_a_terminal_and_plain_lines_elsewhere(tmp_path: Path) -> None:
     from runtime.launch import LiveDisplay, NodeRun, PlainDisplay, make_display
-    from runtime.node import Progress
 
     node = NodeRun("trainer", 1, (tmp_path / "t.log").open("w"),
                    seen=[Progress(4, 20, 0.5, 0.012)])

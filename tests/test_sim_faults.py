@@ -17,12 +17,13 @@ import pytest
 
 from runtime.cluster import LocalCluster
 from runtime.faults import LinkFaults, Partition, Trigger
+from runtime.metrics import JobMetrics
 from runtime.scenario import ScenarioError, load_scenario, parse_scenario
 from runtime.trainer import TrainerReport
 from sim.faults import REORDER_WAIT, MessageFaults, SimTarget, Slowdowns
 from sim.loop import run
 from sim.network import Network, SimTransport
-from sim.report import SimMetrics, collect
+from sim.report import collect
 from sim.simulate import SimResult, simulate
 from sim.trace import TraceRecorder
 
@@ -39,7 +40,7 @@ def sim(path: Path, *overrides: str) -> SimResult:
 
 
 @functools.cache
-def simulated(path: Path, *overrides: str) -> SimMetrics:
+def simulated(path: Path, *overrides: str) -> JobMetrics:
     """`collect(sim(path, *overrides))`, once per test session (a run that raises is not kept):
     tests/test_runtime_faults.py compares each shipped fault scenario's real run with this
     simulated one, and the test below replays the same scenarios; a simulation is
@@ -206,7 +207,7 @@ def test_each_fault_scenario_meets_its_expectations_in_the_simulator(path: Path)
     assert metrics.expectations, f"{path.name} states no expectation"
     failed = [e.detail for e in metrics.expectations if not e.passed]
     assert not failed, failed
-    assert metrics.faults and all(f["start"] is not None for f in metrics.faults)
+    assert metrics.faults and all(f.start is not None for f in metrics.faults)
 
 
 SWEEP = {"lossy": "train.steps=20",       # faults on every message from the first step

@@ -30,6 +30,7 @@ from sim.simulate import SimResult, simulate
 from sim.trace import TraceRecorder
 
 from cluster_helpers import free_endpoints
+from metrics_schema import assert_valid_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = [p for p in sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -167,7 +168,8 @@ class Run:
     out: Path
 
     def metrics(self) -> dict:
-        return json.loads((self.out / "metrics.json").read_text())
+        """The run's metrics.json, checked against the schema file."""
+        return assert_valid_metrics(self.out / "metrics.json")
 
 
 @pytest.fixture(scope="module")
@@ -234,9 +236,11 @@ def test_another_process_with_another_hash_seed_writes_the_same_bytes(
 
 def test_quickstart_metrics_hold_the_run(sim_runs: Callable[[Path, int], Run]) -> None:
     metrics = sim_runs(QUICKSTART, 1).metrics()
-    assert set(metrics) == {"schema", "simulation", "trainers", "pservers", "links", "nics",
-                            "expectations", "notes", "faults"}
-    s, trainers, pservers = metrics["simulation"], metrics["trainers"], metrics["pservers"]
+    assert set(metrics) == {"schema", "job", "trainers", "pservers", "links", "nics",
+                            "expectations", "notes", "faults", "proxies", "netns"}
+    assert metrics["proxies"] is metrics["netns"] is None  # runtime up's only
+    s, trainers, pservers = metrics["job"], metrics["trainers"], metrics["pservers"]
+    assert s["command"] == "sim run" and s["wall_seconds"] is None and s["failed_node"] is None
     assert (s["scenario"], s["mode"], s["pservers"], s["trainers"], s["steps"]) == \
         ("quickstart", "sync", 2, 2, 150)
     assert s["success"] and s["reason"] is None and s["compute"] == "roofline"
@@ -278,7 +282,7 @@ def test_quickstart_trace_has_a_track_per_node_and_an_arrow_per_message(
                         else {"compute", "message"}), node
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     ends = {e["id"]: e for e in events if e["ph"] == "f"}
-    assert starts.keys() == ends.keys() and len(starts) == run.metrics()["simulation"]["messages"]
+    assert starts.keys() == ends.keys() and len(starts) == run.metrics()["job"]["messages"]
     assert all(ends[i]["ts"] >= starts[i]["ts"] for i in starts)
     steps = [e for e in events if e.get("cat") == "step" and names[e["pid"]] == "trainer:0"]
     assert len(steps) == 150
@@ -307,7 +311,7 @@ def test_a_failed_expectation_exits_1_naming_it(tmp_path: Path) -> None:
     assert code == 1
     assert "expect max_step_time: FAIL: the longest step" in output
     assert output.splitlines()[-1].startswith("FAILED: expectation not met: max_step_time (")
-    assert not json.loads((tmp_path / "metrics.json").read_text())["simulation"]["success"]
+    assert not assert_valid_metrics(tmp_path / "metrics.json")["job"]["success"]
 
 
 def test_a_scenario_can_turn_the_trace_and_plots_off(tmp_path: Path) -> None:

@@ -1,0 +1,144 @@
+"""A trainer's progress, reported to `runtime up`'s launcher over a pipe of its own.
+
+The launcher makes a pipe for each trainer process it starts (`Channel`), lets the child
+inherit the pipe's write end and names that file descriptor in the child's environment
+(`PROGRESS_FD_VAR`). After every step the trainer writes one `Progress` to it as a JSON line
+(`Reporter`); the launcher reads them (`read_progress`) for its display, for the faults
+triggered at a step and for the record of a trainer that died before writing its own. The
+trainer's stdout is for people and its log only: nothing reads it back.
+
+DESIGN: an inherited pipe rather than a socket: it needs no address (under ``runtime up
+--netns`` the child sits in another network namespace, which a file descriptor crosses as it
+is), nothing to clean up, and the end of the process is the end of the stream (EOF), SIGKILL
+included, so the launcher knows it has read everything a process reported once it has read
+to the end. Each line is far below ``PIPE_BUF``, so a write is atomic. A trainer whose launcher
+went away (the pipe broken) stops reporting and trains on; its stdout says the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import asdict, dataclass, fields
+
+log = logging.getLogger(__name__)
+
+PROGRESS_FD_VAR = "PSLAB_PROGRESS_FD"
+"""The environment variable naming the file descriptor a trainer reports its progress to."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A trainer has finished a step."""
+
+    step: int
+    """Steps done (1-based: the step just finished, counted from 1)."""
+    steps: int
+    """Steps it is to take (train.steps)."""
+    loss: float
+    """The step's loss (NaN: none computed, timing mode)."""
+    step_time: float
+    """The step's duration, seconds."""
+    first_step: int = 0
+    """The step this process started at (later than 0 when it joined a job under way)."""
+    redone: int = 0
+    """Steps this process took again so far (a pserver restarted from a checkpoint)."""
+
+    def to_line(self) -> bytes:
+        data = asdict(self)
+        data["loss"] = self.loss if math.isfinite(self.loss) else None
+        return (json.dumps(data, allow_nan=False) + "\n").encode()
+
+    @staticmethod
+    def from_line(line: bytes) -> Progress:
+        """The progress a line says; ValueError naming what is wrong with a line that says none."""
+        try:
+            data = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"not JSON: {line[:80]!r}") from err
+        names = {f.name for f in fields(Progress)}
+        if not isinstance(data, dict) or not names >= set(data) >= {"step", "steps", "loss",
+                                                                    "step_time"}:
+            raise ValueError(f"not a progress message (fields {sorted(names)}): {line[:80]!r}")
+        if data["loss"] is None:
+            data["loss"] = math.nan
+        return Progress(**data)
+
+
+class Reporter:
+    """A trainer's end of its channel: `report` writes each step's progress to it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    @staticmethod
+    def from_environment(env: Mapping[str, str]) -> Reporter | None:
+        """The reporter the environment names (`PROGRESS_FD_VAR`); None where it names none."""
+        text = env.get(PROGRESS_FD_VAR, "").strip()
+        if not text:
+            return None
+        try:
+            fd = int(text)
+            os.fstat(fd)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{PROGRESS_FD_VAR}={text!r}: not an open file descriptor "
+                             f"({err})") from None
+        return Reporter(fd)
+
+    def report(self, progress: Progress) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, progress.to_line())
+        except BrokenPipeError:
+            log.warning("the progress channel (fd %d) is closed: no more progress reported",
+                        self.fd)
+            self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Channel:
+    """The launcher's pipe to one trainer process: the child inherits `write_fd`
+    (`pass_fds`, and its number in `environment`); the launcher reads `read_fd`."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+
+    def environment(self) -> dict[str, str]:
+        return {PROGRESS_FD_VAR: str(self.write_fd)}
+
+    def started(self) -> None:
+        """The child has its copy of the write end: close the launcher's, so that the child's
+        exit ends the stream."""
+        os.close(self.write_fd)
+
+    def close(self) -> None:
+        """Both ends, when no child was started."""
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+async def read_progress(fd: int, limit: int) -> AsyncIterator[Progress | ValueError]:
+    """Each progress message on the pipe `fd` until its writers have all closed it (a
+    malformed line as the ValueError saying what is wrong with it); the pipe is closed after.
+    `limit`: the longest line read."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                os.fdopen(fd, "rb", buffering=0))
+    try:
+        async for line in reader:
+            try:
+                yield Progress.from_line(line)
+            except (ValueError, TypeError) as err:
+                yield ValueError(str(err))
+    finally:
+        transport.close()

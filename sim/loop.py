@@ -56,7 +56,8 @@ trio's `MockClock` idea ("jump when every task waits") applied to asyncio.
 asyncio internals. Subclassing, and the speed-ups above, rest on these private parts of
 CPython's asyncio, which no release promises to keep; the loop checks at import that each is
 there (`_check_internals`) and refuses, naming the missing one, on a Python that lacks it.
-`requires-python` is bounded to the versions the tests ran on (3.11 to 3.13).
+`requires-python` is bounded to the versions the loop's tests ran on (`TESTED_PYTHONS`): 3.11
+(CI), and 3.12.1 and 3.13.0, on which tests/test_sim_loop.py and tests/test_sim_run.py passed.
 
 - `BaseEventLoop._ready`: the deque of ready handles, appended to and run from here.
 - `BaseEventLoop._stopping`: set by `stop()`; `_run_once` returns when it is.
@@ -619,9 +620,8 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
     def _find_unretrieved(self) -> None:
         """Keep as lost the exception of the first task (in creation order) that finished with
         one nothing retrieved and is still referenced (so asyncio never reported it)."""
-        for ref in self._task_refs:
-            task = ref()
-            if task is not None and task.done() and task._log_traceback:  # type: ignore[attr-defined]
+        for task in (ref() for ref in self._task_refs):
+            if task is not None and task._log_traceback:  # type: ignore[attr-defined]
                 what = f"{_describe_task(task)} failed and nothing retrieved its exception"
                 self._lose(SimLostError(self._now, what, cast(Exception, task.exception())))
                 return

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sim.loop import TESTED_PYTHONS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # package -> top-level modules none of its modules may import
@@ -117,7 +119,8 @@ def module_level_imports(source: str, module: str, is_package: bool,
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            parts = package.split(".")
+            base = parts[: len(parts) - node.level + 1] if node.level else []
             origin = ".".join(base + ([node.module] if node.module else []))
             targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in known else origin
                        for alias in node.names]
@@ -181,6 +184,14 @@ def test_import_graph_checker_sees_cycles_and_only_module_level_imports() -> Non
         ["a -> b -> c -> a", "d -> d"], ["b -> c -> a -> b", "d -> d"],
         ["c -> a -> b -> c", "d -> d"], ["d -> d", "a -> b -> c -> a"],
         ["d -> d", "b -> c -> a -> b"], ["d -> d", "c -> a -> b -> c"])
+
+
+def test_requires_python_is_the_range_the_virtual_loop_is_tested_on() -> None:
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    bounds = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", requires)
+    assert bounds, f"requires-python {requires!r} must be bounded above (sim/loop.py says why)"
+    low, high = int(bounds.group(1)), int(bounds.group(2))
+    assert TESTED_PYTHONS == f"3.{low} to 3.{high - 1}"
 
 
 def test_console_scripts_resolve() -> None:

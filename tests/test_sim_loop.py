@@ -611,8 +611,9 @@ def test_a_done_callback_that_raises_stops_the_run() -> None:
         future.set_result(7)
         await asyncio.sleep(1)
 
-    with pytest.raises(SimCallbackError, match=r"callback .*check\(<Future finished result=7>\) "
-                                               r"at .* raised KeyError at t=2\.0: 7"):
+    # (the callback's arguments are shown by Python < 3.13, or in debug mode)
+    with pytest.raises(SimCallbackError, match=r"^callback .*\.check\(.*\) at .*test_sim_loop\.py:"
+                                               r"\d+ raised KeyError at t=2\.0: 7$"):
         run(main())
 
 

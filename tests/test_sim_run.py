@@ -408,8 +408,8 @@ def test_check_determinism_runs_twice_and_confirms_the_same_bytes(tmp_path: Path
     sizes = {name: (tmp_path / name).stat().st_size for name in ("metrics.json", "trace.json")}
     assert lines[-3:] == [
         "determinism: simulating quickstart again with seed 7",
-        f"determinism: OK, both runs wrote the same metrics.json ({sizes['metrics.json']:,} bytes), "
-        f"trace.json ({sizes['trace.json']:,} bytes)",
+        "determinism: OK, both runs wrote the same "
+        f"metrics.json ({sizes['metrics.json']:,} bytes), trace.json ({sizes['trace.json']:,} bytes)",
         "OK: quickstart"]
 
 

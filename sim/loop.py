@@ -67,7 +67,8 @@ there (`_check_internals`) and refuses, naming the missing one, on a Python that
 - `BaseEventLoop._timer_handle_cancelled()`: what `TimerHandle.cancel()` calls to count it.
 - `BaseEventLoop._check_closed()`: `run_in_executor` refuses on a closed loop.
 - `BaseEventLoop._run_once()`: overridden; `run_forever()` calls it until stopped.
-- `BaseEventLoop._write_to_self()`: overridden (nothing to wake); `call_soon_threadsafe()` calls it.
+- `BaseEventLoop._write_to_self()`: overridden (nothing to wake); `call_soon_threadsafe()`
+  calls it.
 - `Handle._callback`, `Handle._args`, `Handle._context`, `Handle._cancelled`: read to run a
   handle inline; with `Handle._loop`, `Handle._repr` and `Handle._source_traceback`, set by
   `_Handle` and `_Timer` without `Handle.__init__`.
@@ -91,7 +92,7 @@ import platform
 import sys
 import warnings
 import weakref
-from asyncio import base_events, format_helpers
+from asyncio import format_helpers
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -138,7 +139,7 @@ def _slot(cls: type, name: str) -> tuple[str, Callable[[], bool]]:
     return f"{cls.__name__}.{name}", lambda: name in getattr(cls, "__slots__", ())
 
 
-_Base = base_events.BaseEventLoop
+_Base = asyncio.BaseEventLoop
 _INTERNALS: tuple[tuple[str, Callable[[], bool]], ...] = (
     ("BaseEventLoop._ready", _uses(_Base.__init__, "_ready")),
     ("BaseEventLoop._stopping", _uses(_Base.__init__, "_stopping")),
@@ -763,9 +764,9 @@ def run(
 
     Exceptions from `main` propagate unchanged, as do `SimDeadlock`, `SimTimeLimit`,
     `SimStepLimit`, `SimCallbackError` and `SimLostError`. Afterwards leftover tasks are
-    cancelled, async generators finalized and the loop closed; an exception nothing retrieved
-    then raises `SimLostError` after a successful run, and is added as a note to the error of a
-    failed one (whose own error wins).
+    cancelled, async generators finalized and the loop closed; an error found then (an exception
+    nothing retrieved, a callback that raised) is raised after a successful run, and added as a
+    note to the error of a failed one (whose own error wins).
     """
     if not asyncio.iscoroutine(main):
         raise TypeError(f"run() needs a coroutine, got {main!r}")
@@ -781,8 +782,8 @@ def run(
     except BaseException as failure:
         try:
             loop.shutdown()
-        except SimLostError as lost:
-            failure.add_note(f"and while the loop shut down: {lost}")
+        except (SimCallbackError, SimLostError) as later:
+            failure.add_note(f"and while the loop shut down: {later}")
         raise
     loop.shutdown()
     return result

@@ -5,8 +5,10 @@ the `sim` command (sim/cli.py) report on it."""
 
 from sim.cost import ComputeConfigError, compute_model
 from sim.loop import (
+    SimCallbackError,
     SimDeadlock,
     SimError,
+    SimLostError,
     SimNestedRunError,
     SimStats,
     SimStepLimit,
@@ -38,8 +40,10 @@ __all__ = [
     "NetworkConfigError",
     "NetworkSpec",
     "NicStats",
+    "SimCallbackError",
     "SimDeadlock",
     "SimError",
+    "SimLostError",
     "SimNestedRunError",
     "SimResult",
     "SimStats",

@@ -10,6 +10,11 @@ matplotlib is missing), and ends with a line saying OK or why not. A scenario th
 expectation holds, 1 when one fails (named) or the simulation cannot finish (deadlock, deadline),
 2 for a bad command line or scenario.
 
+``sim run SCENARIO --check-determinism`` then simulates the scenario a second time with the same
+seed (`sim.determinism`) and compares what both runs write, metrics.json and trace.json, byte for
+byte: it prints a line saying they are equal, or ends with ``FAILED: not deterministic:`` naming
+the first differing file, byte (line, column) and JSON key, and exits 1.
+
 ``sim sweep SCENARIO --vary path=v1,v2,... [--vary ...]`` simulates every combination
 (`sim.sweep`), prints a table of outcomes, and writes ``OUT/sweep.json`` and ``OUT/sweep.png``
 (OUT: ``--out``, else ``<outputs.dir or out/NAME>/sweep``). Exit status 0 when every point ran,
@@ -22,7 +27,9 @@ never written to the files, so that the same scenario and seed give the same byt
 from __future__ import annotations
 
 import argparse
+import io
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Protocol, Sequence, TextIO
@@ -36,6 +43,7 @@ from runtime.metrics import JobMetrics, write_record
 from runtime.scenario import Scenario, ScenarioError, load_scenario
 
 from .cost import ComputeConfigError
+from .determinism import Difference, first_difference
 from .network import NetworkConfigError
 from .report import (collect, console_for, fmt_seconds, plots_available, print_summary,
                      write_plots)
@@ -130,14 +138,23 @@ def _simulate(args: argparse.Namespace, scenario: Scenario, stream: TextIO) -> S
         progress.close()
 
 
+def _write_data(args: argparse.Namespace, result: SimResult, metrics: JobMetrics,
+                out: Path) -> list[str]:
+    """Write metrics.json and, unless refused, trace.json; the names written."""
+    scenario = result.scenario
+    write_record(out / "metrics.json", metrics)
+    if not _wanted(scenario, "trace", args.no_trace):
+        return ["metrics.json"]
+    result.trace.write(out / "trace.json", {"scenario": scenario.name, "seed": scenario.seed})
+    return ["metrics.json", "trace.json"]
+
+
 def _write_outputs(args: argparse.Namespace, result: SimResult, metrics: JobMetrics,
                    out: Path) -> list[str]:
     """Write the files; the lines that say where they are."""
     scenario = result.scenario
-    write_record(out / "metrics.json", metrics)
     lines = [f"metrics: {out / 'metrics.json'}"]
-    if _wanted(scenario, "trace", args.no_trace):
-        result.trace.write(out / "trace.json", {"scenario": scenario.name, "seed": scenario.seed})
+    if "trace.json" in _write_data(args, result, metrics, out):
         lines.append(f"trace: {out / 'trace.json'} (open in ui.perfetto.dev)")
     if _wanted(scenario, "plots", args.no_plots):
         if plots_available():
@@ -162,6 +179,9 @@ def _run(args: argparse.Namespace, stream: TextIO) -> int:
         parser.error(f"{args.scenario}: {err}")
     except Exception as exc:  # the run's failure is the command's outcome, reported by name
         verdict = expect.outcome(scenario, exc)
+        if args.check_determinism:
+            print("determinism: not checked, the simulation stopped before writing its files",
+                  file=stream)
         if verdict is not None and verdict.passed:
             print(f"OK: {scenario.name}: {verdict.detail}", file=stream)
             return 0
@@ -178,9 +198,34 @@ def _run(args: argparse.Namespace, stream: TextIO) -> int:
         print(line, file=stream)
     print(f"wall {wall:.2f}s: {result.messages:,} messages simulated, "
           f"{result.messages / wall:,.0f} simulated messages/s", file=stream)
+    difference = _check_determinism(args, scenario, out, stream) if args.check_determinism \
+        else None
     s = metrics.job
+    if difference is not None:
+        print(f"FAILED: not deterministic: {difference}", file=stream, flush=True)
+        return 1
     print(f"OK: {s.scenario}" if s.success else f"FAILED: {s.reason}", file=stream, flush=True)
     return 0 if s.success else 1
+
+
+def _check_determinism(args: argparse.Namespace, scenario: Scenario, out: Path,
+                       stream: TextIO) -> Difference | None:
+    """Simulate `scenario` again with the same seed and compare the files it writes with the
+    first run's in `out`, byte for byte; the first difference, or None (and a line saying so)."""
+    print(f"determinism: simulating {scenario.name} again with seed {scenario.seed}",
+          file=stream, flush=True)
+    with tempfile.TemporaryDirectory(prefix="pslab-sim-determinism-") as tmp:
+        again = Path(tmp)
+        result = _simulate(args, scenario, io.StringIO())
+        names = _write_data(args, result, collect(result), again)
+        for name in names:
+            difference = first_difference(name, (out / name).read_bytes(),
+                                          (again / name).read_bytes())
+            if difference is not None:
+                return difference
+        sizes = ", ".join(f"{name} ({(again / name).stat().st_size:,} bytes)" for name in names)
+    print(f"determinism: OK, both runs wrote the same {sizes}", file=stream)
+    return None
 
 
 # -- sim sweep ------------------------------------------------------------------------------------
@@ -258,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "and plots; exit 1 if an expectation fails.")
     _common(run)
     run.add_argument("--no-trace", action="store_true", help="write no trace.json")
+    run.add_argument("--check-determinism", action="store_true",
+                     help="simulate the scenario a second time with the same seed and fail, "
+                          "naming the first difference, unless both runs write the same "
+                          "metrics.json and trace.json")
     run.set_defaults(handler=_run, parser=run)
     sweep = subparsers.add_parser(
         "sweep", help="simulate a scenario at every combination of some settings",

@@ -20,6 +20,18 @@ event can ever happen again: a real loop would block forever. This loop raises `
 instead, listing every pending task with its await chain and the note that higher layers
 attach with `waiting_on(...)` / `annotate(...)` (node name, and what the task waits for).
 
+Failing fast. A simulation is a test of the runtime, so an error nobody handles must end it
+rather than scroll past in a log. Where a stock loop passes an exception to its exception
+handler and goes on, this loop stops: a callback that raises stops it at once with
+`SimCallbackError`; an exception that asyncio finds nobody retrieved (a task or future that
+failed and was dropped unawaited, or an async generator that failed while being closed) stops
+it at the end of the batch in progress with `SimLostError`, as does, at `shutdown()`, a finished
+task still referenced whose exception nothing retrieved, or a leftover task that failed when
+cancelled. Each names the callback or the task (and the node its note gives) and the virtual
+time, and chains the original exception, traceback included, as its `__cause__`. Cancellation
+is not an error: a cancelled task is never a lost one. Contexts without an exception ("Task was
+destroyed but it is pending!") still go to the exception handler.
+
 No real I/O. There is no selector: sockets, pipes, subprocesses and signals raise
 `SimUnsupportedError` (the simulator's network is a `Transport`, not a socket).
 `run_in_executor` (hence `asyncio.to_thread`) calls the function inline, at the current virtual
@@ -40,6 +52,32 @@ heap. Reusing it keeps the semantics identical to the stock loop; only `time()`,
 (to order timers by `(when, seq)`, in its own timer store) and `_run_once` (jump instead of
 `select`) change. This is
 trio's `MockClock` idea ("jump when every task waits") applied to asyncio.
+
+asyncio internals. Subclassing, and the speed-ups above, rest on these private parts of
+CPython's asyncio, which no release promises to keep; the loop checks at import that each is
+there (`_check_internals`) and refuses, naming the missing one, on a Python that lacks it.
+`requires-python` is bounded to the versions the loop's tests ran on (`TESTED_PYTHONS`): 3.11
+(CI), and 3.12.1 and 3.13.0, on which tests/test_sim_loop.py and tests/test_sim_run.py passed.
+
+- `BaseEventLoop._ready`: the deque of ready handles, appended to and run from here.
+- `BaseEventLoop._stopping`: set by `stop()`; `_run_once` returns when it is.
+- `BaseEventLoop._closed`: `call_soon`/`call_at` refuse on a closed loop.
+- `BaseEventLoop._debug`: debug mode makes stock handles.
+- `BaseEventLoop._timer_cancelled_count`: counts cancelled timers; purged here.
+- `BaseEventLoop._timer_handle_cancelled()`: what `TimerHandle.cancel()` calls to count it.
+- `BaseEventLoop._check_closed()`: `run_in_executor` refuses on a closed loop.
+- `BaseEventLoop._run_once()`: overridden; `run_forever()` calls it until stopped.
+- `BaseEventLoop._write_to_self()`: overridden (nothing to wake); `call_soon_threadsafe()`
+  calls it.
+- `Handle._callback`, `Handle._args`, `Handle._context`, `Handle._cancelled`: read to run a
+  handle inline; with `Handle._loop`, `Handle._repr` and `Handle._source_traceback`, set by
+  `_Handle` and `_Timer` without `Handle.__init__`.
+- `TimerHandle._when`, `TimerHandle._scheduled`: set by `_Timer`; `_scheduled` is cleared when a
+  timer leaves the store, as `BaseEventLoop` does.
+- `Task._fut_waiter`: the future a suspended task waits on (deadlock reports).
+- `Future._log_traceback`: whether a finished task's exception is still unretrieved (`shutdown`).
+- `asyncio._get_running_loop()`: `run()` refuses to nest.
+- `format_helpers._format_callback_source()`: how a failed callback is named.
 """
 
 from __future__ import annotations
@@ -50,6 +88,7 @@ import contextvars
 import heapq
 import itertools
 import os
+import platform
 import sys
 import warnings
 import weakref
@@ -58,11 +97,13 @@ from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, NoReturn, TypeVar, TypeVarTuple, Unpack
+from typing import Any, NoReturn, TypeVar, TypeVarTuple, Unpack, cast
 
 __all__ = [
+    "SimCallbackError",
     "SimDeadlock",
     "SimError",
+    "SimLostError",
     "SimNestedRunError",
     "SimStats",
     "SimStepLimit",
@@ -79,6 +120,60 @@ __all__ = [
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
+
+TESTED_PYTHONS = "3.11 to 3.13"
+"""The Python versions whose asyncio the loop's tests ran on (pyproject's `requires-python`)."""
+
+
+def _uses(function: Callable[..., Any], name: str) -> Callable[[], bool]:
+    """A check that `function`'s code names `name` (an attribute it sets or a method it calls)."""
+    return lambda: name in function.__code__.co_names
+
+
+def _has(owner: object, name: str) -> Callable[[], bool]:
+    return lambda: hasattr(owner, name)
+
+
+def _slot(cls: type, name: str) -> tuple[str, Callable[[], bool]]:
+    """`cls.name` as a slot of `cls` itself (a subclass with `__slots__ = ()` sets it)."""
+    return f"{cls.__name__}.{name}", lambda: name in getattr(cls, "__slots__", ())
+
+
+_Base = asyncio.BaseEventLoop
+_INTERNALS: tuple[tuple[str, Callable[[], bool]], ...] = (
+    ("BaseEventLoop._ready", _uses(_Base.__init__, "_ready")),
+    ("BaseEventLoop._stopping", _uses(_Base.__init__, "_stopping")),
+    ("BaseEventLoop._closed", _uses(_Base.__init__, "_closed")),
+    ("BaseEventLoop._debug", _uses(_Base.set_debug, "_debug")),
+    ("BaseEventLoop._timer_cancelled_count", _uses(_Base.__init__, "_timer_cancelled_count")),
+    ("BaseEventLoop._timer_handle_cancelled", _uses(asyncio.TimerHandle.cancel,
+                                                    "_timer_handle_cancelled")),
+    ("BaseEventLoop._check_closed", _has(_Base, "_check_closed")),
+    ("BaseEventLoop._run_once", _uses(_Base.run_forever, "_run_once")),
+    ("BaseEventLoop._write_to_self", _uses(_Base.call_soon_threadsafe, "_write_to_self")),
+    *(_slot(asyncio.Handle, slot) for slot in ("_callback", "_args", "_context", "_cancelled",
+                                               "_loop", "_repr", "_source_traceback")),
+    *(_slot(asyncio.TimerHandle, slot) for slot in ("_when", "_scheduled")),
+    ("Task._fut_waiter", _has(asyncio.Task, "_fut_waiter")),
+    ("Future._log_traceback", _has(asyncio.Future, "_log_traceback")),
+    ("asyncio._get_running_loop", _has(asyncio, "_get_running_loop")),
+    ("format_helpers._format_callback_source", _has(format_helpers, "_format_callback_source")),
+)
+"""The private parts of asyncio the loop rests on (the module doc says what each is for)."""
+
+
+def _check_internals() -> None:
+    """Refuse to load on a Python whose asyncio lacks one of `_INTERNALS`, naming it."""
+    missing = [name for name, present in _INTERNALS if not present()]
+    if missing:
+        raise ImportError(
+            f"sim.loop: the asyncio of Python {platform.python_version()} lacks "
+            f"{', '.join(missing)}, which the virtual-time loop relies on; "
+            f"it is tested on Python {TESTED_PYTHONS}"
+        )
+
+
+_check_internals()
 
 # Rebuild the timer heap once this many cancelled timers make up more than half of it.
 _PURGE_MIN_CANCELLED = 100
@@ -125,6 +220,28 @@ class SimStepLimit(SimError):
             f"step limit max_steps={limit} reached at t={now!r}: "
             "the loop still has work (a task may be spinning without sleeping)"
         )
+
+
+class SimCallbackError(SimError):
+    """A callback raised: the simulation stops (the exception is the `__cause__`)."""
+
+    def __init__(self, now: float, callback: str, error: BaseException) -> None:
+        self.now = now
+        self.callback = callback
+        self.error = error
+        super().__init__(
+            f"callback {callback} raised {type(error).__name__} at t={now!r}: {error}")
+
+
+class SimLostError(SimError):
+    """An exception nothing retrieved (a dropped task's, say): the simulation stops (the
+    exception is the `__cause__`)."""
+
+    def __init__(self, now: float, what: str, error: BaseException) -> None:
+        self.now = now
+        self.what = what
+        self.error = error
+        super().__init__(f"{what} at t={now!r}: {type(error).__name__}: {error}")
 
 
 class SimNestedRunError(SimError):
@@ -232,6 +349,12 @@ def _describe_future(future: Any) -> str:
     if isinstance(future, asyncio.Task):
         return f"task {future.get_name()!r}"
     return type(future).__name__
+
+
+def _describe_task(task: asyncio.Task[Any]) -> str:
+    """`task 'name' [node]`: the task and the node its note names."""
+    node = task_note(task).node
+    return f"task {task.get_name()!r}" + ("" if node is None else f" [{node}]")
 
 
 def _await_chain(task: asyncio.Task[Any]) -> tuple[str, ...]:
@@ -349,6 +472,8 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         self._task_refs: list[weakref.ref[asyncio.Task[Any]]] = []
         """Every task made here, in creation order (dead references pruned now and then)."""
         self._tasks_pruned_to = 0
+        self._lost: SimLostError | None = None
+        """The first exception found unretrieved, raised at the end of the batch."""
         self.stats = SimStats()
 
     def run_forever(self) -> None:
@@ -454,12 +579,53 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
             for task in self.pending_tasks()
         ]
 
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        """Keep an exception that asyncio reports unhandled (a dropped task's, say) to stop the
+        loop with at the end of the batch; pass other contexts, and any once the loop is
+        closed, to the exception handler."""
+        error = context.get("exception")
+        if not isinstance(error, Exception) or self.is_closed():
+            super().call_exception_handler(context)
+            return
+        future = context.get("future")
+        if isinstance(future, asyncio.Task):
+            what = f"{_describe_task(future)} failed and nothing retrieved its exception"
+        elif future is not None:
+            what = f"a {type(future).__name__} failed and nothing retrieved its exception"
+        else:
+            what = str(context.get("message") or "unhandled exception")
+        self._lose(SimLostError(self._now, what, error))
+
+    def _lose(self, lost: SimLostError) -> None:
+        """Keep `lost` (chained to its exception) unless an earlier loss is kept already."""
+        lost.__cause__ = lost.error
+        if self._lost is None:
+            self._lost = lost
+
+    def _raise_lost(self) -> None:
+        lost, self._lost = self._lost, None
+        if lost is not None:
+            raise lost
+
     def shutdown(self) -> None:
-        """Cancel leftover tasks, finalize async generators, and close the loop."""
+        """Cancel leftover tasks, finalize async generators, and close the loop; then raise
+        `SimLostError` for the first exception nothing retrieved: one found on the way, a
+        leftover task's that failed when cancelled, or a finished task's still unretrieved."""
         try:
             self._cancel_leftovers()
+            self._find_unretrieved()
         finally:
             self.close()
+        self._raise_lost()
+
+    def _find_unretrieved(self) -> None:
+        """Keep as lost the exception of the first task (in creation order) that finished with
+        one nothing retrieved and is still referenced (so asyncio never reported it)."""
+        for task in (ref() for ref in self._task_refs):
+            if task is not None and task._log_traceback:  # type: ignore[attr-defined]
+                what = f"{_describe_task(task)} failed and nothing retrieved its exception"
+                self._lose(SimLostError(self._now, what, cast(Exception, task.exception())))
+                return
 
     def close(self) -> None:
         super().close()
@@ -475,18 +641,13 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
             if tasks:
                 self.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self.run_until_complete(self.shutdown_asyncgens())
-        except SimError as exc:
+        except (SimDeadlock, SimTimeLimit, SimStepLimit) as exc:
             warnings.warn(f"leftover tasks did not finish when cancelled: {exc}", RuntimeWarning)
             return
         for task in tasks:
             if not task.cancelled() and task.exception() is not None:
-                self.call_exception_handler(
-                    {
-                        "message": "unhandled exception while cancelling leftover tasks",
-                        "exception": task.exception(),
-                        "task": task,
-                    }
-                )
+                what = f"{_describe_task(task)} failed when cancelled at shutdown"
+                self._lose(SimLostError(self._now, what, cast(Exception, task.exception())))
 
     def _run_once(self) -> None:
         """Run batches until the loop is stopped: jump the clock if nothing is ready, move due
@@ -521,16 +682,19 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
-                    self._callback_failed(handle, exc)
+                    raise self._callback_failed(handle, exc) from exc
+            handle = None  # a task its callback finished must not outlive the batch through it
+            if self._lost is not None:
+                self._raise_lost()
             if self._stopping:  # type: ignore[attr-defined]
                 return
 
-    def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
-        """Report an exception a callback raised, as `Handle._run` does."""
+    def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> SimCallbackError:
+        """The error that stops the loop when a callback raised (where `Handle._run` would
+        only report it)."""
         source = format_helpers._format_callback_source(  # type: ignore[attr-defined]
             handle._callback, handle._args)  # type: ignore[attr-defined]
-        self.call_exception_handler(
-            {"message": f"Exception in callback {source}", "exception": exc, "handle": handle})
+        return SimCallbackError(self._now, source, exc)
 
     def _jump_to_next_timer(self) -> None:
         timers, due = self._timers, self._due
@@ -598,9 +762,11 @@ def run(
 ) -> T:
     """Run `main` on a fresh `VirtualTimeLoop` and return its result.
 
-    Exceptions from `main` propagate unchanged, as do `SimDeadlock`, `SimTimeLimit` and
-    `SimStepLimit`. Afterwards leftover tasks are cancelled, async generators finalized and
-    the loop closed.
+    Exceptions from `main` propagate unchanged, as do `SimDeadlock`, `SimTimeLimit`,
+    `SimStepLimit`, `SimCallbackError` and `SimLostError`. Afterwards leftover tasks are
+    cancelled, async generators finalized and the loop closed; an error found then (an exception
+    nothing retrieved, a callback that raised) is raised after a successful run, and added as a
+    note to the error of a failed one (whose own error wins).
     """
     if not asyncio.iscoroutine(main):
         raise TypeError(f"run() needs a coroutine, got {main!r}")
@@ -612,6 +778,12 @@ def run(
         )
     loop = VirtualTimeLoop(max_time=max_time, max_steps=max_steps)
     try:
-        return loop.run_until_complete(loop.create_task(main, name="main"))
-    finally:
-        loop.shutdown()
+        result = loop.run_until_complete(loop.create_task(main, name="main"))
+    except BaseException as failure:
+        try:
+            loop.shutdown()
+        except (SimCallbackError, SimLostError) as later:
+            failure.add_note(f"and while the loop shut down: {later}")
+        raise
+    loop.shutdown()
+    return result

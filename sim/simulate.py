@@ -21,7 +21,9 @@ cyclic collector off; afterwards both are undone. Reference counting still frees
 that is not in a cycle the moment it is dropped.
 
 `train.deadline` is the limit of simulated time: a run that would go past it stops with
-`SimTimeLimit`, and one where every node waits on another with `SimDeadlock`.
+`SimTimeLimit`, and one where every node waits on another with `SimDeadlock`. An error nobody
+handles stops it too (`sim.loop` fails fast): a callback that raises (`SimCallbackError`), or a
+task's exception nothing retrieved (`SimLostError`).
 """
 
 from __future__ import annotations

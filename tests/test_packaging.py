@@ -1,15 +1,18 @@
-"""Packaging: the import graph points up the layers (docs/architecture.md), console scripts
-resolve, and the README's two commands are the ones CI runs."""
+"""Packaging: the import graph points up the layers (docs/architecture.md) and has no cycle,
+console scripts resolve, and the README's two commands are the ones CI runs."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import importlib
 import re
 import tomllib
 from pathlib import Path
 
 import pytest
+
+from sim.loop import TESTED_PYTHONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,6 +68,130 @@ def test_import_checker_sees_every_form() -> None:
     assert imported_modules(src, "transpiler.sub.mod") == {"numpy", "zmq", "transpiler", "runtime"}
     assert imported_modules("from .. import sim\n", "runtime.x") == {"sim"}
     assert imported_modules("from . import ir\n", "transpiler.models") == {"transpiler"}
+
+
+# -- the module-level import graph ---------------------------------------------------------------
+
+PACKAGES = ("transpiler", "runtime", "sim")
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of `PACKAGES` (a package is its `__init__.py`)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _run_at_import(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of `body` that run when the module is imported: all but function bodies
+    and `if TYPE_CHECKING:` blocks, the insides of classes and other compound statements too."""
+    found: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            found += _run_at_import(node.orelse)
+            continue
+        found.append(node)
+        for block in _blocks(node):
+            found += _run_at_import(block)
+    return found
+
+
+def _blocks(node: ast.stmt) -> list[list[ast.stmt]]:
+    """The statement lists a compound statement holds."""
+    blocks = [getattr(node, name) for name in ("body", "orelse", "finalbody")
+              if isinstance(getattr(node, name, None), list)]
+    blocks += [handler.body for handler in getattr(node, "handlers", ())]
+    return blocks + [case.body for case in getattr(node, "cases", ())]
+
+
+def module_level_imports(source: str, module: str, is_package: bool,
+                         known: set[str]) -> set[str]:
+    """The modules among `known` that `source` (the module `module`) imports when it is imported:
+    `from pkg import name` counts as `pkg.name` where that is a module, else as `pkg`."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _run_at_import(ast.parse(source).body):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = parts[: len(parts) - node.level + 1] if node.level else []
+            origin = ".".join(base + ([node.module] if node.module else []))
+            targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in known else origin
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import a.b.c` where only a.b is ours
+                target = target.rpartition(".")[0]
+            if target:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    known = set(modules)
+    return {name: module_level_imports(path.read_text(), name, path.name == "__init__.py", known)
+            for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle through each knot of `graph` that cannot be ordered, as `a -> b -> a`."""
+    graph = {node: set(targets) for node, targets in graph.items()}
+    found = []
+    while True:
+        try:
+            graphlib.TopologicalSorter(graph).prepare()
+            return found
+        except graphlib.CycleError as err:
+            cycle = list(reversed(err.args[1]))  # graphlib walks from imported to importer
+            found.append(" -> ".join(cycle))
+            graph[cycle[0]].discard(cycle[1])  # break it here, look for the next
+
+
+def test_module_level_import_graph_has_no_cycle() -> None:
+    graph = import_graph()
+    assert {"transpiler.ir", "runtime.pserver", "sim.loop"} <= set(graph)
+    assert "transpiler.ir" in graph["transpiler.framework"]
+    assert cycles(graph) == []
+
+
+def test_module_level_import_graph_points_up_the_layers() -> None:
+    below = {"transpiler": ("runtime", "sim"), "runtime": ("sim",), "sim": ()}
+    wrong = sorted(f"{module} imports {target}" for module, targets in import_graph().items()
+                   for target in targets if target.split(".")[0] in below[module.split(".")[0]])
+    assert wrong == []
+
+
+def test_import_graph_checker_sees_cycles_and_only_module_level_imports() -> None:
+    known = {"pkg", "pkg.a", "pkg.b", "pkg.f", "pkg.t", "pkg.sub", "pkg.sub.c"}
+    src = ("from . import a\nimport pkg.sub.c.x as c\nfrom .sub import nothing\n"
+           "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import t\n"
+           "try:\n    pass\nexcept ImportError:\n    from .b import y\n"
+           "class K:\n    import pkg.sub\n"
+           "def f():\n    from . import f\n")
+    assert module_level_imports(src, "pkg.m", False, known) == {"pkg.a", "pkg.b", "pkg.sub",
+                                                                "pkg.sub.c"}
+    assert module_level_imports("from . import a\n", "pkg.sub.c", False, known) == {"pkg.sub"}
+    assert module_level_imports("from .. import a\n", "pkg.sub", True, known) == {"pkg.a"}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"d"}, "e": {"a"}}) in (
+        ["a -> b -> c -> a", "d -> d"], ["b -> c -> a -> b", "d -> d"],
+        ["c -> a -> b -> c", "d -> d"], ["d -> d", "a -> b -> c -> a"],
+        ["d -> d", "b -> c -> a -> b"], ["d -> d", "c -> a -> b -> c"])
+
+
+def test_requires_python_is_the_range_the_virtual_loop_is_tested_on() -> None:
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    bounds = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", requires)
+    assert bounds, f"requires-python {requires!r} must be bounded above (sim/loop.py says why)"
+    low, high = int(bounds.group(1)), int(bounds.group(2))
+    assert TESTED_PYTHONS == f"3.{low} to 3.{high - 1}"
 
 
 def test_console_scripts_resolve() -> None:

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import platform
 import random
 import time
+import traceback
 from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sim.loop as sim_loop
 from sim.loop import (
+    SimCallbackError,
     SimDeadlock,
+    SimLostError,
     SimNestedRunError,
     SimStepLimit,
     SimTimeLimit,
@@ -572,25 +577,153 @@ def test_timers_fire_in_when_then_scheduling_order(delays: list[float]) -> None:
     assert fired == sorted((delay, index) for index, delay in enumerate(delays))
 
 
-def test_a_callback_that_raises_is_reported_and_the_loop_goes_on() -> None:
-    reports: list[dict[str, object]] = []
+def test_a_callback_that_raises_stops_the_loop_naming_it_and_the_time() -> None:
     ran: list[str] = []
 
     def boom() -> None:
         raise ValueError("bad callback")
 
     loop = VirtualTimeLoop()
-    loop.set_exception_handler(lambda _, context: reports.append(context))
-    loop.call_soon(boom)
-    loop.call_later(1, boom)
-    loop.call_later(2, ran.append, "after")
-    loop.call_later(3, loop.stop)
-    loop.run_forever()
-    assert ran == ["after"] and loop.time() == 3.0
-    assert [type(r["exception"]) for r in reports] == [ValueError, ValueError]
-    assert all(str(r["message"]).startswith("Exception in callback ") and "boom" in str(r["message"])
-               for r in reports)
+    loop.call_later(1.5, boom)
+    loop.call_later(1.5, ran.append, "same instant, after")
+    loop.call_later(2, ran.append, "later")
+    with pytest.raises(SimCallbackError) as caught:
+        loop.run_forever()
+    error = caught.value
+    assert str(error).startswith("callback test_a_callback_that_raises_stops_the_loop_naming_it_"
+                                 "and_the_time.<locals>.boom() at ")
+    assert str(error).endswith(" raised ValueError at t=1.5: bad callback")
+    assert (error.now, type(error.error)) == (1.5, ValueError)
+    assert error.__cause__ is error.error
+    assert traceback.extract_tb(error.error.__traceback__)[-1].name == "boom"
+    assert ran == [] and loop.time() == 1.5
     loop.shutdown()
+
+
+def test_a_done_callback_that_raises_stops_the_run() -> None:
+    def check(future: asyncio.Future[int]) -> None:
+        raise KeyError(future.result())
+
+    async def main() -> None:
+        future = asyncio.get_running_loop().create_future()
+        future.add_done_callback(check)
+        await asyncio.sleep(2)
+        future.set_result(7)
+        await asyncio.sleep(1)
+
+    # (the callback's arguments are shown by Python < 3.13, or in debug mode)
+    with pytest.raises(SimCallbackError, match=r"^callback .*\.check\(.*\) at .*test_sim_loop\.py:"
+                                               r"\d+ raised KeyError at t=2\.0: 7$"):
+        run(main())
+
+
+async def fail_after(delay: float, text: str) -> None:
+    await asyncio.sleep(delay)
+    raise ValueError(text)
+
+
+def test_a_dropped_task_that_fails_stops_the_run_when_it_fails() -> None:
+    async def node() -> None:
+        annotate(node="pserver:0")
+        await fail_after(2, "heartbeat lost its socket")
+
+    async def main() -> None:
+        asyncio.create_task(node(), name="heartbeat")  # nothing keeps or awaits it
+        await asyncio.sleep(5)
+
+    with pytest.raises(SimLostError) as caught:
+        run(main())
+    assert str(caught.value) == (
+        "task 'heartbeat' [pserver:0] failed and nothing retrieved its exception at t=2.0: "
+        "ValueError: heartbeat lost its socket")
+    assert caught.value.__cause__ is caught.value.error
+    assert traceback.extract_tb(caught.value.error.__traceback__)[-1].name == "fail_after"
+
+
+def test_a_dropped_future_that_fails_stops_the_run() -> None:
+    async def main() -> None:
+        await asyncio.sleep(1)
+        asyncio.get_running_loop().create_future().set_exception(OSError("reply lost"))
+        await asyncio.sleep(1)
+
+    with pytest.raises(SimLostError, match=r"^a Future failed and nothing retrieved its exception "
+                                           r"at t=1\.0: OSError: reply lost$"):
+        run(main())
+
+
+def test_a_kept_task_whose_exception_nothing_retrieves_fails_the_run_at_shutdown() -> None:
+    kept: list[asyncio.Task[None]] = []
+
+    async def main() -> None:
+        kept.append(asyncio.create_task(fail_after(1, "never looked at"), name="kept"))
+        await asyncio.sleep(3)
+
+    with pytest.raises(SimLostError, match=r"^task 'kept' failed and nothing retrieved its "
+                                           r"exception at t=3\.0: ValueError: never looked at$"):
+        run(main())
+
+
+def test_a_leftover_task_that_fails_when_cancelled_fails_the_run() -> None:
+    async def server() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("checkpoint half written") from None
+
+    async def main() -> None:
+        asyncio.create_task(server(), name="server")
+        await asyncio.sleep(1)
+
+    with pytest.raises(SimLostError, match=r"^task 'server' failed when cancelled at shutdown at "
+                                           r"t=1\.0: RuntimeError: checkpoint half written$"):
+        run(main())
+
+
+def test_the_runs_own_error_wins_and_a_lost_one_becomes_a_note() -> None:
+    kept: list[asyncio.Task[None]] = []
+
+    async def main() -> None:
+        kept.append(asyncio.create_task(fail_after(1, "lost"), name="kept"))
+        await fail_after(2, "main's own")
+
+    with pytest.raises(ValueError, match="main's own") as caught:
+        run(main())
+    assert caught.value.__notes__ == [
+        "and while the loop shut down: task 'kept' failed and nothing retrieved its exception "
+        "at t=2.0: ValueError: lost"]
+
+
+def test_cancelled_and_retrieved_failures_are_not_errors() -> None:
+    async def main() -> str:
+        doomed = asyncio.create_task(asyncio.sleep(10))
+        await asyncio.sleep(1)
+        doomed.cancel()
+        del doomed  # cancelled, then dropped: expected
+        late = asyncio.create_task(fail_after(1, "seen later"))
+        await asyncio.sleep(3)
+        with pytest.raises(ValueError, match="seen later"):
+            await late  # failed at t=2, retrieved at t=4
+        try:
+            async with asyncio.timeout(1):
+                await asyncio.sleep(5)
+        except TimeoutError:
+            pass
+        results = await asyncio.gather(fail_after(1, "gathered"), return_exceptions=True)
+        return f"{asyncio.get_running_loop().time()} {results}"
+
+    assert run(main()) == "6.0 [ValueError('gathered')]"
+
+
+def test_the_loop_checks_its_asyncio_internals_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = [name for name, _ in sim_loop._INTERNALS]
+    assert len(names) == 22
+    assert [name for name in names if f"`{name}" not in (sim_loop.__doc__ or "")] == []
+    sim_loop._check_internals()  # this Python has them all
+    gone = ("BaseEventLoop._gone", lambda: False)
+    monkeypatch.setattr(sim_loop, "_INTERNALS", (*sim_loop._INTERNALS, gone))
+    with pytest.raises(ImportError, match=rf"the asyncio of Python {platform.python_version()} "
+                                          r"lacks BaseEventLoop\._gone, .* tested on Python 3\.11"):
+        sim_loop._check_internals()
 
 
 def test_debug_mode_runs_the_same_trace() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +27,8 @@ from runtime.job import Job
 from runtime.scenario import Scenario, load_scenario, parse_scenario
 from runtime.zmq_transport import ZmqTransport
 from sim import cli
+from sim.determinism import Difference, first_difference, first_json_difference
+from sim.network import Network
 from sim.report import plots_available
 from sim.simulate import SimResult, simulate
 from sim.trace import TraceRecorder
@@ -396,3 +400,51 @@ def test_a_run_without_a_trace_keeps_spans_but_no_record_per_message() -> None:
     assert traced.trace.messages and not untraced.trace.messages
     assert untraced.trace.spans == traced.trace.spans
     assert untraced.messages == traced.messages  # the network still counts them
+
+
+# -- sim run --check-determinism ------------------------------------------------------------------
+
+def test_check_determinism_runs_twice_and_confirms_the_same_bytes(tmp_path: Path) -> None:
+    code, output = sim("run", str(QUICKSTART), "--set", "train.steps=3", "--set", "expect={}",
+                       "--out", str(tmp_path), "--no-plots", "--check-determinism")
+    assert code == 0, output
+    lines = output.splitlines()
+    sizes = {name: (tmp_path / name).stat().st_size for name in ("metrics.json", "trace.json")}
+    assert lines[-3:] == [
+        "determinism: simulating quickstart again with seed 7",
+        "determinism: OK, both runs wrote the same "
+        f"metrics.json ({sizes['metrics.json']:,} bytes), trace.json ({sizes['trace.json']:,} bytes)",
+        "OK: quickstart"]
+
+
+def test_check_determinism_names_the_first_difference_and_exits_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original, calls = Network.from_spec, itertools.count()
+
+    def drifting(spec: Any, seed: int, *rest: Any) -> Network:  # the second run draws anew
+        return original(spec, seed + next(calls), *rest)
+
+    monkeypatch.setattr(Network, "from_spec", staticmethod(drifting))
+    code, output = sim("run", str(QUICKSTART), "--set", "train.steps=3", "--set", "expect={}",
+                       "--out", str(tmp_path), "--no-plots", "--check-determinism")
+    assert code == 1, output
+    assert next(calls) == 2
+    assert output.splitlines()[-1] == (
+        "FAILED: not deterministic: metrics.json differs first at byte 346 (line 18, column 28), "
+        "key job.train_seconds: 0.0025828587882749327 in the first run, "
+        "0.00255612824138407 in the second")
+
+
+def test_the_first_difference_is_located_by_byte_and_by_key() -> None:
+    first = b'{\n  "a": 1,\n  "b": {"c": [1, 2, 3], "d": "x"}\n}'
+    second = b'{\n  "a": 1,\n  "b": {"c": [1, 2, 4], "d": "y"}\n}'
+    assert first_difference("m.json", first, first) is None
+    difference = first_difference("m.json", first, second)
+    assert difference == Difference("m.json", 32, 3, 21, "b.c[2]", "3", "4")
+    assert str(difference) == ("m.json differs first at byte 32 (line 3, column 21), key b.c[2]: "
+                               "3 in the first run, 4 in the second")
+    assert first_json_difference({"a": [1]}, {"a": [1, 2]}) == ("a (length)", "1", "2")
+    assert first_json_difference({"a": 1}, {"a": 1, "z": 0}) == ("z", "(absent)", "0")
+    assert first_json_difference({"a": 1}, {"a": 1.0}) == ("a", "1", "1.0")
+    assert first_difference("t.bin", b"abc", b"abd") == Difference(
+        "t.bin", 2, 1, 3, None, "b'c'", "b'd'")

@@ -15,7 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from .ir import Block, Op, OpRole, Program, Var, VarType
+from .initializer import Initializer
+from .ir import Block, Op, OpRole, Program, Var, VarType, WeightDecayRegularizer
 
 _main_program = Program()
 _startup_program = Program()
@@ -100,8 +101,8 @@ class ParamAttr:
     """How a layer creates its parameter: name, initializer, regularizer, trainability."""
 
     name: str | None = None
-    initializer: Any = None
-    regularizer: Any = None
+    initializer: Initializer | None = None
+    regularizer: WeightDecayRegularizer | None = None
     trainable: bool = True
     learning_rate: float = 1.0
 
@@ -164,8 +165,6 @@ def create_global_var(name: str, shape: list[int], value: float, dtype: str = "f
 def create_parameter(attr: ParamAttr, shape: list[int], dtype: str, default_initializer: Any,
                      prefix: str) -> Var:
     """Declare a parameter in the main program's global block and its initializer in startup."""
-    from .initializer import Initializer
-
     name = attr.name or unique_name.generate(prefix)
     gblock = _main_program.global_block()
     if gblock.has_var(name):

@@ -52,6 +52,43 @@ class BlockRef:
     idx: int
 
 
+@dataclass(frozen=True)
+class WeightDecayRegularizer:
+    """The weight decay a parameter carries (`Var.regularizer`): a kind and a coefficient, kept
+    and serialized with the program. `transpiler.regularizer` turns it into ops.
+
+    DESIGN: the description lives in the IR, and only the ops it becomes in the front end,
+    because a var's `from_dict` must rebuild it: the IR depends on nothing of the front end."""
+
+    regularization_coeff: float = 0.0
+
+    kind = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "coeff": self.regularization_coeff}
+
+
+@dataclass(frozen=True)
+class L2Decay(WeightDecayRegularizer):
+    """Adds `coeff * param` to the grad."""
+
+    kind = "l2"
+
+
+@dataclass(frozen=True)
+class L1Decay(WeightDecayRegularizer):
+    """Adds `coeff * sign(param)` to the grad."""
+
+    kind = "l1"
+
+
+def regularizer_from_dict(d: dict[str, Any]) -> WeightDecayRegularizer:
+    kinds: dict[str, type[WeightDecayRegularizer]] = {"l2": L2Decay, "l1": L1Decay}
+    if d.get("type") not in kinds:
+        raise ValueError(f"unknown regularizer type {d.get('type')!r}; one of {sorted(kinds)}")
+    return kinds[d["type"]](float(d["coeff"]))
+
+
 def grad_name(name: str) -> str:
     return name + GRAD_SUFFIX
 
@@ -73,7 +110,7 @@ class Var:
     is_parameter: bool = False
     trainable: bool = True
     # Parameter-only metadata (the front end reads it when building backward/optimizer ops).
-    regularizer: Any = None
+    regularizer: WeightDecayRegularizer | None = None
     optimize_attr: dict[str, Any] = field(default_factory=dict)
     # The block that declares the var; set by `Block`, not serialized.
     block: "Block | None" = field(default=None, repr=False, compare=False)
@@ -112,10 +149,6 @@ class Var:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Var":
         reg = d.get("regularizer")
-        if reg is not None:
-            from .regularizer import regularizer_from_dict
-
-            reg = regularizer_from_dict(reg)
         return Var(
             name=d["name"],
             shape=tuple(d["shape"]),
@@ -126,7 +159,7 @@ class Var:
             stop_gradient=d["stop_gradient"],
             is_parameter=d.get("is_parameter", False),
             trainable=d.get("trainable", True),
-            regularizer=reg,
+            regularizer=None if reg is None else regularizer_from_dict(reg),
             optimize_attr=dict(d.get("optimize_attr", {})),
         )
 

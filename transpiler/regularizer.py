@@ -1,5 +1,9 @@
 """Weight decay as ops: L2Decay(c) adds c*param to the grad, L1Decay(c) adds c*sign(param).
 
+The regularizers themselves (`L2Decay`, `L1Decay`: a kind and a coefficient) are IR data, defined
+in `transpiler.ir` because a parameter carries and serializes one; this module names them as
+Paddle's `regularizer` module does and turns them into ops.
+
 `append_regularization_ops` runs after clipping: for each (param, grad) the param's own
 regularizer (from its `ParamAttr`) wins over the optimizer's `regularization=`. The decay term is
 `scale(param, c)` (L1: `sign` first) added into the grad in place with `sum`, inside an
@@ -8,59 +12,48 @@ regularizer (from its `ParamAttr`) wins over the optimizer's `regularization=`. 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 from .framework import append_op, create_tmp_var, op_role_guard
-from .ir import OpRole, Var, VarType
+from .ir import (L1Decay, L2Decay, OpRole, Var, VarType, WeightDecayRegularizer,
+                 regularizer_from_dict)
 
-
-@dataclass(frozen=True)
-class WeightDecayRegularizer:
-    regularization_coeff: float = 0.0
-
-    kind = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.kind, "coeff": self.regularization_coeff}
-
-    def decay_term(self, param: Var) -> Var:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class L2Decay(WeightDecayRegularizer):
-    kind = "l2"
-
-    def decay_term(self, param: Var) -> Var:
-        out = create_tmp_var(param.name + "@REG", param.shape, param.dtype, block=param.block)
-        append_op("scale", {"X": [param]}, {"Out": [out]},
-                  {"scale": float(self.regularization_coeff), "bias": 0.0, "bias_after_scale": True})
-        return out
-
-
-@dataclass(frozen=True)
-class L1Decay(WeightDecayRegularizer):
-    kind = "l1"
-
-    def decay_term(self, param: Var) -> Var:
-        sign = create_tmp_var(param.name + "@SIGN", param.shape, param.dtype, block=param.block)
-        append_op("sign", {"X": [param]}, {"Out": [sign]})
-        out = create_tmp_var(param.name + "@REG", param.shape, param.dtype, block=param.block)
-        append_op("scale", {"X": [sign]}, {"Out": [out]},
-                  {"scale": float(self.regularization_coeff), "bias": 0.0, "bias_after_scale": True})
-        return out
-
+__all__ = ["L1Decay", "L1DecayRegularizer", "L2Decay", "L2DecayRegularizer",
+           "WeightDecayRegularizer", "append_regularization_ops", "decay_term",
+           "regularizer_from_dict"]
 
 L2DecayRegularizer = L2Decay
 L1DecayRegularizer = L1Decay
 
 
-def regularizer_from_dict(d: dict[str, Any]) -> WeightDecayRegularizer:
-    kinds = {"l2": L2Decay, "l1": L1Decay}
-    if d.get("type") not in kinds:
-        raise ValueError(f"unknown regularizer type {d.get('type')!r}; one of {sorted(kinds)}")
-    return kinds[d["type"]](float(d["coeff"]))
+def _scaled(param: Var, source: Var, coeff: float) -> Var:
+    """`coeff * source` as a new tmp var beside `param`."""
+    out = create_tmp_var(param.name + "@REG", param.shape, param.dtype, block=param.block)
+    append_op("scale", {"X": [source]}, {"Out": [out]},
+              {"scale": float(coeff), "bias": 0.0, "bias_after_scale": True})
+    return out
+
+
+def _l2_term(param: Var, coeff: float) -> Var:
+    return _scaled(param, param, coeff)
+
+
+def _l1_term(param: Var, coeff: float) -> Var:
+    sign = create_tmp_var(param.name + "@SIGN", param.shape, param.dtype, block=param.block)
+    append_op("sign", {"X": [param]}, {"Out": [sign]})
+    return _scaled(param, sign, coeff)
+
+
+_DECAY_TERMS: dict[str, Callable[[Var, float], Var]] = {"l2": _l2_term, "l1": _l1_term}
+
+
+def decay_term(regularizer: WeightDecayRegularizer, param: Var) -> Var:
+    """Append the ops computing `regularizer`'s decay term for `param`; the term's var."""
+    term = _DECAY_TERMS.get(regularizer.kind)
+    if term is None:
+        raise ValueError(f"parameter {param.name!r}: no decay ops for regularizer "
+                         f"{regularizer!r}; one of {sorted(_DECAY_TERMS)}")
+    return term(param, regularizer.regularization_coeff)
 
 
 def append_regularization_ops(params_grads: list[tuple[Var, Var]],
@@ -74,6 +67,6 @@ def append_regularization_ops(params_grads: list[tuple[Var, Var]],
             # Decaying every row on each sparse step would densify the update; Paddle skips it too.
             continue
         with op_role_guard(OpRole.Optimize, [param.name, grad.name]):
-            term = reg.decay_term(param)
+            term = decay_term(reg, param)
             append_op("sum", {"X": [grad, term]}, {"Out": [grad]})
     return params_grads

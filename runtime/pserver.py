@@ -75,7 +75,7 @@ from . import checkpoint
 from .compute import Charge, ComputeModel, Tracer
 from .costs import RECEIVES, SENDS, Meter
 from .executor import AttrOverrides, Executor
-from .protocol import INITIAL_STEP
+from .protocol import INITIAL_STEP, SyncRound
 from .pserver_actions import Action, Begin, Optimize, Pay, Reject, Replay, Reply, RunBlocks, \
     SaveCheckpoint, Stop, Tally, Work
 from .pserver_core import PserverCore
@@ -175,6 +175,11 @@ class PserverService:
     def receivable(self) -> frozenset[str]:
         """The vars trainers may SEND here."""
         return self.contract.received
+
+    @property
+    def round(self) -> SyncRound:
+        """The fan-in and the step this server is at."""
+        return self.core.round
 
     # -- serving loop ---------------------------------------------------------------------------
     async def serve(self, endpoint: str) -> ServerStats:
@@ -288,11 +293,12 @@ class PserverService:
                     self.stats.steps = max(self.stats.steps, step)
             case Optimize():
                 await self._optimize(action)
-            case SaveCheckpoint(step=step, directory=None):
+            case SaveCheckpoint(step=step, directory=None):  # a periodic checkpoint
                 assert self.config.checkpoint_dir is not None
+                path = self.save_checkpoint(self.config.checkpoint_dir, step)
                 self.stats.checkpoints.append(step)
-                return self.save_checkpoint(self.config.checkpoint_dir, step)
-            case SaveCheckpoint(step=step, directory=directory):
+                return path
+            case SaveCheckpoint(step=step, directory=Path() as directory):
                 return self.save_checkpoint(directory, step)
             case Tally(stat=stat, value=value):
                 counted = getattr(self.stats, stat)

@@ -10,7 +10,7 @@ liveness counts even when its request is malformed).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .wire import Kind, Message
 
@@ -106,5 +106,5 @@ def _checkpoint(msg: Message) -> CheckpointNotify:
     return CheckpointNotify(directory)
 
 
-_PARSERS = {Kind.SEND: _send, Kind.GET: _get, Kind.PREFETCH: _prefetch, Kind.JOIN: _join,
+_PARSERS: dict[Kind, Callable[[Message], Payload]] = {Kind.SEND: _send, Kind.GET: _get, Kind.PREFETCH: _prefetch, Kind.JOIN: _join,
             Kind.CHECKPOINT_NOTIFY: _checkpoint}

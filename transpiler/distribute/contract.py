@@ -30,6 +30,7 @@ from typing import Mapping
 from ..ir import Op, Program
 from .config import DistributedMode
 
+_ADDED = ("trainer_copies", "fanin_scale_ops")
 TRAINER_ID_VAR = "@TRAINER_ID@"
 """DC-ASGD: the int64 var holding the id of the trainer whose gradient is being applied."""
 
@@ -52,6 +53,11 @@ def parse_pairs(entries: list[object]) -> list[tuple[str, int]]:
         name, _, value = str(entry).rpartition(":")
         out.append((name, int(value)))
     return out
+
+
+def parse_pairs_int(entries: list[object]) -> list[tuple[int, int]]:
+    """``"a:b"`` attribute entries of two ints."""
+    return [(int(a), b) for a, b in parse_pairs(entries)]
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,10 @@ class ServeContract:
             raise ValueError(f"a pserver program has exactly one listen_and_serv op in block 0, "
                              f"found {len(ops)}")
         op = ops[0]
+        missing = [a for a in _ADDED if a not in op.attrs]
+        if missing:
+            raise ValueError(f"listen_and_serv lacks attributes {missing}: the program was not "
+                             "written by this transpiler")
         return ServeContract(
             op, DistributedMode(int(op.attr("distributed_mode", 0))), int(op.attr("Fanin", 1)),
             bool(op.attr("dc_asgd", False)), frozenset(op.input("X")),
@@ -101,8 +111,3 @@ class ServeContract:
         if idx is None:
             return ()
         return (idx,) if self.lr_block < 0 else (self.lr_block, idx)
-
-
-def parse_pairs_int(entries: list[object]) -> list[tuple[int, int]]:
-    """``"a:b"`` attribute entries of two ints."""
-    return [(int(a), b) for a, b in parse_pairs(entries)]

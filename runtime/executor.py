@@ -10,6 +10,10 @@ RPC ops (send, recv, barriers, prefetch, ...) get no kernel in the plan: they ar
 async runtime, which runs the same plans with `run_step` for the compute ops. `Executor.run`
 refuses a block that holds any (`AsyncOpError`).
 
+`run_block` may run some ops with attributes over their own (`AttrOverrides`, by block and op
+index): a copy of the op is given to the kernel, the program is never edited (a sync pserver
+averages over the trainers that contributed to a round this way).
+
 With the ``phantom`` backend (timing mode) feeds may be `Phantom`s, checked against their
 declarations like arrays, and fetches return phantoms as they are.
 
@@ -29,7 +33,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Protocol, cast
 
 import numpy as np
@@ -49,6 +53,8 @@ RPC_OP_TYPES = rpc_op_types()
 FeedValue = Any
 """A fed value: an array-like, a `LoDTensor`, or an ``(array, lod)`` tuple."""
 Fingerprint = tuple[tuple[int, str], ...]
+AttrOverrides = Mapping[tuple[int, int], Mapping[str, Any]]
+"""(block index, op index) -> attributes that op runs with instead of its own."""
 Binder = Callable[[Kernel], Kernel]
 """Makes a backend's kernel run on a device."""
 
@@ -209,7 +215,9 @@ class Executor:
         self.run_block(program, 0, scope)
         return [_fetch(scope, name, return_numpy) for name in names]
 
-    def run_block(self, program: Program, block_idx: int, scope: Scope) -> None:
+    def run_block(self, program: Program, block_idx: int, scope: Scope,
+                  overrides: AttrOverrides | None = None) -> None:
+        """Run block `block_idx`'s ops (those `overrides` names with its attributes)."""
         plan = self.plans.get(program, block_idx)
         if plan.rpc_steps:
             raise AsyncOpError(f"{plan.rpc_steps[0].where}: RPC ops need the async runtime; "
@@ -219,7 +227,14 @@ class Executor:
             self.run_block(program, idx, scope)
 
         for step in plan.steps:
-            run_step(step, scope, program, run_sub)
+            attrs = overrides.get((block_idx, step.index)) if overrides else None
+            run_step(step if attrs is None else _with_attrs(step, attrs), scope, program, run_sub)
+
+
+def _with_attrs(step: OpStep, attrs: Mapping[str, Any]) -> OpStep:
+    """`step` running a copy of its op with `attrs` over the op's own."""
+    op = step.op
+    return replace(step, op=Op(op.type, op.inputs, op.outputs, {**op.attrs, **attrs}))
 
 
 def check_feed(block: Block, name: str, value: FeedValue) -> Value:
@@ -277,6 +292,6 @@ def _fetch(scope: Scope, name: str, return_numpy: bool) -> Any:
     return np.array(to_dense(value), copy=True) if return_numpy else copy_value(value)
 
 
-__all__ = ["Binder", "BlockPlan", "Executor", "KernelTimer", "OpStep", "PlanCache", "RPC_OP_TYPES",
+__all__ = ["AttrOverrides", "Binder", "BlockPlan", "Executor", "KernelTimer", "OpStep", "PlanCache", "RPC_OP_TYPES",
            "build_plan", "check_feed", "device_binder", "fingerprint", "run_step", "timed_binder",
            "timing_kernels"]

@@ -40,6 +40,16 @@ tensors and stored as they are; the blocks then compute shapes only, GETs answer
 byte counts are what the messages would weigh with data (`wire.charged_size`). Checkpoints need
 real values and are refused.
 
+Layers: this module is the IO shell. The protocol itself is `pserver_core.PserverCore`, which
+takes events (a decoded request, a watchdog tick, the end of an action) and yields actions
+(`pserver_actions`: reply, run blocks, optimize, save a checkpoint, stop, ...) with no IO; what
+differs between the modes is one `ModePolicy` per mode (`pserver_sync`, `pserver_async`,
+`pserver_half_async`, `pserver_geo`, `pserver_dc_asgd`); the values live in a `Store`; what the
+program asks of the server is its `listen_and_serv` contract
+(`transpiler.distribute.contract`). The shell receives frames, decodes them, feeds the core,
+performs its actions (replies through the `Transport`, blocks through the `Executor` with their
+compute charged, checkpoints) and keeps the stats and the cost meter.
+
 Requests are deduplicated by (sender, message id): a retry gets the first reply again, and a
 retry of a request still waiting (deferred until the round moves on) gets a ``pending`` notice,
 so the trainer knows this server is alive and waits on rather than timing out on it: a request
@@ -53,36 +63,29 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from transpiler.distribute.contract import ServeContract
 from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR
-from transpiler.ir import BlockRef, Op, Program, Var, VarType
+from transpiler.ir import BlockRef, Program
 
 from . import checkpoint
 from .compute import Charge, ComputeModel, Tracer
 from .costs import RECEIVES, SENDS, Meter
-from .executor import Executor
-from .protocol import INITIAL_STEP, Dedupe, Event, Phase, SyncRound, Verdict
+from .executor import AttrOverrides, Executor
+from .protocol import INITIAL_STEP, SyncRound
+from .pserver_actions import Action, Begin, Optimize, Pay, Reject, Replay, Reply, RunBlocks, \
+    SaveCheckpoint, Stop, Tally, Work
+from .pserver_core import PserverCore
+from .pserver_messages import ProtocolViolation
+from .pserver_store import Store
 from .scope import Scope
-from .table import TableShard, lookup_rows, remote_tables
-from .tensor import LoDTensor, Phantom, SelectedRows, to_dense
 from .transport import Transport, TransportClosed
 from .wire import DecodeError, Kind, Message, charged_size, decode, encode, error_reply
 
 log = logging.getLogger(__name__)
-
-SYNC, ASYNC, HALF_ASYNC, GEO = 0, 1, 2, 3
-TRAINER_ID_VAR = "@TRAINER_ID@"  # DC-ASGD: whose gradient is being applied
-
-
-class ProtocolViolation(ValueError):
-    """A well-formed message that this server cannot accept; sent back as an error reply."""
-
-    def __init__(self, detail: str, var: str | None = None) -> None:
-        super().__init__(detail)
-        self.var = var
 
 
 class PserverFailure(RuntimeError):
@@ -134,6 +137,8 @@ class ServeConfig:
 
 
 class PserverService:
+    """The IO shell of a pserver: frames in, the core's actions performed (see the module)."""
+
     def __init__(self, program: Program, startup: Program, transport: Transport,
                  executor: Executor | None = None, config: ServeConfig | None = None,
                  compute: ComputeModel | None = None, tracer: Tracer | None = None,
@@ -144,41 +149,37 @@ class PserverService:
         self.config = config or ServeConfig()
         self.scope = Scope()
         self.executor.run(startup, scope=self.scope)
-        self.lsv = _listen_and_serv(program)
-        self.mode = int(self.lsv.attr("distributed_mode", SYNC))
-        self.trainers = int(self.lsv.attr("Fanin", 1))
-        self.round = SyncRound(self.trainers)
-        self.dedupe = Dedupe()
-        self.stats = ServerStats()
-        self.grad_blocks = _grad_to_block(self.lsv)
-        self.optimize_blocks = [ref.idx for ref in self.lsv.attr("optimize_blocks", [])]
-        self.lr_block = int(self.lsv.attr("lr_decay_block_id", -1))
-        self.dc_asgd = bool(self.lsv.attr("dc_asgd", False))
-        self.receivable = frozenset(self.lsv.input("X"))  # the vars trainers may SEND here
-        self._fanin_scales = _fanin_scale_ops(program, self.optimize_blocks)
-        self.table = TableShard.of(program, self.lsv)
-        self.remote_tables = remote_tables(program, self.lsv)
+        self.contract = ServeContract.of(program)
+        self.store = Store(program, self.contract, self.scope, self.executor.backend == "phantom")
         self.state = checkpoint.state_vars(program, startup)
-        self._deferred: list[tuple[str, Message]] = []
-        self._pending: set[tuple[str, int]] = set()
-        self._last_seen: dict[int, float] = {}
-        self._serving_since = 0.0
-        self._next_step: dict[int, int] = {}  # trainer -> the step after its latest message
-        self._progress = 0  # asynchronous modes: the furthest step any trainer reached
-        self._resynced: set[int] | None = None  # recovering: trainers told to rewind, or rewound
-        self._done = asyncio.Event()
-        self._optimizing = False
-        self._last_message = 0.0
+        self.stats = ServerStats()
         self.name = transport.name
         self.charge = Charge(self.name, compute, tracer)
         self.meter: Meter | None = None
         """Measures what each message, round and op costs this node (`runtime profile`)."""
-        self._by_kind = self._handlers()
-        if load_from is not None:
-            self._restore(Path(load_from))
+        every = self.config.checkpoint_every if self.config.checkpoint_dir is not None else None
+        self.core = PserverCore(
+            self.store, name=self.name, clock=_loop_time,
+            heartbeat_timeout=self.config.heartbeat_timeout,
+            startup_grace=self.config.startup_grace, checkpoint_every=every,
+            start_step=0 if load_from is None else self._restore(Path(load_from)),
+            recovering=recovering)
         if recovering:
-            self._resynced = set()
-            self.stats.restored_step = self._progress = self.round.step
+            self.stats.restored_step = self.core.round.step
+        self._done = asyncio.Event()
+        self._last_message = 0.0
+        self._began = 0.0  # when the request being handled began (its update's start)
+        self._replays: list[float] = []  # meter starts of the replays under way
+
+    @property
+    def receivable(self) -> frozenset[str]:
+        """The vars trainers may SEND here."""
+        return self.contract.received
+
+    @property
+    def round(self) -> SyncRound:
+        """The fan-in and the step this server is at."""
+        return self.core.round
 
     # -- serving loop ---------------------------------------------------------------------------
     async def serve(self, endpoint: str) -> ServerStats:
@@ -187,7 +188,7 @@ class PserverService:
         if self.meter is not None:
             self.meter.begin_run()
         loop = asyncio.get_running_loop()
-        self._serving_since = loop.time()
+        self.core.start()
         tasks: list[asyncio.Task[Any]] = [
             loop.create_task(self._receive(), name=f"{self.name} receive")]
         tasks.append(loop.create_task(self._watchdog(), name=f"{self.name} watchdog"))
@@ -238,65 +239,78 @@ class PserverService:
             meter.stop_message(started, RECEIVES, kind, nbytes)
 
     async def _handle_frames(self, peer: str, frames: list[Any]) -> str:
-        """Decode and handle one message; its kind (for the meter)."""
+        """Decode one message and feed it to the core; its kind (for the meter)."""
         try:
             msg = decode(frames, self.config.max_message_size)
         except DecodeError as exc:
-            await self._error(peer, exc, None)
+            await self._reject(Reject(peer, exc, None))
             return Kind.ERROR.value
         if msg.kind is Kind.HEARTBEAT:
             self.stats.heartbeat_bytes += charged_size(frames)
-        done, reply = self.dedupe.lookup(msg.src, msg.id)
-        if done:
-            await self._send(peer, reply)
-            return msg.kind.value
-        if (msg.src, msg.id) in self._pending:  # a retry of a deferred request: still waiting
-            await self._send(peer, Message(Kind.REPLY, msg.id, self.name, self.round.step,
-                                           extra={"pending": True,
-                                                  "server_step": self.round.step}))
-            return msg.kind.value
-        await self._handle(peer, msg)
+        await self._drive(self.core.on_message(peer, msg))
         return msg.kind.value
 
-    async def _handle(self, peer: str, msg: Message) -> None:
-        try:
-            trainer = _trainer_of(msg)
-            self._last_seen[trainer] = asyncio.get_running_loop().time()
-            if msg.step >= 0 and msg.kind not in (Kind.HEARTBEAT, Kind.COMPLETE):
-                self._next_step[trainer] = max(self._next_step.get(trainer, 0), msg.step + 1)
-            if self._resynced is not None and self._must_rewind(trainer, msg):
-                await self._send(peer, self._rewind(msg))
+    async def _watchdog(self) -> None:
+        """Have the core drop the trainers silent too long, four times per timeout."""
+        while True:
+            await asyncio.sleep(min(self.config.heartbeat_timeout, self.config.startup_grace) / 4)
+            await self._drive(self.core.on_tick())
+
+    # -- performing the core's actions -----------------------------------------------------------
+    async def _drive(self, work: Work) -> None:
+        """Perform `work`'s actions one by one, resuming it with each one's result, or
+        throwing into it what the action raised."""
+        result: Any = None
+        failure: Exception | None = None
+        while True:
+            try:
+                action = work.send(result) if failure is None else work.throw(failure)
+            except StopIteration:
                 return
-            handler = self._by_kind[msg.kind]
-            start = self.charge.clock()
-            reply = handler(peer, msg, trainer)
-        except Exception as exc:  # one bad message must not stop the server
-            await self._error(peer, exc, msg)
-            return
-        if reply is None:  # deferred: answered after the next phase change
-            self._pending.add((msg.src, msg.id))
-            self._deferred.append((peer, msg))
-            return
-        await self.charge.pay()  # async modes: the update this message caused
-        if self.mode != SYNC and msg.kind is Kind.SEND:
-            self.stats.optimize_seconds += self.charge.clock() - start
-            self.stats.steps = max(self.stats.steps, msg.step + 1)
-        await self._answer(peer, msg, reply)
-        await self._after_event()
+            result, failure = None, None
+            try:
+                result = await self._perform(action)
+            except Exception as exc:
+                failure = exc
 
-    def _handlers(self) -> dict[Kind, Callable[[str, Message, int], Message | None]]:
-        return {Kind.SEND: self._on_send, Kind.SEND_BARRIER: self._on_send_barrier,
-                Kind.GET: self._on_get, Kind.FETCH_BARRIER: self._on_fetch_barrier,
-                Kind.COMPLETE: self._on_complete, Kind.HEARTBEAT: self._on_heartbeat,
-                Kind.JOIN: self._on_join,
-                Kind.PREFETCH: self._on_prefetch, Kind.CHECKPOINT_NOTIFY: self._on_checkpoint}
-
-    async def _answer(self, peer: str, msg: Message, reply: Message) -> None:
-        self._pending.discard((msg.src, msg.id))
-        self.dedupe.remember(msg.src, msg.id, reply)
-        nbytes = await self._send(peer, reply)
-        if msg.kind is Kind.HEARTBEAT:
-            self.stats.heartbeat_bytes += nbytes
+    async def _perform(self, action: Action) -> Any:
+        match action:
+            case Reply(peer=peer, message=message, heartbeat=heartbeat):
+                nbytes = await self._send(peer, message)
+                if heartbeat:
+                    self.stats.heartbeat_bytes += nbytes
+            case Reject():
+                await self._reject(action)
+            case Begin():
+                self._began = self.charge.clock()
+            case RunBlocks(blocks=blocks):
+                for idx in blocks:
+                    self._run(idx)
+            case Pay(update_step=step):
+                await self.charge.pay()  # the compute this request's handling caused
+                if step is not None:
+                    self.stats.optimize_seconds += self.charge.clock() - self._began
+                    self.stats.steps = max(self.stats.steps, step)
+            case Optimize():
+                await self._optimize(action)
+            case SaveCheckpoint(step=step, directory=None):  # a periodic checkpoint
+                assert self.config.checkpoint_dir is not None
+                path = self.save_checkpoint(self.config.checkpoint_dir, step)
+                self.stats.checkpoints.append(step)
+                return path
+            case SaveCheckpoint(step=step, directory=Path() as directory):
+                return self.save_checkpoint(directory, step)
+            case Tally(stat=stat, value=value):
+                counted = getattr(self.stats, stat)
+                if isinstance(counted, list):
+                    counted.append(value)
+                else:
+                    setattr(self.stats, stat, counted + value)
+            case Replay():
+                self._meter_replay(action)
+            case Stop():
+                self._done.set()
+        return None
 
     async def _send(self, peer: str, reply: Message) -> int:
         """Send `reply` to `peer`; the bytes it weighs."""
@@ -314,436 +328,74 @@ class PserverService:
             meter.stop_message(started, SENDS, reply.kind.value, nbytes)
         return nbytes
 
-    async def _error(self, peer: str, exc: Exception, msg: Message | None) -> None:
+    async def _reject(self, action: Reject) -> None:
         self.stats.errors += 1
-        log.warning("%s: rejected a message from %s: %s", self.name, peer, exc)
-        reply = error_reply(self.name, exc, request_id=None if msg is None else msg.id,
+        log.warning("%s: rejected a message from %s: %s", self.name, action.peer, action.error)
+        msg = action.request
+        reply = error_reply(self.name, action.error, request_id=None if msg is None else msg.id,
                             step=0 if msg is None else msg.step)
-        if msg is not None:
-            self._pending.discard((msg.src, msg.id))
-        await self._send(peer, reply)
+        await self._send(action.peer, reply)
 
-    # -- round progress ---------------------------------------------------------------------------
-    async def _after_event(self) -> None:
-        """Run the step's optimize and move the round on while the barriers allow it."""
-        if self.mode != SYNC:
-            if self.round.finished:
-                self._done.set()
-            return
-        if self._optimizing:  # a message arrived while this step's update is being computed
-            return
-        progressed = True
-        while progressed:
-            progressed = False
-            if self.round.ready_to_optimize:
-                await self._optimize_step()
-                progressed = True
-            if self.round.take_step_done():
-                self.stats.steps += 1
-                self._checkpoint_at(self.round.step)
-                progressed = True
-            if progressed:
-                await self._replay_deferred()
-        if self.round.finished:
-            self._done.set()
-
-    async def _replay_deferred(self) -> None:
-        deferred, self._deferred = self._deferred, []
-        for peer, msg in deferred:
-            self._pending.discard((msg.src, msg.id))
-            meter = self.meter
-            started = 0.0 if meter is None else meter.start()
-            await self._handle(peer, msg)
-            if meter is not None:
-                meter.stop_message(started, RECEIVES, msg.kind.value, 0, again=True)
-
-    async def _optimize_step(self) -> None:
+    async def _optimize(self, action: Optimize) -> None:
+        """A sync round's update: its blocks, the round's overhead, then their compute."""
         start = self.charge.clock()
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
-        self._optimizing = True
-        try:
-            contributors = self.round.contributors
-            for trainer in set(range(self.trainers)) - contributors:
-                self._zero_grads_of(trainer)
-            for op in self._fanin_scales:
-                op.attrs["scale"] = 1.0 / len(contributors)
-            if self.table is not None:
-                self.table.average_pieces(self.scope, contributors)
-            for idx in self._step_blocks():
-                self._run(idx)
-            self.charge.add_overhead("round")
-            await self.charge.pay()
-        finally:
-            self._optimizing = False
-        self.round.optimized()
+        for idx in action.blocks:
+            self._run(idx, action.overrides)
+        self.charge.add_overhead("round")
+        await self.charge.pay()
         if meter is not None:
             meter.stop_round(started)
         self.stats.optimize_seconds += self.charge.clock() - start
 
-    def _run(self, block_idx: int) -> None:
+    def _run(self, block_idx: int, overrides: AttrOverrides | None = None) -> None:
         """Run one block and charge its ops to this node's modelled compute time."""
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
-        self.executor.run_block(self.program, block_idx, self.scope)
+        self.executor.run_block(self.program, block_idx, self.scope, overrides)
         if meter is not None:
             meter.stop_ops(started, len(self.program.blocks[block_idx].ops))
-        self.charge.step = self.round.step
+        self.charge.step = self.core.round.step
         for op in self.program.blocks[block_idx].ops:
             self.charge.add(op, self.scope)
 
-    def _step_blocks(self) -> list[int]:
-        """The blocks of one sync step: the LR block first (`optimize_blocks` lists it first
-        already, as the original's did), then the optimize blocks."""
-        if self.lr_block < 0 or self.lr_block in self.optimize_blocks:
-            return self.optimize_blocks
-        return [self.lr_block] + self.optimize_blocks
-
-    def _zero_grads_of(self, trainer: int) -> None:
-        """A trainer that did not contribute this step adds nothing to the sums: its gradient
-        copies are zero (dense) or hold no rows (sparse), whether or not it ever sent one."""
-        suffix = f".trainer_{trainer}"
-        for name, var in self.program.global_block().vars.items():
-            if not name.endswith(suffix) or name not in self.receivable:
-                continue
-            if var.type is VarType.SELECTED_ROWS:
-                empty = np.zeros((0,) + tuple(var.shape[1:]), var.dtype)
-                self.scope.put(name, SelectedRows(np.zeros(0, np.int64), empty, var.shape[0]))
-            else:
-                self.scope.put(name, np.zeros(var.shape, var.dtype))
-
-    # -- message kinds ------------------------------------------------------------------------------
-    def _verdict(self, event: Event, trainer: int, msg: Message) -> Verdict:
-        """What the sync round says of this message (other modes accept everything); a
-        message from a trainer outside the job's fan-in is refused with the reason."""
-        if self.mode != SYNC:
-            return Verdict.ACCEPT
-        verdict = self.round.classify(event, trainer, msg.step)
-        if verdict is Verdict.REJECT:
-            raise ProtocolViolation(self._reject_reason(trainer, msg))
-        return verdict
-
-    def _on_send(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        verdict = self._verdict(Event.SEND, trainer, msg)
-        if verdict is Verdict.DEFER:
-            return None
-        if verdict is Verdict.STALE:
-            return self._ack(msg)
-        values = {name: self._to_shard(name, self._checked(name, value))
-                  for name, value in msg.vars.items()}
-        merge = msg.extra.get("merge_add") is True
-        for name, value in values.items():
-            if merge and self.scope.has(name) and not isinstance(value, Phantom):
-                value = to_dense(self.scope.get_tensor(name)) + to_dense(value)  # a counter
-            self.scope.put(name, value)
-        if self.mode != SYNC:
-            self._checkpoint_at(msg.step + 1)
-            if self.dc_asgd:
-                self.scope.put(TRAINER_ID_VAR, np.array([trainer], dtype=np.int64))
-            for name in values:
-                self._run_grad_block(name)
-        return self._ack(msg)
-
-    def _run_grad_block(self, name: str) -> None:
-        idx = self.grad_blocks.get(name)
-        if idx is None:
+    def _meter_replay(self, action: Replay) -> None:
+        """Meter a deferred request's handling again, from its replay to its `done`."""
+        meter = self.meter
+        if meter is None:
             return
-        if self.lr_block >= 0:
-            self._run(self.lr_block)
-        self._run(idx)
+        if not action.done:
+            self._replays.append(meter.start())
+        else:
+            meter.stop_message(self._replays.pop(), RECEIVES, action.kind, 0, again=True)
 
-    def _on_send_barrier(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        if self.mode != SYNC:
-            return self._ack(msg)
-        verdict = self._verdict(Event.SEND_BARRIER, trainer, msg)
-        if verdict is Verdict.DEFER:
-            return None
-        if verdict is Verdict.ACCEPT:
-            self.round.send_barrier(trainer)
-        return self._ack(msg)
-
-    def _on_get(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        names = msg.extra.get("names")
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise ProtocolViolation("GET needs a list of var names in 'names'")
-        if self._verdict(Event.GET, trainer, msg) is Verdict.DEFER:
-            return None
-        block = self.program.global_block()
-        for name in names:
-            if name not in block.vars or not self.scope.has(name):
-                raise ProtocolViolation(f"GET of var {name!r}, which this pserver does not hold",
-                                        var=name)
-        values = {name: self.scope.get_tensor(name) for name in names}
-        if self.dc_asgd:  # the values this trainer now computes with, for delay compensation
-            for name, value in values.items():
-                bak = f"{name}.trainer_{trainer}_bak"
-                if bak in block.vars:
-                    self.scope.put(bak, value)
-        return Message(Kind.REPLY, msg.id, self.name, self.round.step, values,
-                       self._fanin_state(trainer))
-
-    def _on_fetch_barrier(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        if self.mode != SYNC:
-            return self._ack(msg)
-        verdict = self._verdict(Event.FETCH_BARRIER, trainer, msg)
-        if verdict is Verdict.DEFER:
-            return None
-        if verdict is Verdict.ACCEPT:
-            self.round.fetch_barrier(trainer, msg.step)
-        return self._ack(msg)
-
-    def _on_prefetch(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        if self._verdict(Event.PREFETCH, trainer, msg) is Verdict.DEFER:
-            return None
-        rows = self._remote_rows(msg) if "table" in msg.extra else self._table_rows(msg)
-        return Message(Kind.REPLY, msg.id, self.name, self.round.step, rows,
-                       {"server_step": self.round.step})
-
-    def _table_rows(self, msg: Message) -> dict[str, Any]:
-        if self.table is None:
-            raise ProtocolViolation("PREFETCH: this pserver holds no distributed lookup table")
-        ids = {name: self.table.local_ids(name, value) for name, value in msg.vars.items()}
-        return self.table.prefetch_rows(ids, self.scope, self._run)
-
-    def _remote_rows(self, msg: Message) -> dict[str, Any]:
-        table = msg.extra["table"]
-        if not isinstance(table, str) or table not in self.remote_tables:
-            raise ProtocolViolation(f"PREFETCH of rows of var {table!r}, which this pserver does "
-                                    "not serve by id", var=str(table))
-        if set(msg.vars) != {"Ids"}:
-            raise ProtocolViolation(f"PREFETCH of rows of var {table!r} carries vars "
-                                    f"{sorted(msg.vars)}, not just 'Ids'", var=table)
-        return {table: lookup_rows(table, self.scope.get(table), msg.vars["Ids"])}
-
-    def _on_checkpoint(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        directory = msg.extra.get("dir")
-        if not isinstance(directory, str) or not directory or "\0" in directory:
-            raise ProtocolViolation("CHECKPOINT_NOTIFY needs a directory path in 'dir'")
-        if self.executor.backend == "phantom":
-            raise ProtocolViolation("CHECKPOINT_NOTIFY: this pserver runs in timing mode (phantom "
-                                    "kernels) and holds no values to save")
-        if self._optimizing:  # the update is applied but the round not moved on: wait for it
-            return None
-        path = self.save_checkpoint(Path(directory))
-        log.info("%s: saved the state before step %d to %s", self.name, self._steps_applied(), path)
-        return self._ack(msg)
-
+    # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self, directory: Path, step: int | None = None) -> Path:
         """Save the whole state to ``directory/<name>/`` (see `runtime.checkpoint`), as the
         state before `step` (default: the sync round's first step not applied)."""
+        table = self.store.table
         with checkpoint.Staging(directory / self.name) as stage:
-            if self.table is not None and self.table.checkpoint_block >= 0:
-                path = stage.file_of(self.table.table)
+            if table is not None and table.checkpoint_block >= 0:
+                path = stage.file_of(table.table)
                 self.scope.put(CHECKPOINT_PATH_VAR, np.array(str(path)))
-                self._run(self.table.checkpoint_block)
+                self._run(table.checkpoint_block)
             stage.commit({name: self.scope.get(name) for name in self.state},
-                         self._steps_applied() if step is None else step)
+                         self.core.steps_applied() if step is None else step)
         return stage.target
 
-    def _restore(self, directory: Path) -> None:
+    def _restore(self, directory: Path) -> int:
+        """Load the state saved in ``directory/<name>/``; the step it was saved before."""
         saved = checkpoint.load(directory / self.name, self.state)
         for name, value in saved.values.items():
             self.scope.put(name, value)
-        self.round = SyncRound(self.trainers, step=saved.step)
         log.info("%s: restored the state before step %d from %s", self.name, saved.step,
                  directory / self.name)
-
-    def _checkpoint_at(self, step: int) -> None:
-        """Save the periodic checkpoint if `step` (the sync round's new step, or the step an
-        asynchronous trainer moved on to) is the next multiple of `checkpoint_every`."""
-        every = self.config.checkpoint_every
-        if every is None or self.config.checkpoint_dir is None or step <= self._progress:
-            return
-        due = step // every > self._progress // every
-        self._progress = step
-        if due and self.executor.backend != "phantom":
-            saved = self._steps_applied() if self.mode == SYNC else step
-            self.save_checkpoint(self.config.checkpoint_dir, saved)
-            self.stats.checkpoints.append(saved)
-
-    # -- recovery ---------------------------------------------------------------------------------
-    def _must_rewind(self, trainer: int, msg: Message) -> bool:
-        """Recovering in sync mode: whether `msg` comes from a trainer still at a step this
-        server lost (it has to redo the steps from `round.step`). A trainer's first message
-        for an earlier step (its fetch of the parameters again) shows it has rewound."""
-        resynced = self._resynced
-        assert resynced is not None
-        if self.mode != SYNC or msg.kind in (Kind.HEARTBEAT, Kind.COMPLETE) \
-                or trainer in resynced:
-            return False
-        if msg.step < self.round.step:
-            resynced.add(trainer)
-            if len(resynced | self.round.completed) >= self.trainers:
-                self._resynced = None  # every trainer is back in step
-            return False
-        return True
-
-    def _rewind(self, msg: Message) -> Message:
-        self.stats.rewinds += 1
-        log.info("%s: trainer message %s at step %d: rewind to step %d", self.name, msg.kind,
-                 msg.step, self.round.step)
-        return Message(Kind.REPLY, msg.id, self.name, self.round.step,
-                       extra={"server_step": self.round.step, "rewind": self.round.step})
-
-    def _steps_applied(self) -> int:
-        """The first step whose gradients the state has not seen."""
-        return self.round.step + (self.round.phase is Phase.PARAMS)
-
-    def _on_complete(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        if self.round.leave(trainer, completed=True):
-            log.info("%s: trainer %d completed at step %d", self.name, trainer, self.round.step)
-        return self._ack(msg)
-
-    def _on_heartbeat(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        return self._ack(msg)
-
-    def _on_join(self, peer: str, msg: Message, trainer: int) -> Message | None:
-        """A trainer that was not in the fan-in (late, dropped, restarted) takes part from
-        step ``entry`` on, or later if this server is past it: the reply says which."""
-        entry = msg.extra.get("entry")
-        if not isinstance(entry, int) or isinstance(entry, bool):
-            raise ProtocolViolation("JOIN needs an int 'entry' step")
-        if self.mode == SYNC:
-            entry = self.round.join(trainer, entry)
-            log.info("%s: trainer %d joins at step %d", self.name, trainer, entry)
-        return Message(Kind.REPLY, msg.id, self.name, self.round.step,
-                       extra={"server_step": self.round.step, "entry": entry})
-
-    def _fanin_state(self, trainer: int) -> dict[str, Any]:
-        """What a trainer learns from a fetch: where this server is and whether it is waited for."""
-        in_fanin = self.mode != SYNC or trainer in self.round.live
-        return {"server_step": self.round.step, "in_fanin": in_fanin,
-                "entry_step": self.round.entry_step(),
-                "next_step": self._next_step.get(trainer, 0), "sync": self.mode == SYNC}
-
-    def _ack(self, msg: Message) -> Message:
-        return Message(Kind.REPLY, msg.id, self.name, self.round.step,
-                       extra={"server_step": self.round.step})
-
-    def _reject_reason(self, trainer: int, msg: Message) -> str:
-        if trainer in self.round.completed:
-            return f"trainer {trainer} already completed; {msg.kind} refused"
-        if not 0 <= trainer < self.trainers:
-            return f"trainer {trainer} is not one of the {self.trainers} trainers of this job"
-        return (f"trainer {trainer} is not in the fan-in at step {self.round.step} "
-                f"(dropped after {self.config.heartbeat_timeout}s of silence?); {msg.kind} refused")
-
-    # -- validation -----------------------------------------------------------------------------
-    def _checked(self, name: str, value: Any) -> Any:
-        """A received value, checked against this server's declaration and copied out of the
-        receive buffer."""
-        var = self.program.global_block().vars.get(name)
-        if var is None or name not in self.receivable:
-            raise ProtocolViolation(f"gradient for var {name!r}, which this pserver does not own",
-                                    var=name)
-        if isinstance(value, Phantom):
-            return _checked_phantom(name, var, value)
-        if isinstance(value, SelectedRows):
-            if value.values.dtype != np.dtype(var.dtype) or value.height != var.shape[0] \
-                    or tuple(value.values.shape[1:]) != tuple(var.shape[1:]):
-                raise ProtocolViolation(
-                    f"var {name!r}: expected rows of {var.dtype}{list(var.shape[1:])} with height "
-                    f"{var.shape[0]}, got {value.values.dtype}{list(value.values.shape[1:])} "
-                    f"with height {value.height}", var=name)
-            return SelectedRows(np.array(value.rows), np.array(value.values), value.height)
-        array = value.data if isinstance(value, LoDTensor) else value
-        if array.dtype != np.dtype(var.dtype) or not _shape_matches(var.shape, array.shape):
-            raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got "
-                                    f"{array.dtype}{list(array.shape)}", var=name)
-        return np.array(array)
-
-    def _to_shard(self, name: str, value: Any) -> Any:
-        """A received table grad piece as rows of this server's shard; other values as they are."""
-        if self.table is None or name not in self.table.pieces:
-            return value
-        return self.table.local_rows(name, value)
-
-    # -- liveness -------------------------------------------------------------------------------
-    async def _watchdog(self) -> None:
-        """Drop trainers that have been silent too long: in sync mode those the round waits
-        for; otherwise any that has not completed (so a trainer that died for good does not
-        keep the server up)."""
-        timeout = self.config.heartbeat_timeout
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(min(timeout, self.config.startup_grace) / 4)
-            waited_for = self.round.live if self.mode != SYNC else \
-                self.round.live - (self.round.sent if self.round.phase is Phase.GRADS
-                                   else self.round.fetched)
-            silent = [(t, why) for t in sorted(waited_for)
-                      for why in [self._silence(t, loop.time())] if why]
-            for trainer, why in silent:
-                self.round.leave(trainer, completed=False)
-                self.stats.dropped.append(trainer)
-                log.warning("%s: dropped trainer %d from the fan-in at step %d: %s", self.name,
-                            trainer, self.round.step, why)
-            if silent:
-                await self._after_event()
-
-    def _silence(self, trainer: int, now: float) -> str | None:
-        """Why `trainer` counts as gone (None: it does not): silent for longer than the
-        heartbeat timeout, or never heard from within the start-up grace."""
-        seen = self._last_seen.get(trainer)
-        if seen is None:
-            grace = self.config.startup_grace
-            return f"not heard from within {grace:g}s of the start" \
-                if now - self._serving_since > grace else None
-        timeout = self.config.heartbeat_timeout
-        return f"silent for more than {timeout:g}s" if now - seen > timeout else None
+        return saved.step
 
 
-def _listen_and_serv(program: Program) -> Op:
-    ops = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
-    if len(ops) != 1:
-        raise ValueError(f"a pserver program has exactly one listen_and_serv op in block 0, "
-                         f"found {len(ops)}")
-    return ops[0]
-
-
-def _grad_to_block(lsv: Op) -> dict[str, int]:
-    table = {}
-    for entry in lsv.attr("grad_to_block_id", []):
-        grad, _, idx = str(entry).rpartition(":")
-        table[grad] = int(idx)
-    return table
-
-
-def _fanin_scale_ops(program: Program, blocks: list[int]) -> list[Op]:
-    """The `scale` ops that average the trainers' gradients: right after a `sum` of
-    ``.trainer_N`` copies, scaling its output in place."""
-    found = []
-    for idx in blocks:
-        ops = program.blocks[idx].ops
-        for first, second in zip(ops, ops[1:]):
-            if first.type == "sum" and second.type == "scale" \
-                    and all(".trainer_" in n for n in first.input("X")) \
-                    and second.input("X") == second.output("Out") == first.output("Out"):
-                found.append(second)
-    return found
-
-
-def _trainer_of(msg: Message) -> int:
-    trainer = msg.extra.get("trainer")
-    if not isinstance(trainer, int) or isinstance(trainer, bool):
-        raise ProtocolViolation(f"{msg.kind} from {msg.src!r} lacks an int 'trainer' field")
-    return trainer
-
-
-def _checked_phantom(name: str, var: Var, value: Phantom) -> Phantom:
-    """A received phantom, checked as the tensor it stands for would be: the declared dtype,
-    and rows of the declared height and width, or the declared shape."""
-    if value.is_rows:
-        fits = value.height == var.shape[0] and value.shape[1:] == tuple(var.shape[1:])
-    else:
-        fits = _shape_matches(var.shape, value.shape)
-    if not fits or value.dtype != np.dtype(var.dtype):
-        raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got {value}",
-                                var=name)
-    return value
-
-
-def _shape_matches(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:
-    return len(declared) == len(actual) and all(d in (-1, a) for d, a in zip(declared, actual))
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
 __all__ = ["INITIAL_STEP", "PserverService", "ProtocolViolation", "ServeConfig", "ServerStats",

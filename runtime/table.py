@@ -7,14 +7,16 @@ last pserver may own fewer ids than it has rows). `TableShard` converts at the b
 pserver program's blocks work on rows of the shard:
 
 - PREFETCH: the ids of each prefetch block's ids var (``prefetch_var_name_to_block_id``) become
-  rows, the block (`lookup_sparse_table`) runs, and the rows it looked up are the reply.
+  rows, the block (`lookup_sparse_table`) runs, and the rows it looked up are the reply
+  (`prefetch`: the pserver core runs the blocks).
 - SEND of a table grad piece (a `SelectedRows` of global ids, as tall as the whole table): its
   rows become rows of the shard (height R) before it is stored.
 - Sync mode (`average_pieces`): the program's table-optimize block `sum`s the trainers' pieces
   and has no `scale` by 1/trainers after it, as in the original, so N trainers would step the
   table N times as far as local training on the same global batch. Before the block runs, each
   contributing trainer's piece is therefore scaled by 1/contributors (as the dense blocks'
-  fan-in `scale` is) and a non-contributor's emptied. This is a deliberate fix of the original:
+  fan-in `scale` is) and a non-contributor's emptied. Which trainer sends which piece is the
+  program's ``trainer_copies`` attribute (`transpiler.distribute.contract`). This is a deliberate fix of the original:
   sync training with a distributed table equals local training.
 
 Remote sparse update needs no conversion: the trainer asks for rows of a param block by row
@@ -27,19 +29,16 @@ unknown, so ownership is not), re-based by taking the shard's height, and not sc
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
+from transpiler.distribute.contract import parse_pairs
 from transpiler.ir import Op, Program, VarType
 
 from .scope import Scope
 from .tensor import LoDTensor, Phantom, SelectedRows
-
-_PIECE_TRAINER = re.compile(r"\.trainer_(\d+)\.pserver_\d+$")
-
 
 class TableRequestError(ValueError):
     """Ids or rows that this pserver cannot serve or store; names the var."""
@@ -85,11 +84,12 @@ class TableShard:
         rows, offset = var.shape[0], int(lsv.attr("pserver_id")) * var.shape[0]
         block = int(dict(_pairs(lsv.attr("grad_to_block_id", [])))[grad])
         reads = {n for op in program.block(block).ops for n in op.input_arg_names}
+        copies = dict(parse_pairs(lsv.attr("trainer_copies", [])))
         prefetch = {ids: Prefetch(int(idx), program.block(int(idx)).ops[0].output("Out")[0])
                     for ids, idx in _pairs(lsv.attr("prefetch_var_name_to_block_id", []))}
         return TableShard(table, offset, rows, max(0, min(rows, block0.var(grad).shape[0] - offset)),
                           tuple(var.shape[1:]), np.dtype(var.dtype),
-                          {n: _piece_trainer(n) for n in lsv.input("X") if n in reads}, prefetch,
+                          {n: copies.get(n) for n in lsv.input("X") if n in reads}, prefetch,
                           int(lsv.attr("checkpint_block_id", -1)))
 
     # -- ids and rows in ----------------------------------------------------------------------------
@@ -123,17 +123,6 @@ class TableShard:
                 f"{self.table!r}", name)
 
     # -- blocks -------------------------------------------------------------------------------------
-    def prefetch_rows(self, ids: Mapping[str, np.ndarray | Phantom], scope: Scope,
-                      run_block: Callable[[int], None]) -> dict[str, Any]:
-        """Run the prefetch block of each ids var (`local_ids` rows); its rows by var name."""
-        out = {}
-        for name, rows in ids.items():
-            p = self.prefetch[name]
-            scope.put(name, rows)
-            run_block(p.block)
-            out[p.rows] = scope.get(p.rows)
-        return out
-
     def average_pieces(self, scope: Scope, contributors: set[int]) -> None:
         """Sync mode, before the table-optimize block: contributors' pieces scaled by
         1/contributors, the other trainers' pieces emptied (see the module docstring)."""
@@ -189,11 +178,6 @@ def _phantom_ids(name: str, value: Phantom) -> int:
         raise TableRequestError(f"var {name!r}: ids must be integers of shape [n] or [n, 1], got "
                                 f"{value}", name)
     return shape[0]
-
-
-def _piece_trainer(name: str) -> int | None:
-    match = _PIECE_TRAINER.search(name)
-    return int(match.group(1)) if match else None
 
 
 def _pairs(entries: list[Any]) -> list[tuple[str, str]]:

@@ -209,6 +209,8 @@ class TableBlocks:
     sparse_grad_to_param: str
     prefetch_var_name_to_block_id: list[str]
     checkpoint_block_id: int
+    trainer_copies: list[tuple[str, int]]
+    """Sync mode: each trainer's grad piece and the trainer (`contract`'s ``trainer_copies``)."""
 
 
 def build_table_blocks(program: Program, plan: Plan, endpoint: str, parent: int) -> TableBlocks:
@@ -228,8 +230,9 @@ def build_table_blocks(program: Program, plan: Plan, endpoint: str, parent: int)
                     {"op_role": int(OpRole.Optimize), "op_role_var": [table, grad]})
     prefetch = [_prefetch_block(program, plan, table, lookup, k, block.idx)
                 for lookup in table_lookups(plan.origin, table)]
+    copies = list(zip(received, range(plan.cluster.trainers))) if plan.sync else []
     return TableBlocks(block.idx, received, f"{grad}:{block.idx}", f"{grad}:{table}",
-                       prefetch, _checkpoint_block(program, table, block.idx))
+                       prefetch, _checkpoint_block(program, table, block.idx), copies)
 
 
 def _table_grad(block: Block, plan: Plan, table: str, k: int) -> tuple[str, list[str]]:

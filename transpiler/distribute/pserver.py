@@ -28,6 +28,10 @@ DC-ASGD (async): before the update op, ``ref_by_trainer_id`` picks ``<param bloc
 by the int64 var ``@TRAINER_ID@``, which the runtime sets to the id of the trainer whose
 grad is being applied; the runtime also copies the param block into that trainer's bak var when
 it serves the trainer a `recv` of it.
+
+What the runtime reads of all this is `listen_and_serv`'s attributes (see `contract`): among
+them ``trainer_copies`` (which trainer sends which copy) and ``fanin_scale_ops`` (the `scale`
+after each `sum` of the copies), so that it neither parses names nor matches op patterns.
 """
 
 from __future__ import annotations
@@ -39,12 +43,15 @@ from ..ir import Block, BlockRef, Op, OpRole, Program, Var, VarType
 from ..lr import LR_COUNTER
 from .analysis import is_optimizer_op
 from .config import DistributedMode
+from .contract import TRAINER_ID_VAR, bak_name, pair_entries
 from .edit import clone_var, copy_op
 from .lookup_table import TableBlocks, build_table_blocks, table_rows_per_pserver
 from .plan import DistVar, Plan, trainer_copy
 
 RPC_THREADS = 12
-TRAINER_ID_VAR = "@TRAINER_ID@"
+FANIN_SCALE_OP = 1
+"""In sync mode with several trainers, op 1 of a param's optimize block is the `scale` that
+averages the trainers' copies (op 0 is their `sum`; see `build_param_block`)."""
 _NOT_ACCUMULATORS = ("Param", "Grad", "LearningRate")
 
 
@@ -240,10 +247,6 @@ def _append_dc_asgd(block: Block, plan: Plan, param: str, grad: str) -> str:
     return tmp[4]
 
 
-def bak_name(param_block: str, trainer_id: int) -> str:
-    return f"{param_block}.trainer_{trainer_id}_bak"
-
-
 def dc_asgd_baks(plan: Plan, endpoint: str) -> list[tuple[str, str]]:
     """(param block, bak var) of every DC-ASGD backup `endpoint` holds."""
     if not plan.config.enable_dc_asgd:
@@ -263,23 +266,30 @@ def build_pserver_program(plan: Plan, endpoint: str) -> Program:
     lr_block, counters = build_lr_block(program, plan)
     parent = program.num_blocks - 1
     optimize, grad_to_block, sparse = [lr_block] if lr_block >= 0 else [], [], []
+    copies: list[tuple[str, int]] = []
+    scales: list[str] = []
     for d, i, several in ordered_blocks(plan, endpoint):
         block = build_param_block(program, plan, d, i, several, parent)
         optimize.append(block.idx)
         grad_to_block.append(f"{d.grads[i].name}:{block.idx}")
         if d.grad_type is VarType.SELECTED_ROWS:
             sparse.append(f"{d.grads[i].name}:{d.params[i].name}")
+        if plan.per_trainer_grads:
+            copies += [(plan.sent_name(d.grads[i].name, t), t) for t in range(plan.cluster.trainers)]
+            scales.append(f"{block.idx}:{FANIN_SCALE_OP}")
     table = build_table_blocks(program, plan, endpoint, parent) if plan.table else None
     if table is not None:
         optimize.append(table.optimize_block)
         grad_to_block.append(table.grad_to_block_id)
         sparse.append(table.sparse_grad_to_param)
         received += table.received
+        copies += table.trainer_copies
     if not optimize:
         optimize.append(program.create_block(program.num_blocks - 1).idx)
-    program.global_block().append_op(
-        "listen_and_serv", {"X": received + counters}, {},
-        listen_and_serv_attrs(plan, endpoint, pserver_id, optimize, grad_to_block, sparse, lr_block, table))
+    attrs = listen_and_serv_attrs(plan, endpoint, pserver_id, optimize, grad_to_block, sparse,
+                                  lr_block, table)
+    attrs.update(trainer_copies=pair_entries(copies), fanin_scale_ops=scales)
+    program.global_block().append_op("listen_and_serv", {"X": received + counters}, {}, attrs)
     program.current_block_idx = 0
     return program
 
@@ -287,6 +297,8 @@ def build_pserver_program(plan: Plan, endpoint: str) -> Program:
 def listen_and_serv_attrs(plan: Plan, endpoint: str, pserver_id: int, optimize: list[int],
                   grad_to_block: list[str], sparse: list[str], lr_block: int,
                   table: TableBlocks | None) -> dict[str, object]:
+    """The attributes of `listen_and_serv` (see `contract`); no trainer copies and no fan-in
+    scales, which `build_pserver_program` adds in sync mode."""
     return {
         "optimize_blocks": [BlockRef(i) for i in optimize],
         "endpoint": endpoint,
@@ -299,6 +311,8 @@ def listen_and_serv_attrs(plan: Plan, endpoint: str, pserver_id: int, optimize: 
         "prefetch_var_name_to_block_id": table.prefetch_var_name_to_block_id if table else [],
         "checkpint_block_id": table.checkpoint_block_id if table else -1,
         "dc_asgd": plan.config.enable_dc_asgd,
+        "trainer_copies": [],
+        "fanin_scale_ops": [],
         "rpc_get_thread_num": RPC_THREADS,
         "rpc_send_thread_num": RPC_THREADS,
         "rpc_prefetch_thread_num": RPC_THREADS,

@@ -1,0 +1,269 @@
+"""The pserver's sans-IO core, driven by events alone: no sockets, no event loop.
+
+A `Shell` stands in for `PserverService`: it performs each action the core yields at once
+(blocks run through a numpy executor over the core's store, replies recorded), so each test
+reads what the core asked for, in order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from runtime.executor import Executor
+from runtime.job import Job
+from runtime.protocol import Phase
+from runtime.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
+                                     RunBlocks, SaveCheckpoint, Stop, Tally, Work)
+from runtime.pserver_core import PserverCore
+from runtime.pserver_store import Store
+from runtime.scenario import parse_scenario
+from runtime.scope import Scope
+from runtime.wire import Kind, Message
+from transpiler.distribute.contract import TRAINER_ID_VAR, ServeContract, bak_name
+from transpiler.ir import Program
+
+MODEL = "{name: mlp, sizes: [8, 4, 2], optimizer: {type: sgd, learning_rate: 0.5}}"
+GRAD = "mlp.fc1.w@GRAD"
+PARAM = "mlp.fc1.w"
+SHAPE = (4, 2)
+
+
+def programs(mode: str, trainers: int = 2, transpiler: str = "") -> tuple[Program, Program]:
+    """Pserver 0's main and startup programs of a one-pserver job (no slicing)."""
+    text = f"""
+name: core
+model: {MODEL}
+cluster: {{pservers: 1, trainers: {trainers}, endpoints: {{pservers: [127.0.0.1:7001]}}}}
+transpiler: {{mode: {mode}{", " + transpiler if transpiler else ""}}}
+train: {{steps: 4, heartbeat_timeout: 10s}}
+"""
+    return Job.from_scenario(parse_scenario(text)).pserver_programs(0)
+
+
+class Shell:
+    """Performs the core's actions at once and records them."""
+
+    def __init__(self, mode: str, trainers: int = 2, transpiler: str = "",
+                 checkpoint_every: int | None = None) -> None:
+        self.program, startup = programs(mode, trainers, transpiler)
+        self.executor = Executor()
+        scope = Scope()
+        self.executor.run(startup, scope=scope)
+        self.store = Store(self.program, ServeContract.of(self.program), scope, timing=False)
+        self.now = 0.0
+        self.core = PserverCore(self.store, name="pserver:0", clock=lambda: self.now,
+                                heartbeat_timeout=10.0, startup_grace=60.0,
+                                checkpoint_every=checkpoint_every)
+        self.core.start()
+        self.ids = 0
+
+    def drive(self, work: Work) -> list[Action]:
+        done: list[Action] = []
+        result: Any = None
+        while True:
+            try:
+                action = work.send(result)
+            except StopIteration:
+                return done
+            done.append(action)
+            result = self.perform(action)
+
+    def perform(self, action: Action) -> Any:
+        if isinstance(action, RunBlocks):
+            for idx in action.blocks:
+                self.executor.run_block(self.program, idx, self.store.scope)
+        elif isinstance(action, Optimize):
+            for idx in action.blocks:
+                self.executor.run_block(self.program, idx, self.store.scope, action.overrides)
+        elif isinstance(action, SaveCheckpoint):
+            return Path("/nowhere") / str(action.step)
+        return None
+
+    def message(self, kind: Kind, trainer: int, step: int, vars: dict[str, Any] | None = None,
+                msg_id: int | None = None, **extra: Any) -> Message:
+        if msg_id is None:
+            self.ids += 1
+            msg_id = self.ids
+        return Message(kind, msg_id, f"trainer:{trainer}", step, vars or {},
+                       {"trainer": trainer, **extra})
+
+    def send(self, msg: Message) -> list[Action]:
+        return self.drive(self.core.on_message(f"peer{msg.src}", msg))
+
+
+def replies(actions: list[Action]) -> list[Message]:
+    return [a.message for a in actions if isinstance(a, Reply)]
+
+
+def kinds(actions: list[Action]) -> list[type]:
+    return [type(a) for a in actions]
+
+
+def grad(shell: Shell, trainer: int, value: float) -> dict[str, np.ndarray]:
+    """Every gradient `trainer` sends this server, each all `value`."""
+    contract, block = shell.store.contract, shell.program.global_block()
+    copies = contract.trainer_copies
+    names = [n for n, t in copies.items() if t == trainer] if copies else sorted(contract.received)
+    return {n: np.full(block.var(n).shape, value, np.float32) for n in names}
+
+
+# -- sync ---------------------------------------------------------------------------------------------
+
+def test_a_sync_round_closes_only_after_every_trainers_send_barrier() -> None:
+    shell = Shell("sync")
+    for trainer in (0, 1):
+        shell.send(shell.message(Kind.SEND, trainer, 0, grad(shell, trainer, 1.0)))
+    first = shell.send(shell.message(Kind.SEND_BARRIER, 0, 0))
+    assert kinds(first) == [Begin, Pay, Reply] and shell.core.round.phase is Phase.GRADS
+    last = shell.send(shell.message(Kind.SEND_BARRIER, 1, 0))
+    optimize = [a for a in last if isinstance(a, Optimize)]
+    assert len(optimize) == 1 and optimize[0].blocks == shell.store.contract.sync_blocks
+    assert shell.core.round.phase is Phase.PARAMS
+    for trainer in (0, 1):
+        shell.send(shell.message(Kind.FETCH_BARRIER, trainer, 0))
+    assert (shell.core.round.step, shell.core.round.phase) == (1, Phase.GRADS)
+
+
+def test_the_round_averages_over_the_trainers_that_contributed() -> None:
+    shell = Shell("sync")
+    before = shell.store.scope.get(PARAM).copy()
+    shell.send(shell.message(Kind.SEND, 0, 0, grad(shell, 0, 1.0)))
+    shell.send(shell.message(Kind.SEND, 1, 0, grad(shell, 1, 3.0)))
+    shell.send(shell.message(Kind.SEND_BARRIER, 0, 0))
+    last = shell.send(shell.message(Kind.SEND_BARRIER, 1, 0))
+    (optimize,) = [a for a in last if isinstance(a, Optimize)]
+    assert set(optimize.overrides) == set(shell.store.contract.fanin_scale_ops)
+    assert all(attrs == {"scale": 0.5} for attrs in optimize.overrides.values())
+    np.testing.assert_array_equal(shell.store.scope.get(PARAM), before - np.float32(0.5 * 2.0))
+
+
+def test_a_dropped_trainer_leaves_the_round_and_its_copy_counts_as_zero() -> None:
+    shell = Shell("sync")
+    before = shell.store.scope.get(PARAM).copy()
+    shell.send(shell.message(Kind.SEND, 1, 0, grad(shell, 1, 9.0)))  # never barriered
+    shell.send(shell.message(Kind.SEND, 0, 0, grad(shell, 0, 2.0)))
+    shell.send(shell.message(Kind.SEND_BARRIER, 0, 0))
+    shell.now = 11.0  # trainer 1 silent for longer than the heartbeat timeout
+    shell.send(shell.message(Kind.HEARTBEAT, 0, 0))
+    ticked = shell.drive(shell.core.on_tick())
+    assert ticked[0] == Tally("dropped", 1)
+    (optimize,) = [a for a in ticked if isinstance(a, Optimize)]
+    assert all(attrs == {"scale": 1.0} for attrs in optimize.overrides.values())
+    np.testing.assert_array_equal(shell.store.scope.get(f"{GRAD}.trainer_1"), np.zeros(SHAPE))
+    np.testing.assert_array_equal(shell.store.scope.get(PARAM), before - np.float32(0.5 * 2.0))
+    scale_op = shell.program.block(optimize.blocks[-1]).ops[1]
+    assert scale_op.type == "scale" and scale_op.attr("scale") == 0.5  # the program is as written
+
+
+def test_a_get_of_the_running_step_is_deferred_then_replayed_after_the_update() -> None:
+    shell = Shell("sync")
+    get = shell.message(Kind.GET, 0, 0, names=[PARAM])
+    assert shell.send(get) == [Begin()]  # deferred: no reply yet
+    retry = shell.send(get)
+    assert replies(retry)[0].extra["pending"] is True
+    for trainer in (0, 1):
+        shell.send(shell.message(Kind.SEND, trainer, 0, grad(shell, trainer, 1.0)))
+    shell.send(shell.message(Kind.SEND_BARRIER, 0, 0))
+    last = shell.send(shell.message(Kind.SEND_BARRIER, 1, 0))
+    after = kinds(last)[kinds(last).index(Optimize):]
+    assert after == [Optimize, Replay, Begin, Pay, Reply, Replay]
+    answer = replies(last)[-1]
+    assert answer.id == get.id
+    np.testing.assert_array_equal(answer.vars[PARAM], shell.store.scope.get(PARAM))
+    assert replies(shell.send(get))[0] is answer  # a retry now gets the same reply
+
+
+def test_a_fast_trainers_next_step_waits_for_the_round_to_move_on() -> None:
+    shell = Shell("sync")
+    for trainer in (0, 1):
+        shell.send(shell.message(Kind.SEND, trainer, 0, grad(shell, trainer, 1.0)))
+        shell.send(shell.message(Kind.SEND_BARRIER, trainer, 0))
+    shell.send(shell.message(Kind.FETCH_BARRIER, 0, 0))
+    early = shell.message(Kind.SEND, 0, 1, grad(shell, 0, 5.0))
+    assert shell.send(early) == [Begin()]
+    closing = shell.send(shell.message(Kind.FETCH_BARRIER, 1, 0))
+    assert Tally("steps") in closing
+    assert replies(closing)[-1].id == early.id and shell.core.round.step == 1
+    np.testing.assert_array_equal(shell.store.scope.get(f"{GRAD}.trainer_0"), np.full(SHAPE, 5.0))
+
+
+def test_a_trainer_outside_the_job_is_refused_with_the_reason() -> None:
+    shell = Shell("sync")
+    actions = shell.send(shell.message(Kind.SEND, 5, 0, grad(shell, 0, 1.0)))
+    (reject,) = [a for a in actions if isinstance(a, Reject)]
+    assert "trainer 5 is not one of the 2 trainers" in str(reject.error)
+
+
+def test_the_round_stops_once_every_trainer_completed() -> None:
+    shell = Shell("sync")
+    assert Stop() not in shell.send(shell.message(Kind.COMPLETE, 0, 0))
+    assert Stop() in shell.send(shell.message(Kind.COMPLETE, 1, 0))
+
+
+def test_a_periodic_checkpoint_is_saved_as_the_round_reaches_its_step() -> None:
+    shell = Shell("sync", trainers=1, checkpoint_every=1)
+    shell.send(shell.message(Kind.SEND, 0, 0, grad(shell, 0, 1.0)))
+    shell.send(shell.message(Kind.SEND_BARRIER, 0, 0))
+    closing = shell.send(shell.message(Kind.FETCH_BARRIER, 0, 0))
+    assert SaveCheckpoint(1) in closing
+
+
+# -- asynchronous modes ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode, policy", [("async", "async"), ("half_async", "half_async")])
+def test_async_applies_each_send_at_once(mode: str, policy: str) -> None:
+    shell = Shell(mode)
+    assert shell.core.policy.name == policy
+    before = shell.store.scope.get(PARAM).copy()
+    actions = shell.send(shell.message(Kind.SEND, 1, 3, {GRAD: np.ones(SHAPE, np.float32)}))
+    blocks = shell.store.contract.grad_blocks_of(GRAD)
+    assert actions[:3] == [Begin(), RunBlocks(blocks), Pay(update_step=4)]
+    assert kinds(actions)[3:] == [Reply]
+    np.testing.assert_array_equal(shell.store.scope.get(PARAM), before - np.float32(0.5))
+    barrier = shell.send(shell.message(Kind.SEND_BARRIER, 1, 3))
+    assert kinds(barrier) == [Begin, Pay, Reply]  # acknowledged, nothing waits for it
+
+
+def test_geo_adds_each_delta_to_the_parameter_as_it_comes() -> None:
+    shell = Shell("geo", transpiler="geo_push_every: 2")
+    assert shell.core.policy.name == "geo"
+    before = shell.store.scope.get(PARAM).copy()
+    delta = np.full(SHAPE, 0.25, np.float32)
+    actions = shell.send(shell.message(Kind.SEND, 0, 1, {f"{PARAM}.delta": delta}))
+    (run,) = [a for a in actions if isinstance(a, RunBlocks)]
+    assert run.blocks == (shell.store.contract.grad_blocks[f"{PARAM}.delta"],)  # no LR block
+    np.testing.assert_array_equal(shell.store.scope.get(PARAM), before + delta)
+
+
+def test_dc_asgd_keeps_what_each_trainer_fetched_and_names_the_trainer_it_applies() -> None:
+    shell = Shell("async", transpiler="dc_asgd: true")
+    assert shell.core.policy.name == "dc_asgd"
+    fetched = replies(shell.send(shell.message(Kind.GET, 1, 0, names=[PARAM])))[0]
+    np.testing.assert_array_equal(shell.store.scope.get(bak_name(PARAM, 1)), fetched.vars[PARAM])
+    shell.send(shell.message(Kind.SEND, 1, 0, {GRAD: np.ones(SHAPE, np.float32)}))
+    assert shell.store.scope.get(TRAINER_ID_VAR).tolist() == [1]
+
+
+def test_async_modes_never_defer() -> None:
+    shell = Shell("async")
+    get = shell.send(shell.message(Kind.GET, 0, 7, names=[PARAM]))
+    assert replies(get)[0].extra["sync"] is False and replies(get)[0].extra["in_fanin"] is True
+
+
+# -- the contract ---------------------------------------------------------------------------------------
+
+def test_the_transpiler_says_which_trainer_sends_which_copy_and_where_the_fanin_scales_are() -> None:
+    program, _ = programs("sync")
+    contract = ServeContract.of(program)
+    assert {name: t for name, t in contract.trainer_copies.items() if name.startswith(GRAD)} == \
+        {f"{GRAD}.trainer_0": 0, f"{GRAD}.trainer_1": 1}
+    for block, op in contract.fanin_scale_ops:
+        assert program.block(block).ops[op].type == "scale"
+        assert program.block(block).ops[op - 1].type == "sum"
+    assert len(contract.fanin_scale_ops) == 4  # one per param (no slicing, one pserver)
+    single = ServeContract.of(programs("async")[0])
+    assert not single.trainer_copies and not single.fanin_scale_ops

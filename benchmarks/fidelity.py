@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.scenario import load_scenario
+from runtime.config.scenario import load_scenario
 from sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent

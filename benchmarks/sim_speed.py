@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.scenario import Scenario, load_scenario
-from runtime.tensor import Phantom
-from runtime.wire import Kind, Message, charged_size, encode
+from runtime.config.scenario import Scenario, load_scenario
+from runtime.execution.tensor import Phantom
+from runtime.network.wire import Kind, Message, charged_size, encode
 from sim.network import Latency, NetworkSpec
 from sim.simulate import SimResult, simulate
 

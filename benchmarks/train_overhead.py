@@ -3,7 +3,8 @@ training of the same model on the same global batches, measured in the same run.
 
 1. local: `train_locally` (one process, global batch = batch x trainers per step);
 2. in-process: `run_job`, every node a task of one event loop, over loopback ZeroMQ;
-3. processes: `runtime up` (`runtime.launch`), every node its own process, over loopback ZeroMQ.
+3. processes: `runtime up` (`runtime.launch.launcher`), every node its own process, over loopback
+ZeroMQ.
 
 Samples/s counts the examples of all trainers per second of training steps: for the
 distributed runs, the slowest trainer's time inside its steps (process start, transpiling and
@@ -25,13 +26,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.cluster import run_job, train_locally
-from runtime.job import Job
-from runtime.launch import free_endpoints, launch
-from runtime.metrics import read_metrics
-from runtime.node import run_async
-from runtime.scenario import Scenario, parse_scenario
-from runtime.zmq_transport import ZmqTransport
+from runtime.config.metrics import read_metrics
+from runtime.config.scenario import Scenario, parse_scenario
+from runtime.launch.launcher import free_endpoints, launch
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.cluster import run_job, train_locally
+from runtime.services.job import Job
+from runtime.services.node import run_async
 
 SCENARIO = """\
 name: train-overhead

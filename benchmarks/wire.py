@@ -30,9 +30,9 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from runtime.transport import Frame
-from runtime.wire import Kind, Message, decode, encode
-from runtime.zmq_transport import ZmqTransport
+from runtime.network.transport import Frame
+from runtime.network.wire import Kind, Message, decode, encode
+from runtime.network.zmq_transport import ZmqTransport
 
 MIB = 1 << 20
 WARMUP = 10

@@ -1,11 +1,11 @@
 """pslab's runtime: tensors, scopes, kernels and the executor that runs transpiled programs
 (and, alongside, the wire protocol and transports of the parameter-server services)."""
 
-from .executor import Executor
-from .kernels import (AsyncOpError, ExecutionError, FeedError, FetchError, KernelError,
-                      KernelNotFound, MissingInputError)
-from .scope import Scope, global_scope
-from .tensor import LoDTensor, SelectedRows
+from runtime.execution.executor import Executor
+from runtime.execution.kernels import (AsyncOpError, ExecutionError, FeedError, FetchError,
+                                       KernelError, KernelNotFound, MissingInputError)
+from runtime.execution.scope import Scope, global_scope
+from runtime.execution.tensor import LoDTensor, SelectedRows
 
 __all__ = [
     "AsyncOpError", "ExecutionError", "Executor", "FeedError", "FetchError", "KernelError",

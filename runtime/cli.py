@@ -3,12 +3,13 @@
 ``runtime train`` builds a ready-made model, makes its data set, and trains it in this process
 with the executor, printing the mean loss of each logging window and the throughput, then a
 summary line. ``runtime up SCENARIO`` runs a scenario's pservers and trainers as processes on
-this host, injecting its faults (`runtime.launch`, `runtime.inject`; with ``--netns`` each in a
-network namespace of its own, the scenario's network applied, `runtime.netns`), or with
-``--role``/``TRAINING_ROLE`` one of them in the foreground (`runtime.node`). ``runtime profile
-SCENARIO`` runs a scenario's job as ``runtime up`` does with every node measuring its kernels
-and its runtime costs, and writes a profile file the simulator's ``compute: {model: profile}``
-reads (`runtime.profile`).
+this host, injecting its faults (`runtime.launch.launcher`, `runtime.faults.inject`; with
+``--netns`` each in a network namespace of its own, the scenario's network applied,
+`runtime.launch.netns`), or with
+``--role``/``TRAINING_ROLE`` one of them in the foreground (`runtime.services.node`). ``runtime
+profile SCENARIO`` runs a scenario's job as ``runtime up`` does with every node measuring its
+kernels and its runtime costs, and writes a profile file the simulator's ``compute: {model:
+profile}`` reads (`runtime.launch.profile`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from typing import Any, Sequence, TextIO
 from transpiler.models import DEFAULT_OPTIMIZERS, MODELS, Model, ModelError, build_model
 from transpiler.optimizer import OPTIMIZERS
 
-from . import Executor, Scope
-from .data import DATASETS, DataError, Dataset, dataset_for
-from .launch import ignored_by_runtime, launch
-from .netns import NetnsError, check_netns
-from .node import RoleError, add_arguments, load_for_role, node_options, resolve_role, run_role
-from .profile import (ProfileError, check_profilable, cpu_total, fit_all, format_costs,
-                      format_table, measure_runs, profile_document, write_profile)
-from .scenario import ScenarioError, load_scenario
+from runtime import Executor, Scope
+from runtime.config.scenario import ScenarioError, load_scenario
+from runtime.execution.data import DATASETS, DataError, Dataset, dataset_for
+from runtime.launch.launcher import ignored_by_runtime, launch
+from runtime.launch.netns import NetnsError, check_netns
+from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, fit_all,
+                                    format_costs, format_table, measure_runs, profile_document,
+                                    write_profile)
+from runtime.services.node import (RoleError, add_arguments, load_for_role, node_options,
+                                   resolve_role, run_role)
 
 def _positive_int(text: str) -> int:
     try:

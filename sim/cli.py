@@ -37,16 +37,15 @@ from typing import Protocol, Sequence, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from runtime import expect
-from runtime.cluster import trainer_name
-from runtime.metrics import JobMetrics, write_record
-from runtime.scenario import Scenario, ScenarioError, load_scenario
+from runtime.config import expect
+from runtime.config.metrics import JobMetrics, write_record
+from runtime.config.scenario import Scenario, ScenarioError, load_scenario
+from runtime.services.cluster import trainer_name
 
 from .cost import ComputeConfigError
 from .determinism import Difference, first_difference
 from .network import NetworkConfigError
-from .report import (collect, console_for, fmt_seconds, plots_available, print_summary,
-                     write_plots)
+from .report import collect, console_for, fmt_seconds, plots_available, print_summary, write_plots
 from .simulate import SimResult, simulate
 from .sweep import Axis, SweepError, SweepPoint, SweepRecord, plot_sweep, run_sweep, sweep_table
 

@@ -2,15 +2,16 @@
 
 The runtime runs every compute op for real and then asks the run's `ComputeModel` what the op
 "cost": `cost(node, op, scope, step)` sees the op and its inputs and outputs in `scope`, and the
-runtime sleeps the sum on the virtual clock (`runtime.compute.Charge`). A scenario's `compute`
-section picks the model:
+runtime sleeps the sum on the virtual clock (`runtime.execution.compute.Charge`). A scenario's
+`compute` section picks the model:
 
 - ``{model: roofline, device: {flops: 2.0e12, mem_bandwidth: 50GB/s, op_overhead: 2us}}``: an
   op takes ``max(flops / device.flops, bytes / device.mem_bandwidth) + op_overhead``, its FLOPs
   and bytes moved counted from the shapes it worked on (`op_work`; in timing mode the shapes of
   the phantoms, so that a phantom op costs what its numeric twin does) by the rule and the FLOPs
-  per element its entry in the op catalog gives (`transpiler.opcatalog.Cost`, `COST_RULES`). ``op_overhead`` (a kernel
-  launch, an interpreter's dispatch) defaults to 0 so that hand computations come out exact.
+  per element its entry in the op catalog gives (`transpiler.opcatalog.Cost`, `COST_RULES`).
+  ``op_overhead`` (a kernel launch, an interpreter's dispatch) defaults to 0 so that hand
+  computations come out exact.
   ``overrides: [{nodes: "pserver:*", device: {mem_bandwidth: 100GB/s}}]`` changes some figures
   for the nodes matching a pattern (later entries win).
 - ``{model: profile, path: profile.json}``: measured seconds per op type, from a JSON file
@@ -19,7 +20,7 @@ section picks the model:
   type the profile does not list takes ``default`` seconds (0 if absent). The path is relative
   to the scenario file. ``ops:`` (and ``default:``) may also be given inline instead of
   ``path:``, with durations such as ``25us``. ``runtime profile SCENARIO -o profile.json``
-  writes such a file from a real run of the scenario's job (`runtime.profile`), with a
+  writes such a file from a real run of the scenario's job (`runtime.launch.profile`), with a
   ``meta`` mapping (what was run, where, calls and seconds per op type) that is not read here.
 - ``stragglers: [{node: "trainer:3", slowdown: 3.0}, {nodes: "trainer:*", probability: 0.02,
   slowdown: 10.0}]`` (under either model): every op of a matching node takes ``slowdown`` times
@@ -28,8 +29,8 @@ section picks the model:
   of all the rules that apply multiply. A pserver's step is its sync round (always 0 in the
   asynchronous modes); -1 is a trainer's startup.
 
-The runtime's own costs (`runtime.costs.RuntimeCosts`: each message's CPU on its sender and
-receiver, by kind and size, and on their I/O threads; each op's dispatch; a trainer's step and
+The runtime's own costs (`runtime.execution.costs.RuntimeCosts`: each message's CPU on its sender
+and receiver, by kind and size, and on their I/O threads; each op's dispatch; a trainer's step and
 a pserver's round) are charged where a profile file has a ``runtime`` section (as `runtime
 profile` writes it; ``runtime: false`` in the section turns them off), or, under the roofline,
 from the profile file its ``runtime: profile.json`` names: a device you do not have still runs
@@ -54,14 +55,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, ValidationError,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
-from runtime import units
-from runtime.compute import ComputeModel
-from runtime.costs import RuntimeCosts
-from runtime.scope import Scope
-from runtime.tensor import LoDTensor, Phantom, SelectedRows, nbytes_of, shape_of
+from runtime.config import units
+from runtime.execution.compute import ComputeModel
+from runtime.execution.costs import RuntimeCosts
+from runtime.execution.scope import Scope
+from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, nbytes_of, shape_of
 from transpiler.ir import Op
 from transpiler.opcatalog import OPS, Cost, OpDef
 
@@ -365,10 +365,10 @@ class Ledger:
 
 
 class OnCpus(Ledger):
-    """A `Ledger` that also prices the runtime's own work (`runtime.costs.RuntimeCosts`: each
-    op's dispatch, a trainer's step, a pserver's round) and runs every node's compute on its
-    CPU (`sim.cpu.Cpus`), where the nodes of a host share its cores; `runtime.compute.Charge`
-    uses `overhead` and `spend`."""
+    """A `Ledger` that also prices the runtime's own work (`runtime.execution.costs.RuntimeCosts`:
+    each op's dispatch, a trainer's step, a pserver's round) and runs every node's compute on its
+    CPU (`sim.cpu.Cpus`), where the nodes of a host share its cores;
+    `runtime.execution.compute.Charge` uses `overhead` and `spend`."""
 
     def __init__(self, model: ComputeModel, costs: RuntimeCosts, cpus: Cpus) -> None:
         super().__init__(model)
@@ -395,7 +395,7 @@ def _matches(node: str, patterns: tuple[str, ...]) -> bool:
 
 def _quantity(parse: Callable[[Any], float], example: str,
               positive: bool) -> Callable[[Any], float]:
-    """A validator of a number or a string with a unit (`runtime.units`), > 0 or >= 0."""
+    """A validator of a number or a string with a unit (`runtime.config.units`), > 0 or >= 0."""
     def convert(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ValueError(f"must be {example}, got {value!r}")
@@ -554,7 +554,7 @@ class LinearSpec(_Strict):
 
 
 class RuntimeSection(_Strict):
-    """A profile's ``runtime`` section (`runtime.costs.RuntimeCosts.document`)."""
+    """A profile's ``runtime`` section (`runtime.execution.costs.RuntimeCosts.document`)."""
 
     messages: dict[Literal["send", "receive"], dict[str, LinearSpec]] = {}
     """Side -> message kind (``send``, ``get``, ``reply``..., ``*`` for any other) -> the main
@@ -572,7 +572,7 @@ class RuntimeSection(_Strict):
 
 
 class ProfileFile(_Strict):
-    """A profile: measured op times and the runtime's own costs (`runtime.profile`)."""
+    """A profile: measured op times and the runtime's own costs (`runtime.launch.profile`)."""
 
     ops: OpTimes
     """Seconds per op type."""

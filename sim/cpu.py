@@ -5,8 +5,9 @@ encoding a message, handling a request), and what arrives while it is busy waits
 every node a queue of work that it serves first in first out: `run(node, seconds, callback)`
 queues `seconds` of CPU work and calls `callback` when it is done; `spend(node, seconds)` is
 the same as an awaitable. The simulator puts on it everything a node spends CPU on: its
-kernels (`runtime.compute.Charge.pay`), and the runtime's own costs (`runtime.costs`): each
-message's cost on its sender before it leaves and on its receiver before it is handled.
+kernels (`runtime.execution.compute.Charge.pay`), and the runtime's own costs
+(`runtime.execution.costs`): each message's cost on its sender before it leaves and on its receiver
+before it is handled.
 
 Threads. With the runtime's costs, each node also has an I/O thread (`io_thread`: ZeroMQ's,
 which moves the bytes beside the main thread): a processor of its own on the node's host, with
@@ -126,7 +127,7 @@ class _Host:
 
 def io_thread(node: str) -> str:
     """The name of `node`'s I/O thread's processor (ZeroMQ moves the bytes on a thread of its
-    own, beside the node's main thread: `runtime.costs`)."""
+    own, beside the node's main thread: `runtime.execution.costs`)."""
     return node + IO_SUFFIX
 
 

@@ -1,11 +1,12 @@
-"""Faults in the simulator: the scenario's `faults:` (`runtime.faults`) acted out on the virtual
-clock by `SimTarget`, deterministic by seed; `runtime.faultschedule.FaultSchedule` says when.
+"""Faults in the simulator: the scenario's `faults:` (`runtime.config.faults`) acted out on the
+virtual clock by `SimTarget`, deterministic by seed; `runtime.faults.schedule.FaultSchedule` says
+when.
 
 Three parts:
 
 - `MessageFaults` is what the `Network` asks about every message as it leaves its sender's NIC
   (`Network._deliver`): whether a partition cuts its link, and what the link rules in force do
-  to it (`runtime.faults.LinkFaults` says what each fault means): dropped, duplicated (two
+  to it (`runtime.config.faults.LinkFaults` says what each fault means): dropped, duplicated (two
   copies, the second right behind the first), reordered (held back until the next message on
   its link has gone, or `REORDER_WAIT` passed) or delayed (by ``delay_by``; later messages on
   the link queue behind it, as on a TCP connection). The draws come from one `random.Random`
@@ -14,8 +15,8 @@ Three parts:
   interleaves. A partition acts on messages sent while it holds (one already on the wire
   arrives).
 - `Slowdowns` multiplies the compute model's cost of each slowed node by its factors in force.
-- `SimTarget` is the `runtime.faultschedule.FaultTarget` of a simulated run: crash and restart
-  through `runtime.cluster.LocalCluster`, partitions and link rules into `MessageFaults`,
+- `SimTarget` is the `runtime.faults.schedule.FaultTarget` of a simulated run: crash and restart
+  through `runtime.services.cluster.LocalCluster`, partitions and link rules into `MessageFaults`,
   slowdowns into `Slowdowns`; each fault is drawn on the trace as a span of category ``fault``
   on each node it hits (``fault`` track of `sim.trace`).
 """
@@ -25,11 +26,11 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from runtime.cluster import LocalCluster
-from runtime.compute import ComputeModel, Tracer
-from runtime.faults import REORDER_WAIT, LinkFaults, Partition
-from runtime.faultschedule import FaultEvent
-from runtime.scope import Scope
+from runtime.config.faults import REORDER_WAIT, LinkFaults, Partition
+from runtime.execution.compute import ComputeModel, Tracer
+from runtime.execution.scope import Scope
+from runtime.faults.schedule import FaultEvent
+from runtime.services.cluster import LocalCluster
 from transpiler.ir import Op
 
 __all__ = ["Fate", "FaultEvent", "MessageFaults", "REORDER_WAIT", "SimTarget", "Slowdowns"]

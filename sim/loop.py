@@ -450,7 +450,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
     """
 
     virtual_time = True
-    """Time measured on this loop is simulated time (`runtime.compute.Charge.clock` asks)."""
+    """Time measured on this loop is simulated time (`runtime.execution.compute.Charge.clock` asks)."""
 
     def __init__(self, *, max_time: float | None = None, max_steps: int | None = None) -> None:
         super().__init__()

@@ -21,8 +21,8 @@ A lone message on idle NICs therefore takes L + S/b (ingress overlaps egress, no
 k messages sent together by one node, or by k nodes to one node, finish at L + k*S/b: the busy
 NIC is the bottleneck. Rates are payload bytes per second, with no per-frame overhead, so hand
 computations come out exact. S is the frames' bytes; a timing-mode message, whose phantoms carry
-no data, weighs what it would with data (`runtime.wire.charged_size`), as its numeric twin does. Without a `network` section the network is ideal: no latency,
-unlimited bandwidth.
+no data, weighs what it would with data (`runtime.network.wire.charged_size`), as its numeric twin
+does. Without a `network` section the network is ideal: no latency, unlimited bandwidth.
 
 Identity rules, as `ZmqTransport`: a server receives a client's messages from peer = the
 client's node name, and a client receives a server's from peer = the endpoint string it
@@ -32,9 +32,9 @@ the clients' later messages. A node that reconnects under its old name takes the
 Messages still in flight to a transport that closes are dropped (counted per link).
 
 The `network` section's schema, the latency distributions and how rules resolve for a pair of
-nodes (`NetworkSpec.link`, `NetworkSpec.nic_bandwidth`) are the runtime's (`runtime.netspec`),
-so that `runtime up --netns` applies the same network to real links; this module re-exports
-them.
+nodes (`NetworkSpec.link`, `NetworkSpec.nic_bandwidth`) are the runtime's
+(`runtime.config.netspec`), so that `runtime up --netns` applies the same network to real links;
+this module re-exports them.
 
 Determinism: latencies come from one `random.Random` per directed link, seeded from the run's
 seed and the two node names, so the same seed gives the same times however traffic on other
@@ -53,34 +53,16 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.netspec import (
-    ConstantLatency,
-    Latency,
-    LinkParams,
-    LinkRule,
-    LogNormalLatency,
-    NetworkConfigError,
-    NetworkSection,
-    NetworkSpec,
-    NicRule,
-    NormalLatency,
-    UniformLatency,
-)
-from runtime.costs import RECEIVES, SENDS, RuntimeCosts, Side
+from runtime.config.netspec import (ConstantLatency, Latency, LinkParams, LinkRule,
+                                    LogNormalLatency, NetworkConfigError, NetworkSection,
+                                    NetworkSpec, NicRule, NormalLatency, UniformLatency)
+from runtime.execution.costs import RECEIVES, SENDS, RuntimeCosts, Side
 from sim.cpu import Cpus, io_thread
 from sim.faults import REORDER_WAIT, Fate, MessageFaults
-from runtime.wire import charged_size, message_kind
-from runtime.transport import (
-    Inbound,
-    Inbox,
-    EndpointError,
-    Frame,
-    Transport,
-    TransportClosed,
-    TransportError,
-    UnknownPeerError,
-    check_node_name,
-)
+from runtime.network.transport import (Inbound, Inbox, EndpointError, Frame, Transport,
+                                       TransportClosed, TransportError, UnknownPeerError,
+                                       check_node_name)
+from runtime.network.wire import charged_size, message_kind
 
 __all__ = [
     "ConstantLatency",

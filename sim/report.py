@@ -1,10 +1,10 @@
 """What a simulated run reports: `metrics.json`, the summary table, and PNG plots.
 
-`collect(result)` turns a `SimResult` into the run record (`runtime.metrics.JobMetrics`, the
-schema `runtime up` writes too; ``runtime/metrics.schema.json``), checking the scenario's
-`expect` block with `runtime.expect.check` (as `runtime up` does, plus ``max_step_time``, which
-only simulated time can answer). ``OUT/metrics.json`` is that record (`write_record`); its
-fields and their meanings are documented in `runtime.metrics`. All its times are simulated
+`collect(result)` turns a `SimResult` into the run record (`runtime.config.metrics.JobMetrics`, the
+schema `runtime up` writes too; ``runtime/config/metrics.schema.json``), checking the scenario's
+`expect` block with `runtime.config.expect.check` (as `runtime up` does, plus ``max_step_time``,
+which only simulated time can answer). ``OUT/metrics.json`` is that record (`write_record`); its
+fields and their meanings are documented in `runtime.config.metrics`. All its times are simulated
 seconds and it holds no wall-clock figure, so two runs of the same scenario and seed write the
 same bytes. What only a simulation measures fills the fields marked "sim run only":
 ``job.simulated_seconds``, ``job.steps_span_seconds``, each trainer's ``step_ends``,
@@ -23,12 +23,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from runtime import expect
-from runtime.cluster import pserver_name, train_locally, trainer_name
-from runtime.job import Job
-from runtime.faults import Slow
-from runtime.metrics import (ExpectationResult, FaultEvent, JobMetrics, JobSummary, LinkMetrics,
-                             NicMetrics, PserverMetrics, StepTimeStats, TrainerMetrics)
+from runtime.config import expect
+from runtime.config.faults import Slow
+from runtime.config.metrics import (ExpectationResult, FaultEvent, JobMetrics, JobSummary,
+                                    LinkMetrics, NicMetrics, PserverMetrics, StepTimeStats,
+                                    TrainerMetrics)
+from runtime.services.cluster import pserver_name, train_locally, trainer_name
+from runtime.services.job import Job
 
 from .cost import runtime_costs
 from .simulate import SimResult, TrainerRun, simulate

@@ -1,6 +1,6 @@
 """The scenario schema as a Markdown reference, generated from the pydantic models that check it.
 
-`schema_markdown()` walks the models from `runtime.scenario.Scenario` down (and those of the
+`schema_markdown()` walks the models from `runtime.config.scenario.Scenario` down (and those of the
 `compute` section and the profile file, `sim.cost`) and writes one table per model: every
 field with its type as the code writes it, its default, its constraints (``ge``, ``gt``, list
 lengths, finite) and its description (the `Field` description, else the docstring under the
@@ -13,7 +13,7 @@ once at the end, each with the docstring under its definition.
 whether it is up to date, as `tests/test_docs.py` does.
 
 DESIGN: the generator lives in the simulator's layer because that is the one layer that sees
-the whole schema: `compute` is a free mapping to `runtime.scenario` and is parsed by
+the whole schema: `compute` is a free mapping to `runtime.config.scenario` and is parsed by
 `sim.cost`, which `runtime` may not import.
 """
 
@@ -38,7 +38,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from runtime.scenario import Scenario
+from runtime.config.scenario import Scenario
 
 from .cost import ProfileFile, ProfileSpec, RooflineSpec
 
@@ -59,7 +59,7 @@ class Root:
 
 
 ROOTS = (
-    Root("Scenario file", "A scenario YAML file (`runtime.scenario.load_scenario`); `--set "
+    Root("Scenario file", "A scenario YAML file (`runtime.config.scenario.load_scenario`); `--set "
          "path=value` overrides are checked the same way.", Scenario, ""),
     Root("compute: roofline", "The `compute` section with `model: roofline` (`sim.cost`).",
          RooflineSpec, "compute"),

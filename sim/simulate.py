@@ -1,15 +1,16 @@
 """Run a scenario in the simulator: the real job on the virtual clock, over the simulated network.
 
 `simulate(scenario)` builds the scenario's job exactly as `runtime up` does (`Job.from_scenario`)
-and runs it with `runtime.cluster.run_job`, every pserver and trainer a task of one
+and runs it with `runtime.services.cluster.run_job`, every pserver and trainer a task of one
 `VirtualTimeLoop` (`sim.loop.run`), talking through the `Network` its `network` section
 describes, charged for compute by the model its `compute` section names (`sim.cost`), and traced
 by a `TraceRecorder`. The numbers are real (numeric mode: real tensors, real updates); only time
 is simulated, so the parameters equal those of a real run of the same sync scenario.
 
-The scenario's `faults` are fired by `runtime.faultschedule.FaultSchedule`, the schedule
+The scenario's `faults` are fired by `runtime.faults.schedule.FaultSchedule`, the schedule
 `runtime up` uses too, on `sim.faults.SimTarget` (messages in the network, crashes and restarts
-of nodes through `runtime.cluster.LocalCluster`, slowdowns in the compute model) and listed in
+of nodes through `runtime.services.cluster.LocalCluster`, slowdowns in the compute model) and listed
+in
 `SimResult.faults`; pservers checkpoint into `train.checkpoint_dir`, or a temporary
 directory that is removed after the run.
 
@@ -39,13 +40,13 @@ from typing import cast
 
 import numpy as np
 
-from runtime.cluster import JobResult, LocalCluster, pserver_name, trainer_name
-from runtime.costs import RuntimeCosts
-from runtime.faults import Crash, nodes_of
-from runtime.faultschedule import FaultSchedule
-from runtime.job import Job
-from runtime.pserver import ServerStats
-from runtime.scenario import Scenario
+from runtime.config.faults import Crash, nodes_of
+from runtime.config.scenario import Scenario
+from runtime.execution.costs import RuntimeCosts
+from runtime.faults.schedule import FaultSchedule
+from runtime.services.cluster import JobResult, LocalCluster, pserver_name, trainer_name
+from runtime.services.job import Job
+from runtime.services.pserver import ServerStats
 
 from .cost import Ledger, OnCpus, compute_model, runtime_costs
 from .cpu import Cpus, hosts_of

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from runtime import expect
-from runtime.scenario import load_scenario
+from runtime.config import expect
+from runtime.config.scenario import load_scenario
 
 from .report import collect, fmt_seconds, new_figure, save_png
 from .simulate import simulate

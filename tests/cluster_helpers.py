@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from runtime.cluster import JobResult, run_job
-from runtime.job import Job
-from runtime.scenario import parse_scenario
-from runtime.zmq_transport import ZmqTransport
+from runtime.config.scenario import parse_scenario
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.cluster import JobResult, run_job
+from runtime.services.job import Job
 
 
 def free_endpoints(count: int) -> list[str]:
@@ -27,7 +27,7 @@ FAST_DRAIN = "100ms"
 """A `train.retry_after` for jobs on loopback: each pserver drains 3 x retry_after after the last
 trainer completes, 0.3 s instead of the default 3 s. The fault scenarios set the same, and
 `runtime up` shortens the drain of its fault-free reference run likewise
-(`runtime.launch.fault_free_params`): timing does not change a job's numbers."""
+(`runtime.launch.launcher.fault_free_params`): timing does not change a job's numbers."""
 
 
 def make_job(model: str, trainers: int, pservers: int, steps: int = 20, batch: int = 16,

@@ -1,7 +1,7 @@
 """The contract between the fault schedule and every `FaultTarget`, as a test class any target's
 tests subclass.
 
-`runtime.faultschedule.FaultSchedule` decides when each fault begins and ends and calls its
+`runtime.faults.schedule.FaultSchedule` decides when each fault begins and ends and calls its
 target; a target realises the calls. Each `Case` is a fault list of a 2x2 cluster, a script
 (trainers' progress reports, looks at the target, the end of the run) and what must come of it,
 on the virtual clock of `sim.loop`:
@@ -28,9 +28,9 @@ from typing import Any, Protocol
 
 import pytest
 
-from runtime.faults import AnyFault, LinkFaults, Partition
-from runtime.faultschedule import FaultEvent, FaultSchedule, FaultTarget
-from runtime.scenario import parse_scenario
+from runtime.config.faults import AnyFault, LinkFaults, Partition
+from runtime.config.scenario import parse_scenario
+from runtime.faults.schedule import FaultEvent, FaultSchedule, FaultTarget
 from sim.loop import run
 
 NODES = ("pserver:0", "pserver:1", "trainer:0", "trainer:1")

@@ -14,8 +14,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from runtime import LoDTensor, Scope, SelectedRows
-from runtime.kernels import KernelContext, get_kernel
-from runtime.tensor import to_dense
+from runtime.execution.kernels import KernelContext, get_kernel
+from runtime.execution.tensor import to_dense
 from transpiler.ir import Op, Program
 
 Inputs = Mapping[str, Any]

@@ -1,5 +1,5 @@
 """Checking a metrics.json against the JSON Schema file shipped in the package
-(``runtime/metrics.schema.json``), with the `jsonschema` library (a [dev] dependency)."""
+(``runtime/config/metrics.schema.json``), with the `jsonschema` library (a [dev] dependency)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runtime.metrics import SCHEMA_FILE
+from runtime.config.metrics import SCHEMA_FILE
 
 
 def validator() -> Any:

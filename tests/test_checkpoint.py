@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.checkpoint import MANIFEST, CheckpointError, Staging
-from runtime.cluster import LocalCluster, make_trainer, pserver_name, run_job, trainer_name
-from runtime.job import Job
-from runtime.pserver import PserverService
-from runtime.trainer import run_program
-from runtime.zmq_transport import ZmqTransport
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.checkpoint import MANIFEST, CheckpointError, Staging
+from runtime.services.cluster import LocalCluster, make_trainer, pserver_name, run_job, trainer_name
+from runtime.services.job import Job
+from runtime.services.pserver import PserverService
+from runtime.services.trainer import run_program
 from transpiler.ir import Program
 
 from cluster_helpers import FAST_DRAIN, make_job
@@ -127,7 +127,8 @@ def test_the_checkpoint_directory_holds_a_manifest_and_npy_files(tmp_path: Path)
     assert entries["ctr.emb"]["shape"] == [50, 4]
 
 
-# -- loading checks ------------------------------------------------------------------------------------
+# -- loading checks
+# ------------------------------------------------------------------------------------
 
 def test_loading_names_every_var_that_does_not_fit(tmp_path: Path) -> None:
     services(ctr_job(hidden=8, opt="sgd"))[0].save_checkpoint(tmp_path)
@@ -156,7 +157,8 @@ def test_loading_refuses_a_tampered_checkpoint(tmp_path: Path) -> None:
         services(job, load_from=tmp_path)
 
 
-# -- atomic writes ----------------------------------------------------------------------------------
+# -- atomic writes
+# ----------------------------------------------------------------------------------
 
 def test_a_checkpoint_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
     target = tmp_path / "ps"

@@ -10,9 +10,10 @@ import logging
 import numpy as np
 import pytest
 
-from runtime.cluster import batches_for, make_pserver, make_trainer, pserver_name, trainer_name
-from runtime.job import Job
-from runtime.scenario import parse_scenario
+from runtime.config.scenario import parse_scenario
+from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
+                                      trainer_name)
+from runtime.services.job import Job
 from sim.loop import run as run_virtual
 from sim.network import Network
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.cluster import train_locally
+from runtime.services.cluster import train_locally
 
 from cluster_helpers import FAST_DRAIN, make_job, run
 

@@ -4,8 +4,9 @@ refuses ids and rows that are not its own, naming the var.
 
 The table's pserver block is `sum, sgd`, as in the original: the trainers' table grads are
 summed, not averaged, which would step N trainers N times as far as local training. The runtime
-scales each trainer's piece by 1/contributors before the block runs (`runtime.table`); this is a
-deliberate fix, and `test_distributed_table_sync_equals_local` with N > 1 fails without it.
+scales each trainer's piece by 1/contributors before the block runs (`runtime.execution.table`);
+this is a deliberate fix, and `test_distributed_table_sync_equals_local` with N > 1 fails without
+it.
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime import expect
-from runtime.cluster import run_job, train_locally
-from runtime.executor import Executor
-from runtime.job import Job
-from runtime.kernels import KernelContext, get_kernel
-from runtime.protocol import Event, SyncRound, Verdict
-from runtime.pserver import PserverService
-from runtime.scenario import load_scenario
-from runtime.scope import Scope
-from runtime.table import TableShard
-from runtime.tensor import LoDTensor, SelectedRows
-from runtime.wire import Kind, Message, decode, encode
-from runtime.zmq_transport import ZmqTransport
+from runtime.config import expect
+from runtime.config.scenario import load_scenario
+from runtime.execution.executor import Executor
+from runtime.execution.kernels import KernelContext, get_kernel
+from runtime.execution.scope import Scope
+from runtime.execution.table import TableShard
+from runtime.execution.tensor import LoDTensor, SelectedRows
+from runtime.network.wire import Kind, Message, decode, encode
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.cluster import run_job, train_locally
+from runtime.services.job import Job
+from runtime.services.protocol import Event, SyncRound, Verdict
+from runtime.services.pserver import PserverService
 from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR, local_padding_idx
 from transpiler.ir import Op, Program
 
@@ -148,7 +149,8 @@ def test_a_sliced_draw_equals_the_whole_draw_past_the_last_row(init: str) -> Non
     assert not shards[-1][32:].any()
 
 
-# -- the async modes and remote sparse update --------------------------------------------------------
+# -- the async modes and remote sparse update
+# --------------------------------------------------------
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", ["async", "half_async"])
@@ -187,7 +189,8 @@ def test_remote_sparse_update_sync_equals_local(trainers: int, pservers: int, op
     assert_params_equal(result.params, train_locally(job)[1])
 
 
-# -- protocol and bad input --------------------------------------------------------------------------
+# -- protocol and bad input
+# --------------------------------------------------------------------------
 
 def test_a_prefetch_reads_the_table_as_the_last_step_left_it() -> None:
     sync = SyncRound(2)
@@ -254,7 +257,8 @@ def test_a_pserver_serves_its_own_ids_and_refuses_others_naming_the_var() -> Non
     asyncio.run(scenario())
 
 
-# -- kernels -------------------------------------------------------------------------------------------
+# -- kernels
+# -------------------------------------------------------------------------------------------
 
 def run_op(op: Op, values: dict[str, Any]) -> Scope:
     scope = Scope()

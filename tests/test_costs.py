@@ -1,5 +1,5 @@
-"""The runtime's own costs (`runtime.costs`): the meter's nested spans, and fitting a node's
-records into the model the simulator charges, exactly."""
+"""The runtime's own costs (`runtime.execution.costs`): the meter's nested spans, and fitting a
+node's records into the model the simulator charges, exactly."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.costs import (KernelTimes, Linear, Meter, RuntimeCosts, calibrate_io, fit_costs,
-                           fit_io, fit_linear)
-from runtime.scope import Scope
+from runtime.execution.costs import (KernelTimes, Linear, Meter, RuntimeCosts, calibrate_io,
+                                     fit_costs, fit_io, fit_linear)
+from runtime.execution.scope import Scope
 from transpiler.ir import Op
 
 

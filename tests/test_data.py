@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime import data as D
+from runtime.execution import data as D
 from transpiler import models as M
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.scenario import parse_scenario
+from runtime.config.scenario import parse_scenario
 from sim import schemadoc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,9 +69,9 @@ def sources() -> list[Path]:
 
 
 def test_the_path_finder_sees_paths_and_only_paths() -> None:
-    text = ("see `runtime/wire.py`, docs/wire.md and scenarios/faults/; "
-            "out/quickstart/metrics.json is an output; runtime.wire is a module; 1/2.5 is not")
-    assert named_paths(text) == {"runtime/wire.py", "docs/wire.md", "scenarios/faults/",
+    text = ("see `runtime/network/wire.py`, docs/wire.md and scenarios/faults/; "
+            "out/quickstart/metrics.json is an output; runtime.network.wire is a module; 1/2.5 is not")
+    assert named_paths(text) == {"runtime/network/wire.py", "docs/wire.md", "scenarios/faults/",
                                  "out/quickstart/metrics.json"}
     assert not checkable("out/quickstart/metrics.json") and not checkable("OUT/trace.json")
     assert not checkable("scenarios/faults/NAME.yaml") and checkable("scenarios/faults/lossy.yaml")

@@ -11,9 +11,10 @@ import pytest
 
 import transpiler as T
 from runtime import (AsyncOpError, ExecutionError, Executor, FeedError, FetchError, KernelError,
-                     KernelNotFound, LoDTensor, MissingInputError, Scope, SelectedRows, global_scope)
-from runtime.executor import check_feed
-from runtime.tensor import lod_of
+                     KernelNotFound, LoDTensor, MissingInputError, Scope, SelectedRows,
+                     global_scope)
+from runtime.execution.executor import check_feed
+from runtime.execution.tensor import lod_of
 from transpiler.ir import BlockRef, Program
 
 
@@ -230,7 +231,8 @@ def test_error_in_sub_block_names_the_sub_block() -> None:
         Executor().run(prog, feed={"step": np.array([0], np.float32)}, scope=Scope())
 
 
-# -- programs from the front end --------------------------------------------------------------------
+# -- programs from the front end
+# --------------------------------------------------------------------
 def build(fn: Callable[[], Any], seed: int = 0) -> tuple[Program, Program, Any]:
     main, startup = Program(), Program()
     main.random_seed = startup.random_seed = seed

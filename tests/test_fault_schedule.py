@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.faults import FAULT_TYPES, readme_table, reference
+from runtime.config.faults import FAULT_TYPES, readme_table, reference
 
 from fault_contract import FaultTargetContract, Harness, ModelHarness
 
@@ -24,11 +24,11 @@ class TestModelTarget(FaultTargetContract):
 
 def test_docs_faults_md_is_generated_from_the_fault_classes() -> None:
     assert (ROOT / "docs" / "faults.md").read_text() == reference(), \
-        "run: python -m runtime.faults"
+        "run: python -m runtime.config.faults"
 
 
 def test_the_readme_fault_table_is_generated_from_the_fault_classes() -> None:
-    assert readme_table() in (ROOT / "README.md").read_text(), "run: python -m runtime.faults"
+    assert readme_table() in (ROOT / "README.md").read_text(), "run: python -m runtime.config.faults"
 
 
 @pytest.mark.parametrize("kind", FAULT_TYPES, ids=[t.kind for t in FAULT_TYPES])

@@ -20,20 +20,13 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from runtime.cluster import run_job
-from runtime.faultproxy import (
-    Direction,
-    Faults,
-    FaultProxy,
-    ZmtpError,
-    check_greeting,
-    decide,
-)
-from runtime.job import Job
-from runtime.rpc import RetryPolicy, RpcClient
-from runtime.transport import Frame
-from runtime.wire import Kind, Message, decode, encode
-from runtime.zmq_transport import ZmqTransport
+from runtime.faults.proxy import Direction, Faults, FaultProxy, ZmtpError, check_greeting, decide
+from runtime.network.rpc import RetryPolicy, RpcClient
+from runtime.network.transport import Frame
+from runtime.network.wire import Kind, Message, decode, encode
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.cluster import run_job
+from runtime.services.job import Job
 
 from cluster_helpers import free_endpoints, make_job
 

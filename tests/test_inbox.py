@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from runtime.transport import Inbound, Inbox, TransportClosed
+from runtime.network.transport import Inbound, Inbox, TransportClosed
 from sim.loop import run
 
 

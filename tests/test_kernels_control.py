@@ -10,8 +10,8 @@ import pytest
 from gradcheck import check_grad, run_in_scope, run_op
 
 from runtime import LoDTensor, Scope, SelectedRows
-from runtime.kernels import KernelNotFound, get_kernel, register, registry
-from runtime.tensor import TensorError, lod_of, to_dense
+from runtime.execution.kernels import KernelNotFound, get_kernel, register, registry
+from runtime.execution.tensor import TensorError, lod_of, to_dense
 from transpiler.ir import Op, Program
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.tensor import SelectedRows
+from runtime.execution.tensor import SelectedRows
 
 from gradcheck import run_op
 

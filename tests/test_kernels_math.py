@@ -8,7 +8,7 @@ import pytest
 from gradcheck import check_grad, run_in_scope, run_op
 
 from runtime import Scope, SelectedRows
-from runtime.kernels.numpy_elementwise import align
+from runtime.execution.kernels.numpy_elementwise import align
 from transpiler.ir import Op
 
 RNG = np.random.default_rng(42)

@@ -8,7 +8,7 @@ import pytest
 from gradcheck import check_grad, run_in_scope, run_op
 
 from runtime import LoDTensor, Scope, SelectedRows
-from runtime.tensor import lod_of
+from runtime.execution.tensor import lod_of
 from transpiler.ir import Op
 
 RNG = np.random.default_rng(7)

@@ -1,4 +1,4 @@
-"""The run record: metrics.json's JSON Schema file is what `runtime.metrics` generates, the
+"""The run record: metrics.json's JSON Schema file is what `runtime.config.metrics` generates, the
 schema itself is valid, and the files both commands write conform to it (`runtime up`'s are
 checked in tests/test_runtime_up.py, `sim run`'s in tests/test_sim_run.py)."""
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.metrics import (REGENERATE, SCHEMA_FILE, FaultEvent, JobMetrics, JobSummary,
-                             NetnsMetrics, NetnsNodeMetrics, ProxyMetrics, PserverMetrics,
-                             TrainerMetrics, read_metrics, read_record, schema_text, write_record)
-from runtime.scenario import parse_scenario
+from runtime.config.metrics import (REGENERATE, SCHEMA_FILE, FaultEvent, JobMetrics, JobSummary,
+                                    NetnsMetrics, NetnsNodeMetrics, ProxyMetrics, PserverMetrics,
+                                    TrainerMetrics, read_metrics, read_record, schema_text,
+                                    write_record)
+from runtime.config.scenario import parse_scenario
 
 from metrics_schema import assert_valid_metrics, validator
 

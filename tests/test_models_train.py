@@ -8,7 +8,7 @@ import pytest
 
 import transpiler as T
 from runtime import Executor, Scope
-from runtime import data as D
+from runtime.execution import data as D
 from transpiler import models as M
 from transpiler.ir import OpRole, op_types
 

@@ -20,15 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import cli, netns
-from runtime.cluster import train_locally
-from runtime.job import Job
-from runtime.launch import ignored_by_runtime
-from runtime.metrics import JobMetrics, NetnsNodeMetrics, read_metrics
-from runtime.netspec import NetworkSpec
-from runtime.scenario import parse_scenario
-from runtime.shaping import BUCKET_FRAMES, BUCKET_SECONDS, tbf_command
-from runtime.units import rate
+from runtime import cli
+from runtime.config.metrics import JobMetrics, NetnsNodeMetrics, read_metrics
+from runtime.config.netspec import NetworkSpec
+from runtime.config.scenario import parse_scenario
+from runtime.config.units import rate
+from runtime.launch import netns
+from runtime.launch.launcher import ignored_by_runtime
+from runtime.launch.shaping import BUCKET_FRAMES, BUCKET_SECONDS, tbf_command
+from runtime.services.cluster import train_locally
+from runtime.services.job import Job
 
 from metrics_schema import assert_valid_metrics
 
@@ -150,7 +151,7 @@ def assert_shaped(pserver: NetnsNodeMetrics, metrics: JobMetrics, bandwidth: flo
     """Bounds that shaping makes hold however loaded the machine (load only adds time)."""
     sent = metrics.pservers[0].bytes_out
     assert pserver.egress["bytes"] >= sent  # all it sent left through its tbf, with headers
-    burst = max(bandwidth * BUCKET_SECONDS, BUCKET_FRAMES * 1514)  # runtime.shaping's bucket
+    burst = max(bandwidth * BUCKET_SECONDS, BUCKET_FRAMES * 1514)  # runtime.launch.shaping's bucket
     assert metrics.job.wall_seconds >= (pserver.egress["bytes"] - burst) / bandwidth
     # The trainers wait in their steps for replies that cannot leave faster than the rate.
     floor = sent / bandwidth

@@ -11,9 +11,9 @@ from distribute_helpers import PSERVERS, config
 from pydantic import ValidationError
 
 import transpiler as T
-from runtime.kernels import registered_ops
-from runtime.kernels.phantom import SHAPE_RULES
-from runtime.scenario import OptimizerSpec
+from runtime.config.scenario import OptimizerSpec
+from runtime.execution.kernels import registered_ops
+from runtime.execution.kernels.phantom import SHAPE_RULES
 from sim.cost import COST_RULES
 from transpiler.distribute.analysis import OPTIMIZER_TYPES
 from transpiler.distribute.lookup_table import TABLE_OPTIMIZERS

@@ -64,7 +64,7 @@ def test_import_graph_points_up_the_layers(package: str) -> None:
 
 def test_import_checker_sees_every_form() -> None:
     src = ("import numpy as np\nfrom zmq import asyncio\nfrom ..sim import loop\n"
-           "def f():\n    import runtime.data\n")
+           "def f():\n    import runtime.execution.data\n")
     assert imported_modules(src, "transpiler.sub.mod") == {"numpy", "zmq", "transpiler", "runtime"}
     assert imported_modules("from .. import sim\n", "runtime.x") == {"sim"}
     assert imported_modules("from . import ir\n", "transpiler.models") == {"transpiler"}
@@ -157,7 +157,7 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
 
 def test_module_level_import_graph_has_no_cycle() -> None:
     graph = import_graph()
-    assert {"transpiler.ir", "runtime.pserver", "sim.loop"} <= set(graph)
+    assert {"transpiler.ir", "runtime.services.pserver", "sim.loop"} <= set(graph)
     assert "transpiler.ir" in graph["transpiler.framework"]
     assert cycles(graph) == []
 

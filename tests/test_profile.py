@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from runtime import Executor, Scope, cli
-from runtime.executor import timing_kernels
-from runtime.kernels import get_kernel
-from runtime.profile import KernelTimes, OpFit, OpSamples, fit_op, format_table
-from runtime.scenario import load_scenario
+from runtime.config.scenario import load_scenario
+from runtime.execution.executor import timing_kernels
+from runtime.execution.kernels import get_kernel
+from runtime.launch.profile import KernelTimes, OpFit, OpSamples, fit_op, format_table
 from sim.cost import load_profile
 from sim.simulate import simulate
 from transpiler.ir import Op

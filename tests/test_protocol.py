@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.protocol import INITIAL_STEP, Dedupe, Event, Phase, SyncRound, Verdict
+from runtime.services.protocol import INITIAL_STEP, Dedupe, Event, Phase, SyncRound, Verdict
 
 
 def test_a_step_goes_grads_then_params_then_next() -> None:

@@ -10,10 +10,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from runtime.executor import Executor
-from runtime.pserver import PserverFailure, PserverService, ServeConfig
-from runtime.wire import Kind, Message, decode, encode
-from runtime.zmq_transport import ZmqTransport
+from runtime.execution.executor import Executor
+from runtime.network.wire import Kind, Message, decode, encode
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.pserver import PserverFailure, PserverService, ServeConfig
 
 from cluster_helpers import make_job
 
@@ -86,7 +86,7 @@ def test_bad_messages_get_named_errors_and_change_nothing(caplog: pytest.LogCapt
             await client.close()
             await service.transport.close()
 
-    with caplog.at_level(logging.WARNING, logger="runtime.pserver"):
+    with caplog.at_level(logging.WARNING, logger="runtime.services.pserver"):
         asyncio.run(scenario())
     assert sum("rejected a message" in r.getMessage() for r in caplog.records) == len(BAD_MESSAGES)
 

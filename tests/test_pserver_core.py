@@ -13,16 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.executor import Executor
-from runtime.job import Job
-from runtime.protocol import Phase
-from runtime.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
-                                     RunBlocks, SaveCheckpoint, Stop, Tally, Work)
-from runtime.pserver_core import PserverCore
-from runtime.pserver_store import Store
-from runtime.scenario import parse_scenario
-from runtime.scope import Scope
-from runtime.wire import Kind, Message
+from runtime.config.scenario import parse_scenario
+from runtime.execution.executor import Executor
+from runtime.execution.scope import Scope
+from runtime.network.wire import Kind, Message
+from runtime.services.job import Job
+from runtime.services.protocol import Phase
+from runtime.services.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
+                                              RunBlocks, SaveCheckpoint, Stop, Tally, Work)
+from runtime.services.pserver_core import PserverCore
+from runtime.services.pserver_store import Store
 from transpiler.distribute.contract import TRAINER_ID_VAR, ServeContract, bak_name
 from transpiler.ir import Program
 
@@ -212,7 +212,8 @@ def test_a_periodic_checkpoint_is_saved_as_the_round_reaches_its_step() -> None:
     assert SaveCheckpoint(1) in closing
 
 
-# -- asynchronous modes ------------------------------------------------------------------------------
+# -- asynchronous modes
+# ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode, policy", [("async", "async"), ("half_async", "half_async")])
 def test_async_applies_each_send_at_once(mode: str, policy: str) -> None:
@@ -254,7 +255,8 @@ def test_async_modes_never_defer() -> None:
     assert replies(get)[0].extra["sync"] is False and replies(get)[0].extra["in_fanin"] is True
 
 
-# -- the contract ---------------------------------------------------------------------------------------
+# -- the contract
+# ---------------------------------------------------------------------------------------
 
 def test_the_transpiler_says_which_trainer_sends_which_copy_and_where_the_fanin_scales_are() -> None:
     program, _ = programs("sync")

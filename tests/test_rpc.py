@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from runtime.rpc import RetryPolicy, RpcClient, RpcTimeout
-from runtime.wire import Kind, Message, decode, encode
+from runtime.network.rpc import RetryPolicy, RpcClient, RpcTimeout
+from runtime.network.wire import Kind, Message, decode, encode
 from sim.loop import run
 from sim.network import Network
 

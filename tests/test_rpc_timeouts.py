@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from runtime.rpc import RetryPolicy, RpcClient, RpcTimeout, _Timeouts
-from runtime.transport import Frame, Transport
-from runtime.wire import Kind, Message, decode, encode
+from runtime.network.rpc import RetryPolicy, RpcClient, RpcTimeout, _Timeouts
+from runtime.network.transport import Frame, Transport
+from runtime.network.wire import Kind, Message, decode, encode
 from sim.loop import run
 from sim.network import Network
 

@@ -1,4 +1,4 @@
-"""`runtime.compute.Charge`: which clock a node's work is timed on."""
+"""`runtime.execution.compute.Charge`: which clock a node's work is timed on."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from runtime.compute import Charge, RealCompute
-from runtime.node import run_async
+from runtime.execution.compute import Charge, RealCompute
+from runtime.services.node import run_async
 from sim.loop import run
 
 

@@ -3,7 +3,7 @@
 was injected, and ends as the simulator's run of the same scenario does (the same expectations
 passing, or the same error): the simulator and the real runtime agree.
 
-Also, without processes: how `runtime.inject` combines link rules, fires faults at their
+Also, without processes: how `runtime.faults.inject` combines link rules, fires faults at their
 triggers with per-client partitions and rules on the proxies, kills and restarts nodes, pauses a
 slowed node in a duty cycle, and what `runtime up` notes of faults it cannot inject as written.
 """
@@ -21,15 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from runtime import expect
-from runtime.checkpoint import MANIFEST
-from runtime.faultproxy import Direction, FaultProxy, Faults
-from runtime.faults import REORDER_WAIT, LinkFaults
-from runtime.faultschedule import FaultSchedule
-from runtime.inject import SLOW_PERIOD, RuntimeTarget, link_faults
-from runtime.launch import ignored_by_runtime
-from runtime.metrics import JobMetrics, read_metrics
-from runtime.scenario import Scenario, load_scenario, parse_scenario
+from runtime.config import expect
+from runtime.config.faults import REORDER_WAIT, LinkFaults
+from runtime.config.metrics import JobMetrics, read_metrics
+from runtime.config.scenario import Scenario, load_scenario, parse_scenario
+from runtime.faults.inject import SLOW_PERIOD, RuntimeTarget, link_faults
+from runtime.faults.proxy import Direction, FaultProxy, Faults
+from runtime.faults.schedule import FaultSchedule
+from runtime.launch.launcher import ignored_by_runtime
+from runtime.services.checkpoint import MANIFEST
 
 from sim.loop import run
 

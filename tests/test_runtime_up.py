@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 
 from runtime import cli
-from runtime.cluster import train_locally
-from runtime.job import Job
-from runtime.launch import THREAD_VARS, ignored_by_runtime, kernel_threads, node_environment
-from runtime.metrics import TrainerMetrics, read_metrics, read_record
-from runtime.node import NodeOptions, Role, RoleError, node_options, resolve_role, scenario_for
-from runtime.progress import PROGRESS_FD_VAR, Channel, Progress, Reporter, read_progress
-from runtime.scenario import parse_scenario
+from runtime.config.metrics import TrainerMetrics, read_metrics, read_record
+from runtime.config.scenario import parse_scenario
+from runtime.launch.launcher import (THREAD_VARS, ignored_by_runtime, kernel_threads,
+                                     node_environment)
+from runtime.services.cluster import train_locally
+from runtime.services.job import Job
+from runtime.services.node import (NodeOptions, Role, RoleError, node_options, resolve_role,
+                                   scenario_for)
+from runtime.services.progress import PROGRESS_FD_VAR, Channel, Progress, Reporter, read_progress
 
 from cluster_helpers import free_endpoints
 from metrics_schema import assert_valid_metrics
@@ -228,15 +230,15 @@ def paddle_env(role: str, endpoint: str, trainers: int, **extra: str) -> dict[st
 
 @pytest.mark.timeout(60)
 def test_paddle_environment_variables_run_one_node_per_process(tmp_path: Path) -> None:
-    """A pserver (`runtime up`) and a trainer (`python -m runtime.node`) started the way Paddle's
-    launchers start them; the variables' 1 x 1 cluster replaces the scenario's 2 x 2."""
+    """A pserver (`runtime up`) and a trainer (`python -m runtime.services.node`) started the way
+    Paddle's launchers start them; the variables' 1 x 1 cluster replaces the scenario's 2 x 2."""
     scenario, out = scenario_file(tmp_path, expect="{}"), tmp_path / "out"
     (endpoint,) = free_endpoints(1)
     host, port = endpoint.split(":")
     pserver_env = paddle_env("PSERVER", endpoint, 1, POD_IP=host, PADDLE_PORT=port)
     trainer_env = paddle_env("TRAINER", endpoint, 1, PADDLE_TRAINER_ID="0")
     commands = [([sys.executable, "-m", "runtime.cli", "up"], pserver_env),
-                ([sys.executable, "-m", "runtime.node"], trainer_env)]
+                ([sys.executable, "-m", "runtime.services.node"], trainer_env)]
     procs = [subprocess.Popen([*cmd, str(scenario), "--out", str(out)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd, env in commands]
@@ -392,7 +394,7 @@ class Terminal(io.StringIO):
 
 
 def test_progress_is_a_live_table_on_a_terminal_and_plain_lines_elsewhere(tmp_path: Path) -> None:
-    from runtime.launch import LiveDisplay, NodeRun, PlainDisplay, make_display
+    from runtime.launch.launcher import LiveDisplay, NodeRun, PlainDisplay, make_display
 
     node = NodeRun("trainer", 1, (tmp_path / "t.log").open("w"),
                    seen=[Progress(4, 20, 0.5, 0.012)])

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import units
-from runtime.scenario import ScenarioError, load_scenario, parse_scenario
+from runtime.config import units
+from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "scenario-example.yaml"
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import expect
-from runtime.cluster import run_job, train_locally
-from runtime.job import Job
-from runtime.metrics import PserverMetrics
-from runtime.scenario import load_scenario
-from runtime.zmq_transport import ZmqTransport
+from runtime.config import expect
+from runtime.config.metrics import PserverMetrics
+from runtime.config.scenario import load_scenario
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.cluster import run_job, train_locally
+from runtime.services.job import Job
 
 from cluster_helpers import FAST_DRAIN, free_endpoints, make_job
 

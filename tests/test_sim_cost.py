@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.scope import Scope
-from runtime.tensor import LoDTensor, Phantom, SelectedRows, phantom_of
+from runtime.execution.scope import Scope
+from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, phantom_of
 from sim.cost import (ComputeConfigError, Device, OpTime, Profile, Roofline, Straggler, Stragglers,
                       Work, compute_model, op_work)
 from transpiler.ir import Op
@@ -284,7 +284,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "scenario-example.yaml"
 
 
 def test_the_examples_compute_section_builds_its_model() -> None:
-    from runtime.scenario import load_scenario
+    from runtime.config.scenario import load_scenario
 
     model = compute_model(load_scenario(EXAMPLE).compute, seed=7)
     assert isinstance(model, Stragglers) and isinstance(model.base, Roofline)

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.costs import Linear, RuntimeCosts
-from runtime.scenario import ScenarioError, parse_scenario
-from runtime.scope import Scope
-from runtime.wire import Kind, Message, charged_size, encode
+from runtime.config.scenario import ScenarioError, parse_scenario
+from runtime.execution.costs import Linear, RuntimeCosts
+from runtime.execution.scope import Scope
+from runtime.network.wire import Kind, Message, charged_size, encode
 from sim.cost import OnCpus, Profile, runtime_costs
 from sim.cpu import Cpus, HostSpec, io_thread
 from sim.loop import run

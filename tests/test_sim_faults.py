@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.cluster import LocalCluster
-from runtime.faults import LinkFaults, Partition, Trigger
-from runtime.metrics import JobMetrics
-from runtime.scenario import ScenarioError, load_scenario, parse_scenario
-from runtime.trainer import TrainerReport
+from runtime.config.faults import LinkFaults, Partition, Trigger
+from runtime.config.metrics import JobMetrics
+from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
+from runtime.services.cluster import LocalCluster
+from runtime.services.trainer import TrainerReport
 from sim.faults import REORDER_WAIT, MessageFaults, SimTarget, Slowdowns
 from sim.loop import run
 from sim.network import Network, SimTransport

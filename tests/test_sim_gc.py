@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from runtime.scenario import parse_scenario
+from runtime.config.scenario import parse_scenario
 from sim.loop import SimTimeLimit
 from sim.simulate import simulate
 

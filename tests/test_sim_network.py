@@ -16,22 +16,13 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from runtime.cluster import run_job, train_locally
-from runtime.scenario import ScenarioError, parse_scenario
-from runtime.transport import EndpointError, Transport, TransportClosed, UnknownPeerError
-from runtime.units import duration
+from runtime.config.scenario import ScenarioError, parse_scenario
+from runtime.config.units import duration
+from runtime.network.transport import EndpointError, Transport, TransportClosed, UnknownPeerError
+from runtime.services.cluster import run_job, train_locally
 from sim.loop import run
-from sim.network import (
-    ConstantLatency,
-    LinkStats,
-    LogNormalLatency,
-    Network,
-    NetworkConfigError,
-    NetworkSpec,
-    NormalLatency,
-    SimTransport,
-    UniformLatency,
-)
+from sim.network import (ConstantLatency, LinkStats, LogNormalLatency, Network, NetworkConfigError,
+                         NetworkSpec, NormalLatency, SimTransport, UniformLatency)
 from cluster_helpers import make_job
 from transport_contract import Nodes, TransportContract
 

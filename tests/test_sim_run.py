@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.cluster import run_job, train_locally
-from runtime.job import Job
-from runtime.scenario import Scenario, load_scenario, parse_scenario
-from runtime.zmq_transport import ZmqTransport
+from runtime.config.scenario import Scenario, load_scenario, parse_scenario
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.cluster import run_job, train_locally
+from runtime.services.job import Job
 from sim import cli
 from sim.determinism import Difference, first_difference, first_json_difference
 from sim.network import Network

@@ -18,15 +18,15 @@ import pytest
 
 from runtime import Executor, LoDTensor, Scope, SelectedRows
 from runtime.cli import main as runtime_main
-from runtime.cluster import JobResult, run_job
-from runtime.job import Job
-from runtime.kernels import KernelContext, get_kernel, registered_ops
-from runtime.kernels.phantom import apportion
-from runtime.pserver import PserverService
-from runtime.rpc import RpcClient
-from runtime.scenario import ScenarioError, load_scenario, parse_scenario
-from runtime.tensor import Phantom, Value, nbytes_of, phantom_of, shape_of
-from runtime.wire import Kind, Message, RemoteError, charged_size, decode, encode
+from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
+from runtime.execution.kernels import KernelContext, get_kernel, registered_ops
+from runtime.execution.kernels.phantom import apportion
+from runtime.execution.tensor import Phantom, Value, nbytes_of, phantom_of, shape_of
+from runtime.network.rpc import RpcClient
+from runtime.network.wire import Kind, Message, RemoteError, charged_size, decode, encode
+from runtime.services.cluster import JobResult, run_job
+from runtime.services.job import Job
+from runtime.services.pserver import PserverService
 from sim.loop import run
 from sim.network import Network
 from transpiler.distribute.edit import append_every_k_steps
@@ -71,7 +71,7 @@ MODELS = {
 def run_model(label: str) -> tuple[Scope, Scope, set[str]]:
     """Startup and one step of a model, by numpy on a real batch and by the phantom kernels on
     its phantoms; the two scopes and the op types run."""
-    from runtime.data import dataset_for
+    from runtime.execution.data import dataset_for
 
     model = build_model(label.split()[0], **MODELS[label])
     feed = dataset_for(model).batch(0, 8, model.feeds)

@@ -21,9 +21,9 @@ torch = pytest.importorskip("torch")
 
 import transpiler as T  # noqa: E402
 from runtime import Executor, LoDTensor, Scope, SelectedRows  # noqa: E402
-from runtime.executor import device_binder  # noqa: E402
-from runtime.kernels import KernelContext, get_kernel, registered_ops  # noqa: E402
-from runtime.kernels.torch_common import DeviceError, resolve_device  # noqa: E402
+from runtime.execution.executor import device_binder  # noqa: E402
+from runtime.execution.kernels import KernelContext, get_kernel, registered_ops  # noqa: E402
+from runtime.execution.kernels.torch_common import DeviceError, resolve_device  # noqa: E402
 from transpiler.ir import BlockRef, Op, Program  # noqa: E402
 
 BACKENDS = ("numpy", "torch")
@@ -344,7 +344,8 @@ def grad_outputs(case: Case, inputs: Inputs) -> dict[str, int]:
     return {f"{s}@GRAD": len(inputs[s]) if isinstance(inputs[s], list) else 1 for s in case.wrt}
 
 
-# -- every op, both backends ------------------------------------------------------------------------
+# -- every op, both backends
+# ------------------------------------------------------------------------
 def test_torch_registers_exactly_the_numpy_ops() -> None:
     assert registered_ops("torch") == registered_ops("numpy")
 
@@ -482,7 +483,8 @@ def test_random_init_draws_the_numpy_backends_values(op_type: str, seed: int) ->
     np.testing.assert_array_equal(got, want)
 
 
-# -- programs -----------------------------------------------------------------------------------------
+# -- programs
+# -----------------------------------------------------------------------------------------
 def conditional_program() -> Program:
     """lr = 0.5 if step < 3 else 0.1 through two conditional_blocks; and a non-scalar one."""
     prog = Program()
@@ -625,7 +627,8 @@ def test_every_optimizer_trains_identically(name: str) -> None:
     assert_trains_identically(body, batch)
 
 
-# -- devices and a missing torch --------------------------------------------------------------------
+# -- devices and a missing torch
+# --------------------------------------------------------------------
 @pytest.mark.skipif(HAS_CUDA, reason="a GPU is present")
 def test_cuda_without_a_gpu_fails_at_construction_and_says_what_to_do() -> None:
     with pytest.raises(DeviceError) as info:
@@ -648,7 +651,7 @@ def test_bad_devices_are_refused_by_name() -> None:
 
 def test_without_torch_the_torch_backend_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets when not installed
-    for name in [m for m in sys.modules if m.startswith("runtime.kernels.torch_")]:
+    for name in [m for m in sys.modules if m.startswith("runtime.execution.kernels.torch_")]:
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError, match=r"pip install 'pslab\[torch\]'"):
         Executor(backend="torch")
@@ -660,9 +663,9 @@ def test_nothing_outside_the_torch_backend_imports_torch() -> None:
         "import runtime, sim, transpiler\n"
         "for pkg in (runtime, sim, transpiler):\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
-        "        if not m.name.startswith('runtime.kernels.torch_'):\n"
+        "        if not m.name.startswith('runtime.execution.kernels.torch_'):\n"
         "            importlib.import_module(m.name)\n"
-        "from runtime.kernels import registered_ops\n"
+        "from runtime.execution.kernels import registered_ops\n"
         "registered_ops('numpy')\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

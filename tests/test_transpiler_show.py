@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 import transpiler as T
-from runtime.job import Job
-from runtime.scenario import load_scenario
+from runtime.config.scenario import load_scenario
+from runtime.services.job import Job
 from transpiler.__main__ import main
-from transpiler.distribute.from_spec import (config_from_spec, pserver_endpoints,
-                                             transpile_args, transpile_from_spec)
+from transpiler.distribute.from_spec import (config_from_spec, pserver_endpoints, transpile_args,
+                                             transpile_from_spec)
 from transpiler.ir import Program
 from transpiler.models import build_model
 from transpiler.show import format_dot, format_text

@@ -13,24 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from runtime.tensor import LoDTensor, SelectedRows
-from runtime.wire import (
-    DTYPES,
-    HEADER_FIELDS,
-    DecodeError,
-    EncodeError,
-    Kind,
-    Message,
-    Phantom,
-    Reason,
-    VarKind,
-    RemoteError,
-    charged_size,
-    decode,
-    encode,
-    error_reply,
-    raise_for_error,
-)
+from runtime.execution.tensor import LoDTensor, SelectedRows
+from runtime.network.wire import (DTYPES, HEADER_FIELDS, DecodeError, EncodeError, Kind, Message,
+                                  Phantom, Reason, VarKind, RemoteError, charged_size, decode,
+                                  encode, error_reply, raise_for_error)
 
 Frames = list[Any]
 

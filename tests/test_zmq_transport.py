@@ -12,8 +12,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from runtime.transport import EndpointError, Transport
-from runtime.zmq_transport import ZmqLimits, ZmqTransport
+from runtime.network.transport import EndpointError, Transport
+from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from transport_contract import TransportContract, numbered, recv_number, within
 
 

@@ -1,7 +1,7 @@
 """The contract every `Transport` keeps, as a test class any transport's tests subclass.
 
 A subclass provides the `factory` fixture (a `TransportFactory`: makes a node's transport and
-hands out fresh endpoints) and inherits one test per promise of `runtime.transport`: peer
+hands out fresh endpoints) and inherits one test per promise of `runtime.network.transport`: peer
 identity on both sides, message boundaries, per-peer order, large frames, many peers, several
 servers, connect-before-bind, reconnecting under the same name, unroutable peers and closing.
 
@@ -18,8 +18,9 @@ from typing import Protocol, TypeVar
 import numpy as np
 import pytest
 
-from runtime.transport import EndpointError, Frame, Transport, TransportClosed, UnknownPeerError
-from runtime.wire import Kind, Message, decode, encode
+from runtime.network.transport import (EndpointError, Frame, Transport, TransportClosed,
+                                       UnknownPeerError)
+from runtime.network.wire import Kind, Message, decode, encode
 
 WAIT = 30.0
 """Seconds (of the loop's clock) any single step may take before the test fails."""

@@ -46,7 +46,7 @@ class Model:
     loss: Var  # the scalar that `minimize` was called on
     label: str | None  # the feed holding the target, if the model has one
     predict: Var  # the model's output (logits, probabilities, regression value, or score)
-    data: str  # the data set that fits by default (see runtime.data)
+    data: str  # the data set that fits by default (see runtime.execution.data)
     data_params: dict[str, Any] = field(default_factory=dict)  # sizes the data must have
 
     @property

@@ -10,7 +10,7 @@ An `OpDef` says what the layers above would otherwise each keep a list of:
   trainer's or pserver's async runtime (the RPC ops), or nowhere yet (ops the transpiler writes
   for modes pslab cannot run);
 - its phantom output-shape rule (`shape`), a name the timing-mode backend
-  (`runtime.kernels.phantom.SHAPE_RULES`) maps to a function;
+  (`runtime.execution.kernels.phantom.SHAPE_RULES`) maps to a function;
 - its cost facts for the simulator's roofline (`cost`): a rule name `sim.cost` maps to a
   function, and FLOPs per element;
 - for an optimizer (`update`): its accumulator slots, whether the table pserver's sgd may stand

@@ -38,7 +38,7 @@ from .models import DEFAULT_OPTIMIZERS, MODELS, Model, build_model
 from .optimizer import OPTIMIZERS
 
 FORMATS = ("text", "json", "dot")
-# runtime.scenario's defaults for the fields read here (OptimizerSpec, Scenario.seed).
+# runtime.config.scenario's defaults for the fields read here (OptimizerSpec, Scenario.seed).
 SCENARIO_OPTIMIZER = {"type": "sgd", "learning_rate": 0.1}
 MODEL_FIELDS = ("name", "optimizer", "lr")
 # Flags that stand for a scenario field when a job is given by --model.

@@ -1,9 +1,9 @@
 """A scenario's ``transpiler`` and ``cluster`` sections, as plain dicts, mapped onto
 `DistributeTranspilerConfig` and the arguments of `DistributeTranspiler.transpile`.
 
-The scenario file is parsed and validated elsewhere (``runtime.scenario``, or ``yaml.safe_load``
-in the ``show`` command); this module takes the sections as plain values, so both can share
-it without the transpiler importing the runtime. A missing key takes the scenario schema's
+The scenario file is parsed and validated elsewhere (``runtime.config.scenario``, or
+``yaml.safe_load`` in the ``show`` command); this module takes the sections as plain values, so both
+can share it without the transpiler importing the runtime. A missing key takes the scenario schema's
 default, which is also the config's. Every error is a `ValueError` naming the scenario field.
 
 Modes (``transpiler.mode``), onto docs/transpiler.md §3:

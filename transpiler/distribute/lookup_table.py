@@ -15,7 +15,7 @@ initializer becomes `fake_init`. Ids and grad rows travel as global ids.
 - Pserver: a table-optimize block (sync: `sum` of the trainers' pieces; then `sgd` at the
   table optimizer's learning rate: as in the original, the table runs plain SGD whatever the
   dense optimizer is, and the pieces are summed, not averaged; the runtime averages them, see
-  `runtime.table`), one prefetch block per lookup (`lookup_sparse_table` of the ids var
+  `runtime.execution.table`), one prefetch block per lookup (`lookup_sparse_table` of the ids var
   ``prefetch_var_name_to_block_id`` names), and a checkpoint block (`save` of the table to the
   file named by the RAW var ``kLookupTablePath``, which the runtime fills when a checkpoint
   notification comes). The pserver's blocks work on rows of its table var: the runtime turns

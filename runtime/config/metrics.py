@@ -1,0 +1,456 @@
+"""The run record: one `metrics.json` schema for `sim run` and `runtime up`, defined once.
+
+A run's ``OUT/metrics.json`` is a `JobMetrics` (the run record) written by `write_record`:
+the job as a whole (`JobSummary`), a `TrainerMetrics` per trainer, a `PserverMetrics` per
+pserver, the expectations checked (`ExpectationResult`), notes, the faults injected
+(`FaultEvent`), and what only one of the two commands can measure: the simulated network's
+links and NICs (`LinkMetrics`, `NicMetrics`; ``sim run``), the fault proxies and network
+namespaces (`ProxyMetrics`, `NetnsMetrics`; ``runtime up``). `read_metrics` turns the file back
+into a `JobMetrics`, so a reader never guesses the schema.
+
+One rule makes the two commands' files alike: a field that both can fill has the same name,
+unit and meaning in both (``job.train_seconds``, ``trainers[].step_times``,
+``pservers[].bytes_in``, ...); a field that only one can fill is there in both files, null in
+the other's (its description says whose it is). Times are seconds on the run's clock, which
+``job.command`` names: simulated seconds for ``sim run`` (its file holds no wall-clock figure,
+so two runs of the same scenario and seed write the same bytes), wall-clock seconds for
+``runtime up``. JSON has no NaN: a loss that is not a number (timing mode computes none) is
+written as null and read back as NaN.
+
+The records are pydantic dataclasses: built by position or keyword like plain ones (and
+`dataclasses.asdict` works on them), validated when built and read, and the source of the
+JSON Schema that ``runtime/config/metrics.schema.json`` holds (`json_schema`; regenerate it with
+``python -m runtime.config.metrics --write``; a test checks that it is current). Every field's
+description in that file is its docstring here.
+
+``runtime up``'s nodes write their own records (`write_record` to ``OUT/nodes/trainer-0.json``,
+``OUT/nodes/pserver-1.json``) when they finish; the launcher reads them back (`read_record`) and
+adds each node's exit code and log.
+
+DESIGN: ``job.wall_seconds`` (``runtime up``) and ``job.simulated_seconds`` (``sim run``) stay
+two fields, not one on the run's clock: the real figure includes starting Python processes,
+which the simulation does not model, so the two are not the same measure and a reader
+comparing a simulation with a real run should compare ``train_seconds`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
+
+import numpy as np
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic.dataclasses import dataclass
+
+if TYPE_CHECKING:
+    from runtime.config.scenario import Scenario
+    from runtime.services.pserver import ServerStats
+
+SCHEMA_VERSION: Final = 2
+SCHEMA_FILE = Path(__file__).with_name("metrics.schema.json")
+"""The JSON Schema of metrics.json, generated from these records (`json_schema`)."""
+REGENERATE = "python -m runtime.config.metrics --write"
+
+RECORD = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                    json_schema_serialization_defaults_required=True)
+"""Unknown fields are errors; docstrings describe fields; every field is in every file."""
+
+Command = Literal["sim run", "runtime up"]
+
+
+def _nan_for_null(value: Any) -> Any:
+    return math.nan if value is None else value
+
+
+Loss = Annotated[float, BeforeValidator(_nan_for_null),
+                 WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
+"""A step's loss; null in the file (NaN in memory) where none was computed (timing mode)."""
+
+
+@dataclass(config=RECORD)
+class StepTimeStats:
+    """Step times summed up: mean, median, 99th percentile and maximum, in seconds."""
+
+    mean: float
+    p50: float
+    p99: float
+    max: float
+
+    @staticmethod
+    def of(times: Sequence[float]) -> StepTimeStats | None:
+        if not len(times):
+            return None
+        a = np.asarray(times, dtype=np.float64)
+        return StepTimeStats(float(a.mean()), float(np.percentile(a, 50)),
+                             float(np.percentile(a, 99)), float(a.max()))
+
+
+@dataclass(config=RECORD)
+class TrainerMetrics:
+    """One trainer: its steps' losses and times (of its last process, for a restarted one)."""
+
+    index: int
+    losses: list[Loss] = field(default_factory=list)
+    """Each step's loss, in the order taken (redone steps included)."""
+    step_times: list[float] = field(default_factory=list)
+    """Each step's duration, seconds."""
+    final_loss: float | None = None
+    """The last step's loss; null: no step, or no loss computed."""
+    step_time: StepTimeStats | None = None
+    """Its step times summed up; null: no step."""
+    first_step: int = 0
+    """The step its (last) process started at: later than 0 when it joined a job under way."""
+    steps_redone: int = 0
+    """Steps it took again because a pserver restarted from an earlier checkpoint."""
+    step_ends: list[float] | None = None
+    """sim run only: the simulated time at the end of each step."""
+    compute_seconds: float | None = None
+    """sim run only: the modelled compute inside its steps."""
+    barrier_wait_seconds: float | None = None
+    """sim run only: time inside its send_barrier, recv and fetch_barrier ops during its steps
+    (waiting for the pservers, and in sync mode for the other trainers)."""
+    exit_code: int | None = None
+    """runtime up only: its last process's exit status (negative: killed by that signal)."""
+    log: str | None = None
+    """runtime up only: its log file, relative to the output directory."""
+
+    @staticmethod
+    def from_steps(index: int, losses: Sequence[float], step_times: Sequence[float],
+                   first_step: int = 0, steps_redone: int = 0) -> TrainerMetrics:
+        return TrainerMetrics(index, list(losses), list(step_times),
+                              _finite(losses[-1]) if losses else None,
+                              StepTimeStats.of(step_times), first_step, steps_redone)
+
+
+@dataclass(config=RECORD)
+class PserverMetrics:
+    """One pserver: its traffic and work (of its last process, for a restarted one)."""
+
+    index: int
+    endpoint: str
+    """Where the trainers reach it (host:port)."""
+    messages: int = 0
+    """Messages it received."""
+    bytes_in: int = 0
+    bytes_out: int = 0
+    heartbeat_bytes: int = 0
+    """Of bytes_in and bytes_out, those of heartbeats (how many depends on how long the job
+    runs, not on its steps)."""
+    optimize_seconds: float = 0.0
+    """Time inside sync optimize steps."""
+    steps: int = 0
+    """Steps it completed."""
+    errors: int = 0
+    """Requests it answered with an error."""
+    dropped: list[int] = field(default_factory=list)
+    """Trainers it dropped for missing heartbeats."""
+    checkpoints: list[int] = field(default_factory=list)
+    """Steps at which it took its periodic checkpoints."""
+    restored_step: int | None = None
+    """The step it started from after a crash (its checkpoint's, or 0); null: never crashed."""
+    rewinds: int = 0
+    """Messages it answered with a rewind (of a step it lost in a crash)."""
+    busy_seconds: float | None = None
+    """sim run only: its modelled compute (optimize blocks, and in the asynchronous modes the
+    update each message runs)."""
+    busy_share: float | None = None
+    """sim run only: busy_seconds / job.steps_span_seconds."""
+    nic_in_share: float | None = None
+    """sim run only: the time its NIC spent taking in bytes, over job.steps_span_seconds (near
+    1: the bottleneck)."""
+    nic_out_share: float | None = None
+    """sim run only: the same for sending out."""
+    exit_code: int | None = None
+    """runtime up only: its last process's exit status (negative: killed by that signal)."""
+    log: str | None = None
+    """runtime up only: its log file, relative to the output directory."""
+
+    @staticmethod
+    def from_stats(index: int, endpoint: str, stats: ServerStats) -> PserverMetrics:
+        return PserverMetrics(
+            index, endpoint, messages=stats.messages, bytes_in=stats.bytes_in,
+            bytes_out=stats.bytes_out, heartbeat_bytes=stats.heartbeat_bytes,
+            optimize_seconds=stats.optimize_seconds, steps=stats.steps, errors=stats.errors,
+            dropped=list(stats.dropped), checkpoints=list(stats.checkpoints),
+            restored_step=stats.restored_step, rewinds=stats.rewinds)
+
+
+@dataclass(config=RECORD)
+class ExpectationResult:
+    """One check of the scenario's `expect` block."""
+
+    name: str
+    expected: Any
+    actual: Any
+    passed: bool
+    detail: str
+
+
+@dataclass(config=RECORD)
+class JobSummary:
+    """The job as a whole: what ran, whether it did what the scenario expects, its figures."""
+
+    command: Command
+    """Which command ran it, and so which clock its times are on: "sim run" simulated
+    seconds, "runtime up" wall-clock seconds."""
+    scenario: str
+    seed: int
+    mode: str
+    """The transpiler's mode: sync, async, half_async, geo or dc_asgd."""
+    pservers: int
+    trainers: int
+    steps: int
+    """Steps each trainer was to take (train.steps)."""
+    batch_size: int
+    endpoints: list[str]
+    """The pservers' endpoints, where the trainers reached them."""
+    success: bool = False
+    """Whether the run did what the scenario expects: for a scenario whose expect.error says it
+    must fail, a run that failed that way is a success (reason still says why it failed)."""
+    reason: str | None = None
+    """Why the run failed; null: it did not."""
+    failed_node: str | None = None
+    """runtime up only: the node whose failure ended the run first; null: none."""
+    train_seconds: float | None = None
+    """The slowest trainer's time inside its steps (startup and process launch excluded)."""
+    samples: int = 0
+    """Examples in the steps the trainers took, all trainers together."""
+    samples_per_second: float | None = None
+    """samples / train_seconds."""
+    step_time: StepTimeStats | None = None
+    """Trainer 0's step times summed up."""
+    step_time_all: StepTimeStats | None = None
+    """Every step of every trainer summed up."""
+    final_loss: float | None = None
+    """Trainer 0's last loss."""
+    wall_seconds: float | None = None
+    """runtime up only: wall-clock time from starting the first node until every node ended."""
+    simulated_seconds: float | None = None
+    """sim run only: simulated time from the start until the last node finished (startup and
+    the pservers' final drain, the quiet time they wait to answer a retried request,
+    included)."""
+    steps_span_seconds: float | None = None
+    """sim run only: from the first step's start to the last step's end, over all trainers."""
+    network: str | None = None
+    """sim run only: "from the scenario" or "ideal" (none given)."""
+    compute: str | None = None
+    """sim run only: the compute model ("none": compute takes no time)."""
+    messages: int | None = None
+    """sim run only: messages the simulated network carried."""
+    bytes: int | None = None
+    """sim run only: bytes the simulated network carried."""
+
+    @staticmethod
+    def for_run(command: Command, scenario: Scenario, endpoints: Sequence[str],
+                trainers: Sequence[TrainerMetrics]) -> JobSummary:
+        """What `scenario` asked for and the figures both commands derive from the trainers'
+        records alike; the caller adds its outcome and its own fields."""
+        in_steps = [sum(t.step_times) for t in trainers if t.step_times]
+        train_seconds = max(in_steps) if in_steps else None
+        samples = sum(len(t.losses) for t in trainers) * scenario.data.batch_size
+        first = trainers[0] if trainers else None
+        return JobSummary(
+            command, scenario.name, scenario.seed, scenario.transpiler.mode,
+            scenario.cluster.pservers, scenario.cluster.trainers, scenario.train.steps,
+            scenario.data.batch_size, list(endpoints), train_seconds=train_seconds,
+            samples=samples,
+            samples_per_second=samples / train_seconds if train_seconds else None,
+            step_time=first.step_time if first else None,
+            step_time_all=StepTimeStats.of([x for t in trainers for x in t.step_times]),
+            final_loss=first.final_loss if first else None)
+
+
+@dataclass(config=RECORD)
+class FaultEvent:
+    """One fault of the scenario as it was injected: when it began and (if it did) ended, in
+    seconds since every node had started, and what was done."""
+
+    fault: int
+    """Its index in the scenario's `faults` list."""
+    kind: str
+    what: str
+    start: float
+    end: float | None = None
+    """null: it lasted until the end."""
+    detail: str = ""
+    """runtime up: how it was triggered and injected; empty in a simulation."""
+
+
+@dataclass(config=RECORD)
+class LinkMetrics:
+    """sim run: one direction of a simulated link between two nodes, and what crossed it."""
+
+    src: str
+    dst: str
+    messages: int
+    bytes: int
+    dropped: int
+    lost: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    delayed: int = 0
+
+
+@dataclass(config=RECORD)
+class NicMetrics:
+    """sim run: a node's simulated NIC each way: what it carried, the time it was busy and the
+    time messages waited for it (seconds)."""
+
+    node: str
+    messages_out: int
+    bytes_out: int
+    busy_out: float
+    wait_out: float
+    messages_in: int
+    bytes_in: int
+    busy_in: float
+    wait_in: float
+
+
+@dataclass(config=RECORD)
+class ProxyMetrics:
+    """runtime up: the fault proxy in front of one pserver: where it listens and forwards, and
+    for each client identity the counters (`runtime.faults.proxy.Counters`) of each direction."""
+
+    pserver: int
+    address: str
+    upstream: str
+    links: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    """client -> "up"/"down" -> counter -> value."""
+
+
+@dataclass(config=RECORD)
+class NetnsNodeMetrics:
+    """One node of a ``runtime up --netns`` run: its namespace and address, the rate its
+    interface was shaped at (bytes per second each way; null: not shaped), and the counters of
+    the root tbf qdisc each way: ``egress`` on its own end of its veth, ``ingress`` on the
+    bridge's end (kind, rate, bytes, packets, drops, overlimits: times the bucket was empty and
+    a packet had to wait)."""
+
+    node: str
+    namespace: str
+    address: str
+    rate: float | None = None
+    egress: dict[str, Any] = field(default_factory=dict)
+    ingress: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(config=RECORD)
+class NetnsMetrics:
+    """runtime up --netns: where each node ran, and what its interface's qdiscs counted."""
+
+    subnet: str
+    hub: str
+    """The namespace of the bridge."""
+    nodes: list[NetnsNodeMetrics] = field(default_factory=list)
+
+
+@dataclass(config=RECORD)
+class JobMetrics:
+    """metrics.json: the record of one run of a scenario, by ``sim run`` or ``runtime up``."""
+
+    job: JobSummary
+    trainers: list[TrainerMetrics]
+    pservers: list[PserverMetrics]
+    expectations: list[ExpectationResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What of the scenario this run did not do, or did otherwise (e.g. settings only the
+    simulator applies)."""
+    faults: list[FaultEvent] = field(default_factory=list)
+    links: list[LinkMetrics] | None = None
+    """sim run only: every simulated link's counters."""
+    nics: list[NicMetrics] | None = None
+    """sim run only: every node's simulated NIC."""
+    proxies: list[ProxyMetrics] | None = None
+    """runtime up only: the fault proxy in front of each pserver (when the scenario has message
+    faults, or --netns a latency); empty: none."""
+    netns: NetnsMetrics | None = None
+    """runtime up --netns only."""
+    schema: Literal[2] = SCHEMA_VERSION
+    """The version of this schema."""
+
+
+R = TypeVar("R", TrainerMetrics, PserverMetrics)
+
+
+def write_record(path: Path, record: Any) -> None:
+    """Write the dataclass `record` as indented JSON, atomically (a reader never sees half a
+    file); a float that is not finite is written as null."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_finite_all(asdict(record)), indent=2, allow_nan=False) + "\n")
+    tmp.replace(path)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _finite_all(data: Any) -> Any:
+    if isinstance(data, float):
+        return _finite(data)
+    if isinstance(data, dict):
+        return {key: _finite_all(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_finite_all(value) for value in data]
+    return data
+
+
+def read_record(path: Path, kind: type[R]) -> R:
+    """One node's part, as its node wrote it."""
+    return _read(path, kind)
+
+
+def read_metrics(path: Path) -> JobMetrics:
+    raw = json.loads(Path(path).read_text())
+    if raw.get("schema") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: metrics schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
+    return _read(path, JobMetrics, raw)
+
+
+T = TypeVar("T")
+
+
+def _read(path: Path, kind: type[T], raw: Any = None) -> T:
+    try:
+        return TypeAdapter(kind).validate_python(
+            json.loads(Path(path).read_text()) if raw is None else raw)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise ValueError(f"{path}: not a {kind.__name__} record: {problems}") from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of metrics.json, as the records define it (every field required: the
+    writers write them all)."""
+    schema = TypeAdapter(JobMetrics).json_schema(mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "pslab metrics.json", **{k: v for k, v in schema.items() if k != "title"}}
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime.config.metrics",
+        description="Print the JSON Schema of metrics.json, generated from runtime/config/metrics.py.")
+    parser.add_argument("--write", action="store_true", help=f"write it to {SCHEMA_FILE}")
+    args = parser.parse_args(argv)
+    if args.write:
+        SCHEMA_FILE.write_text(schema_text())
+        print(f"wrote {SCHEMA_FILE}")
+    else:
+        sys.stdout.write(schema_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

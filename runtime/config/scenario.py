@@ -1,0 +1,430 @@
+"""Scenario files: one YAML document describes a run that `sim run` and `runtime up` both replay.
+
+The schema is a tree of pydantic models (`Scenario`), strict about unknown fields, so a typo is
+an error and not a silently ignored setting. `load_scenario(path)` reports every problem with the
+file, the line, the field path and a reason, e.g.
+``quickstart.yaml:14: cluster.trainers: Input should be greater than or equal to 1``.
+`--set path=value` overrides (`apply_overrides`) are validated the same way.
+
+`network` is checked here too (`runtime.config.netspec`: the simulator simulates it, `runtime up
+--netns` applies it to real links); `compute` belongs to the simulator, which parses it
+(`sim.cost`); `faults` is checked here (`runtime.config.faults`), against the cluster's nodes too.
+"""
+
+from __future__ import annotations
+
+import copy
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
+
+from transpiler.opcatalog import optimizer_types
+
+from runtime.config import units
+from runtime.config.faults import FAULT_KINDS, Fault, check_against
+from runtime.config.netspec import NetworkSection, strip_tags
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used; the message names the file, line and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+if TYPE_CHECKING:
+    OptimizerType = str
+else:
+    # DESIGN: a Literal built from the op catalog's optimizers (those that run), so pydantic
+    # still reports "Input should be 'sgd', 'momentum', ... or 'ftrl'"; mypy sees a str.
+    OptimizerType = Literal[optimizer_types("kernel")]
+
+
+class OptimizerSpec(BaseModel):
+    """The optimizer `transpiler.models` appends; keys other than these go to it
+    (e.g. `momentum`, `beta1`)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: OptimizerType = "sgd"
+    """The optimizer op (`sgd`, `momentum`, `adam`, ...)."""
+    learning_rate: float = Field(0.1, gt=0)
+    """The base learning rate (an `lr` schedule starts from it)."""
+
+
+class ModelSpec(BaseModel):
+    """`name` picks a builder of `transpiler.models`; other keys go to it as arguments."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    """A model of `transpiler.models.MODELS` (linear, mlp, ctr_dnn, word2vec) or
+    ``package.module:function``."""
+    optimizer: OptimizerSpec = OptimizerSpec()
+    """The optimizer and its arguments."""
+    lr: dict[str, Any] | None = None
+    """A learning-rate schedule: ``{type: NAME, ...}``, a schedule of
+    `transpiler.models.LR_SCHEDULES` and its arguments (none: a constant rate)."""
+
+    def builder_kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class DataSpec(_Strict):
+    """The data set each trainer reads its shard of each global batch from (`runtime.execution.data`)."""
+
+    name: str | None = None
+    """A data set of `runtime.execution.data.DATASETS` (synthetic_regression,
+    synthetic_classification, ctr, skipgram, digits); none: the model's own."""
+    batch_size: int = Field(32, ge=1)
+    """Examples in a step's global batch, cut into one shard per trainer."""
+    shard: Literal["by_trainer"] = "by_trainer"
+    """How a global batch is cut: by trainer id (the only way)."""
+    size: int | None = Field(None, ge=1)
+    """Examples in the data set (none: the data set's own size)."""
+
+
+class HostSpec(_Strict):
+    """Nodes that share one machine's cores (the simulator's `sim.cpu`)."""
+
+    name: str | None = None
+    """A name for reports (none: ``host<i>``)."""
+    nodes: list[str] = Field(min_length=1, description="node names or patterns, e.g. trainer:*")
+    cores: float = Field(gt=0, allow_inf_nan=False, description="the cores the nodes share")
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _one_or_more(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class ClusterSpec(_Strict):
+    """How many nodes of each role, where the pservers listen, and which nodes share
+    a machine."""
+
+    pservers: int = Field(1, ge=1, le=4096)
+    """Parameter servers, ``pserver:0`` ... ``pserver:<n-1>``."""
+    trainers: int = Field(1, ge=1, le=65536)
+    """Trainers, ``trainer:0`` ... ``trainer:<n-1>``."""
+    endpoints: dict[str, list[str]] | None = None
+    """``{pservers: [host:port, ...]}``: one endpoint per pserver, in order
+    (none: ``host:base_port+i``, or free ports under `runtime up`)."""
+    host: str = "127.0.0.1"
+    """The host the pservers' endpoints are on when `endpoints` does not list them."""
+    base_port: int = Field(0, ge=0, le=65535)
+    """The first pserver's port, the others' following it (0: 6170 for the
+    programs; `runtime up` then picks free ports)."""
+    hosts: list[HostSpec] | None = Field(None, description="which nodes share a machine and "
+                                         "its cores; a node on none has a machine of its own")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_place_nodes(cls, hosts: list[HostSpec] | None,
+                           info: ValidationInfo) -> list[HostSpec] | None:
+        """Every pattern of `hosts` names a node of the cluster, and no node is on two hosts."""
+        pservers, trainers = info.data.get("pservers"), info.data.get("trainers")
+        if not hosts or pservers is None or trainers is None:
+            return hosts
+        nodes = [f"pserver:{j}" for j in range(pservers)]
+        nodes += [f"trainer:{i}" for i in range(trainers)]
+        owner: dict[str, int] = {}
+        for h, host in enumerate(hosts):
+            for pattern in host.nodes:
+                matched = [n for n in nodes if fnmatchcase(n, pattern)]
+                if not matched:
+                    raise ValueError(f"[{h}].nodes: {pattern!r} names no node of the cluster "
+                                     f"(pserver:0..{pservers - 1}, trainer:0..{trainers - 1})")
+                for node in matched:
+                    if owner.setdefault(node, h) != h:
+                        raise ValueError(f"[{h}].nodes: {node} is on hosts[{owner[node]}] "
+                                         "already; a node runs on one host")
+        return hosts
+
+    @model_validator(mode="after")
+    def _endpoints_match(self) -> "ClusterSpec":
+        """`endpoints` has only a ``pservers`` list, of one distinct ``host:port`` per pserver."""
+        if self.endpoints is None:
+            return self
+        unknown = set(self.endpoints) - {"pservers", "trainers"}
+        if unknown:
+            raise ValueError(f"endpoints: unknown role(s) {sorted(unknown)} (pservers, trainers)")
+        eps = self.endpoints.get("pservers", [])
+        if eps and len(eps) != self.pservers:
+            raise ValueError(f"endpoints.pservers lists {len(eps)} endpoints for {self.pservers} pservers")
+        for ep in eps:
+            host, _, port = ep.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"endpoint {ep!r} is not host:port")
+        if len(set(eps)) != len(eps):
+            raise ValueError(f"endpoints.pservers has duplicates: {eps}")
+        return self
+
+
+class TranspilerSpec(_Strict):
+    """How the distribute transpiler splits the program (docs/transpiler.md)."""
+
+    mode: Literal["sync", "async", "half_async", "geo"] = "sync"
+    """The distributed mode: sync (barriers each step), async, half_async or geo
+    (Geo-SGD)."""
+    slice_var_up: bool = True
+    """Cut large vars into blocks spread over the pservers (false: whole vars)."""
+    split_method: Literal["round_robin", "hash_name"] = "round_robin"
+    """How blocks are placed on pservers: in turn, or by a hash of the name."""
+    min_block_size: int = Field(8192, ge=8192)
+    """The fewest elements of a block when a var is cut."""
+    dc_asgd: bool = False
+    """Delay-compensated async SGD (DC-ASGD); async mode only."""
+    geo_push_every: int = Field(100, ge=1)
+    """Geo mode: a trainer pushes its parameter deltas every this many steps."""
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> "TranspilerSpec":
+        """`dc_asgd` needs `mode: async`."""
+        if self.dc_asgd and self.mode != "async":
+            raise ValueError(f"dc_asgd needs mode async, not {self.mode}")
+        return self
+
+
+class TrainSpec(_Strict):
+    """How long the job trains, and the runtime's timeouts and checkpoints. Durations
+    are seconds or a number with a unit (``2s``, ``500ms``)."""
+
+    steps: int = Field(100, ge=1)
+    """Training steps every trainer takes."""
+    deadline: float = Field(600.0, gt=0, description="seconds a whole run may take")
+    heartbeat_timeout: float = Field(10.0, gt=0, description="a pserver drops a trainer silent "
+                                     "this long from the fan-in")
+    startup_timeout: float = Field(60.0, gt=0, description="a pserver drops a trainer it has "
+                                   "never heard from this long after it started serving")
+    retry_after: float = Field(1.0, gt=0, description="seconds before an unanswered request is "
+                               "sent again (then twice as long each time, up to 10 s)")
+    request_timeout: float = Field(120.0, gt=0, description="seconds a request may go "
+                                   "unanswered before its node fails, naming the pserver")
+    log_every: int = Field(10, ge=1)
+    """A progress line per trainer every this many steps."""
+    checkpoint_every: int | None = Field(None, ge=1, description="pservers save their state "
+                                         "every this many steps (and restart from the last)")
+    checkpoint_dir: str | None = Field(None, description="where; default <outputs.dir>/"
+                                       "checkpoints, or a temporary directory")
+
+    @field_validator("deadline", "heartbeat_timeout", "startup_timeout", "retry_after",
+                     "request_timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        """The timeouts may be written with a unit (``2s``, ``500ms``)."""
+        return units.duration(v)
+
+
+class BackendSpec(_Strict):
+    """`kernels`: numpy or torch compute (numeric mode), or phantom: shapes only, no arithmetic
+    (timing mode, for the simulator at scale; `runtime up` refuses it)."""
+
+    kernels: Literal["numpy", "torch", "phantom"] = "numpy"
+    """What runs the ops: numpy, torch, or phantom (timing mode)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where torch kernels run."""
+
+    @model_validator(mode="after")
+    def _cuda_needs_torch(self) -> "BackendSpec":
+        """`device: cuda` needs `kernels: torch`."""
+        if self.device == "cuda" and self.kernels != "torch":
+            raise ValueError("device cuda needs kernels: torch")
+        return self
+
+
+class ExpectSpec(_Strict):
+    """What a run must show to pass; each check is described in `runtime.config.expect`."""
+
+    final_loss_below: float | None = None
+    """Trainer 0's mean loss over its last 10 steps is below this."""
+    loss_drop_factor: float | None = Field(None, gt=1)
+    """Trainer 0's mean loss over its first 10 steps is at least this many times
+    its mean over the last 10."""
+    params_equal_to: Literal["local", "fault_free"] | None = None
+    """The final parameters equal single-process training on the same global
+    batches (`local`, within the tolerances) or, bit for bit, the same scenario without its
+    faults (`fault_free`)."""
+    params_rtol: float = Field(1e-5, gt=0)
+    """Relative tolerance of `params_equal_to: local`."""
+    params_atol: float = Field(1e-5, ge=0)
+    """Absolute tolerance of `params_equal_to: local`."""
+    no_lost_updates: bool = False
+    """Every pserver rejected no message and, in sync mode, ran exactly
+    `train.steps` optimize steps."""
+    max_step_time: float | None = None
+    """No trainer's step took longer than this (simulated time; `sim run` only)."""
+    max_steps_redone: int | None = Field(None, ge=0, description="no trainer redoes more steps "
+                                         "than this after pserver restarts")
+    error: str | None = Field(None, description="the run must fail with an error whose message "
+                              "contains this (a fault the job cannot survive)")
+
+    @field_validator("max_step_time", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float | None:
+        """`max_step_time` may be written with a unit (``20ms``)."""
+        return None if v is None else units.duration(v)
+
+
+class OutputsSpec(_Strict):
+    """Where a run writes its files and which."""
+
+    dir: str | None = None
+    """The output folder (none: ``out/<name>``; `sim run` writes into its ``sim``
+    subfolder)."""
+    trace: bool = False
+    """`sim run`: false turns the Perfetto trace.json off (written unless set
+    false or ``--no-trace``)."""
+    plots: bool = False
+    """`sim run`: false turns the PNG plots off (written unless set false or
+    ``--no-plots``)."""
+
+
+class Scenario(_Strict):
+    """One run, as `sim run` and `runtime up` replay it."""
+
+    name: str
+    """The run's name: outputs go to ``out/<name>`` by default."""
+    description: str = ""
+    """Free text for people."""
+    seed: int = 0
+    """Seeds the model's initial values, the data, the network's latencies and the
+    faults' draws: the same seed gives the same run."""
+    model: ModelSpec
+    """The model to train."""
+    data: DataSpec = DataSpec()
+    """Its data."""
+    cluster: ClusterSpec = ClusterSpec()
+    """The nodes."""
+    transpiler: TranspilerSpec = TranspilerSpec()
+    """How the program is split."""
+    train: TrainSpec = TrainSpec()
+    """Steps, timeouts, checkpoints."""
+    backend: BackendSpec = BackendSpec()
+    """Which kernels compute."""
+    network: NetworkSection | None = None
+    """Latency and bandwidth of the links (none: an ideal network)."""
+    compute: dict[str, Any] | None = None
+    """The simulator's compute model: `roofline` or `profile`, see below (none:
+    compute takes no simulated time). `runtime up` ignores it."""
+    faults: list[Fault] = []
+    """What goes wrong, where and when."""
+    expect: ExpectSpec = ExpectSpec()
+    """What the run must show."""
+    outputs: OutputsSpec = OutputsSpec()
+    """Where it writes."""
+
+    @model_validator(mode="after")
+    def _sync_only(self) -> "Scenario":
+        """`expect.params_equal_to` needs `transpiler.mode: sync`."""
+        if self.expect.params_equal_to and self.transpiler.mode != "sync":
+            raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, "
+                             f"not {self.transpiler.mode}")
+        return self
+
+    @model_validator(mode="after")
+    def _faults_fit_the_cluster(self) -> "Scenario":
+        """Every fault names nodes of the cluster, and the mode can recover from it
+        (`runtime.config.faults.check_against`)."""
+        check_against(self.faults, self.cluster.pservers, self.cluster.trainers,
+                      mode=self.transpiler.mode)
+        return self
+
+    @model_validator(mode="after")
+    def _numbers_need_numeric_mode(self) -> "Scenario":
+        """`final_loss_below`, `loss_drop_factor` and `params_equal_to` need numbers:
+        not with `backend.kernels: phantom`."""
+        numeric = ("final_loss_below", "loss_drop_factor", "params_equal_to")
+        stated = [name for name in numeric if getattr(self.expect, name)]
+        if self.backend.kernels == "phantom" and stated:
+            raise ValueError(f"expect.{stated[0]} needs numbers, and backend.kernels phantom "
+                             "(timing mode) computes none")
+        return self
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+def _line_index(node: yaml.Node, path: tuple[Any, ...] = (), out: dict | None = None) -> dict:
+    """Map each field path in a composed YAML tree to its 1-based line."""
+    out = {} if out is None else out
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            out[path + (key.value,)] = key.start_mark.line + 1
+            _line_index(value, path + (key.value,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, path + (i,), out)
+    return out
+
+
+def _line_of(lines: dict, loc: tuple[Any, ...]) -> int | None:
+    for n in range(len(loc), -1, -1):
+        key = tuple(str(p) if not isinstance(p, int) else p for p in loc[:n])
+        if key in lines:
+            return lines[key]
+    return None
+
+
+def _describe(err: ValidationError, source: str, lines: dict) -> str:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        if len(loc) > 2 and loc[0] == "faults" and loc[2] in FAULT_KINDS:
+            loc = loc[:2] + loc[3:]  # the fault's shape is a tag pydantic adds, not a key
+        if loc and loc[0] == "network":
+            loc = strip_tags(loc)  # so are latency distributions
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        line = _line_of(lines, loc)
+        where = f"{source}:{line}" if line else source
+        msg = e["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {field}: {msg}")
+    return "\n".join(problems)
+
+
+def parse_scenario(text: str, source: str = "<scenario>",
+                   overrides: list[str] | None = None) -> Scenario:
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{source}: a scenario is a mapping of sections, got {type(raw).__name__}")
+    lines = _line_index(node) if node is not None else {}
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as exc:
+        raise ScenarioError(_describe(exc, source, lines)) from None
+    except units.UnitError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{p}: cannot read scenario: {exc.strerror}") from None
+    return parse_scenario(text, str(p), overrides)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.field=value`` strings; values are parsed as YAML scalars or lists."""
+    result = copy.deepcopy(raw)
+    for item in overrides:
+        path, sep, value = item.partition("=")
+        if not sep or not path:
+            raise ScenarioError(f"--set {item!r}: expected path=value, e.g. cluster.trainers=4")
+        keys = path.split(".")
+        node = result
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ScenarioError(f"--set {item!r}: {key!r} is not a section")
+            node = child
+        node[keys[-1]] = yaml.safe_load(value)
+    return result

@@ -1,0 +1,428 @@
+"""The runtime's own CPU costs: what a node spends besides its kernels, measured and modelled.
+
+A real node spends CPU on more than its kernels: encoding and sending each message, receiving,
+decoding and dispatching it (the server's handler and its dedupe, the client's resolution of
+the waiting call), the executor's dispatch of each op, the trainer's per-step bookkeeping
+(reading its batch, the loss, the progress line) and the pserver's per-round work. On a small
+model these dominate the step. `RuntimeCosts` is the model of them the simulator charges as
+CPU time on the node that spends it (`sim.cpu`); `Meter` measures them in a real run and
+`fit_costs` turns the measurements of every node into a `RuntimeCosts`.
+
+The model:
+
+- a message of `kind` and S bytes costs its sender ``per_message + per_byte * S`` seconds
+  before it leaves, and its receiver the same form (with its own figures) before its handler
+  runs. Requests go from trainers to pservers; a pserver answers with ``reply`` (or ``error``);
+- every op the executor runs costs ``op_overhead`` on top of its kernel;
+- every training step costs the trainer ``step_overhead``; every sync round costs the pserver
+  ``round_overhead`` on top of its optimize ops.
+
+How `Meter` measures (DESIGN): the parts of the work that run as one stretch of Python are
+timed where they happen, on the node's main thread's CPU clock (`time.thread_time`: a node that
+shares its cores is not charged the slices the scheduler gave the others, as wall time would
+be): a request from `RpcClient.start` to its send, a reply's decode and resolution, a
+pserver's handling of a message, a reply's encode and send, each op, each optimize round.
+Timers nest: an outer span is charged only the time its inner spans did not take (a pserver's
+handler does not count the reply it sends). What no timer sees on the main thread (the event
+loop waking up, pyzmq's asyncio layer, the collector) is the node's *residual*: the main
+thread's CPU time over the run less everything timed, spread evenly over the messages the
+node sent and received (a trainer sends requests and receives replies, a pserver the
+opposite), so that the model adds up to the CPU each role really used.
+
+The rest of the process's CPU time (`time.process_time` less the main thread's) is ZeroMQ's
+I/O thread moving the bytes (and any helper threads of the kernels'): ``io``, fitted as
+``per_message + per_byte * S``: a small message's cost measured apart (`calibrate_io`: round
+trips of small messages on this machine), the rest of the nodes' I/O time per byte. It runs
+beside the main thread, so the simulator charges it on a processor of its own that shares the host's
+cores: a message leaves after its sender's main thread and then its I/O thread have done their
+part, and is handled after the receiver's I/O thread and then its main thread have.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from transpiler.ir import Op
+
+from runtime.execution.scope import Scope
+from runtime.execution.tensor import LoDTensor, SelectedRows, Value
+
+__all__ = ["KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples", "RECEIVES", "REPLY_KINDS",
+           "RuntimeCosts", "SENDS", "Side", "calibrate_io", "fit_costs", "fit_io", "fit_linear",
+           "machine", "output_elements"]
+
+Side = Literal["send", "receive"]
+SENDS: Side = "send"
+RECEIVES: Side = "receive"
+REPLY_KINDS = frozenset({"reply", "error"})
+"""What a pserver sends back; every other kind is a trainer's request."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Seconds for one message of `nbytes`: ``per_message + per_byte * nbytes``."""
+
+    per_message: float = 0.0
+    per_byte: float = 0.0
+
+    def seconds(self, nbytes: int) -> float:
+        return self.per_message + self.per_byte * nbytes
+
+    def document(self) -> dict[str, float]:
+        return {"per_message": self.per_message, "per_byte": self.per_byte}
+
+
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """What a node spends besides kernels (see the module doc)."""
+
+    messages: Mapping[tuple[Side, str], Linear] = field(default_factory=dict)
+    default: Mapping[Side, Linear] = field(default_factory=dict)
+    """A kind the profile never saw costs what the side's messages cost on average."""
+    op_overhead: float = 0.0
+    step_overhead: float = 0.0
+    round_overhead: float = 0.0
+    io: Linear = Linear()
+    """A message's cost on its node's I/O thread, on either side."""
+    machine: Mapping[str, Any] = field(default_factory=dict)
+
+    def message(self, side: Side, kind: str, nbytes: int) -> float:
+        cost = self.messages.get((side, kind)) or self.default.get(side)
+        return 0.0 if cost is None else cost.seconds(nbytes)
+
+    def document(self) -> dict[str, Any]:
+        """The ``runtime`` section of a profile file."""
+        sides: dict[str, dict[str, Any]] = {SENDS: {}, RECEIVES: {}}
+        for (side, kind), cost in sorted(self.messages.items()):
+            sides[side][kind] = cost.document()
+        for side, cost in self.default.items():
+            sides[side]["*"] = cost.document()
+        return {"messages": sides, "io": self.io.document(), "op_overhead": self.op_overhead,
+                "step_overhead": self.step_overhead, "round_overhead": self.round_overhead,
+                "machine": dict(self.machine)}
+
+    @staticmethod
+    def from_document(raw: Mapping[str, Any]) -> RuntimeCosts:
+        """The inverse of `document` (the caller validated the shape)."""
+        messages: dict[tuple[Side, str], Linear] = {}
+        default: dict[Side, Linear] = {}
+        for side in (SENDS, RECEIVES):
+            for kind, entry in raw.get("messages", {}).get(side, {}).items():
+                cost = Linear(float(entry.get("per_message", 0.0)),
+                              float(entry.get("per_byte", 0.0)))
+                if kind == "*":
+                    default[side] = cost
+                else:
+                    messages[side, kind] = cost
+        io = raw.get("io") or {}
+        return RuntimeCosts(messages, default, float(raw.get("op_overhead", 0.0)),
+                            float(raw.get("step_overhead", 0.0)),
+                            float(raw.get("round_overhead", 0.0)),
+                            Linear(float(io.get("per_message", 0.0)),
+                                   float(io.get("per_byte", 0.0))),
+                            dict(raw.get("machine", {})))
+
+
+def machine() -> dict[str, Any]:
+    """What the measurements were taken on: the cores and the processor, for the profile."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cores": cores, "cpu": model or platform.processor(), "platform": platform.platform(),
+            "python": platform.python_version(), "numpy": np.__version__}
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+@dataclass
+class OpSamples:
+    """The kernel calls of one op type: output elements and seconds of each."""
+
+    elements: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+
+class KernelTimes:
+    """A `runtime.execution.executor.KernelTimer` that keeps every kernel call's sample, per op
+    type. Calls are timed on `clock`: the calling thread's CPU time by default, which a node sharing
+    its cores with others does not inflate (wall time would count the slices the scheduler gave
+    the others)."""
+
+    def __init__(self, clock: Callable[[], float] = time.thread_time) -> None:
+        self.samples: dict[str, OpSamples] = {}
+        self.clock = clock
+        self.bookkeeping = 0.0
+        """Seconds spent recording the samples (counting outputs' elements): measuring's own
+        cost, which an op's span includes and an unmeasured run does not spend."""
+
+    def record(self, op: Op, scope: Scope, seconds: float) -> None:
+        start = self.clock()
+        samples = self.samples.setdefault(op.type, OpSamples())
+        samples.elements.append(output_elements(op, scope))
+        samples.seconds.append(seconds)
+        self.bookkeeping += self.clock() - start
+
+    def merge(self, op_type: str, elements: list[int], seconds: list[float]) -> None:
+        samples = self.samples.setdefault(op_type, OpSamples())
+        samples.elements.extend(elements)
+        samples.seconds.extend(seconds)
+
+    @property
+    def calls(self) -> int:
+        return sum(len(s.seconds) for s in self.samples.values())
+
+
+def _elements(value: Value) -> int:
+    if isinstance(value, LoDTensor):
+        return int(value.data.size)
+    if isinstance(value, SelectedRows):
+        return int(value.values.size)
+    return int(value.size) if isinstance(value, np.ndarray) else 0
+
+
+def output_elements(op: Op, scope: Scope) -> int:
+    """Elements of the values `op`'s outputs hold in `scope` (as `sim.cost.Profile` counts)."""
+    return sum(_elements(scope.get_tensor(name)) for names in op.outputs.values()
+               for name in names if scope.has(name))
+
+
+class Meter:
+    """One node's measurements in a real run (see the module doc): exclusive seconds and byte
+    counts per (side, kind), ops, steps and rounds, and its process CPU over the run."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.samples: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        """(side, kind) -> (bytes, seconds) of each message."""
+        self.extra: dict[tuple[str, str], float] = {}
+        """(side, kind) -> seconds spent on such messages again (a deferred request replayed)."""
+        self.ops = 0
+        self.op_seconds = 0.0
+        self.steps = 0
+        self.step_seconds = 0.0
+        self.rounds = 0
+        self.round_seconds = 0.0
+        self._stack: list[float] = []
+        self._cpu_start: tuple[float, float] | None = None
+        self.cpu_seconds = 0.0
+        """The process's CPU time over the run, every thread."""
+        self.main_seconds = 0.0
+        """The main thread's."""
+
+    # spans: start() ... stop*(); an outer span is charged its time less its inner spans'
+    def start(self) -> float:
+        self._stack.append(0.0)
+        return time.thread_time()
+
+    def _exclusive(self, started: float) -> float:
+        elapsed = time.thread_time() - started
+        inner = self._stack.pop() if self._stack else 0.0
+        if self._stack:
+            self._stack[-1] += elapsed
+        return max(elapsed - inner, 0.0)
+
+    def stop_message(self, started: float, side: Side, kind: str, nbytes: int,
+                     again: bool = False) -> None:
+        seconds = self._exclusive(started)
+        if again:
+            self.extra[side, kind] = self.extra.get((side, kind), 0.0) + seconds
+        else:
+            self.samples.setdefault((side, kind), []).append((nbytes, seconds))
+
+    def stop_ops(self, started: float, count: int) -> None:
+        self.ops += count
+        self.op_seconds += self._exclusive(started)
+
+    def stop_step(self, started: float) -> None:
+        self.steps += 1
+        self.step_seconds += self._exclusive(started)
+
+    def add_step_time(self, started: float) -> None:
+        """More of the current step's bookkeeping (not another step)."""
+        self.step_seconds += self._exclusive(started)
+
+    def stop_round(self, started: float) -> None:
+        self.rounds += 1
+        self.round_seconds += self._exclusive(started)
+
+    def discard(self, started: float) -> None:
+        """A span that turned out to be none of the above (its time stays in the residual)."""
+        self._exclusive(started)
+
+    # the node's whole run
+    def begin_run(self) -> None:
+        self._cpu_start = (time.process_time(), time.thread_time())
+
+    def end_run(self) -> None:
+        if self._cpu_start is not None:
+            self.cpu_seconds += time.process_time() - self._cpu_start[0]
+            self.main_seconds += time.thread_time() - self._cpu_start[1]
+            self._cpu_start = None
+
+    def record(self, kernel_seconds: float, kernel_calls: int,
+               bookkeeping: float = 0.0) -> dict[str, Any]:
+        """What the node writes for `runtime profile` (JSON data); `bookkeeping`: seconds the
+        kernel timer spent recording, inside the op spans."""
+        return {"role": self.role, "cpu_seconds": self.cpu_seconds,
+                "main_seconds": self.main_seconds, "bookkeeping_seconds": bookkeeping,
+                "kernel_seconds": kernel_seconds, "kernel_calls": kernel_calls,
+                "ops": self.ops, "op_seconds": self.op_seconds,
+                "steps": self.steps, "step_seconds": self.step_seconds,
+                "rounds": self.rounds, "round_seconds": self.round_seconds,
+                "messages": [{"side": side, "kind": kind, "bytes": [b for b, _ in samples],
+                              "seconds": [s for _, s in samples],
+                              "again": self.extra.get((side, kind), 0.0)}
+                             for (side, kind), samples in sorted(self.samples.items())]}
+
+
+# -- fitting ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeCosts:
+    """What `fit_costs` read off one node's record, for the profile's meta."""
+
+    node: str
+    role: str
+    cpu_seconds: float
+    main_seconds: float
+    timed_seconds: float
+    messages: int
+    bytes: int
+    residual_per_message: float
+
+
+def fit_linear(nbytes: Iterable[int], seconds: Iterable[float], total: float | None = None) -> Linear:
+    """``per_message + per_byte * bytes`` through the samples by least squares, both >= 0
+    (per-byte only where the sizes differ clearly); then the intercept moved so that the
+    samples' predicted total is `total` (default: their measured total)."""
+    n = np.asarray(list(nbytes), dtype=np.float64)
+    t = np.asarray(list(seconds), dtype=np.float64)
+    if n.size == 0:
+        return Linear()
+    target = float(t.sum()) if total is None else total
+    per_byte = 0.0
+    if n.size >= 4 and n.max() >= 2 * max(n.min(), 1.0) and n.max() - n.min() >= 4096:
+        slope, _ = np.polyfit(n, t, 1)
+        per_byte = max(float(slope), 0.0)
+    per_message = max((target - per_byte * float(n.sum())) / n.size, 0.0)
+    return Linear(per_message, per_byte)
+
+
+def fit_io(counts: list[int], nbytes: list[int], seconds: list[float],
+           per_message: float | None = None) -> Linear:
+    """The I/O thread's ``per_message + per_byte * S`` from each node's messages, bytes and I/O
+    seconds. With `per_message` known (`calibrate_io`), the rest is per byte. Else least
+    squares over the nodes, both >= 0, or per message alone where the nodes' bytes per
+    message do not differ enough to tell the two apart."""
+    total, messages = sum(seconds), sum(counts)
+    if not messages:
+        return Linear()
+    if per_message is not None:
+        per_message = min(per_message, total / messages)
+        left = total - per_message * messages
+        return Linear(per_message, left / sum(nbytes) if sum(nbytes) else 0.0)
+    a = np.array([counts, nbytes], dtype=np.float64).T
+    per_kib = [b / max(c, 1) / 1024 for c, b in zip(counts, nbytes)]
+    if len(counts) >= 2 and max(per_kib) - min(per_kib) >= 4:
+        (per_message, per_byte), *_ = np.linalg.lstsq(a, np.array(seconds), rcond=None)
+        if per_message >= 0 and per_byte >= 0:
+            return Linear(float(per_message), float(per_byte))
+        if per_message < 0 < per_byte:
+            return Linear(0.0, total / max(sum(nbytes), 1))
+    return Linear(total / messages, 0.0)
+
+
+def calibrate_io(messages: int = 2000) -> float:
+    """Seconds of ZeroMQ I/O-thread CPU a small message costs on one side: `messages` round
+    trips between a DEALER and a ROUTER of one context over loopback TCP, the process's CPU
+    time less this thread's, over the four passes each round trip makes through the I/O
+    thread. What a message costs beyond that grows with its bytes (`fit_io`)."""
+    import zmq  # here: the model itself needs no ZeroMQ
+
+    context = zmq.Context(io_threads=1)
+    router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    try:
+        for socket in (router, dealer):
+            socket.setsockopt(zmq.LINGER, 0)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        payload = [b"h" * 64]
+        for _ in range(50):  # connect and warm up
+            dealer.send_multipart(payload)
+            router.send_multipart(router.recv_multipart())
+            dealer.recv_multipart()
+        process, thread = time.process_time(), time.thread_time()
+        for _ in range(messages):
+            dealer.send_multipart(payload)
+            router.send_multipart(router.recv_multipart())
+            dealer.recv_multipart()
+        other = (time.process_time() - process) - (time.thread_time() - thread)
+    finally:
+        router.close()
+        dealer.close()
+        context.term()
+    return max(other, 0.0) / (4 * messages)
+
+
+def fit_costs(records: Mapping[str, Mapping[str, Any]],
+              io_per_message: float | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
+    """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
+    `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`)."""
+    ops = sum(int(r["ops"]) for r in records.values())
+    measuring = sum(r.get("bookkeeping_seconds", 0.0) for r in records.values())
+    op_overhead = max((sum(r["op_seconds"] for r in records.values())
+                       - sum(r["kernel_seconds"] for r in records.values())
+                       - measuring) / ops, 0.0) if ops else 0.0
+    trainers = [r for r in records.values() if r["role"] == "trainer"]
+    pservers = [r for r in records.values() if r["role"] == "pserver"]
+    steps = sum(int(r["steps"]) for r in trainers)
+    rounds = sum(int(r["rounds"]) for r in pservers)
+    step_overhead = sum(r["step_seconds"] for r in trainers) / steps if steps else 0.0
+    round_overhead = sum(r["round_seconds"] for r in pservers) / rounds if rounds else 0.0
+
+    samples: dict[tuple[Side, str], tuple[list[int], list[float], float]] = {}
+    residuals: dict[tuple[Side, str], float] = {}
+    nodes = []
+    for node, r in sorted(records.items()):
+        count = sum(len(m["seconds"]) for m in r["messages"])
+        nbytes = sum(sum(m["bytes"]) for m in r["messages"])
+        timed = (r["op_seconds"] + r["step_seconds"] + r["round_seconds"]
+                 + sum(sum(m["seconds"]) + m["again"] for m in r["messages"]))
+        residual = max(r["main_seconds"] - timed, 0.0) / count if count else 0.0
+        timed -= r.get("bookkeeping_seconds", 0.0)  # measuring's own: not the runtime's
+        nodes.append(NodeCosts(node, r["role"], r["cpu_seconds"], r["main_seconds"], timed,
+                               count, nbytes, residual))
+        for m in r["messages"]:
+            key = (m["side"], m["kind"])
+            sizes, seconds, again = samples.setdefault(key, ([], [], 0.0))
+            sizes.extend(m["bytes"])
+            seconds.extend(m["seconds"])
+            samples[key] = (sizes, seconds, again + m["again"])
+            residuals[key] = residuals.get(key, 0.0) + residual * len(m["seconds"])
+    messages = {}
+    for key, (sizes, seconds, again) in samples.items():
+        messages[key] = fit_linear(sizes, seconds, sum(seconds) + again + residuals[key])
+    default = {}
+    for side in (SENDS, RECEIVES):
+        fits = [(len(samples[k][0]), c) for k, c in messages.items() if k[0] == side]
+        count = sum(n for n, _ in fits)
+        if count:
+            default[side] = Linear(sum(n * c.per_message for n, c in fits) / count,
+                                   sum(n * c.per_byte for n, c in fits) / count)
+    io = fit_io([n.messages for n in nodes], [n.bytes for n in nodes],
+                [max(n.cpu_seconds - n.main_seconds, 0.0) for n in nodes], io_per_message)
+    costs = RuntimeCosts(messages, default, op_overhead, step_overhead, round_overhead, io,
+                         machine())
+    return costs, nodes

@@ -1,0 +1,97 @@
+"""Small helpers shared by the kernel modules: value helpers for numpy, and the attribute and
+LoD readers that the numpy and torch kernels of the same op share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.tensor import SelectedRows
+
+
+def out_grad(ctx: KernelContext, like: np.ndarray, slot: str = "Out@GRAD") -> np.ndarray:
+    """The gradient flowing into an output; a missing one means zero."""
+    g = ctx.input(slot)
+    return np.zeros_like(like) if g is None else g
+
+
+def scalar(value: np.ndarray) -> Any:
+    """The single element of a [1]-shaped array, as a numpy scalar (keeps its dtype)."""
+    flat = np.asarray(value).reshape(-1)
+    if flat.size != 1:
+        raise ValueError(f"expected a single element, got shape {np.shape(value)}")
+    return flat[0]
+
+
+def dense_like(value: np.ndarray | SelectedRows, rows: int, what: str) -> np.ndarray:
+    """`value` as a dense array; a SelectedRows must have `rows` as its height."""
+    if isinstance(value, SelectedRows):
+        if value.height != rows:
+            raise ValueError(f"{what}: SelectedRows height {value.height} != {rows} rows")
+        return value.to_dense()
+    return value
+
+
+__all__ = ["dense_like", "out_grad", "scalar"]
+
+
+Array = np.ndarray
+
+
+def mul_dims(ctx: KernelContext) -> tuple[int, int]:
+    return int(ctx.attr("x_num_col_dims", 1)), int(ctx.attr("y_num_col_dims", 1))
+
+
+def hard_labels(label: Array, rows: int, ignored: int) -> tuple[Array, Array]:
+    """Class ids per row (ignored rows point at class 0) and the mask of rows that count."""
+    ids = label.reshape(-1).astype(np.int64)
+    if ids.shape[0] != rows:
+        raise ValueError(f"Label holds {ids.shape[0]} ids for {rows} rows")
+    keep = ids != ignored
+    return np.where(keep, ids, 0), keep
+
+
+def soft_label(ctx: KernelContext) -> bool:
+    return bool(ctx.attr("soft_label", False))
+
+
+def ignore_index(ctx: KernelContext) -> int:
+    return int(ctx.attr("ignore_index", -100))
+
+
+def lookup_ids(ctx: KernelContext, vocab: int) -> Array:
+    ids = ctx.input("Ids").reshape(-1).astype(np.int64, copy=False)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise IndexError(f"Ids {ids.min()}..{ids.max()} outside the table's {vocab} rows")
+    return ids
+
+
+def padding_idx(ctx: KernelContext) -> int:
+    pad = ctx.attr("padding_idx", -1)
+    return -1 if pad is None else int(pad)
+
+
+class Segments:
+    """The last LoD level of X as start offsets, lengths and a row -> sequence map."""
+
+    def __init__(self, ctx: KernelContext, rows: int) -> None:
+        lod = ctx.lod("X")
+        if not lod:
+            raise ValueError(f"input X {ctx.input_names('X')[0]!r} has no LoD")
+        offsets = np.asarray(lod[-1], dtype=np.int64)
+        if offsets[-1] != rows:
+            raise ValueError(f"LoD {lod[-1]} does not cover the {rows} rows of X")
+        self.outer_lod = lod[:-1]
+        self.starts, self.ends = offsets[:-1], offsets[1:]
+        self.lengths = self.ends - self.starts
+        self.count = self.lengths.shape[0]
+        self.nonempty = self.lengths > 0
+        self.row_seq = np.repeat(np.arange(self.count), self.lengths)
+
+
+def pool_scale(kind: str, lengths: Array, dtype: np.dtype) -> Array:
+    """Per-sequence factor of SUM-like pools: 1, 1/len (AVERAGE) or 1/sqrt(len) (SQRT)."""
+    n = np.maximum(lengths, 1).astype(dtype)
+    return {"SUM": np.ones_like(n), "AVERAGE": 1 / n, "SQRT": 1 / np.sqrt(n)}[kind]

@@ -1,0 +1,104 @@
+"""`KernelContext`: what a kernel sees of the op it runs and the scope it runs in.
+
+Inputs are read by slot: `input(slot)` gives the first var's value (a numpy array, a LoDTensor's
+data, or a `SelectedRows`), or None when the op has no var in that slot; `lod(slot)` gives the
+LoD separately. Outputs are stored by slot; storing into a slot the op does not have is a no-op,
+so a grad kernel can simply skip the input gradients nobody asked for (`has_output`).
+
+A missing value is reported with the block, op index and type, slot and var (`MissingInputError`).
+The executor builds one context per op run; kernels keep no state between runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from transpiler.ir import Op, Program
+
+from runtime.execution.kernels.errors import ExecutionError, MissingInputError
+from runtime.execution.scope import Scope
+from runtime.execution.tensor import LoD, LoDTensor, Value
+
+RunBlock = Callable[[int], None]
+
+
+class KernelContext:
+    __slots__ = ("op", "scope", "where", "program", "_run_block")
+
+    def __init__(self, op: Op, scope: Scope, where: str = "", program: Program | None = None,
+                 run_block: RunBlock | None = None) -> None:
+        self.op = op
+        self.scope = scope
+        self.where = where or f"op {op.type}"
+        self.program = program
+        self._run_block = run_block
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def input(self, slot: str) -> Any:
+        """The value of the slot's first var (array or SelectedRows), None if the slot is empty."""
+        names = self.op.inputs.get(slot)
+        if not names:
+            return None
+        value = self._read(slot, names[0])
+        return value.data if type(value) is LoDTensor else value
+
+    def inputs(self, slot: str) -> list[Any]:
+        values = [self._read(slot, n) for n in self.op.inputs.get(slot, ())]
+        return [v.data if type(v) is LoDTensor else v for v in values]
+
+    def lod(self, slot: str, index: int = 0) -> LoD:
+        names = self.op.inputs.get(slot)
+        if not names:
+            return []
+        value = self._read(slot, names[index])
+        return value.lod if type(value) is LoDTensor else []
+
+    def input_names(self, slot: str) -> list[str]:
+        return self.op.inputs.get(slot, [])
+
+    def has_input(self, slot: str) -> bool:
+        return bool(self.op.inputs.get(slot))
+
+    def _read(self, slot: str, name: str) -> Value:
+        try:
+            return self.scope.get_tensor(name)
+        except KeyError:
+            raise MissingInputError(
+                f"{self.where}: input {slot} var {name!r} has no value in the scope") from None
+
+    # -- attributes -----------------------------------------------------------------------------
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.op.attrs.get(name, default)
+
+    @property
+    def random_seed(self) -> int:
+        return self.program.random_seed if self.program is not None else 0
+
+    # -- outputs --------------------------------------------------------------------------------
+    def output_names(self, slot: str) -> list[str]:
+        return self.op.outputs.get(slot, [])
+
+    def has_output(self, slot: str) -> bool:
+        return bool(self.op.outputs.get(slot))
+
+    def set_output(self, slot: str, value: Value, index: int = 0, lod: LoD | None = None) -> None:
+        """Store `value` as the slot's `index`-th var (with `lod` when given and non-empty)."""
+        names = self.op.outputs.get(slot)
+        if not names:
+            return
+        if lod and isinstance(value, np.ndarray):
+            self.scope.put(names[index], LoDTensor(value, lod))
+        else:
+            self.scope.put(names[index], value)
+
+    # -- control flow ---------------------------------------------------------------------------
+    def run_block(self, block_idx: int) -> None:
+        """Run a sub-block of the program on the same scope (conditional_block)."""
+        if self._run_block is None:
+            raise ExecutionError(f"{self.where}: cannot run block {block_idx} outside an executor")
+        self._run_block(block_idx)
+
+
+__all__ = ["KernelContext", "RunBlock"]

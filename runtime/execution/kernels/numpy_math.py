@@ -1,0 +1,250 @@
+"""Unary math and activations, scale/cast/assign/reshape, reductions (mean, sum,
+squared_l2_norm), concat, and clipping, with their gradient kernels.
+
+Activation gradients read the forward output where Paddle's do (relu, tanh, sigmoid, exp,
+sqrt), otherwise the input. `sum` and `scale` also accept `SelectedRows`, as the pserver sums
+and averages sparse gradients with them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from transpiler.ir import strip_grad_suffix
+
+from runtime.execution.kernels.common import out_grad, scalar
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.registry import register
+from runtime.execution.tensor import SelectedRows, copy_value
+
+Array = np.ndarray
+
+
+def _sigmoid(x: Array) -> Array:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+# op type -> (forward, gradient from (dout, x, out)); gradient None: not differentiable.
+_UNARY: dict[str, tuple[Callable[[Array], Array], Callable[[Array, Array, Array], Array] | None]] = {
+    "relu": (lambda x: np.maximum(x, 0), lambda g, x, o: g * (o > 0)),
+    "tanh": (np.tanh, lambda g, x, o: g * (1 - o * o)),
+    "sigmoid": (_sigmoid, lambda g, x, o: g * o * (1 - o)),
+    "exp": (np.exp, lambda g, x, o: g * o),
+    "log": (np.log, lambda g, x, o: g / x),
+    "sqrt": (np.sqrt, lambda g, x, o: g * 0.5 / o),
+    "square": (np.square, lambda g, x, o: g * 2 * x),
+    "cos": (np.cos, lambda g, x, o: -g * np.sin(x)),
+    "floor": (np.floor, None),
+    "ceil": (np.ceil, None),
+    "sign": (np.sign, None),
+}
+
+
+def _register_unary(op_type: str, fn: Callable[[Array], Array],
+                    grad: Callable[[Array, Array, Array], Array] | None) -> None:
+    @register(op_type)
+    def forward(ctx: KernelContext) -> None:
+        ctx.set_output("Out", fn(ctx.input("X")), lod=ctx.lod("X"))
+
+    if grad is None:
+        return
+
+    @register(op_type + "_grad")
+    def backward(ctx: KernelContext) -> None:
+        x, out = ctx.input("X"), ctx.input("Out")
+        ctx.set_output("X@GRAD", grad(out_grad(ctx, out), x, out).astype(x.dtype, copy=False))
+
+
+for _op_type, (_fn, _grad) in _UNARY.items():
+    _register_unary(_op_type, _fn, _grad)
+
+
+# -- scale, cast, assign, reshape ---------------------------------------------------------------
+def _scale(x: Array, scale: float, bias: float, bias_after_scale: bool) -> Array:
+    return x * scale + bias if bias_after_scale else (x + bias) * scale
+
+
+@register("scale")
+def scale(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    args = (float(ctx.attr("scale", 1.0)), float(ctx.attr("bias", 0.0)),
+            bool(ctx.attr("bias_after_scale", True)))
+    if isinstance(x, SelectedRows):
+        ctx.set_output("Out", SelectedRows(x.rows, _scale(x.values, *args), x.height))
+    else:
+        ctx.set_output("Out", _scale(x, *args), lod=ctx.lod("X"))
+
+
+@register("scale_grad")
+def scale_grad(ctx: KernelContext) -> None:
+    g = out_grad(ctx, ctx.input("X"))
+    ctx.set_output("X@GRAD", g * float(ctx.attr("scale", 1.0)))
+
+
+@register("cast")
+def cast(ctx: KernelContext) -> None:
+    dtype = np.dtype(ctx.attr("out_dtype"))
+    ctx.set_output("Out", ctx.input("X").astype(dtype), lod=ctx.lod("X"))
+
+
+@register("cast_grad")
+def cast_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("X@GRAD", out_grad(ctx, ctx.input("Out")).astype(x.dtype))
+
+
+@register("assign")
+def assign(ctx: KernelContext) -> None:
+    ctx.set_output("Out", copy_value(ctx.input("X")), lod=ctx.lod("X"))
+
+
+@register("assign_grad")
+def assign_grad(ctx: KernelContext) -> None:
+    ctx.set_output("X@GRAD", copy_value(out_grad(ctx, ctx.input("Out"))))
+
+
+def reshape_target(spec: list[int], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Paddle's reshape: 0 copies the input dim at that position, one -1 is inferred."""
+    dims = [shape[i] if d == 0 else int(d) for i, d in enumerate(spec)]
+    size = math.prod(shape)
+    if dims.count(-1) > 1:
+        raise ValueError(f"reshape: shape {spec} has more than one -1")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or size % known:
+            raise ValueError(f"reshape: cannot infer -1 in {spec} for {size} elements of {list(shape)}")
+        dims[dims.index(-1)] = size // known
+    if math.prod(dims) != size:
+        raise ValueError(f"reshape: shape {spec} does not hold the {size} elements of {list(shape)}")
+    return tuple(dims)
+
+
+@register("reshape")
+def reshape(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", x.reshape(reshape_target(list(ctx.attr("shape")), x.shape)))
+
+
+@register("reshape_grad")
+def reshape_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("X@GRAD", out_grad(ctx, ctx.input("Out")).reshape(x.shape))
+
+
+# -- reductions ---------------------------------------------------------------------------------
+@register("mean")
+def mean(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", np.asarray(x.mean(), dtype=x.dtype).reshape(1))
+
+
+@register("mean_grad")
+def mean_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    g = scalar(out_grad(ctx, ctx.input("Out")))
+    ctx.set_output("X@GRAD", np.full(x.shape, g / x.size, dtype=x.dtype))
+
+
+@register("squared_l2_norm")
+def squared_l2_norm(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", np.asarray(np.vdot(x, x), dtype=x.dtype).reshape(1))
+
+
+@register("squared_l2_norm_grad")
+def squared_l2_norm_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    g = scalar(out_grad(ctx, ctx.input("Out")))
+    ctx.set_output("X@GRAD", x * (2 * g))
+
+
+def sum_values(values: list[Array | SelectedRows]) -> Array | SelectedRows:
+    """All SelectedRows: their rows and values concatenated; otherwise the dense sum."""
+    if not values:
+        raise ValueError("sum: no inputs")
+    sparse = [v for v in values if isinstance(v, SelectedRows)]
+    if len(sparse) == len(values):
+        heights = {v.height for v in sparse}
+        if len(heights) != 1:
+            raise ValueError(f"sum: SelectedRows inputs of different heights {sorted(heights)}")
+        return SelectedRows(np.concatenate([v.rows for v in sparse]),
+                            np.concatenate([v.values for v in sparse]), sparse[0].height)
+    dense = [v for v in values if not isinstance(v, SelectedRows)]
+    total = dense[0].copy()
+    for value in dense[1:]:
+        total += value
+    for rows in sparse:
+        np.add.at(total, rows.rows, rows.values)
+    return total
+
+
+@register("sum")
+def sum_(ctx: KernelContext) -> None:
+    ctx.set_output("Out", sum_values(ctx.inputs("X")), lod=ctx.lod("X"))
+
+
+@register("sum_grad")
+def sum_grad(ctx: KernelContext) -> None:
+    g = ctx.input("Out@GRAD")
+    for i in range(len(ctx.output_names("X@GRAD"))):
+        ctx.set_output("X@GRAD", g, index=i)
+
+
+# -- concat -------------------------------------------------------------------------------------
+@register("concat")
+def concat(ctx: KernelContext) -> None:
+    xs = ctx.inputs("X")
+    ctx.set_output("Out", np.concatenate(xs, axis=int(ctx.attr("axis", 0))))
+
+
+def grad_sources(ctx: KernelContext, slot: str) -> list[list[int]]:
+    """For each var of `slot@GRAD`, the positions in `slot` whose gradient it is.
+
+    The grad op lists gradients only for inputs that need one, so when some are left out the
+    positions are recovered from the names (``x@GRAD`` and its renames belong to ``x``).
+    """
+    fwd = ctx.input_names(slot)
+    grads = ctx.output_names(slot + "@GRAD")
+    if len(grads) == len(fwd):
+        return [[i] for i in range(len(fwd))]
+    owners = [strip_grad_suffix(g) for g in grads]
+    return [[i for i, name in enumerate(fwd) if name == owner] for owner in owners]
+
+
+@register("concat_grad")
+def concat_grad(ctx: KernelContext) -> None:
+    xs = ctx.inputs("X")
+    axis = int(ctx.attr("axis", 0)) % xs[0].ndim
+    g = out_grad(ctx, ctx.input("Out"))
+    pieces = np.split(g, np.cumsum([x.shape[axis] for x in xs])[:-1], axis=axis)
+    for j, positions in enumerate(grad_sources(ctx, "X")):
+        if not positions:
+            raise ValueError(f"concat_grad: {ctx.output_names('X@GRAD')[j]!r} matches no input of X")
+        ctx.set_output("X@GRAD", np.sum([pieces[i] for i in positions], axis=0, dtype=g.dtype),
+                       index=j)
+
+
+# -- clipping -----------------------------------------------------------------------------------
+@register("clip")
+def clip(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    out = np.clip(x, float(ctx.attr("min")), float(ctx.attr("max"))).astype(x.dtype, copy=False)
+    ctx.set_output("Out", out, lod=ctx.lod("X"))
+
+
+@register("clip_grad")
+def clip_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    inside = (x > float(ctx.attr("min"))) & (x < float(ctx.attr("max")))
+    ctx.set_output("X@GRAD", out_grad(ctx, x) * inside)
+
+
+@register("clip_by_norm")
+def clip_by_norm(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    max_norm = float(ctx.attr("max_norm"))
+    norm = float(np.sqrt(np.vdot(x, x)))
+    ctx.set_output("Out", x * (max_norm / norm) if norm > max_norm else x.copy())

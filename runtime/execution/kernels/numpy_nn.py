@@ -1,0 +1,203 @@
+"""Neural-net ops: `mul` (the matmul of `fc`), softmax, the two cross-entropy losses, the
+embedding lookup (`lookup_table`, dense or sparse gradient) and `sequence_pool` over LoD
+sequences, each with its gradient kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from runtime.execution.kernels.common import (Segments, hard_labels, ignore_index, lookup_ids,
+                                              mul_dims, out_grad, padding_idx, pool_scale,
+                                              soft_label)
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.registry import register
+from runtime.execution.tensor import SelectedRows
+
+Array = np.ndarray
+
+
+# -- mul ----------------------------------------------------------------------------------------
+def _flatten2(a: Array, num_col_dims: int) -> Array:
+    return a.reshape(math.prod(a.shape[:num_col_dims]), math.prod(a.shape[num_col_dims:]))
+
+
+@register("mul")
+def mul(ctx: KernelContext) -> None:
+    x, y = ctx.input("X"), ctx.input("Y")
+    xd, yd = mul_dims(ctx)
+    out = _flatten2(x, xd) @ _flatten2(y, yd)
+    ctx.set_output("Out", out.reshape(x.shape[:xd] + y.shape[yd:]), lod=ctx.lod("X"))
+
+
+@register("mul_grad")
+def mul_grad(ctx: KernelContext) -> None:
+    x, y = ctx.input("X"), ctx.input("Y")
+    xd, yd = mul_dims(ctx)
+    x2, y2 = _flatten2(x, xd), _flatten2(y, yd)
+    g = out_grad(ctx, ctx.input("Out")).reshape(x2.shape[0], y2.shape[1])
+    if ctx.has_output("X@GRAD"):
+        ctx.set_output("X@GRAD", (g @ y2.T).reshape(x.shape))
+    if ctx.has_output("Y@GRAD"):
+        ctx.set_output("Y@GRAD", (x2.T @ g).reshape(y.shape))
+
+
+# -- softmax ------------------------------------------------------------------------------------
+def softmax_of(x: Array, axis: int = -1) -> Array:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@register("softmax")
+def softmax(ctx: KernelContext) -> None:
+    ctx.set_output("Out", softmax_of(ctx.input("X"), int(ctx.attr("axis", -1))), lod=ctx.lod("X"))
+
+
+@register("softmax_grad")
+def softmax_grad(ctx: KernelContext) -> None:
+    out = ctx.input("Out")
+    g = out_grad(ctx, out)
+    axis = int(ctx.attr("axis", -1))
+    ctx.set_output("X@GRAD", out * (g - (g * out).sum(axis=axis, keepdims=True)))
+
+
+# -- cross entropy ------------------------------------------------------------------------------
+@register("cross_entropy")
+def cross_entropy(ctx: KernelContext) -> None:
+    x, label = ctx.input("X"), ctx.input("Label")
+    p = x.reshape(-1, x.shape[-1])
+    if soft_label(ctx):
+        loss = -(label.reshape(p.shape) * np.log(p)).sum(axis=1)
+    else:
+        ids, keep = hard_labels(label, p.shape[0], ignore_index(ctx))
+        loss = np.where(keep, -np.log(p[np.arange(p.shape[0]), ids]), 0)
+    ctx.set_output("Y", loss.astype(x.dtype).reshape(x.shape[:-1] + (1,)))
+
+
+@register("cross_entropy_grad")
+def cross_entropy_grad(ctx: KernelContext) -> None:
+    x, label = ctx.input("X"), ctx.input("Label")
+    p = x.reshape(-1, x.shape[-1])
+    g = out_grad(ctx, ctx.input("Y"), "Y@GRAD").reshape(-1, 1)
+    if soft_label(ctx):
+        dp = -g * label.reshape(p.shape) / p
+    else:
+        ids, keep = hard_labels(label, p.shape[0], ignore_index(ctx))
+        rows = np.arange(p.shape[0])
+        dp = np.zeros_like(p)
+        dp[rows, ids] = np.where(keep, -g[:, 0] / p[rows, ids], 0)
+    ctx.set_output("X@GRAD", dp.reshape(x.shape))
+
+
+@register("softmax_with_cross_entropy")
+def softmax_with_cross_entropy(ctx: KernelContext) -> None:
+    logits, label = ctx.input("Logits"), ctx.input("Label")
+    z = logits.reshape(-1, logits.shape[-1])
+    shifted = z - z.max(axis=1, keepdims=True)
+    log_sm = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    if soft_label(ctx):
+        loss = -(label.reshape(z.shape) * log_sm).sum(axis=1)
+    else:
+        ids, keep = hard_labels(label, z.shape[0], ignore_index(ctx))
+        loss = np.where(keep, -log_sm[np.arange(z.shape[0]), ids], 0)
+    ctx.set_output("Softmax", np.exp(log_sm).reshape(logits.shape))
+    ctx.set_output("Loss", loss.astype(logits.dtype).reshape(logits.shape[:-1] + (1,)))
+
+
+@register("softmax_with_cross_entropy_grad")
+def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
+    """d loss / d logits = softmax * sum(label) - label (one-hot for hard labels), from the
+    forward Softmax and Loss@GRAD only."""
+    sm, label = ctx.input("Softmax"), ctx.input("Label")
+    s = sm.reshape(-1, sm.shape[-1])
+    g = out_grad(ctx, ctx.input("Loss"), "Loss@GRAD").reshape(-1, 1)
+    if soft_label(ctx):
+        soft = label.reshape(s.shape)
+        d = s * soft.sum(axis=1, keepdims=True) - soft
+    else:
+        ids, keep = hard_labels(label, s.shape[0], ignore_index(ctx))
+        d = s.copy()
+        d[np.arange(s.shape[0]), ids] -= 1
+        d *= keep[:, None]
+    ctx.set_output("Logits@GRAD", (d * g).reshape(sm.shape))
+
+
+# -- lookup_table -------------------------------------------------------------------------------
+@register("lookup_table")
+def lookup_table(ctx: KernelContext) -> None:
+    w, ids_in = ctx.input("W"), ctx.input("Ids")
+    ids = lookup_ids(ctx, w.shape[0])
+    out = w[ids]
+    pad = padding_idx(ctx)
+    if pad >= 0:
+        out[ids == pad] = 0
+    lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
+    ctx.set_output("Out", out.reshape(lead + w.shape[1:]), lod=ctx.lod("Ids"))
+
+
+@register("lookup_table_grad")
+def lookup_table_grad(ctx: KernelContext) -> None:
+    """Rows of Out@GRAD go to the rows they were read from; the padding row gets none. Sparse
+    (`is_sparse`): a SelectedRows with one row per id, repeats kept."""
+    w = ctx.input("W")
+    ids = lookup_ids(ctx, w.shape[0])
+    g = out_grad(ctx, ctx.input("Out")).reshape((ids.shape[0],) + w.shape[1:])
+    keep = ids != padding_idx(ctx)
+    if ctx.attr("is_sparse", False):
+        ctx.set_output("W@GRAD", SelectedRows(ids[keep], g[keep], w.shape[0]))
+        return
+    dw = np.zeros_like(w)
+    np.add.at(dw, ids[keep], g[keep])
+    ctx.set_output("W@GRAD", dw)
+
+
+# -- sequence_pool ------------------------------------------------------------------------------
+@register("sequence_pool")
+def sequence_pool(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    kind = str(ctx.attr("pooltype", "AVERAGE")).upper()
+    seg = Segments(ctx, x.shape[0])
+    x2 = x.reshape(x.shape[0], -1)
+    out = np.zeros((seg.count, x2.shape[1]), dtype=x.dtype)
+    index = np.full(out.shape, -1, dtype=np.int32)
+    ne, starts = seg.nonempty, seg.starts[seg.nonempty]
+    if kind in ("SUM", "AVERAGE", "SQRT"):
+        if starts.size:
+            out[ne] = np.add.reduceat(x2, starts, axis=0)
+        out *= pool_scale(kind, seg.lengths, x.dtype)[:, None]
+    elif kind == "MAX":
+        if starts.size:
+            out[ne] = np.maximum.reduceat(x2, starts, axis=0)
+            rows = np.arange(x2.shape[0])[:, None]
+            candidates = np.where(x2 == out[seg.row_seq], rows, x2.shape[0])
+            index[ne] = np.minimum.reduceat(candidates, starts, axis=0)
+    elif kind == "FIRST":
+        out[ne] = x2[starts]
+    elif kind == "LAST":
+        out[ne] = x2[seg.ends[ne] - 1]
+    else:
+        raise ValueError(f"unknown pooltype {kind!r}")
+    ctx.set_output("Out", out.reshape((seg.count,) + x.shape[1:]), lod=seg.outer_lod)
+    ctx.set_output("MaxIndex", index)
+
+
+@register("sequence_pool_grad")
+def sequence_pool_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    kind = str(ctx.attr("pooltype", "AVERAGE")).upper()
+    seg = Segments(ctx, x.shape[0])
+    g = out_grad(ctx, ctx.input("Out")).reshape(seg.count, -1)
+    ne = seg.nonempty
+    if kind in ("SUM", "AVERAGE", "SQRT"):
+        dx = (g * pool_scale(kind, seg.lengths, x.dtype)[:, None])[seg.row_seq]
+    else:
+        dx = np.zeros((x.shape[0], g.shape[1]), dtype=x.dtype)
+        if kind == "MAX":
+            dx[ctx.input("MaxIndex")[ne], np.arange(g.shape[1])] = g[ne]
+        elif kind == "FIRST":
+            dx[seg.starts[ne]] = g[ne]
+        else:
+            dx[seg.ends[ne] - 1] = g[ne]
+    ctx.set_output("X@GRAD", dx.reshape(x.shape))

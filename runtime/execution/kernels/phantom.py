@@ -1,0 +1,344 @@
+"""The phantom backend: timing mode's kernels, which compute nothing and yield output shapes.
+
+Every kernel stores a `Phantom` (shape, dtype, and the LoD or row height its real twin would
+have) for each output, so a whole job runs with no arithmetic and every message, op and byte
+count stays what numeric mode would give. Each op's entry in the op catalog
+(`transpiler.opcatalog`) names its shape rule (`SHAPE_RULES`); the rules:
+
+- The generic rule: an output takes its declared shape and dtype (from the program), and a -1
+  dim k takes dim k of the op's first input declared with -1 there; when that is dim 0 (the
+  batch) the output also takes that input's LoD.
+- Gradients: ``S@GRAD`` is shaped like the forward input of slot ``S`` it belongs to.
+- Ops whose shapes depend on attributes or data: the elementwise and comparison ops (their
+  operands broadcast), `mul` (the flattened product), `reshape`, `lookup_table` (a row per id),
+  `sequence_pool` (a row per sequence), `split_byref`, `split_selected_rows`, `split_ids` and
+  `concat` (their sections), `sum` (SelectedRows add up their rows), `scale`/`assign` (like X,
+  SelectedRows too), the optimizers (every output like Param), the initializers (the ``shape``
+  attribute) and `conditional_block` (see below).
+- What only data could tell is apportioned: `split_ids` and `split_selected_rows` give each
+  section a share of the rows in proportion to its height (numeric mode would send the rows or
+  the unique ids each owner holds: as many, or fewer).
+
+Control values stay real: an op whose inputs hold no phantom and whose outputs are all
+declared integer or bool (step counters, their limits and comparisons) runs its numpy kernel,
+so a `conditional_block` on such a condition (geo-SGD's push every k steps) runs when numeric
+mode would. A condition that is a phantom (say, on a float learning-rate step) is taken to hold.
+`save` refuses: a phantom has nothing to write.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from transpiler.ir import Var, strip_grad_suffix
+from transpiler.opcatalog import OPS, OpDef
+
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.numpy_elementwise import align
+from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
+from runtime.execution.kernels.registry import Kernel, get_kernel, register
+from runtime.execution.tensor import LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of
+
+BACKEND = "phantom"
+Rule = Callable[[KernelContext], None]
+Lod = tuple[tuple[int, ...], ...]
+_NO_LOD: Lod = ()
+
+__all__ = ["BACKEND", "RULES", "SHAPE_RULES", "apportion"]
+
+
+# -- reading the op ----------------------------------------------------------------------------
+def _declared(ctx: KernelContext, name: str) -> Var:
+    """The declaration of var `name` in the op's program (block 0 first)."""
+    if ctx.program is not None:
+        for block in ctx.program.blocks:
+            var = block.vars.get(name)
+            if var is not None:
+                return var
+    raise ValueError(f"var {name!r} is not declared in the program; phantom kernels take "
+                     "output shapes from declarations")
+
+
+def _value(ctx: KernelContext, slot: str, index: int = 0) -> Value:
+    """The stored value of the slot's `index`-th input, a LoDTensor with its LoD."""
+    return ctx.scope.get_tensor(ctx.input_names(slot)[index])
+
+
+def _values(ctx: KernelContext, slot: str) -> list[Value]:
+    return [ctx.scope.get_tensor(name) for name in ctx.input_names(slot)]
+
+
+def _lod(value: Value) -> Lod:
+    if isinstance(value, LoDTensor):
+        return tuple(map(tuple, value.lod))
+    return value.lod if isinstance(value, Phantom) else ()
+
+
+def _dense(shape: Sequence[int], dtype: npt.DTypeLike, lod: Lod = ()) -> Phantom:
+    return Phantom(tuple(shape), np.dtype(dtype), lod=lod)
+
+
+def _has_phantom_input(ctx: KernelContext) -> bool:
+    return any(isinstance(ctx.scope.get_tensor(name), Phantom)
+               for names in ctx.op.inputs.values() for name in names if name in ctx.scope)
+
+
+def _control_values(ctx: KernelContext) -> bool:
+    """Whether the op computes control values (see the module docstring): no phantom in, only
+    integer or bool outputs declared."""
+    outputs = ctx.op.output_arg_names
+    if not outputs or _has_phantom_input(ctx):
+        return False
+    try:
+        dtypes = [np.dtype(_declared(ctx, name).dtype) for name in outputs]
+    except ValueError:
+        return False
+    return all(dtype.kind in "biu" for dtype in dtypes)
+
+
+# -- the generic rules ----------------------------------------------------------------------------
+def _generic(ctx: KernelContext) -> None:
+    """Each output its declared shape and dtype, -1 dims resolved from the inputs."""
+    for slot, names in ctx.op.outputs.items():
+        for i, name in enumerate(names):
+            ctx.set_output(slot, _resolved(ctx, name), index=i)
+
+
+def _resolved(ctx: KernelContext, name: str) -> Phantom:
+    var = _declared(ctx, name)
+    shape, lod = list(var.shape), _NO_LOD
+    for k, dim in enumerate(shape):
+        if dim == -1:
+            source = _batch_input(ctx, k, name)
+            shape[k] = shape_of(source)[k]
+            lod = _lod(source) if k == 0 else lod
+    return _dense(shape, var.dtype, lod)
+
+
+def _batch_input(ctx: KernelContext, k: int, output: str) -> Value:
+    """The first input declared with -1 at dim k."""
+    for name in ctx.op.input_arg_names:
+        declared = _declared(ctx, name).shape
+        if len(declared) > k and declared[k] == -1:
+            return ctx.scope.get_tensor(name)
+    raise ValueError(f"output {output!r}: dim {k} is -1 and no input is declared with -1 there")
+
+
+def _gradient(ctx: KernelContext) -> None:
+    """``S@GRAD`` like the input of slot ``S`` it is the gradient of."""
+    for slot, names in ctx.op.outputs.items():
+        forward = slot.removesuffix("@GRAD")
+        inputs = _values(ctx, forward)
+        for j, positions in enumerate(grad_sources(ctx, forward)):
+            if not positions:
+                raise ValueError(f"{names[j]!r} is the gradient of no input of {forward} "
+                                 f"({strip_grad_suffix(names[j])!r})")
+            like = inputs[positions[0]]
+            ctx.set_output(slot, _dense(shape_of(like), phantom_of(like).dtype), index=j)
+
+
+# -- ops with shapes of their own ---------------------------------------------------------------
+def _like_x(ctx: KernelContext) -> None:
+    """Out like X: its shape, dtype, LoD, or rows and height (`scale`, `assign`)."""
+    ctx.set_output("Out", phantom_of(_value(ctx, "X")))
+
+
+def _mul(ctx: KernelContext) -> None:
+    x, y = _value(ctx, "X"), _value(ctx, "Y")
+    xd, yd = int(ctx.attr("x_num_col_dims", 1)), int(ctx.attr("y_num_col_dims", 1))
+    ctx.set_output("Out", _dense(shape_of(x)[:xd] + shape_of(y)[yd:], phantom_of(x).dtype, _lod(x)))
+
+
+def _reshape(ctx: KernelContext) -> None:
+    x = phantom_of(_value(ctx, "X"))
+    ctx.set_output("Out", _dense(reshape_target(list(ctx.attr("shape")), x.shape), x.dtype))
+
+
+def _elementwise(ctx: KernelContext) -> None:
+    """Out of X and Y broadcast under Paddle's `axis` rule, keeping X's LoD."""
+    x, y = phantom_of(_value(ctx, "X")), shape_of(_value(ctx, "Y"))
+    shape = np.broadcast_shapes(*align(x.shape, y, int(ctx.attr("axis", -1))))
+    ctx.set_output("Out", _dense(shape, _declared(ctx, ctx.output_names("Out")[0]).dtype, x.lod))
+
+
+def _id_rows(ids: Sequence[int]) -> tuple[int, ...]:
+    """The leading dims of a lookup of ids shaped `ids` (a trailing 1 is dropped)."""
+    return tuple(ids[:-1]) if len(ids) > 1 and ids[-1] == 1 else tuple(ids)
+
+
+def _lookup(ctx: KernelContext) -> None:
+    """A row of W per id, keeping the ids' LoD (`lookup_table`, `lookup_sparse_table`)."""
+    w, ids = phantom_of(_value(ctx, "W")), _value(ctx, "Ids")
+    ctx.set_output("Out", _dense(_id_rows(shape_of(ids)) + w.shape[1:], w.dtype, _lod(ids)))
+
+
+def _lookup_grad(ctx: KernelContext) -> None:
+    w, ids = phantom_of(_value(ctx, "W")), shape_of(_value(ctx, "Ids"))
+    if not ctx.attr("is_sparse", False):
+        ctx.set_output("W@GRAD", _dense(w.shape, w.dtype))
+        return
+    ctx.set_output("W@GRAD", Phantom((math.prod(ids),) + w.shape[1:], w.dtype, w.shape[0]))
+
+
+def _sequence_pool(ctx: KernelContext) -> None:
+    x = _value(ctx, "X")
+    lod, shape = _lod(x), shape_of(x)
+    if not lod:
+        raise ValueError(f"input X {ctx.input_names('X')[0]!r} has no LoD")
+    count = len(lod[-1]) - 1
+    ctx.set_output("Out", _dense((count,) + shape[1:], phantom_of(x).dtype, lod[:-1]))
+    ctx.set_output("MaxIndex", _dense((count, math.prod(shape[1:])), np.int32))
+
+
+def _merge_ids(ctx: KernelContext) -> None:
+    ids, rows = _value(ctx, "Ids"), phantom_of(_value(ctx, "X"))
+    ctx.set_output("Out", _dense(_id_rows(shape_of(ids)) + rows.shape[1:], rows.dtype, _lod(ids)))
+
+
+def apportion(total: int, weights: Sequence[int]) -> list[int]:
+    """`total` cut in proportion to `weights` (largest remainders first), summing to `total`."""
+    whole = sum(weights)
+    if whole <= 0:
+        return [0] * len(weights)
+    exact = [total * w / whole for w in weights]
+    shares = [math.floor(e) for e in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: shares[i] - exact[i])
+    for i in by_remainder[:total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def _sections(ctx: KernelContext, attr: str, total: int) -> list[int]:
+    sections = [int(s) for s in ctx.attr(attr)]
+    if sum(sections) != total:
+        raise ValueError(f"{attr} {sections} add up to {sum(sections)}, not {total} rows")
+    return sections
+
+
+def _split_byref(ctx: KernelContext) -> None:
+    x = phantom_of(_value(ctx, "X"))
+    total = x.height if x.height is not None else x.shape[0]
+    for i, rows in enumerate(_sections(ctx, "sections", total)):
+        ctx.set_output("Out", _dense((rows,) + x.shape[1:], x.dtype), index=i)
+
+
+def _split_rows(ctx: KernelContext, slot: str, rebase: bool) -> None:
+    """Rows of a SelectedRows X shared among the sections of ``height_sections``."""
+    x = phantom_of(_value(ctx, slot))
+    if x.height is None:
+        raise TypeError(f"{slot} must be SelectedRows, got a dense {list(x.shape)}")
+    sections = _sections(ctx, "height_sections", x.height)
+    for i, rows in enumerate(apportion(x.shape[0], sections)):
+        height = sections[i] if rebase else x.height
+        ctx.set_output("Out", Phantom((rows,) + x.shape[1:], x.dtype, height), index=i)
+
+
+def _split_selected_rows(ctx: KernelContext) -> None:
+    _split_rows(ctx, "X", rebase=True)
+
+
+def _split_ids(ctx: KernelContext) -> None:
+    x = phantom_of(_value(ctx, "Ids"))
+    if x.height is not None:
+        _split_rows(ctx, "Ids", rebase=False)
+        return
+    sections = [int(s) for s in ctx.attr("height_sections")]
+    for i, count in enumerate(apportion(math.prod(x.shape), sections)):
+        ctx.set_output("Out", _dense((count, 1), np.int64), index=i)
+
+
+def _concat(ctx: KernelContext) -> None:
+    shapes = [shape_of(v) for v in _values(ctx, "X")]
+    axis = int(ctx.attr("axis", 0)) % len(shapes[0])
+    out = list(shapes[0])
+    out[axis] = sum(s[axis] for s in shapes)
+    ctx.set_output("Out", _dense(out, phantom_of(_value(ctx, "X")).dtype))
+
+
+def _sum(ctx: KernelContext) -> None:
+    """All SelectedRows: their rows together; otherwise dense like the first dense input."""
+    values = [phantom_of(v) for v in _values(ctx, "X")]
+    dense = [v for v in values if v.height is None]
+    if dense:
+        ctx.set_output("Out", _dense(dense[0].shape, dense[0].dtype, values[0].lod))
+        return
+    rows = sum(v.shape[0] for v in values)
+    ctx.set_output("Out", Phantom((rows,) + values[0].shape[1:], values[0].dtype, values[0].height))
+
+
+def _optimizer(ctx: KernelContext) -> None:
+    """Every output (the parameter and its accumulators) shaped like Param."""
+    param = phantom_of(_value(ctx, "Param"))
+    for slot, names in ctx.op.outputs.items():
+        for i in range(len(names)):
+            ctx.set_output(slot, _dense(param.shape, param.dtype), index=i)
+
+
+def _initializer(ctx: KernelContext) -> None:
+    """Out of the ``shape`` and ``dtype`` attributes (initializers, `fill_constant`)."""
+    shape = [int(d) for d in ctx.attr("shape", ())]
+    ctx.set_output("Out", _dense(shape, ctx.attr("dtype", "float32")))
+
+
+def _ref_by_trainer_id(ctx: KernelContext) -> None:
+    ctx.set_output("Out", _dense(shape_of(_value(ctx, "X")), phantom_of(_value(ctx, "X")).dtype))
+
+
+def _conditional_block(ctx: KernelContext) -> None:
+    """Run the sub-block when the condition holds; a phantom condition is taken to hold."""
+    if any(isinstance(c, Phantom) for c in _values(ctx, "Cond")):
+        ctx.run_block(ctx.attr("sub_block").idx)
+    else:
+        get_kernel("conditional_block", "numpy")(ctx)
+
+
+def _save(ctx: KernelContext) -> None:
+    x = _value(ctx, "X")
+    raise TypeError(f"save: X {ctx.input_names('X')[0]!r} is a phantom of {nbytes_of(x)} bytes "
+                    "with no data to write (timing mode)")
+
+
+# -- the table ----------------------------------------------------------------------------------
+SHAPE_RULES: dict[str, Rule] = {
+    "generic": _generic, "broadcast": _elementwise, "gradient": _gradient,
+    "like_param": _optimizer, "from_attrs": _initializer, "like_x": _like_x, "mul": _mul,
+    "reshape": _reshape, "lookup": _lookup, "lookup_grad": _lookup_grad,
+    "sequence_pool": _sequence_pool, "merge_ids": _merge_ids, "split_byref": _split_byref,
+    "split_selected_rows": _split_selected_rows, "split_ids": _split_ids, "concat": _concat,
+    "sum": _sum, "ref_by_trainer_id": _ref_by_trainer_id,
+    "conditional_block": _conditional_block, "save": _save,
+}
+"""The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""
+
+
+def _rule_of(op: OpDef) -> Rule:
+    rule = SHAPE_RULES.get(op.shape or "")
+    if rule is None:
+        raise ValueError(f"op {op.type!r}: the catalog names phantom shape rule {op.shape!r}, "
+                         f"which is not one of {sorted(SHAPE_RULES)}")
+    return rule
+
+
+RULES: dict[str, Rule] = {op.type: _rule_of(op) for op in OPS.values() if op.runs == "kernel"}
+"""Each op type's shape rule: every op the catalog runs through kernels."""
+
+
+def _kernel(op_type: str, rule: Rule) -> Kernel:
+    numpy_kernel = get_kernel(op_type, "numpy")
+
+    def kernel(ctx: KernelContext) -> None:
+        if _control_values(ctx):
+            numpy_kernel(ctx)
+        else:
+            rule(ctx)
+
+    kernel.__name__ = kernel.__qualname__ = f"phantom_{op_type}"
+    return kernel
+
+
+for _op_type, _rule in RULES.items():
+    register(_op_type, BACKEND)(_kernel(_op_type, _rule))

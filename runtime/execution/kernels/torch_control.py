@@ -1,0 +1,56 @@
+"""Torch kernels of the initializer, counter and control ops.
+
+`increment` computes in torch like any op. The others have nothing to compute on a device, so
+the torch backend registers the numpy backend's own kernels for them:
+
+- the random initializers (`uniform_random`, `gaussian_random`, `truncated_gaussian_random`)
+  must draw exactly the numpy backend's numbers (same generator, same seed rule), so that a
+  scenario trains identically with either backend and a torch trainer agrees with a numpy
+  pserver on every initial value;
+- `fill_constant` builds its value from attributes alone, as the random ones do;
+- `conditional_block` reads a host-side condition and runs a sub-block (whose ops are torch's);
+- `sum_grad` only hands Out@GRAD on to every input, without computing;
+- `split_byref` and `split_selected_rows` only cut a value into row blocks;
+- the distributed lookup table's `split_ids`, `merge_ids`, `lookup_sparse_table`, `fake_init`
+  and `save` only cut, gather, place or write rows.
+
+Values live in the scope as numpy arrays with either backend (see `torch_ops`), so these need no
+conversion.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.execution.kernels import numpy_control, numpy_dist, numpy_math, numpy_nn
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.registry import Kernel
+from runtime.execution.kernels.torch_common import input_t, kernel, put
+
+SHARED_WITH_NUMPY: dict[str, Kernel] = {
+    "fill_constant": numpy_control.fill_constant,
+    "uniform_random": numpy_control.uniform_random,
+    "gaussian_random": numpy_control.gaussian_random,
+    "truncated_gaussian_random": numpy_control.truncated_gaussian_random,
+    "conditional_block": numpy_control.conditional_block,
+    "sum_grad": numpy_math.sum_grad,
+    "split_byref": numpy_dist.split_byref,
+    "split_selected_rows": numpy_dist.split_selected_rows,
+    "ref_by_trainer_id": numpy_dist.ref_by_trainer_id,
+    "split_ids": numpy_dist.split_ids,
+    "merge_ids": numpy_dist.merge_ids,
+    "lookup_sparse_table": numpy_nn.lookup_table,
+    "fake_init": numpy_dist.fake_init,
+    "save": numpy_dist.save,
+}
+
+for _op_type, _kernel in SHARED_WITH_NUMPY.items():
+    kernel(_op_type)(_kernel)
+
+
+@kernel("increment")
+def increment(ctx: KernelContext) -> None:
+    """X + step, the step cast to X's dtype first (an int64 counter stays int64)."""
+    x = ctx.input("X")
+    step = np.asarray(ctx.attr("step", 1.0)).astype(x.dtype).item()
+    put(ctx, "Out", input_t(ctx, "X") + step)

@@ -1,0 +1,222 @@
+"""Torch kernels of the unary math and activations, scale/cast/assign/reshape, reductions (mean,
+sum, squared_l2_norm), concat and clipping, with their gradients: `numpy_math` op for op.
+
+Formulas are the numpy backend's own (sigmoid as ``0.5 * (1 + tanh(x / 2))``, for one), so the
+two backends differ only by rounding. Where numpy would compute integers in float64 (tanh of an
+int, an int scaled by a float) the tensor is promoted to float64 first (`as_float`). `sum` and
+`scale` also take `SelectedRows`, whose rows stay numpy (they index; they are not computed on).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from runtime.execution.kernels.common import out_grad, scalar
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
+from runtime.execution.kernels.torch_common import (Tensor, array, as_float, device, input_t,
+                                                    kernel, out_grad_t, put, result_dtype, tensor,
+                                                    torch, torch_dtype)
+from runtime.execution.tensor import SelectedRows
+
+UnaryFn = Callable[[Tensor], Tensor]
+UnaryGrad = Callable[[Tensor, Tensor, Tensor], Tensor]  # (dout, x, out) -> dx
+
+
+def _sigmoid(x: Tensor) -> Tensor:
+    return 0.5 * (1.0 + torch.tanh(0.5 * x))
+
+
+# op type -> (forward, gradient from (dout, x, out)); gradient None: not differentiable.
+_UNARY: dict[str, tuple[UnaryFn, UnaryGrad | None]] = {
+    "relu": (torch.relu, lambda g, x, o: g * (o > 0)),
+    "tanh": (lambda x: torch.tanh(as_float(x)), lambda g, x, o: g * (1 - o * o)),
+    "sigmoid": (lambda x: _sigmoid(as_float(x)), lambda g, x, o: g * o * (1 - o)),
+    "exp": (lambda x: torch.exp(as_float(x)), lambda g, x, o: g * o),
+    "log": (lambda x: torch.log(as_float(x)), lambda g, x, o: g / x),
+    "sqrt": (lambda x: torch.sqrt(as_float(x)), lambda g, x, o: g * 0.5 / o),
+    "square": (torch.square, lambda g, x, o: g * 2 * x),
+    "cos": (lambda x: torch.cos(as_float(x)), lambda g, x, o: -g * torch.sin(x)),
+    "floor": (torch.floor, None),
+    "ceil": (torch.ceil, None),
+    "sign": (torch.sign, None),
+}
+
+
+def _register_unary(op_type: str, fn: UnaryFn, grad: UnaryGrad | None) -> None:
+    @kernel(op_type)
+    def forward(ctx: KernelContext) -> None:
+        put(ctx, "Out", fn(input_t(ctx, "X")), lod=ctx.lod("X"))
+
+    if grad is None:
+        return
+
+    @kernel(op_type + "_grad")
+    def backward(ctx: KernelContext) -> None:
+        x, out = ctx.input("X"), input_t(ctx, "Out")
+        put(ctx, "X@GRAD", grad(out_grad_t(ctx), tensor(x), out), dtype=x.dtype)
+
+
+for _op_type, (_fn, _grad) in _UNARY.items():
+    _register_unary(_op_type, _fn, _grad)
+
+
+# -- scale, cast, assign, reshape ---------------------------------------------------------------
+def _scale(x: Tensor, scale: float, bias: float, bias_after_scale: bool) -> Tensor:
+    x = as_float(x)
+    return x * scale + bias if bias_after_scale else (x + bias) * scale
+
+
+@kernel("scale")
+def scale(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    args = (float(ctx.attr("scale", 1.0)), float(ctx.attr("bias", 0.0)),
+            bool(ctx.attr("bias_after_scale", True)))
+    if isinstance(x, SelectedRows):
+        values = array(_scale(tensor(x.values), *args))
+        ctx.set_output("Out", SelectedRows(x.rows, values, x.height))
+    else:
+        put(ctx, "Out", _scale(tensor(x), *args), lod=ctx.lod("X"))
+
+
+@kernel("scale_grad")
+def scale_grad(ctx: KernelContext) -> None:
+    g = out_grad_t(ctx, "X")
+    put(ctx, "X@GRAD", g * float(ctx.attr("scale", 1.0)))
+
+
+@kernel("cast")
+def cast(ctx: KernelContext) -> None:
+    put(ctx, "Out", input_t(ctx, "X"), lod=ctx.lod("X"), dtype=np.dtype(ctx.attr("out_dtype")))
+
+
+@kernel("cast_grad")
+def cast_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    put(ctx, "X@GRAD", out_grad_t(ctx), dtype=x.dtype)
+
+
+def _copy(value: np.ndarray | SelectedRows) -> np.ndarray | SelectedRows:
+    if isinstance(value, SelectedRows):
+        return SelectedRows(value.rows.copy(), array(tensor(value.values).clone()), value.height)
+    return array(tensor(value).clone())
+
+
+@kernel("assign")
+def assign(ctx: KernelContext) -> None:
+    ctx.set_output("Out", _copy(ctx.input("X")), lod=ctx.lod("X"))
+
+
+@kernel("assign_grad")
+def assign_grad(ctx: KernelContext) -> None:
+    ctx.set_output("X@GRAD", _copy(out_grad(ctx, ctx.input("Out"))))
+
+
+@kernel("reshape")
+def reshape(ctx: KernelContext) -> None:
+    x = input_t(ctx, "X")
+    put(ctx, "Out", x.reshape(reshape_target(list(ctx.attr("shape")), tuple(x.shape))))
+
+
+@kernel("reshape_grad")
+def reshape_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    put(ctx, "X@GRAD", out_grad_t(ctx).reshape(x.shape))
+
+
+# -- reductions ---------------------------------------------------------------------------------
+@kernel("mean")
+def mean(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    put(ctx, "Out", as_float(tensor(x)).mean().reshape(1), dtype=x.dtype)
+
+
+@kernel("mean_grad")
+def mean_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    share = scalar(out_grad(ctx, ctx.input("Out"))) / x.size
+    put(ctx, "X@GRAD", torch.full(x.shape, share.item(), dtype=torch_dtype(x.dtype), device=device()))
+
+
+@kernel("squared_l2_norm")
+def squared_l2_norm(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    t = tensor(x).reshape(-1)
+    put(ctx, "Out", torch.dot(t, t).reshape(1), dtype=x.dtype)
+
+
+@kernel("squared_l2_norm_grad")
+def squared_l2_norm_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    twice = 2 * scalar(out_grad(ctx, ctx.input("Out")))
+    put(ctx, "X@GRAD", tensor(x, result_dtype(x.dtype, twice.dtype)) * float(twice))
+
+
+def sum_values(values: list[np.ndarray | SelectedRows]) -> np.ndarray | SelectedRows:
+    """All SelectedRows: their rows and values concatenated; otherwise the dense sum."""
+    if not values:
+        raise ValueError("sum: no inputs")
+    sparse = [v for v in values if isinstance(v, SelectedRows)]
+    if len(sparse) == len(values):
+        heights = {v.height for v in sparse}
+        if len(heights) != 1:
+            raise ValueError(f"sum: SelectedRows inputs of different heights {sorted(heights)}")
+        merged = torch.cat([tensor(v.values) for v in sparse])
+        return SelectedRows(np.concatenate([v.rows for v in sparse]), array(merged), sparse[0].height)
+    dense = [tensor(v) for v in values if not isinstance(v, SelectedRows)]
+    total = dense[0].clone()
+    for value in dense[1:]:
+        total += value
+    for rows in sparse:
+        total.index_add_(0, tensor(rows.rows), tensor(rows.values).to(total.dtype))
+    return array(total)
+
+
+@kernel("sum")
+def sum_(ctx: KernelContext) -> None:
+    ctx.set_output("Out", sum_values(ctx.inputs("X")), lod=ctx.lod("X"))
+
+
+# -- concat -------------------------------------------------------------------------------------
+@kernel("concat")
+def concat(ctx: KernelContext) -> None:
+    xs = [tensor(x) for x in ctx.inputs("X")]
+    put(ctx, "Out", torch.cat(xs, dim=int(ctx.attr("axis", 0))))
+
+
+@kernel("concat_grad")
+def concat_grad(ctx: KernelContext) -> None:
+    xs = ctx.inputs("X")
+    axis = int(ctx.attr("axis", 0)) % xs[0].ndim
+    g = out_grad_t(ctx)
+    pieces = torch.split(g, [x.shape[axis] for x in xs], dim=axis)
+    for j, positions in enumerate(grad_sources(ctx, "X")):
+        if not positions:
+            raise ValueError(f"concat_grad: {ctx.output_names('X@GRAD')[j]!r} matches no input of X")
+        put(ctx, "X@GRAD", torch.stack([pieces[i] for i in positions]).sum(dim=0), index=j)
+
+
+# -- clipping -----------------------------------------------------------------------------------
+@kernel("clip")
+def clip(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    out = torch.clamp(as_float(tensor(x)), float(ctx.attr("min")), float(ctx.attr("max")))
+    put(ctx, "Out", out, lod=ctx.lod("X"), dtype=x.dtype)
+
+
+@kernel("clip_grad")
+def clip_grad(ctx: KernelContext) -> None:
+    x = input_t(ctx, "X")
+    inside = (x > float(ctx.attr("min"))) & (x < float(ctx.attr("max")))
+    put(ctx, "X@GRAD", out_grad_t(ctx, "X") * inside)
+
+
+@kernel("clip_by_norm")
+def clip_by_norm(ctx: KernelContext) -> None:
+    x = input_t(ctx, "X")
+    max_norm = float(ctx.attr("max_norm"))
+    flat = x.reshape(-1)
+    norm = float(np.sqrt(array(torch.dot(flat, flat))))  # sqrt in x's dtype, as numpy does
+    put(ctx, "Out", x * (max_norm / norm) if norm > max_norm else x.clone())

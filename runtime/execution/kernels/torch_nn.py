@@ -1,0 +1,219 @@
+"""Torch kernels of the neural-net ops: `mul`, softmax, the cross-entropy losses, `lookup_table`
+(dense or `SelectedRows` gradient) and `sequence_pool`, with their gradients: `numpy_nn` op for op.
+
+Index bookkeeping stays on the host in numpy, shared with the numpy backend: label ids and the
+ignore mask (`hard_labels`), table ids (`lookup_ids`), LoD segments (`Segments`). Only the values
+are computed in torch; scatters and gathers replace numpy's fancy indexing and
+`ufunc.at`/`reduceat`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from runtime.execution.kernels.common import (Segments, hard_labels, ignore_index, lookup_ids,
+                                              mul_dims, padding_idx, pool_scale, soft_label)
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.torch_common import (Tensor, array, as_float, input_t, kernel,
+                                                    out_grad_t, put, tensor, torch, zeros)
+from runtime.execution.tensor import SelectedRows
+
+
+# -- mul ----------------------------------------------------------------------------------------
+def _flatten2(a: Tensor, num_col_dims: int) -> Tensor:
+    return a.reshape(math.prod(a.shape[:num_col_dims]), math.prod(a.shape[num_col_dims:]))
+
+
+def _matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b in the promoted dtype of the two (torch's matmul wants equal dtypes, numpy's promotes)."""
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    return a.to(dtype) @ b.to(dtype)
+
+
+@kernel("mul")
+def mul(ctx: KernelContext) -> None:
+    x, y = input_t(ctx, "X"), input_t(ctx, "Y")
+    xd, yd = mul_dims(ctx)
+    out = _matmul(_flatten2(x, xd), _flatten2(y, yd))
+    put(ctx, "Out", out.reshape(x.shape[:xd] + y.shape[yd:]), lod=ctx.lod("X"))
+
+
+@kernel("mul_grad")
+def mul_grad(ctx: KernelContext) -> None:
+    x, y = input_t(ctx, "X"), input_t(ctx, "Y")
+    xd, yd = mul_dims(ctx)
+    x2, y2 = _flatten2(x, xd), _flatten2(y, yd)
+    g = out_grad_t(ctx).reshape(x2.shape[0], y2.shape[1])
+    if ctx.has_output("X@GRAD"):
+        put(ctx, "X@GRAD", _matmul(g, y2.T).reshape(x.shape))
+    if ctx.has_output("Y@GRAD"):
+        put(ctx, "Y@GRAD", _matmul(x2.T, g).reshape(y.shape))
+
+
+# -- softmax ------------------------------------------------------------------------------------
+def softmax_of(x: Tensor, dim: int = -1) -> Tensor:
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+@kernel("softmax")
+def softmax(ctx: KernelContext) -> None:
+    x = as_float(input_t(ctx, "X"))
+    put(ctx, "Out", softmax_of(x, int(ctx.attr("axis", -1))), lod=ctx.lod("X"))
+
+
+@kernel("softmax_grad")
+def softmax_grad(ctx: KernelContext) -> None:
+    out = input_t(ctx, "Out")
+    g = out_grad_t(ctx)
+    dim = int(ctx.attr("axis", -1))
+    put(ctx, "X@GRAD", out * (g - (g * out).sum(dim=dim, keepdim=True)))
+
+
+# -- cross entropy ------------------------------------------------------------------------------
+def _labels(ctx: KernelContext, label: np.ndarray, rows: int) -> tuple[Tensor, Tensor]:
+    """Class ids per row (as a [rows, 1] index) and the mask of rows that count, on the device."""
+    ids, keep = hard_labels(label, rows, ignore_index(ctx))
+    return tensor(ids).reshape(-1, 1), tensor(keep)
+
+
+@kernel("cross_entropy")
+def cross_entropy(ctx: KernelContext) -> None:
+    x, label = ctx.input("X"), ctx.input("Label")
+    p = tensor(x).reshape(-1, x.shape[-1])
+    if soft_label(ctx):
+        loss = -(tensor(label).reshape(p.shape) * torch.log(p)).sum(dim=1)
+    else:
+        ids, keep = _labels(ctx, label, p.shape[0])
+        loss = torch.where(keep, -torch.log(p.gather(1, ids)[:, 0]), 0)
+    put(ctx, "Y", loss.reshape(x.shape[:-1] + (1,)), dtype=x.dtype)
+
+
+@kernel("cross_entropy_grad")
+def cross_entropy_grad(ctx: KernelContext) -> None:
+    x, label = ctx.input("X"), ctx.input("Label")
+    p = tensor(x).reshape(-1, x.shape[-1])
+    g = out_grad_t(ctx, "Y", "Y@GRAD").reshape(-1, 1)
+    if soft_label(ctx):
+        dp = -g * tensor(label).reshape(p.shape) / p
+    else:
+        ids, keep = _labels(ctx, label, p.shape[0])
+        picked = torch.where(keep[:, None], -g / p.gather(1, ids), 0)
+        dp = torch.zeros_like(p).scatter_(1, ids, picked.to(p.dtype))
+    put(ctx, "X@GRAD", dp.reshape(x.shape))
+
+
+@kernel("softmax_with_cross_entropy")
+def softmax_with_cross_entropy(ctx: KernelContext) -> None:
+    logits, label = ctx.input("Logits"), ctx.input("Label")
+    z = tensor(logits).reshape(-1, logits.shape[-1])
+    shifted = z - z.amax(dim=1, keepdim=True)
+    log_sm = shifted - torch.log(torch.exp(shifted).sum(dim=1, keepdim=True))
+    if soft_label(ctx):
+        loss = -(tensor(label).reshape(z.shape) * log_sm).sum(dim=1)
+    else:
+        ids, keep = _labels(ctx, label, z.shape[0])
+        loss = torch.where(keep, -log_sm.gather(1, ids)[:, 0], 0)
+    put(ctx, "Softmax", torch.exp(log_sm).reshape(logits.shape))
+    put(ctx, "Loss", loss.reshape(logits.shape[:-1] + (1,)), dtype=logits.dtype)
+
+
+@kernel("softmax_with_cross_entropy_grad")
+def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
+    """d loss / d logits = softmax * sum(label) - label (one-hot for hard labels)."""
+    sm, label = ctx.input("Softmax"), ctx.input("Label")
+    s = tensor(sm).reshape(-1, sm.shape[-1])
+    g = out_grad_t(ctx, "Loss", "Loss@GRAD").reshape(-1, 1)
+    if soft_label(ctx):
+        soft = tensor(label).reshape(s.shape)
+        d = s * soft.sum(dim=1, keepdim=True) - soft
+    else:
+        ids, keep = _labels(ctx, label, s.shape[0])
+        d = (s - torch.zeros_like(s).scatter_(1, ids, 1)) * keep[:, None]
+    put(ctx, "Logits@GRAD", (d * g).reshape(sm.shape))
+
+
+# -- lookup_table -------------------------------------------------------------------------------
+@kernel("lookup_table")
+def lookup_table(ctx: KernelContext) -> None:
+    w, ids_in = ctx.input("W"), ctx.input("Ids")
+    ids = lookup_ids(ctx, w.shape[0])
+    out = tensor(w)[tensor(ids)]
+    pad = padding_idx(ctx)
+    if pad >= 0:
+        out[tensor(ids == pad)] = 0
+    lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
+    put(ctx, "Out", out.reshape(lead + w.shape[1:]), lod=ctx.lod("Ids"))
+
+
+@kernel("lookup_table_grad")
+def lookup_table_grad(ctx: KernelContext) -> None:
+    """Rows of Out@GRAD go to the rows they were read from; the padding row gets none. Sparse
+    (`is_sparse`): a SelectedRows with one row per id, repeats kept."""
+    w = ctx.input("W")
+    ids = lookup_ids(ctx, w.shape[0])
+    g = out_grad_t(ctx).reshape((ids.shape[0],) + w.shape[1:])
+    keep = ids != padding_idx(ctx)
+    kept = g[tensor(keep)]
+    if ctx.attr("is_sparse", False):
+        ctx.set_output("W@GRAD", SelectedRows(ids[keep], array(kept), w.shape[0]))
+        return
+    dw = zeros(w.shape, w.dtype)
+    put(ctx, "W@GRAD", dw.index_add_(0, tensor(ids[keep]), kept.to(dw.dtype)))
+
+
+# -- sequence_pool ------------------------------------------------------------------------------
+def _segment_index(seg: Segments, width: int) -> Tensor:
+    """For each row, its sequence, repeated over the `width` columns (a scatter index)."""
+    return tensor(seg.row_seq).reshape(-1, 1).expand(-1, width)
+
+
+@kernel("sequence_pool")
+def sequence_pool(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    kind = str(ctx.attr("pooltype", "AVERAGE")).upper()
+    seg = Segments(ctx, x.shape[0])
+    x2 = tensor(x).reshape(x.shape[0], -1)
+    out = zeros((seg.count, x2.shape[1]), x.dtype)
+    index = torch.full(out.shape, -1, dtype=torch.int32, device=out.device)
+    ne = seg.nonempty
+    if kind in ("SUM", "AVERAGE", "SQRT"):
+        out.index_add_(0, tensor(seg.row_seq), x2)
+        out *= tensor(pool_scale(kind, seg.lengths, x.dtype))[:, None]
+    elif kind == "MAX":
+        where = _segment_index(seg, x2.shape[1])
+        out.scatter_reduce_(0, where, x2, "amax", include_self=False)
+        rows = torch.arange(x2.shape[0], device=x2.device)[:, None].expand_as(x2)
+        candidates = torch.where(x2 == out[where[:, 0]], rows, x2.shape[0]).to(torch.int32)
+        index.scatter_reduce_(0, where, candidates, "amin", include_self=False)
+    elif kind == "FIRST":
+        out[tensor(ne)] = x2[tensor(seg.starts[ne])]
+    elif kind == "LAST":
+        out[tensor(ne)] = x2[tensor(seg.ends[ne] - 1)]
+    else:
+        raise ValueError(f"unknown pooltype {kind!r}")
+    put(ctx, "Out", out.reshape((seg.count,) + x.shape[1:]), lod=seg.outer_lod)
+    put(ctx, "MaxIndex", index)
+
+
+@kernel("sequence_pool_grad")
+def sequence_pool_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    kind = str(ctx.attr("pooltype", "AVERAGE")).upper()
+    seg = Segments(ctx, x.shape[0])
+    g = out_grad_t(ctx).reshape(seg.count, -1)
+    ne = seg.nonempty
+    if kind in ("SUM", "AVERAGE", "SQRT"):
+        dx = (g * tensor(pool_scale(kind, seg.lengths, x.dtype))[:, None])[tensor(seg.row_seq)]
+    else:
+        dx = zeros((x.shape[0], g.shape[1]), x.dtype)
+        picked = g[tensor(ne)].to(dx.dtype)
+        if kind == "MAX":
+            dx.scatter_(0, input_t(ctx, "MaxIndex")[tensor(ne)].long(), picked)
+        elif kind == "FIRST":
+            dx[tensor(seg.starts[ne])] = picked
+        else:
+            dx[tensor(seg.ends[ne] - 1)] = picked
+    put(ctx, "X@GRAD", dx.reshape(x.shape))

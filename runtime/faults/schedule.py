@@ -1,0 +1,207 @@
+"""One schedule of a scenario's faults, for `sim run` and `runtime up` alike: when each fault
+begins and ends, acted out on a `FaultTarget`.
+
+The schedule turns the `faults:` list (`runtime.config.faults`) into timed actions on the running
+asyncio loop's clock, virtual in the simulator, real in runtime up:
+
+- a fault without ``at`` (a link rule) begins at `arm`, before the first message;
+- ``at: 1.5s`` begins that long after `start` (the simulator starts at time 0; runtime up once
+  every node has been started);
+- ``at: "step N"`` begins when a trainer first reports N steps done (`on_progress`; the
+  simulator reports each step as it ends, runtime up as the trainers' progress reaches it);
+- it ends `lasting()` seconds after it began (``restart_after``, ``heal_after``, ``for``), or
+  never; `close` ends, without waiting, those the end of the run ends (`reverted_at_close`).
+
+What beginning and ending do is the fault class's (`begin`, `end`), in terms of the target's
+methods; what those do is the target's: `sim.faults.SimTarget` acts on the simulated network,
+cluster and compute model, `runtime.faults.inject.RuntimeTarget` on processes and fault proxies.
+Each fault becomes a `FaultEvent` in `events`, shown by the target as it begins (`fired`) and ends
+(`ended`).
+
+DESIGN: the schedule keeps the faults in force, in the order they began, and hands a target
+the whole set of partitions or link rules in force after each change (`set_partitions`,
+`set_link_rules`): a link's fate depends on every rule that matches it, a proxy's cut on every
+partition, so both targets would otherwise keep the same bookkeeping. The order is kept so that
+a simulated run draws its fates the same way every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from runtime.config.faults import AnyFault, LinkFaults, Partition, _Fault
+from runtime.config.metrics import FaultEvent as MetricsEvent
+
+F = TypeVar("F", bound=_Fault)
+
+
+class FaultTarget(Protocol):
+    """What a run offers the schedule to act on. Node names are ``pserver:<i>`` /
+    ``trainer:<i>``. A method that returns a note says what it did, for the event's detail
+    (empty: nothing worth saying)."""
+
+    def crash(self, node: str, returning: bool) -> str | None:
+        """Kill `node` now; with `returning`, `restart` follows and the run waits for it.
+        None: it was not running, nothing was done."""
+
+    def restart(self, node: str) -> None:
+        """Start the crashed `node` again."""
+
+    def set_partitions(self, partitions: tuple[Partition, ...]) -> None:
+        """The partitions in force from now on (none: every cut healed)."""
+
+    def set_link_rules(self, rules: tuple[LinkFaults, ...]) -> None:
+        """The link rules in force from now on, in the order they began."""
+
+    def slow(self, node: str, factor: float) -> str:
+        """Make `node` `factor` times slower, on top of any slowdown already in force."""
+
+    def unslow(self, node: str, factor: float) -> str:
+        """End one slowdown of `node` by `factor`."""
+
+    def fired(self, event: FaultEvent) -> None:
+        """`event` has just begun (its `end` is when it is due to end)."""
+
+    def ended(self, event: FaultEvent) -> None:
+        """`event` has just ended."""
+
+
+@dataclass
+class FaultEvent(MetricsEvent):
+    """One fault as it happened (see `runtime.config.metrics.FaultEvent`), in seconds since the
+    schedule started; `detail` says why it fired and what the target did."""
+
+    nodes: tuple[str, ...] = ()
+    """The nodes it acts on (none: it found nothing to act on)."""
+
+    def as_dict(self) -> dict[str, object]:
+        """As the simulator's metrics list it."""
+        return {"fault": self.fault, "kind": self.kind, "what": self.what, "start": self.start,
+                "end": self.end}
+
+
+@dataclass
+class Firing:
+    """What a fault's `begin` and `end` act through: the target, the nodes the fault acts on,
+    the faults in force, and its event's detail."""
+
+    schedule: FaultSchedule
+    event: FaultEvent
+    nodes: list[str]
+
+    @property
+    def target(self) -> FaultTarget:
+        return self.schedule.target
+
+    def in_force(self, kind: type[F]) -> tuple[F, ...]:
+        """The faults of `kind` in force now, in the order they began."""
+        return tuple(f for f in self.schedule.in_force if isinstance(f, kind))
+
+    def note(self, text: str) -> None:
+        """Add `text` to the event's detail (once)."""
+        if text and text not in self.event.detail.split("; "):
+            self.event.detail = f"{self.event.detail}; {text}" if self.event.detail else text
+
+    def nothing(self, why: str) -> None:
+        """The fault found nothing to act on: it ends as it begins, and says `why`."""
+        self.event.what += f" ({why})"
+        self.event.end = self.event.start
+        self.event.nodes = ()
+
+
+@dataclass
+class FaultSchedule:
+    """Fires a scenario's faults at their triggers on `target` during one run; `nodes` are the
+    cluster's node names (pservers, then trainers)."""
+
+    faults: Sequence[AnyFault]
+    target: FaultTarget
+    nodes: Sequence[str]
+    events: list[FaultEvent] = field(default_factory=list)
+    in_force: list[AnyFault] = field(default_factory=list)
+    """The faults begun and not ended, in the order they began."""
+    _by_step: list[tuple[int, int]] = field(default_factory=list)
+    _timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    _origin: float | None = None
+    _armed: bool = False
+
+    def arm(self) -> None:
+        """Before the job starts: begin the faults without ``at``."""
+        if self._armed:
+            return
+        self._armed = True
+        for index, fault in enumerate(self.faults):
+            if fault.at is None:
+                self._fire(index, "from the start")
+
+    def start(self) -> None:
+        """The job has started: the clock of ``at: <seconds>`` starts now (arming first if
+        `arm` was not called)."""
+        self.arm()
+        loop = asyncio.get_running_loop()
+        self._origin = loop.time()
+        for index, fault in enumerate(self.faults):
+            at = fault.at
+            if at is None:
+                continue
+            if at.step is not None:
+                self._by_step.append((at.step, index))
+            else:
+                seconds = at.seconds or 0.0
+                self._timers.append(loop.call_at(self._origin + seconds, self._fire, index,
+                                                 f"at {seconds:g}s"))
+
+    def on_progress(self, trainer: int, done: int) -> None:
+        """Trainer `trainer` reports `done` steps finished: begin the faults due."""
+        due = [index for step, index in self._by_step if done >= step]
+        if not due:
+            return
+        self._by_step = [(step, index) for step, index in self._by_step if done < step]
+        for index in due:
+            self._fire(index, f"trainer:{trainer} reported step {done}")
+
+    def close(self) -> None:
+        """The run is ending: cancel what has not happened yet, and end the faults in force
+        that the end of the run ends (a slowed node is resumed; a crashed one stays down)."""
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        self._by_step.clear()
+        for fault in list(self.in_force):
+            if fault.reverted_at_close:
+                event = next(e for e in reversed(self.events)
+                             if self.faults[e.fault] is fault)
+                self.in_force.remove(fault)
+                fault.end(self._firing(event, fault))
+
+    # -- beginning and ending ------------------------------------------------------------------
+    def _now(self) -> float:
+        return 0.0 if self._origin is None else asyncio.get_running_loop().time() - self._origin
+
+    def _firing(self, event: FaultEvent, fault: AnyFault) -> Firing:
+        return Firing(self, event, fault.nodes(self.nodes))
+
+    def _fire(self, index: int, why: str) -> None:
+        fault = self.faults[index]
+        event = FaultEvent(index, fault.kind, fault.describe(), self._now(), detail=why,
+                           nodes=tuple(fault.nodes(self.nodes)))
+        self.events.append(event)
+        self.in_force.append(fault)
+        if not fault.begin(self._firing(event, fault)):
+            self.in_force.remove(fault)
+        else:
+            lasting = fault.lasting()
+            if lasting is not None:
+                event.end = event.start + lasting
+                self._timers.append(asyncio.get_running_loop().call_later(
+                    lasting, self._end, event, fault))
+        self.target.fired(event)
+
+    def _end(self, event: FaultEvent, fault: AnyFault) -> None:
+        self.in_force.remove(fault)
+        fault.end(self._firing(event, fault))
+        self.target.ended(event)
+

@@ -1,0 +1,896 @@
+"""`runtime up SCENARIO`: every pserver and trainer of a scenario as a process on this host.
+
+The launcher is a supervisor; the nodes do the work. It picks the pserver endpoints (the
+scenario's, or free loopback ports) and starts each node as ``python -m runtime.services.node
+SCENARIO
+--role R --index N --endpoints E --out OUT`` (see `runtime.services.node`), so every node builds the
+same job from the same file and overrides. Each child runs in its own session (process group): a
+Ctrl-C at the terminal reaches only the launcher, which then decides the order of shutdown.
+
+While the nodes run, the launcher copies each one's stdout and stderr line by line into
+``OUT/logs/<role>-<index>.log``, and reads each trainer's progress off a pipe of its own
+(`runtime.services.progress`; the output is for people and is not parsed) for the live display: a
+table redrawn in place (rich) on a terminal, plain lines every ``train.log_every`` steps otherwise.
+The run fails, and every node still running is stopped, as soon as a node exits non-zero,
+``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM arrives. After a node
+failed the others get `SETTLE_SECONDS` to end on their own first: one fault often
+fails several nodes at once, each naming what it waited for (the first to give up may name a
+live pserver that holds its request for the next step), and the reason lists every node that
+failed, the first first. Stopping is SIGTERM to each child's process group, then SIGKILL after
+`GRACE_SECONDS`; the launcher reaps every child before it returns, so nothing is left behind.
+
+The scenario's `faults` are fired by `runtime.faults.schedule.FaultSchedule` (the simulator's
+schedule too) on `runtime.faults.inject.RuntimeTarget`, with the trainers' progress as the trigger
+of
+``at: "step N"``: the launcher SIGKILLs a crashed node's process group and, when the schedule
+says it restarts, starts it again (a pserver with ``--recover``, a trainer with ``--incarnation
+N``); the target pauses a slowed one with SIGSTOP/SIGCONT; and for message faults the launcher
+puts a `FaultProxy` at each pserver's endpoint, the pserver serving behind it (``--bind``). A node
+killed by a fault is not a failure by itself. Every pserver checkpoints into
+``train.checkpoint_dir`` or ``OUT/checkpoints`` (what an earlier run left there for this job's
+pservers is removed first).
+
+With ``--netns`` (`runtime.launch.netns`) each node runs in a network namespace of its own, bridged
+to the others, and the scenario's `network` is applied: its bandwidths as tc tbf qdiscs on the
+nodes' interfaces, its latencies by a proxy in front of each pserver (a `FaultProxy` that
+delays every message by a draw from the link's distribution; it carries the message faults
+too). The pservers' endpoints are then their namespaces' addresses, and the namespaces are
+deleted before `launch` returns, whatever happened. Without it the nodes share the host's
+loopback and the notes list every network setting not applied
+(`runtime.launch.netns.network_notes`).
+
+At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.config.metrics`: the
+run record `sim run` writes too, schema in ``runtime/config/metrics.schema.json``), checks
+the scenario's `expect` (`runtime.config.expect`) when every node succeeded, and prints a summary
+whose last line says OK or why not. ``params_equal_to: fault_free`` is checked against the same job
+without its faults, run here in one process over loopback ZeroMQ (`fault_free_params`). A
+scenario whose ``expect.error`` says the run must fail is OK when it failed with that text. The
+exit status is 0 on success (a failure as expected included), 1 on a failure, and 128 + the
+signal number when interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol, TextIO
+
+import numpy as np
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from transpiler.distribute.from_spec import pserver_endpoints
+
+from runtime.config import expect
+from runtime.config.faults import LinkFaults, Partition, Slow, nodes_of
+from runtime.config.metrics import (ExpectationResult, JobMetrics, JobSummary, NetnsMetrics,
+                                    ProxyMetrics, PserverMetrics, TrainerMetrics, read_record,
+                                    write_record)
+from runtime.config.netspec import NetworkSpec, fmt_rate
+from runtime.config.scenario import Scenario
+from runtime.faults.inject import (SLOW_PERIOD, RuntimeTarget, connects, metrics_events,
+                                   needs_proxies)
+from runtime.faults.proxy import FaultProxy, Faults
+from runtime.faults.schedule import FaultSchedule
+from runtime.launch.netns import (PORT, Fabric, NetnsError, link_latencies, network_notes,
+                                  sigterm_interrupts)
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.cluster import pserver_name, run_job, train_locally
+from runtime.services.job import Job
+from runtime.services.node import ENV_VARS, checkpoint_dir_for, node_file_stem, node_name, run_async
+from runtime.services.progress import Channel, Progress, read_progress
+
+GRACE_SECONDS = 5.0
+"""How long a node has to exit after SIGTERM before it is killed."""
+SETTLE_SECONDS = 1.0
+"""How long the other nodes may go on after one failed, to fail as well (and say why)."""
+READ_LIMIT = 1 << 20
+"""Longest line read from a node's output or progress channel."""
+FAULT_FREE_RETRY = 0.1
+"""Seconds before a request is resent in the fault-free reference run (at most)."""
+
+
+@dataclass
+class Failure:
+    reason: str
+    node: str | None = None
+    signal: int | None = None
+
+
+class RunFailed(RuntimeError):
+    """The run failed; the message is the launcher's reason (naming the node and its error)."""
+
+
+@dataclass
+class Life:
+    """One process of a node: a node restarted after a crash has several, one after another."""
+
+    number: int
+    """0 for the first start, N for the N-th restart."""
+    process: asyncio.subprocess.Process
+    watcher: asyncio.Task[None] | None = None
+    exit_code: int | None = None
+    killed: bool = False
+    """Killed by fault injection."""
+    checked: bool = False
+    """The supervisor has judged its exit."""
+    first_seen: int = 0
+    """Where its progress begins in its node's `NodeRun.seen`."""
+
+
+@dataclass
+class NodeRun:
+    """A node's processes and what the launcher has seen of them."""
+
+    role: str
+    index: int
+    log: IO[str]
+    lives: list[Life] = field(default_factory=list)
+    restart: asyncio.Task[None] | None = None
+    """Starting the node again after a crash, while that is pending."""
+    seen: list[Progress] = field(default_factory=list)
+    """The progress its processes reported, one after another."""
+    last_line: str = ""
+
+    @property
+    def name(self) -> str:
+        return node_name(self.role, self.index)
+
+    @property
+    def life(self) -> Life | None:
+        return self.lives[-1] if self.lives else None
+
+    @property
+    def process(self) -> asyncio.subprocess.Process | None:
+        return self.lives[-1].process if self.lives else None
+
+    @property
+    def exit_code(self) -> int | None:
+        """Its last process's exit code (None while it runs)."""
+        return self.lives[-1].exit_code if self.lives else None
+
+    @property
+    def killed(self) -> bool:
+        """Its last process was killed by fault injection."""
+        return bool(self.lives) and self.lives[-1].killed
+
+    @property
+    def progress(self) -> Progress | None:
+        return self.seen[-1] if self.seen else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.exit_code is None
+
+    def state(self) -> str:
+        if self.restart is not None:
+            return "restarting"
+        if self.process is None:
+            return "starting"
+        if self.running:
+            return "running"
+        return "killed" if self.killed else f"exit {self.exit_code}"
+
+    def exit_reason(self) -> str:
+        code = self.exit_code
+        if code is not None and code < 0:
+            return f"{self.name} was killed by {signal.Signals(-code).name}"
+        detail = self.last_line.removeprefix(f"{self.name} failed: ")
+        return f"{self.name} exited with status {code}" + (f": {detail}" if detail else "")
+
+    def progress_record(self) -> TrainerMetrics:
+        """What its last process reported of a trainer that wrote no record."""
+        seen = self.seen[self.lives[-1].first_seen:] if self.lives else self.seen
+        first, redone = (seen[0].first_step, seen[-1].redone) if seen else (0, 0)
+        return TrainerMetrics.from_steps(self.index, [p.loss for p in seen],
+                                         [p.step_time for p in seen], first, redone)
+
+
+# -- display -----------------------------------------------------------------------------------
+
+class Display(Protocol):
+    def message(self, text: str) -> None: ...
+    def progress(self, node: NodeRun) -> None: ...
+    def close(self) -> None: ...
+
+
+class PlainDisplay:
+    """One line per trainer every `every` steps (and at its last step), one per node exit."""
+
+    def __init__(self, stream: TextIO, every: int) -> None:
+        self.stream, self.every = stream, every
+
+    def message(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def progress(self, node: NodeRun) -> None:
+        p = node.progress
+        if p is not None and (p.step % self.every == 0 or p.step == p.steps):
+            self.message(f"{node.name:<12} step {p.step}/{p.steps}  loss {p.loss:.4f}  "
+                         f"step time {p.step_time * 1e3:.1f}ms")
+
+    def close(self) -> None:
+        pass
+
+
+class LiveDisplay:
+    """A table of every node (state, step, loss, step time) redrawn in place by rich."""
+
+    def __init__(self, stream: TextIO, nodes: list[NodeRun]) -> None:
+        self.nodes = nodes
+        self.live = Live(console=Console(file=stream), get_renderable=self._table,
+                         refresh_per_second=4, transient=False)
+        self.live.start()
+
+    def _table(self) -> Table:
+        table = Table("node", "state", "step", "loss", "step time")
+        for n in self.nodes:
+            p = n.progress
+            table.add_row(n.name, n.state(), f"{p.step}/{p.steps}" if p else "",
+                          f"{p.loss:.4f}" if p else "", f"{p.step_time * 1e3:.1f}ms" if p else "")
+        return table
+
+    def message(self, text: str) -> None:
+        self.live.console.print(text, highlight=False, markup=False)
+
+    def progress(self, node: NodeRun) -> None:
+        pass  # the next refresh shows it
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def make_display(stream: TextIO, nodes: list[NodeRun], every: int) -> Display:
+    if stream.isatty():
+        return LiveDisplay(stream, nodes)
+    return PlainDisplay(stream, every)
+
+
+# -- setting up --------------------------------------------------------------------------------
+
+def free_endpoints(host: str, count: int) -> list[str]:
+    """`count` endpoints on `host` at ports the OS just reported free."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [f"{host}:{s.getsockname()[1]}" for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def choose_endpoints(scenario: Scenario) -> list[str]:
+    """The scenario's endpoints where it names them (listed, or a base port), else free ports."""
+    cluster = scenario.cluster
+    if (cluster.endpoints or {}).get("pservers") or cluster.base_port:
+        return list(pserver_endpoints(cluster.model_dump(exclude_none=True, exclude={"hosts"})))
+    return free_endpoints(cluster.host, cluster.pservers)
+
+
+def ignored_by_runtime(scenario: Scenario, netns: bool = False) -> list[str]:
+    """What of `scenario` a real run on one host does not do, or does otherwise than the
+    simulator, for the notes; `netns`: with its nodes in network namespaces (``--netns``),
+    which apply the scenario's network (see `runtime.launch.netns.network_notes`)."""
+    notes = network_notes(scenario, netns)
+    if scenario.compute:
+        notes.append("compute: simulator only, ignored")
+    cluster = scenario.cluster
+    if cluster.hosts:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count()
+        notes.append(f"cluster.hosts: simulator only: every node runs on this machine, "
+                     f"sharing its {cores} cores")
+    for i, fault in enumerate(scenario.faults):
+        if isinstance(fault, (Partition, LinkFaults)) and \
+                not connects(fault, cluster.trainers, cluster.pservers):
+            notes.append(f"faults[{i}]: acts on no trainer-pserver connection, the only ones "
+                         "a real run has: nothing injected")
+        if isinstance(fault, Slow):
+            notes.append(f"faults[{i}]: slow {fault.slow} x{fault.slowdown:g}: the process is "
+                         f"paused {1 - 1 / fault.slowdown:.0%} of every {SLOW_PERIOD * 1e3:g}ms "
+                         "(SIGSTOP/SIGCONT), its compute not made slower")
+    if scenario.expect.max_step_time is not None:
+        notes.append("expect.max_step_time: simulated time, not checked by runtime up")
+    notes += [f"outputs.{name}: not written by runtime up" for name in ("trace", "plots")
+              if getattr(scenario.outputs, name)]
+    return notes
+
+
+def prepare_out(out: Path, scenario: Scenario) -> None:
+    """Make OUT/logs and OUT/nodes, and remove what an earlier run left that this one writes or
+    reads: its files, and this job's pservers' checkpoints (a restarted pserver must not load
+    an earlier run's)."""
+    for sub in ("logs", "nodes"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    stale = [*(out / "logs").glob("*.log"), *(out / "nodes").glob("*.json"),
+             out / "params.npz", out / "metrics.json"]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    checkpoints = checkpoint_dir_for(scenario, out)
+    if checkpoints is not None:
+        for j in range(scenario.cluster.pservers):
+            shutil.rmtree(checkpoints / pserver_name(j), ignore_errors=True)
+
+
+def node_command(scenario_path: Path, overrides: list[str], role: str, index: int,
+                 endpoints: list[str], out: Path, flags: list[str]) -> list[str]:
+    sets = [f"--set={o}" for o in overrides]
+    return [sys.executable, "-m", "runtime.services.node", str(scenario_path), *sets, "--role", role,
+            "--index", str(index), "--endpoints", ",".join(endpoints), "--out", str(out), *flags]
+
+
+def fault_proxies(scenario: Scenario, endpoints: list[str]) -> tuple[list[FaultProxy], list[str]]:
+    """For a scenario with message faults, a `FaultProxy` listening at each pserver endpoint and
+    the address each pserver then serves at (a free port); else none, and the endpoints."""
+    if not needs_proxies(scenario.faults):
+        return [], list(endpoints)
+    binds = free_endpoints(scenario.cluster.host, len(endpoints))
+    proxies = [FaultProxy(listen=ep, upstream=bind, seed=scenario.seed,
+                          upstream_name=pserver_name(j))
+               for j, (ep, bind) in enumerate(zip(endpoints, binds))]
+    return proxies, binds
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+"""How numpy's BLAS and torch learn how many threads a kernel may use."""
+
+
+def kernel_threads(nodes: int) -> int:
+    """Threads a node's kernels may use when `nodes` processes share this machine's cores: its
+    share of them, at least one. More would make the nodes' kernels fight for the cores (and a
+    profile's CPU times would count threads the simulator's one-thread-a-node model lacks)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(nodes, 1))
+
+
+def node_environment(threads: int | None = None) -> dict[str, str]:
+    """The launcher's environment without Paddle's role variables (the flags say the role),
+    with unbuffered output so that the logs keep up with the nodes, and `threads`
+    for the kernels (`THREAD_VARS`) where the environment does not set them already."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    env["PYTHONUNBUFFERED"] = "1"
+    if threads is not None:
+        for name in THREAD_VARS:
+            env.setdefault(name, str(threads))
+    return env
+
+
+# -- supervising -------------------------------------------------------------------------------
+
+@dataclass
+class Launcher:
+    scenario_path: Path
+    overrides: list[str]
+    scenario: Scenario
+    endpoints: list[str]
+    """Where the trainers reach the pservers (their fault proxies', when there are any)."""
+    out: Path
+    binds: list[str] = field(default_factory=list)
+    """Where each pserver serves: its endpoint, or the address behind its fault proxy."""
+    proxies: list[FaultProxy] = field(default_factory=list)
+    namespaces: dict[str, str] = field(default_factory=dict)
+    """node name -> the network namespace it runs in (``--netns``); none: the host's."""
+    base_faults: dict[tuple[str, str], Faults] = field(default_factory=dict)
+    """(trainer, pserver) -> what the proxy does to that link without fault rules: the
+    network's latency under ``--netns``."""
+    nodes: list[NodeRun] = field(default_factory=list)
+    injector: FaultSchedule | None = None
+    _comebacks: dict[str, asyncio.Future[None]] = field(default_factory=dict, init=False)
+    """node -> set when the fault schedule restarts that crashed node."""
+
+    def __post_init__(self) -> None:
+        cluster = self.scenario.cluster
+        self.binds = self.binds or list(self.endpoints)
+        roles = [("pserver", j) for j in range(cluster.pservers)]
+        roles += [("trainer", i) for i in range(cluster.trainers)]
+        for role, index in roles:
+            log = (self.out / "logs" / f"{node_file_stem(role, index)}.log").open("w")
+            self.nodes.append(NodeRun(role, index, log))
+        self._display: Display | None = None
+
+    async def run(self, display: Display) -> tuple[float, Failure | None]:
+        """Start every node and wait for all; the wall time and the failure, if any."""
+        loop = asyncio.get_running_loop()
+        stop: asyncio.Future[int] = loop.create_future()
+
+        def on_signal(signum: int) -> None:
+            if not stop.done():
+                stop.set_result(signum)
+
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            loop.add_signal_handler(sig, on_signal, sig)
+        self._display = display
+        cluster = self.scenario.cluster
+        target = RuntimeTarget(self, dict(enumerate(self.proxies)), cluster.trainers,
+                               display.message, self.base_faults)
+        injector = self.injector = FaultSchedule(self.scenario.faults, target,
+                                                 nodes_of(cluster.pservers, cluster.trainers))
+        start = time.perf_counter()  # loop.time() is whole milliseconds on uvloop
+        failure: Failure | None = None
+        try:
+            for proxy in self.proxies:
+                await proxy.start()
+            injector.arm()
+            for node in self.nodes:
+                await self._start(node)
+            injector.start()
+            failure = await self._supervise(stop)
+        finally:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)  # what was there before, e.g. `runtime.launch.netns`'s
+            injector.close()
+            await target.close()  # resumes paused nodes before they are told to stop
+            if failure is not None:
+                display.message(f"stopping: {failure.reason}")
+            await self._stop_all(failure.reason if failure else "the launcher is exiting")
+            for proxy in self.proxies:
+                await proxy.close()
+            for node in self.nodes:
+                node.log.close()
+        return time.perf_counter() - start, failure
+
+    def _flags(self, node: NodeRun, life: int) -> list[str]:
+        """The node's flags besides its role: where a pserver serves, and how a restart
+        differs from the first start."""
+        if node.role == "trainer":
+            return ["--incarnation", str(life)] if life else []
+        bind = self.binds[node.index]
+        flags = ["--bind", bind] if bind != self.endpoints[node.index] else []
+        return flags + (["--recover"] if life else [])
+
+    async def _start(self, node: NodeRun) -> None:
+        number = len(node.lives)
+        cmd = node_command(self.scenario_path, self.overrides, node.role, node.index,
+                           self.endpoints, self.out, self._flags(node, number))
+        namespace = self.namespaces.get(node.name)
+        if namespace is not None:
+            cmd = ["ip", "netns", "exec", namespace, *cmd]  # execs: the same process, its fds
+        env = node_environment(kernel_threads(len(self.nodes)))
+        channel = Channel() if node.role == "trainer" else None
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env | (channel.environment() if channel else {}),
+                pass_fds=(channel.write_fd,) if channel else (), start_new_session=True,
+                limit=READ_LIMIT)
+        except BaseException:
+            if channel is not None:
+                channel.close()
+            raise
+        if channel is not None:
+            channel.started()
+        life = Life(number, process, first_seen=len(node.seen))
+        node.lives.append(life)
+        life.watcher = asyncio.get_running_loop().create_task(
+            self._watch(node, life, channel.read_fd if channel else None),
+            name=f"watch {node.name}")
+
+    async def _watch(self, node: NodeRun, life: Life, progress_fd: int | None) -> None:
+        """Copy the process's output to the node's log, follow its progress (a trainer's, on
+        the pipe `progress_fd`), and reap it."""
+        follow = [self._copy_output(node, life)]
+        if progress_fd is not None:
+            follow.append(self._follow_progress(node, progress_fd))
+        await asyncio.gather(*follow)
+        life.exit_code = await life.process.wait()
+        if self._display is not None:
+            self._display.message(f"{node.name} was killed (fault injection)" if life.killed
+                                  else f"{node.name} exited with status {life.exit_code}")
+
+    async def _copy_output(self, node: NodeRun, life: Life) -> None:
+        assert life.process.stdout is not None
+        async for raw in life.process.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            node.log.write(line + "\n")
+            node.log.flush()
+            if line.strip():
+                node.last_line = line.strip()
+
+    async def _follow_progress(self, node: NodeRun, fd: int) -> None:
+        """Each step a trainer reports: to the display and the fault injector."""
+        async for progress in read_progress(fd, READ_LIMIT):
+            if isinstance(progress, ValueError):
+                node.log.write(f"[runtime up] {node.name}'s progress channel: {progress}\n")
+                continue
+            node.seen.append(progress)
+            if self._display is not None:
+                self._display.progress(node)
+            if self.injector is not None:
+                self.injector.on_progress(node.index, progress.step)
+
+    async def _supervise(self, stop: asyncio.Future[int]) -> Failure | None:
+        """Wait until every node is done and no restart is pending; the first failure, the
+        deadline or a signal ends it early."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.scenario.train.deadline
+        while True:
+            waiting: dict[asyncio.Future[Any], NodeRun] = {}
+            for node in self.nodes:
+                life = node.life
+                if life is not None and life.watcher is not None and not life.checked:
+                    waiting[life.watcher] = node
+                if node.restart is not None:
+                    waiting[node.restart] = node
+            if not waiting:
+                return None
+            done, _ = await asyncio.wait([*waiting, stop], timeout=deadline - loop.time(),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if stop in done:
+                sig = signal.Signals(stop.result())
+                return Failure(f"interrupted by {sig.name}", signal=sig)
+            if not done:
+                running = ", ".join(n.name for n in self.nodes if n.running or n.restart)
+                return Failure(f"train.deadline ({self.scenario.train.deadline:g}s) passed; "
+                               f"still running: {running}")
+            for task in done:
+                node = waiting[task]
+                if task is node.restart:
+                    node.restart = None
+                    try:
+                        task.result()
+                    except OSError as exc:
+                        return Failure(f"{node.name} could not be restarted: {exc}", node.name)
+                    continue
+                task.result()
+                life = node.life
+                assert life is not None
+                life.checked = True
+                if life.exit_code != 0 and not life.killed:
+                    return await self._settle(node, stop)
+
+    async def _settle(self, failed: NodeRun, stop: asyncio.Future[int]) -> Failure:
+        """The failure of `failed`, and of every other node that fails within
+        `SETTLE_SECONDS` (a signal ends the wait)."""
+        others = [n for n in self.nodes if n.running]
+        watchers = [w for n in others if (w := n.lives[-1].watcher) is not None]
+        if watchers:
+            ended: asyncio.Future[Any] = asyncio.gather(*watchers, return_exceptions=True)
+            await asyncio.wait([ended, stop], timeout=SETTLE_SECONDS,
+                               return_when=asyncio.FIRST_COMPLETED)
+        also = [n.exit_reason() for n in others
+                if n.exit_code not in (0, None) and not n.killed]
+        return Failure("; ".join([failed.exit_reason(), *also]), failed.name)
+
+    # -- what the fault target asks (`runtime.faults.inject.Nodes`)
+    # -------------------------------------
+    def _node(self, name: str) -> NodeRun:
+        return next(n for n in self.nodes if n.name == name)
+
+    def kill(self, node: str, returning: bool) -> int | None:
+        run = self._node(node)
+        life = run.life
+        if life is None or not run.running or life.process.returncode is not None:
+            return None
+        life.killed = True
+        run.log.write(f"[runtime up] fault injection: SIGKILL to {run.name} "
+                      f"(process group {life.process.pid})\n")
+        _signal_group(life.process.pid, signal.SIGKILL)
+        if returning:
+            loop = asyncio.get_running_loop()
+            back = self._comebacks[node] = loop.create_future()
+            run.restart = loop.create_task(self._restart(run, back), name=f"restart {node}")
+        return life.process.pid
+
+    def restart(self, node: str) -> None:
+        back = self._comebacks.pop(node, None)
+        if back is not None and not back.done():
+            back.set_result(None)
+
+    def send_signal(self, node: str, sig: signal.Signals) -> bool:
+        run = self._node(node)
+        if not run.running:
+            return False
+        assert run.process is not None
+        _signal_group(run.process.pid, sig)
+        return True
+
+    async def _restart(self, node: NodeRun, back: asyncio.Future[None]) -> None:
+        """Start `node` again once its killed process is reaped and `back` is set."""
+        life = node.life
+        if life is not None and life.watcher is not None:
+            await asyncio.wait([life.watcher])
+        await back
+        how = "--recover" if node.role == "pserver" else f"--incarnation {len(node.lives)}"
+        node.log.write(f"[runtime up] restarting {node.name} ({how})\n")
+        if self._display is not None:
+            self._display.message(f"restarting {node.name} ({how})")
+        await self._start(node)
+
+    async def _stop_all(self, why: str) -> None:
+        restarts = [n.restart for n in self.nodes if n.restart is not None]
+        for task in restarts:
+            task.cancel()
+        await asyncio.gather(*restarts, return_exceptions=True)
+        running = [n for n in self.nodes if n.running]
+        for node in running:
+            assert node.process is not None
+            node.log.write(f"[runtime up] stopping {node.name}: {why}\n")
+            _signal_group(node.process.pid, signal.SIGTERM)
+            _signal_group(node.process.pid, signal.SIGCONT)  # a paused node must see it
+        watchers = [w for n in running if (w := n.lives[-1].watcher) is not None]
+        if not watchers:
+            return
+        _, late = await asyncio.wait(watchers, timeout=GRACE_SECONDS)
+        for node in running:
+            if node.lives[-1].watcher in late:
+                assert node.process is not None
+                _signal_group(node.process.pid, signal.SIGKILL)
+        await asyncio.gather(*watchers, return_exceptions=True)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# -- results -----------------------------------------------------------------------------------
+
+def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
+                   notes: list[str], netns: NetnsMetrics | None = None) -> JobMetrics:
+    scenario, out = launcher.scenario, launcher.out
+    trainers, pservers = [], []
+    for node in launcher.nodes:
+        path = out / "nodes" / f"{node_file_stem(node.role, node.index)}.json"
+        log = str(Path("logs") / f"{node_file_stem(node.role, node.index)}.log")
+        if node.role == "trainer":
+            t = read_record(path, TrainerMetrics) if path.exists() else node.progress_record()
+            t.exit_code, t.log = node.exit_code, log
+            trainers.append(t)
+        else:
+            endpoint = launcher.endpoints[node.index]
+            p = read_record(path, PserverMetrics) if path.exists() else PserverMetrics(node.index,
+                                                                                       endpoint)
+            p.exit_code, p.log = node.exit_code, log
+            pservers.append(p)
+        if failure is None and not path.exists() and not node.killed:
+            failure = Failure(f"{node.name} exited with status 0 but wrote no {path}", node.name)
+    summary = JobSummary.for_run("runtime up", scenario, launcher.endpoints, trainers)
+    summary.wall_seconds = wall
+    summary.success = failure is None
+    if failure is not None:
+        summary.reason, summary.failed_node = failure.reason, failure.node
+    events = metrics_events(launcher.injector.events) if launcher.injector is not None else []
+    return JobMetrics(summary, trainers, pservers, [], notes, events,
+                      proxies=proxy_metrics(launcher), netns=netns)
+
+
+def proxy_metrics(launcher: Launcher) -> list[ProxyMetrics]:
+    """Each fault proxy's counters, per client link and direction."""
+    return [ProxyMetrics(j, proxy.address, proxy.upstream,
+                         {client: {d.value: asdict(c) for d, c in counters.items()}
+                          for client, counters in sorted(proxy.client_counters.items())})
+            for j, proxy in enumerate(launcher.proxies)]
+
+
+def fault_free_params(scenario: Scenario) -> dict[str, np.ndarray]:
+    """Trainer 0's final parameters in the same job without its faults: every node a task of
+    this process over loopback ZeroMQ, which in sync mode computes the same numbers, bit for
+    bit, as separate processes. Timing does not change those numbers, so the pservers' final
+    drain (three retry intervals) is kept short."""
+    train = scenario.train.model_copy(update={"retry_after": min(scenario.train.retry_after,
+                                                                 FAULT_FREE_RETRY)})
+    clean = scenario.model_copy(update={"faults": [], "train": train})
+    job = Job.from_scenario(clean, free_endpoints(scenario.cluster.host, scenario.cluster.pservers))
+    result = run_async(asyncio.wait_for(run_job(job, ZmqTransport), scenario.train.deadline))
+    return result.params
+
+
+def check_expectations(launcher: Launcher, metrics: JobMetrics) -> list[ExpectationResult]:
+    scenario = launcher.scenario
+
+    def local() -> dict[str, np.ndarray]:
+        job = Job.from_scenario(scenario, launcher.endpoints)
+        return train_locally(job, scenario.backend.kernels)[1]
+
+    losses = metrics.trainers[0].losses if metrics.trainers else []
+    return expect.check(scenario, losses, _load_params(launcher.out / "params.npz"),
+                        metrics.pservers, local,
+                        fault_free_params=lambda: fault_free_params(scenario),
+                        redone=[t.steps_redone for t in metrics.trainers])
+
+
+def judge_outcome(scenario: Scenario, metrics: JobMetrics) -> None:
+    """For a scenario whose ``expect.error`` says the run must fail: the run is a success when
+    it failed with that text (its reason stays), a failure when it did not fail."""
+    job = metrics.job
+    result = expect.outcome(scenario, None if job.success else RunFailed(job.reason))
+    assert result is not None
+    metrics.expectations = [result]
+    if job.success:
+        job.success, job.reason = False, f"expectation not met: error ({result.detail})"
+    else:
+        job.success = result.passed
+
+
+def _load_params(path: Path) -> dict[str, np.ndarray] | None:
+    if not path.exists():
+        return None
+    with np.load(path) as data:
+        return {name: data[name] for name in data.files}
+
+
+COUNTED = ("messages", "dropped", "duplicated", "reordered", "delayed", "cut")
+
+
+def summary_lines(metrics: JobMetrics) -> list[str]:
+    lines = []
+    for t in metrics.trainers:
+        loss = (f"loss {t.losses[0]:.4f} -> {t.losses[-1]:.4f}" if t.losses else "no steps")
+        mean = f"mean step {1e3 * sum(t.step_times) / len(t.step_times):.1f}ms" \
+            if t.step_times else ""
+        joined = f"  from step {t.first_step}" if t.first_step else ""
+        redone = f"  redid {t.steps_redone}" if t.steps_redone else ""
+        lines.append(f"trainer:{t.index:<4} {len(t.losses)} steps{joined}{redone}  {loss}  "
+                     f"{mean}  (exit {t.exit_code})")
+    for p in metrics.pservers:
+        lines.append(f"pserver:{p.index:<4} {p.steps} steps  {p.messages} messages  "
+                     f"{p.bytes_in / 1e6:.2f} MB in  {p.bytes_out / 1e6:.2f} MB out  optimize "
+                     f"{p.optimize_seconds:.3f}s  errors {p.errors}  dropped {p.dropped or '-'}  "
+                     f"(exit {p.exit_code})")
+    for f in metrics.faults:
+        span = f"{f.start:.2f}s" + (f" -> {f.end:.2f}s" if f.end is not None else "")
+        lines.append(f"fault {f.fault} {f.what}: {span} ({f.detail})")
+    for x in metrics.proxies or ():
+        totals = {name: sum(link[d][name] for link in x.links.values() for d in link)
+                  for name in COUNTED}
+        counted = ", ".join(f"{v} {k}" for k, v in totals.items() if v or k == "messages")
+        lines.append(f"proxy pserver:{x.pserver} {x.address} -> {x.upstream}: {counted}")
+    lines += netns_lines(metrics.netns)
+    for e in metrics.expectations:
+        lines.append(f"expect {e.name}: {'PASS' if e.passed else 'FAIL'}: {e.detail}")
+    job = metrics.job
+    rate = f", {job.samples_per_second:.0f} samples/s in steps" if job.samples_per_second else ""
+    lines.append(f"wall {job.wall_seconds:.2f}s{rate}")
+    return lines
+
+
+def netns_lines(netns: NetnsMetrics | None) -> list[str]:
+    """A line per node of a ``--netns`` run: what its interface's qdiscs let through."""
+    if netns is None:
+        return []
+    lines = []
+    for n in netns.nodes:
+        if n.rate is None:
+            lines.append(f"netns {n.node:<12} {n.address}: not shaped")
+            continue
+        out, into = n.egress, n.ingress
+        lines.append(f"netns {n.node:<12} {n.address}: tbf {fmt_rate(n.rate)}, sent "
+                     f"{(out.get('bytes') or 0) / 1e6:.2f} MB (waited {out.get('overlimits')}x, "
+                     f"dropped {out.get('drops')}), took in {(into.get('bytes') or 0) / 1e6:.2f} "
+                     f"MB (waited {into.get('overlimits')}x, dropped {into.get('drops')})")
+    return lines
+
+
+def verdict(metrics: JobMetrics) -> str:
+    job = metrics.job
+    if not job.success:
+        return f"FAILED: {job.reason}"
+    expected = [e.detail for e in metrics.expectations if e.name == "error"]
+    return f"OK: {job.scenario}" + "".join(f": {detail}" for detail in expected)
+
+
+def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
+           stream: TextIO, netns: bool = False) -> int:
+    """Run every node of `scenario` as a process; the exit status for `runtime up`. With
+    `netns`, each node in a network namespace of its own with the scenario's network applied
+    (`runtime.launch.netns`; `check_netns` says whether that can work here): the namespaces are
+    deleted before this returns, on failure and interruption too."""
+    prepare_out(out, scenario)
+    notes = ignored_by_runtime(scenario, netns)
+    if not netns:
+        endpoints = choose_endpoints(scenario)
+        proxies, binds = fault_proxies(scenario, endpoints)
+        launcher = Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out, binds,
+                            proxies)
+        return run_launcher(launcher, notes, stream)
+    with sigterm_interrupts():  # Ctrl-C or SIGTERM: the namespaces are deleted all the same
+        try:
+            return _launch_in_namespaces(scenario_path, overrides, scenario, out, stream, notes)
+        except KeyboardInterrupt:
+            print("FAILED: interrupted (the network namespaces are deleted)", file=stream,
+                  flush=True)
+            return 128 + signal.SIGINT
+
+
+def _launch_in_namespaces(scenario_path: Path, overrides: list[str], scenario: Scenario,
+                          out: Path, stream: TextIO, notes: list[str]) -> int:
+    try:
+        fabric = Fabric.create(scenario)
+    except NetnsError as exc:
+        print(f"FAILED: --netns: {exc}", file=stream, flush=True)
+        return 1
+    try:
+        if fabric.removed_stale:
+            print(f"note: removed network namespaces an earlier run left behind: "
+                  f"{', '.join(fabric.removed_stale)}", file=stream)
+        launcher = netns_launcher(scenario_path, overrides, scenario, out, fabric)
+        return run_launcher(launcher, notes, stream, fabric)
+    finally:
+        for problem in fabric.delete():
+            print(f"warning: --netns: deleting the namespaces: {problem}", file=stream,
+                  flush=True)
+
+
+def netns_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
+                   fabric: Fabric) -> Launcher:
+    """The launcher of a ``--netns`` run: each node in its namespace, the pservers' endpoints at
+    their addresses and, where a trainer-pserver link has a latency (or the scenario message
+    faults), a proxy in each pserver's namespace in front of it, the pserver serving behind it
+    on that namespace's loopback."""
+    port = scenario.cluster.base_port or PORT
+    pservers = [pserver_name(j) for j in range(scenario.cluster.pservers)]
+    endpoints = [f"{fabric.address(p)}:{port}" for p in pservers]
+    namespaces = {node: host.namespace for node, host in fabric.hosts.items()}
+    spec = NetworkSpec.from_section(scenario.network)
+    base = {link: Faults(latency=latency.sample)
+            for link, latency in link_latencies(spec, scenario).items()}
+    if not base and not needs_proxies(scenario.faults):
+        return Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out,
+                        namespaces=namespaces)
+    bind = f"127.0.0.1:{port + 1 if port < 65535 else port - 1}"
+    proxies = [FaultProxy(listen=endpoint, upstream=bind, seed=scenario.seed, upstream_name=p,
+                          client_faults={t: f for (t, q), f in base.items() if q == p},
+                          socket_factory=fabric.sockets(p))
+               for p, endpoint in zip(pservers, endpoints)]
+    return Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out,
+                    [bind] * len(pservers), proxies, namespaces, base)
+
+
+def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
+                 fabric: Fabric | None = None) -> int:
+    """Run `launcher`'s job, report, check and record it; the exit status."""
+    scenario, out = launcher.scenario, launcher.out
+    cluster, train = scenario.cluster, scenario.train
+    binds = ",".join(dict.fromkeys(launcher.binds))
+    where = " in their namespaces" if fabric is not None else ""
+    behind = f" (behind proxies, serving at {binds}{where})" if launcher.proxies else ""
+    print(f"runtime up {scenario.name}: {cluster.pservers} pserver(s) at "
+          f"{','.join(launcher.endpoints)}{behind}, {cluster.trainers} trainer(s), "
+          f"{scenario.transpiler.mode}, {train.steps} steps of {scenario.data.batch_size}; "
+          f"logs in {out / 'logs'}", file=stream, flush=True)
+    if fabric is not None:
+        for host in fabric.hosts.values():
+            shaped = f"tbf {fmt_rate(host.rate)} each way" if host.rate else "not shaped"
+            print(f"netns: {host.node} at {host.address} in {host.namespace}, {shaped}",
+                  file=stream)
+    for note in notes:
+        print(f"note: {note}", file=stream)
+    display = make_display(stream, launcher.nodes, train.log_every)
+    try:
+        wall, failure = run_async(launcher.run(display))
+    finally:
+        display.close()
+    netns = fabric.metrics() if fabric is not None else None
+    metrics = gather_metrics(launcher, wall, failure, notes, netns)
+    interrupted = failure is not None and failure.signal is not None
+    if scenario.expect.error is not None and not interrupted:
+        judge_outcome(scenario, metrics)
+    elif metrics.job.success:
+        metrics.expectations = check_expectations(launcher, metrics)
+        failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
+        if failed:
+            metrics.job.success = False
+            metrics.job.reason = f"expectation not met: {'; '.join(failed)}"
+    write_record(out / "metrics.json", metrics)
+    for line in summary_lines(metrics):
+        print(line, file=stream)
+    print(f"metrics: {out / 'metrics.json'}", file=stream)
+    print(verdict(metrics), file=stream, flush=True)
+    if failure is not None and failure.signal is not None:
+        return 128 + failure.signal
+    return 0 if metrics.job.success else 1

@@ -1,0 +1,362 @@
+"""Request/reply over a `Transport`: message ids, deadlines, retries with backoff.
+
+`RpcClient.call(endpoint, kind, ...)` sends a request with a fresh message id and waits for the
+reply carrying the same id. If none comes within the retry interval the same message (same id)
+is sent again, with exponential backoff, until the call's deadline, which counts from the last
+sign of life: a server holding the request until other trainers catch up answers a retry with a
+``pending`` notice, and the wait starts over, so only a silent server makes a call time out; the
+server deduplicates by (sender, id), so a retried gradient is applied once. A reply of kind ERROR
+raises `RemoteError`; a deadline that passes raises `RpcTimeout` naming the endpoint, the request
+and the wait.
+
+A node that restarts passes its `incarnation` (how many times it started before) so that its
+message ids do not repeat its earlier life's. Replies reach the client from one reader task, or
+straight from the transport where it can hand them over (`Transport.deliver_to`, the
+simulator's); a reply to a call that already gave up is dropped. All waiting goes through the
+running loop, so the same code runs on a virtual clock.
+
+DESIGN: a call is a future driven by callbacks (`_Call`: sent at once where the transport can
+send without waiting, resent or failed when its attempt's timeout fires, answered when its
+reply comes), not a task: a simulation makes millions of calls, and a trainer sends to every
+pserver at once. `start` returns the future; `call` is its awaitable form. A client times its
+calls' attempts out on one loop timer (`_Timeouts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from runtime.execution.costs import RECEIVES, SENDS, Meter
+from runtime.network.transport import Frame, Transport, TransportClosed
+from runtime.network.wire import (DecodeError, Kind, Message, charged_size, decode, encode,
+                                  raise_for_error)
+
+log = logging.getLogger(__name__)
+
+
+class RpcTimeout(TimeoutError):
+    """A request got no reply before its deadline."""
+
+    def __init__(self, src: str, endpoint: str, kind: Kind, step: int, waited: float,
+                 attempts: int, node: str | None = None) -> None:
+        where = f"{node} at {endpoint}" if node else endpoint
+        super().__init__(f"{src}: no reply from {where} to {kind} (step {step}) after "
+                         f"{waited:.3g}s and {attempts} attempt(s)")
+        self.endpoint = endpoint
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    deadline: float = 60.0        # seconds a call may take in all
+    first_retry: float = 2.0      # seconds before the first resend
+    max_interval: float = 10.0    # cap of the backoff between resends
+    backoff: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.deadline <= 0 or self.first_retry <= 0 or self.backoff < 1:
+            raise ValueError(f"RetryPolicy: deadline and first_retry must be > 0 and backoff "
+                             f">= 1, got {self}")
+
+
+class _Timeouts:
+    """When the current attempts of one client's calls stop waiting, on one loop timer.
+
+    Replies come in milliseconds and retry intervals are seconds, so a loop timer per attempt
+    would fill the loop's timer heap with timers nearly all cancelled, at a cost to every other
+    timer. Instead the client keeps its own heap of ``[when, seq, call]`` and one loop timer at
+    the earliest; when it fires, every call due `expire`s, exactly at the time a timer of its
+    own would have fired. A call that got its answer drops its entry (`drop`); dropped entries
+    are swept out once they are half the heap, and skipped when they come to the top.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []
+        self._seq = itertools.count()
+        self._timer: asyncio.Handle | None = None
+        self._due = math.inf
+        """When `_timer` fires (a handle need not say: uvloop's for a time past is a plain one)."""
+        self._dropped = 0
+
+    def add(self, when: float, call: _Call) -> list[Any]:
+        """Expire `call` at `when` unless it is dropped by then; the entry to `drop` after."""
+        entry = [when, next(self._seq), call]
+        heapq.heappush(self._heap, entry)
+        if when < self._due:
+            self._arm(when)
+        return entry
+
+    def drop(self, entry: list[Any]) -> None:
+        """The wait of `entry` is over: forget its call."""
+        if entry[2] is None:
+            return
+        entry[2] = None
+        self._dropped += 1
+        if self._dropped > _SWEEP_MIN and 2 * self._dropped > len(self._heap):
+            self._heap = [entry for entry in self._heap if entry[2] is not None]
+            heapq.heapify(self._heap)
+            self._dropped = 0
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._due = None, math.inf
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(when, self._fire)
+        self._due = when
+
+    def _fire(self) -> None:
+        self._timer, self._due = None, math.inf
+        heap, now = self._heap, asyncio.get_running_loop().time()
+        while heap and (heap[0][0] <= now or heap[0][2] is None):
+            entry = heapq.heappop(heap)
+            call = entry[2]
+            if call is None:
+                self._dropped -= 1
+                continue
+            entry[2] = None
+            call.expire()  # may add entries (a resend), arming the timer at the earliest
+        if heap and heap[0][0] < self._due:  # an entry older than those added comes first
+            self._arm(heap[0][0])
+
+
+_SWEEP_MIN = 64
+"""`_Timeouts` sweeps its dropped entries out once there are more than this many (and they are
+half its heap)."""
+
+
+class _Call:
+    """One request in flight: its frames, where its retries stand, and the future its caller
+    awaits. Driven by callbacks (a reply, a pending notice, its attempt's timeout), not by a
+    task of its own: a simulation makes millions of calls."""
+
+    __slots__ = ("client", "endpoint", "msg", "frames", "limit", "start", "heard", "interval",
+                 "attempts", "future", "entry", "check")
+
+    def __init__(self, client: RpcClient, endpoint: str, msg: Message, limit: float,
+                 check: Callable[[str, Message], None] | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.client = client
+        self.endpoint = endpoint
+        self.msg = msg
+        self.frames = encode(msg)
+        self.limit = limit
+        self.start = self.heard = loop.time()
+        """`heard`: when the server last showed it is alive (a pending notice), or `start`."""
+        self.interval = client.policy.first_retry
+        self.attempts = 0
+        self.future: asyncio.Future[Message] = loop.create_future()
+        self.entry: list[Any] | None = None
+        self.check = check
+
+    def attempt(self) -> None:
+        """Send the request (again) and wait for its reply until the retry interval or the
+        deadline, whichever comes first."""
+        self.attempts += 1
+        self.client._send(self)
+        now = asyncio.get_running_loop().time()
+        left = self.heard + self.limit - now
+        if left <= 0:
+            self.fail(self.timeout(now))
+            return
+        self.entry = self.client._timeouts.add(now + min(self.interval, left), self)
+
+    def expire(self) -> None:
+        """The current attempt's wait ran out: resend with backoff, or time out."""
+        self.entry = None
+        if self.future.done():  # cancelled by its caller meanwhile
+            self.client._waiting.pop(self.msg.id, None)
+            return
+        now = asyncio.get_running_loop().time()
+        if now - self.heard >= self.limit:
+            self.fail(self.timeout(now))
+            return
+        log.debug("%s: resending %s id %d to %s", self.client.name, self.msg.kind, self.msg.id,
+                  self.endpoint)
+        self.interval = min(self.interval * self.client.policy.backoff,
+                            self.client.policy.max_interval)
+        self.attempt()
+
+    def answer(self, reply: Message) -> None:
+        """The reply came: the call's result, or its error (`RemoteError`, or what `check`
+        raises)."""
+        self.settle()
+        if self.future.done():
+            return
+        try:
+            result = raise_for_error(reply)
+            if self.check is not None:
+                self.check(self.endpoint, result)
+        except Exception as exc:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+    def fail(self, exc: BaseException) -> None:
+        self.settle()
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+    def settle(self) -> None:
+        """Stop waiting: forget the call and its attempt's timeout."""
+        self.client._waiting.pop(self.msg.id, None)
+        if self.entry is not None:
+            self.client._timeouts.drop(self.entry)
+            self.entry = None
+
+    def timeout(self, now: float) -> RpcTimeout:
+        client = self.client
+        return RpcTimeout(client.name, self.endpoint, self.msg.kind, self.msg.step,
+                          now - self.start, self.attempts, client.labels.get(self.endpoint))
+
+
+class RpcClient:
+    """A node's client side: calls to pserver endpoints over one transport."""
+
+    def __init__(self, transport: Transport, policy: RetryPolicy | None = None,
+                 max_message_size: int = 1 << 30, incarnation: int = 0,
+                 labels: Mapping[str, str] | None = None) -> None:
+        self.transport = transport
+        self.labels = dict(labels or {})
+        """Endpoint -> the node's name, for errors (``pserver:1 at host:port``)."""
+        self.policy = policy or RetryPolicy()
+        self.max_message_size = max_message_size
+        # A restarted node numbers its messages apart from its earlier life's, which the
+        # servers still remember replies to (their dedupe is by sender name and id).
+        self._ids = itertools.count((incarnation << 32) + 1)
+        self._waiting: dict[int, _Call] = {}
+        """Request id -> its call, until it is answered, fails or is cancelled."""
+        self._timeouts = _Timeouts()
+        self._connected: set[str] = set()
+        self._reader: asyncio.Task[None] | None = None
+        self._pushed = False
+        """The transport hands replies to `_on_message` itself (no reader task)."""
+        self.meter: Meter | None = None
+        """Measures what each request and reply costs this node (`runtime profile`)."""
+
+    @property
+    def name(self) -> str:
+        return self.transport.name
+
+    async def connect(self, endpoints: list[str]) -> None:
+        for ep in endpoints:
+            if ep not in self._connected:
+                await self.transport.connect(ep)
+                self._connected.add(ep)
+        if self._reader is None and not self._pushed:
+            self._pushed = self.transport.deliver_to(self._on_message)
+            if not self._pushed:
+                self._reader = asyncio.get_running_loop().create_task(
+                    self._read(), name=f"{self.name} rpc reader")
+
+    async def call(self, endpoint: str, kind: Kind, step: int = 0,
+                   vars: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
+                   deadline: float | None = None) -> Message:
+        """Send a request to `endpoint` and return its reply (resending until the deadline)."""
+        if endpoint not in self._connected:
+            await self.connect([endpoint])
+        return await self.start(endpoint, kind, step, vars, extra, deadline)
+
+    def start(self, endpoint: str, kind: Kind, step: int = 0,
+              vars: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
+              deadline: float | None = None,
+              check: Callable[[str, Message], None] | None = None) -> asyncio.Future[Message]:
+        """`call` without a coroutine: the request leaves now (if the transport can send
+        without waiting) and the future holds its reply. `check(endpoint, reply)` may raise to
+        make a reply the call's error instead."""
+        if endpoint not in self._connected:
+            return asyncio.ensure_future(self._connect_then_start(
+                endpoint, kind, step, vars, extra, deadline, check))
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
+        msg = Message(kind, next(self._ids), self.name, step, vars or {}, extra or {})
+        call = _Call(self, endpoint, msg, self.policy.deadline if deadline is None else deadline,
+                     check)
+        self._waiting[msg.id] = call
+        call.attempt()
+        if meter is not None:
+            meter.stop_message(started, SENDS, kind.value, charged_size(call.frames))
+        return call.future
+
+    async def _connect_then_start(self, endpoint: str, kind: Kind, step: int,
+                                  vars: Mapping[str, Any] | None,
+                                  extra: Mapping[str, Any] | None, deadline: float | None,
+                                  check: Callable[[str, Message], None] | None) -> Message:
+        await self.connect([endpoint])
+        return await self.start(endpoint, kind, step, vars, extra, deadline, check)
+
+    def _send(self, call: _Call) -> None:
+        """Put `call`'s request on the transport: at once where it can, else by a task (a
+        send that must wait for room), which fails the call if the send does."""
+        try:
+            if self.transport.send_nowait(call.endpoint, call.frames):
+                return
+        except Exception as exc:  # closed, or an endpoint it cannot route to
+            call.fail(exc)
+            return
+        asyncio.get_running_loop().create_task(self._send_later(call))
+
+    async def _send_later(self, call: _Call) -> None:
+        try:
+            await self.transport.send(call.endpoint, call.frames)
+        except Exception as exc:
+            call.fail(exc)
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                peer, frames = await self.transport.recv()
+            except TransportClosed:
+                return
+            self._on_message(peer, frames)
+
+    def _on_message(self, peer: str, frames: list[Frame]) -> None:
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
+        try:
+            msg = decode(frames, self.max_message_size)
+        except DecodeError as exc:
+            log.warning("%s: dropping a malformed reply from %s: %s", self.name, peer, exc)
+            if meter is not None:
+                meter.discard(started)
+            return
+        self._resolve(msg)
+        if meter is not None:
+            meter.stop_message(started, RECEIVES, msg.kind.value, charged_size(frames))
+
+    def _resolve(self, msg: Message) -> None:
+        """Hand a reply to the call waiting for it, or note a pending notice; a reply to a call
+        that is over (answered, timed out, cancelled) is dropped."""
+        call = self._waiting.get(msg.id)
+        if call is None:
+            return
+        if call.future.done():  # cancelled by its caller
+            call.settle()
+            return
+        if msg.kind is Kind.REPLY and msg.extra.get("pending") is True:
+            call.heard = asyncio.get_running_loop().time()  # alive, still busy
+            return
+        call.answer(msg)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+            self._reader = None
+        for call in list(self._waiting.values()):
+            call.future.cancel()
+            call.settle()
+        self._timeouts.close()
+        await self.transport.close()

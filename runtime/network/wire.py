@@ -1,0 +1,819 @@
+"""The wire protocol: PS messages as lists of frames, with strict validation of what arrives.
+
+A message is frame 0, a msgpack header
+
+    {v, kind, id, src, step, vars: [{name, dtype, shape, kind, height?}, ...], ...extra}
+
+followed by the tensors' raw bytes in `vars` order: one frame per dense tensor (a `LoDTensor`
+is dense with a `lod` field), two per `SelectedRows` (the int64 row indices, then the values,
+whose first dimension is the row count) and none per `Phantom` (shape and dtype only, with
+the `height` or `lod` its real twin would carry). Bytes are little-endian and C-ordered. No
+pickle: the header is plain msgpack data, and the tensors are bytes whose layout the header
+states.
+
+`encode` is zero-copy: tensor frames are memoryviews of the arrays' own buffers (C-contiguous
+arrays are not copied), so the arrays must not change until the frames are sent. `decode` is
+strict: anything the header or frames get wrong raises a `DecodeError` whose `reason` says what
+and whose message names the var and field, checked before any array is built (sizes from the
+header are checked against the limit first, so a lying header allocates nothing). Decoded arrays
+are read-only views over the received frames (copied only when a frame is misaligned for its
+dtype); copy one to change it. A server turns a `WireError` into an `error_reply`, which the
+client turns back into a `RemoteError`.
+
+Timing mode sends phantoms where numeric mode sends tensors. `charged_size` is what such a
+message would weigh with data: exactly the bytes of its numeric twin (same header but for the
+vars' kind, and the frames the phantoms stand for), which is what a simulated network charges.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import msgpack
+import numpy as np
+
+from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, TensorError
+from runtime.network.transport import Frame
+
+WIRE_VERSION = 1
+DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
+MAX_NDIM = 32
+MAX_DIM = 1 << 62
+ID_RANGE = (0, (1 << 64) - 1)
+STEP_RANGE = (-(1 << 63), (1 << 63) - 1)
+HEADER_FIELDS = frozenset({"v", "kind", "id", "src", "step", "vars"})
+WIRE_DTYPE_NAMES = (
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"
+)
+DTYPES: Mapping[str, np.dtype[Any]] = {
+    name: np.dtype(name).newbyteorder("<") for name in WIRE_DTYPE_NAMES
+}
+ROWS_DTYPE = DTYPES["int64"]
+_DTYPE_NAMES: Mapping[np.dtype[Any], str] = {dtype: name for name, dtype in DTYPES.items()}
+
+
+
+Tensor = np.ndarray | LoDTensor | SelectedRows | Phantom
+
+
+class Kind(enum.StrEnum):
+    """What a message asks or answers in the PS protocol."""
+
+    SEND = "send"
+    GET = "get"
+    SEND_BARRIER = "send_barrier"
+    FETCH_BARRIER = "fetch_barrier"
+    PREFETCH = "prefetch"
+    CHECKPOINT_NOTIFY = "checkpoint_notify"
+    COMPLETE = "complete"
+    HEARTBEAT = "heartbeat"
+    JOIN = "join"
+    REPLY = "reply"
+    ERROR = "error"
+
+
+class VarKind(enum.StrEnum):
+    """How a var's data travels: one frame, rows + values frames, or no data at all."""
+
+    DENSE = "dense"
+    ROWS = "rows"
+    PHANTOM = "phantom"
+
+
+class Reason(enum.StrEnum):
+    """Why a message could not be encoded or decoded; sent back in error replies."""
+
+    BAD_HEADER = "bad_header"
+    UNKNOWN_VERSION = "unknown_version"
+    UNKNOWN_KIND = "unknown_kind"
+    MISSING_FIELD = "missing_field"
+    BAD_FIELD = "bad_field"
+    RESERVED_FIELD = "reserved_field"
+    FRAME_COUNT = "frame_count"
+    BAD_DTYPE = "bad_dtype"
+    BAD_SHAPE = "bad_shape"
+    BAD_VALUE = "bad_value"
+    SIZE_MISMATCH = "size_mismatch"
+    ROWS_OUT_OF_RANGE = "rows_out_of_range"
+    TOO_LARGE = "too_large"
+    DUPLICATE_VAR = "duplicate_var"
+    UNSUPPORTED_TENSOR = "unsupported_tensor"
+
+
+class WireError(Exception):
+    """A message that breaks the wire protocol; `reason` says how, `var` names the culprit var."""
+
+    def __init__(
+        self, reason: Reason, detail: str, *, var: str | None = None, msg_id: int | None = None
+    ) -> None:
+        where = f" (var {var!r})" if var is not None else ""
+        super().__init__(f"{reason}: {detail}{where}")
+        self.reason = reason
+        self.detail = detail
+        self.var = var
+        self.msg_id = msg_id
+
+
+class DecodeError(WireError):
+    """A received message is malformed: the peer broke the protocol."""
+
+
+class EncodeError(WireError):
+    """A message cannot be encoded: the local caller passed something the wire cannot carry."""
+
+
+class RemoteError(Exception):
+    """A peer answered a request with an error reply."""
+
+    def __init__(self, peer: str, reason: str, detail: str, var: str | None) -> None:
+        where = f" (var {var!r})" if var is not None else ""
+        super().__init__(f"{peer} replied error {reason}: {detail}{where}")
+        self.peer = peer
+        self.reason = reason
+        self.detail = detail
+        self.var = var
+
+
+@dataclass(frozen=True)
+class Message:
+    """One PS message: who sent it (`src`), which request it is or answers (`id`), its tensors."""
+
+    kind: Kind
+    id: int
+    src: str
+    step: int = 0
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    """Name -> numpy array, `LoDTensor`, `SelectedRows` or `Phantom` (encode also takes CPU torch
+    tensors wherever it takes an array)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Further header fields: plain msgpack data under keys other than the header's own."""
+
+
+@dataclass(frozen=True)
+class VarSpec:
+    """One entry of the header's `vars`: what the frames of one var must hold."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    kind: VarKind
+    height: int | None = None
+    lod: list[list[int]] | None = None
+
+    @property
+    def frame_count(self) -> int:
+        return _FRAME_COUNTS[self.kind]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this var's frames carry (0 for a phantom)."""
+        return 0 if self.kind is VarKind.PHANTOM else self.data_nbytes
+
+    @property
+    def data_nbytes(self) -> int:
+        """Bytes of the tensor's data: what its frames carry, or would carry for a phantom."""
+        values = _product(self.shape) * self.dtype.itemsize
+        rows = self.shape[0] * ROWS_DTYPE.itemsize if self.height is not None else 0
+        return values + rows
+
+    def to_header(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "dtype": _DTYPE_NAMES[self.dtype],
+            "shape": list(self.shape),
+            "kind": str(self.kind),
+        }
+        if self.height is not None:
+            entry["height"] = self.height
+        if self.lod is not None:
+            entry["lod"] = self.lod
+        return entry
+
+
+_FRAME_COUNTS = {VarKind.DENSE: 1, VarKind.ROWS: 2, VarKind.PHANTOM: 0}
+_PHANTOM = str(VarKind.PHANTOM)
+
+# ---------------------------------------------------------------------------------------- encode
+
+
+def encode(msg: Message) -> list[Frame]:
+    """The frames of `msg`: the msgpack header, then each tensor's bytes without copying."""
+    _check_outgoing(msg)
+    specs: list[dict[str, Any]] = []
+    phantoms: list[Phantom] = []
+    frames: list[Frame] = []
+    for name, value in msg.vars.items():
+        if isinstance(value, Phantom):
+            specs.append(_phantom_entry(name, value))
+            phantoms.append(value)
+            continue
+        spec, var_frames = _encode_var(name, value)
+        specs.append(spec.to_header())
+        frames.extend(var_frames)
+    kind = _KINDS.get(msg.kind) or Kind(msg.kind)
+    header = {
+        "v": WIRE_VERSION,
+        "kind": kind.value,
+        "id": msg.id,
+        "src": msg.src,
+        "step": msg.step,
+        "vars": specs,
+        **msg.extra,
+    }
+    try:
+        packed = msgpack.packb(header, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise EncodeError(
+            Reason.BAD_FIELD, f"header of {msg.kind} message is not msgpack data: {exc}"
+        ) from exc
+    return [_header(packed, msg, kind, phantoms, bool(frames)), *frames]
+
+
+def _check_outgoing(msg: Message) -> None:
+    if not HEADER_FIELDS.isdisjoint(msg.extra):
+        reserved = sorted(HEADER_FIELDS.intersection(msg.extra))
+        raise EncodeError(Reason.RESERVED_FIELD, f"extra fields {reserved} are header fields")
+    if type(msg.id) is int and type(msg.step) is int and type(msg.src) is str and msg.src \
+            and ID_RANGE[0] <= msg.id <= ID_RANGE[1] \
+            and STEP_RANGE[0] <= msg.step <= STEP_RANGE[1]:
+        return  # the common case, checked at once
+    for key, value, (low, high) in (("id", msg.id, ID_RANGE), ("step", msg.step, STEP_RANGE)):
+        if not _is_int(value) or not low <= value <= high:
+            raise EncodeError(
+                Reason.BAD_FIELD, f"message {key} must be an int in [{low}, {high}], got {value!r}"
+            )
+    if not isinstance(msg.src, str) or not msg.src:
+        raise EncodeError(Reason.BAD_FIELD, f"message src must be a non-empty str, got {msg.src!r}")
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not name:
+        raise EncodeError(Reason.BAD_FIELD, f"var names must be non-empty str, got {name!r}")
+
+
+def _phantom_entry(name: str, value: Phantom) -> dict[str, Any]:
+    """The header's `vars` entry of a phantom (what `VarSpec.to_header` writes)."""
+    _check_name(name)
+    dtype = _wire_dtype(value.dtype, name, EncodeError)
+    entry: dict[str, Any] = {"name": name, "dtype": _DTYPE_NAMES[dtype],
+                             "shape": list(value.shape), "kind": _PHANTOM}
+    if value.height is not None:
+        entry["height"] = value.height
+    if value.lod:
+        entry["lod"] = [list(level) for level in value.lod]
+    return entry
+
+
+def _encode_var(name: str, value: Any) -> tuple[VarSpec, list[Frame]]:
+    _check_name(name)
+    if isinstance(value, SelectedRows):
+        return _encode_rows(name, value)
+    if isinstance(value, LoDTensor):
+        array = _wire_array(value.data, name)
+        spec = VarSpec(name, array.dtype, array.shape, VarKind.DENSE, lod=value.lod)
+        return spec, [_frame(array)]
+    array = _wire_array(_as_numpy(value, name), name)
+    return VarSpec(name, array.dtype, array.shape, VarKind.DENSE), [_frame(array)]
+
+
+def _encode_rows(name: str, value: SelectedRows) -> tuple[VarSpec, list[Frame]]:
+    rows = np.require(_as_numpy(value.rows, name), ROWS_DTYPE, "C")
+    values = _wire_array(_as_numpy(value.values, name), name)
+    if rows.ndim != 1 or values.ndim < 1 or values.shape[0] != rows.shape[0]:
+        raise EncodeError(
+            Reason.BAD_SHAPE,
+            f"rows of shape {rows.shape} do not index values of shape {values.shape}",
+            var=name,
+        )
+    height = int(value.height)
+    _check_rows(rows, height, name, EncodeError)
+    spec = VarSpec(name, values.dtype, values.shape, VarKind.ROWS, height)
+    return spec, [_frame(rows), _frame(values)]
+
+
+def _as_numpy(value: Any, name: str) -> np.ndarray:
+    """`value` as a numpy array: numpy as is, a CPU torch tensor as a view of its storage."""
+    if isinstance(value, np.ndarray):
+        return value
+    torch = sys.modules.get("torch")  # a torch tensor implies torch is imported
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise EncodeError(
+                Reason.UNSUPPORTED_TENSOR,
+                f"tensor is on {value.device}; move it to the CPU first (tensor.cpu())",
+                var=name,
+            )
+        if value.dtype == torch.bfloat16:
+            raise EncodeError(Reason.BAD_DTYPE, "bfloat16 is not a wire dtype", var=name)
+        return value.detach().resolve_conj().resolve_neg().numpy()
+    raise EncodeError(
+        Reason.UNSUPPORTED_TENSOR,
+        f"cannot send a {type(value).__name__}: expected a numpy array, SelectedRows, Phantom "
+        "or CPU torch tensor",
+        var=name,
+    )
+
+
+def _wire_array(array: np.ndarray, name: str) -> np.ndarray:
+    """`array` little-endian and C-contiguous, copied only if it is not already."""
+    dtype = _wire_dtype(array.dtype, name, EncodeError)
+    if array.dtype == dtype and array.flags.c_contiguous:
+        return array
+    return np.require(array, dtype, "C")
+
+
+def _frame(array: np.ndarray) -> memoryview:
+    return array.reshape(-1).view(np.uint8).data
+
+
+# ---------------------------------------------------------------------------------------- decode
+
+
+def decode(frames: Sequence[Frame], max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> Message:
+    """The message the frames carry; raise `DecodeError` naming the first thing wrong with them."""
+    if not frames:
+        raise DecodeError(Reason.FRAME_COUNT, "empty message: no header frame")
+    encoded = _encoded_header(frames)
+    if encoded is not None and encoded.parsed is not None and len(frames) == 1 \
+            and len(encoded) <= max_message_size:
+        return encoded.parsed.message()
+    if _nbytes(frames[0]) > max_message_size:
+        raise DecodeError(
+            Reason.TOO_LARGE, f"header of {_nbytes(frames[0])} bytes exceeds {max_message_size}"
+        )
+    header = _unpack_header(frames[0])
+    msg_id = header.get("id") if _is_int(header.get("id")) else None
+    try:
+        return _decode(header, frames, max_message_size)
+    except DecodeError as exc:
+        exc.msg_id = msg_id
+        raise
+
+
+def _decode(header: dict[str, Any], frames: Sequence[Frame], max_message_size: int) -> Message:
+    kind, msg_id, src, step = _check_envelope(header)
+    specs = _check_var_list(header["vars"])
+    size = _nbytes(frames[0]) + sum(spec.nbytes for spec in specs)
+    if size > max_message_size:
+        raise DecodeError(
+            Reason.TOO_LARGE, f"message declares {size} bytes, limit {max_message_size}"
+        )
+    expected = 1 + sum(spec.frame_count for spec in specs)
+    if len(frames) != expected:
+        raise DecodeError(
+            Reason.FRAME_COUNT, f"header's vars need {expected} frames, message has {len(frames)}"
+        )
+    values: dict[str, Any] = {}
+    position = 1
+    for spec in specs:
+        values[spec.name] = _decode_var(spec, frames[position : position + spec.frame_count])
+        position += spec.frame_count
+    extra = {key: value for key, value in header.items() if key not in HEADER_FIELDS}
+    return Message(kind, msg_id, src, step, values, extra)
+
+
+def _unpack_header(frame: Frame) -> dict[str, Any]:
+    try:
+        header = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+    except Exception as exc:  # untrusted bytes: any parser failure is the peer's malformed header
+        raise DecodeError(Reason.BAD_HEADER, f"header frame is not valid msgpack: {exc}") from exc
+    if not isinstance(header, dict):
+        raise DecodeError(Reason.BAD_HEADER, f"header is a {type(header).__name__}, not a map")
+    return header
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not allowed")
+
+
+def _check_envelope(header: dict[str, Any]) -> tuple[Kind, int, str, int]:
+    if not HEADER_FIELDS <= header.keys():
+        missing = ", ".join(sorted(HEADER_FIELDS.difference(header)))
+        raise DecodeError(Reason.MISSING_FIELD, f"header lacks {missing}")
+    if header["v"] != WIRE_VERSION or not _is_int(header["v"]):
+        raise DecodeError(
+            Reason.UNKNOWN_VERSION, f"version {header['v']!r}, expected {WIRE_VERSION}"
+        )
+    kind = _KINDS.get(header["kind"]) if isinstance(header["kind"], str) else None
+    if kind is None:
+        raise DecodeError(Reason.UNKNOWN_KIND, f"message kind {header['kind']!r} is unknown")
+    msg_id = _field(header, "id", *ID_RANGE)
+    step = _field(header, "step", *STEP_RANGE)
+    src = header["src"]
+    if not isinstance(src, str) or not src:
+        raise DecodeError(Reason.BAD_FIELD, f"field 'src' must be a non-empty str, got {src!r}")
+    return kind, msg_id, src, step
+
+
+def _field(header: Mapping[str, Any], key: str, low: int, high: int, var: str | None = None) -> int:
+    value = header[key]
+    if not _is_int(value) or not low <= value <= high:
+        raise DecodeError(
+            Reason.BAD_FIELD,
+            f"field {key!r} must be an int in [{low}, {high}], got {value!r}",
+            var=var,
+        )
+    return int(value)
+
+
+def _check_var_list(entries: Any) -> list[VarSpec]:
+    if not isinstance(entries, list):
+        raise DecodeError(
+            Reason.BAD_FIELD, f"field 'vars' must be a list, got {type(entries).__name__}"
+        )
+    specs = [_check_var(entry) for entry in entries]
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise DecodeError(
+                Reason.DUPLICATE_VAR, "var appears twice in the header", var=spec.name
+            )
+        seen.add(spec.name)
+    return specs
+
+
+_KINDS = {kind.value: kind for kind in Kind}
+_VAR_KINDS = {kind.value: kind for kind in VarKind}
+_VAR_FIELDS = frozenset({"name", "dtype", "shape", "kind"})
+_ALLOWED_VAR_FIELDS = {
+    VarKind.DENSE: _VAR_FIELDS | {"lod"},
+    VarKind.ROWS: _VAR_FIELDS | {"height"},
+    VarKind.PHANTOM: _VAR_FIELDS | {"height", "lod"},
+}
+
+
+def _check_var(entry: Any) -> VarSpec:
+    if not isinstance(entry, dict):
+        raise DecodeError(Reason.BAD_FIELD, f"a vars entry is a {type(entry).__name__}, not a map")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise DecodeError(Reason.BAD_FIELD, f"a vars entry has no valid name: {name!r}")
+    if not _VAR_FIELDS <= entry.keys():
+        missing = ", ".join(sorted(_VAR_FIELDS.difference(entry)))
+        raise DecodeError(Reason.MISSING_FIELD, f"vars entry lacks {missing}", var=name)
+    kind = _VAR_KINDS.get(entry["kind"]) if isinstance(entry["kind"], str) else None
+    if kind is None:
+        raise DecodeError(Reason.BAD_FIELD, f"var kind {entry['kind']!r} is unknown", var=name)
+    if not entry.keys() <= _ALLOWED_VAR_FIELDS[kind]:
+        unknown = sorted(set(entry).difference(_ALLOWED_VAR_FIELDS[kind]), key=repr)
+        raise DecodeError(Reason.BAD_FIELD, f"vars entry has unknown fields {unknown}", var=name)
+    if kind is VarKind.ROWS and "height" not in entry:
+        raise DecodeError(Reason.MISSING_FIELD, "rows var lacks height", var=name)
+    dtype = _header_dtype(entry["dtype"], name)
+    shape = _header_shape(entry["shape"], kind is VarKind.ROWS or "height" in entry, name)
+    height = _field(entry, "height", 0, MAX_DIM, var=name) if "height" in entry else None
+    lod = _header_lod(entry["lod"], name) if "lod" in entry else None
+    return VarSpec(name, dtype, shape, kind, height, lod)
+
+
+def _header_dtype(value: Any, name: str) -> np.dtype[Any]:
+    if not isinstance(value, str) or value not in DTYPES:
+        raise DecodeError(
+            Reason.BAD_DTYPE, f"dtype {value!r} is not one of {', '.join(DTYPES)}", var=name
+        )
+    return DTYPES[value]
+
+
+def _header_shape(value: Any, rows: bool, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > MAX_NDIM:
+        raise DecodeError(
+            Reason.BAD_SHAPE,
+            f"shape must be a list of at most {MAX_NDIM} ints, got {value!r}",
+            var=name,
+        )
+    if not all(_is_int(dim) and 0 <= dim <= MAX_DIM for dim in value):
+        raise DecodeError(
+            Reason.BAD_SHAPE, f"shape {value!r} has a dimension outside [0, {MAX_DIM}]", var=name
+        )
+    if rows and not value:
+        raise DecodeError(Reason.BAD_SHAPE, "rows values need at least one dimension", var=name)
+    return tuple(value)
+
+
+def _header_lod(value: Any, name: str) -> list[list[int]]:
+    if not isinstance(value, list) or not all(
+        isinstance(level, list) and all(_is_int(offset) for offset in level) for level in value
+    ):
+        raise DecodeError(
+            Reason.BAD_FIELD, f"lod must be a list of int lists, got {value!r}", var=name
+        )
+    return value
+
+
+def _decode_var(spec: VarSpec, frames: Sequence[Frame]) -> Tensor:
+    if spec.kind is VarKind.PHANTOM:
+        return _phantom(spec)
+    if spec.kind is VarKind.DENSE:
+        array = _view(frames[0], spec.dtype, spec.shape, spec.name)
+        return array if spec.lod is None else _lod_tensor(array, spec.lod, spec.name)
+    rows = _view(frames[0], ROWS_DTYPE, spec.shape[:1], spec.name)
+    values = _view(frames[1], spec.dtype, spec.shape, spec.name)
+    assert spec.height is not None
+    _check_rows(rows, spec.height, spec.name, DecodeError)
+    return SelectedRows(rows, values, spec.height)
+
+
+def _view(frame: Frame, dtype: np.dtype[Any], shape: tuple[int, ...], name: str) -> np.ndarray:
+    """A read-only array over `frame`, which must hold exactly `shape` of `dtype`."""
+    count = _product(shape)
+    expected = count * dtype.itemsize
+    if _nbytes(frame) != expected:
+        raise DecodeError(
+            Reason.SIZE_MISMATCH,
+            f"frame has {_nbytes(frame)} bytes, shape {list(shape)} of {dtype} needs {expected}",
+            var=name,
+        )
+    array = np.frombuffer(frame, dtype=dtype, count=count).reshape(shape)
+    if dtype == DTYPES["bool"]:
+        _check_bools(array, name)
+    if not array.flags.aligned:
+        array = array.copy()
+    array.flags.writeable = False
+    return array
+
+
+def _phantom(spec: VarSpec) -> Phantom:
+    dtype = np.dtype(_DTYPE_NAMES[spec.dtype])
+    try:
+        return Phantom(spec.shape, dtype, spec.height, tuple(map(tuple, spec.lod or ())))
+    except TensorError as exc:
+        raise DecodeError(Reason.BAD_FIELD, f"lod does not fit shape {list(spec.shape)}: {exc}",
+                          var=spec.name)
+
+
+def _lod_tensor(array: np.ndarray, lod: list[list[int]], name: str) -> LoDTensor:
+    try:
+        return LoDTensor(array, lod)
+    except TensorError as exc:
+        raise DecodeError(
+            Reason.BAD_FIELD, f"lod does not fit shape {list(array.shape)}: {exc}", var=name
+        )
+
+
+def _check_bools(array: np.ndarray, name: str) -> None:
+    raw = array.reshape(-1).view(np.uint8)
+    bad = np.flatnonzero(raw > 1)
+    if bad.size:
+        raise DecodeError(
+            Reason.BAD_VALUE,
+            f"bool byte {raw[bad[0]]} at flat index {bad[0]} is not 0 or 1",
+            var=name,
+        )
+
+
+# ------------------------------------------------------------------------------------ charging
+
+_PHANTOM_KIND = msgpack.packb(str(VarKind.PHANTOM))
+_TWIN_KIND_BYTES = {
+    rows: len(msgpack.packb(str(VarKind.ROWS if rows else VarKind.DENSE))) - len(_PHANTOM_KIND)
+    for rows in (False, True)
+}
+"""How much shorter the header gets when a phantom's kind becomes its twin's (dense or rows)."""
+
+
+def charged_size(frames: Sequence[Frame]) -> int:
+    """Bytes the message would take if its phantoms carried data: its frames, plus for each
+    phantom var the frames it stands for, less the header bytes its kind "phantom" takes over
+    its twin's "dense" or "rows". A message without phantoms, or one that does not decode,
+    weighs its frames."""
+    encoded = _encoded_header(frames)
+    if encoded is not None:
+        if len(frames) == 1:
+            return len(encoded) + encoded.surcharge
+        return sum(_nbytes(frame) for frame in frames) + encoded.surcharge
+    return _charged_size(frames)
+
+
+def _charged_size(frames: Sequence[Frame]) -> int:
+    """`charged_size` read off the frames alone."""
+    size = sum(_nbytes(frame) for frame in frames)
+    if not frames or _PHANTOM_KIND not in bytes(frames[0]):
+        return size
+    try:
+        entries = _unpack_header(frames[0])["vars"]
+        phantoms = [_check_var(entry) for entry in entries
+                    if isinstance(entry, dict) and entry.get("kind") == VarKind.PHANTOM]
+    except (DecodeError, KeyError, TypeError):
+        return size
+    return size + sum(spec.data_nbytes + _TWIN_KIND_BYTES[spec.height is not None]
+                      for spec in phantoms)
+
+
+# ---------------------------------------------------------------------------- encoded here
+
+
+class _Header(bytes):
+    """A header frame `encode` made: the msgpack bytes, which also remember what the message
+    weighs with data (`surcharge`: what its phantoms add to its frames' bytes, as
+    `charged_size` reads it off the frames) and, for a message of phantoms and plain header
+    data, the message `decode` parses out of it (`parsed`). The bytes cannot change, so these
+    stay true; the simulator hands the very frames (as memoryviews of them) to the receiver,
+    which then needs to parse nothing. Frames that arrive any other way are parsed."""
+
+    surcharge: int
+    parsed: _Parsed | None
+    kind: str
+
+
+class _Parsed(NamedTuple):
+    """What `decode` makes of a header of phantoms: the message's fields as msgpack gives
+    them back (`extra` plain data; `nested` when it holds lists or maps, copied per decode)."""
+
+    kind: Kind
+    id: int
+    src: str
+    step: int
+    vars: dict[str, Phantom]
+    extra: dict[str, Any]
+    nested: bool
+
+    def message(self) -> Message:
+        """A new `Message` of these fields (with new maps), as `decode` would build it."""
+        msg = object.__new__(Message)  # the fields as __init__ sets them, at less cost
+        object.__setattr__(msg, "__dict__", {
+            "kind": self.kind, "id": self.id, "src": self.src, "step": self.step,
+            "vars": self.vars.copy(),
+            "extra": _fresh(self.extra) if self.nested else self.extra.copy()})
+        return msg
+
+
+class _NotPlain(Exception):
+    """Header data that msgpack would give back as something else (a tuple, an enum...)."""
+
+
+def _header(packed: bytes, msg: Message, kind: Kind, phantoms: list[Phantom],
+            has_data: bool) -> _Header:
+    """`packed` as a `_Header` of `msg` (of `kind`), whose phantom vars are `phantoms`."""
+    header = _Header(packed)
+    header.kind = kind.value
+    surcharge = 0
+    for phantom in phantoms:  # it adds its bytes, less "phantom" over "dense" or "rows"
+        if not _decodable(phantom):  # charged_size weighs the frames alone, as it would
+            header.surcharge = _charged_size([packed]) - len(packed)
+            header.parsed = None
+            return header
+        surcharge += phantom.nbytes + _TWIN_KIND_BYTES[phantom.height is not None]
+    header.surcharge = surcharge
+    header.parsed = None if has_data else _parsed(msg, kind)
+    return header
+
+
+def _decodable(phantom: Phantom) -> bool:
+    """Whether `decode` accepts the shape and height of this phantom (encode does not check
+    these limits)."""
+    shape, height = phantom.shape, phantom.height
+    return len(shape) <= MAX_NDIM and (not shape or max(shape) <= MAX_DIM) \
+        and (height is None or height <= MAX_DIM)
+
+
+def _parsed(msg: Message, kind: Kind) -> _Parsed | None:
+    """What decoding `msg`'s header would give (it has no data frames), or None if its names
+    and extra fields are not plain data."""
+    nested = False
+    extra = {}
+    for key, value in msg.extra.items():
+        if type(key) is not str:
+            return None
+        if type(value) not in _SCALARS:
+            nested = True
+            try:
+                value = _plain(value)
+            except _NotPlain:
+                return None
+        extra[key] = value
+    phantoms = {}
+    for name, phantom in msg.vars.items():
+        if type(name) is not str:
+            return None
+        phantoms[name] = _received(phantom)
+    return _Parsed(kind, int(msg.id), str(msg.src), int(msg.step), phantoms, extra, nested)
+
+
+def _received(value: Phantom) -> Phantom:
+    """The phantom the receiver decodes: the same, with the wire dtype in native byte order."""
+    dtype = value.dtype
+    if type(value) is Phantom and dtype.isnative and dtype in _DTYPE_NAMES:
+        return value
+    native = np.dtype(_DTYPE_NAMES[_wire_dtype(dtype, "", EncodeError)])
+    return Phantom(value.shape, native, value.height, value.lod)
+
+
+_SCALARS = (str, int, float, bool, bytes, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """`value` as msgpack gives it back (a tuple comes back a list); `_NotPlain` if it would
+    come back as anything else, or not at all."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple:
+        return [_plain(item) for item in value]
+    if kind is dict and all(type(key) is str for key in value):
+        return {key: _plain(item) for key, item in value.items()}
+    raise _NotPlain(kind.__name__)
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of plain data whose lists and maps are new."""
+    if type(value) is list:
+        return [_fresh(item) for item in value]
+    if type(value) is dict:
+        return {key: _fresh(item) for key, item in value.items()}
+    return value
+
+
+def message_kind(frames: Sequence[Frame]) -> str | None:
+    """The kind of a message `encode` made (as its header says), without decoding; None for
+    frames that came any other way."""
+    encoded = _encoded_header(frames)
+    return None if encoded is None else encoded.kind
+
+
+def _encoded_header(frames: Sequence[Frame]) -> _Header | None:
+    """The header `encode` made that frame 0 is (or is a whole view of), if it is one."""
+    if not frames:
+        return None
+    head = frames[0]
+    origin = head.obj if type(head) is memoryview else head
+    if type(origin) is _Header and _nbytes(head) == len(origin):
+        return origin
+    return None
+
+
+# ---------------------------------------------------------------------------------------- shared
+
+
+def _wire_dtype(dtype: np.dtype[Any], name: str, error: type[WireError]) -> np.dtype[Any]:
+    """The wire's (little-endian) form of `dtype`, which must be a whitelisted type."""
+    wire = dtype if dtype in _DTYPE_NAMES else dtype.newbyteorder("<")
+    if wire not in _DTYPE_NAMES:
+        raise error(Reason.BAD_DTYPE, f"dtype {dtype} is not one of {', '.join(DTYPES)}", var=name)
+    return wire
+
+
+def _check_rows(rows: np.ndarray, height: int, name: str, error: type[WireError]) -> None:
+    bad = np.flatnonzero((rows < 0) | (rows >= height))
+    if bad.size:
+        raise error(
+            Reason.ROWS_OUT_OF_RANGE,
+            f"row {rows[bad[0]]} at index {bad[0]} is outside [0, {height})",
+            var=name,
+        )
+
+
+def _product(shape: Sequence[int]) -> int:
+    result = 1
+    for dim in shape:
+        result *= dim
+    return result
+
+
+def _nbytes(frame: Frame) -> int:
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------------------------------- errors
+
+
+def error_reply(
+    src: str, error: Exception, *, request_id: int | None = None, step: int = 0
+) -> Message:
+    """An ERROR message from `src` answering request `request_id` with what `error` says.
+
+    The reason is a `WireError`'s reason or else the exception's class name; the culprit var is
+    the error's `var` attribute where it has one. The id defaults to the one the malformed
+    request carried, or 0 when even that was unreadable.
+    """
+    if request_id is None:
+        carried = error.msg_id if isinstance(error, WireError) else None
+        request_id = carried if carried is not None else 0
+    reason = str(error.reason) if isinstance(error, WireError) else type(error).__name__
+    detail = error.detail if isinstance(error, WireError) else str(error)
+    culprit = getattr(error, "var", None)
+    var = culprit if isinstance(culprit, str) else None
+    body = {"reason": reason, "detail": detail, "var": var}
+    return Message(Kind.ERROR, request_id, src, step, extra={"error": body})
+
+
+def raise_for_error(msg: Message) -> Message:
+    """Return `msg`, or raise `RemoteError` if it is an error reply."""
+    if msg.kind is not Kind.ERROR:
+        return msg
+    body = msg.extra.get("error")
+    body = body if isinstance(body, dict) else {}
+    reason, detail, var = body.get("reason"), body.get("detail"), body.get("var")
+    raise RemoteError(
+        msg.src,
+        reason if isinstance(reason, str) else "unknown",
+        detail if isinstance(detail, str) else repr(body),
+        var if isinstance(var, str) else None,
+    )

@@ -1,0 +1,386 @@
+"""`ZmqTransport`: the Transport interface over ZeroMQ, driven from the event loop, for real runs.
+
+Serving side: one ROUTER socket holding every `bind`; a message from a client arrives as
+`[identity, *frames]` and the identity (the client's node name) is the peer to reply to.
+`ROUTER_MANDATORY` makes a send to an identity that is not connected raise instead of vanishing,
+and `ROUTER_HANDOVER` lets a restarted node reclaim its identity while the server still holds the
+old, dead connection. Client side: one DEALER per `connect`ed endpoint, its routing id the node's
+name; the endpoint string is that peer's name.
+
+Plain (blocking-API) pyzmq sockets, driven by the loop: each socket's notification FD is
+registered with `loop.add_reader`; when it fires, the transport reads the socket's events and
+receives with NOBLOCK until the socket is empty, handing each message to the `deliver_to`
+handler or into one bounded inbox that `recv` takes from (so a node that both serves and
+connects receives from all its sockets through one call). A send goes to libzmq at once, from
+the caller, when the socket can take it; otherwise it waits in a per-socket queue that the next
+readiness event flushes, in order. Frames are sent with `copy=False`: pyzmq copies those under
+the socket's copy threshold and hands larger ones to libzmq as they are (zero-copy); received
+frames are zero-copy memoryviews.
+
+DESIGN: this replaces `zmq.asyncio`, whose per-call futures, poller bookkeeping and enum flag
+arithmetic cost more CPU per small message than pslab's whole encode/decode. ZeroMQ's FD is
+edge-triggered and a send may consume the edge that announced incoming messages, so after
+every send the socket's events are read again and a drain scheduled if input is waiting.
+
+Every queue is bounded: the send and receive high-water marks (messages per peer), the inbox,
+and the largest frame a peer may send (`MAXMSGSIZE`; libzmq drops a connection that exceeds it
+before allocating the frame). Close uses LINGER `linger_ms` (0 by default) and terminates the
+context if this transport created it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import zmq
+
+from runtime.network.transport import (Inbound, Inbox, EndpointError, Frame, Transport,
+                                       TransportClosed, TransportError, UnknownPeerError,
+                                       check_node_name)
+
+log = logging.getLogger(__name__)
+_IDENTITY_ENCODING = ("utf-8", "surrogateescape")
+
+
+def zmq_address(endpoint: str) -> str:
+    """A ZeroMQ address for `endpoint`: programs name pservers ``host:port``, meaning TCP."""
+    return endpoint if "://" in endpoint else f"tcp://{endpoint}"
+
+
+
+@dataclass(frozen=True)
+class ZmqLimits:
+    """Bounds on what a `ZmqTransport` queues and accepts."""
+
+    send_hwm: int = 1000
+    """Messages queued per peer for sending before `send` waits."""
+    recv_hwm: int = 1000
+    """Messages libzmq queues per peer on the receiving side."""
+    inbox: int = 1000
+    """Messages received but not yet taken by `recv`."""
+    max_frame_size: int = 1 << 30
+    """Largest frame accepted from a peer (bytes); a peer sending more is disconnected."""
+    copy_threshold: int = zmq.COPY_THRESHOLD
+    """Frames smaller than this (bytes) are copied on send; larger ones go zero-copy."""
+    io_threads: int = 1
+    """libzmq IO threads of a context this transport creates."""
+    linger_ms: int = 0
+    """How long `close` lets queued messages go out (ms); a server's last replies need some."""
+
+    def __post_init__(self) -> None:
+        for field, value in vars(self).items():
+            minimum = 0 if field in ("copy_threshold", "linger_ms") else 1
+            if not isinstance(value, int) or value < minimum:
+                raise ValueError(f"ZmqLimits.{field} must be an int >= {minimum}, got {value!r}")
+
+
+class _Socket:
+    """One ZeroMQ socket the transport drives: its FD, its queue of sends waiting for room."""
+
+    __slots__ = ("zmq", "endpoint", "fd", "waiting", "paused", "scheduled")
+
+    def __init__(self, socket: zmq.Socket[Any], endpoint: str | None) -> None:
+        self.zmq = socket
+        self.endpoint = endpoint
+        """The connected endpoint (the peer of every message received); None for the ROUTER."""
+        self.fd = cast(int, socket.getsockopt(zmq.FD))
+        self.waiting: deque[tuple[list[Frame], str, asyncio.Future[None] | None]] = deque()
+        """Messages (with their peer and the future of an awaiting `send`) waiting for room."""
+        self.paused = False
+        """The inbox is full: receiving waits until `recv` takes something."""
+        self.scheduled = False
+        """A readiness check is already scheduled on the loop."""
+
+
+# ints, not pyzmq's IntFlag members: flag arithmetic on enum members costs microseconds a call
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+
+
+
+def _events(socket: zmq.Socket[Any]) -> int:
+    """The socket's ZMQ_EVENTS (POLLIN / POLLOUT bits); reading them also clears its FD."""
+    return cast(int, socket.getsockopt(_EVENTS))
+
+
+_BATCH = 256
+"""Messages received per readiness event before other callbacks get a turn."""
+
+
+class ZmqTransport(Transport):
+    """Transport over ZeroMQ ROUTER (served endpoints) and DEALER (connected endpoints) sockets."""
+
+    def __init__(
+        self,
+        name: str,
+        limits: ZmqLimits | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.name = check_node_name(name)
+        self.limits = limits or ZmqLimits()
+        self._owns_context = context is None
+        # a context made for asyncio sockets is shadowed: the same libzmq context, plain sockets
+        self._context: zmq.Context[Any] = (zmq.Context(io_threads=self.limits.io_threads)
+                                           if context is None else zmq.Context.shadow(context))
+        self._router: _Socket | None = None
+        self._dealers: dict[str, _Socket] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox = Inbox(self.limits.inbox)
+        self._handler: Callable[[str, list[Frame]], None] | None = None
+        self._closed = False
+
+    @property
+    def sockets(self) -> list[zmq.Socket[Any]]:
+        """The sockets this transport opened (the ROUTER first, if any)."""
+        router = [self._router.zmq] if self._router is not None else []
+        return router + [dealer.zmq for dealer in self._dealers.values()]
+
+    async def bind(self, endpoint: str) -> str:
+        self._check_open("bind")
+        router = self._router or self._open_router()
+        try:
+            router.zmq.bind(zmq_address(endpoint))
+        except zmq.ZMQError as exc:
+            raise EndpointError(self.name, endpoint, exc.strerror) from exc
+        return router.zmq.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def connect(self, endpoint: str) -> None:
+        self._check_open("connect")
+        if endpoint in self._dealers:
+            raise EndpointError(self.name, endpoint, "already connected")
+        dealer = self._socket(zmq.DEALER)
+        dealer.setsockopt(zmq.ROUTING_ID, self.name.encode())
+        try:
+            dealer.connect(zmq_address(endpoint))
+        except zmq.ZMQError as exc:
+            dealer.close(linger=0)
+            raise EndpointError(self.name, endpoint, exc.strerror) from exc
+        try:
+            self._dealers[endpoint] = self._drive(dealer, endpoint)
+        except BaseException:
+            dealer.close(linger=0)  # else the context could never terminate
+            raise
+
+    async def send(self, peer: str, frames: Sequence[Frame]) -> None:
+        socket, parts = self._checked_route(peer, frames)
+        if not socket.waiting and self._send_now(socket, peer, parts):
+            return
+        waiter = self._running_loop().create_future()
+        socket.waiting.append((parts, peer, waiter))
+        self._schedule(socket)
+        await waiter
+
+    def send_nowait(self, peer: str, frames: Sequence[Frame]) -> bool:
+        """Send now, from the caller, without a coroutine: the message goes to libzmq at once
+        when the socket can take it (its high-water mark not reached, no earlier send waiting),
+        and else waits behind the earlier ones, in order; a waiting send that later fails is
+        logged (the RPC layer resends what is not answered). Sending from the caller, rather
+        than from a task that runs when the caller next yields, lets a trainer's gradients
+        leave while it goes on computing."""
+        socket, parts = self._checked_route(peer, frames)
+        if not socket.waiting and self._send_now(socket, peer, parts):
+            return True
+        socket.waiting.append((parts, peer, None))
+        self._schedule(socket)
+        return True
+
+    def deliver_to(self, handler: Callable[[str, list[Frame]], None]) -> bool:
+        self._check_open("deliver")
+        self._handler = handler
+        return True
+
+    async def recv(self) -> Inbound:
+        self._check_open("recv")
+        inbound = await self._inbox.get()
+        self._resume_paused()
+        return inbound
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        closed = TransportClosed(self.name, "send")
+        for socket in self._all():
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(socket.fd)
+            for _, _, waiter in socket.waiting:
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(closed)
+            socket.waiting.clear()
+            socket.zmq.close(linger=self.limits.linger_ms)
+        if self._owns_context:
+            self._context.term()
+        self._fail_waiters(TransportClosed(self.name, "recv"))
+
+    # -- sending --------------------------------------------------------------------------
+
+    def _checked_route(self, peer: str, frames: Sequence[Frame]) -> tuple[_Socket, list[Frame]]:
+        self._check_open("send")
+        if not frames:
+            raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
+        return self._route(peer, frames)
+
+    def _send_now(self, socket: _Socket, peer: str, parts: list[Frame]) -> bool:
+        """Hand `parts` to libzmq if the socket can take them now; False: no room (EAGAIN)."""
+        send = socket.zmq.send
+        try:  # once the first part is taken, libzmq takes the rest: a message goes whole or not
+            send(parts[0], _MORE_NOBLOCK if len(parts) > 1 else _NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            raise self._send_error(peer, exc) from exc
+        last = len(parts) - 1
+        for i in range(1, last + 1):
+            send(parts[i], _MORE_NOBLOCK if i < last else _NOBLOCK, copy=False)
+        if _events(socket.zmq) & _POLLIN:
+            self._schedule(socket)  # the send may have consumed the FD's edge for waiting input
+        return True
+
+    def _flush(self, socket: _Socket) -> None:
+        """Send what waits for room, in order, while the socket takes it."""
+        while socket.waiting:
+            parts, peer, waiter = socket.waiting[0]
+            if waiter is not None and waiter.done():  # its `send` was cancelled
+                socket.waiting.popleft()
+                continue
+            try:
+                if not self._send_now(socket, peer, parts):
+                    return
+            except TransportError as exc:
+                socket.waiting.popleft()
+                self._send_failed(peer, waiter, exc)
+                continue
+            socket.waiting.popleft()
+            if waiter is not None:
+                waiter.set_result(None)
+
+    def _send_failed(self, peer: str, waiter: asyncio.Future[None] | None,
+                     exc: BaseException) -> None:
+        if waiter is not None:
+            waiter.set_exception(exc)
+        else:
+            log.warning("%s: a queued message to %s was not sent: %s", self.name, peer, exc)
+
+    def _send_error(self, peer: str, exc: zmq.ZMQError) -> TransportError:
+        if exc.errno == zmq.EHOSTUNREACH:
+            return UnknownPeerError(self.name, peer)
+        if self._closed:
+            return TransportClosed(self.name, "send")
+        return TransportError(f"node {self.name!r}: sending to {peer!r}: {exc}")
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def _schedule(self, socket: _Socket) -> None:
+        """Check the socket's readiness soon (once, however often asked before it runs)."""
+        if not socket.scheduled and not self._closed:
+            socket.scheduled = True
+            self._running_loop().call_soon(self._on_ready, socket)
+
+    def _on_ready(self, socket: _Socket) -> None:
+        """The socket's FD fired (or a check was scheduled): flush waiting sends, then receive."""
+        socket.scheduled = False
+        if self._closed:
+            return
+        try:
+            events = _events(socket.zmq)
+            if events & _POLLOUT and socket.waiting:
+                self._flush(socket)
+                events = _events(socket.zmq)
+            if events & _POLLIN and not socket.paused:
+                self._drain(socket)
+        except zmq.ZMQError as exc:
+            source = socket.endpoint or "its clients"
+            self._fail_waiters(TransportError(f"node {self.name!r}: receiving from {source}: {exc}"))
+
+    def _drain(self, socket: _Socket) -> None:
+        """Receive while the socket has input (asking its events, which is cheaper than the
+        exception an empty NOBLOCK receive raises), up to a batch, then give other callbacks a
+        turn if more waits."""
+        router = socket.endpoint is None
+        sock = socket.zmq
+        for _ in range(_BATCH):
+            if self._handler is None and self._inbox.full():
+                socket.paused = True
+                return
+            frame = sock.recv(_NOBLOCK, copy=False)
+            parts = [frame]
+            while frame.more:
+                frame = sock.recv(_NOBLOCK, copy=False)
+                parts.append(frame)
+            if router:
+                peer = parts[0].bytes.decode(*_IDENTITY_ENCODING)
+                del parts[0]
+            else:
+                peer = socket.endpoint  # type: ignore[assignment]
+            frames: list[Frame] = [part.buffer for part in parts]
+            if self._handler is not None:
+                self._handler(peer, frames)
+            else:
+                self._inbox.put_nowait((peer, frames))
+            if not _events(sock) & _POLLIN:
+                return
+        self._schedule(socket)
+
+    def _resume_paused(self) -> None:
+        for socket in self._all():
+            if socket.paused:
+                socket.paused = False
+                self._schedule(socket)
+
+    # -- sockets --------------------------------------------------------------------------
+
+    def _all(self) -> list[_Socket]:
+        router = [self._router] if self._router is not None else []
+        return router + list(self._dealers.values())
+
+    def _check_open(self, operation: str) -> None:
+        if self._closed:
+            raise TransportClosed(self.name, operation)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def _route(self, peer: str, frames: Sequence[Frame]) -> tuple[_Socket, list[Frame]]:
+        dealer = self._dealers.get(peer)
+        if dealer is not None:
+            return dealer, list(frames)
+        if self._router is None:
+            raise UnknownPeerError(self.name, peer)
+        return self._router, [peer.encode(*_IDENTITY_ENCODING), *frames]
+
+    def _socket(self, kind: int) -> zmq.Socket[Any]:
+        socket = self._context.socket(kind)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, self.limits.send_hwm)
+        socket.setsockopt(zmq.RCVHWM, self.limits.recv_hwm)
+        socket.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_size)
+        socket.copy_threshold = self.limits.copy_threshold
+        return socket
+
+    def _open_router(self) -> _Socket:
+        router = self._socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._router = self._drive(router, None)
+        return self._router
+
+    def _drive(self, socket: zmq.Socket[Any], endpoint: str | None) -> _Socket:
+        """Register the socket's FD with the loop, and look once for what is already there."""
+        watched = _Socket(socket, endpoint)
+        self._running_loop().add_reader(watched.fd, self._on_ready, watched)
+        self._schedule(watched)
+        return watched
+
+    def _fail_waiters(self, error: TransportError) -> None:
+        """Replace whatever the inbox holds by `error`, which every `recv` then raises."""
+        self._inbox.fail(error)

@@ -1,0 +1,456 @@
+"""One node of a job: run a single pserver or trainer of a scenario in this process.
+
+Every node reads the same scenario and the same pserver endpoints and builds the same `Job`, so
+the nodes agree on every program without talking (see `runtime.services.job`). Which node this
+process is comes from the command line (``--role pserver|trainer --index N [--endpoints h:p,...]``)
+or, as with Paddle's launchers, from the environment:
+
+====================================  ==================================================
+``TRAINING_ROLE``                     ``PSERVER`` or ``TRAINER``
+``PADDLE_PSERVERS_IP_PORT_LIST``      the pserver endpoints, ``ip:port,ip:port``
+``PADDLE_TRAINERS_NUM``               how many trainers the job has
+``PADDLE_TRAINER_ID``                 a trainer's index
+``POD_IP``, ``PADDLE_PORT``           a pserver's endpoint; its index is its position in the list
+====================================  ==================================================
+
+Endpoints and the trainer count given this way replace the scenario's ``cluster.pservers`` and
+``cluster.trainers`` (both together, so the job stays consistent); a scenario that lists its own
+``cluster.endpoints.pservers`` must list the same ones.
+
+A pserver serves until every trainer has completed, a trainer runs ``train.steps`` steps and
+prints a progress line per step for people (`format_progress`); where its environment names a
+progress channel (``PSLAB_PROGRESS_FD``, set by `runtime up`) it also reports each step there
+(`runtime.services.progress`), which the launcher reads for its display and the faults triggered at
+a step. Both give up when ``train.deadline`` passes. With an output
+directory the node writes its `runtime.config.metrics` record to ``OUT/nodes/<role>-<index>.json``,
+and trainer 0 its final parameters to ``OUT/params.npz``. Exit status 0 means done; any error is
+logged with its traceback and ends with one line ``<node> failed: <error>`` on stderr and
+status 1. The event loop is uvloop's where installed.
+
+Every pserver checkpoints into `checkpoint_dir_for` (``train.checkpoint_dir``, else
+``OUT/checkpoints``) when ``train.checkpoint_every`` asks for it. Three flags serve `runtime
+up`'s fault injection (`NodeOptions`): ``--bind HOST:PORT`` makes a pserver serve there instead
+of at its endpoint (a fault proxy listens at the endpoint and forwards to it), ``--recover``
+starts a pserver that replaces one that crashed (from its last checkpoint, the trainers redoing
+the steps it lost) and ``--incarnation N`` a trainer restarted for the N-th time (its message ids
+then differ from its earlier lives'). With ``PSLAB_MEASURE=1`` in its environment (`runtime
+profile` sets it) a node also times its kernels and its runtime costs
+(`runtime.execution.costs.Meter`) and writes them to ``OUT/nodes/<role>-<index>.costs.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
+
+import numpy as np
+
+from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
+from runtime.config.scenario import Scenario, ScenarioError, load_scenario
+from runtime.execution.costs import KernelTimes, Meter
+from runtime.execution.executor import timing_kernels
+from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
+from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
+                                      trainer_name)
+from runtime.services.job import Job
+from runtime.services.progress import Progress, Reporter
+
+log = logging.getLogger("runtime.services.node")
+
+RoleName = Literal["pserver", "trainer"]
+ROLES: tuple[RoleName, ...] = ("pserver", "trainer")
+ENV_ROLES: dict[str, RoleName] = {"PSERVER": "pserver", "TRAINER": "trainer"}
+ENV_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
+            "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
+MEASURE_VAR = "PSLAB_MEASURE"
+"""Set to 1 (as `runtime profile` does), a node measures its kernels and runtime costs and
+writes them to ``OUT/nodes/<role>-<index>.costs.json``."""
+T = TypeVar("T")
+
+
+class RoleError(ValueError):
+    """Flags or environment variables that do not name one node of the job; the message names
+    the flag or variable at fault."""
+
+
+class NodeError(RuntimeError):
+    """A node that could not do its part (e.g. its deadline passed); the message names it."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """How this node's process differs from a first start at its own endpoint."""
+
+    bind: str | None = None
+    """A pserver: the address to serve at instead of its endpoint (behind a fault proxy)."""
+    recover: bool = False
+    """A pserver that replaces a crashed one: start from its last checkpoint."""
+    incarnation: int = 0
+    """A trainer: how many times it was started before."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """Which node this process runs, and where that was said (for error messages)."""
+
+    role: RoleName
+    index: int
+    index_source: str
+    endpoints: tuple[str, ...] | None = None
+    endpoints_source: str = "--endpoints"
+    trainers: int | None = None
+
+    @property
+    def name(self) -> str:
+        return node_name(self.role, self.index)
+
+
+def node_name(role: str, index: int) -> str:
+    return pserver_name(index) if role == "pserver" else trainer_name(index)
+
+
+def node_file_stem(role: str, index: int) -> str:
+    """``pserver-0``: the node's name as a file name (logs, records)."""
+    return f"{role}-{index}"
+
+
+# -- which node --------------------------------------------------------------------------------
+
+def parse_endpoints(text: str, source: str) -> tuple[str, ...]:
+    endpoints = tuple(e.strip() for e in text.split(",") if e.strip())
+    if not endpoints:
+        raise RoleError(f"{source}: no endpoint in {text!r}; expected host:port,host:port")
+    for ep in endpoints:
+        host, _, port = ep.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RoleError(f"{source}: {ep!r} is not host:port")
+    if len(set(endpoints)) != len(endpoints):
+        raise RoleError(f"{source}: endpoints listed twice in {text!r}")
+    return endpoints
+
+
+def resolve_role(role: str | None, index: int | None, endpoints: str | None,
+                 env: Mapping[str, str]) -> Role | None:
+    """The node that flags or, failing them, Paddle's variables name; None for neither (then
+    `runtime up` launches every node itself)."""
+    env_role = env.get("TRAINING_ROLE", "").strip()
+    if role is None and index is not None:
+        raise RoleError("--index needs --role pserver|trainer")
+    if role is None and env_role:
+        if endpoints is not None:
+            raise RoleError("--endpoints needs --role; with TRAINING_ROLE set the endpoints come "
+                            "from PADDLE_PSERVERS_IP_PORT_LIST")
+        return _role_from_env(env_role, env)
+    if role is None:
+        if endpoints is not None:
+            raise RoleError("--endpoints needs --role (runtime up picks free ports itself, or uses "
+                            "the scenario's cluster.endpoints)")
+        return None
+    if env_role and ENV_ROLES.get(env_role.upper()) != role:
+        raise RoleError(f"--role {role} contradicts TRAINING_ROLE={env_role}; give one of them")
+    if index is None:
+        raise RoleError(f"--role {role} needs --index N")
+    if index < 0:
+        raise RoleError(f"--index {index}: must be >= 0")
+    eps = parse_endpoints(endpoints, "--endpoints") if endpoints is not None else None
+    return Role(role, index, "--index", eps)  # type: ignore[arg-type]
+
+
+def _env(env: Mapping[str, str], name: str, why: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise RoleError(f"{name} is not set; {why}")
+    return value
+
+
+def _env_int(env: Mapping[str, str], name: str, why: str, minimum: int) -> int:
+    text = _env(env, name, why)
+    try:
+        value = int(text)
+    except ValueError:
+        raise RoleError(f"{name}={text!r} is not an integer") from None
+    if value < minimum:
+        raise RoleError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def _role_from_env(env_role: str, env: Mapping[str, str]) -> Role:
+    role = ENV_ROLES.get(env_role.upper())
+    if role is None:
+        raise RoleError(f"TRAINING_ROLE={env_role!r}: expected PSERVER or TRAINER")
+    why = f"TRAINING_ROLE={env_role} needs it"
+    endpoints = parse_endpoints(_env(env, "PADDLE_PSERVERS_IP_PORT_LIST", why),
+                                "PADDLE_PSERVERS_IP_PORT_LIST")
+    trainers = _env_int(env, "PADDLE_TRAINERS_NUM", why, 1)
+    if role == "trainer":
+        index = _env_int(env, "PADDLE_TRAINER_ID", why, 0)
+        if index >= trainers:
+            raise RoleError(f"PADDLE_TRAINER_ID={index} is not below "
+                            f"PADDLE_TRAINERS_NUM={trainers}")
+        return Role(role, index, "PADDLE_TRAINER_ID", endpoints, "PADDLE_PSERVERS_IP_PORT_LIST",
+                    trainers)
+    me = f"{_env(env, 'POD_IP', why)}:{_env(env, 'PADDLE_PORT', why)}"
+    if me not in endpoints:
+        raise RoleError(f"POD_IP:PADDLE_PORT {me} is not in PADDLE_PSERVERS_IP_PORT_LIST "
+                        f"{','.join(endpoints)}")
+    return Role(role, endpoints.index(me), "POD_IP:PADDLE_PORT", endpoints,
+                "PADDLE_PSERVERS_IP_PORT_LIST", trainers)
+
+
+def node_options(role: Role | None, bind: str | None, recover: bool,
+                 incarnation: int | None) -> NodeOptions:
+    """The `NodeOptions` the flags give, checked against the role they apply to."""
+    given = [flag for flag, value in (("--bind", bind), ("--recover", recover),
+                                      ("--incarnation", incarnation)) if value]
+    if role is None:
+        if given:
+            raise RoleError(f"{given[0]} needs --role (it describes one node's process)")
+        return NodeOptions()
+    wrong = [f for f in given if (f == "--incarnation") != (role.role == "trainer")]
+    if wrong:
+        raise RoleError(f"{wrong[0]} does not apply to {role.name}: --bind and --recover are "
+                        "for a pserver, --incarnation for a trainer")
+    if bind is not None:
+        (bind,) = parse_endpoints(bind, "--bind")
+    if incarnation is not None and incarnation < 0:
+        raise RoleError(f"--incarnation {incarnation}: must be >= 0")
+    return NodeOptions(bind, recover, incarnation or 0)
+
+
+def checkpoint_dir_for(scenario: Scenario, out: Path | None) -> Path | None:
+    """Where pservers save their checkpoints: ``train.checkpoint_dir``, else ``OUT/checkpoints``
+    (None without an output directory: then only a scenario that names one checkpoints)."""
+    named = scenario.train.checkpoint_dir
+    if named is not None:
+        return Path(named)
+    return None if out is None else out / "checkpoints"
+
+
+def scenario_for(scenario: Scenario, role: Role) -> Scenario:
+    """`scenario` with the cluster size `role` implies, after checking that they agree."""
+    cluster = scenario.cluster
+    listed = (cluster.endpoints or {}).get("pservers")
+    if role.endpoints is not None and listed and tuple(listed) != role.endpoints:
+        raise RoleError(f"{role.endpoints_source} {','.join(role.endpoints)} differs from the "
+                        f"scenario's cluster.endpoints.pservers {','.join(listed)}")
+    update: dict[str, Any] = {}
+    if role.endpoints is not None:
+        update["pservers"] = len(role.endpoints)
+    if role.trainers is not None:
+        update["trainers"] = role.trainers
+    cluster = cluster.model_copy(update=update)
+    count = cluster.pservers if role.role == "pserver" else cluster.trainers
+    if role.index >= count:
+        where = (role.endpoints_source if role.role == "pserver" and role.endpoints is not None
+                 else f"cluster.{role.role}s")
+        raise RoleError(f"{role.index_source} {role.index}: the job has {count} {role.role}(s) "
+                        f"({where})")
+    return scenario.model_copy(update={"cluster": cluster})
+
+
+def load_for_role(path: str | Path, overrides: list[str], role: Role | None) -> Scenario:
+    """The scenario at `path`, with the cluster size `role` implies (see `scenario_for`)."""
+    scenario = load_scenario(path, overrides)
+    return scenario if role is None else scenario_for(scenario, role)
+
+
+# -- progress ----------------------------------------------------------------------------------
+
+def format_progress(p: Progress) -> str:
+    """A trainer's progress line on its stdout, for people (the launcher learns the progress
+    from `runtime.services.progress` instead)."""
+    return f"step {p.step}/{p.steps} loss {p.loss:.6g} time {p.step_time * 1e3:.3f}ms"
+
+
+# -- running a node ----------------------------------------------------------------------------
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to completion on uvloop's event loop where installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+async def _before_deadline(coro: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
+    """`coro`'s result; `NodeError` when `seconds` pass first. A timeout of its own (an
+    `RpcTimeout` is a TimeoutError too) propagates as it is."""
+    scope = asyncio.timeout(seconds)
+    try:
+        async with scope:
+            return await coro
+    except TimeoutError:
+        if scope.expired():
+            raise NodeError(f"{what} within train.deadline ({seconds:g}s)") from None
+        raise
+
+
+def measuring() -> bool:
+    """Whether this node measures its costs for `runtime profile` (``PSLAB_MEASURE=1``)."""
+    return os.environ.get(MEASURE_VAR) == "1"
+
+
+def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes) -> None:
+    """The node's measurements, for `runtime profile`: OUT/nodes/<stem>.costs.json."""
+    if out is None:
+        return
+    seconds = sum(sum(s.seconds) for s in times.samples.values())
+    record = meter.record(seconds, times.calls, times.bookkeeping)
+    record["kernels"] = {op: {"elements": s.elements, "seconds": s.seconds}
+                         for op, s in times.samples.items()}
+    path = out / "nodes" / f"{stem}.costs.json"
+    path.write_text(json.dumps(record))
+
+
+async def serve_pserver(job: Job, index: int, out: Path | None,
+                        options: NodeOptions = NodeOptions()) -> PserverMetrics:
+    train = job.scenario.train
+    endpoint = job.endpoints[index]
+    # linger: the acks of the last COMPLETE messages must leave before the process exits
+    transport = ZmqTransport(pserver_name(index), ZmqLimits(linger_ms=2000))
+    times = KernelTimes()
+    with timing_kernels(times) if measuring() else nullcontext():
+        service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(
+            job.scenario, out), recovering=options.recover)
+    if measuring():
+        service.meter = Meter("pserver")
+        times.samples.clear()  # its startup program ran uncharged, as in a simulation
+    bind = options.bind or endpoint
+    log.info("%s: serving %s%s for %d trainer(s)%s", service.name, endpoint,
+             f" at {bind}" if bind != endpoint else "", job.trainers,
+             ", recovering from a crash" if options.recover else "")
+    try:
+        stats = await _before_deadline(service.serve(bind), train.deadline,
+                                       f"{service.name}: not every trainer completed")
+    finally:
+        await transport.close()
+    if service.meter is not None:
+        write_costs(out, node_file_stem("pserver", index), service.meter, times)
+    record = PserverMetrics.from_stats(index, endpoint, stats)
+    log.info("%s: done after %d steps, %d messages, %d errors", service.name, stats.steps,
+             stats.messages, stats.errors)
+    if out is not None:
+        write_record(out / "nodes" / f"{node_file_stem('pserver', index)}.json", record)
+    return record
+
+
+async def run_trainer(job: Job, index: int, out: Path | None,
+                      options: NodeOptions = NodeOptions()) -> TrainerMetrics:
+    scenario, model = job.scenario, job.model
+    steps, batch = scenario.train.steps, scenario.data.batch_size
+    times = KernelTimes()
+    with timing_kernels(times) if measuring() else nullcontext():
+        trainer = make_trainer(job, index, ZmqTransport(trainer_name(index)),
+                               incarnation=options.incarnation)
+    client = trainer.client
+    if measuring():
+        client.meter = Meter("trainer")
+
+    reporter = Reporter.from_environment(os.environ)
+
+    def on_step(step: int, loss: float, seconds: float) -> None:
+        report = trainer.report
+        progress = Progress(step + 1, steps, loss, seconds, report.first_step, report.redone)
+        print(format_progress(progress), flush=True)
+        if reporter is not None:
+            reporter.report(progress)
+
+    log.info("%s: %d steps of %d examples against %s%s", trainer_name(index), steps, batch,
+             ",".join(job.endpoints),
+             f" (restarted, incarnation {options.incarnation})" if options.incarnation else "")
+    try:
+        report = await _before_deadline(
+            trainer.run(batches_for(job, index), steps, model.loss.name, on_step),
+            scenario.train.deadline, f"{trainer_name(index)}: {steps} steps not done")
+    finally:
+        await client.close()
+        if reporter is not None:
+            reporter.close()
+    if client.meter is not None:
+        write_costs(out, node_file_stem("trainer", index), client.meter, times)
+    record = TrainerMetrics.from_steps(index, report.losses, report.step_times,
+                                       report.first_step, report.redone)
+    if out is not None:
+        write_record(out / "nodes" / f"{node_file_stem('trainer', index)}.json", record)
+        if index == 0:
+            params: dict[str, Any] = {p: np.asarray(trainer.scope.get(p)) for p in model.params}
+            np.savez(out / "params.npz", **params)
+    return record
+
+
+def run_role(scenario: Scenario, role: Role, out: Path | None,
+             options: NodeOptions = NodeOptions()) -> int:
+    """Run `role`'s node of `scenario` (from `load_for_role`) in the foreground; its exit
+    status: 0 done, 1 failed, 130 interrupted."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
+        if role.role == "pserver":
+            run_async(serve_pserver(job, role.index, out, options))
+        else:
+            run_async(run_trainer(job, role.index, out, options))
+    except KeyboardInterrupt:
+        print(f"{role.name} interrupted", file=sys.stderr, flush=True)
+        return 130
+    except Exception as exc:
+        log.error("%s failed", role.name, exc_info=True)
+        print(f"{role.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+# -- command line ------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `runtime up` and of ``python -m runtime.services.node``."""
+    parser.add_argument("scenario", help="scenario YAML file")
+    parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                        help="override a scenario field, e.g. --set train.steps=50 (repeatable)")
+    parser.add_argument("--out", type=Path,
+                        help="output directory (default: the scenario's outputs.dir, else "
+                             "out/NAME; with --role none: the node then writes no record)")
+    parser.add_argument("--role", choices=ROLES, help="run only this role, in the foreground")
+    parser.add_argument("--index", type=int, help="which pserver or trainer (with --role)")
+    parser.add_argument("--endpoints", metavar="HOST:PORT,...",
+                        help="the pserver endpoints (with --role; default: the scenario's)")
+    parser.add_argument("--bind", metavar="HOST:PORT",
+                        help="a pserver serves here instead of at its endpoint (runtime up puts "
+                             "a fault proxy at the endpoint)")
+    parser.add_argument("--recover", action="store_true",
+                        help="a pserver that replaces a crashed one: start from its last "
+                             "checkpoint and have the trainers redo the steps it lost")
+    parser.add_argument("--incarnation", type=int, metavar="N",
+                        help="a trainer restarted for the N-th time (its message ids then "
+                             "differ from its earlier lives')")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime.services.node",
+        description="Run one pserver or trainer of a scenario in the foreground; the role comes "
+                    "from --role/--index or from TRAINING_ROLE and Paddle's PADDLE_* variables.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        role = resolve_role(args.role, args.index, args.endpoints, os.environ)
+        if role is None:
+            raise RoleError("no role: give --role and --index, or set TRAINING_ROLE")
+        options = node_options(role, args.bind, args.recover, args.incarnation)
+        scenario = load_for_role(args.scenario, args.set, role)
+    except (RoleError, ScenarioError) as err:
+        parser.error(str(err))
+    return run_role(scenario, role, args.out, options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

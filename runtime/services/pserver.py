@@ -1,0 +1,403 @@
+"""The pserver service: `listen_and_serv` of a transpiled pserver program, over a `Transport`.
+
+It owns a `Scope` initialized by the pserver's startup program and answers the trainers:
+
+- SEND: gradients (or geo deltas) are checked against this server's vars (name known, dtype and
+  shape as declared, rows in range) *before* anything is stored, so a bad message gets an error
+  reply that names it and leaves the state bit-identical. Sync mode stores them for the step's
+  optimize; the other modes run the gradient's optimize block at once.
+- SEND_BARRIER / FETCH_BARRIER (sync): counted by `protocol.SyncRound`. When every live
+  trainer's send barrier is in, the LR block and the optimize blocks run (the fan-in average
+  divides by the trainers that actually contributed), then deferred GETs are answered.
+- GET: the current values of the named vars; in sync mode, the values after this step's update.
+- PREFETCH: rows of the distributed table by id (the prefetch blocks; in sync mode a step's
+  prefetches read the table as the last step left it), or, with an extra ``table`` field, rows
+  of that param block by row (remote sparse update). See `runtime.execution.table`, which also turns
+  the table's global ids into rows of this server's shard, and averages the trainers' table grads
+  in sync mode: the program sums them, as the original did, which would step N trainers N times
+  as far as local training; dividing each trainer's piece by the contributors first is a
+  deliberate fix.
+- CHECKPOINT_NOTIFY (extra ``dir``): the whole state is saved to ``dir/<server name>/``, the
+  table by the program's checkpoint block (see `runtime.services.checkpoint`); the message is
+  handled in one piece, so the checkpoint is one consistent state. ``load_from=dir`` starts a server
+  from such a checkpoint, its sync round at the step the checkpoint was taken before.
+- Periodic checkpoints: with `ServeConfig.checkpoint_every` k, the state is saved to
+  ``checkpoint_dir/<server name>/`` each time the sync round reaches a multiple of k (in the
+  asynchronous modes, each time a trainer's step does).
+- Recovery (``recovering=True``: this server replaces one that crashed; it starts from the last
+  checkpoint if there is one, else from its startup state): in sync mode, a trainer's first
+  message for a step at or past the restored one is answered with a REPLY carrying
+  ``rewind: <step>``; the trainer abandons its step, fetches the parameters again and redoes the
+  steps from there (the other pservers, already past them, acknowledge the redone sends as
+  stale), so no update is applied twice on any server and at most k steps are redone.
+- COMPLETE: the trainer leaves the fan-in; the server stops when every trainer has completed.
+- HEARTBEAT: proof of life. A trainer that has been silent for `heartbeat_timeout` (in sync
+  mode, one the round waits for) is dropped from the fan-in and the event is logged; the
+  server stops once every trainer has completed or been dropped (and one at least completed).
+
+Timing mode (phantom kernels): trainers send `Phantom`s, checked against the declarations like
+tensors and stored as they are; the blocks then compute shapes only, GETs answer phantoms, and
+byte counts are what the messages would weigh with data (`wire.charged_size`). Checkpoints need
+real values and are refused.
+
+Layers: this module is the IO shell. The protocol itself is `pserver_core.PserverCore`, which
+takes events (a decoded request, a watchdog tick, the end of an action) and yields actions
+(`pserver_actions`: reply, run blocks, optimize, save a checkpoint, stop, ...) with no IO; what
+differs between the modes is one `ModePolicy` per mode (`pserver_sync`, `pserver_async`,
+`pserver_half_async`, `pserver_geo`, `pserver_dc_asgd`); the values live in a `Store`; what the
+program asks of the server is its `listen_and_serv` contract
+(`transpiler.distribute.contract`). The shell receives frames, decodes them, feeds the core,
+performs its actions (replies through the `Transport`, blocks through the `Executor` with their
+compute charged, checkpoints) and keeps the stats and the cost meter.
+
+Requests are deduplicated by (sender, message id): a retry gets the first reply again, and a
+retry of a request still waiting (deferred until the round moves on) gets a ``pending`` notice,
+so the trainer knows this server is alive and waits on rather than timing out on it: a request
+times out only on a server that has gone silent, and the error names that one. Any failure in
+handling one message becomes an error reply to its sender; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from transpiler.distribute.contract import ServeContract
+from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR
+from transpiler.ir import BlockRef, Program
+
+from runtime.execution.compute import Charge, ComputeModel, Tracer
+from runtime.execution.costs import RECEIVES, SENDS, Meter
+from runtime.execution.executor import AttrOverrides, Executor
+from runtime.execution.scope import Scope
+from runtime.network.transport import Transport, TransportClosed
+from runtime.network.wire import (DecodeError, Kind, Message, charged_size, decode, encode,
+                                  error_reply)
+from runtime.services import checkpoint
+from runtime.services.protocol import INITIAL_STEP, SyncRound
+from runtime.services.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
+                                              RunBlocks, SaveCheckpoint, Stop, Tally, Work)
+from runtime.services.pserver_core import PserverCore
+from runtime.services.pserver_messages import ProtocolViolation
+from runtime.services.pserver_store import Store
+
+log = logging.getLogger(__name__)
+
+
+class PserverFailure(RuntimeError):
+    """The server cannot go on (an optimize step failed); names the node and the cause."""
+
+    def __init__(self, node: str, cause: BaseException) -> None:
+        super().__init__(f"{node} stopped: {type(cause).__name__}: {cause}")
+        self.node = node
+
+
+@dataclass
+class ServerStats:
+    """What a pserver reports at the end: bytes in/out, time busy optimizing, events."""
+
+    messages: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    optimize_seconds: float = 0.0
+    steps: int = 0
+    errors: int = 0
+    dropped: list[int] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)
+    """Steps at which the periodic checkpoints were taken."""
+    restored_step: int | None = None
+    """The step this server started from after a crash (its checkpoint's, or 0)."""
+    rewinds: int = 0
+    heartbeat_bytes: int = 0
+    """Bytes in and out of heartbeats and their acknowledgements (their number depends on how
+    long the job runs, not on its steps)."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    heartbeat_timeout: float = 10.0
+    max_message_size: int = 1 << 30
+    # After the last trainer completed, go on answering retries (a lost reply to COMPLETE is
+    # resent) until the trainers have been quiet this long.
+    drain: float = 1.0
+    # A trainer never heard from is dropped after this long (processes start slowly; a
+    # heartbeat timeout below the start-up time would drop every trainer at once).
+    startup_grace: float = 60.0
+    checkpoint_every: int | None = None
+    checkpoint_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every is not None and (self.checkpoint_every < 1
+                                                  or self.checkpoint_dir is None):
+            raise ValueError(f"checkpoint_every must be >= 1 and needs a checkpoint_dir: {self}")
+
+
+class PserverService:
+    """The IO shell of a pserver: frames in, the core's actions performed (see the module)."""
+
+    def __init__(self, program: Program, startup: Program, transport: Transport,
+                 executor: Executor | None = None, config: ServeConfig | None = None,
+                 compute: ComputeModel | None = None, tracer: Tracer | None = None,
+                 load_from: Path | str | None = None, recovering: bool = False) -> None:
+        self.program = program
+        self.transport = transport
+        self.executor = executor or Executor()
+        self.config = config or ServeConfig()
+        self.scope = Scope()
+        self.executor.run(startup, scope=self.scope)
+        self.contract = ServeContract.of(program)
+        self.store = Store(program, self.contract, self.scope, self.executor.backend == "phantom")
+        self.state = checkpoint.state_vars(program, startup)
+        self.stats = ServerStats()
+        self.name = transport.name
+        self.charge = Charge(self.name, compute, tracer)
+        self.meter: Meter | None = None
+        """Measures what each message, round and op costs this node (`runtime profile`)."""
+        every = self.config.checkpoint_every if self.config.checkpoint_dir is not None else None
+        self.core = PserverCore(
+            self.store, name=self.name, clock=_loop_time,
+            heartbeat_timeout=self.config.heartbeat_timeout,
+            startup_grace=self.config.startup_grace, checkpoint_every=every,
+            start_step=0 if load_from is None else self._restore(Path(load_from)),
+            recovering=recovering)
+        if recovering:
+            self.stats.restored_step = self.core.round.step
+        self._done = asyncio.Event()
+        self._last_message = 0.0
+        self._began = 0.0  # when the request being handled began (its update's start)
+        self._replays: list[float] = []  # meter starts of the replays under way
+
+    @property
+    def receivable(self) -> frozenset[str]:
+        """The vars trainers may SEND here."""
+        return self.contract.received
+
+    @property
+    def round(self) -> SyncRound:
+        """The fan-in and the step this server is at."""
+        return self.core.round
+
+    # -- serving loop ---------------------------------------------------------------------------
+    async def serve(self, endpoint: str) -> ServerStats:
+        """Bind `endpoint` and answer trainers until every one has completed."""
+        await self.transport.bind(endpoint)
+        if self.meter is not None:
+            self.meter.begin_run()
+        loop = asyncio.get_running_loop()
+        self.core.start()
+        tasks: list[asyncio.Task[Any]] = [
+            loop.create_task(self._receive(), name=f"{self.name} receive")]
+        tasks.append(loop.create_task(self._watchdog(), name=f"{self.name} watchdog"))
+        tasks.append(loop.create_task(self._done.wait(), name=f"{self.name} done"))
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if self._done.is_set() and not tasks[0].done():
+                await self._drain()
+        finally:
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            if self.meter is not None:
+                self.meter.end_run()
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:  # an optimize step failed: the server's state is no longer trustworthy
+            raise PserverFailure(self.name, failures[0]) from failures[0]
+        return self.stats
+
+    async def _drain(self) -> None:
+        """Keep answering (retried requests get their first replies again) until no message
+        has come for `drain` seconds."""
+        loop = asyncio.get_running_loop()
+        while True:
+            until = self._last_message + self.config.drain  # a message moves it later
+            if loop.time() >= until:
+                return
+            await asyncio.sleep(until - loop.time())
+
+    async def _receive(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                peer, frames = await self.transport.recv()
+            except TransportClosed:
+                self._done.set()
+                return
+            self._last_message = loop.time()
+            self.stats.messages += 1
+            nbytes = charged_size(frames)
+            self.stats.bytes_in += nbytes
+            meter = self.meter
+            if meter is None:
+                await self._handle_frames(peer, frames)
+                continue
+            started = meter.start()
+            kind = await self._handle_frames(peer, frames)
+            meter.stop_message(started, RECEIVES, kind, nbytes)
+
+    async def _handle_frames(self, peer: str, frames: list[Any]) -> str:
+        """Decode one message and feed it to the core; its kind (for the meter)."""
+        try:
+            msg = decode(frames, self.config.max_message_size)
+        except DecodeError as exc:
+            await self._reject(Reject(peer, exc, None))
+            return Kind.ERROR.value
+        if msg.kind is Kind.HEARTBEAT:
+            self.stats.heartbeat_bytes += charged_size(frames)
+        await self._drive(self.core.on_message(peer, msg))
+        return msg.kind.value
+
+    async def _watchdog(self) -> None:
+        """Have the core drop the trainers silent too long, four times per timeout."""
+        while True:
+            await asyncio.sleep(min(self.config.heartbeat_timeout, self.config.startup_grace) / 4)
+            await self._drive(self.core.on_tick())
+
+    # -- performing the core's actions -----------------------------------------------------------
+    async def _drive(self, work: Work) -> None:
+        """Perform `work`'s actions one by one, resuming it with each one's result, or
+        throwing into it what the action raised."""
+        result: Any = None
+        failure: Exception | None = None
+        while True:
+            try:
+                action = work.send(result) if failure is None else work.throw(failure)
+            except StopIteration:
+                return
+            result, failure = None, None
+            try:
+                result = await self._perform(action)
+            except Exception as exc:
+                failure = exc
+
+    async def _perform(self, action: Action) -> Any:
+        match action:
+            case Reply(peer=peer, message=message, heartbeat=heartbeat):
+                nbytes = await self._send(peer, message)
+                if heartbeat:
+                    self.stats.heartbeat_bytes += nbytes
+            case Reject():
+                await self._reject(action)
+            case Begin():
+                self._began = self.charge.clock()
+            case RunBlocks(blocks=blocks):
+                for idx in blocks:
+                    self._run(idx)
+            case Pay(update_step=step):
+                await self.charge.pay()  # the compute this request's handling caused
+                if step is not None:
+                    self.stats.optimize_seconds += self.charge.clock() - self._began
+                    self.stats.steps = max(self.stats.steps, step)
+            case Optimize():
+                await self._optimize(action)
+            case SaveCheckpoint(step=step, directory=None):  # a periodic checkpoint
+                assert self.config.checkpoint_dir is not None
+                path = self.save_checkpoint(self.config.checkpoint_dir, step)
+                self.stats.checkpoints.append(step)
+                return path
+            case SaveCheckpoint(step=step, directory=Path() as directory):
+                return self.save_checkpoint(directory, step)
+            case Tally(stat=stat, value=value):
+                counted = getattr(self.stats, stat)
+                if isinstance(counted, list):
+                    counted.append(value)
+                else:
+                    setattr(self.stats, stat, counted + value)
+            case Replay():
+                self._meter_replay(action)
+            case Stop():
+                self._done.set()
+        return None
+
+    async def _send(self, peer: str, reply: Message) -> int:
+        """Send `reply` to `peer`; the bytes it weighs."""
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
+        frames = encode(reply)
+        nbytes = charged_size(frames)
+        self.stats.bytes_out += nbytes
+        try:
+            if not self.transport.send_nowait(peer, frames):
+                await self.transport.send(peer, frames)
+        except Exception as exc:  # the trainer went away; it will retry or be dropped
+            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+        if meter is not None:
+            meter.stop_message(started, SENDS, reply.kind.value, nbytes)
+        return nbytes
+
+    async def _reject(self, action: Reject) -> None:
+        self.stats.errors += 1
+        log.warning("%s: rejected a message from %s: %s", self.name, action.peer, action.error)
+        msg = action.request
+        reply = error_reply(self.name, action.error, request_id=None if msg is None else msg.id,
+                            step=0 if msg is None else msg.step)
+        await self._send(action.peer, reply)
+
+    async def _optimize(self, action: Optimize) -> None:
+        """A sync round's update: its blocks, the round's overhead, then their compute."""
+        start = self.charge.clock()
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
+        for idx in action.blocks:
+            self._run(idx, action.overrides)
+        self.charge.add_overhead("round")
+        await self.charge.pay()
+        if meter is not None:
+            meter.stop_round(started)
+        self.stats.optimize_seconds += self.charge.clock() - start
+
+    def _run(self, block_idx: int, overrides: AttrOverrides | None = None) -> None:
+        """Run one block and charge its ops to this node's modelled compute time."""
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
+        self.executor.run_block(self.program, block_idx, self.scope, overrides)
+        if meter is not None:
+            meter.stop_ops(started, len(self.program.blocks[block_idx].ops))
+        self.charge.step = self.core.round.step
+        for op in self.program.blocks[block_idx].ops:
+            self.charge.add(op, self.scope)
+
+    def _meter_replay(self, action: Replay) -> None:
+        """Meter a deferred request's handling again, from its replay to its `done`."""
+        meter = self.meter
+        if meter is None:
+            return
+        if not action.done:
+            self._replays.append(meter.start())
+        else:
+            meter.stop_message(self._replays.pop(), RECEIVES, action.kind, 0, again=True)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: Path, step: int | None = None) -> Path:
+        """Save the whole state to ``directory/<name>/`` (see `runtime.services.checkpoint`), as the
+        state before `step` (default: the sync round's first step not applied)."""
+        table = self.store.table
+        with checkpoint.Staging(directory / self.name) as stage:
+            if table is not None and table.checkpoint_block >= 0:
+                path = stage.file_of(table.table)
+                self.scope.put(CHECKPOINT_PATH_VAR, np.array(str(path)))
+                self._run(table.checkpoint_block)
+            stage.commit({name: self.scope.get(name) for name in self.state},
+                         self.core.steps_applied() if step is None else step)
+        return stage.target
+
+    def _restore(self, directory: Path) -> int:
+        """Load the state saved in ``directory/<name>/``; the step it was saved before."""
+        saved = checkpoint.load(directory / self.name, self.state)
+        for name, value in saved.values.items():
+            self.scope.put(name, value)
+        log.info("%s: restored the state before step %d from %s", self.name, saved.step,
+                 directory / self.name)
+        return saved.step
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+__all__ = ["INITIAL_STEP", "PserverService", "ProtocolViolation", "ServeConfig", "ServerStats",
+           "BlockRef"]

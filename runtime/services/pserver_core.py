@@ -1,0 +1,328 @@
+"""The pserver's protocol with no IO: events in, actions out (the h11 idea, for a server).
+
+Events are method calls, each returning a stream of actions (`pserver_actions`) that the IO
+shell (`pserver.PserverService`) performs one at a time, resuming the stream after each:
+
+- `on_message(peer, msg)`: a decoded request from a trainer;
+- `on_tick()`: the watchdog's check for trainers silent too long;
+- the end of an action: resuming the stream after `Optimize` is the completed optimize, after
+  `SaveCheckpoint` it carries the path written; an action that failed is thrown into the
+  stream (a request's failure becomes its error reply; a failed optimize ends the server).
+
+The core holds what every mode shares: the fan-in (`protocol.SyncRound`), replies to recent
+requests (`protocol.Dedupe`), the requests deferred until the round moves on, the trainers'
+liveness, recovery after a crash, periodic checkpoints, and the pserver's values (`Store`,
+plain in-memory state). What the modes do differently is asked of the server's `ModePolicy`
+(`POLICIES`: sync, async, half_async, geo, dc_asgd).
+
+DESIGN: deferred requests are replayed by one loop over a stack of levels (`_settle`), in
+the order a recursive "after each answer, move the round on and replay what waited" gives:
+a replayed request that is answered opens a level of its own (the round may move on again),
+which ends before the next deferred request is replayed. The order of replies, and so the
+traces of a run, are those of that recursion, without the recursion.
+
+DESIGN: the streams are generators, resumed by the shell only after it performed the last
+action (awaiting a send or the modelled compute), so every effect on the values and the
+clock happens in the same order as in a handler that awaited its IO in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from transpiler.distribute.contract import ServeContract
+
+from runtime.network.wire import Kind, Message
+from runtime.services.protocol import Dedupe, Event, Phase, SyncRound, Verdict
+from runtime.services.pserver_actions import (Begin, Pay, Reject, Replay, Reply, RunBlocks,
+                                              SaveCheckpoint, Stop, Tally, Work)
+from runtime.services.pserver_async import AsyncPolicy
+from runtime.services.pserver_dc_asgd import DcAsgdPolicy
+from runtime.services.pserver_geo import GeoPolicy
+from runtime.services.pserver_half_async import HalfAsyncPolicy
+from runtime.services.pserver_messages import (CheckpointNotify, Get, Join, Payload, Prefetch,
+                                               ProtocolViolation, Send, parse, trainer_of)
+from runtime.services.pserver_policy import ModePolicy
+from runtime.services.pserver_store import Store
+from runtime.services.pserver_sync import SyncPolicy
+
+log = logging.getLogger("runtime.services.pserver")
+
+POLICIES: dict[str, type[ModePolicy]] = {
+    p.name: p for p in (SyncPolicy, AsyncPolicy, HalfAsyncPolicy, GeoPolicy, DcAsgdPolicy)}
+
+
+def policy_name(contract: ServeContract) -> str:
+    """The policy that serves `contract`'s program: DC-ASGD, or its distributed mode's."""
+    return "dc_asgd" if contract.dc_asgd else contract.mode.name.lower()
+
+
+@dataclass
+class _Level:
+    """One pass of "move the round on, replay what waited"; `replayed`: the deferred request
+    whose answer opened it (None: the event's own)."""
+
+    replayed: str | None
+    batch: deque[tuple[str, Message]] = field(default_factory=deque)
+
+
+class PserverCore:
+    def __init__(self, store: Store, *, name: str, clock: Callable[[], float],
+                 heartbeat_timeout: float, startup_grace: float,
+                 checkpoint_every: int | None = None, start_step: int = 0,
+                 recovering: bool = False) -> None:
+        self.store = store
+        self.name = name
+        self.clock = clock
+        self.heartbeat_timeout = heartbeat_timeout
+        self.startup_grace = startup_grace
+        self.checkpoint_every = checkpoint_every
+        self.round = SyncRound(store.contract.trainers, step=start_step)
+        self.dedupe = Dedupe()
+        self.deferred: list[tuple[str, Message]] = []
+        self.pending: set[tuple[str, int]] = set()
+        self.last_seen: dict[int, float] = {}
+        self.serving_since = 0.0
+        self.next_step: dict[int, int] = {}  # trainer -> the step after its latest message
+        self.progress = 0  # the furthest step reached (asynchronous: by any trainer)
+        self.resynced: set[int] | None = None  # recovering: trainers told to rewind, or rewound
+        self.optimizing = False
+        self.policy = POLICIES[policy_name(store.contract)](self)
+        if recovering:
+            self.resynced = set()
+            self.progress = self.round.step
+
+    # -- events ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serving begins: trainers never heard from are dropped after the start-up grace."""
+        self.serving_since = self.clock()
+
+    def on_message(self, peer: str, msg: Message) -> Work:
+        done, reply = self.dedupe.lookup(msg.src, msg.id)
+        if done:  # a retry: the first reply again
+            yield Reply(peer, reply)
+            return
+        if (msg.src, msg.id) in self.pending:  # a retry of a deferred request: still waiting
+            yield Reply(peer, Message(Kind.REPLY, msg.id, self.name, self.round.step, extra={
+                "pending": True, "server_step": self.round.step}))
+            return
+        if (yield from self._handle(peer, msg)):
+            yield from self._settle()
+
+    def on_tick(self) -> Work:
+        """Drop the trainers silent too long among those the policy waits for."""
+        now = self.clock()
+        silent = [(t, why) for t in sorted(self.policy.waited_for())
+                  for why in [self._silence(t, now)] if why]
+        for trainer, why in silent:
+            self.round.leave(trainer, completed=False)
+            yield Tally("dropped", trainer)
+            log.warning("%s: dropped trainer %d from the fan-in at step %d: %s", self.name,
+                        trainer, self.round.step, why)
+        if silent:
+            yield from self._settle()
+
+    # -- one request
+    # ----------------------------------------------------------------------------------
+    def _handle(self, peer: str, msg: Message) -> Work:
+        """Handle `msg`; returns whether it was answered (not deferred, refused or rewound)."""
+        try:
+            trainer = trainer_of(msg)
+            self.last_seen[trainer] = self.clock()
+            if msg.step >= 0 and msg.kind not in (Kind.HEARTBEAT, Kind.COMPLETE):
+                self.next_step[trainer] = max(self.next_step.get(trainer, 0), msg.step + 1)
+            if self.resynced is not None and self._must_rewind(trainer, msg):
+                yield Tally("rewinds")
+                log.info("%s: trainer message %s at step %d: rewind to step %d", self.name,
+                         msg.kind, msg.step, self.round.step)
+                yield Reply(peer, self._reply(msg, rewind=self.round.step))
+                return False
+            yield Begin()
+            reply = yield from _HANDLERS[msg.kind](self, msg, trainer, parse(msg))
+        except Exception as exc:  # one bad message must not stop the server
+            self.pending.discard((msg.src, msg.id))
+            yield Reject(peer, exc, msg)
+            return False
+        if reply is None:  # deferred: answered after the next phase change
+            self.pending.add((msg.src, msg.id))
+            self.deferred.append((peer, msg))
+            return False
+        yield Pay(self.policy.update_step(msg))
+        self.pending.discard((msg.src, msg.id))
+        self.dedupe.remember(msg.src, msg.id, reply)
+        yield Reply(peer, reply, heartbeat=msg.kind is Kind.HEARTBEAT)
+        return True
+
+    def _settle(self) -> Work:
+        """Move the round on while the policy can, replaying the deferred requests after each
+        move (see the module's DESIGN note); Stop once every trainer is done."""
+        if self.optimizing:  # a request came while the round's update is being computed
+            return
+        levels = [_Level(None)]
+        while levels:
+            level = levels[-1]
+            if level.batch:
+                peer, msg = level.batch.popleft()
+                self.pending.discard((msg.src, msg.id))
+                yield Replay(msg.kind.value, done=False)
+                if (yield from self._handle(peer, msg)) and not self.optimizing:
+                    levels.append(_Level(msg.kind.value))
+                else:
+                    yield Replay(msg.kind.value, done=True)
+            elif (yield from self.policy.advance()):
+                level.batch, self.deferred = deque(self.deferred), []
+            else:
+                levels.pop()
+                if self.round.finished:
+                    yield Stop()
+                if level.replayed is not None:
+                    yield Replay(level.replayed, done=True)
+
+    # -- request kinds
+    # -------------------------------------------------------------------------------
+    def _on_send(self, msg: Message, trainer: int, send: Send) -> Work:
+        verdict = self.policy.verdict(Event.SEND, trainer, msg)
+        if verdict is Verdict.DEFER:
+            return None
+        if verdict is Verdict.STALE:
+            return self._reply(msg)
+        names = self.store.store(send.values, send.merge_add)
+        yield from self.policy.applied(trainer, msg, names)
+        return self._reply(msg)
+
+    def _on_barrier(self, msg: Message, trainer: int, _: Payload) -> Work:
+        event = Event.SEND_BARRIER if msg.kind is Kind.SEND_BARRIER else Event.FETCH_BARRIER
+        if self.policy.barrier(event, trainer, msg) is Verdict.DEFER:
+            return None
+        return self._reply(msg)
+        yield
+
+    def _on_get(self, msg: Message, trainer: int, get: Get) -> Work:
+        if self.policy.verdict(Event.GET, trainer, msg) is Verdict.DEFER:
+            return None
+        values = self.store.values(get.names)
+        self.policy.served(trainer, values)
+        return Message(Kind.REPLY, msg.id, self.name, self.round.step, values,
+                       self._fanin_state(trainer))
+        yield
+
+    def _on_prefetch(self, msg: Message, trainer: int, prefetch: Prefetch) -> Work:
+        if self.policy.verdict(Event.PREFETCH, trainer, msg) is Verdict.DEFER:
+            return None
+        if prefetch.by_row:
+            rows = self.store.remote_rows(prefetch.table, prefetch.ids)
+        else:
+            rows = {}
+            for name, ids, block in self.store.table_ids(prefetch.ids):
+                self.store.scope.put(name, ids)
+                yield RunBlocks((block.block,))
+                rows[block.rows] = self.store.scope.get(block.rows)
+        return Message(Kind.REPLY, msg.id, self.name, self.round.step, rows,
+                       {"server_step": self.round.step})
+
+    def _on_checkpoint(self, msg: Message, trainer: int, notify: CheckpointNotify) -> Work:
+        if self.store.timing:
+            raise ProtocolViolation("CHECKPOINT_NOTIFY: this pserver runs in timing mode (phantom "
+                                    "kernels) and holds no values to save")
+        if self.optimizing:  # the update is applied but the round not moved on: wait for it
+            return None
+        path = yield SaveCheckpoint(self.steps_applied(), Path(notify.directory))
+        log.info("%s: saved the state before step %d to %s", self.name, self.steps_applied(), path)
+        return self._reply(msg)
+
+    def _on_complete(self, msg: Message, trainer: int, _: Payload) -> Work:
+        if self.round.leave(trainer, completed=True):
+            log.info("%s: trainer %d completed at step %d", self.name, trainer, self.round.step)
+        return self._reply(msg)
+        yield
+
+    def _on_heartbeat(self, msg: Message, trainer: int, _: Payload) -> Work:
+        return self._reply(msg)
+        yield
+
+    def _on_join(self, msg: Message, trainer: int, join: Join) -> Work:
+        """A trainer that was not in the fan-in (late, dropped, restarted) takes part from
+        step ``entry`` on, or later if this server is past it: the reply says which."""
+        entry = self.policy.join(trainer, join.entry)
+        if self.policy.sync:
+            log.info("%s: trainer %d joins at step %d", self.name, trainer, entry)
+        return self._reply(msg, entry=entry)
+        yield
+
+    # -- replies ----------------------------------------------------------------------------------
+    def _reply(self, msg: Message, **extra: Any) -> Message:
+        """An acknowledgement of `msg` saying where this server is, with `extra` fields."""
+        return Message(Kind.REPLY, msg.id, self.name, self.round.step,
+                       extra={"server_step": self.round.step, **extra})
+
+    def _fanin_state(self, trainer: int) -> dict[str, Any]:
+        """What a trainer learns from a fetch: where this server is and whether it is waited for."""
+        return {"server_step": self.round.step, "in_fanin": self.policy.in_fanin(trainer),
+                "entry_step": self.round.entry_step(),
+                "next_step": self.next_step.get(trainer, 0), "sync": self.policy.sync}
+
+    def reject_reason(self, trainer: int, msg: Message) -> str:
+        if trainer in self.round.completed:
+            return f"trainer {trainer} already completed; {msg.kind} refused"
+        if not 0 <= trainer < self.round.trainers:
+            return f"trainer {trainer} is not one of the {self.round.trainers} trainers of this job"
+        return (f"trainer {trainer} is not in the fan-in at step {self.round.step} "
+                f"(dropped after {self.heartbeat_timeout}s of silence?); {msg.kind} refused")
+
+    # -- checkpoints and recovery
+    # -------------------------------------------------------------------
+    def steps_applied(self) -> int:
+        """The first step whose gradients the state has not seen."""
+        return self.round.step + (self.round.phase is Phase.PARAMS)
+
+    def checkpoint_at(self, step: int) -> Work:
+        """Save the periodic checkpoint if `step` (the sync round's new step, or the step an
+        asynchronous trainer moved on to) is the next multiple of `checkpoint_every`."""
+        every = self.checkpoint_every
+        if every is None or step <= self.progress:
+            return
+        due = step // every > self.progress // every
+        self.progress = step
+        if due and not self.store.timing:
+            yield SaveCheckpoint(self.policy.checkpoint_step(step))
+
+    def _must_rewind(self, trainer: int, msg: Message) -> bool:
+        """Recovering: whether `msg` comes from a trainer still at a step this server lost (it
+        has to redo the steps from `round.step`). A trainer's first message for an earlier step
+        (its fetch of the parameters again) shows it has rewound."""
+        resynced = self.resynced
+        assert resynced is not None
+        if not self.policy.rewinds or msg.kind in (Kind.HEARTBEAT, Kind.COMPLETE) \
+                or trainer in resynced:
+            return False
+        if msg.step < self.round.step:
+            resynced.add(trainer)
+            if len(resynced | self.round.completed) >= self.round.trainers:
+                self.resynced = None  # every trainer is back in step
+            return False
+        return True
+
+    # -- liveness
+    # -------------------------------------------------------------------------------------
+    def _silence(self, trainer: int, now: float) -> str | None:
+        """Why `trainer` counts as gone (None: it does not): silent for longer than the
+        heartbeat timeout, or never heard from within the start-up grace."""
+        seen = self.last_seen.get(trainer)
+        if seen is None:
+            grace = self.startup_grace
+            return f"not heard from within {grace:g}s of the start" \
+                if now - self.serving_since > grace else None
+        timeout = self.heartbeat_timeout
+        return f"silent for more than {timeout:g}s" if now - seen > timeout else None
+
+
+_HANDLERS: dict[Kind, Callable[[PserverCore, Message, int, Any], Work]] = {
+    Kind.SEND: PserverCore._on_send, Kind.SEND_BARRIER: PserverCore._on_barrier,
+    Kind.GET: PserverCore._on_get, Kind.FETCH_BARRIER: PserverCore._on_barrier,
+    Kind.PREFETCH: PserverCore._on_prefetch, Kind.CHECKPOINT_NOTIFY: PserverCore._on_checkpoint,
+    Kind.COMPLETE: PserverCore._on_complete, Kind.HEARTBEAT: PserverCore._on_heartbeat,
+    Kind.JOIN: PserverCore._on_join}

@@ -1,0 +1,110 @@
+"""The requests a pserver reads, as typed payloads: one dataclass per message kind.
+
+A decoded `wire.Message` carries its kind-specific fields in a loose ``extra`` dict; `parse`
+turns it into the payload the pserver core reads, checking each field's type, and raises a
+`ProtocolViolation` naming the field otherwise. `trainer_of` reads the one field every request
+has (the sender's trainer id), which the core needs before it parses the rest (a trainer's
+liveness counts even when its request is malformed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from runtime.network.wire import Kind, Message
+
+
+class ProtocolViolation(ValueError):
+    """A well-formed message that this server cannot accept; sent back as an error reply."""
+
+    def __init__(self, detail: str, var: str | None = None) -> None:
+        super().__init__(detail)
+        self.var = var
+
+
+@dataclass(frozen=True)
+class Send:
+    """SEND: gradients, deltas or counters; `merge_add` adds them to what is held (a counter)."""
+
+    values: dict[str, Any]
+    merge_add: bool
+
+
+@dataclass(frozen=True)
+class Get:
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """PREFETCH: rows of the distributed table by id, or (`table`) rows of that param block."""
+
+    ids: dict[str, Any]
+    table: object
+    """The param block asked for by row (checked by the core); meaningful with `by_row`."""
+    by_row: bool
+
+
+@dataclass(frozen=True)
+class Join:
+    entry: int
+
+
+@dataclass(frozen=True)
+class CheckpointNotify:
+    directory: str
+
+
+@dataclass(frozen=True)
+class Plain:
+    """A request with no fields of its own: a barrier, COMPLETE, HEARTBEAT."""
+
+
+Payload = Send | Get | Prefetch | Join | CheckpointNotify | Plain
+
+
+def trainer_of(msg: Message) -> int:
+    trainer = msg.extra.get("trainer")
+    if not isinstance(trainer, int) or isinstance(trainer, bool):
+        raise ProtocolViolation(f"{msg.kind} from {msg.src!r} lacks an int 'trainer' field")
+    return trainer
+
+
+def parse(msg: Message) -> Payload:
+    """The payload of request `msg`."""
+    parser = _PARSERS.get(msg.kind)
+    return Plain() if parser is None else parser(msg)
+
+
+def _send(msg: Message) -> Send:
+    return Send(dict(msg.vars), msg.extra.get("merge_add") is True)
+
+
+def _get(msg: Message) -> Get:
+    names = msg.extra.get("names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ProtocolViolation("GET needs a list of var names in 'names'")
+    return Get(tuple(names))
+
+
+def _prefetch(msg: Message) -> Prefetch:
+    return Prefetch(dict(msg.vars), msg.extra.get("table"), "table" in msg.extra)
+
+
+def _join(msg: Message) -> Join:
+    entry = msg.extra.get("entry")
+    if not isinstance(entry, int) or isinstance(entry, bool):
+        raise ProtocolViolation("JOIN needs an int 'entry' step")
+    return Join(entry)
+
+
+def _checkpoint(msg: Message) -> CheckpointNotify:
+    directory = msg.extra.get("dir")
+    if not isinstance(directory, str) or not directory or "\0" in directory:
+        raise ProtocolViolation("CHECKPOINT_NOTIFY needs a directory path in 'dir'")
+    return CheckpointNotify(directory)
+
+
+_PARSERS: dict[Kind, Callable[[Message], Payload]] = {Kind.SEND: _send, Kind.GET: _get, Kind.PREFETCH: _prefetch, Kind.JOIN: _join,
+            Kind.CHECKPOINT_NOTIFY: _checkpoint}

@@ -1,0 +1,81 @@
+"""What a distributed mode decides at the pserver: the `ModePolicy` interface.
+
+The pserver core (`pserver_core`) does what every mode does alike: dedupe, defer and replay,
+liveness, the fan-in's membership, checkpoints, the typed requests and their replies. Where the
+modes differ it asks the server's policy, one object per mode, each in a module of its own:
+
+- `verdict` / `barrier`: what to do with a request of a step (act, defer, acknowledge as stale);
+- `applied`: what follows storing a trainer's values (run the grad's blocks at once, or wait
+  for the round);
+- `advance`: move a round on when its barriers are in (the sync round's optimize);
+- `served`: what follows serving a trainer the parameters (DC-ASGD keeps its backups);
+- `join`, `in_fanin`, `waited_for`, `checkpoint_step`, `update_step`, `rewinds`: the fan-in's
+  rules.
+
+A new mode is one module with a subclass (registered in `pserver_core.POLICIES`) and its tests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from runtime.network.wire import Message
+from runtime.services.protocol import Event, Verdict
+from runtime.services.pserver_actions import Work
+
+if TYPE_CHECKING:
+    from runtime.services.pserver_core import PserverCore
+
+
+class ModePolicy:
+    """One distributed mode's rules; subclasses override what their mode does differently."""
+
+    name: ClassVar[str]
+    sync: ClassVar[bool] = False
+    """Whether trainers are told they take part in sync rounds (in a fetch's reply)."""
+    rewinds: ClassVar[bool] = False
+    """Whether a recovering server makes trainers redo the steps it lost."""
+
+    def __init__(self, core: PserverCore) -> None:
+        self.core = core
+        self.round = core.round
+        self.store = core.store
+        self.contract = core.store.contract
+
+    def verdict(self, event: Event, trainer: int, msg: Message) -> Verdict:
+        """What to do with a SEND, GET or PREFETCH of `msg.step` (REJECT: raise)."""
+        raise NotImplementedError
+
+    def barrier(self, event: Event, trainer: int, msg: Message) -> Verdict:
+        """A SEND_BARRIER or FETCH_BARRIER: record it if it counts, and say what to do."""
+        raise NotImplementedError
+
+    def applied(self, trainer: int, msg: Message, names: list[str]) -> Work:
+        """Trainer `trainer`'s values `names` were stored: what follows."""
+        raise NotImplementedError
+
+    def advance(self) -> Work:
+        """Move the round on as far as it can go now; returns whether it moved."""
+        raise NotImplementedError
+
+    def served(self, trainer: int, values: dict[str, object]) -> None:
+        """Trainer `trainer` was sent `values` of the parameters."""
+
+    def join(self, trainer: int, entry: int) -> int:
+        """A trainer joins from step `entry`; the step it actually takes part from."""
+        return entry
+
+    def in_fanin(self, trainer: int) -> bool:
+        return True
+
+    def waited_for(self) -> set[int]:
+        """The trainers whose silence drops them."""
+        return set(self.round.live)
+
+    def checkpoint_step(self, step: int) -> int:
+        """The step a periodic checkpoint taken as the server reaches `step` is saved as."""
+        return step
+
+    def update_step(self, msg: Message) -> int | None:
+        """If answering `msg` completes an update of a step (asynchronous SENDs): that step."""
+        return None

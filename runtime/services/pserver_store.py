@@ -1,0 +1,159 @@
+"""A pserver's values: its `Scope`, read and written only as the protocol allows.
+
+Received values are checked against the program's declarations (name received here, dtype and
+shape as declared, rows of the declared height) before anything is stored, so a bad message
+leaves the state bit-identical; they are copied out of the receive buffer. Phantoms (timing
+mode) are checked as the tensors they stand for and stored as they are.
+
+The store is plain in-memory state with no IO: the pserver core reads and writes it directly;
+running blocks over it is the IO shell's business (the core asks for it with actions).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from transpiler.distribute.contract import TRAINER_ID_VAR, ServeContract, bak_name
+from transpiler.ir import Program, Var, VarType
+
+from runtime.execution.scope import Scope
+from runtime.execution.table import Prefetch, TableShard, lookup_rows, remote_tables
+from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, to_dense
+from runtime.services.pserver_messages import ProtocolViolation
+
+
+class Store:
+    """The scope of one pserver, with its program's declarations and contract."""
+
+    def __init__(self, program: Program, contract: ServeContract, scope: Scope,
+                 timing: bool) -> None:
+        self.program = program
+        self.contract = contract
+        self.scope = scope
+        self.timing = timing
+        """Timing mode (phantom kernels): there are no values to checkpoint."""
+        self.table = TableShard.of(program, contract.op)
+        self.remote_tables = remote_tables(program, contract.op)
+
+    # -- sends --------------------------------------------------------------------------------------
+    def store(self, values: dict[str, Any], merge_add: bool) -> list[str]:
+        """Check every value, then store them all (`merge_add`: added to what is held, as a
+        counter); the names stored."""
+        checked = {name: self._to_shard(name, self._checked(name, value))
+                   for name, value in values.items()}
+        for name, value in checked.items():
+            if merge_add and self.scope.has(name) and not isinstance(value, Phantom):
+                value = to_dense(self.scope.get_tensor(name)) + to_dense(value)
+            self.scope.put(name, value)
+        return list(checked)
+
+    def _checked(self, name: str, value: Any) -> Any:
+        var = self.program.global_block().vars.get(name)
+        if var is None or name not in self.contract.received:
+            raise ProtocolViolation(f"gradient for var {name!r}, which this pserver does not own",
+                                    var=name)
+        if isinstance(value, Phantom):
+            return _checked_phantom(name, var, value)
+        if isinstance(value, SelectedRows):
+            if value.values.dtype != np.dtype(var.dtype) or value.height != var.shape[0] \
+                    or tuple(value.values.shape[1:]) != tuple(var.shape[1:]):
+                raise ProtocolViolation(
+                    f"var {name!r}: expected rows of {var.dtype}{list(var.shape[1:])} with height "
+                    f"{var.shape[0]}, got {value.values.dtype}{list(value.values.shape[1:])} "
+                    f"with height {value.height}", var=name)
+            return SelectedRows(np.array(value.rows), np.array(value.values), value.height)
+        array = value.data if isinstance(value, LoDTensor) else value
+        if array.dtype != np.dtype(var.dtype) or not _shape_matches(var.shape, array.shape):
+            raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got "
+                                    f"{array.dtype}{list(array.shape)}", var=name)
+        return np.array(array)
+
+    def _to_shard(self, name: str, value: Any) -> Any:
+        """A received table grad piece as rows of this server's shard; other values as they are."""
+        if self.table is None or name not in self.table.pieces:
+            return value
+        return self.table.local_rows(name, value)
+
+    # -- reads ----------------------------------------------------------------------------------------
+    def values(self, names: Iterable[str]) -> dict[str, Any]:
+        """The held values of `names`, each one this server declares and holds."""
+        names = list(names)
+        block = self.program.global_block()
+        for name in names:
+            if name not in block.vars or not self.scope.has(name):
+                raise ProtocolViolation(f"GET of var {name!r}, which this pserver does not hold",
+                                        var=name)
+        return {name: self.scope.get_tensor(name) for name in names}
+
+    def remote_rows(self, table: object, ids: dict[str, Any]) -> dict[str, Any]:
+        """Rows of param block `table` by row (remote sparse update)."""
+        if not isinstance(table, str) or table not in self.remote_tables:
+            raise ProtocolViolation(f"PREFETCH of rows of var {table!r}, which this pserver does "
+                                    "not serve by id", var=str(table))
+        if set(ids) != {"Ids"}:
+            raise ProtocolViolation(f"PREFETCH of rows of var {table!r} carries vars "
+                                    f"{sorted(ids)}, not just 'Ids'", var=table)
+        return {table: lookup_rows(table, self.scope.get(table), ids["Ids"])}
+
+    def table_ids(self, ids: dict[str, Any]) -> list[tuple[str, Any, Prefetch]]:
+        """For each prefetch ids var: its ids made rows of the shard, and its prefetch block
+        (the caller sets the var, runs the block, then reads the rows it looked up)."""
+        table = self.table
+        if table is None:
+            raise ProtocolViolation("PREFETCH: this pserver holds no distributed lookup table")
+        rows = {name: table.local_ids(name, value) for name, value in ids.items()}
+        return [(name, value, table.prefetch[name]) for name, value in rows.items()]
+
+    # -- mode-specific writes
+    # ---------------------------------------------------------------------------
+    def empty_copies(self, trainers: Iterable[int]) -> None:
+        """The grad copies of `trainers` (who did not contribute this step) add nothing to the
+        sums: zero (dense) or holding no rows (sparse), whether or not they were ever sent.
+        The table's pieces are the table's business (`average_table`)."""
+        silent = set(trainers)
+        pieces = self.table.pieces if self.table is not None else {}
+        block = self.program.global_block()
+        for name, trainer in self.contract.trainer_copies.items():
+            if trainer not in silent or name in pieces:
+                continue
+            var = block.var(name)
+            if var.type is VarType.SELECTED_ROWS:
+                empty = np.zeros((0,) + tuple(var.shape[1:]), var.dtype)
+                self.scope.put(name, SelectedRows(np.zeros(0, np.int64), empty, var.shape[0]))
+            else:
+                self.scope.put(name, np.zeros(var.shape, var.dtype))
+
+    def average_table(self, contributors: set[int]) -> None:
+        if self.table is not None:
+            self.table.average_pieces(self.scope, contributors)
+
+    def set_trainer(self, trainer: int) -> None:
+        """DC-ASGD: the trainer whose gradient is applied next."""
+        self.scope.put(TRAINER_ID_VAR, np.array([trainer], dtype=np.int64))
+
+    def keep_backups(self, trainer: int, values: dict[str, Any]) -> None:
+        """DC-ASGD: `values` are what `trainer` now computes with; keep them as its backups."""
+        block = self.program.global_block()
+        for name, value in values.items():
+            bak = bak_name(name, trainer)
+            if bak in block.vars:
+                self.scope.put(bak, value)
+
+
+def _checked_phantom(name: str, var: Var, value: Phantom) -> Phantom:
+    """A received phantom, checked as the tensor it stands for would be: the declared dtype,
+    and rows of the declared height and width, or the declared shape."""
+    if value.is_rows:
+        fits = value.height == var.shape[0] and value.shape[1:] == tuple(var.shape[1:])
+    else:
+        fits = _shape_matches(var.shape, value.shape)
+    if not fits or value.dtype != np.dtype(var.dtype):
+        raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got {value}",
+                                var=name)
+    return value
+
+
+def _shape_matches(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    return len(declared) == len(actual) and all(d in (-1, a) for d, a in zip(declared, actual))

@@ -1,0 +1,83 @@
+"""Sync mode: every trainer's gradients of a step are averaged, then applied once.
+
+The round (`protocol.SyncRound`) classifies each request by its step and the round's phase:
+gradients and send barriers of the current step are taken, requests of a later step wait
+(deferred, replayed when the round moves on), retries of a finished step are acknowledged as
+stale. When every live trainer's send barrier is in, `advance` runs the step's update: the copies
+of trainers that did not contribute are emptied, the table's pieces averaged, then the LR and
+optimize blocks run, the fan-in `scale` ops with 1/contributors (the program's attribute says
+1/trainers: fewer may have contributed). When every fetch barrier is in, the next step begins.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from runtime.network.wire import Message
+from runtime.services.protocol import Event, Phase, Verdict
+from runtime.services.pserver_actions import Optimize, Tally, Work
+from runtime.services.pserver_messages import ProtocolViolation
+from runtime.services.pserver_policy import ModePolicy
+
+
+class SyncPolicy(ModePolicy):
+    name: ClassVar[str] = "sync"
+    sync: ClassVar[bool] = True
+    rewinds: ClassVar[bool] = True
+
+    def verdict(self, event: Event, trainer: int, msg: Message) -> Verdict:
+        verdict = self.round.classify(event, trainer, msg.step)
+        if verdict is Verdict.REJECT:
+            raise ProtocolViolation(self.core.reject_reason(trainer, msg))
+        return verdict
+
+    def barrier(self, event: Event, trainer: int, msg: Message) -> Verdict:
+        verdict = self.verdict(event, trainer, msg)
+        if verdict is Verdict.ACCEPT:
+            if event is Event.SEND_BARRIER:
+                self.round.send_barrier(trainer)
+            else:
+                self.round.fetch_barrier(trainer, msg.step)
+        return verdict
+
+    def applied(self, trainer: int, msg: Message, names: list[str]) -> Work:
+        return  # applied with the others' at the round's end
+        yield
+
+    def advance(self) -> Work:
+        progressed = False
+        if self.round.ready_to_optimize:
+            yield from self._optimize()
+            progressed = True
+        if self.round.take_step_done():
+            yield Tally("steps")
+            yield from self.core.checkpoint_at(self.round.step)
+            progressed = True
+        return progressed
+
+    def _optimize(self) -> Work:
+        self.core.optimizing = True
+        try:
+            contributors = self.round.contributors
+            self.store.empty_copies(set(range(self.contract.trainers)) - contributors)
+            self.store.average_table(contributors)
+            scale = {"scale": 1.0 / len(contributors)}
+            yield Optimize(self.contract.sync_blocks,
+                           {op: scale for op in self.contract.fanin_scale_ops})
+        finally:
+            self.core.optimizing = False
+        self.round.optimized()
+
+    def join(self, trainer: int, entry: int) -> int:
+        return self.round.join(trainer, entry)
+
+    def in_fanin(self, trainer: int) -> bool:
+        return trainer in self.round.live
+
+    def waited_for(self) -> set[int]:
+        """The live trainers whose barrier of the current phase is not in."""
+        done = self.round.sent if self.round.phase is Phase.GRADS else self.round.fetched
+        return self.round.live - done
+
+    def checkpoint_step(self, step: int) -> int:
+        return self.core.steps_applied()

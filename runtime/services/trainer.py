@@ -1,0 +1,494 @@
+"""The trainer side of a distributed job: RPC ops as requests, and the per-step training loop.
+
+`RpcOps` runs the trainer program's RPC ops over an `RpcClient`:
+
+- `send`: the op's vars, grouped by endpoint (``epmap``), one SEND message per endpoint. Sends
+  run in the background; `send_barrier` (and any `recv`) first waits until every one is
+  acknowledged, so gradients travel while backward goes on.
+- `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once.
+- `recv`: one GET per endpoint for the vars placed there; the values land in the scope when the
+  reply comes, and a compute op that reads one waits for it first.
+- `prefetch` (distributed lookup table): one PREFETCH per pserver with the ids `split_ids` cut
+  for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
+- `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
+  PREFETCH per block for its rows, merged back in the order of the ids.
+- `checkpoint_notify`: once everything sent is in, every pserver saves its state to ``dir``.
+
+Every message carries the trainer's id and step (`INITIAL_STEP` while running the startup
+program). A pserver that restarted from a checkpoint answers a message of a step it lost with
+``rewind: <step>`` (`Rewind`): the trainer abandons what is in flight, fetches the parameters
+again and redoes the steps from there (`TrainerReport.redone` counts them). A trainer that
+starts when the job is under way (late, or restarted after a crash) joins it: in sync mode at
+the first step every pserver admits it, otherwise at the step after the latest the pservers saw
+from it. In timing mode (phantom kernels) the values sent and received are `Phantom`s, cut and
+joined by shape alone, and the loss reported is NaN; remote sparse update needs real ids and
+is refused there. `run_program` runs a block with compute ops through the executor's kernels and RPC
+ops awaited; `Trainer.run` is the loop: startup, then `steps` steps on this trainer's shard of each
+global batch, reporting loss and step time, then COMPLETE to every pserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+import numpy as np
+
+from transpiler.distribute.lookup_table import table_sections
+from transpiler.ir import Op, Program
+
+from runtime.execution.compute import Charge, ComputeModel, Tracer
+from runtime.execution.executor import Executor, check_feed, run_step
+from runtime.execution.scope import Scope
+from runtime.execution.tensor import LoDTensor, Phantom, Value, concat_rows, slice_rows, to_dense
+from runtime.network.rpc import RpcClient, RpcTimeout
+from runtime.network.wire import Kind, Message
+from runtime.services.protocol import INITIAL_STEP
+
+log = logging.getLogger(__name__)
+
+
+class Rewind(Exception):
+    """A pserver restarted from the state before `step`: redo the steps from there."""
+
+    def __init__(self, endpoint: str, step: int) -> None:
+        super().__init__(f"{endpoint} restarted at step {step}")
+        self.endpoint = endpoint
+        self.step = step
+
+
+class RpcOps:
+    """The RPC ops of one trainer, and the requests they are in flight with."""
+
+    def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None) -> None:
+        self.client = client
+        self.charge = charge or Charge(client.name, None)
+        self.server_state: dict[str, dict[str, Any]] = {}  # endpoint -> its last fetch reply
+        self.trainer_id = trainer_id
+        self.step = INITIAL_STEP
+        self._sends: list[asyncio.Future[Message]] = []
+        self.pending: dict[str, asyncio.Future[Any]] = {}
+        self.handlers: dict[str, Callable[[Op, Scope], Awaitable[None]]] = {
+            "send": self.send, "send_barrier": self.send_barrier, "recv": self.recv,
+            "fetch_barrier": self.fetch_barrier, "prefetch": self.prefetch,
+            "distributed_lookup_table": self.distributed_lookup_table,
+            "checkpoint_notify": self.checkpoint_notify,
+        }
+
+    def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
+             names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
+             deadline: float | None = None) -> asyncio.Future[Message]:
+        """A request of this trainer at its current step, sent now; its reply comes in the
+        future, which raises `Rewind` when the pserver asks for the steps it lost to be
+        redone."""
+        header: dict[str, Any] = {"trainer": self.trainer_id, **(extra or {})}
+        if names is not None:
+            header["names"] = names
+        return self.client.start(endpoint, kind, self.step, vars, header, deadline,
+                                 self._check_rewind)
+
+    def _check_rewind(self, endpoint: str, reply: Message) -> None:
+        rewind = reply.extra.get("rewind")
+        if isinstance(rewind, int) and not isinstance(rewind, bool):
+            raise Rewind(self.client.labels.get(endpoint, endpoint), rewind)
+
+    async def run(self, op: Op, scope: Scope) -> None:
+        handler = self.handlers.get(op.type)
+        if handler is None:
+            raise NotImplementedError(f"RPC op {op.type!r} is not supported by this trainer yet")
+        await handler(op, scope)
+
+    async def send(self, op: Op, scope: Scope) -> None:
+        """One SEND per endpoint. A single X with ``sections`` (async mode: whole grads) is cut
+        into its row blocks here; ``merge_add`` asks the server to add into what it holds."""
+        names = op.input("X")
+        endpoints = op.attr("epmap")
+        wire_names = op.attr("send_varnames") or names
+        values: list[Any] = [scope.get_tensor(n) for n in names]
+        if len(names) == 1 and len(endpoints) > 1 and not op.attr("merge_add"):
+            values = _row_blocks(_dense(values[0]), op.attr("sections"), op)
+        elif len(values) == 1 and len(wire_names) > 1:
+            values = values * len(wire_names)
+        if not len(values) == len(wire_names) == len(endpoints):
+            raise ValueError(f"send op: {len(values)} values, {len(wire_names)} names and "
+                             f"{len(endpoints)} endpoints do not line up: {op}")
+        by_endpoint: dict[str, dict[str, Any]] = defaultdict(dict)
+        for value, wire, ep in zip(values, wire_names, endpoints):
+            by_endpoint[ep][wire] = value
+        extra = {"merge_add": True} if op.attr("merge_add") else None
+        for ep, vars in by_endpoint.items():
+            self._sends.append(self.call(ep, Kind.SEND, vars, extra=extra))
+
+    async def flush_sends(self) -> None:
+        sends, self._sends = self._sends, []
+        if sends:
+            await asyncio.gather(*sends)
+
+    async def send_barrier(self, op: Op, scope: Scope) -> None:
+        await self.flush_sends()
+        if op.attr("half_async"):  # only this trainer's sends must have left
+            return
+        await asyncio.gather(*(self.call(ep, Kind.SEND_BARRIER) for ep in op.attr("endpoints")))
+
+    async def recv(self, op: Op, scope: Scope) -> None:
+        """One GET per endpoint; values land in the scope when the reply comes. A single Out
+        with several endpoints (async mode) is fetched block by block and joined here."""
+        await self.flush_sends()
+        outs = op.output("Out")
+        endpoints = op.attr("epmap")
+        wire_names = op.attr("recv_varnames") or outs
+        loop = asyncio.get_running_loop()
+        if len(outs) == 1 and len(endpoints) > 1:
+            self.pending[outs[0]] = loop.create_task(
+                self._get_blocks(outs[0], list(zip(wire_names, endpoints)), scope))
+            return
+        by_endpoint: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for name, wire, ep in zip(outs, wire_names, endpoints):
+            by_endpoint[ep].append((name, wire))
+        for ep, pairs in by_endpoint.items():
+            task = loop.create_task(self._get(ep, pairs, scope))
+            for name, _ in pairs:
+                self.pending[name] = task
+
+    async def _get(self, endpoint: str, pairs: list[tuple[str, str]], scope: Scope) -> None:
+        reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs])
+        self.server_state[endpoint] = dict(reply.extra)
+        for name, wire in pairs:
+            scope.put(name, _owned(reply.vars[wire]))
+
+    async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope) -> None:
+        replies = await asyncio.gather(*(self.call(ep, Kind.GET, names=[wire])
+                                         for wire, ep in blocks))
+        scope.put(name, concat_rows([_dense(r.vars[wire]) for r, (wire, _) in zip(replies, blocks)]))
+
+    async def wait_for(self, names: Iterable[str]) -> None:
+        tasks = {self.pending.pop(n) for n in names if n in self.pending}
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def fetch_barrier(self, op: Op, scope: Scope) -> None:
+        await self.wait_for(list(self.pending))
+        await asyncio.gather(*(self.call(ep, Kind.FETCH_BARRIER) for ep in op.attr("endpoints")))
+
+    async def prefetch(self, op: Op, scope: Scope) -> None:
+        """PREFETCH of ids X[i] from ``epmap[i]``; the rows answered land in Out[i]."""
+        ids, rows, endpoints = op.input("X"), op.output("Out"), op.attr("epmap")
+        if not len(ids) == len(rows) == len(endpoints):
+            raise ValueError(f"prefetch op: {len(ids)} ids, {len(rows)} rows and "
+                             f"{len(endpoints)} endpoints do not line up: {op}")
+        loop = asyncio.get_running_loop()
+        for x, out, ep in zip(ids, rows, endpoints):
+            self.pending[out] = loop.create_task(self._prefetch(ep, x, out, scope))
+
+    async def _prefetch(self, endpoint: str, ids: str, rows: str, scope: Scope) -> None:
+        reply = await self.call(endpoint, Kind.PREFETCH, {ids: scope.get(ids)})
+        scope.put(rows, _owned(reply.vars[rows]))
+
+    async def distributed_lookup_table(self, op: Op, scope: Scope) -> None:
+        """Rows of the table's blocks (``table_names``, ``height_sections`` rows each, on
+        ``endpoints``) for the ids; Outputs is shaped and ordered like `lookup_table`'s."""
+        (out,) = op.output("Outputs")
+        self.pending[out] = asyncio.get_running_loop().create_task(
+            self._lookup_remote(op, scope, out))
+
+    async def _lookup_remote(self, op: Op, scope: Scope, out: str) -> None:
+        (name,) = op.input("Ids")
+        value = scope.get_tensor(name)
+        if isinstance(value, Phantom):
+            raise NotImplementedError(f"distributed_lookup_table: Ids {name!r} is a phantom; "
+                                      "remote sparse update needs real ids (numeric mode)")
+        ids_in = to_dense(value)
+        ids = ids_in.reshape(-1).astype(np.int64)
+        starts = np.cumsum([0] + [int(h) for h in op.attr("height_sections")])
+        if ids.size and (ids.min() < 0 or ids.max() >= starts[-1]):
+            raise ValueError(f"distributed_lookup_table: Ids {name!r} hold {ids.min()}..{ids.max()}, "
+                             f"outside the table's {starts[-1]} rows")
+        asked = [np.unique(ids[(ids >= lo) & (ids < hi)]) for lo, hi in zip(starts, starts[1:])]
+        replies = await asyncio.gather(*(
+            self.call(ep, Kind.PREFETCH, {"Ids": (mine - lo).reshape(-1, 1)}, extra={"table": table})
+            for table, ep, lo, mine in zip(op.attr("table_names"), op.attr("endpoints"), starts,
+                                           asked)))
+        rows = np.concatenate([to_dense(r.vars[t]) for r, t in zip(replies, op.attr("table_names"))])
+        found = rows[np.searchsorted(np.concatenate(asked), ids)]
+        found[ids == int(op.attr("padding_idx", -1))] = 0
+        lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
+        found = found.reshape(lead + rows.shape[1:])
+        scope.put(out, LoDTensor(found, value.lod) if isinstance(value, LoDTensor) and value.lod
+                  else found)
+
+    async def checkpoint_notify(self, op: Op, scope: Scope) -> None:
+        """Once what this trainer sent is in, every pserver (``epmap``) saves its whole state to
+        ``dir``/<its name>/."""
+        await self.settle()
+        await asyncio.gather(*(self.call(ep, Kind.CHECKPOINT_NOTIFY, extra={"dir": op.attr("dir")})
+                               for ep in op.attr("epmap")))
+
+    async def pull_tables(self, program: Program, scope: Scope) -> None:
+        """Fetch the final rows of the tables that `program` only looks rows up in (the
+        distributed lookup table, remote-sparse tables) from the pservers into `scope`, where
+        the trainer holds a placeholder or its startup values, so that a run can report every
+        parameter."""
+        blocks = _served_tables(program)
+        replies = await asyncio.gather(*(
+            asyncio.gather(*(self.call(ep, Kind.GET, names=[wire]) for ep, wire, _ in parts))
+            for parts in blocks.values()))
+        for (table, parts), answers in zip(blocks.items(), replies):
+            scope.put(table, concat_rows([slice_rows(_dense(r.vars[wire]), 0, rows)
+                                             for r, (_, wire, rows) in zip(answers, parts)]))
+
+    async def settle(self) -> None:
+        """Wait for everything still in flight (the end of a program run)."""
+        await self.flush_sends()
+        await self.wait_for(list(self.pending))
+
+    async def abandon(self) -> None:
+        """Cancel every request in flight (a step given up) and forget what it owed."""
+        tasks = [*self._sends, *self.pending.values()]
+        self._sends, self.pending = [], {}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.charge.owed, self.charge.ops = 0.0, []
+
+
+async def run_program(executor: Executor, program: Program, scope: Scope, rpc: RpcOps,
+                      feed: Mapping[str, Any] | None = None,
+                      fetch: Iterable[str] = ()) -> list[Any]:
+    """Run block 0 of `program`: compute ops by kernel, RPC ops awaited through `rpc`."""
+    block = program.global_block()
+    for name, value in (feed or {}).items():
+        scope.put(name, check_feed(block, name, value))
+    await run_block(executor, program, 0, scope, rpc)
+    await rpc.charge.pay()
+    await rpc.settle()
+    return [scope.get(name) for name in fetch]
+
+
+async def run_block(executor: Executor, program: Program, idx: int, scope: Scope,
+                    rpc: RpcOps) -> None:
+    """Run one block; a `conditional_block` whose sub-block holds RPC ops (geo's periodic
+    push and pull) is run here too, awaiting its RPC ops."""
+    plan = executor.plans.get(program, idx)
+
+    def run_sub(sub: int) -> None:
+        executor.run_block(program, sub, scope)
+
+    for step in plan.steps:
+        if step.kernel is None:
+            await rpc.charge.pay()
+            start = asyncio.get_running_loop().time()
+            await rpc.run(step.op, scope)
+            rpc.charge.span(step.op.type, start, "rpc")
+            continue
+        if rpc.pending:
+            await rpc.wait_for(step.op.input_arg_names)
+        sub = _rpc_sub_block(executor, program, step.op)
+        if sub is None:
+            meter = rpc.client.meter
+            started = 0.0 if meter is None else meter.start()
+            run_step(step, scope, program, run_sub)
+            rpc.charge.add(step.op, scope)
+            if meter is not None:
+                meter.stop_ops(started, 1)
+        elif _condition_holds(step.op, scope):
+            await run_block(executor, program, sub, scope, rpc)
+
+
+def _rpc_sub_block(executor: Executor, program: Program, op: Op) -> int | None:
+    if op.type != "conditional_block":
+        return None
+    idx = op.attr("sub_block").idx
+    return idx if executor.plans.get(program, idx).rpc_steps else None
+
+
+def _condition_holds(op: Op, scope: Scope) -> bool:
+    """As `conditional_block` decides; a phantom condition (timing mode) is taken to hold."""
+    conds = [scope.get(n) for n in op.input("Cond")]
+    if any(isinstance(c, Phantom) for c in conds):
+        return True
+    if op.attr("is_scalar_condition", False):
+        return bool(np.asarray(conds[0]).reshape(-1)[0])
+    return all(np.asarray(c).size > 0 for c in conds)
+
+
+def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
+    """Table -> (endpoint, var there, rows of it that are the table's) of each of its blocks, for
+    the tables `program` reads only by id."""
+    tables = {}
+    table = program.attrs.get("_distributed_lookup_table")
+    if table:
+        endpoints = list(program.attrs["_endpoints"])
+        owned = table_sections(program.global_block().var(table).shape[0], len(endpoints))
+        tables[table] = [(ep, table, rows) for ep, rows in zip(endpoints, owned)]
+    for op in program.global_block().ops:
+        if op.type == "distributed_lookup_table":
+            tables[op.input("W")[0]] = list(zip(op.attr("endpoints"), op.attr("table_names"),
+                                                op.attr("height_sections")))
+    return tables
+
+
+def _dense(value: Value) -> np.ndarray | Phantom:
+    """`to_dense`, of a phantom too (timing mode)."""
+    return value.dense() if isinstance(value, Phantom) else to_dense(value)
+
+
+def _owned(value: Value) -> np.ndarray | Phantom:
+    """A received value as a dense array of its own (decoded arrays view the frames)."""
+    return value.dense() if isinstance(value, Phantom) else to_dense(value).copy()
+
+
+def _loss(value: Value) -> float:
+    """The step's loss; NaN in timing mode, where it is a phantom."""
+    return float("nan") if isinstance(value, Phantom) else float(to_dense(value).reshape(-1)[0])
+
+
+def _row_blocks(value: np.ndarray | Phantom, sections: list[int],
+                op: Op) -> list[np.ndarray | Phantom]:
+    if sum(sections) != value.shape[0]:
+        raise ValueError(f"send op: sections {sections} do not add up to {value.shape[0]} rows: {op}")
+    bounds = np.cumsum([0] + list(sections))
+    return [slice_rows(value, a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+@dataclass
+class TrainerReport:
+    trainer_id: int
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    first_step: int = 0
+    """The step it started at (later than 0 when it joined a job under way, e.g. restarted)."""
+    redone: int = 0
+    """Steps it took again because a pserver restarted from an earlier checkpoint."""
+
+
+class Trainer:
+    def __init__(self, trainer_id: int, main: Program, startup: Program, client: RpcClient,
+                 endpoints: list[str], executor: Executor | None = None,
+                 heartbeat_interval: float = 2.0, compute: ComputeModel | None = None,
+                 tracer: Tracer | None = None) -> None:
+        self.trainer_id = trainer_id
+        self.main, self.startup = main, startup
+        self.client = client
+        self.endpoints = endpoints
+        self.executor = executor or Executor()
+        self.scope = Scope()
+        self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer))
+        self.heartbeat_interval = heartbeat_interval
+        self.report = TrainerReport(trainer_id)
+        """What it has done so far (all of it once `run` returns)."""
+
+    async def run(self, batches: Callable[[int], Mapping[str, Any]], steps: int, loss: str,
+                  on_step: Callable[[int, float, float], None] | None = None) -> TrainerReport:
+        if self.client.meter is not None:
+            self.client.meter.begin_run()
+        await self.client.connect(self.endpoints)
+        report = self.report = TrainerReport(self.trainer_id)
+        beat = asyncio.get_running_loop().create_task(self._heartbeat())
+        try:
+            self.rpc.step = INITIAL_STEP
+            await run_program(self.executor, self.startup, self.scope, self.rpc)
+            step = report.first_step = await self._join_if_late()
+            charge, meter = self.rpc.charge, self.client.meter
+            while step < steps:
+                self.rpc.step = charge.step = step
+                start = charge.clock()
+                started = 0.0 if meter is None else meter.start()
+                feed = batches(step)
+                charge.add_overhead("step")
+                if meter is not None:
+                    meter.add_step_time(started)
+                try:
+                    (value,) = await run_program(self.executor, self.main, self.scope, self.rpc,
+                                                 feed, [loss])
+                except Rewind as rewind:
+                    report.redone += step - rewind.step
+                    step = await self._rewind(rewind)
+                    continue
+                elapsed = charge.clock() - start
+                started = 0.0 if meter is None else meter.start()
+                report.losses.append(_loss(value))
+                report.step_times.append(elapsed)
+                if on_step is not None:
+                    on_step(step, report.losses[-1], elapsed)
+                if meter is not None:
+                    meter.stop_step(started)
+                step += 1
+            if self.main.attrs.get("_is_chief"):
+                await self.rpc.pull_tables(self.main, self.scope)
+            await self._complete()
+        finally:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
+            await self.rpc.abandon()
+            if self.client.meter is not None:
+                self.client.meter.end_run()
+        return report
+
+    async def _rewind(self, rewind: Rewind) -> int:
+        """Give up the step in flight and fetch the parameters the step before `rewind.step`
+        left (again, if another pserver asks for an earlier step meanwhile); the step to go on
+        from."""
+        step = rewind.step
+        while True:
+            log.warning("trainer %d: %s; redoing from step %d", self.trainer_id, rewind, step)
+            await self.rpc.abandon()
+            self.rpc.step = step - 1
+            try:
+                await run_program(self.executor, self.startup, self.scope, self.rpc)
+                return step
+            except Rewind as again:
+                rewind, step = again, min(step, again.step)
+
+    async def _join_if_late(self) -> int:
+        """The first step this trainer takes part in: 0 when every pserver is at step 0,
+        waits for it and has heard nothing from it yet; otherwise (it started late, was
+        dropped or restarted, or the job resumed from checkpoints) it joins every pserver at
+        the first step all of them can admit, and fetches the parameters the step before
+        leaves."""
+        states = [self.rpc.server_state.get(ep, {}) for ep in self.endpoints]
+        seen = max((int(state.get("next_step", 0)) for state in states), default=0)
+        if not any(state.get("sync") for state in states):
+            return seen  # asynchronous: fresh, or restarted and going on after its last step
+        if all(state.get("in_fanin", True) for state in states) and seen == 0 \
+                and all(int(state.get("server_step", 0)) == 0 for state in states):
+            return 0
+        entry = max(int(state.get("entry_step", 0)) for state in states)
+        while True:  # servers that moved on admit later; then all are asked for the latest
+            replies = await asyncio.gather(*(self.rpc.call(ep, Kind.JOIN, extra={"entry": entry})
+                                             for ep in self.endpoints))
+            admitted = {int(r.extra["entry"]) for r in replies}
+            if admitted == {entry}:
+                break
+            entry = max(admitted)
+        log.warning("trainer %d: not in the fan-in; joined at step %d", self.trainer_id, entry)
+        self.rpc.step = entry - 1
+        await run_program(self.executor, self.startup, self.scope, self.rpc)
+        return entry
+
+    async def _complete(self) -> None:
+        """Tell every pserver this trainer is done. The work is finished either way: a
+        pserver whose acknowledgement never comes (lost, or it stopped once every trainer had
+        completed) is reported, not treated as a failure."""
+        policy = self.client.policy
+        deadline = min(policy.deadline, 7 * policy.first_retry)  # three sends, with backoff
+        results = await asyncio.gather(
+            *(self.rpc.call(ep, Kind.COMPLETE, deadline=deadline) for ep in self.endpoints),
+            return_exceptions=True)
+        for ep, result in zip(self.endpoints, results):
+            if isinstance(result, RpcTimeout):
+                log.warning("trainer %d: %s did not acknowledge COMPLETE within %gs; it may "
+                            "have stopped already", self.trainer_id, ep, deadline)
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            for ep in self.endpoints:
+                try:
+                    await self.rpc.call(ep, Kind.HEARTBEAT)
+                except Exception as exc:  # a missed heartbeat is the server's business
+                    log.debug("trainer %d: heartbeat to %s failed: %s", self.trainer_id, ep, exc)

@@ -33,6 +33,7 @@ from runtime.launch.netns import NetnsError, check_netns
 from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, fit_all,
                                     format_costs, format_table, measure_runs, profile_document,
                                     write_profile)
+from runtime.services.job import check_job
 from runtime.services.node import (RoleError, add_arguments, load_for_role, node_options,
                                    resolve_role, run_role)
 
@@ -220,6 +221,7 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
     overrides = args.set + ([f"train.steps={args.steps}"] if args.steps else [])
     try:
         scenario = load_scenario(args.scenario, overrides)
+        check_job(scenario)
         check_profilable(scenario, args.scenario)
     except (ScenarioError, ProfileError) as err:
         parser.error(str(err))

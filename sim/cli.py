@@ -41,6 +41,7 @@ from runtime.config import expect
 from runtime.config.metrics import JobMetrics, write_record
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.services.cluster import trainer_name
+from runtime.services.job import check_job
 
 from .cost import ComputeConfigError
 from .determinism import Difference, first_difference
@@ -111,7 +112,9 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def _load(args: argparse.Namespace) -> Scenario:
     parser: argparse.ArgumentParser = args.parser
     try:
-        return load_scenario(args.scenario, _overrides(args))
+        scenario = load_scenario(args.scenario, _overrides(args))
+        check_job(scenario)
+        return scenario
     except ScenarioError as err:
         parser.error(str(err))
 

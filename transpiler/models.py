@@ -19,8 +19,12 @@ dict ``{"type": "exponential_decay", "decay_steps": 100, "decay_rate": 0.5}`` wh
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import sys
 from dataclasses import dataclass, field
+from importlib.machinery import PathFinder
+from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
 from . import clip, layers
@@ -154,22 +158,34 @@ DEFAULT_OPTIMIZERS: dict[str, dict[str, Any]] = {
 # -- building -------------------------------------------------------------------------------------
 
 @dataclass
-class _Built:
+class Built:
+    """What a model's forward pass declares: the feeds in order, the loss, the label feed (if
+    any) and the output."""
+
     feeds: list[str]
     loss: Var
     label: str | None
     predict: Var
 
 
-def _build(name: str, body: Callable[[], _Built], optimizer: OptimizerSpec | None,
-           lr_spec: LRSpec | None, seed: int, data: str, data_params: dict[str, Any]) -> Model:
+def make_model(name: str, body: Callable[[], Built], optimizer: OptimizerSpec | None,
+               lr: LRSpec | None = None, seed: int = 0, data: str = "",
+               data_params: dict[str, Any] | None = None) -> Model:
+    """A `Model` from `body`, a function that declares the forward pass and the loss (with
+    `layers`) and returns its `Built`: `body` runs inside a fresh main and startup program's
+    `program_guard` and `unique_name.guard()`, then the optimizer `minimize`s the loss. `data`
+    names the data set that fits by default (none: the scenario's `data` must name one), with
+    the sizes it must have in `data_params`."""
     main, startup = Program(), Program()
     main.random_seed = startup.random_seed = seed
     with program_guard(main, startup), unique_name.guard():
         built = body()
-        make_optimizer(optimizer or DEFAULT_OPTIMIZERS[name], lr_spec).minimize(built.loss)
+        if optimizer is None and name not in DEFAULT_OPTIMIZERS:
+            raise ModelError(f"model {name!r}: no optimizer given, and it has no default")
+        make_optimizer(optimizer or DEFAULT_OPTIMIZERS[name], lr).minimize(built.loss)
     return Model(name, main, startup, built.feeds, built.loss, built.label, built.predict, data,
-                 data_params)
+                 dict(data_params or {}))
+
 
 
 def _param(name: str, initializer: Any = None, trainable: bool = True) -> ParamAttr:
@@ -187,14 +203,14 @@ def linear(in_dim: int = 13, optimizer: OptimizerSpec | None = None, lr: LRSpec 
     """Linear regression (Paddle's fit_a_line): ``y ~ fc(x, 1)``, mean squared error."""
     _positive("linear", in_dim=in_dim)
 
-    def body() -> _Built:
+    def body() -> Built:
         x = layers.data("x", shape=[in_dim])
         y = layers.data("y", shape=[1])
         pred = layers.fc(x, size=1, param_attr=_param("linear.w"), bias_attr=_param("linear.b"))
         loss = layers.mean(layers.square_error_cost(pred, y))
-        return _Built(["x", "y"], loss, "y", pred)
+        return Built(["x", "y"], loss, "y", pred)
 
-    return _build("linear", body, optimizer, lr, seed, "synthetic_regression", {"dim": in_dim})
+    return make_model("linear", body, optimizer, lr, seed, "synthetic_regression", {"dim": in_dim})
 
 
 def mlp(sizes: Sequence[int] = (64, 128, 10), act: str = "relu",
@@ -206,7 +222,7 @@ def mlp(sizes: Sequence[int] = (64, 128, 10), act: str = "relu",
         raise ModelError(f"mlp: sizes needs at least [inputs, classes], got {sizes}")
     _positive("mlp", **{f"sizes[{i}]": s for i, s in enumerate(sizes)})
 
-    def body() -> _Built:
+    def body() -> Built:
         h = layers.data("x", shape=[sizes[0]])
         label = layers.data("label", shape=[1], dtype="int64")
         last = len(sizes) - 2
@@ -214,9 +230,9 @@ def mlp(sizes: Sequence[int] = (64, 128, 10), act: str = "relu",
             h = layers.fc(h, size=size, act=None if i == last else act,
                           param_attr=_param(f"mlp.fc{i}.w"), bias_attr=_param(f"mlp.fc{i}.b"))
         loss = layers.mean(layers.softmax_with_cross_entropy(h, label))
-        return _Built(["x", "label"], loss, "label", h)
+        return Built(["x", "label"], loss, "label", h)
 
-    return _build("mlp", body, optimizer, lr, seed, "synthetic_classification",
+    return make_model("mlp", body, optimizer, lr, seed, "synthetic_classification",
                   {"dim": sizes[0], "classes": sizes[-1]})
 
 
@@ -238,7 +254,7 @@ def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
     _positive("ctr_dnn", vocab=vocab, embed_dim=embed_dim,
               **{f"hidden[{i}]": h for i, h in enumerate(hidden)})
 
-    def body() -> _Built:
+    def body() -> Built:
         pooled = []
         for slot in slots:
             ids = layers.data(slot, shape=[1], dtype="int64", lod_level=1)
@@ -255,9 +271,9 @@ def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
                          bias_attr=_param("ctr.out.b"))
         label = layers.data("label", shape=[1], dtype="int64")
         loss = layers.mean(layers.cross_entropy(prob, label))
-        return _Built(slots + ["label"], loss, "label", prob)
+        return Built(slots + ["label"], loss, "label", prob)
 
-    return _build("ctr_dnn", body, optimizer, lr, seed, "ctr", {"vocab": vocab, "slots": slots})
+    return make_model("ctr_dnn", body, optimizer, lr, seed, "ctr", {"vocab": vocab, "slots": slots})
 
 
 def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse: bool = True,
@@ -284,7 +300,7 @@ def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse
     def log_sigmoid(x: Var) -> Var:
         return layers.log(layers.sigmoid(x))
 
-    def body() -> _Built:
+    def body() -> Built:
         center = lookup("center_ids", "w2v.emb_in", Uniform(-bound, bound))
         out_init = Uniform(-bound, bound)
         pos = dot(center, lookup("context_ids", "w2v.emb_out", out_init))
@@ -293,9 +309,9 @@ def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse
             neg = dot(center, lookup(name, "w2v.emb_out", out_init))
             terms.append(log_sigmoid(layers.scale(neg, -1.0)))
         loss = layers.mean(layers.scale(layers.sums(terms), -1.0))
-        return _Built(["center_ids", "context_ids"] + negs, loss, None, pos)
+        return Built(["center_ids", "context_ids"] + negs, loss, None, pos)
 
-    return _build("word2vec", body, optimizer, lr, seed, "skipgram",
+    return make_model("word2vec", body, optimizer, lr, seed, "skipgram",
                   {"vocab": vocab, "neg_num": neg_num})
 
 
@@ -306,34 +322,73 @@ MODELS: dict[str, Callable[..., Model]] = {
 }
 
 
-def _import_builder(ref: str) -> Callable[..., Model]:
+def _import_builder(ref: str, folder: str | None = None) -> Callable[..., Model]:
+    """The function `ref` (``"module:function"``) names; its module is looked up in `folder`
+    first, then on ``sys.path``."""
     module_name, _, func_name = ref.partition(":")
+    if not module_name or not func_name:
+        raise ModelError(f"model {ref!r}: a builder is named 'module:function'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ModelError(f"model {ref!r}: cannot import {module_name!r}: {err}") from None
+        module = _import_beside(module_name, folder)
+    except Exception as err:  # an import runs the module: any error in it is the module's
+        raise ModelError(f"model {ref!r}: cannot import {module_name!r}: "
+                         f"{type(err).__name__}: {err}") from err
     fn = getattr(module, func_name, None)
     if not callable(fn):
-        raise ModelError(f"model {ref!r}: {module_name!r} has no function {func_name!r}")
+        raise ModelError(f"model {ref!r}: module {module_name!r} ({module.__file__}) has no "
+                         f"function {func_name!r}")
     return fn  # type: ignore[no-any-return]
 
 
-def build_model(name: str, **kwargs: Any) -> Model:
-    """Build the model `name` (a key of `MODELS` or ``"package.module:function"``) with the
-    builder's keyword arguments."""
+def _import_beside(module_name: str, folder: str | None) -> ModuleType:
+    """Import `module_name`, its top-level package or module taken from `folder` when it is
+    there. DESIGN: found by `PathFinder` in that folder alone and loaded under its own name,
+    so no search path changes; a module of that name already imported from elsewhere is a
+    clash to report, not to paper over."""
+    top = module_name.partition(".")[0]
+    spec = PathFinder.find_spec(top, [folder]) if folder else None
+    if spec is None or spec.loader is None:
+        return importlib.import_module(module_name)
+    loaded = sys.modules.get(top)
+    if loaded is not None:
+        origin = getattr(getattr(loaded, "__spec__", None), "origin", None)
+        if origin is not None and origin != spec.origin:
+            raise ImportError(f"{spec.origin} is shadowed by {origin}, imported already under "
+                              "the same name; rename one")
+        return importlib.import_module(module_name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[top] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[top]
+        raise
+    return importlib.import_module(module_name)
+
+
+def builder_for(name: str, folder: str | None = None) -> Callable[..., Model]:
+    """The builder `name` names: a key of `MODELS`, or ``"module:function"`` whose module is
+    looked up in `folder` (a scenario's folder) first."""
     if ":" in name:
-        builder = _import_builder(name)
-    elif name in MODELS:
-        builder = MODELS[name]
-    else:
-        raise ModelError(f"unknown model {name!r}; one of {sorted(MODELS)} "
-                         f"or 'package.module:function'")
+        return _import_builder(name, folder)
+    if name in MODELS:
+        return MODELS[name]
+    raise ModelError(f"unknown model {name!r}; one of {sorted(MODELS)} or 'module:function'")
+
+
+def build_model(name: str, *, folder: str | None = None, **kwargs: Any) -> Model:
+    """Build the model `name` (a key of `MODELS` or ``"module:function"``, its module looked up
+    in `folder` first) with the builder's keyword arguments. The builder contract: it takes
+    ``optimizer`` (a spec dict), ``lr`` (a schedule dict or None), ``seed`` (an int) and the
+    scenario's other model keys as keyword arguments, and returns a `Model` (`make_model`
+    assembles one)."""
+    builder = builder_for(name, folder)
     model = _call(f"model {name!r}", builder, kwargs)
     if not isinstance(model, Model):
         raise ModelError(f"model {name!r}: the builder returned {type(model).__name__}, "
-                         f"not a Model")
-    return model  # type: ignore[no-any-return]
+                         f"not a transpiler.models.Model")
+    return model
 
 
 __all__ = ["DEFAULT_OPTIMIZERS", "GRAD_CLIPS", "LR_SCHEDULES", "MODELS", "Model", "ModelError",
-           "build_model", "ctr_dnn", "linear", "make_lr", "make_optimizer", "mlp", "word2vec"]
+           "Built", "build_model", "builder_for", "ctr_dnn", "linear", "make_lr", "make_model", "make_optimizer", "mlp", "word2vec"]

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 
 from transpiler.opcatalog import optimizer_types
 
@@ -61,8 +61,9 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: str
-    """A model of `transpiler.models.MODELS` (linear, mlp, ctr_dnn, word2vec) or
-    ``package.module:function``."""
+    """A model of `transpiler.models.MODELS` (linear, mlp, ctr_dnn, word2vec) or a builder of
+    one's own, ``module:function``, the module looked up in the scenario file's folder first
+    (no PYTHONPATH needed); the builder contract is in the README."""
     optimizer: OptimizerSpec = OptimizerSpec()
     """The optimizer and its arguments."""
     lr: dict[str, Any] | None = None
@@ -316,6 +317,28 @@ class Scenario(_Strict):
     outputs: OutputsSpec = OutputsSpec()
     """Where it writes."""
 
+    # DESIGN: where the scenario came from is no field of the file but travels with it (a
+    # private attribute survives `model_copy`), so every node that loads the same file resolves
+    # a model builder or a data file beside it the same way, with no PYTHONPATH.
+    _source: str = PrivateAttr("<scenario>")
+    _folder: Path | None = PrivateAttr(None)
+
+    @property
+    def source(self) -> str:
+        """The file the scenario was read from (``<scenario>`` when parsed from text)."""
+        return self._source
+
+    @property
+    def folder(self) -> Path:
+        """The folder paths in the scenario start from: the scenario file's (resolved), else
+        the working directory."""
+        return self._folder if self._folder is not None else Path.cwd()
+
+    def located(self, source: str, folder: Path | None) -> "Scenario":
+        """This scenario, marked as read from `source` in `folder`."""
+        self._source, self._folder = source, folder
+        return self
+
     @model_validator(mode="after")
     def _sync_only(self) -> "Scenario":
         """`expect.params_equal_to` needs `transpiler.mode: sync`."""
@@ -396,7 +419,7 @@ def parse_scenario(text: str, source: str = "<scenario>",
     lines = _line_index(node) if node is not None else {}
     raw = apply_overrides(raw, overrides or [])
     try:
-        return Scenario.model_validate(raw)
+        return Scenario.model_validate(raw).located(source, None)
     except ValidationError as exc:
         raise ScenarioError(_describe(exc, source, lines)) from None
     except units.UnitError as exc:
@@ -409,7 +432,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         text = p.read_text()
     except OSError as exc:
         raise ScenarioError(f"{p}: cannot read scenario: {exc.strerror}") from None
-    return parse_scenario(text, str(p), overrides)
+    return parse_scenario(text, str(p), overrides).located(str(p), p.resolve().parent)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -4,6 +4,11 @@
 and the transpile arguments once; `trainer_programs(i)` and `pserver_programs(j)` transpile for one
 role. Building is deterministic, so a trainer and a pserver in different processes (or hosts) that
 read the same scenario agree on every program, name and placement without talking.
+
+A model named ``module:function`` is imported from the scenario file's folder first
+(`Scenario.folder`), in every process that loads the scenario. A builder or data set that cannot
+be made is a `JobError` naming the scenario, the builder or data set, and the cause;
+`check_job` makes both, so the commands call it before they start anything.
 """
 
 from __future__ import annotations
@@ -13,10 +18,15 @@ from functools import cached_property
 
 from transpiler.distribute.from_spec import TranspileArgs, transpile_args, transpile_from_spec
 from transpiler.ir import Program
-from transpiler.models import Model, build_model
+from transpiler.models import Model, ModelError, build_model
 
-from runtime.config.scenario import Scenario
-from runtime.execution.data import Dataset, dataset_for
+from runtime.config.scenario import Scenario, ScenarioError
+from runtime.execution.data import DataError, Dataset, dataset_for
+
+
+class JobError(ScenarioError):
+    """A scenario whose model or data cannot be made; names the scenario, the model or data set
+    and the cause."""
 
 
 @dataclass
@@ -34,16 +44,29 @@ class Job:
 
     @cached_property
     def model(self) -> Model:
-        spec = self.scenario.model
-        optimizer = spec.optimizer.model_dump()
-        return build_model(spec.name, optimizer=optimizer, lr=spec.lr, seed=self.scenario.seed,
-                           **spec.builder_kwargs())
+        spec, scenario = self.scenario.model, self.scenario
+        try:
+            return build_model(spec.name, folder=str(scenario.folder),
+                               optimizer=spec.optimizer.model_dump(), lr=spec.lr,
+                               seed=scenario.seed, **spec.builder_kwargs())
+        except Exception as err:  # a builder is user code: whatever it raises is its failure
+            cause = str(err) if isinstance(err, ModelError) else \
+                f"model {spec.name!r}: the builder raised {type(err).__name__}: {err}"
+            raise JobError(f"{scenario.source}: {cause}") from err
 
     @cached_property
     def dataset(self) -> Dataset:
-        data = self.scenario.data
+        data, scenario = self.scenario.data, self.scenario
         params = {"size": data.size} if data.size else {}
-        return dataset_for(self.model, data.name, seed=self.scenario.seed, **params)
+        try:
+            return dataset_for(self.model, data.name, seed=scenario.seed, **params)
+        except DataError as err:
+            raise JobError(f"{scenario.source}: data: {err}") from err
+
+    def check(self) -> None:
+        """Make the model and the data set now, so that a failure is a `JobError` before any
+        node starts."""
+        self.dataset  # noqa: B018 (made for its errors; it makes the model first)
 
     @property
     def endpoints(self) -> list[str]:
@@ -69,3 +92,8 @@ class Job:
     def pserver_programs(self, index: int) -> tuple[Program, Program]:
         t = transpile_from_spec(self.model.main, self.model.startup, self.args, 0)
         return t.get_pserver_programs(self.endpoints[index])
+
+
+def check_job(scenario: Scenario) -> None:
+    """Raise `JobError` unless `scenario`'s model and data set can be made."""
+    Job.from_scenario(scenario).check()

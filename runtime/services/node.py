@@ -60,7 +60,7 @@ from runtime.execution.executor import timing_kernels
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
                                       trainer_name)
-from runtime.services.job import Job
+from runtime.services.job import Job, check_job
 from runtime.services.progress import Progress, Reporter
 
 log = logging.getLogger("runtime.services.node")
@@ -257,9 +257,13 @@ def scenario_for(scenario: Scenario, role: Role) -> Scenario:
 
 
 def load_for_role(path: str | Path, overrides: list[str], role: Role | None) -> Scenario:
-    """The scenario at `path`, with the cluster size `role` implies (see `scenario_for`)."""
+    """The scenario at `path`, with the cluster size `role` implies (see `scenario_for`), its
+    model and data set made once to be sure they can be (`check_job`: a `JobError` now rather
+    than a failure in every node)."""
     scenario = load_scenario(path, overrides)
-    return scenario if role is None else scenario_for(scenario, role)
+    scenario = scenario if role is None else scenario_for(scenario, role)
+    check_job(scenario)
+    return scenario
 
 
 # -- progress ----------------------------------------------------------------------------------

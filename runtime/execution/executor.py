@@ -221,8 +221,7 @@ class Executor:
         """Run block `block_idx`'s ops (those `overrides` names with its attributes)."""
         plan = self.plans.get(program, block_idx)
         if plan.rpc_steps:
-            raise AsyncOpError(f"{plan.rpc_steps[0].where}: RPC ops need the async runtime; "
-                               f"Executor.run only runs compute ops")
+            raise AsyncOpError(rpc_refusal(plan.rpc_steps))
 
         def run_sub(idx: int) -> None:
             self.run_block(program, idx, scope)
@@ -230,6 +229,20 @@ class Executor:
         for step in plan.steps:
             attrs = overrides.get((block_idx, step.index)) if overrides else None
             run_step(step if attrs is None else _with_attrs(step, attrs), scope, program, run_sub)
+
+
+def rpc_refusal(rpc_steps: tuple[OpStep, ...]) -> str:
+    """Why `Executor.run` refuses a block with RPC ops, and what runs such a program."""
+    kinds = sorted({s.op.type for s in rpc_steps})
+    return (f"{rpc_steps[0].where}: RPC ops need the async runtime; Executor.run only runs "
+            f"compute ops, and this block has {len(rpc_steps)} RPC op(s) ({', '.join(kinds)}). "
+            "A transpiled trainer or pserver program (send, recv, barriers, listen_and_serv, "
+            "...) runs under the runtime's services, which talk to the other nodes: describe "
+            "the job in a scenario and run `runtime up SCENARIO` (every node as a process; "
+            "`--role trainer --index I` for one node) or `sim run SCENARIO` (simulated); in "
+            "Python, `runtime.services.cluster.run_job(Job.from_scenario(scenario), "
+            "ZmqTransport)`. Executor.run takes the program before transpiling (local "
+            "training).")
 
 
 def _with_attrs(step: OpStep, attrs: Mapping[str, Any]) -> OpStep:

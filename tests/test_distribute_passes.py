@@ -267,3 +267,24 @@ def test_geo_programs_describe_only_parameters() -> None:
     main, _ = trainer(t)
     assert main.attrs["_distributed_mode"] == T.DistributedMode.GEO == 3
     assert {p["kind"] for p in main.attrs["_parameters_on_pservers"]} == {"Param"}
+
+
+def test_the_trainer_startup_drops_the_optimizers_accumulators() -> None:
+    """The pservers hold the accumulators; the trainer's startup no longer initializes them
+    (the learning rate's initializer stays, as in the original's acceptance case)."""
+    def writers(program: Program, names: set[str]) -> list[str]:
+        return [op.type for op in program.global_block().ops if names & set(op.output_arg_names)]
+
+    model = basic(lambda: T.optimizer.Adam(0.1))
+    adam = [op for op in read_optimize_section(model[0]).ops if op.type == "adam"]
+    state = {name for op in adam for slot in ("Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
+             for name in op.input(slot)}
+    assert len(state) == 8 and writers(model[1], state)  # fc_w and fc_b: 4 accumulators each
+    t = transpile(model)
+    _, startup = trainer(t)
+    assert writers(startup, state) == [] and not state & set(startup.global_block().vars)
+    lr = {name for op in adam for name in op.input("LearningRate")}
+    assert writers(startup, lr) == ["fill_constant"]
+    held = {name.split(".block")[0] for ep in PSERVERS.split(",")
+            for name in pserver(t, ep)[1].global_block().vars}
+    assert state <= held

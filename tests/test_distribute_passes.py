@@ -249,8 +249,8 @@ def test_many_trainers_merge_every_copy() -> None:
 
 def test_program_attributes_describe_the_placement() -> None:
     t = transpile(lookup_model(is_distributed=True))
-    main = t.get_trainer_program(wait_port=True)
-    assert main.attrs["_wait_port"] is True and t.get_trainer_program().attrs["_wait_port"] is False
+    main = t.get_trainer_program(wait_port=False)
+    assert main.attrs["_wait_port"] is False and t.get_trainer_program().attrs["_wait_port"] is True
     placed = main.attrs["_parameters_on_pservers"]
     table = [p for p in placed if p["kind"] == "Table"]
     assert [(p["endpoint"], p["row_offset"], p["shape"]) for p in table] == [
@@ -288,3 +288,13 @@ def test_the_trainer_startup_drops_the_optimizers_accumulators() -> None:
     held = {name.split(".block")[0] for ep in PSERVERS.split(",")
             for name in pserver(t, ep)[1].global_block().vars}
     assert state <= held
+
+
+def test_print_log_prints_the_pairs_and_the_placement(capsys: pytest.CaptureFixture[str]) -> None:
+    transpile(basic(), config(print_log=True))
+    lines = capsys.readouterr().out.splitlines()
+    assert "adding param_grad pair: fc_w fc_w@GRAD" in lines
+    assert "adding param_grad pair: fc_b fc_b@GRAD" in lines
+    assert f"fc_w.block0 (500, 1000) -> {PS1}" in lines or f"fc_w.block0 (500, 1000) -> {PS2}" in lines
+    transpile(basic())
+    assert capsys.readouterr().out == ""

@@ -36,11 +36,16 @@ def test_half_async_sends_without_barriers_and_recv_after_each_send() -> None:
     assert listen(ps1).attr("distributed_mode") == int(T.DistributedMode.HALF_ASYNC)
 
 
-def test_half_async_flag_adds_a_local_send_barrier() -> None:
-    main, _ = trainer(transpile(basic(), config(half_async=True), sync_mode=False))
+def test_half_async_flag_adds_a_local_send_barrier_only_with_runtime_split() -> None:
+    """As the original: ``runtime_split_send_recv and half_async`` appends the local barrier;
+    ``half_async`` alone appends none."""
+    cfg = config(sync_mode=False, runtime_split_send_recv=True, half_async=True)
+    main, _ = trainer(transpile(basic(), cfg, sync_mode=False))
     (barrier,) = [op for op in main.global_block().ops if op.type == "send_barrier"]
     assert barrier.attr("half_async") is True
     assert "fetch_barrier" not in types(main.global_block())
+    main, _ = trainer(transpile(basic(), config(half_async=True), sync_mode=False))
+    assert "send_barrier" not in types(main.global_block())
 
 
 def test_runtime_split_sends_whole_grads_with_sections() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from distribute_helpers import (PS1, PS2, PSERVERS, basic, config, listen, lookup_model,
                                 pserver, trainer, transpile, types)
@@ -14,6 +15,7 @@ from transpiler.distribute.analysis import read_optimize_section
 from transpiler.distribute.cluster import pserver_cluster
 from transpiler.distribute.config import DistributedMode
 from transpiler.distribute.plan import Plan, slice_pass
+from transpiler.distribute.seeded import numpy_legacy_shuffle
 from transpiler.distribute.pserver import build_pserver_program, placed_vars
 from transpiler.distribute.startup import build_pserver_startup, build_trainer_startup
 from transpiler.distribute.trainer import (append_send_barrier, insert_grad_sends,
@@ -59,21 +61,49 @@ def test_dispatch_pass_places_grad_and_param_blocks_together() -> None:
     assert plan.on(PS1) == [(fc_b, 0), (fc_w, 1)]
 
 
-def test_unsliced_dispatch_is_shuffled_by_the_program_seed() -> None:
-    def many(seed: int) -> list[str]:
-        def body() -> None:
-            x = T.layers.data("x", shape=[4])
-            h = x
-            for _ in range(8):
-                h = T.layers.fc(h, size=4)
-            T.optimizer.SGD(0.1).minimize(T.layers.mean(h))
-        from distribute_helpers import build
-        main, startup = build(body)
+def eight_fcs() -> tuple[Program, Program]:
+    def body() -> None:
+        x = T.layers.data("x", shape=[4])
+        h = x
+        for _ in range(8):
+            h = T.layers.fc(h, size=4)
+        T.optimizer.SGD(0.1).minimize(T.layers.mean(h))
+    from distribute_helpers import build
+    return build(body)
+
+
+def test_unsliced_dispatch_is_shuffled_as_the_original_did() -> None:
+    """``np.random.seed(program.random_seed); np.random.shuffle(pairs)``: same seed, same
+    placement as the original's."""
+    main, startup = eight_fcs()
+    in_program_order = [pair.param for pair in read_optimize_section(main).params_grads]
+
+    def placed(seed: int) -> list[str]:
         main.random_seed = seed
         return [d.param for d in plan_of((main, startup), config(slice_var_up=False)).dist_vars]
-    assert many(1) == many(1)
-    assert many(1) != many(2)
-    assert sorted(many(1)) == sorted(many(2))
+
+    for seed in (0, 1, 2, 7):
+        expected = list(in_program_order)
+        np.random.seed(seed)
+        np.random.shuffle(expected)
+        assert placed(seed) == expected
+    assert placed(1) != placed(2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 90210, 2**32 - 1])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 17, 300])
+def test_the_shuffle_is_numpys_legacy_shuffle(seed: int, n: int) -> None:
+    expected = list(range(n))
+    np.random.seed(seed)
+    np.random.shuffle(expected)
+    items = list(range(n))
+    numpy_legacy_shuffle(items, seed)
+    assert items == expected
+
+
+def test_a_seed_numpy_cannot_take_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"numpy legacy seed is in \[0, 2\*\*32\), got -1"):
+        numpy_legacy_shuffle([1, 2], -1)
 
 
 def test_round_robin_balances_blocks() -> None:
@@ -219,8 +249,8 @@ def test_many_trainers_merge_every_copy() -> None:
 
 def test_program_attributes_describe_the_placement() -> None:
     t = transpile(lookup_model(is_distributed=True))
-    main = t.get_trainer_program(wait_port=True)
-    assert main.attrs["_wait_port"] is True and t.get_trainer_program().attrs["_wait_port"] is False
+    main = t.get_trainer_program(wait_port=False)
+    assert main.attrs["_wait_port"] is False and t.get_trainer_program().attrs["_wait_port"] is True
     placed = main.attrs["_parameters_on_pservers"]
     table = [p for p in placed if p["kind"] == "Table"]
     assert [(p["endpoint"], p["row_offset"], p["shape"]) for p in table] == [
@@ -237,3 +267,34 @@ def test_geo_programs_describe_only_parameters() -> None:
     main, _ = trainer(t)
     assert main.attrs["_distributed_mode"] == T.DistributedMode.GEO == 3
     assert {p["kind"] for p in main.attrs["_parameters_on_pservers"]} == {"Param"}
+
+
+def test_the_trainer_startup_drops_the_optimizers_accumulators() -> None:
+    """The pservers hold the accumulators; the trainer's startup no longer initializes them
+    (the learning rate's initializer stays, as in the original's acceptance case)."""
+    def writers(program: Program, names: set[str]) -> list[str]:
+        return [op.type for op in program.global_block().ops if names & set(op.output_arg_names)]
+
+    model = basic(lambda: T.optimizer.Adam(0.1))
+    adam = [op for op in read_optimize_section(model[0]).ops if op.type == "adam"]
+    state = {name for op in adam for slot in ("Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
+             for name in op.input(slot)}
+    assert len(state) == 8 and writers(model[1], state)  # fc_w and fc_b: 4 accumulators each
+    t = transpile(model)
+    _, startup = trainer(t)
+    assert writers(startup, state) == [] and not state & set(startup.global_block().vars)
+    lr = {name for op in adam for name in op.input("LearningRate")}
+    assert writers(startup, lr) == ["fill_constant"]
+    held = {name.split(".block")[0] for ep in PSERVERS.split(",")
+            for name in pserver(t, ep)[1].global_block().vars}
+    assert state <= held
+
+
+def test_print_log_prints_the_pairs_and_the_placement(capsys: pytest.CaptureFixture[str]) -> None:
+    transpile(basic(), config(print_log=True))
+    lines = capsys.readouterr().out.splitlines()
+    assert "adding param_grad pair: fc_w fc_w@GRAD" in lines
+    assert "adding param_grad pair: fc_b fc_b@GRAD" in lines
+    assert f"fc_w.block0 (500, 1000) -> {PS1}" in lines or f"fc_w.block0 (500, 1000) -> {PS2}" in lines
+    transpile(basic())
+    assert capsys.readouterr().out == ""

@@ -57,11 +57,13 @@ from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
 from runtime.execution.executor import timing_kernels
+from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
                                       trainer_name)
 from runtime.services.job import Job, check_job
 from runtime.services.progress import Progress, Reporter
+from runtime.services.trainer import TrainerReport
 
 log = logging.getLogger("runtime.services.node")
 
@@ -371,10 +373,15 @@ async def run_trainer(job: Job, index: int, out: Path | None,
     log.info("%s: %d steps of %d examples against %s%s", trainer_name(index), steps, batch,
              ",".join(job.endpoints),
              f" (restarted, incarnation {options.incarnation})" if options.incarnation else "")
+    async def train() -> TrainerReport:
+        if trainer.main.attrs.get("_wait_port"):
+            await wait_for_ports(trainer_name(index), job.endpoints,
+                                 scenario.train.startup_timeout)
+        return await trainer.run(batches_for(job, index), steps, model.loss.name, on_step)
+
     try:
-        report = await _before_deadline(
-            trainer.run(batches_for(job, index), steps, model.loss.name, on_step),
-            scenario.train.deadline, f"{trainer_name(index)}: {steps} steps not done")
+        report = await _before_deadline(train(), scenario.train.deadline,
+                                        f"{trainer_name(index)}: {steps} steps not done")
     finally:
         await client.close()
         if reporter is not None:

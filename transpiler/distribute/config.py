@@ -41,9 +41,10 @@ class DistributeTranspilerConfig:
     """Fields and defaults of Paddle's `DistributeTranspilerConfig` (docs/transpiler.md §3).
 
     `local_sgd_k_steps` (default 1) is this project's addition: how many local steps
-    `collective_mode="local_sgd"` takes between two parameter averages. `print_log` and
-    `wait_port` are kept for the original's scripts only: the transpiler does no IO (a runtime
-    reads ``_wait_port`` from `get_trainer_program(wait_port=...)`).
+    `collective_mode="local_sgd"` takes between two parameter averages. `print_log` makes
+    `transpile` print what it decides (pairs, placements), as the original's log did.
+    `wait_port` is kept for the original's scripts; the trainer's wait for its pservers is
+    `get_trainer_program(wait_port=...)`, recorded as the program attribute ``_wait_port``.
     """
 
     def __init__(self, **fields: Any) -> None:

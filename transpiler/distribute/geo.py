@@ -43,7 +43,8 @@ def _is_sparse(d: DistVar) -> bool:
 def rewrite_geo_trainer(plan: Plan) -> tuple[Program, Program]:
     """The geo trainer's main and startup programs."""
     trainer = plan.origin.clone()
-    startup = build_trainer_startup(plan, plan.in_param_order(), lr_counter=False)
+    startup = build_trainer_startup(plan, plan.in_param_order(), lr_counter=False,
+                                    optimizes_locally=True)
     main, sblock = trainer.global_block(), startup.global_block()
     for d in plan.dist_vars:
         param = main.var(d.param)

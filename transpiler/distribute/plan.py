@@ -9,7 +9,6 @@ into the grad block.
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,6 +18,7 @@ from ..ir import Program, VarType
 from .analysis import OptimizeSection, ParamGrad
 from .cluster import Cluster
 from .config import DistributedMode, DistributeTranspilerConfig
+from .seeded import numpy_legacy_shuffle
 from .slicing import VarBlock, slice_shapes, slice_variable
 
 
@@ -137,10 +137,11 @@ def slice_pass(origin: Program, section: OptimizeSection, config: DistributeTran
 def dispatch_pass(origin: Program, sliced: Sequence[SlicedPair],
                   config: DistributeTranspilerConfig, cluster: Cluster) -> tuple[DistVar, ...]:
     """Place every block (docs/transpiler.md §5): grad blocks first, then param blocks from a reset
-    dispatcher; unsliced pairs are shuffled first, seeded by the program's random_seed."""
+    dispatcher; unsliced pairs are shuffled first, as the original did with numpy's global
+    generator seeded by the program's random_seed, so blocks land where they did there."""
     items = list(sliced)
     if not config.slice_var_up:
-        random.Random(origin.random_seed).shuffle(items)
+        numpy_legacy_shuffle(items, origin.random_seed)
     dispatcher = config.split_method(list(cluster.pservers))
     names = [(_names(s.pair.param, s.blocks), _names(s.pair.grad, s.blocks)) for s in items]
     dispatcher.reset()

@@ -1,6 +1,8 @@
 """Startup programs of the distributed roles (docs/transpiler.md, sections 6.8 and 7).
 
-- Trainer: the original startup (so every var a trainer computes with is created), the
+- Trainer: the original startup (so every var a trainer computes with is created) less the
+  initializers of the optimizer's accumulators (the pservers hold those; the original deleted
+  them from the trainer's startup too), the
   distributed table's initializer turned into `fake_init`, then a `recv` of every parameter's
   blocks from the pservers, a `fetch_barrier` and a `concat` per cut parameter, so that all
   trainers start from the pservers' values.
@@ -27,11 +29,16 @@ INIT_OPS = ("fill_constant", "uniform_random", "gaussian_random", "truncated_gau
 FETCH_BARRIER = "@FETCH_BARRIER@"
 
 
-def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: bool) -> Program:
+def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: bool,
+                          optimizes_locally: bool = False) -> Program:
     """The trainer's startup: original initializers, then fetch `params` from the pservers;
-    `lr_counter` adds this trainer's constant step (async LR, see `trainer`)."""
+    `lr_counter` adds this trainer's constant step (async LR, see `trainer`). A trainer that
+    does not run the optimizer itself (`optimizes_locally` False; geo's does) loses the
+    initializers of the optimizer's own state."""
     startup = plan.startup.clone()
     block = startup.global_block()
+    if not optimizes_locally:
+        drop_optimizer_state(startup, plan.section.ops)
     if plan.table is not None:
         fake_init_table(startup, plan.table)
     params = list(params)
@@ -55,6 +62,28 @@ def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: boo
         block.append_op("fill_constant", {}, {"Out": [mine]},
                         {"shape": [1], "dtype": "int64", "value": 1.0, "force_cpu": True})
     return startup
+
+
+def optimizer_state(optimize_ops: Iterable[Op]) -> set[str]:
+    """What the optimize ops read besides their (param, grad) pairs and learning rates: the
+    accumulators (moments, beta powers, ...).
+
+    DESIGN: the original's ``need_delete_optimize_vars`` also names the learning rate, yet its
+    own acceptance case for a plain SGD model keeps the learning rate's ``fill_constant`` in
+    the trainer's startup (docs/transpiler.md §6, item 8), and that case is this transpiler's
+    contract; a trainer never reads the var, so keeping its initializer costs one scalar."""
+    ops = list(optimize_ops)
+    kept = {name for op in ops for name in [*op.role_var, *op.input("LearningRate")]}
+    return {name for op in ops for name in op.input_arg_names} - kept
+
+
+def drop_optimizer_state(startup: Program, optimize_ops: Iterable[Op]) -> None:
+    """Delete from `startup` every op that writes optimizer state, and those vars."""
+    state = optimizer_state(optimize_ops)
+    block = startup.global_block()
+    block.ops = [op for op in block.ops if not state.intersection(op.output_arg_names)]
+    for name in state:
+        block.vars.pop(name, None)
 
 
 def build_pserver_startup(plan: Plan, endpoint: str, pserver_program: Program) -> Program:

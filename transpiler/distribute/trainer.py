@@ -7,9 +7,10 @@ vars only they used): the pservers update the parameters. In their place it gets
    when the grad is cut in blocks, then a `send` of the blocks (``epmap`` one endpoint per
    block); with ``runtime_split_send_recv`` the `send` takes the whole grad and the block
    ``sections`` and ``send_varnames`` instead, and the runtime cuts it;
-2. sync: one `send_barrier` after all sends (``half_async`` False); half-async with
-   ``config.half_async``: a `send_barrier` with ``half_async`` True, which only waits for this
-   trainer's own sends to leave;
+2. sync: one `send_barrier` after all sends (``half_async`` False); with ``config.half_async``
+   and ``runtime_split_send_recv`` (as in the original, not with half_async alone): a
+   `send_barrier` with ``half_async`` True, which only waits for this trainer's own sends to
+   leave;
 3. one `recv` per parameter into its blocks (after the barrier in sync mode, after that grad's
    send otherwise); sync: a `fetch_barrier`; then a `concat` (axis 0) per cut parameter.
 
@@ -136,7 +137,9 @@ def append_lr_counter_send(block: Block, plan: Plan) -> list[str]:
 
 
 def append_send_barrier(block: Block, plan: Plan, sends: list[str]) -> str | None:
-    half_async = not plan.sync and plan.config.half_async
+    # the original appends the local barrier only when the sends are split at run time too
+    half_async = (not plan.sync and plan.config.half_async
+                  and plan.config.runtime_split_send_recv)
     if not (plan.sync or half_async):
         return None
     control_var(block, SEND_BARRIER)

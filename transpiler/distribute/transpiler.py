@@ -82,6 +82,14 @@ def trainer_programs(plan: Plan) -> tuple[Program, Program]:
     return trainer, startup
 
 
+def plan_log(plan: Plan) -> list[str]:
+    """What `print_log` prints: each (param, grad) pair, then where each param block went."""
+    pairs = [f"adding param_grad pair: {d.param} {d.grad}" for d in plan.in_param_order()]
+    blocks = [f"{p.name} {tuple(p.shape)} -> {p.endpoint}"
+              for d in plan.in_param_order() for p in d.params]
+    return pairs + blocks
+
+
 class DistributeTranspiler:
     """Paddle's parameter-server transpiler (docs/transpiler.md, sections 3 to 10)."""
 
@@ -116,6 +124,8 @@ class DistributeTranspiler:
             cluster = pserver_cluster(trainer_id, pservers, trainers, current_endpoint)
             self._plan = make_plan(config, cluster, resolve_mode(config, sync_mode), main, startup)
             self._trainer, self._trainer_startup = trainer_programs(self._plan)
+            if config.print_log:
+                print("\n".join(plan_log(self._plan)))
             return
         cluster = trainer_cluster(trainer_id, trainers, current_endpoint, config.mode)
         if config.mode == "nccl2":
@@ -125,9 +135,10 @@ class DistributeTranspiler:
         self._trainer, self._trainer_startup = main, startup
 
     # -- trainer -------------------------------------------------------------------------------
-    def get_trainer_program(self, wait_port: bool = False) -> Program:
-        """The trainer's main program (a fresh copy). ``wait_port`` is recorded as the program
-        attribute ``_wait_port``: a runtime waits for the pservers' ports before the first step."""
+    def get_trainer_program(self, wait_port: bool = True) -> Program:
+        """The trainer's main program (a fresh copy). ``wait_port`` (default True, as in the
+        original) is recorded as the program attribute ``_wait_port``: a real trainer waits
+        for the pservers' ports before its first step (`runtime.network.ports`)."""
         trainer = self._require(self._trainer).clone()
         trainer.attrs["_wait_port"] = bool(wait_port)
         return trainer

@@ -12,12 +12,15 @@ While the nodes run, the launcher copies each one's stdout and stderr line by li
 (`runtime.services.progress`; the output is for people and is not parsed) for the live display: a
 table redrawn in place (rich) on a terminal, plain lines every ``train.log_every`` steps otherwise.
 The run fails, and every node still running is stopped, as soon as a node exits non-zero,
-``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM arrives. After a node
+``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM/SIGHUP arrives. After a node
 failed the others get `SETTLE_SECONDS` to end on their own first: one fault often
 fails several nodes at once, each naming what it waited for (the first to give up may name a
 live pserver that holds its request for the next step), and the reason lists every node that
 failed, the first first. Stopping is SIGTERM to each child's process group, then SIGKILL after
 `GRACE_SECONDS`; the launcher reaps every child before it returns, so nothing is left behind.
+SIGHUP (the terminal closed) stops the run as SIGTERM does. A launcher that cannot stop its nodes
+(SIGKILLed, crashed) takes them with it: each node has Linux kill it when its parent dies
+(`runtime.services.lifeline`).
 
 The scenario's `faults` are fired by `runtime.faults.schedule.FaultSchedule` (the simulator's
 schedule too) on `runtime.faults.inject.RuntimeTarget`, with the trainers' progress as the trigger
@@ -85,6 +88,7 @@ from runtime.launch.netns import (PORT, Fabric, NetnsError, link_latencies, netw
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import pserver_name, run_job, train_locally
 from runtime.services.job import Job
+from runtime.services.lifeline import launcher_environment
 from runtime.services.node import ENV_VARS, checkpoint_dir_for, node_file_stem, node_name, run_async
 from runtime.services.progress import Channel, Progress, read_progress
 
@@ -358,6 +362,7 @@ def node_environment(threads: int | None = None) -> dict[str, str]:
     for the kernels (`THREAD_VARS`) where the environment does not set them already."""
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(launcher_environment())  # the node dies with this process
     if threads is not None:
         for name in THREAD_VARS:
             env.setdefault(name, str(threads))
@@ -406,7 +411,8 @@ class Launcher:
             if not stop.done():
                 stop.set_result(signum)
 
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.getsignal(sig)
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         for sig in previous:
             loop.add_signal_handler(sig, on_signal, sig)
         self._display = display

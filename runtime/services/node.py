@@ -25,7 +25,12 @@ a step. Both give up when ``train.deadline`` passes. With an output
 directory the node writes its `runtime.config.metrics` record to ``OUT/nodes/<role>-<index>.json``,
 and trainer 0 its final parameters to ``OUT/params.npz``. Exit status 0 means done; any error is
 logged with its traceback and ends with one line ``<node> failed: <error>`` on stderr and
-status 1. The event loop is uvloop's where installed.
+status 1. A node started by `runtime up` dies with it (`runtime.services.lifeline`). A pserver on
+its own (role mode: no `runtime up` to restart its trainers) whose trainers are all gone, none
+heard from for ``train.heartbeat_timeout`` (or ``train.startup_timeout`` from its start), stops
+with ``pserver:N failed: pserver:N gave up: its trainers are gone: ...`` and status 3
+(`EXIT_TRAINERS_GONE`) instead of serving until its deadline. The event loop is uvloop's where
+installed.
 
 Every pserver checkpoints into `checkpoint_dir_for` (``train.checkpoint_dir``, else
 ``OUT/checkpoints``) when ``train.checkpoint_every`` asks for it. Three flags serve `runtime
@@ -47,12 +52,13 @@ import logging
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from runtime.config.atomic import atomic_open, write_atomic
 from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
@@ -61,6 +67,8 @@ from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
                                       trainer_name)
 from runtime.services.job import Job
+from runtime.services.lifeline import die_with_launcher, launcher_pid
+from runtime.services.pserver import TrainersGone
 from runtime.services.progress import Progress, Reporter
 
 log = logging.getLogger("runtime.services.node")
@@ -73,6 +81,10 @@ ENV_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NU
 MEASURE_VAR = "PSLAB_MEASURE"
 """Set to 1 (as `runtime profile` does), a node measures its kernels and runtime costs and
 writes them to ``OUT/nodes/<role>-<index>.costs.json``."""
+EXIT_TRAINERS_GONE = 3
+"""The exit status of a pserver on its own that stopped because its trainers were gone."""
+EXIT_LAUNCHER_GONE = 4
+"""The exit status of a node whose `runtime up` died before the node started."""
 T = TypeVar("T")
 
 
@@ -95,6 +107,9 @@ class NodeOptions:
     """A pserver that replaces a crashed one: start from its last checkpoint."""
     incarnation: int = 0
     """A trainer: how many times it was started before."""
+    alone: bool = False
+    """No `runtime up` supervises this process (role mode): a pserver whose trainers are all
+    gone stops (`EXIT_TRAINERS_GONE`) instead of waiting for them until its deadline."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +323,7 @@ def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes) -
     record["kernels"] = {op: {"elements": s.elements, "seconds": s.seconds}
                          for op, s in times.samples.items()}
     path = out / "nodes" / f"{stem}.costs.json"
-    path.write_text(json.dumps(record))
+    write_atomic(path, json.dumps(record))
 
 
 async def serve_pserver(job: Job, index: int, out: Path | None,
@@ -321,6 +336,8 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     with timing_kernels(times) if measuring() else nullcontext():
         service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(
             job.scenario, out), recovering=options.recover)
+    if options.alone:
+        service.config = replace(service.config, give_up_without_trainers=True)
     if measuring():
         service.meter = Meter("pserver")
         times.samples.clear()  # its startup program ran uncharged, as in a simulation
@@ -383,16 +400,25 @@ async def run_trainer(job: Job, index: int, out: Path | None,
         write_record(out / "nodes" / f"{node_file_stem('trainer', index)}.json", record)
         if index == 0:
             params: dict[str, Any] = {p: np.asarray(trainer.scope.get(p)) for p in model.params}
-            np.savez(out / "params.npz", **params)
+            with atomic_open(out / "params.npz", binary=True) as f:
+                np.savez(f, **params)
     return record
 
 
 def run_role(scenario: Scenario, role: Role, out: Path | None,
              options: NodeOptions = NodeOptions()) -> int:
     """Run `role`'s node of `scenario` (from `load_for_role`) in the foreground; its exit
-    status: 0 done, 1 failed, 130 interrupted."""
+    status: 0 done, 1 failed, 130 interrupted, `EXIT_TRAINERS_GONE` a pserver on its own whose
+    trainers are gone, `EXIT_LAUNCHER_GONE` started by a `runtime up` that is gone. Started by
+    `runtime up` (`runtime.services.lifeline`), the node dies with it."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    launcher = launcher_pid(os.environ)
+    if launcher is not None and not die_with_launcher(launcher):
+        print(f"{role.name} failed: runtime up (pid {launcher}) that started it is gone",
+              file=sys.stderr, flush=True)
+        return EXIT_LAUNCHER_GONE
+    options = replace(options, alone=launcher is None)
     try:
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
         if role.role == "pserver":
@@ -402,6 +428,9 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
     except KeyboardInterrupt:
         print(f"{role.name} interrupted", file=sys.stderr, flush=True)
         return 130
+    except TrainersGone as exc:
+        print(f"{role.name} failed: {exc}", file=sys.stderr, flush=True)
+        return EXIT_TRAINERS_GONE
     except Exception as exc:
         log.error("%s failed", role.name, exc_info=True)
         print(f"{role.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

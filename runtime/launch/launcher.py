@@ -63,7 +63,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol, TextIO
+from typing import IO, Any, Callable, Protocol, TextIO
 
 import numpy as np
 from rich.console import Console
@@ -697,17 +697,36 @@ def fault_free_params(scenario: Scenario) -> dict[str, np.ndarray]:
 
 
 def check_expectations(launcher: Launcher, metrics: JobMetrics) -> list[ExpectationResult]:
-    scenario = launcher.scenario
+    return check_run(launcher.scenario, launcher.endpoints, launcher.out / "params.npz", metrics)
+
+
+def check_run(scenario: Scenario, endpoints: list[str], params: Path,
+              metrics: JobMetrics) -> list[ExpectationResult]:
+    """`scenario`'s expectations of a run whose records are `metrics` and whose trainer 0 left
+    its final parameters in `params`."""
 
     def local() -> dict[str, np.ndarray]:
-        job = Job.from_scenario(scenario, launcher.endpoints)
+        job = Job.from_scenario(scenario, endpoints)
         return train_locally(job, scenario.backend.kernels)[1]
 
     losses = metrics.trainers[0].losses if metrics.trainers else []
-    return expect.check(scenario, losses, _load_params(launcher.out / "params.npz"),
-                        metrics.pservers, local,
+    return expect.check(scenario, losses, _load_params(params), metrics.pservers, local,
                         fault_free_params=lambda: fault_free_params(scenario),
                         redone=[t.steps_redone for t in metrics.trainers])
+
+
+def judge(scenario: Scenario, metrics: JobMetrics, check: Callable[[], list[ExpectationResult]],
+          interrupted: bool = False) -> None:
+    """Fill in `metrics`' expectations and verdict: an expected error's (`judge_outcome`), or
+    `check`'s when the run succeeded."""
+    if scenario.expect.error is not None and not interrupted:
+        judge_outcome(scenario, metrics)
+    elif metrics.job.success:
+        metrics.expectations = check()
+        failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
+        if failed:
+            metrics.job.success = False
+            metrics.job.reason = f"expectation not met: {'; '.join(failed)}"
 
 
 def judge_outcome(scenario: Scenario, metrics: JobMetrics) -> None:
@@ -761,7 +780,8 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
         lines.append(f"expect {e.name}: {'PASS' if e.passed else 'FAIL'}: {e.detail}")
     job = metrics.job
     rate = f", {job.samples_per_second:.0f} samples/s in steps" if job.samples_per_second else ""
-    lines.append(f"wall {job.wall_seconds:.2f}s{rate}")
+    wall = f"wall {job.wall_seconds:.2f}s" if job.wall_seconds is not None else "wall unknown"
+    lines.append(f"{wall}{rate}")
     return lines
 
 
@@ -884,14 +904,7 @@ def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
     netns = fabric.metrics() if fabric is not None else None
     metrics = gather_metrics(launcher, wall, failure, notes, netns)
     interrupted = failure is not None and failure.signal is not None
-    if scenario.expect.error is not None and not interrupted:
-        judge_outcome(scenario, metrics)
-    elif metrics.job.success:
-        metrics.expectations = check_expectations(launcher, metrics)
-        failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
-        if failed:
-            metrics.job.success = False
-            metrics.job.reason = f"expectation not met: {'; '.join(failed)}"
+    judge(scenario, metrics, lambda: check_expectations(launcher, metrics), interrupted)
     write_record(out / "metrics.json", metrics)
     for line in summary_lines(metrics):
         print(line, file=stream)

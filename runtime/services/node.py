@@ -5,13 +5,13 @@ the nodes agree on every program without talking (see `runtime.services.job`). W
 process is comes from the command line (``--role pserver|trainer --index N [--endpoints h:p,...]``)
 or, as with Paddle's launchers, from the environment:
 
-====================================  ==================================================
-``TRAINING_ROLE``                     ``PSERVER`` or ``TRAINER``
+====================================  =========================================================
+``TRAINING_ROLE``                     ``PSERVER`` or ``TRAINER`` (or ``PADDLE_TRAINING_ROLE``)
 ``PADDLE_PSERVERS_IP_PORT_LIST``      the pserver endpoints, ``ip:port,ip:port``
 ``PADDLE_TRAINERS_NUM``               how many trainers the job has
 ``PADDLE_TRAINER_ID``                 a trainer's index
 ``POD_IP``, ``PADDLE_PORT``           a pserver's endpoint; its index is its position in the list
-====================================  ==================================================
+====================================  =========================================================
 
 Endpoints and the trainer count given this way replace the scenario's ``cluster.pservers`` and
 ``cluster.trainers`` (both together, so the job stays consistent); a scenario that lists its own
@@ -23,7 +23,10 @@ progress channel (``PSLAB_PROGRESS_FD``, set by `runtime up`) it also reports ea
 (`runtime.services.progress`), which the launcher reads for its display and the faults triggered at
 a step. Both give up when ``train.deadline`` passes. With an output
 directory the node writes its `runtime.config.metrics` record to ``OUT/nodes/<role>-<index>.json``,
-and trainer 0 its final parameters to ``OUT/params.npz``. Exit status 0 means done; any error is
+and trainer 0 its final parameters to ``OUT/params.npz``; a node on its own (not started by
+`runtime up`) also describes its job in ``OUT/nodes/<role>-<index>.job.json`` as it starts, for
+``runtime collect`` (`runtime.launch.collect`), which merges the records of nodes that ran on
+several hosts into one ``metrics.json``. Exit status 0 means done; any error is
 logged with its traceback and ends with one line ``<node> failed: <error>`` on stderr and
 status 1. A node started by `runtime up` dies with it (`runtime.services.lifeline`). A pserver on
 its own (role mode: no `runtime up` to restart its trainers) whose trainers are all gone, none
@@ -76,8 +79,8 @@ log = logging.getLogger("runtime.services.node")
 RoleName = Literal["pserver", "trainer"]
 ROLES: tuple[RoleName, ...] = ("pserver", "trainer")
 ENV_ROLES: dict[str, RoleName] = {"PSERVER": "pserver", "TRAINER": "trainer"}
-ENV_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
-            "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
+ENV_VARS = ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST",
+            "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
 MEASURE_VAR = "PSLAB_MEASURE"
 """Set to 1 (as `runtime profile` does), a node measures its kernels and runtime costs and
 writes them to ``OUT/nodes/<role>-<index>.costs.json``."""
@@ -156,7 +159,7 @@ def resolve_role(role: str | None, index: int | None, endpoints: str | None,
                  env: Mapping[str, str]) -> Role | None:
     """The node that flags or, failing them, Paddle's variables name; None for neither (then
     `runtime up` launches every node itself)."""
-    env_role = env.get("TRAINING_ROLE", "").strip()
+    env_role = (env.get("TRAINING_ROLE", "") or env.get("PADDLE_TRAINING_ROLE", "")).strip()
     if role is None and index is not None:
         raise RoleError("--index needs --role pserver|trainer")
     if role is None and env_role:
@@ -405,6 +408,20 @@ async def run_trainer(job: Job, index: int, out: Path | None,
     return record
 
 
+JOB_SUFFIX = ".job.json"
+"""A node on its own describes its job in ``OUT/nodes/<role>-<index>.job.json``."""
+
+
+def write_node_job(out: Path, role: Role, job: Job) -> None:
+    """What `runtime collect` needs to merge this node's record with its peers', written by a
+    node on its own as it starts: the scenario as this node resolved it (overrides and the
+    cluster size of its role applied) and the pserver endpoints."""
+    document = {"node": role.name, "scenario": job.scenario.model_dump(mode="json"),
+                "endpoints": list(job.endpoints)}
+    write_atomic(out / "nodes" / f"{node_file_stem(role.role, role.index)}{JOB_SUFFIX}",
+                 json.dumps(document, indent=1) + "\n")
+
+
 def run_role(scenario: Scenario, role: Role, out: Path | None,
              options: NodeOptions = NodeOptions()) -> int:
     """Run `role`'s node of `scenario` (from `load_for_role`) in the foreground; its exit
@@ -421,6 +438,12 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
     options = replace(options, alone=launcher is None)
     try:
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
+        if options.alone and out is not None:
+            write_node_job(out, role, job)
+        for i, fault in enumerate(scenario.faults if options.alone else ()):
+            log.warning("%s: faults[%d] (%s) not injected: a node on its own has no launcher to "
+                        "kill, restart, pause or proxy its peers; inject it from outside (see "
+                        "docs/architecture.md)", role.name, i, type(fault).__name__.lower())
         if role.role == "pserver":
             run_async(serve_pserver(job, role.index, out, options))
         else:

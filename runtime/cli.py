@@ -9,7 +9,9 @@ this host, injecting its faults (`runtime.launch.launcher`, `runtime.faults.inje
 ``--role``/``TRAINING_ROLE`` one of them in the foreground (`runtime.services.node`). ``runtime
 profile SCENARIO`` runs a scenario's job as ``runtime up`` does with every node measuring its
 kernels and its runtime costs, and writes a profile file the simulator's ``compute: {model:
-profile}`` reads (`runtime.launch.profile`).
+profile}`` reads (`runtime.launch.profile`). ``runtime collect OUT_DIR...`` merges the records
+of a job's nodes run one per host into one metrics.json and checks the scenario's expectations
+(`runtime.launch.collect`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transpiler.optimizer import OPTIMIZERS
 from runtime import Executor, Scope
 from runtime.config.scenario import ScenarioError, load_scenario
 from runtime.execution.data import DATASETS, DataError, Dataset, dataset_for
+from runtime.launch.collect import collect
 from runtime.launch.launcher import ignored_by_runtime, launch
 from runtime.launch.netns import NetnsError, check_netns
 from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, fit_all,
@@ -125,6 +128,26 @@ def _add_profile(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_profile, parser=p)
 
 
+def _add_collect(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "collect", help="merge the records of a job's nodes run across hosts into metrics.json",
+        description="Read the output directories of a job's nodes, each run on its own "
+                    "(runtime up --role ... --out DIR, or Paddle's variables), check that they "
+                    "ran one job, merge their records into one metrics.json (the run record "
+                    "runtime up writes), check the scenario's expect section, and exit non-zero "
+                    "when a node wrote no record or an expectation does not hold.")
+    p.add_argument("dirs", nargs="+", type=Path, metavar="OUT_DIR",
+                   help="a node's output directory (its --out), copied here; several nodes "
+                        "may share one")
+    p.add_argument("-o", "--output", type=Path, default=Path("."), metavar="OUT",
+                   help="where to write metrics.json (the current directory)")
+    p.set_defaults(run=_collect, parser=p)
+
+
+def _collect(args: argparse.Namespace, out: TextIO) -> int:
+    return collect(args.dirs, args.output, out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runtime", description="Run pslab programs: train locally, or run a scenario.")
@@ -132,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(subparsers)
     _add_up(subparsers)
     _add_profile(subparsers)
+    _add_collect(subparsers)
     return parser
 
 

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from runtime.config import expect
+from runtime.config.atomic import atomic_open
 from runtime.config.faults import Slow
 from runtime.config.metrics import (ExpectationResult, FaultEvent, JobMetrics, JobSummary,
                                     LinkMetrics, NicMetrics, PserverMetrics, StepTimeStats,
@@ -268,7 +269,8 @@ def save_png(figure: Any, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(figure)
-    figure.savefig(path, dpi=100)
+    with atomic_open(path, binary=True) as f:
+        figure.savefig(f, dpi=100, format=path.suffix.lstrip(".") or "png")
     return path
 
 

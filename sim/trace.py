@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from runtime.config.atomic import write_atomic
+
 __all__ = ["MessageRecord", "Span", "TraceRecorder", "node_order"]
 
 SPAN_THREADS = ("step", "compute", "rpc")
@@ -104,7 +106,7 @@ class TraceRecorder:
         lines = [json.dumps(event, sort_keys=True, separators=(",", ":"))
                  for event in trace.pop("traceEvents")]
         rest = json.dumps(trace, sort_keys=True, separators=(",", ":"))
-        path.write_text('{"traceEvents":[\n' + ",\n".join(lines) + "\n]," + rest[1:] + "\n")
+        write_atomic(path, '{"traceEvents":[\n' + ",\n".join(lines) + "\n]," + rest[1:] + "\n")
 
     def _threads(self) -> dict[str, int]:
         categories = {s.category for spans in self.spans.values() for s in spans}

@@ -17,7 +17,7 @@ from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.checkpoint import MANIFEST, CheckpointError, Staging
 from runtime.services.cluster import LocalCluster, make_trainer, pserver_name, run_job, trainer_name
 from runtime.services.job import Job
-from runtime.services.pserver import PserverService
+from runtime.services.pserver import PserverService, ServeConfig
 from runtime.services.trainer import run_program
 from transpiler.ir import Program
 
@@ -33,9 +33,11 @@ def ctr_job(hidden: int = 8, opt: str = "adam") -> Job:
                     retry_after=FAST_DRAIN)
 
 
-def services(job: Job, load_from: Path | None = None) -> list[PserverService]:
+def services(job: Job, load_from: Path | None = None,
+             checkpoint_dir: Path | None = None) -> list[PserverService]:
+    config = ServeConfig(checkpoint_dir=checkpoint_dir)
     return [PserverService(*job.pserver_programs(j), ZmqTransport(pserver_name(j)),
-                           load_from=load_from) for j in range(len(job.endpoints))]
+                           config=config, load_from=load_from) for j in range(len(job.endpoints))]
 
 
 def notify_program(endpoints: list[str], directory: Path) -> Program:
@@ -87,8 +89,10 @@ def test_a_job_resumed_from_its_checkpoints_ends_as_if_never_stopped(tmp_path: P
 
 @pytest.mark.timeout(60)
 def test_checkpoint_notify_saves_every_pservers_state(tmp_path: Path) -> None:
+    """Into the directory the pservers were configured with, which the notification names
+    (`test_atomic_writes` has one naming another refused)."""
     job = ctr_job()
-    servers = services(job)
+    servers = services(job, checkpoint_dir=tmp_path)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -48,6 +48,8 @@ import numpy as np
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, WithJsonSchema
 from pydantic.dataclasses import dataclass
 
+from runtime.config.atomic import write_atomic
+
 if TYPE_CHECKING:
     from runtime.config.scenario import Scenario
     from runtime.services.pserver import ServerStats
@@ -382,10 +384,7 @@ R = TypeVar("R", TrainerMetrics, PserverMetrics)
 def write_record(path: Path, record: Any) -> None:
     """Write the dataclass `record` as indented JSON, atomically (a reader never sees half a
     file); a float that is not finite is written as null."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_finite_all(asdict(record)), indent=2, allow_nan=False) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(_finite_all(asdict(record)), indent=2, allow_nan=False) + "\n")
 
 
 def _finite(value: float) -> float | None:

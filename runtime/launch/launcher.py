@@ -12,12 +12,15 @@ While the nodes run, the launcher copies each one's stdout and stderr line by li
 (`runtime.services.progress`; the output is for people and is not parsed) for the live display: a
 table redrawn in place (rich) on a terminal, plain lines every ``train.log_every`` steps otherwise.
 The run fails, and every node still running is stopped, as soon as a node exits non-zero,
-``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM arrives. After a node
+``train.deadline`` passes (counted from the launch) or SIGINT/SIGTERM/SIGHUP arrives. After a node
 failed the others get `SETTLE_SECONDS` to end on their own first: one fault often
 fails several nodes at once, each naming what it waited for (the first to give up may name a
 live pserver that holds its request for the next step), and the reason lists every node that
 failed, the first first. Stopping is SIGTERM to each child's process group, then SIGKILL after
 `GRACE_SECONDS`; the launcher reaps every child before it returns, so nothing is left behind.
+SIGHUP (the terminal closed) stops the run as SIGTERM does. A launcher that cannot stop its nodes
+(SIGKILLed, crashed) takes them with it: each node has Linux kill it when its parent dies
+(`runtime.services.lifeline`).
 
 The scenario's `faults` are fired by `runtime.faults.schedule.FaultSchedule` (the simulator's
 schedule too) on `runtime.faults.inject.RuntimeTarget`, with the trainers' progress as the trigger
@@ -60,7 +63,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol, TextIO
+from typing import IO, Any, Callable, Protocol, TextIO
 
 import numpy as np
 from rich.console import Console
@@ -85,6 +88,7 @@ from runtime.launch.netns import (PORT, Fabric, NetnsError, link_latencies, netw
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import pserver_name, run_job, train_locally
 from runtime.services.job import Job
+from runtime.services.lifeline import launcher_environment
 from runtime.services.node import ENV_VARS, checkpoint_dir_for, node_file_stem, node_name, run_async
 from runtime.services.progress import Channel, Progress, read_progress
 
@@ -358,6 +362,7 @@ def node_environment(threads: int | None = None) -> dict[str, str]:
     for the kernels (`THREAD_VARS`) where the environment does not set them already."""
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(launcher_environment())  # the node dies with this process
     if threads is not None:
         for name in THREAD_VARS:
             env.setdefault(name, str(threads))
@@ -406,7 +411,8 @@ class Launcher:
             if not stop.done():
                 stop.set_result(signum)
 
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.getsignal(sig)
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         for sig in previous:
             loop.add_signal_handler(sig, on_signal, sig)
         self._display = display
@@ -691,17 +697,36 @@ def fault_free_params(scenario: Scenario) -> dict[str, np.ndarray]:
 
 
 def check_expectations(launcher: Launcher, metrics: JobMetrics) -> list[ExpectationResult]:
-    scenario = launcher.scenario
+    return check_run(launcher.scenario, launcher.endpoints, launcher.out / "params.npz", metrics)
+
+
+def check_run(scenario: Scenario, endpoints: list[str], params: Path,
+              metrics: JobMetrics) -> list[ExpectationResult]:
+    """`scenario`'s expectations of a run whose records are `metrics` and whose trainer 0 left
+    its final parameters in `params`."""
 
     def local() -> dict[str, np.ndarray]:
-        job = Job.from_scenario(scenario, launcher.endpoints)
+        job = Job.from_scenario(scenario, endpoints)
         return train_locally(job, scenario.backend.kernels)[1]
 
     losses = metrics.trainers[0].losses if metrics.trainers else []
-    return expect.check(scenario, losses, _load_params(launcher.out / "params.npz"),
-                        metrics.pservers, local,
+    return expect.check(scenario, losses, _load_params(params), metrics.pservers, local,
                         fault_free_params=lambda: fault_free_params(scenario),
                         redone=[t.steps_redone for t in metrics.trainers])
+
+
+def judge(scenario: Scenario, metrics: JobMetrics, check: Callable[[], list[ExpectationResult]],
+          interrupted: bool = False) -> None:
+    """Fill in `metrics`' expectations and verdict: an expected error's (`judge_outcome`), or
+    `check`'s when the run succeeded."""
+    if scenario.expect.error is not None and not interrupted:
+        judge_outcome(scenario, metrics)
+    elif metrics.job.success:
+        metrics.expectations = check()
+        failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
+        if failed:
+            metrics.job.success = False
+            metrics.job.reason = f"expectation not met: {'; '.join(failed)}"
 
 
 def judge_outcome(scenario: Scenario, metrics: JobMetrics) -> None:
@@ -755,7 +780,8 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
         lines.append(f"expect {e.name}: {'PASS' if e.passed else 'FAIL'}: {e.detail}")
     job = metrics.job
     rate = f", {job.samples_per_second:.0f} samples/s in steps" if job.samples_per_second else ""
-    lines.append(f"wall {job.wall_seconds:.2f}s{rate}")
+    wall = f"wall {job.wall_seconds:.2f}s" if job.wall_seconds is not None else "wall unknown"
+    lines.append(f"{wall}{rate}")
     return lines
 
 
@@ -878,14 +904,7 @@ def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
     netns = fabric.metrics() if fabric is not None else None
     metrics = gather_metrics(launcher, wall, failure, notes, netns)
     interrupted = failure is not None and failure.signal is not None
-    if scenario.expect.error is not None and not interrupted:
-        judge_outcome(scenario, metrics)
-    elif metrics.job.success:
-        metrics.expectations = check_expectations(launcher, metrics)
-        failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
-        if failed:
-            metrics.job.success = False
-            metrics.job.reason = f"expectation not met: {'; '.join(failed)}"
+    judge(scenario, metrics, lambda: check_expectations(launcher, metrics), interrupted)
     write_record(out / "metrics.json", metrics)
     for line in summary_lines(metrics):
         print(line, file=stream)

@@ -41,6 +41,7 @@ from typing import Any, Literal, TextIO
 
 import numpy as np
 
+from runtime.config.atomic import write_atomic
 from runtime.config.metrics import JobMetrics, read_metrics
 from runtime.config.scenario import ExpectSpec, Scenario
 from runtime.execution.costs import (KernelTimes, NodeCosts, OpSamples, RuntimeCosts, calibrate_io,
@@ -229,10 +230,7 @@ def profile_document(scenario: Scenario, source: str, fits: list[OpFit],
 
 def write_profile(path: Path, document: dict[str, Any]) -> None:
     """Write the file whole or not at all (a temporary file renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(document, indent=2) + "\n")
 
 
 def format_table(fits: list[OpFit], top: int = 10) -> list[str]:

@@ -15,16 +15,17 @@ A checkpoint directory holds::
 
 `Staging` writes one: files go into a fresh hidden directory beside the target (a file that
 something else wrote there, such as the table a pserver's checkpoint block saves, is checked and
-kept); `commit` adds the missing files and the manifest, syncs them to disk and renames the
-directory into place, moving an older checkpoint out of the way first. A reader finds the old
-checkpoint or the new one, never part of one. `load` checks the manifest against the vars a
+kept); `commit` adds the missing files and the manifest (each written and synced to disk by
+`runtime.config.atomic`) and renames the directory into place, moving an older checkpoint out
+of the way first. A reader finds the old checkpoint or the new one, never part of one; a write
+that fails (a full disk: ``OSError`` ENOSPC) removes the staging directory and leaves the older
+checkpoint as it was. `load` checks the manifest against the vars a
 program declares, naming every missing, extra or mismatched var before it reads any data.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from urllib.parse import quote
 import numpy as np
 
 from transpiler.ir import Program, Var
+
+from runtime.config.atomic import atomic_open, fsync_dir, write_atomic
 
 MANIFEST = "manifest.json"
 FORMAT, VERSION = "pslab-checkpoint", 1
@@ -82,11 +85,9 @@ class Staging:
         """Write every var of `state` not written yet, the manifest, and move into place."""
         entries = [self._write(name, value) for name, value in state.items()]
         manifest = {"format": FORMAT, "version": VERSION, "step": int(step), "vars": entries}
-        (self.dir / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        for path in [*self.dir.iterdir(), self.dir]:
-            _fsync(path)
+        write_atomic(self.dir / MANIFEST, json.dumps(manifest, indent=1))
         _swap_in(self.dir, self.target)
-        _fsync(self.target.parent)
+        fsync_dir(self.target.parent)
         self._committed = True
 
     def _write(self, name: str, value: np.ndarray) -> dict[str, Any]:
@@ -100,7 +101,7 @@ class Staging:
                 raise CheckpointError(f"var {name!r}: {path.name} holds {_spec(written)}, the "
                                       f"scope {_spec(value)}")
         else:
-            with open(path, "wb") as f:
+            with atomic_open(path, binary=True) as f:
                 np.save(f, np.ascontiguousarray(value), allow_pickle=False)
         return {"name": name, "file": path.name, "shape": list(value.shape),
                 "dtype": value.dtype.name}
@@ -114,14 +115,6 @@ def _swap_in(stage: Path, target: Path) -> None:
     target.rename(old)
     stage.rename(target)
     shutil.rmtree(old)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- loading ---------------------------------------------------------------------------------------

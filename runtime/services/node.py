@@ -5,13 +5,13 @@ the nodes agree on every program without talking (see `runtime.services.job`). W
 process is comes from the command line (``--role pserver|trainer --index N [--endpoints h:p,...]``)
 or, as with Paddle's launchers, from the environment:
 
-====================================  ==================================================
-``TRAINING_ROLE``                     ``PSERVER`` or ``TRAINER``
+====================================  =========================================================
+``TRAINING_ROLE``                     ``PSERVER`` or ``TRAINER`` (or ``PADDLE_TRAINING_ROLE``)
 ``PADDLE_PSERVERS_IP_PORT_LIST``      the pserver endpoints, ``ip:port,ip:port``
 ``PADDLE_TRAINERS_NUM``               how many trainers the job has
 ``PADDLE_TRAINER_ID``                 a trainer's index
 ``POD_IP``, ``PADDLE_PORT``           a pserver's endpoint; its index is its position in the list
-====================================  ==================================================
+====================================  =========================================================
 
 Endpoints and the trainer count given this way replace the scenario's ``cluster.pservers`` and
 ``cluster.trainers`` (both together, so the job stays consistent); a scenario that lists its own
@@ -23,9 +23,17 @@ progress channel (``PSLAB_PROGRESS_FD``, set by `runtime up`) it also reports ea
 (`runtime.services.progress`), which the launcher reads for its display and the faults triggered at
 a step. Both give up when ``train.deadline`` passes. With an output
 directory the node writes its `runtime.config.metrics` record to ``OUT/nodes/<role>-<index>.json``,
-and trainer 0 its final parameters to ``OUT/params.npz``. Exit status 0 means done; any error is
+and trainer 0 its final parameters to ``OUT/params.npz``; a node on its own (not started by
+`runtime up`) also describes its job in ``OUT/nodes/<role>-<index>.job.json`` as it starts, for
+``runtime collect`` (`runtime.launch.collect`), which merges the records of nodes that ran on
+several hosts into one ``metrics.json``. Exit status 0 means done; any error is
 logged with its traceback and ends with one line ``<node> failed: <error>`` on stderr and
-status 1. The event loop is uvloop's where installed.
+status 1. A node started by `runtime up` dies with it (`runtime.services.lifeline`). A pserver on
+its own (role mode: no `runtime up` to restart its trainers) whose trainers are all gone, none
+heard from for ``train.heartbeat_timeout`` (or ``train.startup_timeout`` from its start), stops
+with ``pserver:N failed: pserver:N gave up: its trainers are gone: ...`` and status 3
+(`EXIT_TRAINERS_GONE`) instead of serving until its deadline. The event loop is uvloop's where
+installed.
 
 Every pserver checkpoints into `checkpoint_dir_for` (``train.checkpoint_dir``, else
 ``OUT/checkpoints``) when ``train.checkpoint_every`` asks for it. Three flags serve `runtime
@@ -47,12 +55,13 @@ import logging
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from runtime.config.atomic import atomic_open, write_atomic
 from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
@@ -62,6 +71,8 @@ from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
                                       trainer_name)
 from runtime.services.job import Job, check_job
+from runtime.services.lifeline import die_with_launcher, launcher_pid
+from runtime.services.pserver import TrainersGone
 from runtime.services.progress import Progress, Reporter
 from runtime.services.trainer import TrainerReport
 
@@ -70,11 +81,15 @@ log = logging.getLogger("runtime.services.node")
 RoleName = Literal["pserver", "trainer"]
 ROLES: tuple[RoleName, ...] = ("pserver", "trainer")
 ENV_ROLES: dict[str, RoleName] = {"PSERVER": "pserver", "TRAINER": "trainer"}
-ENV_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
-            "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
+ENV_VARS = ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST",
+            "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
 MEASURE_VAR = "PSLAB_MEASURE"
 """Set to 1 (as `runtime profile` does), a node measures its kernels and runtime costs and
 writes them to ``OUT/nodes/<role>-<index>.costs.json``."""
+EXIT_TRAINERS_GONE = 3
+"""The exit status of a pserver on its own that stopped because its trainers were gone."""
+EXIT_LAUNCHER_GONE = 4
+"""The exit status of a node whose `runtime up` died before the node started."""
 T = TypeVar("T")
 
 
@@ -97,6 +112,9 @@ class NodeOptions:
     """A pserver that replaces a crashed one: start from its last checkpoint."""
     incarnation: int = 0
     """A trainer: how many times it was started before."""
+    alone: bool = False
+    """No `runtime up` supervises this process (role mode): a pserver whose trainers are all
+    gone stops (`EXIT_TRAINERS_GONE`) instead of waiting for them until its deadline."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +161,7 @@ def resolve_role(role: str | None, index: int | None, endpoints: str | None,
                  env: Mapping[str, str]) -> Role | None:
     """The node that flags or, failing them, Paddle's variables name; None for neither (then
     `runtime up` launches every node itself)."""
-    env_role = env.get("TRAINING_ROLE", "").strip()
+    env_role = (env.get("TRAINING_ROLE", "") or env.get("PADDLE_TRAINING_ROLE", "")).strip()
     if role is None and index is not None:
         raise RoleError("--index needs --role pserver|trainer")
     if role is None and env_role:
@@ -314,7 +332,7 @@ def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes) -
     record["kernels"] = {op: {"elements": s.elements, "seconds": s.seconds}
                          for op, s in times.samples.items()}
     path = out / "nodes" / f"{stem}.costs.json"
-    path.write_text(json.dumps(record))
+    write_atomic(path, json.dumps(record))
 
 
 async def serve_pserver(job: Job, index: int, out: Path | None,
@@ -327,6 +345,8 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     with timing_kernels(times) if measuring() else nullcontext():
         service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(
             job.scenario, out), recovering=options.recover)
+    if options.alone:
+        service.config = replace(service.config, give_up_without_trainers=True)
     if measuring():
         service.meter = Meter("pserver")
         times.samples.clear()  # its startup program ran uncharged, as in a simulation
@@ -394,18 +414,47 @@ async def run_trainer(job: Job, index: int, out: Path | None,
         write_record(out / "nodes" / f"{node_file_stem('trainer', index)}.json", record)
         if index == 0:
             params: dict[str, Any] = {p: np.asarray(trainer.scope.get(p)) for p in model.params}
-            np.savez(out / "params.npz", **params)
+            with atomic_open(out / "params.npz", binary=True) as f:
+                np.savez(f, **params)
     return record
+
+
+JOB_SUFFIX = ".job.json"
+"""A node on its own describes its job in ``OUT/nodes/<role>-<index>.job.json``."""
+
+
+def write_node_job(out: Path, role: Role, job: Job) -> None:
+    """What `runtime collect` needs to merge this node's record with its peers', written by a
+    node on its own as it starts: the scenario as this node resolved it (overrides and the
+    cluster size of its role applied) and the pserver endpoints."""
+    document = {"node": role.name, "scenario": job.scenario.model_dump(mode="json"),
+                "endpoints": list(job.endpoints)}
+    write_atomic(out / "nodes" / f"{node_file_stem(role.role, role.index)}{JOB_SUFFIX}",
+                 json.dumps(document, indent=1) + "\n")
 
 
 def run_role(scenario: Scenario, role: Role, out: Path | None,
              options: NodeOptions = NodeOptions()) -> int:
     """Run `role`'s node of `scenario` (from `load_for_role`) in the foreground; its exit
-    status: 0 done, 1 failed, 130 interrupted."""
+    status: 0 done, 1 failed, 130 interrupted, `EXIT_TRAINERS_GONE` a pserver on its own whose
+    trainers are gone, `EXIT_LAUNCHER_GONE` started by a `runtime up` that is gone. Started by
+    `runtime up` (`runtime.services.lifeline`), the node dies with it."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    launcher = launcher_pid(os.environ)
+    if launcher is not None and not die_with_launcher(launcher):
+        print(f"{role.name} failed: runtime up (pid {launcher}) that started it is gone",
+              file=sys.stderr, flush=True)
+        return EXIT_LAUNCHER_GONE
+    options = replace(options, alone=launcher is None)
     try:
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
+        if options.alone and out is not None:
+            write_node_job(out, role, job)
+        for i, fault in enumerate(scenario.faults if options.alone else ()):
+            log.warning("%s: faults[%d] (%s) not injected: a node on its own has no launcher to "
+                        "kill, restart, pause or proxy its peers; inject it from outside (see "
+                        "docs/architecture.md)", role.name, i, type(fault).__name__.lower())
         if role.role == "pserver":
             run_async(serve_pserver(job, role.index, out, options))
         else:
@@ -413,6 +462,9 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
     except KeyboardInterrupt:
         print(f"{role.name} interrupted", file=sys.stderr, flush=True)
         return 130
+    except TrainersGone as exc:
+        print(f"{role.name} failed: {exc}", file=sys.stderr, flush=True)
+        return EXIT_TRAINERS_GONE
     except Exception as exc:
         log.error("%s failed", role.name, exc_info=True)
         print(f"{role.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

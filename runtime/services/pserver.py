@@ -17,7 +17,8 @@ It owns a `Scope` initialized by the pserver's startup program and answers the t
   in sync mode: the program sums them, as the original did, which would step N trainers N times
   as far as local training; dividing each trainer's piece by the contributors first is a
   deliberate fix.
-- CHECKPOINT_NOTIFY (extra ``dir``): the whole state is saved to ``dir/<server name>/``, the
+- CHECKPOINT_NOTIFY (extra ``dir``, which must name the configured ``checkpoint_dir``: a message
+  never chooses where a pserver writes): the whole state is saved to ``dir/<server name>/``, the
   table by the program's checkpoint block (see `runtime.services.checkpoint`); the message is
   handled in one piece, so the checkpoint is one consistent state. ``load_from=dir`` starts a server
   from such a checkpoint, its sync round at the step the checkpoint was taken before.
@@ -34,6 +35,9 @@ It owns a `Scope` initialized by the pserver's startup program and answers the t
 - HEARTBEAT: proof of life. A trainer that has been silent for `heartbeat_timeout` (in sync
   mode, one the round waits for) is dropped from the fan-in and the event is logged; the
   server stops once every trainer has completed or been dropped (and one at least completed).
+  A server on its own (`ServeConfig.give_up_without_trainers`) also stops, raising
+  `TrainersGone`, when no trainer has been heard from for `heartbeat_timeout` and none
+  completed: nobody is left to restart them.
 
 Timing mode (phantom kernels): trainers send `Phantom`s, checked against the declarations like
 tensors and stored as they are; the blocks then compute shapes only, GETs answer phantoms, and
@@ -89,6 +93,14 @@ from runtime.services.pserver_store import Store
 log = logging.getLogger(__name__)
 
 
+class TrainersGone(RuntimeError):
+    """A server with `ServeConfig.give_up_without_trainers` stopped: no trainer is left."""
+
+    def __init__(self, node: str, why: str) -> None:
+        super().__init__(f"{node} gave up: its trainers are gone: {why}")
+        self.node = node
+
+
 class PserverFailure(RuntimeError):
     """The server cannot go on (an optimize step failed); names the node and the cause."""
 
@@ -130,6 +142,10 @@ class ServeConfig:
     startup_grace: float = 60.0
     checkpoint_every: int | None = None
     checkpoint_dir: Path | None = None
+    # On its own (no supervisor to restart the trainers: `runtime up --role`, a pod), a server
+    # whose trainers are all gone (`PserverCore.trainers_gone`) stops with `TrainersGone`
+    # instead of waiting for them until its deadline.
+    give_up_without_trainers: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint_every is not None and (self.checkpoint_every < 1
@@ -164,7 +180,7 @@ class PserverService:
             heartbeat_timeout=self.config.heartbeat_timeout,
             startup_grace=self.config.startup_grace, checkpoint_every=every,
             start_step=0 if load_from is None else self._restore(Path(load_from)),
-            recovering=recovering)
+            recovering=recovering, checkpoint_dir=self.config.checkpoint_dir)
         if recovering:
             self.stats.restored_step = self.core.round.step
         self._done = asyncio.Event()
@@ -205,6 +221,8 @@ class PserverService:
             if self.meter is not None:
                 self.meter.end_run()
         failures = [r for r in results if isinstance(r, Exception)]
+        if failures and isinstance(failures[0], TrainersGone):
+            raise failures[0]
         if failures:  # an optimize step failed: the server's state is no longer trustworthy
             raise PserverFailure(self.name, failures[0]) from failures[0]
         return self.stats
@@ -256,6 +274,8 @@ class PserverService:
         while True:
             await asyncio.sleep(min(self.config.heartbeat_timeout, self.config.startup_grace) / 4)
             await self._drive(self.core.on_tick())
+            if self.config.give_up_without_trainers and (why := self.core.trainers_gone()):
+                raise TrainersGone(self.name, why)
 
     # -- performing the core's actions -----------------------------------------------------------
     async def _drive(self, work: Work) -> None:
@@ -295,10 +315,7 @@ class PserverService:
             case Optimize():
                 await self._optimize(action)
             case SaveCheckpoint(step=step, directory=None):  # a periodic checkpoint
-                assert self.config.checkpoint_dir is not None
-                path = self.save_checkpoint(self.config.checkpoint_dir, step)
-                self.stats.checkpoints.append(step)
-                return path
+                return self._periodic_checkpoint(step)
             case SaveCheckpoint(step=step, directory=Path() as directory):
                 return self.save_checkpoint(directory, step)
             case Tally(stat=stat, value=value):
@@ -385,6 +402,24 @@ class PserverService:
                          self.core.steps_applied() if step is None else step)
         return stage.target
 
+    def _periodic_checkpoint(self, step: int) -> Path | None:
+        """Save the periodic checkpoint before `step`; where the disk refuses (full, or any
+        `OSError`), skip it with a warning: the previous checkpoint stays whole and in place,
+        and the server serves on (a lost checkpoint costs redone steps after a crash, not the
+        job)."""
+        assert self.config.checkpoint_dir is not None
+        try:
+            path = self.save_checkpoint(self.config.checkpoint_dir, step)
+        except Exception as exc:
+            cause = disk_error(exc)
+            if cause is None:
+                raise
+            log.warning("%s: checkpoint before step %d skipped, the previous one kept: %s",
+                        self.name, step, cause)
+            return None
+        self.stats.checkpoints.append(step)
+        return path
+
     def _restore(self, directory: Path) -> int:
         """Load the state saved in ``directory/<name>/``; the step it was saved before."""
         saved = checkpoint.load(directory / self.name, self.state)
@@ -393,6 +428,17 @@ class PserverService:
         log.info("%s: restored the state before step %d from %s", self.name, saved.step,
                  directory / self.name)
         return saved.step
+
+
+def disk_error(exc: BaseException) -> OSError | None:
+    """The `OSError` behind `exc` (itself, or a cause it wraps, as a kernel's error wraps a
+    `save` op's), if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 def _loop_time() -> float:

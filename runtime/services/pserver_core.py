@@ -29,6 +29,7 @@ clock happens in the same order as in a handler that awaited its IO in place.
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,13 +75,15 @@ class PserverCore:
     def __init__(self, store: Store, *, name: str, clock: Callable[[], float],
                  heartbeat_timeout: float, startup_grace: float,
                  checkpoint_every: int | None = None, start_step: int = 0,
-                 recovering: bool = False) -> None:
+                 recovering: bool = False, checkpoint_dir: Path | None = None) -> None:
         self.store = store
         self.name = name
         self.clock = clock
         self.heartbeat_timeout = heartbeat_timeout
         self.startup_grace = startup_grace
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_dir = checkpoint_dir
+        """Where every checkpoint goes, the job's choice; a message cannot move it."""
         self.round = SyncRound(store.contract.trainers, step=start_step)
         self.dedupe = Dedupe()
         self.deferred: list[tuple[str, Message]] = []
@@ -230,7 +233,7 @@ class PserverCore:
                                     "kernels) and holds no values to save")
         if self.optimizing:  # the update is applied but the round not moved on: wait for it
             return None
-        path = yield SaveCheckpoint(self.steps_applied(), Path(notify.directory))
+        path = yield SaveCheckpoint(self.steps_applied(), self.notified_dir(notify.directory))
         log.info("%s: saved the state before step %d to %s", self.name, self.steps_applied(), path)
         return self._reply(msg)
 
@@ -279,6 +282,23 @@ class PserverCore:
         """The first step whose gradients the state has not seen."""
         return self.round.step + (self.round.phase is Phase.PARAMS)
 
+    def notified_dir(self, asked: str) -> Path:
+        """The directory a CHECKPOINT_NOTIFY saves to: the configured one, which the message's
+        ``dir`` must name (relative paths taken from this process's working directory).
+
+        DESIGN: the job (scenario, config or command line) fixes where a pserver writes; a
+        peer that could name any directory could make it overwrite any file it may write."""
+        configured = self.checkpoint_dir
+        if configured is None:
+            raise ProtocolViolation(f"CHECKPOINT_NOTIFY to {asked!r} refused: {self.name} has no "
+                                    "checkpoint directory (train.checkpoint_dir, or the node's "
+                                    "--out) and saves nowhere a message names")
+        if os.path.abspath(asked) != os.path.abspath(configured):
+            raise ProtocolViolation(f"CHECKPOINT_NOTIFY to {asked!r} refused: {self.name} saves "
+                                    f"its checkpoints only to its configured directory "
+                                    f"{str(configured)!r}")
+        return configured
+
     def checkpoint_at(self, step: int) -> Work:
         """Save the periodic checkpoint if `step` (the sync round's new step, or the step an
         asynchronous trainer moved on to) is the next multiple of `checkpoint_every`."""
@@ -308,6 +328,25 @@ class PserverCore:
 
     # -- liveness
     # -------------------------------------------------------------------------------------
+    def trainers_gone(self) -> str | None:
+        """Why this server has no trainer left to serve (None: it may still have one): no
+        trainer heard from within the start-up grace, or none for the heartbeat timeout since
+        the last message of any (a live trainer heartbeats well within it), while the job is
+        not finished. A supervisor could still restart them; a server on its own gives up."""
+        if self.round.finished:
+            return None
+        now = self.clock()
+        if not self.last_seen:
+            grace = self.startup_grace
+            return f"no trainer heard from within {grace:g}s of the start" \
+                if now - self.serving_since > grace else None
+        trainer, seen = max(self.last_seen.items(), key=lambda item: item[1])
+        if now - seen <= self.heartbeat_timeout:
+            return None
+        return (f"every trainer silent for more than {self.heartbeat_timeout:g}s (the last "
+                f"heard from, trainer {trainer}, {now - seen:.1f}s ago), none completed, at "
+                f"step {self.round.step}")
+
     def _silence(self, trainer: int, now: float) -> str | None:
         """Why `trainer` counts as gone (None: it does not): silent for longer than the
         heartbeat timeout, or never heard from within the start-up grace."""

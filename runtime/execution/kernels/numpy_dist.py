@@ -23,10 +23,13 @@ They only move data, so the torch backend shares these kernels (see `torch_contr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR
 
+from runtime.config.atomic import atomic_open
 from runtime.execution.kernels import numpy_nn
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
@@ -148,5 +151,5 @@ def save(ctx: KernelContext) -> None:
             raise ValueError(f"save: file_path is 'none' and {CHECKPOINT_PATH_VAR} holds no path "
                              "(a checkpoint notification sets it)")
         path = str(ctx.scope.get(CHECKPOINT_PATH_VAR).item())
-    with open(path, "wb") as f:
+    with atomic_open(Path(path), binary=True) as f:
         np.save(f, np.ascontiguousarray(x), allow_pickle=False)

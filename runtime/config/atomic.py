@@ -1,0 +1,57 @@
+"""Writing a file whole or not at all: every file pslab writes goes through `atomic_open`.
+
+A reader of ``metrics.json``, ``params.npz``, a profile, a trace or a checkpoint's files sees
+the previous version or the new one, never half of one, and a crash or a full disk in the middle
+of writing leaves the previous version in place. The bytes go to a temporary file beside the
+target (same directory, so the same file system), are flushed and fsynced, and the temporary
+file is renamed over the target with `os.replace`, which is atomic on POSIX; the directory is
+then fsynced so that the rename itself survives a power cut. On any error the temporary file is
+removed and the error propagates (an `OSError` with ``errno.ENOSPC`` for a full disk).
+
+DESIGN: the temporary file is created with ``O_EXCL`` and mode 0o666 (the umask applies), not
+with `tempfile.mkstemp`, whose 0o600 would make every output readable by its owner only.
+The logs ``runtime up`` writes are the exception: they are streamed as the nodes run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+
+@contextmanager
+def atomic_open(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
+    """A file to write `path`'s new content to; it replaces `path` when the block ends without
+    an error, and is removed otherwise. Makes `path`'s directory if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `data` (text or bytes) to `path` whole or not at all (see `atomic_open`)."""
+    with atomic_open(path, binary=isinstance(data, bytes)) as f:
+        f.write(data)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the entries of `directory` (a rename into it) durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -212,7 +212,6 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
     try:
         role = resolve_role(args.role, args.index, args.endpoints, os.environ)
         options = node_options(role, args.bind, args.recover, args.incarnation)
-        keys = key_directory(role, args.keys, args.insecure, os.environ)
         scenario = load_for_role(args.scenario, args.set, role)
     except (RoleError, ScenarioError) as err:
         parser.error(str(err))
@@ -224,6 +223,10 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
         parser.error(f"--netns runs every node of the job itself, in namespaces of its own; it "
                      f"does not combine with running one node ({role.name}, from "
                      f"{role.index_source})")
+    try:
+        keys = key_directory(role, args.keys, args.insecure, os.environ)
+    except RoleError as err:
+        parser.error(str(err))
     if role is not None:
         return run_role(scenario, role, args.out, replace(options, keys=keys))
     if args.netns:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import subprocess
@@ -15,13 +16,18 @@ import pytest
 import zmq
 
 from runtime import cli
+from runtime.execution.costs import CurveCosts, Linear, RuntimeCosts
 from runtime.network.curve import KeyFileError, load_keys, secret_path, write_keys
-from runtime.network.wire import Kind, Message, decode, encode
+from runtime.network.wire import Kind, Message, charged_size, decode, encode
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
                                       run_job, trainer_name)
 from runtime.services.job import Job
 from runtime.services.node import node_file_stem, node_keys
+from sim.cost import runtime_costs
+from sim.cpu import Cpus
+from sim.loop import run as sim_run
+from sim.network import Network
 
 from cluster_helpers import FAST_DRAIN, make_job
 
@@ -249,3 +255,39 @@ def test_runtime_up_makes_the_jobs_keys_or_warns_when_insecure(
     write_keys(foreign, ["pserver-0", "trainer-0"])
     assert cli.main(["up", str(scenario), "--out", str(out), "--keys", str(foreign)]) == 1
     assert f"FAILED: --keys: {foreign}/trainer-1.key: no such key file" in capfd.readouterr().out
+
+
+# -- the simulator -----------------------------------------------------------------------------
+
+U = 2.0**-10  # powers of two: every sum below is exact
+
+
+def test_the_simulator_charges_a_handshake_per_connection_and_encryption_per_byte(
+        tmp_path: Path) -> None:
+    """Each side's I/O thread: U + S/2^22 for ZeroMQ, S/2^24 for CURVE, and 16U of handshake
+    on the first message between two nodes only."""
+    curve = CurveCosts(handshake=16 * U, per_byte=2.0**-24)
+    costs = RuntimeCosts(io=Linear(U, 2.0**-22), curve=curve)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"ops": {"relu": 1e-6}, "runtime": costs.document()}))
+    assert runtime_costs({"model": "profile", "path": "profile.json"}, tmp_path) == costs
+    network = Network.from_spec(None, seed=0)
+    network.cpus, network.costs = Cpus([], ["trainer:0", "pserver:0"], io=True), costs
+    frames = encode(Message(Kind.SEND, 1, "trainer:0", 0, {"g": np.ones(4096, np.float32)}))
+    size = charged_size(frames)
+    one_side = U + size * 2.0**-22 + size * 2.0**-24
+
+    async def main() -> list[float]:
+        server, client = network.transport("pserver:0"), network.transport("trainer:0")
+        await server.bind("ps")
+        await client.connect("ps")
+        arrivals = []
+        for _ in range(2):
+            assert client.send_nowait("ps", frames)
+            await server.recv()
+            arrivals.append(asyncio.get_running_loop().time())
+        return arrivals
+
+    first, second = sim_run(main())
+    assert first == pytest.approx(2 * one_side + 2 * 16 * U, rel=1e-15)
+    assert second - first == pytest.approx(2 * one_side, rel=1e-15)

@@ -343,12 +343,15 @@ def measuring() -> bool:
     return os.environ.get(MEASURE_VAR) == "1"
 
 
-def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes) -> None:
-    """The node's measurements, for `runtime profile`: OUT/nodes/<stem>.costs.json."""
+def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes,
+                encrypted: bool = False) -> None:
+    """The node's measurements, for `runtime profile`: OUT/nodes/<stem>.costs.json;
+    `encrypted`: it talked CurveZMQ, whose cost `fit_costs` takes out of its I/O thread's."""
     if out is None:
         return
     seconds = sum(sum(s.seconds) for s in times.samples.values())
     record = meter.record(seconds, times.calls, times.bookkeeping)
+    record["encrypted"] = encrypted
     record["kernels"] = {op: {"elements": s.elements, "seconds": s.seconds}
                          for op, s in times.samples.items()}
     path = out / "nodes" / f"{stem}.costs.json"
@@ -382,7 +385,7 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
         service.stats.unauthenticated += transport.unauthenticated
         await transport.close()
     if service.meter is not None:
-        write_costs(out, node_file_stem("pserver", index), service.meter, times)
+        write_costs(out, node_file_stem("pserver", index), service.meter, times, keys is not None)
     record = PserverMetrics.from_stats(index, endpoint, stats)
     log.info("%s: done after %d steps, %d messages, %d errors, %d refused for their sender, "
              "%d connections refused", service.name, stats.steps, stats.messages, stats.errors,
@@ -427,7 +430,7 @@ async def run_trainer(job: Job, index: int, out: Path | None,
         if reporter is not None:
             reporter.close()
     if client.meter is not None:
-        write_costs(out, node_file_stem("trainer", index), client.meter, times)
+        write_costs(out, node_file_stem("trainer", index), client.meter, times, keys is not None)
     record = TrainerMetrics.from_steps(index, report.losses, report.step_times,
                                        report.first_step, report.redone)
     if out is not None:

@@ -580,7 +580,7 @@ class RuntimeSection(_Strict):
     """What it was measured on (cores, processor); for people."""
     curve: CurveSpec | None = None
     """The measured job was encrypted (CurveZMQ): its cost on top of `io`; none: it was not
-    (remove the section to predict a job run with ``--insecure``)."""
+    (remove the section to predict a job run with `--insecure`)."""
 
 
 class ProfileFile(_Strict):

@@ -11,7 +11,8 @@ profile SCENARIO`` runs a scenario's job as ``runtime up`` does with every node 
 kernels and its runtime costs, and writes a profile file the simulator's ``compute: {model:
 profile}`` reads (`runtime.launch.profile`). ``runtime collect OUT_DIR...`` merges the records
 of a job's nodes run one per host into one metrics.json and checks the scenario's expectations
-(`runtime.launch.collect`).
+(`runtime.launch.collect`). ``runtime keys DIR`` writes a job's CurveZMQ keys for nodes on
+several hosts (`runtime.network.curve`, SECURITY.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
@@ -36,9 +38,11 @@ from runtime.launch.netns import NetnsError, check_netns
 from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, fit_all,
                                     format_costs, format_table, measure_runs, profile_document,
                                     write_profile)
+from runtime.network.curve import KeyFileError, write_keys
 from runtime.services.job import check_job
-from runtime.services.node import (RoleError, add_arguments, load_for_role, node_options,
-                                   resolve_role, run_role)
+from runtime.services.node import (RoleError, add_arguments, key_directory, load_for_role,
+                                   node_file_stem, node_options, resolve_role, run_role)
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -147,6 +151,20 @@ def _add_collect(subparsers: argparse._SubParsersAction) -> None:
 def _collect(args: argparse.Namespace, out: TextIO) -> int:
     return collect(args.dirs, args.output, out)
 
+def _add_keys(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "keys", help="write a job's CurveZMQ keys, for nodes on several hosts",
+        description="Write a CurveZMQ keypair per pserver (pserver-J.key, public, and "
+                    "pserver-J.key_secret, mode 0600) and per trainer (trainer-I.key, "
+                    "trainer-I.key_secret) into DIR (mode 0700). Give every node the public "
+                    "keys and its own secret file, and --keys DIR. See SECURITY.md.")
+    p.add_argument("directory", type=Path, metavar="DIR", help="where to write the keys")
+    p.add_argument("--pservers", type=_positive_int, required=True,
+                   help="pservers of the job (one keypair per endpoint)")
+    p.add_argument("--trainers", type=_positive_int, required=True, help="trainers of the job")
+    p.add_argument("--force", action="store_true", help="replace keys already in DIR")
+    p.set_defaults(run=_keys, parser=p)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -156,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_up(subparsers)
     _add_profile(subparsers)
     _add_collect(subparsers)
+    _add_keys(subparsers)
     return parser
 
 
@@ -229,15 +248,34 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
         parser.error(f"--netns runs every node of the job itself, in namespaces of its own; it "
                      f"does not combine with running one node ({role.name}, from "
                      f"{role.index_source})")
+    try:
+        keys = key_directory(role, args.keys, args.insecure, os.environ)
+    except RoleError as err:
+        parser.error(str(err))
     if role is not None:
-        return run_role(scenario, role, args.out, options)
+        return run_role(scenario, role, args.out, replace(options, keys=keys))
     if args.netns:
         try:
             check_netns(scenario)
         except NetnsError as err:
             parser.error(f"--netns {err}")
     out_dir = args.out or Path(scenario.outputs.dir or Path("out") / scenario.name)
-    return launch(Path(args.scenario), args.set, scenario, out_dir, out, netns=args.netns)
+    return launch(Path(args.scenario), args.set, scenario, out_dir, out, netns=args.netns,
+                  keys=keys, insecure=args.insecure)
+
+
+def _keys(args: argparse.Namespace, out: TextIO) -> int:
+    stems = [node_file_stem("pserver", j) for j in range(args.pservers)]
+    stems += [node_file_stem("trainer", i) for i in range(args.trainers)]
+    try:
+        written = write_keys(args.directory, stems, force=args.force)
+    except KeyFileError as err:
+        print(f"runtime keys: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(written)} key files to {args.directory} (secret keys mode 0600): give "
+          "each node the *.key public keys, its own <node>.key_secret and --keys DIR",
+          file=out)
+    return 0
 
 
 def _profile(args: argparse.Namespace, out: TextIO) -> int:

@@ -553,6 +553,15 @@ class LinearSpec(_Strict):
     """Seconds per byte."""
 
 
+class CurveSpec(_Strict):
+    """What CurveZMQ costs a node's I/O thread (`runtime.execution.costs.CurveCosts`)."""
+
+    handshake: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds per connection, on each side."""
+    per_byte: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds per byte encrypted (sender) or decrypted (receiver)."""
+
+
 class RuntimeSection(_Strict):
     """A profile's ``runtime`` section (`runtime.execution.costs.RuntimeCosts.document`)."""
 
@@ -569,6 +578,9 @@ class RuntimeSection(_Strict):
     """Seconds of a sync pserver's bookkeeping per round, on top of its optimize ops."""
     machine: dict[str, Any] = {}
     """What it was measured on (cores, processor); for people."""
+    curve: CurveSpec | None = None
+    """The measured job was encrypted (CurveZMQ): its cost on top of `io`; none: it was not
+    (remove the section to predict a job run with `--insecure`)."""
 
 
 class ProfileFile(_Strict):

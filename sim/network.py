@@ -185,6 +185,8 @@ class Network:
         self.cpus: Cpus | None = None
         self.costs: RuntimeCosts | None = None
         """The runtime's own costs per message, charged on the nodes' `cpus` (None: free)."""
+        self._shaken: set[tuple[str, str]] = set()
+        """(node, peer) pairs whose connection's handshake the node's I/O thread has paid."""
 
     @classmethod
     def from_spec(
@@ -340,6 +342,16 @@ class Network:
             return 0.0
         return costs.message(side, message_kind(frames) or "*", nbytes)
 
+    def io_cost(self, costs: RuntimeCosts, node: str, peer: str, nbytes: int) -> float:
+        """What a message of `nbytes` to or from `peer` costs `node`'s I/O thread: ZeroMQ's
+        work, its encryption where the job is encrypted, and on the first message between
+        them the connection's handshake (`RuntimeCosts.curve`)."""
+        seconds = costs.io_seconds(nbytes)
+        if costs.curve is not None and (node, peer) not in self._shaken:
+            self._shaken.add((node, peer))
+            seconds += costs.handshake()
+        return seconds
+
     def _hand_over(self, packet: _Packet) -> None:
         """The message is in the receiver's NIC: its I/O thread takes it (where the runtime's
         costs are charged), then `_take`."""
@@ -349,8 +361,9 @@ class Network:
             return
         cpus, costs = self.cpus, self.costs
         if cpus is not None and costs is not None:
-            cpus.run(io_thread(receiver.name), costs.io.seconds(packet.nbytes), self._take,
-                     packet)
+            cpus.run(io_thread(receiver.name),
+                     self.io_cost(costs, receiver.name, packet.link.src, packet.nbytes),
+                     self._take, packet)
         else:
             self._take(packet)
         on_message = self.on_message
@@ -464,8 +477,8 @@ class SimTransport(Transport):
         """The main thread has sent `message`: this node's I/O thread moves it out."""
         cpus, costs = self.network.cpus, self.network.costs
         assert cpus is not None and costs is not None
-        cpus.run(io_thread(self.name), costs.io.seconds(nbytes), self._route, peer, message,
-                 True)
+        cpus.run(io_thread(self.name), self.network.io_cost(costs, self.name, peer, nbytes),
+                 self._route, peer, message, True)
 
     def _route(self, peer: str, message: list[Frame], later: bool = False) -> bool:
         """Put `message` on its way to `peer` (or hold it until its endpoint is bound); after

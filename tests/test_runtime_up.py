@@ -235,8 +235,11 @@ def test_paddle_environment_variables_run_one_node_per_process(tmp_path: Path) -
     scenario, out = scenario_file(tmp_path, expect="{}"), tmp_path / "out"
     (endpoint,) = free_endpoints(1)
     host, port = endpoint.split(":")
-    pserver_env = paddle_env("PSERVER", endpoint, 1, POD_IP=host, PADDLE_PORT=port)
-    trainer_env = paddle_env("TRAINER", endpoint, 1, PADDLE_TRAINER_ID="0")
+    keys = tmp_path / "keys"  # the job's keys, found through PSLAB_KEYS
+    assert cli.main(["keys", str(keys), "--pservers", "1", "--trainers", "1"]) == 0
+    pserver_env = paddle_env("PSERVER", endpoint, 1, POD_IP=host, PADDLE_PORT=port,
+                             PSLAB_KEYS=str(keys))
+    trainer_env = paddle_env("TRAINER", endpoint, 1, PADDLE_TRAINER_ID="0", PSLAB_KEYS=str(keys))
     commands = [([sys.executable, "-m", "runtime.cli", "up"], pserver_env),
                 ([sys.executable, "-m", "runtime.services.node"], trainer_env)]
     procs = [subprocess.Popen([*cmd, str(scenario), "--out", str(out)], env=env,

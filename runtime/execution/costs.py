@@ -36,6 +36,14 @@ trips of small messages on this machine), the rest of the nodes' I/O time per by
 beside the main thread, so the simulator charges it on a processor of its own that shares the host's
 cores: a message leaves after its sender's main thread and then its I/O thread have done their
 part, and is handled after the receiver's I/O thread and then its main thread have.
+
+CurveZMQ (`runtime.network.curve`) adds I/O-thread work too: `CurveCosts`, a handshake per
+connection on each side and a per-byte cost of encrypting (sender) or decrypting (receiver)
+each message. They are calibrated constants (`CURVE`, measured by `calibrate_curve` as its
+docstring says) rather than fitted from a run: a profile's ``curve`` section says the job was
+encrypted, and its ``io`` is then what ZeroMQ costs besides CURVE (`fit_costs` takes the
+encryption out), so the same profile predicts an encrypted job with the section and an
+``--insecure`` one without it.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ from transpiler.ir import Op
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import LoDTensor, SelectedRows, Value
 
-__all__ = ["KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples", "RECEIVES", "REPLY_KINDS",
+__all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples", "RECEIVES", "REPLY_KINDS",
            "RuntimeCosts", "SENDS", "Side", "calibrate_io", "fit_costs", "fit_io", "fit_linear",
            "machine", "output_elements"]
 
@@ -80,6 +88,24 @@ class Linear:
 
 
 @dataclass(frozen=True)
+class CurveCosts:
+    """What CurveZMQ costs a node's I/O thread: `handshake` seconds per connection (each side),
+    `per_byte` seconds per byte of each message it encrypts or decrypts."""
+
+    handshake: float = 0.0
+    per_byte: float = 0.0
+
+    def document(self) -> dict[str, float]:
+        return {"handshake": self.handshake, "per_byte": self.per_byte}
+
+
+CURVE = CurveCosts(handshake=4.2e-4, per_byte=7e-10)
+"""`calibrate_curve()` on the development machine (2 cores of a shared x86-64 VM, libzmq
+4.3.5 with libsodium): ``python -c "from runtime.execution.costs import calibrate_curve;
+print(calibrate_curve())"`` prints this machine's figures."""
+
+
+@dataclass(frozen=True)
 class RuntimeCosts:
     """What a node spends besides kernels (see the module doc)."""
 
@@ -90,12 +116,23 @@ class RuntimeCosts:
     step_overhead: float = 0.0
     round_overhead: float = 0.0
     io: Linear = Linear()
-    """A message's cost on its node's I/O thread, on either side."""
+    """A message's cost on its node's I/O thread, on either side (CURVE's besides)."""
     machine: Mapping[str, Any] = field(default_factory=dict)
+    curve: CurveCosts | None = None
+    """The job is encrypted (CurveZMQ) and this is what that costs; None: it is not."""
 
     def message(self, side: Side, kind: str, nbytes: int) -> float:
         cost = self.messages.get((side, kind)) or self.default.get(side)
         return 0.0 if cost is None else cost.seconds(nbytes)
+
+    def io_seconds(self, nbytes: int) -> float:
+        """A message's cost on its node's I/O thread, its encryption included."""
+        seconds = self.io.seconds(nbytes)
+        return seconds if self.curve is None else seconds + self.curve.per_byte * nbytes
+
+    def handshake(self) -> float:
+        """What opening a connection costs each side's I/O thread."""
+        return 0.0 if self.curve is None else self.curve.handshake
 
     def document(self) -> dict[str, Any]:
         """The ``runtime`` section of a profile file."""
@@ -104,9 +141,12 @@ class RuntimeCosts:
             sides[side][kind] = cost.document()
         for side, cost in self.default.items():
             sides[side]["*"] = cost.document()
-        return {"messages": sides, "io": self.io.document(), "op_overhead": self.op_overhead,
-                "step_overhead": self.step_overhead, "round_overhead": self.round_overhead,
-                "machine": dict(self.machine)}
+        document = {"messages": sides, "io": self.io.document(),
+                    "op_overhead": self.op_overhead, "step_overhead": self.step_overhead,
+                    "round_overhead": self.round_overhead, "machine": dict(self.machine)}
+        if self.curve is not None:
+            document["curve"] = self.curve.document()
+        return document
 
     @staticmethod
     def from_document(raw: Mapping[str, Any]) -> RuntimeCosts:
@@ -122,12 +162,16 @@ class RuntimeCosts:
                 else:
                     messages[side, kind] = cost
         io = raw.get("io") or {}
+        curve = raw.get("curve")
         return RuntimeCosts(messages, default, float(raw.get("op_overhead", 0.0)),
                             float(raw.get("step_overhead", 0.0)),
                             float(raw.get("round_overhead", 0.0)),
                             Linear(float(io.get("per_message", 0.0)),
                                    float(io.get("per_byte", 0.0))),
-                            dict(raw.get("machine", {})))
+                            dict(raw.get("machine", {})),
+                            None if curve is None else CurveCosts(
+                                float(curve.get("handshake", 0.0)),
+                                float(curve.get("per_byte", 0.0))))
 
 
 def machine() -> dict[str, Any]:
@@ -376,10 +420,56 @@ def calibrate_io(messages: int = 2000) -> float:
     return max(other, 0.0) / (4 * messages)
 
 
+def calibrate_curve(connections: int = 50, megabytes: int = 64) -> CurveCosts:
+    """This machine's `CurveCosts`: process CPU time (all threads) of `connections` CURVE
+    handshakes between a DEALER and a ROUTER over loopback TCP, over two sides; and of
+    `megabytes` MiB sent one way in 1 MiB messages with CURVE less the same without, per byte
+    over two sides (one encrypts, the other decrypts)."""
+    import zmq  # here: the model itself needs no ZeroMQ
+
+    def run(curve: bool, handshakes: int, messages: int) -> float:
+        context = zmq.Context(io_threads=1)
+        server_public, server_secret = zmq.curve_keypair()
+        client_public, client_secret = zmq.curve_keypair()
+        payload = b"x" * (1 << 20)
+        started = time.process_time()
+        for _ in range(handshakes):
+            router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+            for socket in (router, dealer):
+                socket.setsockopt(zmq.LINGER, 0)
+            if curve:
+                router.setsockopt(zmq.CURVE_SERVER, 1)
+                router.setsockopt(zmq.CURVE_SECRETKEY, server_secret)
+                dealer.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+                dealer.setsockopt(zmq.CURVE_PUBLICKEY, client_public)
+                dealer.setsockopt(zmq.CURVE_SECRETKEY, client_secret)
+            port = router.bind_to_random_port("tcp://127.0.0.1")
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+            dealer.send(b"h")
+            router.recv_multipart()
+            for _ in range(messages):
+                dealer.send(payload, copy=False)
+                router.recv_multipart(copy=False)
+            router.close()
+            dealer.close()
+        seconds = time.process_time() - started
+        context.term()
+        return seconds
+
+    handshake = (run(True, connections, 0) - run(False, connections, 0)) / (2 * connections)
+    per_byte = ((run(True, 1, megabytes) - run(False, 1, megabytes))
+                / (2 * megabytes * (1 << 20)))
+    return CurveCosts(max(handshake, 0.0), max(per_byte, 0.0))
+
+
 def fit_costs(records: Mapping[str, Mapping[str, Any]],
-              io_per_message: float | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
+              io_per_message: float | None = None,
+              curve: CurveCosts = CURVE) -> tuple[RuntimeCosts, list[NodeCosts]]:
     """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
-    `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`)."""
+    `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`). A run
+    whose nodes say they were ``encrypted`` gets `curve` as its `RuntimeCosts.curve`, and
+    the I/O thread's figures are fitted to its time less that (each node's bytes, and a
+    handshake with each node of the other role)."""
     ops = sum(int(r["ops"]) for r in records.values())
     measuring = sum(r.get("bookkeeping_seconds", 0.0) for r in records.values())
     op_overhead = max((sum(r["op_seconds"] for r in records.values())
@@ -421,8 +511,13 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
         if count:
             default[side] = Linear(sum(n * c.per_message for n, c in fits) / count,
                                    sum(n * c.per_byte for n, c in fits) / count)
+    encrypted = any(r.get("encrypted") for r in records.values())
+    peers = {"trainer": len(pservers), "pserver": len(trainers)}
     io = fit_io([n.messages for n in nodes], [n.bytes for n in nodes],
-                [max(n.cpu_seconds - n.main_seconds, 0.0) for n in nodes], io_per_message)
+                [max(n.cpu_seconds - n.main_seconds - (curve.per_byte * n.bytes
+                                                       + curve.handshake * peers[n.role]
+                                                       if encrypted else 0.0), 0.0)
+                 for n in nodes], io_per_message)
     costs = RuntimeCosts(messages, default, op_overhead, step_overhead, round_overhead, io,
-                         machine())
+                         machine(), curve if encrypted else None)
     return costs, nodes

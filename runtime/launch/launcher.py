@@ -42,6 +42,13 @@ deleted before `launch` returns, whatever happened. Without it the nodes share t
 loopback and the notes list every network setting not applied
 (`runtime.launch.netns.network_notes`).
 
+Every job talks CurveZMQ (`runtime.network.curve`): the launcher writes a fresh keypair per
+node into ``OUT/keys`` (secret keys mode 0600) and starts each node with ``--keys OUT/keys``,
+unless ``--keys DIR`` names the job's keys or ``--insecure`` (which warns) turns security off.
+A job behind fault proxies runs without it, and says so: a `FaultProxy` reads ZMTP frames to
+find messages, which CURVE encrypts (every proxied endpoint is on this host: its loopback, or
+the namespaces ``--netns`` made on it).
+
 At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.config.metrics`: the
 run record `sim run` writes too, schema in ``runtime/config/metrics.schema.json``), checks
 the scenario's `expect` (`runtime.config.expect`) when every node succeeded, and prints a summary
@@ -85,11 +92,13 @@ from runtime.faults.proxy import FaultProxy, Faults
 from runtime.faults.schedule import FaultSchedule
 from runtime.launch.netns import (PORT, Fabric, NetnsError, link_latencies, network_notes,
                                   sigterm_interrupts)
+from runtime.network.curve import KeyFileError, write_keys
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import pserver_name, run_job, train_locally
 from runtime.services.job import Job
 from runtime.services.lifeline import launcher_environment
-from runtime.services.node import ENV_VARS, checkpoint_dir_for, node_file_stem, node_name, run_async
+from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_file_stem,
+                                   node_keys, node_name, run_async)
 from runtime.services.progress import Channel, Progress, read_progress
 
 GRACE_SECONDS = 5.0
@@ -389,6 +398,8 @@ class Launcher:
     network's latency under ``--netns``."""
     nodes: list[NodeRun] = field(default_factory=list)
     injector: FaultSchedule | None = None
+    security: list[str] = field(default_factory=lambda: ["--insecure"])
+    """Flags every node gets: ``--keys DIR`` (`secure`), or ``--insecure``."""
     _comebacks: dict[str, asyncio.Future[None]] = field(default_factory=dict, init=False)
     """node -> set when the fault schedule restarts that crashed node."""
 
@@ -451,10 +462,10 @@ class Launcher:
         """The node's flags besides its role: where a pserver serves, and how a restart
         differs from the first start."""
         if node.role == "trainer":
-            return ["--incarnation", str(life)] if life else []
+            return self.security + (["--incarnation", str(life)] if life else [])
         bind = self.binds[node.index]
         flags = ["--bind", bind] if bind != self.endpoints[node.index] else []
-        return flags + (["--recover"] if life else [])
+        return self.security + flags + (["--recover"] if life else [])
 
     async def _start(self, node: NodeRun) -> None:
         number = len(node.lives)
@@ -810,12 +821,37 @@ def verdict(metrics: JobMetrics) -> str:
     return f"OK: {job.scenario}" + "".join(f": {detail}" for detail in expected)
 
 
+def secure(launcher: Launcher, keys: Path | None, insecure: bool) -> list[str]:
+    """Choose the nodes' `Launcher.security` (see the module doc): the job's keys, checked
+    here, or keys made in OUT/keys; none with `insecure` or fault proxies. The warnings to
+    show; `KeyFileError` names a key file missing from `keys`."""
+    if insecure:
+        launcher.security = ["--insecure"]
+        return [insecure_warning(f"runtime up {launcher.scenario.name}", launcher.endpoints)]
+    if launcher.proxies:
+        launcher.security = ["--insecure"]
+        unused = f" ({keys} not used)" if keys is not None else ""
+        return [f"warning: the fault proxies read ZeroMQ's frames, which CurveZMQ would encrypt: "
+                f"this job runs unauthenticated and unencrypted{unused}, its endpoints on this "
+                "host; see SECURITY.md"]
+    if keys is None:
+        keys = launcher.out / "keys"
+        write_keys(keys, [node_file_stem(n.role, n.index) for n in launcher.nodes], force=True)
+    for node in launcher.nodes:
+        node_keys(keys, node.role, node.index, launcher.scenario.cluster.trainers,
+                  launcher.endpoints)
+    launcher.security = ["--keys", str(keys.resolve())]
+    return []
+
+
 def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
-           stream: TextIO, netns: bool = False) -> int:
+           stream: TextIO, netns: bool = False, keys: Path | None = None,
+           insecure: bool = False) -> int:
     """Run every node of `scenario` as a process; the exit status for `runtime up`. With
     `netns`, each node in a network namespace of its own with the scenario's network applied
     (`runtime.launch.netns`; `check_netns` says whether that can work here): the namespaces are
-    deleted before this returns, on failure and interruption too."""
+    deleted before this returns, on failure and interruption too. `keys` and `insecure`: the
+    job's security (`secure`)."""
     prepare_out(out, scenario)
     notes = ignored_by_runtime(scenario, netns)
     if not netns:
@@ -823,10 +859,11 @@ def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: P
         proxies, binds = fault_proxies(scenario, endpoints)
         launcher = Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out, binds,
                             proxies)
-        return run_launcher(launcher, notes, stream)
+        return run_launcher(launcher, notes, stream, keys=keys, insecure=insecure)
     with sigterm_interrupts():  # Ctrl-C or SIGTERM: the namespaces are deleted all the same
         try:
-            return _launch_in_namespaces(scenario_path, overrides, scenario, out, stream, notes)
+            return _launch_in_namespaces(scenario_path, overrides, scenario, out, stream, notes,
+                                         keys, insecure)
         except KeyboardInterrupt:
             print("FAILED: interrupted (the network namespaces are deleted)", file=stream,
                   flush=True)
@@ -834,7 +871,8 @@ def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: P
 
 
 def _launch_in_namespaces(scenario_path: Path, overrides: list[str], scenario: Scenario,
-                          out: Path, stream: TextIO, notes: list[str]) -> int:
+                          out: Path, stream: TextIO, notes: list[str], keys: Path | None,
+                          insecure: bool) -> int:
     try:
         fabric = Fabric.create(scenario)
     except NetnsError as exc:
@@ -845,7 +883,7 @@ def _launch_in_namespaces(scenario_path: Path, overrides: list[str], scenario: S
             print(f"note: removed network namespaces an earlier run left behind: "
                   f"{', '.join(fabric.removed_stale)}", file=stream)
         launcher = netns_launcher(scenario_path, overrides, scenario, out, fabric)
-        return run_launcher(launcher, notes, stream, fabric)
+        return run_launcher(launcher, notes, stream, fabric, keys, insecure)
     finally:
         for problem in fabric.delete():
             print(f"warning: --netns: deleting the namespaces: {problem}", file=stream,
@@ -878,9 +916,20 @@ def netns_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario
 
 
 def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
-                 fabric: Fabric | None = None) -> int:
-    """Run `launcher`'s job, report, check and record it; the exit status."""
+                 fabric: Fabric | None = None, keys: Path | None = None,
+                 insecure: bool = False) -> int:
+    """Run `launcher`'s job, secured as `secure` says, report, check and record it; the exit
+    status."""
     scenario, out = launcher.scenario, launcher.out
+    try:
+        warnings = secure(launcher, keys, insecure)
+    except KeyFileError as exc:
+        for node in launcher.nodes:
+            node.log.close()
+        print(f"FAILED: --keys: {exc}", file=stream, flush=True)
+        return 1
+    for warning in warnings:
+        print(warning, file=sys.stderr, flush=True)
     cluster, train = scenario.cluster, scenario.train
     binds = ",".join(dict.fromkeys(launcher.binds))
     where = " in their namespaces" if fabric is not None else ""
@@ -889,6 +938,9 @@ def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
           f"{','.join(launcher.endpoints)}{behind}, {cluster.trainers} trainer(s), "
           f"{scenario.transpiler.mode}, {train.steps} steps of {scenario.data.batch_size}; "
           f"logs in {out / 'logs'}", file=stream, flush=True)
+    if launcher.security[0] == "--keys":
+        print(f"CurveZMQ: every connection authenticated and encrypted, keys in "
+              f"{launcher.security[1]}", file=stream)
     if fabric is not None:
         for host in fabric.hosts.values():
             shaped = f"tbf {fmt_rate(host.rate)} each way" if host.rate else "not shaped"

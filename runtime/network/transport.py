@@ -97,6 +97,8 @@ class Transport(abc.ABC):
     """Moves messages (lists of frames) between this node and its peers; see the module doc."""
 
     name: str
+    authenticated: bool = False
+    """Whether a message's peer is proven (by its key), not merely the name it gave."""
 
     @abc.abstractmethod
     async def bind(self, endpoint: str) -> str:

@@ -26,6 +26,17 @@ Every queue is bounded: the send and receive high-water marks (messages per peer
 and the largest frame a peer may send (`MAXMSGSIZE`; libzmq drops a connection that exceeds it
 before allocating the frame). Close uses LINGER `linger_ms` (0 by default) and terminates the
 context if this transport created it.
+
+Security (`runtime.network.curve`): with `CurveKeys`, the ROUTER is a CURVE server that admits
+only the job's client keys (a `ZapHandler` on the loop answers its context's ZAP requests), and
+each DEALER a CURVE client of its endpoint's server key: every byte is encrypted and
+authenticated. A message's peer is then its connection's key owner, not merely the routing id
+the client chose: a message whose routing id is not its key's owner (a trainer's key claiming
+another trainer's name) is dropped and counted in `impostors`, the handshakes ZAP refused in
+`unauthenticated`. DESIGN: ROUTER_HANDOVER stays on (a restarted trainer must reclaim its
+name while the server still holds its dead connection), so a key holder of the job that claims
+another's routing id can divert that trainer's replies until it reconnects: a disruption by
+an insider, never a message accepted under another's name (see SECURITY.md).
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from typing import Any, cast
 
 import zmq
 
+from runtime.network.curve import CurveKeys, ZapHandler, make_client, make_server
 from runtime.network.transport import (Inbound, Inbox, EndpointError, Frame, Transport,
                                        TransportClosed, TransportError, UnknownPeerError,
                                        check_node_name)
@@ -123,6 +135,7 @@ class ZmqTransport(Transport):
         name: str,
         limits: ZmqLimits | None = None,
         context: zmq.Context[Any] | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.name = check_node_name(name)
         self.limits = limits or ZmqLimits()
@@ -136,6 +149,16 @@ class ZmqTransport(Transport):
         self._inbox = Inbox(self.limits.inbox)
         self._handler: Callable[[str, list[Frame]], None] | None = None
         self._closed = False
+        self.curve = curve
+        self.authenticated = curve is not None
+        self._zap: ZapHandler | None = None
+        self.impostors = 0
+        """Messages dropped: their routing id was not the name their key belongs to."""
+
+    @property
+    def unauthenticated(self) -> int:
+        """Connections refused at the handshake: their key is not one of the job's."""
+        return 0 if self._zap is None else self._zap.refused
 
     @property
     def sockets(self) -> list[zmq.Socket[Any]]:
@@ -159,6 +182,8 @@ class ZmqTransport(Transport):
         dealer = self._socket(zmq.DEALER)
         dealer.setsockopt(zmq.ROUTING_ID, self.name.encode())
         try:
+            if self.curve is not None:
+                make_client(dealer, self.curve, endpoint)
             dealer.connect(zmq_address(endpoint))
         except zmq.ZMQError as exc:
             dealer.close(linger=0)
@@ -216,6 +241,8 @@ class ZmqTransport(Transport):
                     waiter.set_exception(closed)
             socket.waiting.clear()
             socket.zmq.close(linger=self.limits.linger_ms)
+        if self._zap is not None:
+            self._zap.close()
         if self._owns_context:
             self._context.term()
         self._fail_waiters(TransportClosed(self.name, "recv"))
@@ -320,14 +347,27 @@ class ZmqTransport(Transport):
                 del parts[0]
             else:
                 peer = socket.endpoint  # type: ignore[assignment]
-            frames: list[Frame] = [part.buffer for part in parts]
-            if self._handler is not None:
-                self._handler(peer, frames)
-            else:
-                self._inbox.put_nowait((peer, frames))
+            if not router or self.curve is None or self._owned(peer, parts):
+                frames: list[Frame] = [part.buffer for part in parts]
+                if self._handler is not None:
+                    self._handler(peer, frames)
+                else:
+                    self._inbox.put_nowait((peer, frames))
             if not _events(sock) & _POLLIN:
                 return
         self._schedule(socket)
+
+    def _owned(self, peer: str, parts: list[zmq.Frame]) -> bool:
+        """Whether the routing id `peer` is the owner of the key the message came with (its
+        ZAP User-Id); if not, the message is dropped and counted."""
+        owner = parts[0].get("User-Id") if parts else None
+        if owner == peer:
+            return True
+        self.impostors += 1
+        if self.impostors & (self.impostors - 1) == 0:  # the 1st, 2nd, 4th, ...: no log flood
+            log.warning("%s: dropped a message from routing id %r sent with the key of %r "
+                        "(%d such so far)", self.name, peer, owner, self.impostors)
+        return False
 
     def _resume_paused(self) -> None:
         for socket in self._all():
@@ -368,9 +408,14 @@ class ZmqTransport(Transport):
         return socket
 
     def _open_router(self) -> _Socket:
+        if self.curve is not None:  # its handler first: no handshake may go unanswered
+            self._zap = ZapHandler(self._context, self.curve.clients, self.name)
+            self._zap.start(self._running_loop())
         router = self._socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if self.curve is not None:
+            make_server(router, self.curve)
         self._router = self._drive(router, None)
         return self._router
 

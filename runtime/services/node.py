@@ -44,6 +44,12 @@ the steps it lost) and ``--incarnation N`` a trainer restarted for the N-th time
 then differ from its earlier lives'). With ``PSLAB_MEASURE=1`` in its environment (`runtime
 profile` sets it) a node also times its kernels and its runtime costs
 (`runtime.execution.costs.Meter`) and writes them to ``OUT/nodes/<role>-<index>.costs.json``.
+
+Security (`runtime.network.curve`, SECURITY.md): a node talks CurveZMQ with the job's keys from
+``--keys DIR`` (or ``PSLAB_KEYS``), written by ``runtime keys DIR``: a pserver admits only the
+trainers' keys and takes a trainer's key as its identity, a trainer checks each pserver's key.
+Without keys a node refuses to start unless ``--insecure`` says so, and then warns that anyone
+reaching its endpoints can read, change and end the job.
 """
 
 from __future__ import annotations
@@ -66,14 +72,15 @@ from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
 from runtime.execution.executor import timing_kernels
+from runtime.network.curve import KEYS_VAR, CurveKeys, load_keys
 from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
                                       trainer_name)
 from runtime.services.job import Job, check_job
 from runtime.services.lifeline import die_with_launcher, launcher_pid
-from runtime.services.pserver import TrainersGone
 from runtime.services.progress import Progress, Reporter
+from runtime.services.pserver import TrainersGone
 from runtime.services.trainer import TrainerReport
 
 log = logging.getLogger("runtime.services.node")
@@ -115,6 +122,8 @@ class NodeOptions:
     alone: bool = False
     """No `runtime up` supervises this process (role mode): a pserver whose trainers are all
     gone stops (`EXIT_TRAINERS_GONE`) instead of waiting for them until its deadline."""
+    keys: Path | None = None
+    """The job's key directory (CurveZMQ); None: unauthenticated and unencrypted (--insecure)."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +254,41 @@ def node_options(role: Role | None, bind: str | None, recover: bool,
     return NodeOptions(bind, recover, incarnation or 0)
 
 
+def key_directory(role: Role | None, keys: Path | None, insecure: bool,
+                  env: Mapping[str, str]) -> Path | None:
+    """The job's key directory: ``--keys``, else `KEYS_VAR`; None with ``--insecure``, or for
+    `runtime up` launching the job itself (role None), which then makes keys of its own."""
+    if keys is not None and insecure:
+        raise RoleError("--keys and --insecure contradict each other; give one of them")
+    if insecure:
+        return None
+    named = keys or (Path(env[KEYS_VAR].strip()) if env.get(KEYS_VAR, "").strip() else None)
+    if named is None and role is not None:
+        raise RoleError(f"{role.name}: no keys: give --keys DIR (written by `runtime keys DIR`) "
+                        f"or set {KEYS_VAR}, or run unauthenticated and unencrypted with "
+                        "--insecure (see SECURITY.md)")
+    return named
+
+
+def insecure_warning(who: str, endpoints: Sequence[str]) -> str:
+    """What a node or job run with ``--insecure`` says on stderr."""
+    return (f"warning: {who}: --insecure: no CurveZMQ: whoever reaches "
+            f"{','.join(endpoints) or 'the pserver endpoints'} can read and change the "
+            "parameters and end the job; see SECURITY.md")
+
+
+def node_keys(directory: Path, role: str, index: int, trainers: int,
+              endpoints: Sequence[str]) -> CurveKeys:
+    """A node's keys from the job's key directory: a pserver's keypair and the public key of
+    each of the `trainers`, or a trainer's keypair and the public key of the pserver at each of
+    the `endpoints` (`runtime.network.curve`)."""
+    if role == "pserver":
+        return load_keys(directory, node_file_stem("pserver", index), clients={
+            node_file_stem("trainer", i): trainer_name(i) for i in range(trainers)})
+    return load_keys(directory, node_file_stem("trainer", index), servers={
+        node_file_stem("pserver", j): endpoint for j, endpoint in enumerate(endpoints)})
+
+
 def checkpoint_dir_for(scenario: Scenario, out: Path | None) -> Path | None:
     """Where pservers save their checkpoints: ``train.checkpoint_dir``, else ``OUT/checkpoints``
     (None without an output directory: then only a scenario that names one checkpoints)."""
@@ -323,12 +367,15 @@ def measuring() -> bool:
     return os.environ.get(MEASURE_VAR) == "1"
 
 
-def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes) -> None:
-    """The node's measurements, for `runtime profile`: OUT/nodes/<stem>.costs.json."""
+def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes,
+                encrypted: bool = False) -> None:
+    """The node's measurements, for `runtime profile`: OUT/nodes/<stem>.costs.json;
+    `encrypted`: it talked CurveZMQ, whose cost `fit_costs` takes out of its I/O thread's."""
     if out is None:
         return
     seconds = sum(sum(s.seconds) for s in times.samples.values())
     record = meter.record(seconds, times.calls, times.bookkeeping)
+    record["encrypted"] = encrypted
     record["kernels"] = {op: {"elements": s.elements, "seconds": s.seconds}
                          for op, s in times.samples.items()}
     path = out / "nodes" / f"{stem}.costs.json"
@@ -340,7 +387,9 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     train = job.scenario.train
     endpoint = job.endpoints[index]
     # linger: the acks of the last COMPLETE messages must leave before the process exits
-    transport = ZmqTransport(pserver_name(index), ZmqLimits(linger_ms=2000))
+    keys = (None if options.keys is None
+            else node_keys(options.keys, "pserver", index, job.trainers, job.endpoints))
+    transport = ZmqTransport(pserver_name(index), ZmqLimits(linger_ms=2000), curve=keys)
     times = KernelTimes()
     with timing_kernels(times) if measuring() else nullcontext():
         service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(
@@ -358,12 +407,15 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
         stats = await _before_deadline(service.serve(bind), train.deadline,
                                        f"{service.name}: not every trainer completed")
     finally:
+        service.stats.refused += transport.impostors
+        service.stats.unauthenticated += transport.unauthenticated
         await transport.close()
     if service.meter is not None:
-        write_costs(out, node_file_stem("pserver", index), service.meter, times)
+        write_costs(out, node_file_stem("pserver", index), service.meter, times, keys is not None)
     record = PserverMetrics.from_stats(index, endpoint, stats)
-    log.info("%s: done after %d steps, %d messages, %d errors", service.name, stats.steps,
-             stats.messages, stats.errors)
+    log.info("%s: done after %d steps, %d messages, %d errors, %d refused for their sender, "
+             "%d connections refused", service.name, stats.steps, stats.messages, stats.errors,
+             stats.refused, stats.unauthenticated)
     if out is not None:
         write_record(out / "nodes" / f"{node_file_stem('pserver', index)}.json", record)
     return record
@@ -375,7 +427,9 @@ async def run_trainer(job: Job, index: int, out: Path | None,
     steps, batch = scenario.train.steps, scenario.data.batch_size
     times = KernelTimes()
     with timing_kernels(times) if measuring() else nullcontext():
-        trainer = make_trainer(job, index, ZmqTransport(trainer_name(index)),
+        keys = (None if options.keys is None
+                else node_keys(options.keys, "trainer", index, job.trainers, job.endpoints))
+        trainer = make_trainer(job, index, ZmqTransport(trainer_name(index), curve=keys),
                                incarnation=options.incarnation)
     client = trainer.client
     if measuring():
@@ -407,7 +461,7 @@ async def run_trainer(job: Job, index: int, out: Path | None,
         if reporter is not None:
             reporter.close()
     if client.meter is not None:
-        write_costs(out, node_file_stem("trainer", index), client.meter, times)
+        write_costs(out, node_file_stem("trainer", index), client.meter, times, keys is not None)
     record = TrainerMetrics.from_steps(index, report.losses, report.step_times,
                                        report.first_step, report.redone)
     if out is not None:
@@ -455,6 +509,8 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
             log.warning("%s: faults[%d] (%s) not injected: a node on its own has no launcher to "
                         "kill, restart, pause or proxy its peers; inject it from outside (see "
                         "docs/architecture.md)", role.name, i, type(fault).__name__.lower())
+        if options.keys is None:
+            print(insecure_warning(role.name, job.endpoints), file=sys.stderr, flush=True)
         if role.role == "pserver":
             run_async(serve_pserver(job, role.index, out, options))
         else:
@@ -495,6 +551,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--incarnation", type=int, metavar="N",
                         help="a trainer restarted for the N-th time (its message ids then "
                              "differ from its earlier lives')")
+    parser.add_argument("--keys", type=Path, metavar="DIR",
+                        help=f"the job's CurveZMQ keys (written by `runtime keys DIR`; default: "
+                             f"${KEYS_VAR}); runtime up without --role makes a job's own in "
+                             "OUT/keys")
+    parser.add_argument("--insecure", action="store_true",
+                        help="no CurveZMQ: nodes neither authenticate nor encrypt (warns; see "
+                             "SECURITY.md)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -509,10 +572,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if role is None:
             raise RoleError("no role: give --role and --index, or set TRAINING_ROLE")
         options = node_options(role, args.bind, args.recover, args.incarnation)
+        keys = key_directory(role, args.keys, args.insecure, os.environ)
         scenario = load_for_role(args.scenario, args.set, role)
     except (RoleError, ScenarioError) as err:
         parser.error(str(err))
-    return run_role(scenario, role, args.out, options)
+    return run_role(scenario, role, args.out, replace(options, keys=keys))
 
 
 if __name__ == "__main__":

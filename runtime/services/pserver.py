@@ -59,6 +59,11 @@ retry of a request still waiting (deferred until the round moves on) gets a ``pe
 so the trainer knows this server is alive and waits on rather than timing out on it: a request
 times out only on a server that has gone silent, and the error names that one. Any failure in
 handling one message becomes an error reply to its sender; the server keeps serving.
+
+Identity: over an authenticating transport (CURVE, `runtime.network.curve`) the peer is the
+owner of the key the message came with, and a request whose header names another sender (its
+``src``, or its ``trainer`` id) is refused with an error reply before the core sees it, and
+counted in `ServerStats.refused`: a trainer's key speaks for that trainer only.
 """
 
 from __future__ import annotations
@@ -128,6 +133,11 @@ class ServerStats:
     heartbeat_bytes: int = 0
     """Bytes in and out of heartbeats and their acknowledgements (their number depends on how
     long the job runs, not on its steps)."""
+    refused: int = 0
+    """Messages refused for their sender: a header naming another node than the key it came
+    with, or (added by the node from its transport) a routing id not its key's owner."""
+    unauthenticated: int = 0
+    """Connections refused at the handshake: a key that is not one of the job's."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +274,12 @@ class PserverService:
         except DecodeError as exc:
             await self._reject(Reject(peer, exc, None))
             return Kind.ERROR.value
+        if self.transport.authenticated:
+            claim = impersonation(peer, msg)
+            if claim is not None:
+                self.stats.refused += 1
+                await self._reject(Reject(peer, ProtocolViolation(claim), msg))
+                return Kind.ERROR.value
         if msg.kind is Kind.HEARTBEAT:
             self.stats.heartbeat_bytes += charged_size(frames)
         await self._drive(self.core.on_message(peer, msg))
@@ -447,3 +463,15 @@ def _loop_time() -> float:
 
 __all__ = ["INITIAL_STEP", "PserverService", "ProtocolViolation", "ServeConfig", "ServerStats",
            "BlockRef"]
+
+
+def impersonation(peer: str, msg: Message) -> str | None:
+    """Why `msg`, which came with the key of `peer`, claims to be another node's; None if it
+    does not. The ``trainer`` field is checked where present (the core refuses a request
+    without one)."""
+    if msg.src != peer:
+        return f"message claims sender {msg.src!r} but comes with the key of {peer!r}"
+    trainer = msg.extra.get("trainer")
+    if trainer is not None and f"trainer:{trainer}" != peer:
+        return f"message claims trainer id {trainer!r} but comes with the key of {peer!r}"
+    return None

@@ -1,0 +1,238 @@
+"""CurveZMQ for a job: its key files, and the admission of its clients by their keys (ZAP).
+
+Every job has one CURVE keypair per node: a pserver's (one per endpoint) and a trainer's. The
+key directory holds them as ZeroMQ certificate files (`zmq.auth.load_certificate` reads them):
+``<node>.key`` the public key, ``<node>.key_secret`` the keypair, where ``<node>`` is the node's
+file stem (``pserver-0``, ``trainer-3``). Secret files are written mode 0600 in a directory of
+mode 0700, and a secret file that others may read is refused, as ssh refuses such a key.
+
+A node loads only what it needs (`load_keys`): its own keypair and the public keys of its peers:
+a pserver those of every trainer of the job, each bound to the trainer's name; a trainer those
+of the pservers, each bound to the endpoint it connects to. A missing or malformed file is a
+`KeyFileError` that names it.
+
+Admission: a serving socket is a CURVE server whose ZAP requests (RFC 27, on
+``inproc://zeromq.zap.01`` of its context) `ZapHandler` answers from the event loop: a client
+key of the job is admitted with the key's owner as its ZAP User-Id, which libzmq then attaches
+to every message of that connection; any other key, or another mechanism, is refused before
+a single message gets through. DESIGN: a handler of our own rather than `zmq.auth`'s
+authenticator: that one runs a thread (or `zmq.asyncio`, which this runtime avoids) and
+reports the key itself as the User-Id, while the transport wants the owner's name to compare
+with the routing id the client chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import zmq
+import zmq.auth
+import zmq.utils.z85
+
+log = logging.getLogger(__name__)
+
+KEYS_VAR = "PSLAB_KEYS"
+"""The environment variable naming a node's key directory when ``--keys`` does not."""
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = "pslab"
+PUBLIC_SUFFIX = ".key"
+SECRET_SUFFIX = ".key_secret"
+
+
+class KeyFileError(ValueError):
+    """A key file is missing, malformed or unsafe; the message names the file."""
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """What one node's transport needs for CURVE: its keypair, the client keys it admits when
+    it serves (public key -> owner's node name) and the server key of each endpoint it
+    connects to (endpoint -> public key)."""
+
+    public: bytes
+    secret: bytes = field(repr=False)
+    clients: Mapping[bytes, str] = field(default_factory=dict)
+    servers: Mapping[str, bytes] = field(default_factory=dict)
+
+
+# -- key files ---------------------------------------------------------------------------------
+
+def public_path(directory: Path, stem: str) -> Path:
+    return directory / f"{stem}{PUBLIC_SUFFIX}"
+
+
+def secret_path(directory: Path, stem: str) -> Path:
+    return directory / f"{stem}{SECRET_SUFFIX}"
+
+
+def _certificate(public: bytes, secret: bytes | None) -> str:
+    kind = "Secret" if secret is not None else "Public"
+    lines = [f"#   ZeroMQ CURVE **{kind}** Certificate (pslab)"]
+    if secret is not None:
+        lines.append("#   Keep it mode 0600; give it only to the node it names.")
+    lines += ["", "metadata", "curve", f'    public-key = "{public.decode()}"']
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode()}"')
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str, mode: int, force: bool) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        raise KeyFileError(f"{path}: already exists (keys are not replaced without --force)") \
+            from None
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
+    os.chmod(path, mode)  # the umask, or an earlier file's mode, must not widen it
+
+
+def write_keys(directory: Path, stems: list[str], force: bool = False) -> list[Path]:
+    """Write a fresh keypair for each node file stem into `directory` (made mode 0700): the
+    public ``<stem>.key`` (0644) and the secret ``<stem>.key_secret`` (0600); the paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    written = []
+    for stem in stems:
+        public, secret = zmq.curve_keypair()
+        _write(public_path(directory, stem), _certificate(public, None), 0o644, force)
+        _write(secret_path(directory, stem), _certificate(public, secret), 0o600, force)
+        written += [public_path(directory, stem), secret_path(directory, stem)]
+    return written
+
+
+def _load(path: Path) -> tuple[bytes, bytes | None]:
+    if not path.is_file():
+        raise KeyFileError(f"{path}: no such key file (runtime keys DIR writes a job's keys)")
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (ValueError, OSError) as exc:
+        raise KeyFileError(f"{path}: not a ZeroMQ CURVE certificate: {exc}") from None
+    if public is None or len(public) != 40:
+        raise KeyFileError(f"{path}: no 40-character Z85 public-key")
+    return public, secret
+
+
+def read_public(path: Path) -> bytes:
+    """The public key in certificate file `path`."""
+    return _load(path)[0]
+
+
+def read_keypair(path: Path) -> tuple[bytes, bytes]:
+    """The keypair in secret certificate file `path`, which only its owner may read."""
+    mode = path.stat().st_mode if path.is_file() else 0
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(f"{path}: secret key readable by others (mode {mode & 0o777:04o}); "
+                           "chmod 600 it")
+    public, secret = _load(path)
+    if secret is None or len(secret) != 40:
+        raise KeyFileError(f"{path}: no 40-character Z85 secret-key")
+    return public, secret
+
+
+def load_keys(directory: Path, own: str, clients: Mapping[str, str] | None = None,
+              servers: Mapping[str, str] | None = None) -> CurveKeys:
+    """The `CurveKeys` of the node with file stem `own`: `clients` maps the file stems of the
+    clients it admits to their node names, `servers` the file stems of the servers it connects
+    to to their endpoints."""
+    if not directory.is_dir():
+        raise KeyFileError(f"{directory}: no such key directory")
+    public, secret = read_keypair(secret_path(directory, own))
+    admitted = {read_public(public_path(directory, stem)): name
+                for stem, name in (clients or {}).items()}
+    if len(admitted) != len(clients or {}):
+        raise KeyFileError(f"{directory}: two clients share a public key")
+    return CurveKeys(public, secret, admitted,
+                     {endpoint: read_public(public_path(directory, stem))
+                      for stem, endpoint in (servers or {}).items()})
+
+
+# -- sockets -----------------------------------------------------------------------------------
+
+def make_server(socket: zmq.Socket[Any], keys: CurveKeys) -> None:
+    """Make `socket` a CURVE server whose clients ZAP must admit (before it binds)."""
+    socket.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+    socket.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no handler: refuse, never admit everyone
+    socket.setsockopt(zmq.CURVE_SERVER, 1)
+    socket.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+
+def make_client(socket: zmq.Socket[Any], keys: CurveKeys, endpoint: str) -> None:
+    """Make `socket` a CURVE client of the server at `endpoint` (before it connects)."""
+    server = keys.servers.get(endpoint)
+    if server is None:
+        raise KeyFileError(f"no server key for endpoint {endpoint!r} among "
+                           f"{sorted(keys.servers)}")
+    socket.setsockopt(zmq.CURVE_SERVERKEY, server)
+    socket.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    socket.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+
+
+class ZapHandler:
+    """Answers a context's ZAP requests from the event loop: admits the keys in `clients`, each
+    with its owner's name as the User-Id, and refuses (and counts) everything else."""
+
+    def __init__(self, context: zmq.Context[Any], clients: Mapping[bytes, str], node: str) -> None:
+        self.node = node
+        self.clients = {zmq.utils.z85.decode(key): name for key, name in clients.items()}
+        self.admitted = 0
+        self.refused = 0
+        self._socket = context.socket(zmq.REP)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        try:
+            self._socket.bind(ZAP_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self._socket.close()
+            raise RuntimeError(f"node {node!r}: cannot answer ZAP requests ({exc}); a context "
+                               "serves one CURVE server") from exc
+        self._fd = cast(int, self._socket.getsockopt(zmq.FD))
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_reader(self._fd, self._answer_waiting)
+        loop.call_soon(self._answer_waiting)
+
+    def answer(self, request: list[bytes]) -> list[bytes]:
+        """The ZAP reply to `request`: version, request id, status code, text, User-Id, metadata."""
+        if len(request) < 6 or request[0] != b"1.0":
+            self.refused += 1
+            return [b"1.0", request[1] if len(request) > 1 else b"", b"500",
+                    b"malformed ZAP request", b"", b""]
+        _, request_id, domain, address, _, mechanism, *credentials = request
+        owner = (self.clients.get(credentials[0])
+                 if mechanism == b"CURVE" and domain == ZAP_DOMAIN.encode()
+                 and len(credentials) == 1 else None)
+        if owner is None:
+            self.refused += 1
+            log.warning("%s: refused a %s connection from %s: not a key of this job",
+                        self.node, mechanism.decode(errors="replace"),
+                        address.decode(errors="replace"))
+            return [b"1.0", request_id, b"400", b"key not admitted", b"", b""]
+        self.admitted += 1
+        return [b"1.0", request_id, b"200", b"OK", owner.encode(), b""]
+
+    def _answer_waiting(self) -> None:
+        socket = self._socket
+        if socket.closed:
+            return
+        while cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
+            socket.send_multipart(self.answer(socket.recv_multipart(_NOBLOCK)), _NOBLOCK)
+
+    def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._socket.close(linger=0)

@@ -16,6 +16,7 @@ import pytest
 
 from runtime import cli
 from runtime.config.metrics import read_metrics
+from runtime.network.curve import write_keys
 from runtime.services.lifeline import LAUNCHER_VAR
 
 from cluster_helpers import free_endpoints
@@ -40,9 +41,11 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     endpoints = ",".join(free_endpoints(2))
     env = {k: v for k, v in os.environ.items() if k != LAUNCHER_VAR}
     dirs = [tmp / f"host-{role}-{index}" for role, index in NODES]
+    keys = tmp / "keys"  # as `runtime keys` writes them, one keypair per node
+    write_keys(keys, [f"{role}-{index}" for role, index in NODES])
     procs = [subprocess.Popen([sys.executable, "-m", "runtime.cli", "up", str(scenario), "--role",
                                role, "--index", str(index), "--endpoints", endpoints, "--out",
-                               str(d)], env=env, stdout=subprocess.PIPE,
+                               str(d), "--keys", str(keys)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
              for (role, index), d in zip(NODES, dirs)]
     try:

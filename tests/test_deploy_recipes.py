@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from runtime import cli
+from runtime.network.curve import KEYS_VAR
 from runtime.services.node import ENV_VARS, resolve_role
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +62,7 @@ def check_node(command: list[str], env: dict[str, str]) -> None:
     role = resolve_role(args.role, args.index, args.endpoints, paddle)
     assert role is not None, (command, env)
     assert args.bind is None or role.role == "pserver"
+    assert env.get(KEYS_VAR) or args.keys, f"{command}: no keys: the job would not start"
 
 
 def test_docker_compose_runs_every_node_of_the_job() -> None:
@@ -85,7 +87,7 @@ def test_kubernetes_manifests_run_pservers_and_trainers_by_paddles_variables() -
     for document in documents:
         for container in containers(document):
             env = env_of(container)
-            assert set(env) - {"POD_NAME"} <= set(ENV_VARS), env
+            assert set(env) - {"POD_NAME", KEYS_VAR} <= set(ENV_VARS), env
             check_node(container["command"], env)
             roles.add(env["TRAINING_ROLE"])
     assert roles == {"PSERVER", "TRAINER"}
@@ -108,13 +110,16 @@ def test_the_slurm_script_is_valid_bash_and_runs_runtime_up_and_collect() -> Non
     if shutil.which("bash"):
         subprocess.run(["bash", "-n", str(DEPLOY / "slurm.sbatch")], check=True, timeout=10)
     commands = sbatch_commands(text)
-    assert [c[1] for c in commands] == ["up", "up", "collect"]
-    roles = [parsed(c).role for c in commands[:2]]
+    assert [c[1] for c in commands] == ["keys", "up", "up", "collect"]
+    keys = parsed(commands[0])
+    assert keys.pservers == 1 and keys.trainers == 1  # "$PSERVERS", "$TRAINERS"
+    roles = [parsed(c).role for c in commands[1:3]]
     assert roles == ["pserver", "trainer"]
-    for command in commands[:2]:
+    assert "export SCENARIO PSERVERS PORT OUT TRAINERS ENDPOINTS PSLAB_KEYS" in text
+    for command in commands[1:3]:
         args = parsed(command)
         assert args.out is not None and args.endpoints is not None
-    collect = parsed(commands[2])
+    collect = parsed(commands[3])
     assert collect.command == "collect" and collect.output is not None
 
 

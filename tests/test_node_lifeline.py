@@ -91,7 +91,7 @@ def test_a_pserver_on_its_own_stops_when_its_trainers_are_gone(tmp_path: Path) -
     scenario = scenario_file(tmp_path, steps=100000, expect="{}")
     (endpoint,) = free_endpoints(1)
     common = [str(scenario), "--endpoints", endpoint, "--set", "cluster.trainers=1",
-              "--set", "train.heartbeat_timeout=2s"]
+              "--set", "train.heartbeat_timeout=2s", "--insecure"]
     env = {k: v for k, v in os.environ.items() if k != LAUNCHER_VAR}
     pserver = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "up", "--role", "pserver", "--index", "0", *common],

@@ -124,3 +124,16 @@ def dropout_mask(ctx: KernelContext, x: Array) -> Array:
     else:
         key = [ctx.random_seed, zlib.crc32(np.ascontiguousarray(x).tobytes())]
     return (np.random.default_rng(key).random(x.shape) >= p).astype(np.uint8)
+
+
+def dropout_factor(ctx: KernelContext, x: Array) -> tuple[Array | None, float]:
+    """What dropout (and its grad, for Out@GRAD) multiplies X by: the keep-mask (None at
+    inference) times a scale: 1/(1 - p) in training with ``upscale_in_train`` (else 1), 1 - p
+    at inference with ``downgrade_in_infer`` (else 1). The forward op also stores its Mask."""
+    p, upscale = dropout_prob(ctx)
+    if ctx.attr("is_test", False):
+        return None, 1.0 if upscale else 1.0 - p
+    mask = ctx.input("Mask") if ctx.op.type.endswith("_grad") else dropout_mask(ctx, x)
+    if ctx.op.type == "dropout":
+        ctx.set_output("Mask", mask)
+    return mask, (0.0 if p == 1.0 else 1.0 / (1.0 - p)) if upscale else 1.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from runtime.execution.kernels.common import dropout_mask, dropout_prob, out_grad
+from runtime.execution.kernels.common import dropout_factor, out_grad
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
 from runtime.execution.kernels.shapes import (Window, conv_window, norm_split, pool_kind,
@@ -228,17 +228,8 @@ def layer_norm_grad(ctx: KernelContext) -> None:
 
 # -- dropout ------------------------------------------------------------------------------------
 def _dropout_factor(ctx: KernelContext, x: Array) -> Array | float:
-    """What dropout multiplies X by (and its gradient Out@GRAD): the mask (over 1 - p with
-    ``upscale_in_train``) in training, 1 - p or 1 at inference."""
-    p, upscale = dropout_prob(ctx)
-    if ctx.attr("is_test", False):
-        return 1.0 if upscale else 1.0 - p
-    mask = ctx.input("Mask") if ctx.op.type.endswith("_grad") else dropout_mask(ctx, x)
-    if ctx.op.type == "dropout":
-        ctx.set_output("Mask", mask)
-    if not upscale:
-        return mask
-    return np.zeros(x.shape) if p == 1.0 else mask / (1.0 - p)
+    mask, scale = dropout_factor(ctx, x)
+    return scale if mask is None else mask * scale
 
 
 @register("dropout")

@@ -14,11 +14,9 @@ from transpiler.ir import grad_name
 
 from runtime.execution.kernels.common import out_grad
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.numpy_math import reshape_target
 from runtime.execution.kernels.registry import register
 from runtime.execution.kernels.shapes import (matmul_flags, matmul_shape, slice_bounds,
-                                              split_sizes, squeeze_shape, transpose_perm,
-                                              unsqueeze_shape, xshape)
+                                              reshaped, split_sizes, transpose_perm, xshape)
 
 Array = np.ndarray
 
@@ -83,18 +81,11 @@ def _grad_as_x(ctx: KernelContext) -> None:
 
 
 @register("reshape2")
-def reshape2(ctx: KernelContext) -> None:
-    _reshaped(ctx, reshape_target(list(ctx.attr("shape")), ctx.input("X").shape))
-
-
 @register("squeeze2")
-def squeeze2(ctx: KernelContext) -> None:
-    _reshaped(ctx, squeeze_shape(ctx.input("X").shape, list(ctx.attr("axes", []) or [])))
-
-
 @register("unsqueeze2")
-def unsqueeze2(ctx: KernelContext) -> None:
-    _reshaped(ctx, unsqueeze_shape(ctx.input("X").shape, list(ctx.attr("axes"))))
+def reshape2(ctx: KernelContext) -> None:
+    """reshape2, squeeze2, unsqueeze2: X's data in a new shape (`shapes.reshaped`)."""
+    _reshaped(ctx, reshaped(ctx, ctx.input("X").shape))
 
 
 for _op_type in ("reshape2_grad", "squeeze2_grad", "unsqueeze2_grad"):

@@ -45,9 +45,8 @@ from runtime.execution.kernels.numpy_elementwise import align
 from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
 from runtime.execution.kernels.registry import Kernel, get_kernel, register
 from runtime.execution.kernels.shapes import (conv_out_shape, matmul_flags, matmul_shape,
-                                              norm_split, pool_window, slice_bounds, split_sizes,
-                                              squeeze_shape, transpose_perm, unsqueeze_shape,
-                                              xshape)
+                                              norm_split, pool_window, reshaped, slice_bounds,
+                                              split_sizes, transpose_perm, xshape)
 from runtime.execution.tensor import LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of
 
 BACKEND = "phantom"
@@ -316,19 +315,12 @@ def _reshaped(ctx: KernelContext, shape: Callable[[tuple[int, ...]], Sequence[in
 
 
 def _reshape2(ctx: KernelContext) -> None:
-    _reshaped(ctx, lambda s: reshape_target(list(ctx.attr("shape")), s))
+    """reshape2, squeeze2, unsqueeze2."""
+    _reshaped(ctx, lambda s: reshaped(ctx, s))
 
 
 def _transpose2(ctx: KernelContext) -> None:
     _reshaped(ctx, lambda s: [s[a] for a in transpose_perm(ctx, len(s))])
-
-
-def _squeeze2(ctx: KernelContext) -> None:
-    _reshaped(ctx, lambda s: squeeze_shape(s, list(ctx.attr("axes", []) or [])))
-
-
-def _unsqueeze2(ctx: KernelContext) -> None:
-    _reshaped(ctx, lambda s: unsqueeze_shape(s, list(ctx.attr("axes"))))
 
 
 def _split(ctx: KernelContext) -> None:
@@ -403,7 +395,7 @@ SHAPE_RULES: dict[str, Rule] = {
     "conditional_block": _conditional_block, "save": _save, "conv2d": _conv2d,
     "pool2d": _pool2d, "batch_norm": _batch_norm, "layer_norm": _layer_norm,
     "dropout": _dropout, "matmul": _matmul, "reshape2": _reshape2, "transpose2": _transpose2,
-    "squeeze2": _squeeze2, "unsqueeze2": _unsqueeze2, "split": _split, "slice": _slice,
+    "split": _split, "slice": _slice,
     "gather": _gather,
 }
 """The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""

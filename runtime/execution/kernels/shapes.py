@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.numpy_math import reshape_target
 
 Shape = tuple[int, ...]
 
@@ -230,6 +231,16 @@ def split_sizes(ctx: KernelContext, shape: Shape) -> tuple[int, list[int]]:
     return axis, [total // num] * num
 
 
+def reshaped(ctx: KernelContext, shape: Shape) -> Shape:
+    """Out's shape of `reshape2`, `squeeze2` or `unsqueeze2` (the op `ctx` runs) on X of `shape`."""
+    kind = ctx.op.type.removesuffix("_grad")
+    if kind == "reshape2":
+        return reshape_target(list(ctx.attr("shape")), shape)
+    if kind == "squeeze2":
+        return squeeze_shape(shape, list(ctx.attr("axes", []) or []))
+    return unsqueeze_shape(shape, list(ctx.attr("axes")))
+
+
 def xshape(shape: Shape) -> Shape:
     """The XShape output of reshape2, transpose2, squeeze2, unsqueeze2: [0] + X's shape, an
     empty tensor that carries X's shape to the gradient."""
@@ -237,5 +248,5 @@ def xshape(shape: Shape) -> Shape:
 
 
 __all__ = ["Window", "axis_of", "conv_out_shape", "conv_window", "matmul_flags", "matmul_shape",
-           "norm_split", "pool_kind", "pool_window", "slice_bounds", "split_sizes",
+           "norm_split", "pool_kind", "pool_window", "reshaped", "slice_bounds", "split_sizes",
            "squeeze_shape", "transpose_perm", "unsqueeze_shape", "xshape"]

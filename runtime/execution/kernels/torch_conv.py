@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch.nn.functional as F
 
-from runtime.execution.kernels.common import dropout_mask, dropout_prob
+from runtime.execution.kernels.common import dropout_factor
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.shapes import (Window, conv_window, norm_split, pool_kind,
                                               pool_window)
@@ -192,16 +192,8 @@ def layer_norm_grad(ctx: KernelContext) -> None:
 
 # -- dropout ------------------------------------------------------------------------------------
 def _dropout_factor(ctx: KernelContext, x: np.ndarray) -> Tensor | float:
-    p, upscale = dropout_prob(ctx)
-    if ctx.attr("is_test", False):
-        return 1.0 if upscale else 1.0 - p
-    mask = ctx.input("Mask") if ctx.op.type.endswith("_grad") else dropout_mask(ctx, x)
-    if ctx.op.type == "dropout":
-        ctx.set_output("Mask", mask)
-    m = tensor(mask).to(tensor(x).dtype)
-    if not upscale:
-        return m
-    return torch.zeros_like(m) if p == 1.0 else m / (1.0 - p)
+    mask, scale = dropout_factor(ctx, x)
+    return scale if mask is None else tensor(mask).to(tensor(x).dtype) * scale
 
 
 @kernel("dropout")

@@ -11,12 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.numpy_math import reshape_target
 from runtime.execution.kernels.numpy_tensor import (gather_index, last_of_each,
                                                     out_grads_by_output)
 from runtime.execution.kernels.shapes import (matmul_flags, matmul_shape, slice_bounds,
-                                              split_sizes, squeeze_shape, transpose_perm,
-                                              unsqueeze_shape, xshape)
+                                              reshaped, split_sizes, transpose_perm, xshape)
 from runtime.execution.kernels.torch_common import (Tensor, input_t, kernel, out_grad_t, put,
                                                     tensor, torch)
 from runtime.execution.kernels.torch_conv import vjp
@@ -59,18 +57,11 @@ def _grad_as_x(ctx: KernelContext) -> None:
 
 
 @kernel("reshape2")
-def reshape2(ctx: KernelContext) -> None:
-    _reshaped(ctx, reshape_target(list(ctx.attr("shape")), ctx.input("X").shape))
-
-
 @kernel("squeeze2")
-def squeeze2(ctx: KernelContext) -> None:
-    _reshaped(ctx, squeeze_shape(ctx.input("X").shape, list(ctx.attr("axes", []) or [])))
-
-
 @kernel("unsqueeze2")
-def unsqueeze2(ctx: KernelContext) -> None:
-    _reshaped(ctx, unsqueeze_shape(ctx.input("X").shape, list(ctx.attr("axes"))))
+def reshape2(ctx: KernelContext) -> None:
+    """reshape2, squeeze2, unsqueeze2: X's data in a new shape (`shapes.reshaped`)."""
+    _reshaped(ctx, reshaped(ctx, ctx.input("X").shape))
 
 
 for _op_type in ("reshape2_grad", "squeeze2_grad", "unsqueeze2_grad"):

@@ -163,6 +163,61 @@ def _mul_grad(op: Op, scope: Scope, flops: float) -> Work:
     return _matmul(op, scope, products)
 
 
+def _in_or_out(op: Op, scope: Scope, slot: str) -> Any | None:
+    """The value of `slot`: an output of a forward op, an input of its grad op."""
+    value = _first(op, scope, slot, output=True)
+    return value if value is not None else _first(op, scope, slot)
+
+
+def _grads_written(op: Op, scope: Scope, slots: tuple[str, ...]) -> int:
+    return sum(1 for slot in slots if _first(op, scope, slot, output=True) is not None)
+
+
+def _batched(op: Op, scope: Scope, products: int) -> Work:
+    """`matmul`, `matmul_v2` and their grads: 2*K FLOPs per element of Out per product, K the
+    contracted dim of X (after its transpose)."""
+    x, out = _shape(_first(op, scope, "X")), _shape(_in_or_out(op, scope, "Out"))
+    if x is None or out is None:
+        return _generic(op, scope)
+    transposed = op.attr("trans_x" if op.type.startswith("matmul_v2") else "transpose_X", False)
+    k = x[-2] if transposed and len(x) > 1 else x[-1]
+    return Work(2.0 * k * math.prod(out) * products, _moved(op, scope))
+
+
+def _batched_matmul(op: Op, scope: Scope, flops: float) -> Work:
+    return _batched(op, scope, 1)
+
+
+def _batched_matmul_grad(op: Op, scope: Scope, flops: float) -> Work:
+    return _batched(op, scope, _grads_written(op, scope, ("X@GRAD", "Y@GRAD")))
+
+
+def _conv(op: Op, scope: Scope, products: int) -> Work:
+    """`conv2d` and its grad: 2 * C/groups * KH * KW FLOPs per Output element per product (the
+    forward's, the Input's and the Filter's gradient each one)."""
+    w, out = _shape(_first(op, scope, "Filter")), _shape(_in_or_out(op, scope, "Output"))
+    if w is None or out is None:
+        return _generic(op, scope)
+    return Work(2.0 * math.prod(w[1:]) * math.prod(out) * products, _moved(op, scope))
+
+
+def _conv2d(op: Op, scope: Scope, flops: float) -> Work:
+    return _conv(op, scope, 1)
+
+
+def _conv2d_grad(op: Op, scope: Scope, flops: float) -> Work:
+    return _conv(op, scope, _grads_written(op, scope, ("Input@GRAD", "Filter@GRAD")))
+
+
+def _pool(op: Op, scope: Scope, flops: float) -> Work:
+    """`pool2d` and its grad: `flops` per window element of each Out element."""
+    x, out = _shape(_first(op, scope, "X")), _shape(_in_or_out(op, scope, "Out"))
+    if x is None or out is None:
+        return _generic(op, scope)
+    window = x[2:] if op.attr("global_pooling", False) else op.attr("ksize", x[2:])
+    return Work(flops * math.prod(window) * math.prod(out), _moved(op, scope))
+
+
 def _lookup(op: Op, scope: Scope, flops: float) -> Work:
     """`lookup_table`: the ids read, the rows read from the table and written to Out."""
     out = _first(op, scope, "Out", output=True)
@@ -219,7 +274,9 @@ CostRule = Callable[[Op, Scope, float], Work]
 COST_RULES: dict[str, CostRule] = {
     "elementwise": _elementwise, "softmax": _softmax, "reduction": _reduction,
     "optimizer": _optimizer, "matmul": _mul, "matmul_grad": _mul_grad, "sum": _sum,
-    "lookup": _lookup, "lookup_grad": _lookup_grad,
+    "lookup": _lookup, "lookup_grad": _lookup_grad, "batched_matmul": _batched_matmul,
+    "batched_matmul_grad": _batched_matmul_grad, "conv2d": _conv2d, "conv2d_grad": _conv2d_grad,
+    "pool": _pool,
 }
 """The cost rules by the names the op catalog's entries give (`transpiler.opcatalog.Cost`)."""
 

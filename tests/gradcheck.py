@@ -70,23 +70,28 @@ def _with(inputs: Inputs, slot: str, pos: int, value: Any) -> dict[str, Any]:
 
 
 def check_grad(op_type: str, inputs: Inputs, wrt: Iterable[str], attrs: Mapping[str, Any] | None = None,
-               outputs: Sequence[str] = ("Out",), loss_outputs: Sequence[str] | None = None,
-               eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1e-7, seed: int = 0) -> None:
+               outputs: Sequence[str] | Mapping[str, int] = ("Out",),
+               loss_outputs: Sequence[str] | None = None, eps: float = 1e-6, rtol: float = 1e-5,
+               atol: float = 1e-7, seed: int = 0) -> None:
     """Assert that `op_type_grad` matches central differences of `op_type` for every input
-    slot in `wrt` (all float64). SelectedRows gradients are compared densified."""
+    slot in `wrt` (all float64). `outputs`: the op's output slots, or slot -> var count for
+    slots of several vars (`split`). SelectedRows gradients are compared densified."""
     attrs = dict(attrs or {})
-    loss_outputs = list(loss_outputs or outputs[:1])
-    forward = run_op(op_type, inputs, outputs, attrs)
+    counts = dict(outputs) if isinstance(outputs, Mapping) else dict.fromkeys(outputs, 1)
+    loss_outputs = list(loss_outputs or list(counts)[:1])
+    forward = run_op(op_type, inputs, counts, attrs)
     rng = np.random.default_rng(seed)
-    weights = {s: rng.standard_normal(np.shape(forward[s])) for s in loss_outputs}
+    weights = {s: [rng.standard_normal(np.shape(v)) for v in _as_list(forward[s])]
+               for s in loss_outputs}
 
     def loss(values: Inputs) -> float:
-        out = run_op(op_type, values, outputs, attrs)
-        return float(sum(np.sum(weights[s] * out[s]) for s in loss_outputs))
+        out = run_op(op_type, values, counts, attrs)
+        return float(sum(np.sum(w * v) for s in loss_outputs
+                         for w, v in zip(weights[s], _as_list(out[s]))))
 
     wrt = list(wrt)
-    grad_inputs: dict[str, Any] = {**inputs, **{s: forward[s] for s in outputs}}
-    grad_inputs.update({f"{s}@GRAD": w for s, w in weights.items()})
+    grad_inputs: dict[str, Any] = {**inputs, **{s: v for s, v in forward.items() if v is not None}}
+    grad_inputs.update({f"{s}@GRAD": w if counts[s] > 1 else w[0] for s, w in weights.items()})
     grad_outputs = {f"{s}@GRAD": len(_as_list(inputs[s])) for s in wrt}
     analytic = run_op(op_type + "_grad", grad_inputs, grad_outputs, attrs)
 

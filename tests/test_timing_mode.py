@@ -63,6 +63,8 @@ MODELS = {
     "ctr_dnn dense": {"is_sparse": False, "optimizer": {"type": "adam", "learning_rate": 0.01}},
     "linear ftrl": {"optimizer": {"type": "ftrl", "learning_rate": 0.01, "l1": 0.1}},
     "word2vec": {},
+    "cnn": {},
+    "cnn plain": {"batch_norm": False},
     **{f"mlp {opt}": {"optimizer": {"type": opt, "learning_rate": 0.01}}
        for opt in ("momentum", "adagrad", "decayed_adagrad", "adamax", "rmsprop")},
 }
@@ -205,6 +207,53 @@ OP_CASES["lookup_sparse_table"] = (
 for _op in ("gaussian_random", "truncated_gaussian_random"):
     OP_CASES[_op] = (Op(_op, {}, {"Out": ["o"]}, {"shape": [4, 3], "dtype": "float64"}), {},
                      {"o": ([4, 3], "float64")})
+
+
+
+def _with_grad(op_type: str, inputs: dict[str, Any], outputs: dict[str, int],
+               wrt: tuple[str, ...], attrs: dict[str, Any], loss: str) -> None:
+    """Cases for `op_type` and its grad op (fed the numpy forward's outputs and a gradient of
+    `loss`); var ``s{i}`` is slot s's i-th."""
+    ins = {slot: [f"{slot}{i}" for i in range(len(v) if isinstance(v, list) else 1)]
+           for slot, v in inputs.items()}
+    values = {f"{slot}{i}": v for slot, vs in inputs.items()
+              for i, v in enumerate(vs if isinstance(vs, list) else [vs])}
+    outs = {slot: [f"{slot}{i}" for i in range(n)] for slot, n in outputs.items()}
+    op = Op(op_type, ins, outs, attrs)
+    OP_CASES[op_type] = (op, values, {})
+    forward = run_op("numpy", op, values, Program())
+    grads = {f"{n}@GRAD": np.ones(forward[n].shape) for n in outs[loss]}
+    OP_CASES[op_type + "_grad"] = (
+        Op(op_type + "_grad", {**ins, **outs, f"{loss}@GRAD": list(grads)},
+           {f"{s}@GRAD": [f"{n}@GRAD" for n in ins[s]] for s in wrt}, attrs),
+        {**values, **forward, **grads}, {})
+
+
+for _op, _ins, _outs, _wrt, _attrs, _loss in [
+    ("layer_norm", {"X": POSITIVE, "Scale": np.ones(2), "Bias": np.ones(2)},
+     {"Y": 1, "Mean": 1, "Variance": 1}, ("X", "Scale", "Bias"), {}, "Y"),
+    ("dropout", {"X": POSITIVE}, {"Out": 1, "Mask": 1}, ("X",), {"dropout_prob": 0.5}, "Out"),
+    ("matmul", {"X": np.ones((2, 3, 4)), "Y": np.ones((5, 4))}, {"Out": 1}, ("X", "Y"),
+     {"transpose_Y": True}, "Out"),
+    ("matmul_v2", {"X": np.ones((4, 3)), "Y": np.ones((2, 4, 5))}, {"Out": 1}, ("X", "Y"),
+     {"trans_x": True}, "Out"),
+    ("transpose2", {"X": np.ones((2, 3, 4))}, {"Out": 1, "XShape": 1}, ("X",),
+     {"axis": [2, 0, 1]}, "Out"),
+    ("reshape2", {"X": np.ones((2, 3, 4))}, {"Out": 1, "XShape": 1}, ("X",), {"shape": [-1, 4]},
+     "Out"),
+    ("squeeze2", {"X": np.ones((2, 1, 3))}, {"Out": 1, "XShape": 1}, ("X",), {"axes": [1]}, "Out"),
+    ("unsqueeze2", {"X": np.ones((2, 3))}, {"Out": 1, "XShape": 1}, ("X",), {"axes": [0, 2]},
+     "Out"),
+    ("split", {"X": np.ones((2, 6))}, {"Out": 3}, ("X",), {"sections": [1, -1, 3], "axis": 1},
+     "Out"),
+    ("slice", {"Input": np.ones((3, 5, 4))}, {"Out": 1}, ("Input",),
+     {"axes": [1, 2], "starts": [1, 0], "ends": [-1, 1], "decrease_axis": [2]}, "Out"),
+    ("gather", {"X": np.ones((5, 3)), "Index": np.array([[1], [4], [1]])}, {"Out": 1}, ("X",), {},
+     "Out"),
+    ("sigmoid_cross_entropy_with_logits", {"X": POSITIVE, "Label": POSITIVE}, {"Out": 1}, ("X",),
+     {}, "Out"),
+]:
+    _with_grad(_op, _ins, _outs, _wrt, _attrs, _loss)
 
 
 @pytest.mark.parametrize("case", sorted(OP_CASES))

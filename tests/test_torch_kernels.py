@@ -301,12 +301,71 @@ def optimizer_cases() -> list[Case]:
     return cases
 
 
+def cnn_cases() -> list[Case]:
+    """The image, normalization, product and shaping ops (tests/test_kernels_cnn.py checks the
+    numpy ones against loops and finite differences)."""
+    conv = slots(Input=normal(2, 4, 6, 5), Filter=normal(6, 2, 3, 2))
+    cases = [Case("conv2d", conv, outputs=("Output",), wrt=("Input", "Filter"), id=name,
+                  attrs={"strides": s, "paddings": p, "dilations": d, "groups": 2})
+             for s, p, d, name in [([1, 1], [0, 0], [1, 1], "plain"),
+                                   ([2, 1], [1, 0, 2, 1], [1, 2], "strided")]]
+    for attrs in [{"pooling_type": "max", "ksize": [2, 2], "strides": [2, 2]},
+                  {"pooling_type": "max", "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1]},
+                  {"pooling_type": "avg", "ksize": [3, 3], "strides": [2, 1], "paddings": [1, 1]},
+                  {"pooling_type": "avg", "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1],
+                   "exclusive": False},
+                  {"pooling_type": "avg", "ksize": [1, 1], "global_pooling": True}]:
+        cases.append(Case("pool2d", slots(X=normal(2, 3, 5, 5)), attrs=attrs, wrt=("X",),
+                          id=f"{attrs['pooling_type']}-{attrs['ksize']}-{attrs.get('paddings')}"))
+    bn = slots(X=normal(4, 3, 2, 3), Scale=normal(3), Bias=normal(3), Mean=normal(3),
+               Variance=positive(3))
+    bn_outs = ("Y", "MeanOut", "VarianceOut", "SavedMean", "SavedVariance")
+    cases += [Case("batch_norm", bn, outputs=bn_outs, loss=("Y",), attrs=attrs,
+                   wrt=("X", "Scale", "Bias"), id=name)
+              for attrs, name in [({"momentum": 0.8}, "train"), ({"is_test": True}, "is_test")]]
+    cases += [Case("layer_norm", slots(X=normal(2, 3, 4), Scale=normal(12), Bias=normal(12)),
+                   outputs=("Y", "Mean", "Variance"), loss=("Y",), wrt=("X", "Scale", "Bias")),
+              Case("layer_norm", slots(X=normal(2, 3, 4)), outputs=("Y", "Mean", "Variance"),
+                   loss=("Y",), attrs={"begin_norm_axis": 2}, wrt=("X",), id="bare")]
+    for impl in ("downgrade_in_infer", "upscale_in_train"):
+        cases.append(Case("dropout", slots(X=normal(6, 5)), outputs=("Out", "Mask"), loss=("Out",),
+                          attrs={"dropout_prob": 0.3, "dropout_implementation": impl},
+                          wrt=("X",), id=impl))
+    for op, flags in (("matmul", ("transpose_X", "transpose_Y")), ("matmul_v2", ("trans_x", "trans_y"))):
+        cases += [Case(op, slots(X=normal(*xs), Y=normal(*ys)), wrt=("X", "Y"),
+                       attrs=dict(zip(flags, t)), id=f"{xs}{ys}")
+                  for xs, ys, t in [((3, 4), (4, 2), (False, False)),
+                                    ((2, 1, 4, 3), (3, 5, 4), (True, True)),
+                                    ((4,), (2, 4, 3), (False, False))]]
+    cases += [Case("reshape2", slots(X=normal(2, 3, 4)), outputs=("Out", "XShape"), loss=("Out",),
+                   attrs={"shape": [0, -1]}, wrt=("X",)),
+              Case("transpose2", slots(X=normal(2, 3, 4)), outputs=("Out", "XShape"),
+                   loss=("Out",), attrs={"axis": [1, 2, 0]}, wrt=("X",)),
+              Case("squeeze2", slots(X=normal(2, 1, 3)), outputs=("Out", "XShape"), loss=("Out",),
+                   attrs={"axes": [1]}, wrt=("X",)),
+              Case("unsqueeze2", slots(X=normal(2, 3)), outputs=("Out", "XShape"), loss=("Out",),
+                   attrs={"axes": [1]}, wrt=("X",)),
+              Case("slice", slots(Input=normal(3, 5, 4)), attrs={
+                  "axes": [0, 1], "starts": [-2, 1], "ends": [10, 3], "decrease_axis": []},
+                   wrt=("Input",)),
+              Case("gather", slots(X=normal(5, 3), Index=lambda rng: np.array([4, 0, 4, 2])),
+                   attrs={"overwrite": False}, wrt=("X",), id="add"),
+              Case("gather", slots(X=normal(5, 3), Index=lambda rng: np.array([4, 0, 4, 2])),
+                   wrt=("X",), id="overwrite"),
+              Case("sigmoid_cross_entropy_with_logits", slots(
+                  X=normal(3, 4), Label=lambda rng: np.where(rng.uniform(size=(3, 4)) < 0.2, -1.0,
+                                                             rng.uniform(size=(3, 4)))),
+                   attrs={"ignore_index": -1, "normalize": True}, wrt=("X",))]
+    return cases
+
+
 def control_cases() -> list[Case]:
     return [Case("increment", slots(X=normal(1)), attrs={"step": 2.0}),
             Case("fill_constant", slots(), attrs={"shape": [2, 3], "dtype": "float32", "value": 0.1})]
 
 
-CASES = elementwise_cases() + math_cases() + nn_cases() + optimizer_cases() + control_cases()
+CASES = (elementwise_cases() + math_cases() + nn_cases() + cnn_cases() + optimizer_cases()
+         + control_cases())
 GRAD_CASES = [c for c in CASES if c.wrt]
 
 
@@ -354,7 +413,7 @@ def test_cases_cover_every_op_and_gradient() -> None:
     tested = {c.op for c in CASES} | {c.op + "_grad" for c in GRAD_CASES}
     tested |= {"logical_and", "logical_or", "logical_xor", "logical_not", "conditional_block",
                "uniform_random", "gaussian_random", "truncated_gaussian_random", "split_byref",
-               "split_selected_rows"}  # tests below
+               "split_selected_rows", "split", "split_grad"}  # tests below
     tested |= set(TABLE_OPS)
     assert tested == set(registered_ops("numpy"))
 
@@ -470,6 +529,16 @@ def test_split_ops_agree(dtype: type) -> None:
     out = assert_backends_agree("split_selected_rows", {"X": grad}, {"Out": 2},
                                 {"height_sections": [3, 4]})
     assert [o.rows.tolist() for o in out["Out"]] == [[0, 1], [3, 0, 0]]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=["f64", "f32"])
+def test_split_and_its_gradient_agree(dtype: type) -> None:
+    x = RNG.standard_normal((2, 6)).astype(dtype)
+    attrs = {"sections": [1, -1, 2], "axis": 1}
+    out = assert_backends_agree("split", {"X": x}, {"Out": 3}, attrs)["Out"]
+    grads = [RNG.standard_normal(o.shape).astype(dtype) for o in out]
+    assert_backends_agree("split_grad", {"X": x, "Out": out, "Out@GRAD": grads}, {"X@GRAD": 1},
+                          attrs)
 
 
 @pytest.mark.parametrize("op_type", ["uniform_random", "gaussian_random", "truncated_gaussian_random"])

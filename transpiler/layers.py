@@ -8,6 +8,7 @@ runs the ops it appends.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import math
 from typing import Iterator, Sequence
@@ -15,7 +16,7 @@ from typing import Iterator, Sequence
 from .framework import ParamAttr, append_op
 from .framework import create_global_var as _framework_global_var
 from .framework import create_parameter, create_tmp_var, default_main_program, unique_name
-from .initializer import Constant, Xavier
+from .initializer import Constant, Normal, Xavier
 from .ir import BlockRef, OpRole, Var
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "elementwise_min", "elementwise_pow", "increment", "less_than", "logical_and", "logical_or",
     "logical_xor", "logical_not", "cast", "fill_constant", "assign", "create_global_var",
     "autoincreased_step_counter", "ConditionalBlock", "conditional_block", "Switch",
+    "conv2d", "pool2d", "batch_norm", "layer_norm", "dropout", "matmul", "transpose", "squeeze",
+    "unsqueeze", "split", "slice", "gather", "sigmoid_cross_entropy_with_logits",
 ]
 
 
@@ -286,10 +289,6 @@ def sums(input: Sequence[Var], out: Var | None = None) -> Var:
     return out
 
 
-def reshape(x: Var, shape: Sequence[int]) -> Var:
-    return _unary("reshape", x, {"shape": list(shape)}, shape=tuple(shape))
-
-
 def clip(x: Var, min: float, max: float) -> Var:
     if min > max:
         raise ValueError(f"clip: min {min} is greater than max {max}")
@@ -447,3 +446,312 @@ def create_global_var(shape: Sequence[int], value: float, dtype: str, persistabl
     """A var of the main program's global block filled with `value` by the startup program."""
     return _framework_global_var(name or unique_name.generate("global_var"), list(shape), value,
                                  dtype, persistable, force_cpu)
+
+
+# -- images, normalization, products and shaping ---------------------------------------------
+def _pair(value: int | Sequence[int], what: str, layer: str) -> list[int]:
+    items = [int(value), int(value)] if isinstance(value, int) else [int(v) for v in value]
+    if len(items) != 2:
+        raise ValueError(f"{layer}: {what} must be an int or [h, w], got {value!r}")
+    return items
+
+
+def _window_out(size: int, kernel: int, stride: int, pad: int, dilation: int = 1) -> int:
+    """Output extent of a window slid over `size` (-1 stays -1)."""
+    if size < 0:
+        return -1
+    return (size + 2 * pad - ((kernel - 1) * dilation + 1)) // stride + 1
+
+
+def _image(input: Var, layer: str) -> Var:
+    input = _check_var(input, layer, "input")
+    if len(input.shape) != 4:
+        raise ValueError(f"{layer}: input {input.name!r} of shape {input.shape} is not NCHW")
+    return input
+
+
+def conv2d(input: Var, num_filters: int, filter_size: int | Sequence[int],
+           stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+           dilation: int | Sequence[int] = 1, groups: int | None = None,
+           param_attr: ParamAttr | str | None = None, bias_attr: ParamAttr | str | bool | None = None,
+           act: str | None = None, name: str | None = None, data_format: str = "NCHW") -> Var:
+    """`conv2d` of an NCHW image with [num_filters, C/groups, KH, KW] filters, plus a bias per
+    filter (`elementwise_add` on axis 1) unless `bias_attr` is False, then `act`."""
+    input = _image(input, "conv2d")
+    if data_format != "NCHW":
+        raise ValueError(f"conv2d: data_format {data_format!r} is not supported; only NCHW")
+    groups = groups or 1
+    channels = input.shape[1]
+    if channels % groups or num_filters % groups:
+        raise ValueError(f"conv2d: groups {groups} must divide the {channels} input channels "
+                         f"and the {num_filters} filters")
+    k, s = _pair(filter_size, "filter_size", "conv2d"), _pair(stride, "stride", "conv2d")
+    p, d = _pair(padding, "padding", "conv2d"), _pair(dilation, "dilation", "conv2d")
+    prefix = name or unique_name.generate("conv2d")
+    fan_in = channels // groups * k[0] * k[1]
+    pattr = ParamAttr.of(param_attr)
+    assert pattr is not None
+    w = create_parameter(pattr, [num_filters, channels // groups] + k, input.dtype,
+                         Normal(0.0, math.sqrt(2.0 / fan_in)), prefix + ".w")
+    hw = tuple(_window_out(n, *args) for n, args in zip(input.shape[2:], zip(k, s, p, d)))
+    out = create_tmp_var(prefix, (input.shape[0], num_filters) + hw, input.dtype)
+    append_op("conv2d", {"Input": [input], "Filter": [w]}, {"Output": [out]},
+              {"strides": s, "paddings": p, "dilations": d, "groups": groups,
+               "data_format": "NCHW", "padding_algorithm": "EXPLICIT", "use_cudnn": False})
+    battr = ParamAttr.of(bias_attr)
+    if battr is not None:
+        b = create_parameter(battr, [num_filters], input.dtype, Constant(0.0), prefix + ".b")
+        biased = create_tmp_var(prefix, out.shape, out.dtype)
+        append_op("elementwise_add", {"X": [out], "Y": [b]}, {"Out": [biased]}, {"axis": 1})
+        out = biased
+    return _activation(out, act)
+
+
+def pool2d(input: Var, pool_size: int | Sequence[int] = -1, pool_type: str = "max",
+           pool_stride: int | Sequence[int] = 1, pool_padding: int | Sequence[int] = 0,
+           global_pooling: bool = False, ceil_mode: bool = False, exclusive: bool = True,
+           name: str | None = None, data_format: str = "NCHW") -> Var:
+    """`pool2d`: max or average over `pool_size` windows (the whole image with
+    `global_pooling`); `exclusive` averages count only the unpadded elements."""
+    input = _image(input, "pool2d")
+    if pool_type not in ("max", "avg"):
+        raise ValueError(f"pool2d: pool_type {pool_type!r} is not 'max' or 'avg'")
+    if ceil_mode or data_format != "NCHW":
+        raise ValueError("pool2d: ceil_mode and layouts other than NCHW are not supported")
+    if global_pooling:
+        k, s, p = list(input.shape[2:]), [1, 1], [0, 0]
+        hw: tuple[int, ...] = (1, 1)
+    else:
+        if pool_size == -1:
+            raise ValueError("pool2d: pool_size is required unless global_pooling")
+        k, s = _pair(pool_size, "pool_size", "pool2d"), _pair(pool_stride, "pool_stride", "pool2d")
+        p = _pair(pool_padding, "pool_padding", "pool2d")
+        hw = tuple(_window_out(n, *args) for n, args in zip(input.shape[2:], zip(k, s, p)))
+    out = create_tmp_var(name or "pool2d", tuple(input.shape[:2]) + hw, input.dtype)
+    append_op("pool2d", {"X": [input]}, {"Out": [out]},
+              {"pooling_type": pool_type, "ksize": k, "strides": s, "paddings": p,
+               "global_pooling": global_pooling, "ceil_mode": False, "exclusive": exclusive,
+               "adaptive": False, "data_format": "NCHW", "use_cudnn": False})
+    return out
+
+
+def batch_norm(input: Var, act: str | None = None, is_test: bool = False, momentum: float = 0.9,
+               epsilon: float = 1e-5, param_attr: ParamAttr | str | None = None,
+               bias_attr: ParamAttr | str | None = None, data_layout: str = "NCHW",
+               name: str | None = None, moving_mean_name: str | None = None,
+               moving_variance_name: str | None = None, use_global_stats: bool = False) -> Var:
+    """`batch_norm` over axis 1 (channels): a trainable scale (1) and bias (0) per channel, and
+    the running mean (0) and variance (1): persistable vars, not parameters, that the op itself
+    updates in place in training (MeanOut, VarianceOut) and reads with `is_test`."""
+    input = _check_var(input, "batch_norm", "input")
+    if data_layout != "NCHW":
+        raise ValueError(f"batch_norm: data_layout {data_layout!r} is not supported; only NCHW")
+    if len(input.shape) < 2:
+        raise ValueError(f"batch_norm: input {input.name!r} of shape {input.shape} has no channels")
+    prefix = name or unique_name.generate("batch_norm")
+    c, dtype = input.shape[1], input.dtype
+    sattr, battr = ParamAttr.of(param_attr), ParamAttr.of(bias_attr)
+    assert sattr is not None and battr is not None
+    scale = create_parameter(sattr, [c], dtype, Constant(1.0), prefix + ".w")
+    bias = create_parameter(battr, [c], dtype, Constant(0.0), prefix + ".b")
+    mean = _framework_global_var(moving_mean_name or unique_name.generate(prefix + ".mean"),
+                                 [c], 0.0, dtype)
+    var = _framework_global_var(moving_variance_name or unique_name.generate(prefix + ".var"),
+                                [c], 1.0, dtype)
+    y = create_tmp_var(prefix, input.shape, dtype, lod_level=input.lod_level)
+    saved = [create_tmp_var(prefix, (c,), dtype, stop_gradient=True) for _ in range(2)]
+    append_op("batch_norm", {"X": [input], "Scale": [scale], "Bias": [bias], "Mean": [mean],
+                             "Variance": [var]},
+              {"Y": [y], "MeanOut": [mean], "VarianceOut": [var], "SavedMean": [saved[0]],
+               "SavedVariance": [saved[1]]},
+              {"momentum": float(momentum), "epsilon": float(epsilon), "is_test": is_test,
+               "data_layout": "NCHW", "use_global_stats": use_global_stats})
+    return _activation(y, act)
+
+
+def layer_norm(input: Var, scale: bool = True, shift: bool = True, begin_norm_axis: int = 1,
+               epsilon: float = 1e-5, param_attr: ParamAttr | str | None = None,
+               bias_attr: ParamAttr | str | None = None, act: str | None = None,
+               name: str | None = None) -> Var:
+    """`layer_norm`: each row of input flattened at `begin_norm_axis` normalized, with a
+    trainable scale and shift over the normalized dims."""
+    input = _check_var(input, "layer_norm", "input")
+    if not 1 <= begin_norm_axis < len(input.shape):
+        raise ValueError(f"layer_norm: begin_norm_axis {begin_norm_axis} outside "
+                         f"1..{len(input.shape) - 1}")
+    right = math.prod(input.shape[begin_norm_axis:])
+    if right < 0:
+        raise ValueError(f"layer_norm: the normalized dims of {input.shape} must be known")
+    prefix = name or unique_name.generate("layer_norm")
+    inputs: dict[str, list[Var]] = {"X": [input]}
+    for slot, wanted, attr, init, suffix in (("Scale", scale, param_attr, 1.0, ".w"),
+                                             ("Bias", shift, bias_attr, 0.0, ".b")):
+        pattr = ParamAttr.of(attr)
+        if wanted and pattr is not None:
+            inputs[slot] = [create_parameter(pattr, [right], input.dtype, Constant(init),
+                                             prefix + suffix)]
+    left = tuple(input.shape[:begin_norm_axis])
+    rows = -1 if -1 in left else math.prod(left)
+    y = create_tmp_var(prefix, input.shape, input.dtype, lod_level=input.lod_level)
+    stats = [create_tmp_var(prefix, (rows,), input.dtype, stop_gradient=True) for _ in range(2)]
+    append_op("layer_norm", inputs, {"Y": [y], "Mean": [stats[0]], "Variance": [stats[1]]},
+              {"begin_norm_axis": begin_norm_axis, "epsilon": float(epsilon)})
+    return _activation(y, act)
+
+
+def dropout(x: Var, dropout_prob: float, is_test: bool = False, seed: int | None = None,
+            name: str | None = None,
+            dropout_implementation: str = "downgrade_in_infer") -> Var:
+    """`dropout`: zero each element with probability `dropout_prob` in training; a `seed`
+    fixes the mask. ``upscale_in_train`` scales the kept ones by 1/(1-p) in training,
+    ``downgrade_in_infer`` scales by (1-p) at inference."""
+    x = _check_var(x, "dropout", "x")
+    if not 0.0 <= dropout_prob <= 1.0:
+        raise ValueError(f"dropout: dropout_prob {dropout_prob} outside [0, 1]")
+    if dropout_implementation not in ("downgrade_in_infer", "upscale_in_train"):
+        raise ValueError(f"dropout: unknown dropout_implementation {dropout_implementation!r}")
+    out = create_tmp_var(name or "dropout", x.shape, x.dtype, lod_level=x.lod_level)
+    mask = create_tmp_var(name or "dropout", x.shape, "uint8", stop_gradient=True)
+    append_op("dropout", {"X": [x]}, {"Out": [out], "Mask": [mask]},
+              {"dropout_prob": float(dropout_prob), "is_test": is_test,
+               "fix_seed": seed is not None, "seed": int(seed or 0),
+               "dropout_implementation": dropout_implementation})
+    return out
+
+
+def matmul(x: Var, y: Var, transpose_x: bool = False, transpose_y: bool = False,
+           alpha: float = 1.0, name: str | None = None) -> Var:
+    """`matmul`: batched matrix product of x and y (each optionally transposed), times alpha."""
+    x, y = _check_var(x, "matmul", "x"), _check_var(y, "matmul", "y")
+    xs = list(x.shape) if len(x.shape) < 2 or not transpose_x else \
+        list(x.shape[:-2]) + [x.shape[-1], x.shape[-2]]
+    ys = list(y.shape) if len(y.shape) < 2 or not transpose_y else \
+        list(y.shape[:-2]) + [y.shape[-1], y.shape[-2]]
+    k_x, k_y = xs[-1], ys[0] if len(ys) == 1 else ys[-2]
+    if k_x != k_y and -1 not in (k_x, k_y):
+        raise ValueError(f"matmul: x {x.shape} and y {y.shape} do not share the contracted dim")
+    lead = xs[:-2] if len(xs[:-2]) >= len(ys[:-2]) else ys[:-2]
+    shape = tuple(lead) + tuple(xs[-2:-1]) + tuple(ys[-1:] if len(ys) > 1 else [])
+    out = create_tmp_var(name or "matmul", shape, x.dtype)
+    append_op("matmul", {"X": [x], "Y": [y]}, {"Out": [out]},
+              {"transpose_X": transpose_x, "transpose_Y": transpose_y, "alpha": float(alpha)})
+    return out
+
+
+def _with_xshape(op_type: str, x: Var, shape: Sequence[int], attrs: dict) -> Var:
+    """An op that writes Out of `shape` and Paddle's XShape ([0] + x's shape)."""
+    out = create_tmp_var(op_type, tuple(shape), x.dtype)
+    xshape = create_tmp_var(op_type, (0,) + tuple(x.shape), x.dtype, stop_gradient=True)
+    append_op(op_type, {"X": [x]}, {"Out": [out], "XShape": [xshape]}, attrs)
+    return out
+
+
+def reshape(x: Var, shape: Sequence[int], act: str | None = None, name: str | None = None) -> Var:
+    """`reshape2`: 0 keeps x's dim at that position, one -1 is inferred."""
+    x = _check_var(x, "reshape", "x")
+    shape = [int(d) for d in shape]
+    if shape.count(-1) > 1:
+        raise ValueError(f"reshape: shape {shape} has more than one -1")
+    dims = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    copied = {i for i, d in enumerate(shape) if d == 0}
+    rest = [n for i, n in enumerate(x.shape) if i not in copied]
+    if -1 in shape and -1 not in rest:  # the -1 is inferable when x's unknowns are copied
+        dims[shape.index(-1)] = math.prod(rest) // math.prod(
+            d for i, d in enumerate(shape) if d not in (0, -1))
+    return _activation(_with_xshape("reshape2", x, dims, {"shape": shape}), act)
+
+
+def transpose(x: Var, perm: Sequence[int], name: str | None = None) -> Var:
+    """`transpose2`: dim i of the result is dim perm[i] of x."""
+    x = _check_var(x, "transpose", "x")
+    perm = [int(a) for a in perm]
+    if sorted(perm) != list(range(len(x.shape))):
+        raise ValueError(f"transpose: perm {perm} is not a permutation of {len(x.shape)} dims")
+    return _with_xshape("transpose2", x, [x.shape[a] for a in perm], {"axis": perm})
+
+
+def squeeze(input: Var, axes: Sequence[int], name: str | None = None) -> Var:
+    """`squeeze2`: drop the size-1 dims in `axes`."""
+    input = _check_var(input, "squeeze", "input")
+    rank = len(input.shape)
+    picked = {int(a) % rank for a in axes}
+    shape = [d for i, d in enumerate(input.shape) if not (i in picked and d == 1)]
+    return _with_xshape("squeeze2", input, shape, {"axes": [int(a) for a in axes]})
+
+
+def unsqueeze(input: Var, axes: Sequence[int], name: str | None = None) -> Var:
+    """`unsqueeze2`: insert a dim of 1 at each of `axes`."""
+    input = _check_var(input, "unsqueeze", "input")
+    shape = list(input.shape)
+    for a in axes:
+        shape.insert(int(a) + len(shape) + 1 if a < 0 else int(a), 1)
+    return _with_xshape("unsqueeze2", input, shape, {"axes": [int(a) for a in axes]})
+
+
+def split(input: Var, num_or_sections: int | Sequence[int], dim: int = -1,
+          name: str | None = None) -> list[Var]:
+    """`split` along `dim` into `num_or_sections` equal parts, or parts of the given sizes (one
+    may be -1)."""
+    input = _check_var(input, "split", "input")
+    axis = dim % len(input.shape)
+    total = input.shape[axis]
+    if isinstance(num_or_sections, int):
+        if num_or_sections < 1 or (total > 0 and total % num_or_sections):
+            raise ValueError(f"split: {num_or_sections} parts do not divide dim {axis} of "
+                             f"{input.shape}")
+        sizes = [total // num_or_sections if total > 0 else -1] * num_or_sections
+        attrs = {"num": num_or_sections, "sections": [], "axis": axis}
+    else:
+        sizes = [int(s) for s in num_or_sections]
+        if -1 in sizes and total > 0:
+            sizes[sizes.index(-1)] = total - (sum(sizes) + 1)
+        attrs = {"num": 0, "sections": [int(s) for s in num_or_sections], "axis": axis}
+    outs = []
+    for size in sizes:
+        shape = list(input.shape)
+        shape[axis] = size
+        outs.append(create_tmp_var(name or "split", tuple(shape), input.dtype))
+    append_op("split", {"X": [input]}, {"Out": outs}, attrs)
+    return outs
+
+
+def slice(input: Var, axes: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> Var:
+    """`slice`: input[starts[i]:ends[i]] along each of `axes` (clamped like Python slices)."""
+    input = _check_var(input, "slice", "input")
+    if not len(axes) == len(starts) == len(ends):
+        raise ValueError(f"slice: axes {list(axes)}, starts {list(starts)} and ends "
+                         f"{list(ends)} differ in length")
+    shape = list(input.shape)
+    for a, s, e in zip(axes, starts, ends):
+        if shape[a] >= 0:
+            shape[a] = len(range(*builtins.slice(int(s), int(e)).indices(shape[a])))
+    out = create_tmp_var("slice", tuple(shape), input.dtype)
+    append_op("slice", {"Input": [input]}, {"Out": [out]},
+              {"axes": [int(a) for a in axes], "starts": [int(s) for s in starts],
+               "ends": [int(e) for e in ends], "decrease_axis": [], "infer_flags": [1] * len(axes)})
+    return out
+
+
+def gather(input: Var, index: Var, overwrite: bool = True) -> Var:
+    """`gather`: the rows of input at int `index` ([K] or [K, 1]). `overwrite`: the gradient of
+    a repeated row is its last one's, not their sum (Paddle's default)."""
+    input, index = _check_var(input, "gather", "input"), _check_var(index, "gather", "index")
+    if index.dtype not in ("int32", "int64"):
+        raise TypeError(f"gather: index {index.name!r} must be int32 or int64, got {index.dtype}")
+    out = create_tmp_var("gather", (index.shape[0],) + tuple(input.shape[1:]), input.dtype)
+    append_op("gather", {"X": [input], "Index": [index]}, {"Out": [out]},
+              {"overwrite": overwrite})
+    return out
+
+
+def sigmoid_cross_entropy_with_logits(x: Var, label: Var, ignore_index: int = -100,
+                                      name: str | None = None, normalize: bool = False) -> Var:
+    """Elementwise logistic loss of logits x against probabilities label; elements labelled
+    `ignore_index` count 0 (and, with `normalize`, the rest are averaged)."""
+    x = _check_var(x, "sigmoid_cross_entropy_with_logits", "x")
+    label = _check_var(label, "sigmoid_cross_entropy_with_logits", "label")
+    out = create_tmp_var(name or "sigmoid_cross_entropy_with_logits", x.shape, x.dtype,
+                         lod_level=x.lod_level)
+    append_op("sigmoid_cross_entropy_with_logits", {"X": [x], "Label": [label]}, {"Out": [out]},
+              {"ignore_index": ignore_index, "normalize": normalize})
+    return out

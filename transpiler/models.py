@@ -1,4 +1,5 @@
-"""Ready-made training programs that a scenario can name: `linear`, `mlp`, `ctr_dnn`, `word2vec`.
+"""Ready-made training programs that a scenario can name: `linear`, `mlp`, `ctr_dnn`, `word2vec`,
+`cnn`.
 
 Each builder appends a forward pass, a loss and an optimizer (`minimize`) to a fresh main and
 startup program, inside its own `program_guard` and `unique_name.guard()`, so building twice gives
@@ -152,6 +153,7 @@ DEFAULT_OPTIMIZERS: dict[str, dict[str, Any]] = {
     "mlp": {"type": "sgd", "learning_rate": 0.1},
     "ctr_dnn": {"type": "adagrad", "learning_rate": 0.05},
     "word2vec": {"type": "adagrad", "learning_rate": 0.2},
+    "cnn": {"type": "momentum", "learning_rate": 0.05},
 }
 
 
@@ -315,10 +317,46 @@ def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse
                   {"vocab": vocab, "neg_num": neg_num})
 
 
+def cnn(image: int = 8, channels: Sequence[int] = (8, 16), classes: int = 10,
+        batch_norm: bool = True, optimizer: OptimizerSpec | None = None,
+        lr: LRSpec | None = None, seed: int = 0) -> Model:
+    """A small convnet: ``x`` of image*image features reshaped to [-1, 1, image, image]; per
+    entry of `channels` a 3x3 conv (padding 1), a `batch_norm` (or, without `batch_norm`, the
+    conv's bias) with relu, and a 2x2 max pool; an fc to `classes` logits and
+    `softmax_with_cross_entropy` against an int64 ``label``. Fits the 8x8 ``digits`` set, or
+    ``synthetic_classification`` with ``dim: 64`` (the default data)."""
+    _positive("cnn", image=image, classes=classes,
+              **{f"channels[{i}]": c for i, c in enumerate(channels)})
+    if image % (2 ** len(channels)):
+        raise ModelError(f"cnn: image {image} does not halve {len(channels)} times")
+
+    def body() -> _Built:
+        x = layers.data("x", shape=[image * image])
+        label = layers.data("label", shape=[1], dtype="int64")
+        h = layers.reshape(x, [-1, 1, image, image])
+        for i, c in enumerate(channels):
+            h = layers.conv2d(h, c, 3, padding=1, param_attr=_param(f"cnn.conv{i}.w"),
+                              bias_attr=False if batch_norm else _param(f"cnn.conv{i}.b"),
+                              act=None if batch_norm else "relu")
+            if batch_norm:
+                h = layers.batch_norm(h, act="relu", param_attr=_param(f"cnn.bn{i}.w"),
+                                      bias_attr=_param(f"cnn.bn{i}.b"),
+                                      moving_mean_name=f"cnn.bn{i}.mean",
+                                      moving_variance_name=f"cnn.bn{i}.var")
+            h = layers.pool2d(h, 2, "max", pool_stride=2)
+        logits = layers.fc(h, size=classes, param_attr=_param("cnn.fc.w"),
+                           bias_attr=_param("cnn.fc.b"))
+        loss = layers.mean(layers.softmax_with_cross_entropy(logits, label))
+        return _Built(["x", "label"], loss, "label", logits)
+
+    return _build("cnn", body, optimizer, lr, seed, "synthetic_classification",
+                  {"dim": image * image, "classes": classes})
+
+
 # -- registry -------------------------------------------------------------------------------------
 
 MODELS: dict[str, Callable[..., Model]] = {
-    "linear": linear, "mlp": mlp, "ctr_dnn": ctr_dnn, "word2vec": word2vec,
+    "linear": linear, "mlp": mlp, "ctr_dnn": ctr_dnn, "word2vec": word2vec, "cnn": cnn,
 }
 
 
@@ -391,4 +429,5 @@ def build_model(name: str, *, folder: str | None = None, **kwargs: Any) -> Model
 
 
 __all__ = ["DEFAULT_OPTIMIZERS", "GRAD_CLIPS", "LR_SCHEDULES", "MODELS", "Model", "ModelError",
-           "Built", "build_model", "builder_for", "ctr_dnn", "linear", "make_lr", "make_model", "make_optimizer", "mlp", "word2vec"]
+           "Built", "build_model", "builder_for", "cnn", "ctr_dnn", "linear", "make_lr",
+           "make_model", "make_optimizer", "mlp", "word2vec"]

@@ -42,8 +42,10 @@ GRAD_SUFFIX = "@GRAD"
 class Cost:
     """The simulator's roofline count of an op's work (`sim.cost` names the rules):
     `elementwise` (`flops` per output element), `softmax` (per element of the largest input),
-    `reduction` (per element of X), `optimizer` (per parameter element updated), and `matmul`,
-    `matmul_grad`, `sum`, `lookup`, `lookup_grad` (counted from the shapes, `flops` unused).
+    `reduction` (per element of X), `optimizer` (per parameter element updated), `pool` (per
+    window element of each output element), and `matmul`, `matmul_grad`, `batched_matmul`,
+    `batched_matmul_grad`, `conv2d`, `conv2d_grad`, `sum`, `lookup`, `lookup_grad` (counted from
+    the shapes, `flops` unused).
     An op with no `Cost` gets the generic count: a FLOP per output element."""
 
     rule: str
@@ -135,6 +137,7 @@ def _optimizer(type: str, *state: State, flops: float | None, table: bool = True
 
 
 _SOFTMAX = Cost("softmax", 5.0)
+_MOVE = Cost("elementwise", 0.0)
 
 _FORWARD: tuple[OpDef, ...] = (
     # -- elementwise arithmetic: X and Y broadcast under Paddle's axis rule
@@ -186,6 +189,35 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("lookup_table", "W Ids", grad="W", shape="lookup", cost=Cost("lookup"),
         grad_shape="lookup_grad", grad_cost=Cost("lookup_grad")),
     _op("lookup_sparse_table", "W Ids", shape="lookup", cost=Cost("lookup")),
+    _op("matmul", "X Y", grad="X Y", shape="matmul", cost=Cost("batched_matmul"),
+        grad_cost=Cost("batched_matmul_grad")),
+    _op("matmul_v2", "X Y", grad="X Y", shape="matmul", cost=Cost("batched_matmul"),
+        grad_cost=Cost("batched_matmul_grad")),
+    _op("sigmoid_cross_entropy_with_logits", "X Label", grad="X", shape="like_x",
+        cost=Cost("elementwise", 6), grad_cost=Cost("elementwise", 6)),
+    # -- images and normalization (NCHW)
+    _op("conv2d", "Input Filter", "Output", grad="Input Filter", shape="conv2d",
+        cost=Cost("conv2d"), grad_cost=Cost("conv2d_grad")),
+    _op("pool2d", grad="X", shape="pool2d", cost=Cost("pool", 1), grad_cost=Cost("pool", 2)),
+    _op("batch_norm", "X Scale Bias Mean Variance",
+        "Y MeanOut VarianceOut SavedMean SavedVariance", grad="X Scale Bias",
+        shape="batch_norm", cost=Cost("reduction", 8), grad_cost=Cost("reduction", 12)),
+    _op("layer_norm", "X Scale Bias", "Y Mean Variance", grad="X Scale Bias", shape="layer_norm",
+        cost=Cost("reduction", 8), grad_cost=Cost("reduction", 12)),
+    _op("dropout", outputs="Out Mask", grad="X", shape="dropout", cost=Cost("elementwise", 2),
+        grad_cost=Cost("elementwise", 1)),
+    # -- shaping: data moved, no arithmetic (the *2 ops also write Paddle's XShape)
+    _op("reshape2", outputs="Out XShape", grad="X", shape="reshape2", cost=_MOVE,
+        grad_cost=_MOVE),
+    _op("transpose2", outputs="Out XShape", grad="X", shape="transpose2", cost=_MOVE,
+        grad_cost=_MOVE),
+    _op("squeeze2", outputs="Out XShape", grad="X", shape="reshape2", cost=_MOVE,
+        grad_cost=_MOVE),
+    _op("unsqueeze2", outputs="Out XShape", grad="X", shape="reshape2", cost=_MOVE,
+        grad_cost=_MOVE),
+    _op("split", grad="X", shape="split", cost=_MOVE, grad_cost=_MOVE),
+    _op("slice", "Input", grad="Input", shape="slice", cost=_MOVE, grad_cost=_MOVE),
+    _op("gather", "X Index", grad="X", shape="gather", cost=_MOVE, grad_cost=_MOVE),
     # -- distributed training's helpers (run by kernels)
     _op("split_byref", shape="split_byref"),
     _op("split_selected_rows", shape="split_selected_rows"),

@@ -3,6 +3,7 @@ LoD readers that the numpy and torch kernels of the same op share."""
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
@@ -95,3 +96,44 @@ def pool_scale(kind: str, lengths: Array, dtype: np.dtype) -> Array:
     """Per-sequence factor of SUM-like pools: 1, 1/len (AVERAGE) or 1/sqrt(len) (SQRT)."""
     n = np.maximum(lengths, 1).astype(dtype)
     return {"SUM": np.ones_like(n), "AVERAGE": 1 / n, "SQRT": 1 / np.sqrt(n)}[kind]
+
+
+def dropout_prob(ctx: KernelContext) -> tuple[float, bool]:
+    """dropout's ``dropout_prob`` and whether it scales in training (``upscale_in_train``) rather
+    than at inference (``downgrade_in_infer``, Paddle's default)."""
+    p = float(ctx.attr("dropout_prob", 0.5))
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: dropout_prob {p} outside [0, 1]")
+    impl = str(ctx.attr("dropout_implementation", "downgrade_in_infer"))
+    if impl not in ("downgrade_in_infer", "upscale_in_train"):
+        raise ValueError(f"dropout: dropout_implementation {impl!r} is not downgrade_in_infer "
+                         "or upscale_in_train")
+    return p, impl == "upscale_in_train"
+
+
+def dropout_mask(ctx: KernelContext, x: Array) -> Array:
+    """The uint8 keep-mask of a training dropout over `x`, drawn on the host for both backends.
+
+    DESIGN: kernels keep no state between runs, so the stream cannot advance from step to step.
+    With ``fix_seed`` it is seeded by the ``seed`` attribute alone (the same mask every run, as
+    in Paddle); otherwise by the program's random seed and a CRC of X's bytes, so each batch gets
+    its own mask and a rerun (or the other backend) the same one."""
+    p, _ = dropout_prob(ctx)
+    if ctx.attr("fix_seed", False):
+        key = [int(ctx.attr("seed", 0))]
+    else:
+        key = [ctx.random_seed, zlib.crc32(np.ascontiguousarray(x).tobytes())]
+    return (np.random.default_rng(key).random(x.shape) >= p).astype(np.uint8)
+
+
+def dropout_factor(ctx: KernelContext, x: Array) -> tuple[Array | None, float]:
+    """What dropout (and its grad, for Out@GRAD) multiplies X by: the keep-mask (None at
+    inference) times a scale: 1/(1 - p) in training with ``upscale_in_train`` (else 1), 1 - p
+    at inference with ``downgrade_in_infer`` (else 1). The forward op also stores its Mask."""
+    p, upscale = dropout_prob(ctx)
+    if ctx.attr("is_test", False):
+        return None, 1.0 if upscale else 1.0 - p
+    mask = ctx.input("Mask") if ctx.op.type.endswith("_grad") else dropout_mask(ctx, x)
+    if ctx.op.type == "dropout":
+        ctx.set_output("Mask", mask)
+    return mask, (0.0 if p == 1.0 else 1.0 / (1.0 - p)) if upscale else 1.0

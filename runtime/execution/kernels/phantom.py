@@ -10,7 +10,10 @@ count stays what numeric mode would give. Each op's entry in the op catalog
   batch) the output also takes that input's LoD.
 - Gradients: ``S@GRAD`` is shaped like the forward input of slot ``S`` it belongs to.
 - Ops whose shapes depend on attributes or data: the elementwise and comparison ops (their
-  operands broadcast), `mul` (the flattened product), `reshape`, `lookup_table` (a row per id),
+  operands broadcast), `mul` (the flattened product), `matmul` (batched, transposed), `conv2d`
+  and `pool2d` (their windows), `batch_norm`, `layer_norm` and `dropout` (Y/Out like X, and
+  their statistics and mask), `reshape`, `reshape2`, `transpose2`, `squeeze2`, `unsqueeze2`
+  (with XShape), `split`, `slice`, `gather`, `lookup_table` (a row per id),
   `sequence_pool` (a row per sequence), `split_byref`, `split_selected_rows`, `split_ids` and
   `concat` (their sections), `sum` (SelectedRows add up their rows), `scale`/`assign` (like X,
   SelectedRows too), the optimizers (every output like Param), the initializers (the ``shape``
@@ -41,6 +44,9 @@ from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_elementwise import align
 from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
 from runtime.execution.kernels.registry import Kernel, get_kernel, register
+from runtime.execution.kernels.shapes import (conv_out_shape, matmul_flags, matmul_shape,
+                                              norm_split, pool_window, reshaped, slice_bounds,
+                                              split_sizes, transpose_perm, xshape)
 from runtime.execution.tensor import LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of
 
 BACKEND = "phantom"
@@ -259,6 +265,82 @@ def _concat(ctx: KernelContext) -> None:
     ctx.set_output("Out", _dense(out, phantom_of(_value(ctx, "X")).dtype))
 
 
+def _conv2d(ctx: KernelContext) -> None:
+    x, w = phantom_of(_value(ctx, "Input")), shape_of(_value(ctx, "Filter"))
+    ctx.set_output("Output", _dense(conv_out_shape(ctx, x.shape, w), x.dtype))
+
+
+def _pool2d(ctx: KernelContext) -> None:
+    x = phantom_of(_value(ctx, "X"))
+    ctx.set_output("Out", _dense(x.shape[:2] + pool_window(ctx, x.shape).out, x.dtype))
+
+
+def _batch_norm(ctx: KernelContext) -> None:
+    """Y like X; the running stats like themselves; the saved batch stats [C]."""
+    x = phantom_of(_value(ctx, "X"))
+    ctx.set_output("Y", _dense(x.shape, x.dtype, x.lod))
+    ctx.set_output("MeanOut", phantom_of(_value(ctx, "Mean")))
+    ctx.set_output("VarianceOut", phantom_of(_value(ctx, "Variance")))
+    for slot in ("SavedMean", "SavedVariance"):
+        ctx.set_output(slot, _dense(x.shape[1:2], x.dtype))
+
+
+def _layer_norm(ctx: KernelContext) -> None:
+    x = phantom_of(_value(ctx, "X"))
+    left, _ = norm_split(x.shape, int(ctx.attr("begin_norm_axis", 1)))
+    ctx.set_output("Y", _dense(x.shape, x.dtype, x.lod))
+    for slot in ("Mean", "Variance"):
+        ctx.set_output(slot, _dense((left,), x.dtype))
+
+
+def _dropout(ctx: KernelContext) -> None:
+    """Out like X; in training, a uint8 Mask like X too."""
+    x = phantom_of(_value(ctx, "X"))
+    ctx.set_output("Out", _dense(x.shape, x.dtype, x.lod))
+    if not ctx.attr("is_test", False):
+        ctx.set_output("Mask", _dense(x.shape, np.uint8))
+
+
+def _matmul(ctx: KernelContext) -> None:
+    x, y = phantom_of(_value(ctx, "X")), shape_of(_value(ctx, "Y"))
+    tx, ty, _ = matmul_flags(ctx)
+    ctx.set_output("Out", _dense(matmul_shape(x.shape, y, tx, ty), x.dtype))
+
+
+def _reshaped(ctx: KernelContext, shape: Callable[[tuple[int, ...]], Sequence[int]]) -> None:
+    """Out in the shape `shape` gives for X's; XShape [0] + X's shape."""
+    x = phantom_of(_value(ctx, "X"))
+    ctx.set_output("Out", _dense(shape(x.shape), x.dtype))
+    ctx.set_output("XShape", _dense(xshape(x.shape), x.dtype))
+
+
+def _reshape2(ctx: KernelContext) -> None:
+    """reshape2, squeeze2, unsqueeze2."""
+    _reshaped(ctx, lambda s: reshaped(ctx, s))
+
+
+def _transpose2(ctx: KernelContext) -> None:
+    _reshaped(ctx, lambda s: [s[a] for a in transpose_perm(ctx, len(s))])
+
+
+def _split(ctx: KernelContext) -> None:
+    x = phantom_of(_value(ctx, "X"))
+    axis, sizes = split_sizes(ctx, x.shape)
+    for i, size in enumerate(sizes):
+        ctx.set_output("Out", _dense(x.shape[:axis] + (size,) + x.shape[axis + 1:], x.dtype),
+                       index=i)
+
+
+def _slice(ctx: KernelContext) -> None:
+    x = phantom_of(_value(ctx, "Input"))
+    ctx.set_output("Out", _dense(slice_bounds(ctx, x.shape)[1], x.dtype))
+
+
+def _gather(ctx: KernelContext) -> None:
+    x, ids = phantom_of(_value(ctx, "X")), shape_of(_value(ctx, "Index"))
+    ctx.set_output("Out", _dense((math.prod(ids),) + x.shape[1:], x.dtype))
+
+
 def _sum(ctx: KernelContext) -> None:
     """All SelectedRows: their rows together; otherwise dense like the first dense input."""
     values = [phantom_of(v) for v in _values(ctx, "X")]
@@ -310,7 +392,11 @@ SHAPE_RULES: dict[str, Rule] = {
     "sequence_pool": _sequence_pool, "merge_ids": _merge_ids, "split_byref": _split_byref,
     "split_selected_rows": _split_selected_rows, "split_ids": _split_ids, "concat": _concat,
     "sum": _sum, "ref_by_trainer_id": _ref_by_trainer_id,
-    "conditional_block": _conditional_block, "save": _save,
+    "conditional_block": _conditional_block, "save": _save, "conv2d": _conv2d,
+    "pool2d": _pool2d, "batch_norm": _batch_norm, "layer_norm": _layer_norm,
+    "dropout": _dropout, "matmul": _matmul, "reshape2": _reshape2, "transpose2": _transpose2,
+    "split": _split, "slice": _slice,
+    "gather": _gather,
 }
 """The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""
 

@@ -1,6 +1,6 @@
 """The torch backend: importing this module registers a torch kernel for every op the numpy
-backend has, family by family (`torch_elementwise`, `torch_math`, `torch_nn`, `torch_optim`,
-`torch_control`), each written after its numpy twin and checked against it in
+backend has, family by family (`torch_elementwise`, `torch_math`, `torch_nn`, `torch_conv`,
+`torch_tensor`, `torch_optim`, `torch_control`), each written after its numpy twin and checked against it in
 tests/test_torch_kernels.py. Torch itself is optional: without it this import fails with an
 `ImportError` naming the ``[torch]`` extra, and nothing outside these modules imports torch.
 
@@ -25,9 +25,9 @@ Kernels are device-agnostic: they create tensors through `torch_common.tensor`, 
 on the device the executor bound the plan to (`torch_common.on_device`); the CPU is the default.
 """
 
-from runtime.execution.kernels import (torch_control, torch_elementwise, torch_math, torch_nn,
-                                       torch_optim)
+from runtime.execution.kernels import (torch_control, torch_conv, torch_elementwise, torch_math,
+                                       torch_nn, torch_optim, torch_tensor)
 from runtime.execution.kernels.torch_common import DeviceError, on_device, resolve_device
 
-__all__ = ["DeviceError", "on_device", "resolve_device", "torch_control", "torch_elementwise",
-           "torch_math", "torch_nn", "torch_optim"]
+__all__ = ["DeviceError", "on_device", "resolve_device", "torch_control", "torch_conv",
+           "torch_elementwise", "torch_math", "torch_nn", "torch_optim", "torch_tensor"]

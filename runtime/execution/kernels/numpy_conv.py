@@ -1,0 +1,246 @@
+"""Image and normalization ops: `conv2d` and `pool2d` over NCHW images, `batch_norm`,
+`layer_norm` and `dropout`, each with its gradient kernel.
+
+DESIGN: the convolution is im2col without copies: `sliding_window_view` of the padded input,
+strided by the op's strides and dilations, is a view [N, C, OH, OW, KH, KW] that one `einsum`
+contracts with the filter (per group). The gradients go back through the same view: the filter's
+is one `einsum`, the input's scatters the columns' gradient back with one strided add per kernel
+position (KH x KW slices, never a loop over pixels). Pooling uses the same windows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from runtime.execution.kernels.common import dropout_factor, out_grad
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.registry import register
+from runtime.execution.kernels.shapes import (Window, conv_window, norm_split, pool_kind,
+                                              pool_window)
+
+Array = np.ndarray
+
+
+# -- windows ------------------------------------------------------------------------------------
+def _pad(x: Array, win: Window, value: float = 0.0) -> Array:
+    t, b, l, r = win.pads
+    if not any(win.pads):
+        return x
+    return np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)), constant_values=value)
+
+
+def _patches(xp: Array, win: Window) -> Array:
+    """The windows of padded `xp` as a view [N, C, OH, OW, KH, KW]."""
+    (sh, sw), (th, tw), (dh, dw), (oh, ow) = win.span, win.strides, win.dilations, win.out
+    view = sliding_window_view(xp, (sh, sw), axis=(2, 3))
+    return view[:, :, ::th, ::tw, ::dh, ::dw][:, :, :oh, :ow]
+
+
+def _fold(cols: Array, x_shape: tuple[int, ...], win: Window) -> Array:
+    """Adjoint of `_patches` then `_pad`: add each window element's gradient [N, C, OH, OW, KH,
+    KW] back to the input position it was read from; padding is dropped."""
+    t, b, l, r = win.pads
+    n, c, h, w = x_shape
+    dxp = np.zeros((n, c, h + t + b, w + l + r), dtype=cols.dtype)
+    (th, tw), (dh, dw), (oh, ow) = win.strides, win.dilations, win.out
+    for i in range(win.kernel[0]):
+        for j in range(win.kernel[1]):
+            dxp[:, :, i * dh: i * dh + th * (oh - 1) + 1: th,
+                j * dw: j * dw + tw * (ow - 1) + 1: tw] += cols[..., i, j]
+    return dxp[:, :, t: t + h, l: l + w]
+
+
+# -- conv2d -------------------------------------------------------------------------------------
+def _grouped(x: Array, w: Array, win: Window) -> tuple[Array, Array, int]:
+    """The input's windows [N, G, C/G, OH, OW, KH, KW] and the filter [G, F/G, C/G, KH, KW]."""
+    groups = x.shape[1] // w.shape[1]
+    cols = _patches(_pad(x, win), win)
+    n, c = x.shape[:2]
+    return (cols.reshape((n, groups, c // groups) + cols.shape[2:]),
+            w.reshape((groups, w.shape[0] // groups) + w.shape[1:]), groups)
+
+
+@register("conv2d")
+def conv2d(ctx: KernelContext) -> None:
+    x, w = ctx.input("Input"), ctx.input("Filter")
+    win = conv_window(ctx, x.shape, w.shape)
+    cols, wg, _ = _grouped(x, w, win)
+    out = np.einsum("ngchwij,gfcij->ngfhw", cols, wg, optimize=True)
+    ctx.set_output("Output", out.reshape((x.shape[0], w.shape[0]) + win.out).astype(
+        np.result_type(x, w), copy=False))
+
+
+@register("conv2d_grad")
+def conv2d_grad(ctx: KernelContext) -> None:
+    x, w = ctx.input("Input"), ctx.input("Filter")
+    win = conv_window(ctx, x.shape, w.shape)
+    cols, wg, groups = _grouped(x, w, win)
+    g = out_grad(ctx, ctx.input("Output"), "Output@GRAD")
+    gg = g.reshape((g.shape[0], groups, w.shape[0] // groups) + win.out)
+    if ctx.has_output("Filter@GRAD"):
+        dw = np.einsum("ngfhw,ngchwij->gfcij", gg, cols, optimize=True)
+        ctx.set_output("Filter@GRAD", dw.reshape(w.shape).astype(w.dtype, copy=False))
+    if ctx.has_output("Input@GRAD"):
+        dcols = np.einsum("ngfhw,gfcij->ngchwij", gg, wg, optimize=True)
+        dcols = dcols.reshape((x.shape[0], x.shape[1]) + dcols.shape[3:])
+        ctx.set_output("Input@GRAD", _fold(dcols, x.shape, win).astype(x.dtype, copy=False))
+
+
+# -- pool2d -------------------------------------------------------------------------------------
+def _avg_divisor(ctx: KernelContext, x: Array, win: Window) -> Array | float:
+    """Per output position, the elements averaged: the window's real (unpadded) elements with
+    ``exclusive`` (Paddle's default), the whole window otherwise."""
+    if not ctx.attr("exclusive", True) or not any(win.pads):
+        return float(win.kernel[0] * win.kernel[1])
+    ones = np.ones((1, 1) + x.shape[2:], dtype=x.dtype)
+    return _patches(_pad(ones, win), win).sum(axis=(-2, -1))
+
+
+@register("pool2d")
+def pool2d(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    win = pool_window(ctx, x.shape)
+    if pool_kind(ctx) == "max":
+        out = _patches(_pad(x, win, -np.inf), win).max(axis=(-2, -1))
+    else:
+        out = _patches(_pad(x, win), win).sum(axis=(-2, -1)) / _avg_divisor(ctx, x, win)
+    ctx.set_output("Out", out.astype(x.dtype, copy=False))
+
+
+@register("pool2d_grad")
+def pool2d_grad(ctx: KernelContext) -> None:
+    """max: each window's gradient to its first largest element; avg: spread evenly."""
+    x = ctx.input("X")
+    win = pool_window(ctx, x.shape)
+    g = out_grad(ctx, ctx.input("Out"))
+    kh, kw = win.kernel
+    if pool_kind(ctx) == "max":
+        windows = _patches(_pad(x, win, -np.inf), win)
+        picked = windows.reshape(windows.shape[:4] + (kh * kw,)).argmax(axis=-1)
+        cols = (picked[..., None] == np.arange(kh * kw)) * g[..., None]
+        cols = cols.reshape(g.shape + (kh, kw))
+    else:
+        share = g / _avg_divisor(ctx, x, win)
+        cols = np.broadcast_to(share[..., None, None], g.shape + (kh, kw))
+    ctx.set_output("X@GRAD", _fold(cols, x.shape, win).astype(x.dtype, copy=False))
+
+
+# -- batch_norm ---------------------------------------------------------------------------------
+def _channel_axes(x: Array) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The axes batch_norm reduces over (all but C, axis 1) and a shape broadcasting [C] on X."""
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: X of shape {list(x.shape)} has no channel axis")
+    return (0,) + tuple(range(2, x.ndim)), (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def _global_stats(ctx: KernelContext) -> bool:
+    return bool(ctx.attr("is_test", False) or ctx.attr("use_global_stats", False))
+
+
+@register("batch_norm")
+def batch_norm(ctx: KernelContext) -> None:
+    """Training: normalize by the batch's mean and (biased) variance, and move the running
+    MeanOut/VarianceOut toward them by ``momentum``; SavedMean/SavedVariance keep the batch's
+    mean and 1/sqrt(var + epsilon) for the gradient. ``is_test`` (or ``use_global_stats``):
+    normalize by the running Mean/Variance, which stay as they are."""
+    x, scale, bias = ctx.input("X"), ctx.input("Scale"), ctx.input("Bias")
+    mean, var = ctx.input("Mean"), ctx.input("Variance")
+    eps, momentum = float(ctx.attr("epsilon", 1e-5)), float(ctx.attr("momentum", 0.9))
+    axes, cshape = _channel_axes(x)
+    if _global_stats(ctx):
+        mu, sigma2 = mean, var
+        mean_out, var_out = mean.copy(), var.copy()
+    else:
+        mu = x.mean(axis=axes)
+        sigma2 = np.square(x - mu.reshape(cshape)).mean(axis=axes)
+        mean_out = (momentum * mean + (1 - momentum) * mu).astype(mean.dtype, copy=False)
+        var_out = (momentum * var + (1 - momentum) * sigma2).astype(var.dtype, copy=False)
+    inv = 1.0 / np.sqrt(sigma2 + eps)
+    y = (x - mu.reshape(cshape)) * (inv * scale).reshape(cshape) + bias.reshape(cshape)
+    ctx.set_output("Y", y.astype(x.dtype, copy=False))
+    ctx.set_output("MeanOut", mean_out)
+    ctx.set_output("VarianceOut", var_out)
+    ctx.set_output("SavedMean", mu.astype(x.dtype, copy=False))
+    ctx.set_output("SavedVariance", inv.astype(x.dtype, copy=False))
+
+
+@register("batch_norm_grad")
+def batch_norm_grad(ctx: KernelContext) -> None:
+    """From SavedMean/SavedVariance (the running Mean was overwritten in place by then); with
+    global stats the normalization is affine in X."""
+    x, scale = ctx.input("X"), ctx.input("Scale")
+    mu, inv = ctx.input("SavedMean"), ctx.input("SavedVariance")
+    axes, cshape = _channel_axes(x)
+    g = out_grad(ctx, x, "Y@GRAD")
+    xhat = (x - mu.reshape(cshape)) * inv.reshape(cshape)
+    dbias, dscale = g.sum(axis=axes), (g * xhat).sum(axis=axes)
+    ctx.set_output("Bias@GRAD", dbias.astype(scale.dtype, copy=False))
+    ctx.set_output("Scale@GRAD", dscale.astype(scale.dtype, copy=False))
+    if _global_stats(ctx):
+        dx = g * (scale * inv).reshape(cshape)
+    else:
+        m = x.size // x.shape[1]
+        dx = (scale * inv / m).reshape(cshape) * (
+            m * g - dbias.reshape(cshape) - xhat * dscale.reshape(cshape))
+    ctx.set_output("X@GRAD", dx.astype(x.dtype, copy=False))
+
+
+# -- layer_norm ---------------------------------------------------------------------------------
+def _affine(ctx: KernelContext, slot: str, right: int, dtype: np.dtype, fill: float) -> Array:
+    value = ctx.input(slot)
+    return np.full(right, fill, dtype=dtype) if value is None else value.reshape(right)
+
+
+@register("layer_norm")
+def layer_norm(ctx: KernelContext) -> None:
+    """X flattened to [left, right] at ``begin_norm_axis``; each row normalized, then scaled and
+    shifted by Scale and Bias [right] (either optional). Mean and Variance: [left]."""
+    x = ctx.input("X")
+    left, right = norm_split(x.shape, int(ctx.attr("begin_norm_axis", 1)))
+    x2 = x.reshape(left, right)
+    mu, sigma2 = x2.mean(axis=1), x2.var(axis=1)
+    xhat = (x2 - mu[:, None]) / np.sqrt(sigma2 + float(ctx.attr("epsilon", 1e-5)))[:, None]
+    y = xhat * _affine(ctx, "Scale", right, x.dtype, 1.0) + _affine(ctx, "Bias", right, x.dtype, 0.0)
+    ctx.set_output("Y", y.reshape(x.shape).astype(x.dtype, copy=False))
+    ctx.set_output("Mean", mu.astype(x.dtype, copy=False))
+    ctx.set_output("Variance", sigma2.astype(x.dtype, copy=False))
+
+
+@register("layer_norm_grad")
+def layer_norm_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    left, right = norm_split(x.shape, int(ctx.attr("begin_norm_axis", 1)))
+    x2 = x.reshape(left, right)
+    inv = 1.0 / np.sqrt(ctx.input("Variance") + float(ctx.attr("epsilon", 1e-5)))[:, None]
+    xhat = (x2 - ctx.input("Mean")[:, None]) * inv
+    g = out_grad(ctx, x, "Y@GRAD").reshape(left, right)
+    scale = _affine(ctx, "Scale", right, x.dtype, 1.0)
+    if ctx.has_output("Scale@GRAD"):
+        ctx.set_output("Scale@GRAD", (g * xhat).sum(axis=0).astype(scale.dtype, copy=False))
+    if ctx.has_output("Bias@GRAD"):
+        ctx.set_output("Bias@GRAD", g.sum(axis=0).astype(scale.dtype, copy=False))
+    dxhat = g * scale
+    dx = inv * (dxhat - dxhat.mean(axis=1, keepdims=True)
+                - xhat * (dxhat * xhat).mean(axis=1, keepdims=True))
+    ctx.set_output("X@GRAD", dx.reshape(x.shape).astype(x.dtype, copy=False))
+
+
+# -- dropout ------------------------------------------------------------------------------------
+def _dropout_factor(ctx: KernelContext, x: Array) -> Array | float:
+    mask, scale = dropout_factor(ctx, x)
+    return scale if mask is None else mask * scale
+
+
+@register("dropout")
+def dropout(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    ctx.set_output("Out", (x * _dropout_factor(ctx, x)).astype(x.dtype, copy=False),
+                   lod=ctx.lod("X"))
+
+
+@register("dropout_grad")
+def dropout_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    g = out_grad(ctx, x)
+    ctx.set_output("X@GRAD", (g * _dropout_factor(ctx, x)).astype(x.dtype, copy=False))

@@ -330,7 +330,7 @@ def cnn(image: int = 8, channels: Sequence[int] = (8, 16), classes: int = 10,
     if image % (2 ** len(channels)):
         raise ModelError(f"cnn: image {image} does not halve {len(channels)} times")
 
-    def body() -> _Built:
+    def body() -> Built:
         x = layers.data("x", shape=[image * image])
         label = layers.data("label", shape=[1], dtype="int64")
         h = layers.reshape(x, [-1, 1, image, image])
@@ -347,9 +347,9 @@ def cnn(image: int = 8, channels: Sequence[int] = (8, 16), classes: int = 10,
         logits = layers.fc(h, size=classes, param_attr=_param("cnn.fc.w"),
                            bias_attr=_param("cnn.fc.b"))
         loss = layers.mean(layers.softmax_with_cross_entropy(logits, label))
-        return _Built(["x", "label"], loss, "label", logits)
+        return Built(["x", "label"], loss, "label", logits)
 
-    return _build("cnn", body, optimizer, lr, seed, "synthetic_classification",
+    return make_model("cnn", body, optimizer, lr, seed, "synthetic_classification",
                   {"dim": image * image, "classes": classes})
 
 

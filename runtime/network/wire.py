@@ -358,7 +358,7 @@ def decode(frames: Sequence[Frame], max_message_size: int = DEFAULT_MAX_MESSAGE_
         return encoded.parsed.message()
     _check_envelope_size(frames, max_message_size, max_header_size)
     header = _unpack_header(frames[0])
-    carried = header.get("id")
+    carried: Any = header.get("id")
     msg_id = carried if _is_int(carried) and ID_RANGE[0] <= carried <= ID_RANGE[1] else None
     try:
         return _decode(header, frames, max_message_size)

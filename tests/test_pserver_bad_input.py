@@ -13,7 +13,7 @@ import pytest
 from runtime.execution.executor import Executor
 from runtime.network.wire import Kind, Message, decode, encode
 from runtime.network.zmq_transport import ZmqTransport
-from runtime.services.pserver import PserverFailure, PserverService, ServeConfig
+from runtime.services.pserver import PserverService, ServeConfig
 
 from cluster_helpers import make_job
 
@@ -131,25 +131,44 @@ def test_retried_gradient_is_applied_once() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_failed_optimize_step_stops_the_server_with_a_named_error() -> None:
-    """A step whose gradients are incomplete cannot be optimized: `serve` raises, not hangs."""
+def test_a_barrier_before_all_gradients_is_refused_naming_one() -> None:
+    """A send barrier that would make the server optimize with a missing gradient (which would
+    fail at step 0, or apply the last step's again later) is refused, naming the missing grad;
+    the gradients then sent complete the step."""
     job = make_job(MODEL, trainers=1, pservers=1)
     main, startup = job.pserver_programs(0)
     endpoint = job.endpoints[0]
 
     async def scenario() -> None:
         service = PserverService(main, startup, ZmqTransport("pserver:0"))
+        start = service.scope.get("mlp.fc1.w").copy()
         serving = asyncio.get_running_loop().create_task(service.serve(endpoint))
         client = ZmqTransport("trainer:0")
         await client.connect(endpoint)
+
+        async def ask(msg: Message) -> Message:
+            await client.send(endpoint, encode(msg))
+            _, frames = await asyncio.wait_for(client.recv(), 10)
+            return decode(frames)
+
         try:
             only_one = Message(Kind.SEND, 1, "trainer:0", 0, {GRAD: np.ones((32, 10), np.float32)},
                                {"trainer": 0})
             barrier = Message(Kind.SEND_BARRIER, 2, "trainer:0", 0, extra={"trainer": 0})
-            for msg in (only_one, barrier):
-                await client.send(endpoint, encode(msg))
-            with pytest.raises(PserverFailure, match=r"pserver:0 stopped: .*@GRAD"):
-                await asyncio.wait_for(serving, 10)
+            assert (await ask(only_one)).kind is Kind.REPLY
+            refused = await ask(barrier)
+            assert refused.kind is Kind.ERROR
+            assert refused.extra["error"]["var"].endswith("@GRAD")
+            assert "before its gradients" in refused.extra["error"]["detail"]
+            assert service.scope.get("mlp.fc1.w").tobytes() == start.tobytes()
+            rest = {name: np.zeros(main.global_block().var(name).shape, np.float32)
+                    for name in service.receivable if name != GRAD}
+            assert (await ask(Message(Kind.SEND, 3, "trainer:0", 0, rest, {"trainer": 0}))).kind \
+                is Kind.REPLY
+            assert (await ask(Message(Kind.SEND_BARRIER, 4, "trainer:0", 0,
+                                      extra={"trainer": 0}))).kind is Kind.REPLY
+            np.testing.assert_allclose(service.scope.get("mlp.fc1.w"), start - 0.1, rtol=1e-6)
+            assert not serving.done()
         finally:
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)

@@ -201,6 +201,15 @@ class _Call:
         else:
             self.future.set_result(result)
 
+    def notice(self, pending: Message) -> None:
+        """A pending notice came: the call goes on waiting, unless `check` refuses it."""
+        if self.check is None:
+            return
+        try:
+            self.check(self.endpoint, pending)
+        except Exception as exc:
+            self.fail(exc)
+
     def fail(self, exc: BaseException) -> None:
         self.settle()
         if not self.future.done():
@@ -329,21 +338,24 @@ class RpcClient:
             if meter is not None:
                 meter.discard(started)
             return
-        self._resolve(msg)
+        self._resolve(msg, peer)
         if meter is not None:
             meter.stop_message(started, RECEIVES, msg.kind.value, charged_size(frames))
 
-    def _resolve(self, msg: Message) -> None:
+    def _resolve(self, msg: Message, peer: str) -> None:
         """Hand a reply to the call waiting for it, or note a pending notice; a reply to a call
-        that is over (answered, timed out, cancelled) is dropped."""
+        that is over (answered, timed out, cancelled), or from another peer than the call's,
+        is dropped. A pending notice goes through the call's `check` too (which may fail it:
+        a server that says it holds the request but can never answer it)."""
         call = self._waiting.get(msg.id)
-        if call is None:
+        if call is None or call.endpoint != peer:
             return
         if call.future.done():  # cancelled by its caller
             call.settle()
             return
         if msg.kind is Kind.REPLY and msg.extra.get("pending") is True:
             call.heard = asyncio.get_running_loop().time()  # alive, still busy
+            call.notice(msg)
             return
         call.answer(msg)
 

@@ -41,6 +41,17 @@ from runtime.network.transport import Frame
 
 WIRE_VERSION = 1
 DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
+DEFAULT_MAX_HEADER_SIZE = 64 << 10
+"""Largest header frame `decode` reads (bytes), checked before msgpack parses it: a header
+holds names and shapes, never data, so a bigger one is refused rather than parsed."""
+MAX_FRAMES = 1 << 16
+"""Most frames a message may have (a header and two per var at most)."""
+MAX_ECHO = 200
+"""Characters of a received value an error's text quotes (the rest is cut, saying so)."""
+MAX_DETAIL = 1024
+"""Characters of an error's detail an error reply (and a log line) carries."""
+MAX_VAR = 256
+"""Characters of a culprit var's name (or a peer's) an error carries."""
 MAX_NDIM = 32
 MAX_DIM = 1 << 62
 ID_RANGE = (0, (1 << 64) - 1)
@@ -110,6 +121,7 @@ class WireError(Exception):
     def __init__(
         self, reason: Reason, detail: str, *, var: str | None = None, msg_id: int | None = None
     ) -> None:
+        detail, var = clip(detail, MAX_DETAIL), None if var is None else clip(var, MAX_VAR)
         where = f" (var {var!r})" if var is not None else ""
         super().__init__(f"{reason}: {detail}{where}")
         self.reason = reason
@@ -130,6 +142,8 @@ class RemoteError(Exception):
     """A peer answered a request with an error reply."""
 
     def __init__(self, peer: str, reason: str, detail: str, var: str | None) -> None:
+        peer, reason, detail = clip(peer, MAX_VAR), clip(reason, MAX_VAR), clip(detail, MAX_DETAIL)
+        var = None if var is None else clip(var, MAX_VAR)
         where = f" (var {var!r})" if var is not None else ""
         super().__init__(f"{peer} replied error {reason}: {detail}{where}")
         self.peer = peer
@@ -333,25 +347,39 @@ def _frame(array: np.ndarray) -> memoryview:
 # ---------------------------------------------------------------------------------------- decode
 
 
-def decode(frames: Sequence[Frame], max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> Message:
+def decode(frames: Sequence[Frame], max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+           max_header_size: int = DEFAULT_MAX_HEADER_SIZE) -> Message:
     """The message the frames carry; raise `DecodeError` naming the first thing wrong with them."""
     if not frames:
         raise DecodeError(Reason.FRAME_COUNT, "empty message: no header frame")
     encoded = _encoded_header(frames)
     if encoded is not None and encoded.parsed is not None and len(frames) == 1 \
-            and len(encoded) <= max_message_size:
+            and len(encoded) <= min(max_message_size, max_header_size):
         return encoded.parsed.message()
-    if _nbytes(frames[0]) > max_message_size:
-        raise DecodeError(
-            Reason.TOO_LARGE, f"header of {_nbytes(frames[0])} bytes exceeds {max_message_size}"
-        )
+    _check_envelope_size(frames, max_message_size, max_header_size)
     header = _unpack_header(frames[0])
-    msg_id = header.get("id") if _is_int(header.get("id")) else None
+    carried: Any = header.get("id")
+    msg_id = carried if _is_int(carried) and ID_RANGE[0] <= carried <= ID_RANGE[1] else None
     try:
         return _decode(header, frames, max_message_size)
     except DecodeError as exc:
         exc.msg_id = msg_id
         raise
+
+
+def _check_envelope_size(frames: Sequence[Frame], max_message_size: int,
+                         max_header_size: int) -> None:
+    """The limits checked before anything is parsed: frame count, header size, total size."""
+    if len(frames) > MAX_FRAMES:
+        raise DecodeError(Reason.FRAME_COUNT, f"{len(frames)} frames, at most {MAX_FRAMES}")
+    head = _nbytes(frames[0])
+    if head > min(max_header_size, max_message_size):
+        raise DecodeError(
+            Reason.TOO_LARGE,
+            f"header of {head} bytes exceeds {min(max_header_size, max_message_size)}")
+    total = sum(_nbytes(frame) for frame in frames)
+    if total > max_message_size:
+        raise DecodeError(Reason.TOO_LARGE, f"message of {total} bytes exceeds {max_message_size}")
 
 
 def _decode(header: dict[str, Any], frames: Sequence[Frame], max_message_size: int) -> Message:
@@ -777,6 +805,15 @@ def _nbytes(frame: Frame) -> int:
     return frame.nbytes if isinstance(frame, memoryview) else len(frame)
 
 
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how much was cut: what an error or a log line
+    echoes of received data stays small however large the data."""
+    if len(text) <= limit:
+        return text
+    cut = f"...[{len(text) - limit} more chars]"
+    return text[: max(0, limit - len(cut))] + cut
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -796,11 +833,15 @@ def error_reply(
     if request_id is None:
         carried = error.msg_id if isinstance(error, WireError) else None
         request_id = carried if carried is not None else 0
+    if not _is_int(request_id) or not ID_RANGE[0] <= request_id <= ID_RANGE[1]:
+        request_id = 0  # an id the reply could not carry (the request's was readable but bad)
+    if not _is_int(step) or not STEP_RANGE[0] <= step <= STEP_RANGE[1]:
+        step = 0
     reason = str(error.reason) if isinstance(error, WireError) else type(error).__name__
     detail = error.detail if isinstance(error, WireError) else str(error)
     culprit = getattr(error, "var", None)
-    var = culprit if isinstance(culprit, str) else None
-    body = {"reason": reason, "detail": detail, "var": var}
+    var = clip(culprit, MAX_VAR) if isinstance(culprit, str) else None
+    body = {"reason": reason, "detail": clip(detail, MAX_DETAIL), "var": var}
     return Message(Kind.ERROR, request_id, src, step, extra={"error": body})
 
 

@@ -22,9 +22,11 @@ arithmetic cost more CPU per small message than pslab's whole encode/decode. Zer
 edge-triggered and a send may consume the edge that announced incoming messages, so after
 every send the socket's events are read again and a drain scheduled if input is waiting.
 
-Every queue is bounded: the send and receive high-water marks (messages per peer), the inbox,
-and the largest frame a peer may send (`MAXMSGSIZE`; libzmq drops a connection that exceeds it
-before allocating the frame). Close uses LINGER `linger_ms` (0 by default) and terminates the
+Every queue is bounded: the send and receive high-water marks (messages per peer), the inbox
+(messages and bytes), the largest frame a peer may send (`MAXMSGSIZE`; libzmq drops a
+connection that exceeds it before allocating the frame), and a message's frame count and total
+size, summed as its frames are read: libzmq only bounds frames, so a message over either limit
+is read to its end and dropped (logged, counted in `dropped`), never handed on. Close uses LINGER `linger_ms` (0 by default) and terminates the
 context if this transport created it.
 
 Security (`runtime.network.curve`): with `CurveKeys`, the ROUTER is a CURVE server that admits
@@ -77,6 +79,14 @@ class ZmqLimits:
     """Messages received but not yet taken by `recv`."""
     max_frame_size: int = 1 << 30
     """Largest frame accepted from a peer (bytes); a peer sending more is disconnected."""
+    max_message_size: int = 1 << 30
+    """Largest message (all its frames) accepted from a peer (bytes); a larger one is dropped
+    as its frames are read, before it reaches `recv`. `MAXMSGSIZE` (per frame) is the smaller
+    of this and `max_frame_size`."""
+    max_frames: int = 1 << 16
+    """Most frames a message may have; one with more is dropped as its frames are read."""
+    inbox_bytes: int = 1 << 30
+    """Bytes of received messages held for `recv` before receiving waits (besides `inbox`)."""
     copy_threshold: int = zmq.COPY_THRESHOLD
     """Frames smaller than this (bytes) are copied on send; larger ones go zero-copy."""
     io_threads: int = 1
@@ -154,6 +164,11 @@ class ZmqTransport(Transport):
         self._zap: ZapHandler | None = None
         self.impostors = 0
         """Messages dropped: their routing id was not the name their key belongs to."""
+        self._held: deque[int] = deque()
+        """Bytes of each message in the inbox, in order (`recv` takes from the front)."""
+        self._held_bytes = 0
+        self.dropped = 0
+        """Messages dropped for breaking `max_frames` or `max_message_size`."""
 
     @property
     def unauthenticated(self) -> int:
@@ -225,6 +240,8 @@ class ZmqTransport(Transport):
     async def recv(self) -> Inbound:
         self._check_open("recv")
         inbound = await self._inbox.get()
+        if self._held:
+            self._held_bytes -= self._held.popleft()
         self._resume_paused()
         return inbound
 
@@ -331,36 +348,29 @@ class ZmqTransport(Transport):
         """Receive while the socket has input (asking its events, which is cheaper than the
         exception an empty NOBLOCK receive raises), up to a batch, then give other callbacks a
         turn if more waits."""
-        router = socket.endpoint is None
         sock = socket.zmq
+        limits = self.limits
         for _ in range(_BATCH):
-            if self._handler is None and self._inbox.full():
+            if self._handler is None and (self._inbox.full()
+                                          or self._held_bytes >= limits.inbox_bytes):
                 socket.paused = True
                 return
-            frame = sock.recv(_NOBLOCK, copy=False)
-            parts = [frame]
-            while frame.more:
-                frame = sock.recv(_NOBLOCK, copy=False)
-                parts.append(frame)
-            if router:
-                peer = parts[0].bytes.decode(*_IDENTITY_ENCODING)
-                del parts[0]
-            else:
-                peer = socket.endpoint  # type: ignore[assignment]
-            if not router or self.curve is None or self._owned(peer, parts):
-                frames: list[Frame] = [part.buffer for part in parts]
+            message = self._read_message(socket)
+            if message is not None:
+                peer, frames, size = message
                 if self._handler is not None:
                     self._handler(peer, frames)
                 else:
                     self._inbox.put_nowait((peer, frames))
+                    self._held.append(size)
+                    self._held_bytes += size
             if not _events(sock) & _POLLIN:
                 return
         self._schedule(socket)
 
-    def _owned(self, peer: str, parts: list[zmq.Frame]) -> bool:
-        """Whether the routing id `peer` is the owner of the key the message came with (its
-        ZAP User-Id); if not, the message is dropped and counted."""
-        owner = parts[0].get("User-Id") if parts else None
+    def _owned(self, peer: str, owner: str | None) -> bool:
+        """Whether the routing id `peer` is `owner`, the owner of the key the message came
+        with (its ZAP User-Id); if not, the message is dropped and counted."""
         if owner == peer:
             return True
         self.impostors += 1
@@ -368,6 +378,43 @@ class ZmqTransport(Transport):
             log.warning("%s: dropped a message from routing id %r sent with the key of %r "
                         "(%d such so far)", self.name, peer, owner, self.impostors)
         return False
+
+    def _read_message(self, socket: _Socket) -> tuple[str, list[Frame], int] | None:
+        """Read one whole message (libzmq has all its frames once the first is readable): its
+        peer, frames and bytes; None if it breaks `max_frames` or `max_message_size` (counted as the frames are read,
+        which are then freed, not kept) or its routing id is not its key's owner."""
+        sock, limits = socket.zmq, self.limits
+        frame = sock.recv(_NOBLOCK, copy=False)
+        if socket.endpoint is None:  # ROUTER: the first frame is the sender's identity
+            peer = frame.bytes.decode(*_IDENTITY_ENCODING)
+            parts: list[Any] = []
+            more = frame.more
+        else:
+            peer, parts, more = socket.endpoint, [frame], frame.more
+        size = sum(len(part) for part in parts)
+        count = len(parts)
+        while more:
+            frame = sock.recv(_NOBLOCK, copy=False)
+            size += len(frame)
+            count += 1
+            more = frame.more
+            if count <= limits.max_frames and size <= limits.max_message_size:
+                parts.append(frame)
+            else:
+                parts.clear()
+        if count > limits.max_frames or size > limits.max_message_size:
+            self._dropped(peer, size, count)
+            return None
+        owner = parts[0].get("User-Id") if parts and self.curve is not None else None
+        if socket.endpoint is None and self.curve is not None and not self._owned(peer, owner):
+            return None
+        return peer, [part.buffer for part in parts], size
+
+    def _dropped(self, peer: str, size: int, count: int) -> None:
+        self.dropped += 1
+        log.warning("%s: dropped a message of %d bytes in %d frames from %r (limits: %d bytes, "
+                    "%d frames)", self.name, size, count, peer[:64], self.limits.max_message_size,
+                    self.limits.max_frames)
 
     def _resume_paused(self) -> None:
         for socket in self._all():
@@ -403,7 +450,8 @@ class ZmqTransport(Transport):
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, self.limits.send_hwm)
         socket.setsockopt(zmq.RCVHWM, self.limits.recv_hwm)
-        socket.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_size)
+        socket.setsockopt(zmq.MAXMSGSIZE, min(self.limits.max_frame_size,
+                                              self.limits.max_message_size))
         socket.copy_threshold = self.limits.copy_threshold
         return socket
 

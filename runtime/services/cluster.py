@@ -55,7 +55,8 @@ def serve_config(job: Job, checkpoint_dir: Path | None = None) -> ServeConfig:
     every = train.checkpoint_every if checkpoint_dir is not None else None
     return ServeConfig(heartbeat_timeout=train.heartbeat_timeout, drain=3 * train.retry_after,
                        startup_grace=train.startup_timeout, checkpoint_every=every,
-                       checkpoint_dir=checkpoint_dir)
+                       checkpoint_dir=checkpoint_dir,
+                       trainer_names=tuple(trainer_name(i) for i in range(job.trainers)))
 
 
 def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,

@@ -85,7 +85,8 @@ from runtime.execution.costs import RECEIVES, SENDS, Meter
 from runtime.execution.executor import AttrOverrides, Executor
 from runtime.execution.scope import Scope
 from runtime.network.transport import Transport, TransportClosed
-from runtime.network.wire import (DecodeError, Kind, Message, charged_size, decode, encode,
+from runtime.network.wire import (DEFAULT_MAX_HEADER_SIZE, MAX_DETAIL, DecodeError, Kind,
+                                  Message, WireError, charged_size, clip, decode, encode,
                                   error_reply)
 from runtime.services import checkpoint
 from runtime.services.protocol import INITIAL_STEP, SyncRound
@@ -144,6 +145,13 @@ class ServerStats:
 class ServeConfig:
     heartbeat_timeout: float = 10.0
     max_message_size: int = 1 << 30
+    """Largest message (all its frames) decoded; a larger one gets an error reply."""
+    max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+    """Largest header frame decoded (checked before msgpack parses it)."""
+    trainer_names: tuple[str, ...] | None = None
+    """The job's trainers' node names, by trainer id: a request of trainer i must come from
+    `trainer_names[i]`. None: each trainer id is bound to the name its first request came
+    from."""
     # After the last trainer completed, go on answering retries (a lost reply to COMPLETE is
     # resent) until the trainers have been quiet this long.
     drain: float = 1.0
@@ -190,7 +198,8 @@ class PserverService:
             heartbeat_timeout=self.config.heartbeat_timeout,
             startup_grace=self.config.startup_grace, checkpoint_every=every,
             start_step=0 if load_from is None else self._restore(Path(load_from)),
-            recovering=recovering, checkpoint_dir=self.config.checkpoint_dir)
+            recovering=recovering, checkpoint_dir=self.config.checkpoint_dir,
+            trainer_names=self.config.trainer_names)
         if recovering:
             self.stats.restored_step = self.core.round.step
         self._done = asyncio.Event()
@@ -270,9 +279,14 @@ class PserverService:
     async def _handle_frames(self, peer: str, frames: list[Any]) -> str:
         """Decode one message and feed it to the core; its kind (for the meter)."""
         try:
-            msg = decode(frames, self.config.max_message_size)
+            msg = decode(frames, self.config.max_message_size, self.config.max_header_size)
         except DecodeError as exc:
             await self._reject(Reject(peer, exc, None))
+            return Kind.ERROR.value
+        if msg.src != peer:  # a node speaks for itself only: its state is kept under its name
+            self.stats.refused += 1
+            await self._reject(Reject(peer, ProtocolViolation(
+                f"{msg.kind} says it is from {msg.src!r} but came from {peer!r}"), msg))
             return Kind.ERROR.value
         if self.transport.authenticated:
             claim = impersonation(peer, msg)
@@ -350,7 +364,13 @@ class PserverService:
         """Send `reply` to `peer`; the bytes it weighs."""
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
-        frames = encode(reply)
+        try:
+            frames = encode(reply)
+        except WireError as exc:  # a reply this server cannot encode is its own bug: say so
+            log.error("%s: cannot encode its reply to %s: %s", self.name, clip(peer, 256), exc)
+            if meter is not None:
+                meter.discard(started)
+            return 0
         nbytes = charged_size(frames)
         self.stats.bytes_out += nbytes
         try:
@@ -364,7 +384,8 @@ class PserverService:
 
     async def _reject(self, action: Reject) -> None:
         self.stats.errors += 1
-        log.warning("%s: rejected a message from %s: %s", self.name, action.peer, action.error)
+        log.warning("%s: rejected a message from %s: %s", self.name, clip(action.peer, 256),
+                    clip(str(action.error), MAX_DETAIL))
         msg = action.request
         reply = error_reply(self.name, action.error, request_id=None if msg is None else msg.id,
                             step=0 if msg is None else msg.step)

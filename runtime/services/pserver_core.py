@@ -75,7 +75,8 @@ class PserverCore:
     def __init__(self, store: Store, *, name: str, clock: Callable[[], float],
                  heartbeat_timeout: float, startup_grace: float,
                  checkpoint_every: int | None = None, start_step: int = 0,
-                 recovering: bool = False, checkpoint_dir: Path | None = None) -> None:
+                 recovering: bool = False, checkpoint_dir: Path | None = None,
+                 trainer_names: tuple[str, ...] | None = None) -> None:
         self.store = store
         self.name = name
         self.clock = clock
@@ -89,6 +90,8 @@ class PserverCore:
         self.deferred: list[tuple[str, Message]] = []
         self.pending: set[tuple[str, int]] = set()
         self.last_seen: dict[int, float] = {}
+        self.senders: dict[int, str] = dict(enumerate(trainer_names or ()))
+        """Trainer -> the node name it speaks under (the job's, or its first request's)."""
         self.serving_since = 0.0
         self.next_step: dict[int, int] = {}  # trainer -> the step after its latest message
         self.progress = 0  # the furthest step reached (asynchronous: by any trainer)
@@ -133,11 +136,15 @@ class PserverCore:
     # ----------------------------------------------------------------------------------
     def _handle(self, peer: str, msg: Message) -> Work:
         """Handle `msg`; returns whether it was answered (not deferred, refused or rewound)."""
+        trainer_known = False
         try:
             trainer = trainer_of(msg)
+            self._check_sender(trainer, msg)
+            trainer_known = True
             self.last_seen[trainer] = self.clock()
+            before = self.next_step.get(trainer)
             if msg.step >= 0 and msg.kind not in (Kind.HEARTBEAT, Kind.COMPLETE):
-                self.next_step[trainer] = max(self.next_step.get(trainer, 0), msg.step + 1)
+                self.next_step[trainer] = max(before or 0, msg.step + 1)
             if self.resynced is not None and self._must_rewind(trainer, msg):
                 yield Tally("rewinds")
                 log.info("%s: trainer message %s at step %d: rewind to step %d", self.name,
@@ -146,8 +153,10 @@ class PserverCore:
                 return False
             yield Begin()
             reply = yield from _HANDLERS[msg.kind](self, msg, trainer, parse(msg))
-        except Exception as exc:  # one bad message must not stop the server
+        except Exception as exc:  # one bad message must not stop the server, nor count
             self.pending.discard((msg.src, msg.id))
+            if trainer_known:
+                _restore(self.next_step, trainer, before)
             yield Reject(peer, exc, msg)
             return False
         if reply is None:  # deferred: answered after the next phase change
@@ -256,6 +265,27 @@ class PserverCore:
         return self._reply(msg, entry=entry)
         yield
 
+    def _check_sender(self, trainer: int, msg: Message) -> None:
+        """Refuse a request from a trainer outside this job, or under another name than the
+        trainer's (its first message names it): only the job's trainers hold state here (their
+        liveness, their replies remembered), at most one name each.
+
+        DESIGN: a job's servers are told its trainers' names; a server that is not (a test's)
+        binds each trainer id to the name of its first request. Either way a node restarted
+        under the same name speaks as before."""
+        if not 0 <= trainer < self.round.trainers:
+            raise ProtocolViolation(f"trainer {trainer} is not one of the {self.round.trainers} "
+                                    f"trainers of this job; {msg.kind} refused")
+        known = self.senders.get(trainer)
+        if known is None:
+            if msg.src in self.senders.values():
+                raise ProtocolViolation(f"{msg.src!r} already speaks for another trainer; "
+                                        f"{msg.kind} as trainer {trainer} refused")
+            self.senders[trainer] = msg.src
+        elif known != msg.src:
+            raise ProtocolViolation(f"trainer {trainer} is {known!r} on this server, not "
+                                    f"{msg.src!r}; {msg.kind} refused")
+
     # -- replies ----------------------------------------------------------------------------------
     def _reply(self, msg: Message, **extra: Any) -> Message:
         """An acknowledgement of `msg` saying where this server is, with `extra` fields."""
@@ -357,6 +387,14 @@ class PserverCore:
                 if now - self.serving_since > grace else None
         timeout = self.heartbeat_timeout
         return f"silent for more than {timeout:g}s" if now - seen > timeout else None
+
+
+def _restore(steps: dict[int, int], trainer: int, before: int | None) -> None:
+    """Put back what `steps` said of `trainer` before a refused message."""
+    if before is None:
+        steps.pop(trainer, None)
+    else:
+        steps[trainer] = before
 
 
 _HANDLERS: dict[Kind, Callable[[PserverCore, Message, int, Any], Work]] = {

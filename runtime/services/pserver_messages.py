@@ -12,15 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from runtime.network.wire import Kind, Message
+from runtime.network.wire import MAX_DETAIL, MAX_VAR, Kind, Message, clip
 
 
 class ProtocolViolation(ValueError):
-    """A well-formed message that this server cannot accept; sent back as an error reply."""
+    """A well-formed message that this server cannot accept; sent back as an error reply. Its
+    text and var are clipped: what it quotes of the message stays small."""
 
     def __init__(self, detail: str, var: str | None = None) -> None:
-        super().__init__(detail)
-        self.var = var
+        super().__init__(clip(detail, MAX_DETAIL))
+        self.var = None if var is None else clip(var, MAX_VAR)
 
 
 @dataclass(frozen=True)

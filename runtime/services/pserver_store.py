@@ -54,6 +54,8 @@ class Store:
         if var is None or name not in self.contract.received:
             raise ProtocolViolation(f"gradient for var {name!r}, which this pserver does not own",
                                     var=name)
+        if isinstance(value, Phantom) and not self.timing:
+            raise ProtocolViolation(_phantom_refused(name), var=name)
         if isinstance(value, Phantom):
             return _checked_phantom(name, var, value)
         if isinstance(value, SelectedRows):
@@ -89,6 +91,7 @@ class Store:
 
     def remote_rows(self, table: object, ids: dict[str, Any]) -> dict[str, Any]:
         """Rows of param block `table` by row (remote sparse update)."""
+        self._check_ids(ids)
         if not isinstance(table, str) or table not in self.remote_tables:
             raise ProtocolViolation(f"PREFETCH of rows of var {table!r}, which this pserver does "
                                     "not serve by id", var=str(table))
@@ -103,8 +106,15 @@ class Store:
         table = self.table
         if table is None:
             raise ProtocolViolation("PREFETCH: this pserver holds no distributed lookup table")
+        self._check_ids(ids)
         rows = {name: table.local_ids(name, value) for name, value in ids.items()}
         return [(name, value, table.prefetch[name]) for name, value in rows.items()]
+
+    def _check_ids(self, ids: dict[str, Any]) -> None:
+        """Prefetch ids on a numeric server are real ids, not phantoms."""
+        for name, value in ids.items():
+            if isinstance(value, Phantom) and not self.timing:
+                raise ProtocolViolation(_phantom_refused(name), var=name)
 
     # -- mode-specific writes
     # ---------------------------------------------------------------------------
@@ -140,6 +150,12 @@ class Store:
             bak = bak_name(name, trainer)
             if bak in block.vars:
                 self.scope.put(bak, value)
+
+
+def _phantom_refused(name: str) -> str:
+    """Why a phantom cannot come to a numeric server (its optimizer needs values)."""
+    return (f"var {name!r}: a phantom (shape only, timing mode) sent to a pserver that computes "
+            "with values")
 
 
 def _checked_phantom(name: str, var: Var, value: Phantom) -> Phantom:

@@ -11,13 +11,16 @@ optimize blocks run, the fan-in `scale` ops with 1/contributors (the program's a
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from runtime.network.wire import Message
 from runtime.services.protocol import Event, Phase, Verdict
 from runtime.services.pserver_actions import Optimize, Tally, Work
 from runtime.services.pserver_messages import ProtocolViolation
 from runtime.services.pserver_policy import ModePolicy
+
+if TYPE_CHECKING:
+    from runtime.services.pserver_core import PserverCore
 
 
 class SyncPolicy(ModePolicy):
@@ -31,17 +34,46 @@ class SyncPolicy(ModePolicy):
             raise ProtocolViolation(self.core.reject_reason(trainer, msg))
         return verdict
 
+    def __init__(self, core: PserverCore) -> None:
+        super().__init__(core)
+        self.grads: dict[int, tuple[int, set[str]]] = {}
+        """Trainer -> the step of the latest gradients it sent here, and their names."""
+        copies = self.contract.trainer_copies
+        self.expected = {t: frozenset(n for n, owner in copies.items() if owner == t)
+                         for t in range(self.contract.trainers)} if copies else \
+            {t: self.contract.received for t in range(self.contract.trainers)}
+        """Trainer -> the vars it sends here each step (its copies; all received vars when
+        there are no per-trainer copies)."""
+
     def barrier(self, event: Event, trainer: int, msg: Message) -> Verdict:
         verdict = self.verdict(event, trainer, msg)
         if verdict is Verdict.ACCEPT:
             if event is Event.SEND_BARRIER:
+                self._check_sent(trainer, msg)
                 self.round.send_barrier(trainer)
             else:
                 self.round.fetch_barrier(trainer, msg.step)
         return verdict
 
+    def _check_sent(self, trainer: int, msg: Message) -> None:
+        """A send barrier closes the gradients a trainer sent of its step: one that comes
+        before all of them is refused, since counting it would apply whatever the missing
+        grads held before (the last step's, or nothing at step 0: the optimize would fail)."""
+        step, names = self.grads.get(trainer, (None, set()))
+        missing = sorted(self.expected[trainer] - (names if step == msg.step else set()))
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise ProtocolViolation(
+                f"send_barrier of step {msg.step} from trainer {trainer} before its gradients "
+                f"{missing[:3]}{more} of that step", var=missing[0])
+
     def applied(self, trainer: int, msg: Message, names: list[str]) -> Work:
-        return  # applied with the others' at the round's end
+        step, sent = self.grads.get(trainer, (None, set()))
+        if step != msg.step:
+            sent = set()
+            self.grads[trainer] = (msg.step, sent)
+        sent.update(names)  # applied with the others' at the round's end
+        return
         yield
 
     def advance(self) -> Work:

@@ -60,6 +60,22 @@ class Rewind(Exception):
         self.step = step
 
 
+class StepMismatch(RuntimeError):
+    """A sync pserver holds this trainer's request at a step it can never reach: the pservers
+    (or a pserver and this trainer) disagree on the step, and waiting would hang."""
+
+    def __init__(self, trainer: int, endpoint: str, step: int, server_step: int) -> None:
+        super().__init__(f"trainer {trainer} at step {step}: {endpoint} is at step {server_step} "
+                         f"and holds the request; the pservers disagree on the step")
+        self.endpoint = endpoint
+        self.step = step
+        self.server_step = server_step
+
+
+class BadReply(RuntimeError):
+    """A pserver's reply lacks what the request asked for (names the endpoint and what)."""
+
+
 class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
@@ -88,12 +104,32 @@ class RpcOps:
         if names is not None:
             header["names"] = names
         return self.client.start(endpoint, kind, self.step, vars, header, deadline,
-                                 self._check_rewind)
+                                 self._check_reply)
 
-    def _check_rewind(self, endpoint: str, reply: Message) -> None:
+    def _check_reply(self, endpoint: str, reply: Message) -> None:
+        """`Rewind` if the pserver asks for it; `StepMismatch` for a sync pserver that holds a
+        request (a pending notice) while it is more than one step behind this trainer: it
+        accepted this trainer's fetch barrier of the step before, so it can only be there if
+        it lost or never had that step, and it would hold the request forever."""
         rewind = reply.extra.get("rewind")
         if isinstance(rewind, int) and not isinstance(rewind, bool):
             raise Rewind(self.client.labels.get(endpoint, endpoint), rewind)
+        server_step = reply.extra.get("server_step")
+        if reply.extra.get("pending") is True and isinstance(server_step, int) \
+                and self.server_state.get(endpoint, {}).get("sync") \
+                and 0 <= server_step < self.step - 1:
+            raise StepMismatch(self.trainer_id, self.client.labels.get(endpoint, endpoint),
+                               self.step, server_step)
+
+    def _var(self, endpoint: str, reply: Message, name: str) -> Any:
+        """Var `name` of `reply` (to a GET or PREFETCH sent to `endpoint`); `BadReply` if the
+        reply does not carry it."""
+        try:
+            return reply.vars[name]
+        except KeyError:
+            raise BadReply(f"trainer {self.trainer_id}: the reply of "
+                           f"{self.client.labels.get(endpoint, endpoint)} to {reply.id} lacks "
+                           f"var {name!r}") from None
 
     async def run(self, op: Op, scope: Scope) -> None:
         handler = self.handlers.get(op.type)
@@ -157,12 +193,13 @@ class RpcOps:
         reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs])
         self.server_state[endpoint] = dict(reply.extra)
         for name, wire in pairs:
-            scope.put(name, _owned(reply.vars[wire]))
+            scope.put(name, _owned(self._var(endpoint, reply, wire)))
 
     async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope) -> None:
         replies = await asyncio.gather(*(self.call(ep, Kind.GET, names=[wire])
                                          for wire, ep in blocks))
-        scope.put(name, concat_rows([_dense(r.vars[wire]) for r, (wire, _) in zip(replies, blocks)]))
+        scope.put(name, concat_rows([_dense(self._var(ep, r, wire))
+                                     for r, (wire, ep) in zip(replies, blocks)]))
 
     async def wait_for(self, names: Iterable[str]) -> None:
         tasks = {self.pending.pop(n) for n in names if n in self.pending}
@@ -185,7 +222,7 @@ class RpcOps:
 
     async def _prefetch(self, endpoint: str, ids: str, rows: str, scope: Scope) -> None:
         reply = await self.call(endpoint, Kind.PREFETCH, {ids: scope.get(ids)})
-        scope.put(rows, _owned(reply.vars[rows]))
+        scope.put(rows, _owned(self._var(endpoint, reply, rows)))
 
     async def distributed_lookup_table(self, op: Op, scope: Scope) -> None:
         """Rows of the table's blocks (``table_names``, ``height_sections`` rows each, on
@@ -211,7 +248,8 @@ class RpcOps:
             self.call(ep, Kind.PREFETCH, {"Ids": (mine - lo).reshape(-1, 1)}, extra={"table": table})
             for table, ep, lo, mine in zip(op.attr("table_names"), op.attr("endpoints"), starts,
                                            asked)))
-        rows = np.concatenate([to_dense(r.vars[t]) for r, t in zip(replies, op.attr("table_names"))])
+        rows = np.concatenate([to_dense(self._var(ep, r, t)) for r, t, ep in
+                               zip(replies, op.attr("table_names"), op.attr("endpoints"))])
         found = rows[np.searchsorted(np.concatenate(asked), ids)]
         found[ids == int(op.attr("padding_idx", -1))] = 0
         lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
@@ -236,8 +274,8 @@ class RpcOps:
             asyncio.gather(*(self.call(ep, Kind.GET, names=[wire]) for ep, wire, _ in parts))
             for parts in blocks.values()))
         for (table, parts), answers in zip(blocks.items(), replies):
-            scope.put(table, concat_rows([slice_rows(_dense(r.vars[wire]), 0, rows)
-                                             for r, (_, wire, rows) in zip(answers, parts)]))
+            scope.put(table, concat_rows([slice_rows(_dense(self._var(ep, r, wire)), 0, rows)
+                                          for r, (ep, wire, rows) in zip(answers, parts)]))
 
     async def settle(self) -> None:
         """Wait for everything still in flight (the end of a program run)."""
@@ -328,6 +366,14 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
             tables[op.input("W")[0]] = list(zip(op.attr("endpoints"), op.attr("table_names"),
                                                 op.attr("height_sections")))
     return tables
+
+
+def _entry(endpoint: str, reply: Message) -> int:
+    """The step a pserver's reply to JOIN admits the trainer at."""
+    entry = reply.extra.get("entry")
+    if not isinstance(entry, int) or isinstance(entry, bool):
+        raise BadReply(f"the reply of {endpoint} to JOIN lacks an int 'entry': {entry!r}"[:300])
+    return entry
 
 
 def _dense(value: Value) -> np.ndarray | Phantom:
@@ -459,7 +505,7 @@ class Trainer:
         while True:  # servers that moved on admit later; then all are asked for the latest
             replies = await asyncio.gather(*(self.rpc.call(ep, Kind.JOIN, extra={"entry": entry})
                                              for ep in self.endpoints))
-            admitted = {int(r.extra["entry"]) for r in replies}
+            admitted = {_entry(ep, r) for ep, r in zip(self.endpoints, replies)}
             if admitted == {entry}:
                 break
             entry = max(admitted)

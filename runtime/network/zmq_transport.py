@@ -342,7 +342,9 @@ class ZmqTransport(Transport):
                 self._drain(socket)
         except zmq.ZMQError as exc:
             source = socket.endpoint or "its clients"
-            self._fail_waiters(TransportError(f"node {self.name!r}: receiving from {source}: {exc}"))
+            error = TransportError(f"node {self.name!r}: receiving from {source}: {exc}")
+            log.error("%s", error)  # a `deliver_to` node has no recv to raise it from
+            self._fail_waiters(error)
 
     def _drain(self, socket: _Socket) -> None:
         """Receive while the socket has input (asking its events, which is cheaper than the
@@ -381,8 +383,9 @@ class ZmqTransport(Transport):
 
     def _read_message(self, socket: _Socket) -> tuple[str, list[Frame], int] | None:
         """Read one whole message (libzmq has all its frames once the first is readable): its
-        peer, frames and bytes; None if it breaks `max_frames` or `max_message_size` (counted as the frames are read,
-        which are then freed, not kept) or its routing id is not its key's owner."""
+        peer, frames and bytes; None if it breaks `max_frames` or `max_message_size` (counted
+        as the frames are read, which are then freed, not kept) or, on an authenticated
+        server, its routing id is not the owner of its key."""
         sock, limits = socket.zmq, self.limits
         frame = sock.recv(_NOBLOCK, copy=False)
         if socket.endpoint is None:  # ROUTER: the first frame is the sender's identity
@@ -405,9 +408,10 @@ class ZmqTransport(Transport):
         if count > limits.max_frames or size > limits.max_message_size:
             self._dropped(peer, size, count)
             return None
-        owner = parts[0].get("User-Id") if parts and self.curve is not None else None
-        if socket.endpoint is None and self.curve is not None and not self._owned(peer, owner):
-            return None
+        if socket.endpoint is None and self.curve is not None:  # ZAP metadata: servers only
+            owner = parts[0].get("User-Id") if parts else None
+            if not self._owned(peer, owner):
+                return None
         return peer, [part.buffer for part in parts], size
 
     def _dropped(self, peer: str, size: int, count: int) -> None:

@@ -4,23 +4,31 @@ equal to local training, and Criteo logs training `ctr_dnn`."""
 
 from __future__ import annotations
 
+import io
 import math
+import os
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from runtime.config.metrics import read_metrics
 from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
 from runtime.execution.data import epoch_permutation
 from runtime.execution.datafiles import CRITEO_STRIDE, FileDataset
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job, JobError
+from runtime.services.node import load_for_role, resolve_role
+from sim import cli as sim_cli
 from transpiler.models import build_model
 
 from cluster_helpers import FAST_DRAIN, free_endpoints, run
 from test_data import assert_feeds_equal, join
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "my_data.yaml"
 N = 37  # records: batches of 4 x 2 trainers straddle the end of the file
 
 
@@ -342,11 +350,15 @@ def test_the_schema_keeps_file_options_to_files(data: str, match: str) -> None:
         parse_scenario(f"name: t\nmodel: {{name: linear}}\ndata: {data}\n")
 
 
-def test_a_pserver_needs_no_data_file(tmp_path: Path) -> None:
-    job = job_for(tmp_path, "{name: csv, path: elsewhere.csv}")
-    job.check(data=False)
+def test_a_pserver_needs_no_data_file_a_trainer_does(tmp_path: Path) -> None:
+    """Across hosts, the data file must be on each trainer's host only."""
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("name: t\nmodel: {name: linear}\ndata: {name: csv, path: elsewhere.csv}\n"
+                        "cluster: {pservers: 1, trainers: 2}\n")
+    endpoints = "127.0.0.1:7164"
+    load_for_role(scenario, [], resolve_role("pserver", 0, endpoints, {}))
     with pytest.raises(JobError, match="elsewhere.csv: no such file"):
-        job.check()
+        load_for_role(scenario, [], resolve_role("trainer", 1, endpoints, {}))
 
 
 # -- training -------------------------------------------------------------------------------------
@@ -406,3 +418,29 @@ def test_phantom_batch_has_the_shapes_of_a_real_one(tmp_path: Path) -> None:
     phantoms = dataset.phantom_batch(3)
     assert phantoms["x"].shape == (3, 64) and phantoms["label"].dtype == np.int64
     assert isinstance(dataset, FileDataset)
+
+
+def test_the_example_trains_in_sim_run_from_another_folder(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    code = sim_cli.main(["run", str(EXAMPLE), "--out", str(tmp_path / "sim"), "--no-plots",
+                         "--no-trace"], out=out)
+    assert code == 0, out.getvalue()
+    metrics = read_metrics(tmp_path / "sim" / "metrics.json")
+    assert metrics.job.success and [e.passed for e in metrics.expectations] == [True] * 3
+
+
+@pytest.mark.timeout(120)
+def test_the_example_trains_under_runtime_up(tmp_path: Path) -> None:
+    """Every trainer process opens the csv beside the scenario and reads its own shard."""
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLE.parents[1])}
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "up", str(EXAMPLE), "--out",
+                           str(tmp_path / "up"), "--set", "train.steps=12", "--set",
+                           "expect.loss_drop_factor=null"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout + done.stderr
+    metrics = read_metrics(tmp_path / "up" / "metrics.json")
+    assert metrics.job.success and metrics.job.steps == 12
+    assert [e.name for e in metrics.expectations if e.passed] == ["params_equal_to",
+                                                                  "no_lost_updates"]

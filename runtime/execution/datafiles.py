@@ -50,7 +50,6 @@ Formats:
 from __future__ import annotations
 
 import csv
-import math
 import struct
 import weakref
 import zipfile
@@ -579,16 +578,38 @@ def _convert(text: str, convert: Callable[[str], Any], dtype: np.dtype[Any], whe
                         f"{dtype}") from None
 
 
+AtOnce = Callable[[list[tuple[int, Any]]], "np.ndarray | None"]
+
+
 def _columns_builder(path: Path, target: Target, picked: list[int], columns: Sequence[str],
-                     value: Callable[[str, int, str], Any]) -> Build:
-    """A feed from the values of columns `picked` of each record (a list of fields);
-    `value(text, column index, where)` converts one."""
+                     value: Callable[[str, int, str], Any], at_once: AtOnce) -> Build:
+    """A feed from the values of columns `picked` of each record (a list of fields):
+    `at_once(records)` converts a batch's, or gives None when a value does not convert; then
+    `value(text, column index, where)` converts them one by one, to name the culprit."""
+    def one_by_one(records: list[tuple[int, Any]]) -> np.ndarray:
+        return np.array([[value(fields[i], i, f"{path}:{lineno}") for i in picked]
+                         for lineno, fields in records], dtype=target.dtype)
+
     def build(records: list[tuple[int, Any]]) -> Any:
-        rows = [[value(fields[i], i, f"{path}:{lineno}") for i in picked]
-                for lineno, fields in records]
-        return _as_feed(target, np.array(rows, dtype=target.dtype).reshape(len(rows), -1))
+        values = at_once(records)
+        values = one_by_one(records) if values is None else values
+        return _as_feed(target, values.reshape(len(records), -1))
     _check_width(target, len(picked), [columns[i] for i in picked], str(path))
     return build
+
+
+def _at_once(records: list[tuple[int, Any]], picked: list[int],
+             dtype: np.dtype[Any]) -> np.ndarray | None:
+    """The fields `picked` of every record as `dtype` (floats parsed by Python's `float`, as
+    float64, then cast), or None when one does not convert."""
+    text = [fields[i] for _, fields in records for i in picked]
+    wide = (float, np.float64) if dtype.kind in "fc" else (int, np.int64)
+    if dtype.kind not in "fciu":
+        return None
+    try:
+        return np.fromiter(map(wide[0], text), wide[1], len(text)).astype(dtype, copy=False)
+    except (ValueError, OverflowError):
+        return None
 
 
 # -- csv ------------------------------------------------------------------------------------------
@@ -604,7 +625,8 @@ def open_csv(path: Path, targets: dict[str, Target], feeds: dict[str, Any],
     columns = [c.strip() for c in head] if options.header else [f"c{i}" for i in range(len(head))]
 
     def parse(text: str, lineno: int) -> list[str]:
-        fields = next(csv.reader([text], delimiter=delimiter))
+        quoted = '"' in text
+        fields = next(csv.reader([text], delimiter=delimiter)) if quoted else text.split(delimiter)
         if len(fields) != len(columns):
             raise DataError(f"{path}:{lineno}: {len(fields)} fields, but the "
                             f"{'header names' if options.header else 'first line has'} "
@@ -618,7 +640,8 @@ def open_csv(path: Path, targets: dict[str, Target], feeds: dict[str, Any],
         builders[feed] = _columns_builder(
             path, target, picked, columns,
             lambda text, i, where, c=convert, t=target: _convert(text, c, t.dtype, where,
-                                                                 columns[i]))
+                                                                 columns[i]),
+            lambda records, p=picked, t=target: _at_once(records, p, t.dtype))
     skip = _header_lines(path) if options.header else 0
     return _text_opener(path, skip, options, parse, builders)
 
@@ -724,13 +747,23 @@ def open_criteo(path: Path, targets: dict[str, Target], feeds: dict[str, Any],
                 return _convert(text, int, target.dtype, where, column)
             if i <= len(CRITEO_INTS):
                 x = _convert(text, int, np.dtype(np.int64), where, column) if text else 0
-                return math.log1p(max(x, 0)) if options.log_ints else x
+                return np.log1p(max(x, 0)) if options.log_ints else x
             try:
                 return criteo_id(text, i - 1 - len(CRITEO_INTS), target.vocab or 0)
             except ValueError:
                 raise DataError(f"{where}: column {column!r}: {text!r} is not a hexadecimal "
                                 "hash") from None
         return one
+
+    def at_once(picked: list[int], target: Target) -> AtOnce:
+        def convert(records: list[tuple[int, Any]]) -> np.ndarray | None:
+            try:
+                columns = [_criteo_column([fields[i] for _, fields in records], i,
+                                          target.vocab or 0, options.log_ints) for i in picked]
+            except (ValueError, OverflowError):
+                return None
+            return np.stack(columns, axis=1).astype(target.dtype)
+        return convert
 
     sources = _criteo_defaults(path, targets, feeds)
     builders = {}
@@ -741,8 +774,21 @@ def open_criteo(path: Path, targets: dict[str, Target], feeds: dict[str, Any],
                 raise DataError(f"{path}: feed {target.name!r} ({target.describe()}) takes "
                                 "categorical columns, which need int ids looked up in an "
                                 "embedding table of at least 2 rows")
-        builders[feed] = _columns_builder(path, target, picked, CRITEO_COLUMNS, value(target))
+        builders[feed] = _columns_builder(path, target, picked, CRITEO_COLUMNS, value(target),
+                                          at_once(picked, target))
     return _text_opener(path, 0, options, parse, builders)
+
+
+def _criteo_column(text: list[str], i: int, vocab: int, log_ints: bool) -> np.ndarray:
+    """Column `i` (of `CRITEO_COLUMNS`) of a batch, converted as `open_criteo` describes."""
+    if i == 0:
+        return np.fromiter(map(int, text), np.int64, len(text))
+    if i <= len(CRITEO_INTS):
+        x = np.fromiter((int(t) if t else 0 for t in text), np.int64, len(text))
+        return np.log1p(np.maximum(x, 0).astype(np.float64)) if log_ints else x
+    h = np.fromiter((int(t, 16) if t else -1 for t in text), np.int64, len(text))
+    j = i - 1 - len(CRITEO_INTS)
+    return np.where(h < 0, 0, 1 + (h + j * CRITEO_STRIDE) % (vocab - 1))
 
 
 def _criteo_defaults(path: Path, targets: dict[str, Target],

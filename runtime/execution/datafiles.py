@@ -57,7 +57,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -344,7 +344,7 @@ class _NpzReader(Reader):
                  targets: dict[str, Target], order: Order) -> None:
         self.path, self.plan, self.targets, self.order = path, plan, targets, order
         self._zip: zipfile.ZipFile | None = None
-        self._streams: dict[str, BinaryIO] = {}
+        self._streams: dict[str, IO[bytes]] = {}
         self._arrays: dict[str, np.ndarray] = {}
         for name in {n for names in plan.values() for n in names}:
             m = members[name]
@@ -386,7 +386,7 @@ class _NpzReader(Reader):
         _close_all(list(self._streams.values()), self._zip)
 
 
-def _advance(stream: BinaryIO, offset: int, chunk: int = 1 << 18) -> None:
+def _advance(stream: IO[bytes], offset: int, chunk: int = 1 << 18) -> None:
     """Move a decompressing `stream` to `offset`, decompressing at most `chunk` bytes at a time
     (its own `seek` reads 16 MB at a time); behind, it starts again from the beginning."""
     if offset < stream.tell():
@@ -396,7 +396,7 @@ def _advance(stream: BinaryIO, offset: int, chunk: int = 1 << 18) -> None:
             raise DataError(f"{getattr(stream, 'name', 'npz member')}: ends before byte {offset}")
 
 
-def _close_all(streams: list[BinaryIO], archive: zipfile.ZipFile | None) -> None:
+def _close_all(streams: list[IO[bytes]], archive: zipfile.ZipFile | None) -> None:
     for stream in streams:
         stream.close()
     if archive is not None:
@@ -633,15 +633,18 @@ def open_csv(path: Path, targets: dict[str, Target], feeds: dict[str, Any],
                             f"{len(columns)}")
         return fields
 
+    def value(target: Target) -> Callable[[str, int, str], Any]:
+        convert = _converter(target.dtype)
+        return lambda text, i, where: _convert(text, convert, target.dtype, where, columns[i])
+
+    def at_once(picked: list[int], target: Target) -> AtOnce:
+        return lambda records: _at_once(records, picked, target.dtype)
+
     builders = {}
     for feed, target in targets.items():
-        convert = _converter(target.dtype)
         picked = select(columns, feeds.get(feed, feed), feed, str(path))
-        builders[feed] = _columns_builder(
-            path, target, picked, columns,
-            lambda text, i, where, c=convert, t=target: _convert(text, c, t.dtype, where,
-                                                                 columns[i]),
-            lambda records, p=picked, t=target: _at_once(records, p, t.dtype))
+        builders[feed] = _columns_builder(path, target, picked, columns, value(target),
+                                          at_once(picked, target))
     skip = _header_lines(path) if options.header else 0
     return _text_opener(path, skip, options, parse, builders)
 

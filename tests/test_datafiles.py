@@ -4,27 +4,22 @@ equal to local training, and Criteo logs training `ctr_dnn`."""
 
 from __future__ import annotations
 
-import io
 import math
-import os
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from runtime.config.metrics import read_metrics
 from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
 from runtime.execution.data import epoch_permutation
 from runtime.execution.datafiles import CRITEO_STRIDE, FileDataset
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job, JobError
 from runtime.services.node import load_for_role, resolve_role
-from sim import cli as sim_cli
 from transpiler.models import build_model
 
+import example_runs
 from cluster_helpers import FAST_DRAIN, free_endpoints, run
 from test_data import assert_feeds_equal, join
 
@@ -423,24 +418,14 @@ def test_phantom_batch_has_the_shapes_of_a_real_one(tmp_path: Path) -> None:
 def test_the_example_trains_in_sim_run_from_another_folder(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    code = sim_cli.main(["run", str(EXAMPLE), "--out", str(tmp_path / "sim"), "--no-plots",
-                         "--no-trace"], out=out)
-    assert code == 0, out.getvalue()
-    metrics = read_metrics(tmp_path / "sim" / "metrics.json")
+    metrics = example_runs.sim_run(EXAMPLE, tmp_path)
     assert metrics.job.success and [e.passed for e in metrics.expectations] == [True] * 3
 
 
 @pytest.mark.timeout(120)
 def test_the_example_trains_under_runtime_up(tmp_path: Path) -> None:
     """Every trainer process opens the csv beside the scenario and reads its own shard."""
-    env = {**os.environ, "PYTHONPATH": str(EXAMPLE.parents[1])}
-    done = subprocess.run([sys.executable, "-m", "runtime.cli", "up", str(EXAMPLE), "--out",
-                           str(tmp_path / "up"), "--set", "train.steps=12", "--set",
-                           "expect.loss_drop_factor=null"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=110)
-    assert done.returncode == 0, done.stdout + done.stderr
-    metrics = read_metrics(tmp_path / "up" / "metrics.json")
+    metrics = example_runs.runtime_up(EXAMPLE, tmp_path)
     assert metrics.job.success and metrics.job.steps == 12
     assert [e.name for e in metrics.expectations if e.passed] == ["params_equal_to",
                                                                   "no_lost_updates"]

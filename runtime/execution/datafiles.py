@@ -34,7 +34,8 @@ Formats:
 - ``libsvm``: ``label idx:value idx:value ...``; the columns are ``label`` and ``features``.
   ``features`` fills a dense feed as the vector with ``value`` at ``idx`` (indices 1-based, as
   libsvm's are, unless `zero_based`) and zeros elsewhere, or a LoD int64 feed as the sequence of
-  its indices (the values unused).
+  its indices (the values unused). Labels are taken as written: a softmax model needs classes
+  0..k-1, not libsvm's customary -1/+1.
 - ``criteo``: the Criteo display-advertising logs: tab-separated ``label``, 13 integer features
   ``I1..I13`` and 26 categorical features ``C1..C26`` (32-bit hashes, 8 hex digits), any field
   but the label possibly empty. An empty integer is 0, and with `log_ints` (the default) an
@@ -494,7 +495,7 @@ class Lines:
 
     def _decode(self, line: bytes, lineno: int) -> str:
         try:
-            return line.decode("utf-8").rstrip("\r\n")
+            return line.decode("utf-8").rstrip("\r\n").removeprefix("\ufeff")
         except UnicodeDecodeError as err:
             raise DataError(f"{self.path}:{lineno}: not UTF-8 text: {err.reason}") from None
 
@@ -619,6 +620,7 @@ def open_csv(path: Path, targets: dict[str, Target], feeds: dict[str, Any],
     delimiter = options.delimiter
     with open(path, "rb") as f:
         first = next((line for line in f if line.strip()), b"").decode("utf-8", "replace")
+    first = first.removeprefix("\ufeff")  # a byte order mark is no part of the first name
     if not first:
         raise DataError(f"{path}: holds no records")
     head = next(csv.reader([first.rstrip("\r\n")], delimiter=delimiter))
@@ -789,9 +791,10 @@ def _criteo_column(text: list[str], i: int, vocab: int, log_ints: bool) -> np.nd
     if i <= len(CRITEO_INTS):
         x = np.fromiter((int(t) if t else 0 for t in text), np.int64, len(text))
         return np.log1p(np.maximum(x, 0).astype(np.float64)) if log_ints else x
-    h = np.fromiter((int(t, 16) if t else -1 for t in text), np.int64, len(text))
+    h = np.fromiter((int(t, 16) if t else 0 for t in text), np.int64, len(text))
+    empty = np.fromiter((not t for t in text), bool, len(text))
     j = i - 1 - len(CRITEO_INTS)
-    return np.where(h < 0, 0, 1 + (h + j * CRITEO_STRIDE) % (vocab - 1))
+    return np.where(empty, 0, 1 + (h + j * CRITEO_STRIDE) % (vocab - 1))
 
 
 def _criteo_defaults(path: Path, targets: dict[str, Target],

@@ -6,33 +6,27 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from runtime import cli as runtime_cli
-from runtime.config.metrics import read_metrics
 from runtime.config.scenario import load_scenario
 from runtime.execution.executor import AsyncOpError
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job, JobError, check_job
 from sim import cli as sim_cli
 
+import example_runs
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "my_model.yaml"
-ROOT = EXAMPLE.parents[1]
 
 
 def test_the_example_trains_in_sim_run_from_another_folder(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    code = sim_cli.main(["run", str(EXAMPLE), "--out", str(tmp_path / "sim"), "--no-plots",
-                         "--no-trace"], out=out)
-    assert code == 0, out.getvalue()
-    metrics = read_metrics(tmp_path / "sim" / "metrics.json")
+    metrics = example_runs.sim_run(EXAMPLE, tmp_path)
     assert metrics.job.success and all(e.passed for e in metrics.expectations)
     assert [e.name for e in metrics.expectations] == ["loss_drop_factor", "params_equal_to",
                                                       "no_lost_updates"]
@@ -41,13 +35,7 @@ def test_the_example_trains_in_sim_run_from_another_folder(tmp_path: Path,
 def test_the_example_trains_under_runtime_up_with_no_pythonpath_to_it(tmp_path: Path) -> None:
     """Each node is a process of its own whose PYTHONPATH holds the project, not examples/."""
     assert str(EXAMPLE.parent) not in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-m", "runtime.cli", "up", str(EXAMPLE), "--out",
-                          str(tmp_path / "up"), "--set", "train.steps=12", "--set",
-                          "expect.loss_drop_factor=null"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    metrics = read_metrics(tmp_path / "up" / "metrics.json")
+    metrics = example_runs.runtime_up(EXAMPLE, tmp_path)
     assert metrics.job.success and metrics.job.steps == 12
 
 

@@ -241,23 +241,27 @@ def mlp(sizes: Sequence[int] = (64, 128, 10), act: str = "relu",
 def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
             slots: Sequence[str] = ("title_ids", "brand_ids"), hidden: Sequence[int] = (64, 32),
             pool: str = "sum", is_sparse: bool = True, is_distributed: bool = False,
-            shared_table: bool = False, optimizer: OptimizerSpec | None = None, lr: LRSpec | None = None,
-            seed: int = 0) -> Model:
+            shared_table: bool = False, dense: int = 0, optimizer: OptimizerSpec | None = None,
+            lr: LRSpec | None = None, seed: int = 0) -> Model:
     """CTR DNN (Paddle's dist_ctr): per slot, an embedding of int64 LoD ids (table
-    ``ctr.emb.<slot>``) pooled per sequence; the pooled slots concatenated; a relu fc tower; a
+    ``ctr.emb.<slot>``) pooled per sequence; the pooled slots concatenated, after `dense`
+    float features (feed ``dense``; none by default) when asked for; a relu fc tower; a
     2-way softmax and `cross_entropy` against the click ``label``. With `shared_table`, or
     with `is_distributed` (a program has at most one distributed table), all slots share one
     table, ``ctr.emb``."""
     slots = list(slots)
     if not slots or len(set(slots)) != len(slots):
         raise ModelError(f"ctr_dnn: slots must be distinct names, at least one, got {slots}")
-    if "label" in slots:
-        raise ModelError("ctr_dnn: 'label' is the label's feed name and cannot be a slot")
+    if "label" in slots or (dense and "dense" in slots):
+        raise ModelError("ctr_dnn: 'label' and 'dense' are feed names of their own and cannot "
+                         "be slots")
+    if int(dense) < 0:
+        raise ModelError(f"ctr_dnn: dense must be a non-negative integer, got {dense}")
     _positive("ctr_dnn", vocab=vocab, embed_dim=embed_dim,
               **{f"hidden[{i}]": h for i, h in enumerate(hidden)})
 
     def body() -> Built:
-        pooled = []
+        pooled = [layers.data("dense", shape=[int(dense)])] if dense else []
         for slot in slots:
             ids = layers.data(slot, shape=[1], dtype="int64", lod_level=1)
             emb = layers.embedding(ids, size=[vocab, embed_dim], is_sparse=is_sparse,
@@ -273,9 +277,10 @@ def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
                          bias_attr=_param("ctr.out.b"))
         label = layers.data("label", shape=[1], dtype="int64")
         loss = layers.mean(layers.cross_entropy(prob, label))
-        return Built(slots + ["label"], loss, "label", prob)
+        return Built(["dense"] * bool(dense) + slots + ["label"], loss, "label", prob)
 
-    return make_model("ctr_dnn", body, optimizer, lr, seed, "ctr", {"vocab": vocab, "slots": slots})
+    return make_model("ctr_dnn", body, optimizer, lr, seed, "ctr",
+                      {"vocab": vocab, "slots": slots, "dense": int(dense)})
 
 
 def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse: bool = True,

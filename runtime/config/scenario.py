@@ -74,18 +74,71 @@ class ModelSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
+DATA_FORMATS = ("npz", "csv", "libsvm", "criteo")
+"""The file formats `data.name` takes (`runtime.execution.datafiles`)."""
+
+_FORMAT_OPTIONS = {"header": ("csv",), "delimiter": ("csv",), "zero_based": ("libsvm",),
+                   "log_ints": ("criteo",)}
+
+
 class DataSpec(_Strict):
-    """The data set each trainer reads its shard of each global batch from (`runtime.execution.data`)."""
+    """What each trainer reads its shard of each global batch from: a built-in data set
+    (`runtime.execution.data`) or a file of one's own (`runtime.execution.datafiles`)."""
 
     name: str | None = None
-    """A data set of `runtime.execution.data.DATASETS` (synthetic_regression,
-    synthetic_classification, ctr, skipgram, digits); none: the model's own."""
+    """A built-in data set of `runtime.execution.data.DATASETS` (synthetic_regression,
+    synthetic_classification, ctr, skipgram, digits), or the format of the file at `path`:
+    npz, csv, libsvm or criteo; none: the model's own data set."""
+    path: str | None = None
+    """The file to read (npz, csv, libsvm, criteo); a relative path starts from the scenario
+    file's folder. Every trainer opens it: across hosts, it must exist on each trainer's."""
     batch_size: int = Field(32, ge=1)
-    """Examples in a step's global batch, cut into one shard per trainer."""
+    """Examples each trainer reads a step: a step's global batch is ``batch_size x trainers``
+    examples, trainer ``t`` reading the ``t``-th ``batch_size`` of them."""
     shard: Literal["by_trainer"] = "by_trainer"
     """How a global batch is cut: by trainer id (the only way)."""
     size: int | None = Field(None, ge=1)
-    """Examples in the data set (none: the data set's own size)."""
+    """Examples in the data set (none: the data set's own size); for a file, it reads only
+    its first `size` records."""
+    feeds: dict[str, str | list[str]] | None = None
+    """For a file: which columns fill each of the model's feeds, ``{feed: column, or pattern
+    such as "px*", or a list of them}``, e.g. ``{x: [c0, c1, c2], label: y}``; a feed not
+    named reads the column of its own name (criteo and libsvm have defaults of their own)."""
+    shuffle: bool | None = None
+    """For a file: visit the records in a new seeded order every epoch (none or false: in file
+    order). Built-in data sets are always reshuffled."""
+    header: bool = True
+    """csv: the first line names the columns (false: they are c0, c1, ...)."""
+    delimiter: str = Field(",", min_length=1, max_length=1)
+    """csv: the field separator."""
+    zero_based: bool = False
+    """libsvm: feature indices start at 0 (libsvm's own start at 1)."""
+    log_ints: bool = True
+    """criteo: the integer features x become log(1 + max(x, 0))."""
+
+    @property
+    def is_file(self) -> bool:
+        return self.name in DATA_FORMATS
+
+    @model_validator(mode="after")
+    def _file_fields(self) -> "DataSpec":
+        """A file format needs a `path`, a built-in data set takes none; format options belong
+        to their formats."""
+        if self.is_file and not self.path:
+            raise ValueError(f"name {self.name}: reading a file needs its path")
+        if not self.is_file:
+            stated = [f for f in ("path", "feeds") if getattr(self, f) is not None]
+            if stated or self.shuffle is False:
+                built = self.name or "the model's own data set"
+                why = (f"{stated[0]} is for files" if stated else
+                       "shuffle: false is for files; built-in data sets are always reshuffled")
+                raise ValueError(f"{why} (name: {' | '.join(DATA_FORMATS)}); {built} is "
+                                 "built in")
+        for option, formats in _FORMAT_OPTIONS.items():
+            if option in self.model_fields_set and self.name not in formats:
+                raise ValueError(f"{option} is for data.name {' or '.join(formats)}, not "
+                                 f"{self.name}")
+        return self
 
 
 class HostSpec(_Strict):

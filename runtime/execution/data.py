@@ -94,7 +94,7 @@ class Dataset:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The permutation of example indices that epoch `epoch` visits."""
-        return np.random.default_rng([self.seed, 1, epoch]).permutation(self.size)
+        return epoch_permutation(self.seed, epoch, self.size)
 
     def positions(self, start: int, count: int) -> np.ndarray:
         """Example indices at stream positions ``[start, start + count)``."""
@@ -151,6 +151,21 @@ class Dataset:
                                 f"expects lod_level {var.lod_level}")
 
 
+def epoch_permutation(seed: int, epoch: int, size: int) -> np.ndarray:
+    """The order in which epoch `epoch` of a shuffled data set of `size` examples visits them."""
+    return np.random.default_rng([seed, 1, epoch]).permutation(size)
+
+
+def stream_start(step: int, batch_size: int, trainer_id: int, trainers: int) -> int:
+    """The first stream position of trainer `trainer_id`'s shard of `step`'s global batch:
+    the global batch is positions ``[step*G, (step+1)*G)``, ``G = batch_size * trainers``."""
+    if batch_size < 1:
+        raise DataError(f"batch_size must be positive, got {batch_size}")
+    if step < 0:
+        raise DataError(f"step must be non-negative, got {step}")
+    return (step * trainers + trainer_id) * batch_size
+
+
 @dataclass(frozen=True)
 class Shard:
     """Trainer `trainer_id`'s slice of every global batch."""
@@ -160,11 +175,7 @@ class Shard:
     trainers: int
 
     def indices(self, step: int, batch_size: int) -> np.ndarray:
-        if batch_size < 1:
-            raise DataError(f"batch_size must be positive, got {batch_size}")
-        if step < 0:
-            raise DataError(f"step must be non-negative, got {step}")
-        start = (step * self.trainers + self.trainer_id) * batch_size
+        start = stream_start(step, batch_size, self.trainer_id, self.trainers)
         return self.dataset.positions(start, batch_size)
 
     def batch(self, step: int, batch_size: int, feeds: Sequence[str] | None = None) -> Feed:
@@ -232,10 +243,11 @@ def _zipf_ids(rng: np.random.Generator, vocab: int, count: int, exponent: float)
 
 def ctr(seed: int = 0, size: int = 8192, vocab: int = 1000,
         slots: Sequence[str] = ("title_ids", "brand_ids"), max_len: int = 10,
-        zipf_exponent: float = 1.1, noise: float = 0.3) -> Dataset:
+        zipf_exponent: float = 1.1, noise: float = 0.3, dense: int = 0) -> Dataset:
     """Click logs: per slot, a sequence of 1..max_len Zipf ids per example; each id has a hidden
     weight, and an example is clicked (label 1) when the summed mean weight of its slots, plus
-    noise, is above the median (so about half are)."""
+    noise, is above the median (so about half are). With `dense` > 0, a ``dense`` column of
+    that many standard normal features too, which a hidden linear weight adds to the score."""
     rng = _rng(seed)
     columns: dict[str, Column] = {}
     score = np.zeros(size)
@@ -246,6 +258,10 @@ def ctr(seed: int = 0, size: int = 8192, vocab: int = 1000,
         weight = rng.normal(size=vocab)
         score += np.add.reduceat(weight[ids], offsets[:-1]) / lengths
         columns[slot] = Ragged(ids.reshape(-1, 1), offsets)
+    if dense:
+        x = rng.normal(size=(size, dense))
+        score += x @ rng.normal(size=dense) / np.sqrt(dense)
+        columns = {"dense": Dense(x.astype(np.float32)), **columns}
     score += noise * rng.normal(size=size)
     columns["label"] = _labels(score > np.median(score))
     return Dataset("ctr", columns, seed)
@@ -330,5 +346,5 @@ def dataset_for(model: Model, name: str | None = None, seed: int = 0, **params: 
 
 
 __all__ = ["DATASETS", "Column", "DataError", "Dataset", "Dense", "Feed", "Ragged", "Shard", "ctr",
-           "dataset_for", "digits", "load_dataset", "skipgram", "synthetic_classification",
-           "synthetic_regression", "zipf_probabilities"]
+           "dataset_for", "digits", "epoch_permutation", "load_dataset", "skipgram", "stream_start",
+           "synthetic_classification", "synthetic_regression", "zipf_probabilities"]

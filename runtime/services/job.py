@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 from transpiler.distribute.from_spec import TranspileArgs, transpile_args, transpile_from_spec
 from transpiler.ir import Program
@@ -22,6 +23,7 @@ from transpiler.models import Model, ModelError, build_model
 
 from runtime.config.scenario import Scenario, ScenarioError
 from runtime.execution.data import DataError, Dataset, dataset_for
+from runtime.execution.datafiles import FileDataset, FileOptions
 
 
 class JobError(ScenarioError):
@@ -55,18 +57,32 @@ class Job:
             raise JobError(f"{scenario.source}: {cause}") from err
 
     @cached_property
-    def dataset(self) -> Dataset:
+    def dataset(self) -> Dataset | FileDataset:
         data, scenario = self.scenario.data, self.scenario
-        params = {"size": data.size} if data.size else {}
         try:
+            if data.is_file:
+                return FileDataset(data.name or "", self.data_path, self.model, data.feeds,
+                                   FileOptions(shuffle=bool(data.shuffle), seed=scenario.seed,
+                                               size=data.size, header=data.header,
+                                               delimiter=data.delimiter,
+                                               zero_based=data.zero_based,
+                                               log_ints=data.log_ints))
+            params = {"size": data.size} if data.size else {}
             return dataset_for(self.model, data.name, seed=scenario.seed, **params)
         except DataError as err:
             raise JobError(f"{scenario.source}: data: {err}") from err
 
-    def check(self) -> None:
-        """Make the model and the data set now, so that a failure is a `JobError` before any
-        node starts."""
-        self.dataset  # noqa: B018 (made for its errors; it makes the model first)
+    @property
+    def data_path(self) -> Path:
+        """`data.path`, a relative one taken from the scenario file's folder."""
+        return self.scenario.folder / (self.scenario.data.path or "")
+
+    def check(self, data: bool = True) -> None:
+        """Make the model and (with `data`) the data set now, so that a failure is a `JobError`
+        before any node starts."""
+        self.model  # noqa: B018 (made for its errors)
+        if data:
+            self.dataset  # noqa: B018
 
     @property
     def endpoints(self) -> list[str]:
@@ -94,6 +110,6 @@ class Job:
         return t.get_pserver_programs(self.endpoints[index])
 
 
-def check_job(scenario: Scenario) -> None:
-    """Raise `JobError` unless `scenario`'s model and data set can be made."""
-    Job.from_scenario(scenario).check()
+def check_job(scenario: Scenario, data: bool = True) -> None:
+    """Raise `JobError` unless `scenario`'s model and (with `data`) data set can be made."""
+    Job.from_scenario(scenario).check(data)

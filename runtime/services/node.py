@@ -323,10 +323,11 @@ def scenario_for(scenario: Scenario, role: Role) -> Scenario:
 def load_for_role(path: str | Path, overrides: list[str], role: Role | None) -> Scenario:
     """The scenario at `path`, with the cluster size `role` implies (see `scenario_for`), its
     model and data set made once to be sure they can be (`check_job`: a `JobError` now rather
-    than a failure in every node)."""
+    than a failure in every node; a pserver reads no data, so its host need not hold the
+    data file)."""
     scenario = load_scenario(path, overrides)
     scenario = scenario if role is None else scenario_for(scenario, role)
-    check_job(scenario)
+    check_job(scenario, data=role is None or role.role == "trainer")  # pservers read no data
     return scenario
 
 

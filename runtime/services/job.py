@@ -22,6 +22,8 @@ from transpiler.models import Model, ModelError, build_model
 
 from runtime.config.scenario import Scenario, ScenarioError
 from runtime.execution.data import DataError, Dataset, dataset_for
+from runtime.execution.executor import device_binder
+from runtime.execution.kernels import ExecutionError
 
 
 class JobError(ScenarioError):
@@ -64,9 +66,10 @@ class Job:
             raise JobError(f"{scenario.source}: data: {err}") from err
 
     def check(self) -> None:
-        """Make the model and the data set now, so that a failure is a `JobError` before any
-        node starts."""
+        """Make the model and the data set now, and check that every role's device exists, so
+        that a failure is a `JobError` before any node starts."""
         self.dataset  # noqa: B018 (made for its errors; it makes the model first)
+        check_devices(self.scenario)
 
     @property
     def endpoints(self) -> list[str]:
@@ -92,6 +95,21 @@ class Job:
     def pserver_programs(self, index: int) -> tuple[Program, Program]:
         t = transpile_from_spec(self.model.main, self.model.startup, self.args, 0)
         return t.get_pserver_programs(self.endpoints[index])
+
+
+def check_devices(scenario: Scenario) -> None:
+    """Raise `JobError`, naming the role and the device, unless the trainers' and pservers'
+    devices exist on this machine (a cpu-only backend has nothing to check)."""
+    backend = scenario.backend
+    for role in ("trainer", "pserver"):
+        device = backend.device_for(role)
+        if device == "cpu":
+            continue
+        try:
+            device_binder(backend.kernels, device)
+        except ExecutionError as err:
+            field = "pserver_device" if role == "pserver" else "device"
+            raise JobError(f"{scenario.source}: backend.{field} {device} ({role}s): {err}") from err
 
 
 def check_job(scenario: Scenario) -> None:

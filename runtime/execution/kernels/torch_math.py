@@ -34,7 +34,8 @@ def _sigmoid(x: Tensor) -> Tensor:
 
 # op type -> (forward, gradient from (dout, x, out)); gradient None: not differentiable.
 _UNARY: dict[str, tuple[UnaryFn, UnaryGrad | None]] = {
-    "relu": (torch.relu, lambda g, x, o: g * (o > 0)),
+    "relu": (torch.relu, lambda g, x, o: g * torch.sign(o)),  # o >= 0: sign(o) is (o > 0), and
+    # a float mask multiplies several times faster than a bool one
     "tanh": (lambda x: torch.tanh(as_float(x)), lambda g, x, o: g * (1 - o * o)),
     "sigmoid": (lambda x: _sigmoid(as_float(x)), lambda g, x, o: g * o * (1 - o)),
     "exp": (lambda x: torch.exp(as_float(x)), lambda g, x, o: g * o),

@@ -64,7 +64,8 @@ def sgd(ctx: KernelContext) -> None:
     lr = host_scalar(ctx.input("LearningRate"))
     if not isinstance(g, SelectedRows):
         u = _Update(ctx)
-        u.store("ParamOut", u.p - float(u.lr) * u.g)
+        # p + (-lr * g) is p - lr * g to the bit, in one new tensor instead of two
+        u.store("ParamOut", torch.mul(u.g, -float(u.lr)).add_(u.p))
         return
     if g.height != p.shape[0]:
         raise ValueError(f"Grad: SelectedRows height {g.height} != {p.shape[0]} rows of Param")

@@ -32,6 +32,8 @@ import numpy.typing as npt
 LoD = list[list[int]]
 _ROW_INDEX = np.dtype(np.int64)
 
+Dense = Any
+"""A dense array: numpy, or a backend tensor registered with `register_native`."""
 ToHost = Callable[[Any], np.ndarray]
 _to_host: dict[type, ToHost] = {}
 """Native tensor type -> its converter to a numpy array (`register_native`)."""
@@ -78,7 +80,7 @@ class LoDTensor:
 
     __slots__ = ("data", "lod")
 
-    def __init__(self, data: np.ndarray, lod: Sequence[Sequence[int]] = ()) -> None:
+    def __init__(self, data: Dense, lod: Sequence[Sequence[int]] = ()) -> None:
         data = data if type(data) in _to_host else np.asarray(data)
         if lod and data.ndim == 0:
             raise TensorError("a LoDTensor with a LoD needs at least one dimension")
@@ -110,7 +112,7 @@ class SelectedRows:
 
     __slots__ = ("rows", "values", "height")
 
-    def __init__(self, rows: np.ndarray | Sequence[int], values: np.ndarray, height: int) -> None:
+    def __init__(self, rows: np.ndarray | Sequence[int], values: Dense, height: int) -> None:
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         values = values if type(values) in _to_host else np.asarray(values)
         if values.ndim == 0 or values.shape[0] != rows.shape[0]:
@@ -302,7 +304,7 @@ def lod_of(value: Value) -> LoD:
     return value.lod if isinstance(value, LoDTensor) else []
 
 
-__all__ = ["LoD", "LoDTensor", "Phantom", "SelectedRows", "TensorError", "ToHost", "Value",
+__all__ = ["Dense", "LoD", "LoDTensor", "Phantom", "SelectedRows", "TensorError", "ToHost", "Value",
            "concat_rows", "copy_value", "host_array", "host_value", "is_native", "lod_of",
            "nbytes_of", "phantom_of", "register_native", "shape_of", "slice_rows", "to_dense",
            "validate_lod"]

@@ -25,7 +25,7 @@ from transpiler.ir import Op, Program
 
 from runtime.execution.kernels.errors import ExecutionError, MissingInputError
 from runtime.execution.scope import Scope
-from runtime.execution.tensor import LoD, LoDTensor, Value, host_value, is_native
+from runtime.execution.tensor import Dense, LoD, LoDTensor, Value, host_value, is_native
 
 RunBlock = Callable[[int], None]
 View = Callable[[Any], Any]
@@ -97,7 +97,8 @@ class KernelContext:
     def has_output(self, slot: str) -> bool:
         return bool(self.op.outputs.get(slot))
 
-    def set_output(self, slot: str, value: Value, index: int = 0, lod: LoD | None = None) -> None:
+    def set_output(self, slot: str, value: Value | Dense, index: int = 0,
+                   lod: LoD | None = None) -> None:
         """Store `value` as the slot's `index`-th var (with `lod` when given and non-empty)."""
         names = self.op.outputs.get(slot)
         if not names:

@@ -52,6 +52,10 @@ class Conversions:
         self.up: list[tuple[str, tuple[int, ...]]] = []
         self.down: list[tuple[str, tuple[int, ...]]] = []
 
+    def clear(self) -> None:
+        self.up.clear()
+        self.down.clear()
+
     def floats_up(self) -> list[tuple[int, ...]]:
         return sorted(shape for kind, shape in self.up if kind == "f")
 
@@ -109,7 +113,7 @@ def test_a_step_converts_only_its_feed_its_fetch_and_what_enters_as_numpy(
     first = conversions.floats_up()
     assert len(first) == 2 + len(model.params) + 1  # x, loss@GRAD, parameters, learning rate
     for step in (1, 2):
-        conversions.up.clear(), conversions.down.clear()
+        conversions.clear()
         exe.run(model.main, feed=batch(step), fetch_list=[model.loss], scope=scope)
         assert conversions.floats_up() == [(1,), (4, SIZES[0])]
         assert conversions.down == [("f", (1,))]
@@ -234,7 +238,7 @@ def test_cuda_step_copies_only_its_feed_and_fetch(conversions: Conversions) -> N
     model, exe, scope = mlp(), Executor("torch", "cuda"), Scope()
     exe.run(model.startup, scope=scope)
     exe.run(model.main, feed=batch(0), fetch_list=[model.loss], scope=scope)
-    conversions.up.clear(), conversions.down.clear()
+    conversions.clear()
     exe.run(model.main, feed=batch(1), fetch_list=[model.loss], scope=scope)
     assert conversions.floats_up() == [(1,), (4, SIZES[0])]
     assert conversions.down == [("f", (1,))]

@@ -272,21 +272,40 @@ class TrainSpec(_Strict):
         return units.duration(v)
 
 
+DEVICE_PATTERN = r"^(cpu|cuda|cuda:[0-9]+|cuda:local)$"
+"""The devices a role's kernels may run on (checked against the machine by the torch backend)."""
+
+
 class BackendSpec(_Strict):
     """`kernels`: numpy or torch compute (numeric mode), or phantom: shapes only, no arithmetic
-    (timing mode, for the simulator at scale; `runtime up` refuses it)."""
+    (timing mode, for the simulator at scale; `runtime up` refuses it). With torch, `device`
+    places the trainers' kernels and `pserver_device` the pservers': ``cpu``, ``cuda`` (the
+    first visible GPU), ``cuda:N``, or ``cuda:local``: GPU ``local rank % visible GPUs``, where
+    a node's local rank is ``LOCAL_RANK`` if its environment sets it, else its index among its
+    role's nodes (trainer 3 on a 4-GPU host: GPU 3). A GPU that is not there is reported before
+    any node starts."""
 
     kernels: Literal["numpy", "torch", "phantom"] = "numpy"
     """What runs the ops: numpy, torch, or phantom (timing mode)."""
-    device: Literal["cpu", "cuda"] = "cpu"
-    """Where torch kernels run."""
+    device: str = Field("cpu", pattern=DEVICE_PATTERN)
+    """Where the trainers' torch kernels run: cpu, cuda, cuda:N or cuda:local."""
+    pserver_device: str = Field("cpu", pattern=DEVICE_PATTERN)
+    """Where the pservers' torch kernels run (cpu, cuda, cuda:N or cuda:local); cpu unless
+    set: a pserver's work is the optimizer update and the bookkeeping of what trainers send,
+    which the wire brings to the host anyway."""
 
     @model_validator(mode="after")
     def _cuda_needs_torch(self) -> "BackendSpec":
-        """`device: cuda` needs `kernels: torch`."""
-        if self.device == "cuda" and self.kernels != "torch":
-            raise ValueError("device cuda needs kernels: torch")
+        """A cuda device needs `kernels: torch`."""
+        for field, device in (("device", self.device), ("pserver_device", self.pserver_device)):
+            if device != "cpu" and self.kernels != "torch":
+                raise ValueError(f"{field} {device} needs kernels: torch "
+                                 f"(kernels {self.kernels} runs on the cpu only)")
         return self
+
+    def device_for(self, role: str) -> str:
+        """The device of a `role` ("trainer" or "pserver") node's kernels."""
+        return self.pserver_device if role == "pserver" else self.device
 
 
 class ExpectSpec(_Strict):

@@ -83,12 +83,13 @@ def fingerprint(block: Block) -> Fingerprint:
     return tuple((id(op), op.type) for op in block.ops)
 
 
-def device_binder(backend: str, device: str) -> Binder:
-    """How `backend` kernels run on `device`, from the backend module's ``on_device(device)``
-    (which fails at once if the device cannot be used); a backend without one is CPU-only."""
+def device_binder(backend: str, device: str, local_index: int = 0) -> Binder:
+    """How `backend` kernels run on `device`, from the backend module's ``on_device(device,
+    local_index)`` (which fails at once if the device cannot be used; `local_index` picks the GPU
+    of ``cuda:local``); a backend without one is CPU-only."""
     on_device = getattr(importlib.import_module(BACKENDS[backend]), "on_device", None)
     if on_device is not None:
-        return cast(Binder, on_device(device))
+        return cast(Binder, on_device(device, local_index))
     if device != "cpu":
         raise ValueError(f"backend {backend} runs on the cpu only, not device {device!r}")
     return _unbound
@@ -96,6 +97,14 @@ def device_binder(backend: str, device: str) -> Binder:
 
 def _unbound(kernel: Kernel) -> Kernel:
     return kernel
+
+
+def set_kernel_threads(backend: str, threads: int) -> None:
+    """Cap the threads `backend`'s kernels use in this process (its ``set_threads``; numpy's
+    BLAS reads ``OMP_NUM_THREADS`` and the like at start, so it has none)."""
+    set_threads = getattr(importlib.import_module(BACKENDS[backend]), "set_threads", None)
+    if set_threads is not None:
+        set_threads(threads)
 
 
 class KernelTimer(Protocol):
@@ -192,12 +201,12 @@ def run_step(step: OpStep, scope: Scope, program: Program,
 
 class Executor:
     def __init__(self, backend: str = "numpy", device: str = "cpu",
-                 timer: KernelTimer | None = None) -> None:
+                 timer: KernelTimer | None = None, local_index: int = 0) -> None:
         load_backend(backend)
         self.backend = backend
         self.device = device
         self.timer = timer if timer is not None else _ambient_timer.get()
-        bind = device_binder(backend, device)
+        bind = device_binder(backend, device, local_index)
         if self.timer is not None:
             bind = timed_binder(bind, self.timer)
         self.plans = PlanCache(backend, bind)
@@ -307,5 +316,6 @@ def _fetch(scope: Scope, name: str, return_numpy: bool) -> Any:
 
 
 __all__ = ["AttrOverrides", "Binder", "BlockPlan", "Executor", "KernelTimer", "OpStep", "PlanCache", "RPC_OP_TYPES",
-           "build_plan", "check_feed", "device_binder", "fingerprint", "run_step", "timed_binder",
+           "build_plan", "check_feed", "device_binder", "fingerprint", "run_step", "set_kernel_threads",
+           "timed_binder",
            "timing_kernels"]

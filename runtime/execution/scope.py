@@ -9,6 +9,13 @@ Values are treated as immutable: kernels never write into an array they read, th
 one. `set` copies what it is given, so the caller may reuse its arrays; `get` returns the stored
 array itself, which callers must not modify (store a new value with `set` instead). `put` is the
 runtime's no-copy path for values it has just produced.
+
+Backend tensors: with the torch backend the scope holds torch tensors (on the executor's device)
+for what torch kernels computed or read, so nothing is converted between ops. `raw` gives the
+stored value as it is, for kernels; `get` and `get_tensor` give its numpy form
+(`tensor.host_value`), for everything else (the wire, fetches, checkpoints, the pserver's
+bookkeeping): the conversion happens there, where bytes leave the kernels, and costs nothing
+for numpy values or CPU tensors (a view of the same memory).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from runtime.execution.tensor import LoDTensor, Value, copy_value
+from runtime.execution.tensor import LoDTensor, Value, copy_value, host_value
 
 
 class Scope:
@@ -31,7 +38,11 @@ class Scope:
         return value.data if isinstance(value, LoDTensor) else value
 
     def get_tensor(self, name: str) -> Value:
-        """The stored value as is (a LoDTensor keeps its LoD)."""
+        """The stored value in numpy form (a LoDTensor keeps its LoD)."""
+        return host_value(self.raw(name))
+
+    def raw(self, name: str) -> Any:
+        """The stored value as it is: what kernels read (a backend tensor stays one)."""
         try:
             return self._values[name]
         except KeyError:

@@ -11,19 +11,49 @@ any value alike, which is all a cost model needs.
 LoD follows Paddle's offset form: ``[[0, 2, 5]]`` is two sequences of 2 and 3 rows. With several
 levels, the offsets of level ``k`` index the sequences of level ``k + 1`` and the last level
 indexes rows of the data.
+
+Native values: a kernel backend with tensors of its own (torch) registers their type with
+`register_native`, and the scope then holds them as they are: a dense value may be such a tensor,
+a `LoDTensor`'s data and a `SelectedRows`' values may be one too (its rows stay numpy: they are
+host-side bookkeeping). `host_value` turns any value into its numpy form through the backend's
+converter; that is what every reader outside the kernels sees (`Scope.get`), so conversions happen
+only where bytes leave the kernels (wire, fetches, checkpoints). This module never imports torch.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 LoD = list[list[int]]
 _ROW_INDEX = np.dtype(np.int64)
+
+Dense = Any
+"""A dense array: numpy, or a backend tensor registered with `register_native`."""
+ToHost = Callable[[Any], np.ndarray]
+_to_host: dict[type, ToHost] = {}
+"""Native tensor type -> its converter to a numpy array (`register_native`)."""
+
+
+def register_native(kind: type, to_host: ToHost) -> None:
+    """Let the scope hold values of type `kind` (a backend's tensor) as they are; `to_host`
+    gives one's numpy array."""
+    _to_host[kind] = to_host
+
+
+def is_native(value: object) -> bool:
+    """Whether `value` is a registered backend tensor (not numpy)."""
+    return type(value) in _to_host
+
+
+def host_array(value: Any) -> Any:
+    """A native tensor as a numpy array; anything else as it is."""
+    convert = _to_host.get(type(value))
+    return value if convert is None else convert(value)
 
 
 class TensorError(ValueError):
@@ -50,8 +80,8 @@ class LoDTensor:
 
     __slots__ = ("data", "lod")
 
-    def __init__(self, data: np.ndarray, lod: Sequence[Sequence[int]] = ()) -> None:
-        data = np.asarray(data)
+    def __init__(self, data: Dense, lod: Sequence[Sequence[int]] = ()) -> None:
+        data = data if type(data) in _to_host else np.asarray(data)
         if lod and data.ndim == 0:
             raise TensorError("a LoDTensor with a LoD needs at least one dimension")
         self.data = data
@@ -62,7 +92,8 @@ class LoDTensor:
         return tuple(self.data.shape)
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> Any:
+        """The data's dtype (a numpy dtype, or the native tensor's own)."""
         return self.data.dtype
 
     def sequence_lengths(self, level: int = -1) -> list[int]:
@@ -81,9 +112,9 @@ class SelectedRows:
 
     __slots__ = ("rows", "values", "height")
 
-    def __init__(self, rows: np.ndarray | Sequence[int], values: np.ndarray, height: int) -> None:
+    def __init__(self, rows: np.ndarray | Sequence[int], values: Dense, height: int) -> None:
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        values = np.asarray(values)
+        values = values if type(values) in _to_host else np.asarray(values)
         if values.ndim == 0 or values.shape[0] != rows.shape[0]:
             raise TensorError(f"SelectedRows: {rows.shape[0]} rows but values of shape {values.shape}")
         height = int(height)
@@ -99,7 +130,8 @@ class SelectedRows:
         return (self.height,) + tuple(self.values.shape[1:])
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> Any:
+        """The values' dtype (a numpy dtype, or the native tensor's own)."""
         return self.values.dtype
 
     def to_dense(self) -> np.ndarray:
@@ -227,11 +259,27 @@ def concat_rows(values: Sequence[np.ndarray | Phantom]) -> np.ndarray | Phantom:
     return np.concatenate(arrays, axis=0)
 
 
+def host_value(value: Any) -> Any:
+    """`value` with every native tensor in it (dense, a LoDTensor's data, a SelectedRows'
+    values) as numpy; a value that holds none is returned as it is."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return value
+    if kind in _to_host:
+        return _to_host[kind](value)
+    if kind is LoDTensor and type(value.data) in _to_host:
+        return LoDTensor(host_array(value.data), value.lod)
+    if kind is SelectedRows and type(value.values) in _to_host:
+        return SelectedRows(value.rows, host_array(value.values), value.height)
+    return value
+
+
 def copy_value(value: Value | npt.ArrayLike) -> Value:
     """A deep copy (a phantom is itself); anything that is not a LoDTensor, SelectedRows or
     Phantom becomes a numpy array."""
     if isinstance(value, Phantom):
         return value
+    value = host_value(value)
     if isinstance(value, LoDTensor):
         return LoDTensor(value.data.copy(), value.lod)
     if isinstance(value, SelectedRows):
@@ -256,6 +304,7 @@ def lod_of(value: Value) -> LoD:
     return value.lod if isinstance(value, LoDTensor) else []
 
 
-__all__ = ["LoD", "LoDTensor", "Phantom", "SelectedRows", "TensorError", "Value", "concat_rows",
-           "copy_value", "lod_of", "nbytes_of", "phantom_of", "shape_of", "slice_rows", "to_dense",
+__all__ = ["Dense", "LoD", "LoDTensor", "Phantom", "SelectedRows", "TensorError", "ToHost", "Value",
+           "concat_rows", "copy_value", "host_array", "host_value", "is_native", "lod_of",
+           "nbytes_of", "phantom_of", "register_native", "shape_of", "slice_rows", "to_dense",
            "validate_lod"]

@@ -36,7 +36,8 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, TensorError
+from runtime.execution.tensor import (LoDTensor, Phantom, SelectedRows, TensorError, host_array,
+                                      is_native)
 from runtime.network.transport import Frame
 
 WIRE_VERSION = 1
@@ -315,6 +316,8 @@ def _as_numpy(value: Any, name: str) -> np.ndarray:
         return value
     torch = sys.modules.get("torch")  # a torch tensor implies torch is imported
     if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type == "cuda" and is_native(value):
+            return host_array(value)  # off the GPU through the torch backend's pinned buffers
         if value.device.type != "cpu":
             raise EncodeError(
                 Reason.UNSUPPORTED_TENSOR,

@@ -70,7 +70,8 @@ def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeMod
     backend = job.scenario.backend
     name = pserver_name(index)
     saved = checkpoint_dir is not None and (checkpoint_dir / name / MANIFEST).exists()
-    return PserverService(main, startup, transport, Executor(backend.kernels, backend.device),
+    executor = Executor(backend.kernels, backend.device_for("pserver"), local_index=index)
+    return PserverService(main, startup, transport, executor,
                           serve_config(job, checkpoint_dir), compute, tracer,
                           load_from=checkpoint_dir if recovering and saved else None,
                           recovering=recovering)
@@ -87,7 +88,7 @@ def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeMod
                        incarnation=incarnation,
                        labels={ep: pserver_name(j) for j, ep in enumerate(job.endpoints)})
     return Trainer(index, main, startup, client, job.endpoints,
-                   Executor(backend.kernels, backend.device),
+                   Executor(backend.kernels, backend.device_for("trainer"), local_index=index),
                    heartbeat_interval=train.heartbeat_timeout / 3, compute=compute, tracer=tracer)
 
 

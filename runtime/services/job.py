@@ -24,6 +24,8 @@ from transpiler.models import Model, ModelError, build_model
 from runtime.config.scenario import Scenario, ScenarioError
 from runtime.execution.data import DataError, Dataset, dataset_for
 from runtime.execution.datafiles import FileDataset, FileOptions
+from runtime.execution.executor import device_binder
+from runtime.execution.kernels import ExecutionError
 
 
 class JobError(ScenarioError):
@@ -78,11 +80,12 @@ class Job:
         return self.scenario.folder / (self.scenario.data.path or "")
 
     def check(self, data: bool = True) -> None:
-        """Make the model and (with `data`) the data set now, so that a failure is a `JobError`
-        before any node starts."""
+        """Make the model and (with `data`) the data set now, and check that every role's
+        device exists, so that a failure is a `JobError` before any node starts."""
         self.model  # noqa: B018 (made for its errors)
         if data:
             self.dataset  # noqa: B018
+        check_devices(self.scenario)
 
     @property
     def endpoints(self) -> list[str]:
@@ -110,6 +113,22 @@ class Job:
         return t.get_pserver_programs(self.endpoints[index])
 
 
+def check_devices(scenario: Scenario) -> None:
+    """Raise `JobError`, naming the role and the device, unless the trainers' and pservers'
+    devices exist on this machine (a cpu-only backend has nothing to check)."""
+    backend = scenario.backend
+    for role in ("trainer", "pserver"):
+        device = backend.device_for(role)
+        if device == "cpu":
+            continue
+        try:
+            device_binder(backend.kernels, device)
+        except ExecutionError as err:
+            field = "pserver_device" if role == "pserver" else "device"
+            raise JobError(f"{scenario.source}: backend.{field} {device} ({role}s): {err}") from err
+
+
 def check_job(scenario: Scenario, data: bool = True) -> None:
-    """Raise `JobError` unless `scenario`'s model and (with `data`) data set can be made."""
+    """Raise `JobError` unless `scenario`'s model and (with `data`) data set can be made and its
+    devices exist."""
     Job.from_scenario(scenario).check(data)

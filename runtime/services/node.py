@@ -71,6 +71,7 @@ from runtime.config.atomic import atomic_open, write_atomic
 from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
+from runtime.execution.executor import set_kernel_threads
 from runtime.execution.executor import timing_kernels
 from runtime.network.curve import KEYS_VAR, CurveKeys, load_keys
 from runtime.network.ports import wait_for_ports
@@ -488,6 +489,28 @@ def write_node_job(out: Path, role: Role, job: Job) -> None:
                  json.dumps(document, indent=1) + "\n")
 
 
+THREADS_VAR = "OMP_NUM_THREADS"
+"""How many threads a node's kernels may use: `runtime up` sets it to the node's share of the
+host's cores (unless its own environment set it); numpy's BLAS reads it at start."""
+
+
+def cap_kernel_threads(backend: str, env: Mapping[str, str]) -> int | None:
+    """Make `backend`'s kernels use the threads ``OMP_NUM_THREADS`` allows (torch does not read
+    it for every pool, so it is told); None where it is unset (a node on its own keeps its
+    library's default: every core)."""
+    text = env.get(THREADS_VAR)
+    if text is None:
+        return None
+    try:
+        threads = int(text)
+    except ValueError:
+        raise ScenarioError(f"{THREADS_VAR}={text!r} is not a thread count") from None
+    if threads < 1:
+        raise ScenarioError(f"{THREADS_VAR}={text!r}: a node needs at least one thread")
+    set_kernel_threads(backend, threads)
+    return threads
+
+
 def run_role(scenario: Scenario, role: Role, out: Path | None,
              options: NodeOptions = NodeOptions()) -> int:
     """Run `role`'s node of `scenario` (from `load_for_role`) in the foreground; its exit
@@ -503,6 +526,7 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
         return EXIT_LAUNCHER_GONE
     options = replace(options, alone=launcher is None)
     try:
+        cap_kernel_threads(scenario.backend.kernels, os.environ)
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
         if options.alone and out is not None:
             write_node_job(out, role, job)

@@ -62,8 +62,10 @@ def ignore_index(ctx: KernelContext) -> int:
     return int(ctx.attr("ignore_index", -100))
 
 
-def lookup_ids(ctx: KernelContext, vocab: int) -> Array:
-    ids = ctx.input("Ids").reshape(-1).astype(np.int64, copy=False)
+def lookup_ids(ctx: KernelContext, vocab: int, given: Array | None = None) -> Array:
+    """The Ids input (or the `given` host copy of it) as flat int64 ids, checked against the
+    table's `vocab` rows."""
+    ids = (ctx.input("Ids") if given is None else given).reshape(-1).astype(np.int64, copy=False)
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise IndexError(f"Ids {ids.min()}..{ids.max()} outside the table's {vocab} rows")
     return ids

@@ -7,6 +7,12 @@ so a grad kernel can simply skip the input gradients nobody asked for (`has_outp
 
 A missing value is reported with the block, op index and type, slot and var (`MissingInputError`).
 The executor builds one context per op run; kernels keep no state between runs.
+
+How a kernel sees scope values is its context's `view`: numpy (`host_value`) by default, so a
+numpy kernel reads numpy whatever the scope holds; a backend with tensors of its own (torch) sets
+a view that turns values into its tensors and, with `keep_view`, stores the converted value back
+in the scope, so that a var fed or received as numpy is converted once, not by every op reading
+it. Values are immutable, so swapping one for its converted twin changes nothing else.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ from transpiler.ir import Op, Program
 
 from runtime.execution.kernels.errors import ExecutionError, MissingInputError
 from runtime.execution.scope import Scope
-from runtime.execution.tensor import LoD, LoDTensor, Value
+from runtime.execution.tensor import Dense, LoD, LoDTensor, Value, host_value, is_native
 
 RunBlock = Callable[[int], None]
+View = Callable[[Any], Any]
+"""How a kernel sees a stored value (numpy, or a backend's tensors)."""
 
 
 class KernelContext:
-    __slots__ = ("op", "scope", "where", "program", "_run_block")
+    __slots__ = ("op", "scope", "where", "program", "_run_block", "view", "keep_view")
 
     def __init__(self, op: Op, scope: Scope, where: str = "", program: Program | None = None,
                  run_block: RunBlock | None = None) -> None:
@@ -34,6 +42,8 @@ class KernelContext:
         self.where = where or f"op {op.type}"
         self.program = program
         self._run_block = run_block
+        self.view: View = host_value
+        self.keep_view = False
 
     # -- inputs ---------------------------------------------------------------------------------
     def input(self, slot: str) -> Any:
@@ -63,10 +73,14 @@ class KernelContext:
 
     def _read(self, slot: str, name: str) -> Value:
         try:
-            return self.scope.get_tensor(name)
+            stored = self.scope.raw(name)
         except KeyError:
             raise MissingInputError(
                 f"{self.where}: input {slot} var {name!r} has no value in the scope") from None
+        value = self.view(stored)
+        if self.keep_view and value is not stored:
+            self.scope.put(name, value)
+        return value
 
     # -- attributes -----------------------------------------------------------------------------
     def attr(self, name: str, default: Any = None) -> Any:
@@ -83,12 +97,13 @@ class KernelContext:
     def has_output(self, slot: str) -> bool:
         return bool(self.op.outputs.get(slot))
 
-    def set_output(self, slot: str, value: Value, index: int = 0, lod: LoD | None = None) -> None:
+    def set_output(self, slot: str, value: Value | Dense, index: int = 0,
+                   lod: LoD | None = None) -> None:
         """Store `value` as the slot's `index`-th var (with `lod` when given and non-empty)."""
         names = self.op.outputs.get(slot)
         if not names:
             return
-        if lod and isinstance(value, np.ndarray):
+        if lod and (isinstance(value, np.ndarray) or is_native(value)):
             self.scope.put(names[index], LoDTensor(value, lod))
         else:
             self.scope.put(names[index], value)

@@ -14,8 +14,8 @@ the torch backend registers the numpy backend's own kernels for them:
 - the distributed lookup table's `split_ids`, `merge_ids`, `lookup_sparse_table`, `fake_init`
   and `save` only cut, gather, place or write rows.
 
-Values live in the scope as numpy arrays with either backend (see `torch_ops`), so these need no
-conversion.
+They read numpy (`torch_common.on_host`: a tensor input is converted for them, not kept) and
+store numpy, which the next torch kernel reading it converts.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from runtime.execution.kernels import numpy_control, numpy_dist, numpy_math, numpy_nn
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import Kernel
-from runtime.execution.kernels.torch_common import input_t, kernel, put
+from runtime.execution.kernels.torch_common import dtype_of, input_t, kernel, on_host, put
 
 SHARED_WITH_NUMPY: dict[str, Kernel] = {
     "fill_constant": numpy_control.fill_constant,
@@ -45,12 +45,12 @@ SHARED_WITH_NUMPY: dict[str, Kernel] = {
 }
 
 for _op_type, _kernel in SHARED_WITH_NUMPY.items():
-    kernel(_op_type)(_kernel)
+    kernel(_op_type)(on_host(_kernel))
 
 
 @kernel("increment")
 def increment(ctx: KernelContext) -> None:
     """X + step, the step cast to X's dtype first (an int64 counter stays int64)."""
     x = ctx.input("X")
-    step = np.asarray(ctx.attr("step", 1.0)).astype(x.dtype).item()
+    step = np.asarray(ctx.attr("step", 1.0)).astype(dtype_of(x)).item()
     put(ctx, "Out", input_t(ctx, "X") + step)

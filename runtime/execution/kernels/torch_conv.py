@@ -18,7 +18,7 @@ from runtime.execution.kernels.common import dropout_factor
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.shapes import (Window, conv_window, norm_split, pool_kind,
                                               pool_window)
-from runtime.execution.kernels.torch_common import (Tensor, input_t, kernel, optional_t,
+from runtime.execution.kernels.torch_common import (Tensor, host, input_t, kernel, optional_t,
                                                     out_grad_t, put, tensor, torch)
 
 
@@ -191,8 +191,9 @@ def layer_norm_grad(ctx: KernelContext) -> None:
 
 
 # -- dropout ------------------------------------------------------------------------------------
-def _dropout_factor(ctx: KernelContext, x: np.ndarray) -> Tensor | float:
-    mask, scale = dropout_factor(ctx, x)
+def _dropout_factor(ctx: KernelContext, x: Tensor) -> Tensor | float:
+    """The mask is drawn on the host from X's bytes (`common.dropout_mask`), as numpy does."""
+    mask, scale = dropout_factor(ctx, host(x))
     return scale if mask is None else tensor(mask).to(tensor(x).dtype) * scale
 
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_elementwise import align
-from runtime.execution.kernels.torch_common import (Tensor, input_t, kernel, optional_t, out_grad_t,
-                                                    put, tensor, torch)
+from runtime.execution.kernels.torch_common import (Tensor, dtype_of, input_t, kernel, optional_t,
+                                                    out_grad_t, put, tensor, torch)
 
 BinaryFn = Callable[[Tensor, Tensor], Tensor]
 GradFn = Callable[[Tensor, Tensor, Tensor, Any], Tensor]  # (dout, x, y, out or None) -> d operand
@@ -33,7 +33,7 @@ def operands(ctx: KernelContext, ufunc: np.ufunc) -> tuple[Tensor, Tensor]:
     """X and Y as tensors of aligned shapes and the dtypes numpy's `ufunc` would compute in."""
     x, y = ctx.input("X"), ctx.input("Y")
     xs, ys = align(x.shape, y.shape, int(ctx.attr("axis", -1)))
-    dx, dy = _loop(ufunc, x.dtype, y.dtype)
+    dx, dy = _loop(ufunc, dtype_of(x), dtype_of(y))
     return tensor(x, dx).reshape(xs), tensor(y, dy).reshape(ys)
 
 

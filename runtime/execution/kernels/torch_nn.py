@@ -2,7 +2,9 @@
 (dense or `SelectedRows` gradient) and `sequence_pool`, with their gradients: `numpy_nn` op for op.
 
 Index bookkeeping stays on the host in numpy, shared with the numpy backend: label ids and the
-ignore mask (`hard_labels`), table ids (`lookup_ids`), LoD segments (`Segments`). Only the values
+ignore mask (`hard_labels`), table ids (`lookup_ids`), LoD segments (`Segments`). Integer ids and
+labels live in the scope as numpy (see `torch_common`), so reading them costs no copy; the table
+itself is a tensor kept on the device, so a lookup moves only the rows it reads. Only the values
 are computed in torch; scatters and gathers replace numpy's fancy indexing and
 `ufunc.at`/`reduceat`.
 """
@@ -16,8 +18,8 @@ import numpy as np
 from runtime.execution.kernels.common import (Segments, hard_labels, ignore_index, lookup_ids,
                                               mul_dims, padding_idx, pool_scale, soft_label)
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.torch_common import (Tensor, array, as_float, input_t, kernel,
-                                                    out_grad_t, put, tensor, torch, zeros)
+from runtime.execution.kernels.torch_common import (Tensor, as_float, dtype_of, host, input_t,
+                                                    kernel, out_grad_t, put, tensor, torch, zeros)
 from runtime.execution.tensor import SelectedRows
 
 
@@ -75,7 +77,7 @@ def softmax_grad(ctx: KernelContext) -> None:
 # -- cross entropy ------------------------------------------------------------------------------
 def _labels(ctx: KernelContext, label: np.ndarray, rows: int) -> tuple[Tensor, Tensor]:
     """Class ids per row (as a [rows, 1] index) and the mask of rows that count, on the device."""
-    ids, keep = hard_labels(label, rows, ignore_index(ctx))
+    ids, keep = hard_labels(host(label), rows, ignore_index(ctx))
     return tensor(ids).reshape(-1, 1), tensor(keep)
 
 
@@ -139,7 +141,7 @@ def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
 @kernel("lookup_table")
 def lookup_table(ctx: KernelContext) -> None:
     w, ids_in = ctx.input("W"), ctx.input("Ids")
-    ids = lookup_ids(ctx, w.shape[0])
+    ids = lookup_ids(ctx, w.shape[0], host(ids_in))
     out = tensor(w)[tensor(ids)]
     pad = padding_idx(ctx)
     if pad >= 0:
@@ -153,12 +155,12 @@ def lookup_table_grad(ctx: KernelContext) -> None:
     """Rows of Out@GRAD go to the rows they were read from; the padding row gets none. Sparse
     (`is_sparse`): a SelectedRows with one row per id, repeats kept."""
     w = ctx.input("W")
-    ids = lookup_ids(ctx, w.shape[0])
+    ids = lookup_ids(ctx, w.shape[0], host(ctx.input("Ids")))
     g = out_grad_t(ctx).reshape((ids.shape[0],) + w.shape[1:])
     keep = ids != padding_idx(ctx)
     kept = g[tensor(keep)]
     if ctx.attr("is_sparse", False):
-        ctx.set_output("W@GRAD", SelectedRows(ids[keep], array(kept), w.shape[0]))
+        ctx.set_output("W@GRAD", SelectedRows(ids[keep], kept, w.shape[0]))
         return
     dw = zeros(w.shape, w.dtype)
     put(ctx, "W@GRAD", dw.index_add_(0, tensor(ids[keep]), kept.to(dw.dtype)))
@@ -181,7 +183,7 @@ def sequence_pool(ctx: KernelContext) -> None:
     ne = seg.nonempty
     if kind in ("SUM", "AVERAGE", "SQRT"):
         out.index_add_(0, tensor(seg.row_seq), x2)
-        out *= tensor(pool_scale(kind, seg.lengths, x.dtype))[:, None]
+        out *= tensor(pool_scale(kind, seg.lengths, dtype_of(x)))[:, None]
     elif kind == "MAX":
         where = _segment_index(seg, x2.shape[1])
         out.scatter_reduce_(0, where, x2, "amax", include_self=False)
@@ -206,7 +208,7 @@ def sequence_pool_grad(ctx: KernelContext) -> None:
     g = out_grad_t(ctx).reshape(seg.count, -1)
     ne = seg.nonempty
     if kind in ("SUM", "AVERAGE", "SQRT"):
-        dx = (g * tensor(pool_scale(kind, seg.lengths, x.dtype))[:, None])[tensor(seg.row_seq)]
+        dx = (g * tensor(pool_scale(kind, seg.lengths, dtype_of(x)))[:, None])[tensor(seg.row_seq)]
     else:
         dx = zeros((x.shape[0], g.shape[1]), x.dtype)
         picked = g[tensor(ne)].to(dx.dtype)

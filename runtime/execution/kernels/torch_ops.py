@@ -4,22 +4,16 @@ backend has, family by family (`torch_elementwise`, `torch_math`, `torch_nn`, `t
 tests/test_torch_kernels.py. Torch itself is optional: without it this import fails with an
 `ImportError` naming the ``[torch]`` extra, and nothing outside these modules imports torch.
 
-Scope values are numpy, with either backend. A torch kernel views its inputs as tensors
-(`torch.from_numpy`: shared memory on the CPU, one copy to a GPU), computes on the executor's
-device, and stores its outputs back as numpy (`Tensor.numpy()`: the same memory on the CPU).
-Why numpy at the boundary rather than tensors in the scope:
-
-- On the CPU it costs nothing: both conversions are views (about half a microsecond each), no
-  data is copied.
-- Everything that reads a scope keeps working unchanged and needs no torch: `Scope.get` returns
-  numpy arrays as promised, `Executor.run` fetches numpy, `LoDTensor` and `SelectedRows` hold
-  numpy, and the wire sends a value's C-contiguous buffer as raw bytes whichever backend made it.
-- Backends mix freely: a startup program run by numpy, a torch trainer talking to a numpy
-  pserver, a checkpoint written by one and read by the other.
-
-The cost is on a GPU: each op uploads its inputs and downloads its outputs. That is correct but
-transfer-bound; keeping device tensors in the scope would need `Scope.get`, `LoDTensor`,
-`SelectedRows` and the wire encoder to convert them on the way out.
+The scope holds torch tensors with this backend, on the executor's device: a kernel reads
+tensors and stores tensors, so a step converts nothing between ops. Numpy appears only at the
+edges (`torch_common`): a value fed, received from a pserver, initialized by a numpy-shared kernel
+or restored from a checkpoint is numpy until the first kernel reading it converts it (once; the
+tensor replaces it in the scope), and whatever leaves the kernels (a fetch, a send, a
+checkpoint, the pserver's bookkeeping) goes through `Scope.get`, which converts to numpy. On the
+CPU both are views of the same memory; on a GPU they are copies through pinned host memory, the
+only transfers of a step. Integer and bool arrays (ids, labels, masks) stay numpy: the kernels
+do their index bookkeeping on the host, as the numpy backend does. Backends still mix freely: a
+numpy kernel reads numpy whatever the scope holds (`KernelContext.view`).
 
 Kernels are device-agnostic: they create tensors through `torch_common.tensor`, which places them
 on the device the executor bound the plan to (`torch_common.on_device`); the CPU is the default.
@@ -27,7 +21,8 @@ on the device the executor bound the plan to (`torch_common.on_device`); the CPU
 
 from runtime.execution.kernels import (torch_control, torch_conv, torch_elementwise, torch_math,
                                        torch_nn, torch_optim, torch_tensor)
-from runtime.execution.kernels.torch_common import DeviceError, on_device, resolve_device
+from runtime.execution.kernels.torch_common import (DeviceError, on_device, resolve_device,
+                                                    set_threads)
 
-__all__ = ["DeviceError", "on_device", "resolve_device", "torch_control", "torch_conv",
+__all__ = ["DeviceError", "on_device", "resolve_device", "set_threads", "torch_control", "torch_conv",
            "torch_elementwise", "torch_math", "torch_nn", "torch_optim", "torch_tensor"]

@@ -1,6 +1,6 @@
 """Torch kernels of the optimizer update ops: `numpy_optim` op for op, expression for expression.
 
-`LearningRate`, `Beta1Pow` and `Beta2Pow` are read on the host as numpy scalars, and the scalar
+`LearningRate`, `Beta1Pow` and `Beta2Pow` are read on the host as numpy scalars (`host_scalar`), and the scalar
 math (Adam's bias correction, say) is done there exactly as the numpy kernel does it. The arrays
 are converted in the dtype numpy computes the update in (the promotion of every input, so a
 float64 learning rate makes float32 math float64 as under NEP 50) and the scalars enter torch as
@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.execution.kernels.common import scalar
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.torch_common import (Tensor, densify, kernel, put, result_dtype,
-                                                    tensor, torch)
+from runtime.execution.kernels.torch_common import (Tensor, densify, host_scalar, kernel, put,
+                                                    result_dtype, tensor, torch)
 from runtime.execution.tensor import SelectedRows
 
 
@@ -35,7 +34,7 @@ class _Update:
         self.dtype = param.dtype
         self.p = tensor(param, self.compute)
         self.g = self._dense_grad(param.shape[0])
-        self.lr = scalar(ctx.input("LearningRate"))
+        self.lr = host_scalar(ctx.input("LearningRate"))
 
     def _dense_grad(self, height: int) -> Tensor:
         g = self.ctx.input("Grad")
@@ -50,7 +49,7 @@ class _Update:
         return tensor(self.ctx.input(slot), self.compute)
 
     def scalar(self, slot: str) -> Any:
-        return scalar(self.ctx.input(slot))
+        return host_scalar(self.ctx.input(slot))
 
     def attr(self, name: str, default: float) -> float:
         return float(self.ctx.attr(name, default))
@@ -62,10 +61,11 @@ class _Update:
 @kernel("sgd")
 def sgd(ctx: KernelContext) -> None:
     p, g = ctx.input("Param"), ctx.input("Grad")
-    lr = scalar(ctx.input("LearningRate"))
+    lr = host_scalar(ctx.input("LearningRate"))
     if not isinstance(g, SelectedRows):
         u = _Update(ctx)
-        u.store("ParamOut", u.p - float(u.lr) * u.g)
+        # p + (-lr * g) is p - lr * g to the bit, in one new tensor instead of two
+        u.store("ParamOut", torch.mul(u.g, -float(u.lr)).add_(u.p))
         return
     if g.height != p.shape[0]:
         raise ValueError(f"Grad: SelectedRows height {g.height} != {p.shape[0]} rows of Param")

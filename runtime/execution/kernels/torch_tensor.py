@@ -15,8 +15,8 @@ from runtime.execution.kernels.numpy_tensor import (gather_index, last_of_each,
                                                     out_grads_by_output)
 from runtime.execution.kernels.shapes import (matmul_flags, matmul_shape, slice_bounds,
                                               reshaped, split_sizes, transpose_perm, xshape)
-from runtime.execution.kernels.torch_common import (Tensor, input_t, kernel, out_grad_t, put,
-                                                    tensor, torch)
+from runtime.execution.kernels.torch_common import (Tensor, dtype_of, input_t, kernel, out_grad_t,
+                                                    put, tensor, torch)
 from runtime.execution.kernels.torch_conv import vjp
 
 
@@ -49,7 +49,7 @@ def matmul_grad(ctx: KernelContext) -> None:
 def _reshaped(ctx: KernelContext, shape: tuple[int, ...]) -> None:
     x = ctx.input("X")
     put(ctx, "Out", tensor(x).reshape(shape))
-    ctx.set_output("XShape", np.empty(xshape(x.shape), dtype=x.dtype))
+    ctx.set_output("XShape", np.empty(xshape(x.shape), dtype=dtype_of(x)))
 
 
 def _grad_as_x(ctx: KernelContext) -> None:
@@ -72,7 +72,7 @@ for _op_type in ("reshape2_grad", "squeeze2_grad", "unsqueeze2_grad"):
 def transpose2(ctx: KernelContext) -> None:
     x = ctx.input("X")
     put(ctx, "Out", tensor(x).permute(transpose_perm(ctx, x.ndim)).contiguous())
-    ctx.set_output("XShape", np.empty(xshape(x.shape), dtype=x.dtype))
+    ctx.set_output("XShape", np.empty(xshape(x.shape), dtype=dtype_of(x)))
 
 
 @kernel("transpose2_grad")

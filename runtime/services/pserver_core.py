@@ -274,8 +274,8 @@ class PserverCore:
     def _forgotten(self, msg: Message) -> ProtocolViolation:
         """The error for a retry of `msg` whose reply is no longer held (see `Dedupe`)."""
         return ProtocolViolation(
-            f"{msg.kind} id {msg.id} from {msg.src!r} (step {msg.step}) was answered already and "
-            f"its reply is no longer held (older than the last {self.dedupe.window} replies to "
+            f"{msg.kind} id {msg.id} from {msg.src!r} (step {msg.step}): a retry of a request "
+            f"whose reply is no longer held (older than the last {self.dedupe.window} replies to "
             f"that sender, or values of a step it has moved past); not handled again")
 
     def reject_reason(self, trainer: int, msg: Message) -> str:

@@ -79,9 +79,10 @@ def _pserver(result: SimResult, index: int) -> PserverMetrics:
     return record
 
 
-def _summary(result: SimResult, trainers: list[TrainerMetrics]) -> JobSummary:
+def _summary(result: SimResult, trainers: list[TrainerMetrics],
+             pservers: list[PserverMetrics]) -> JobSummary:
     s = result.scenario
-    summary = JobSummary.for_run("sim run", s, result.endpoints, trainers)
+    summary = JobSummary.for_run("sim run", s, result.endpoints, trainers, pservers)
     summary.success = True
     summary.simulated_seconds = result.simulated_seconds
     summary.steps_span_seconds = steps_span(result)
@@ -139,7 +140,7 @@ def collect(result: SimResult) -> JobMetrics:
              for (src, dst), st in sorted(result.links.items())]
     nics = [NicMetrics(node, **asdict(st)) for node, st in sorted(result.nics.items())]
     faults = [FaultEvent(e.fault, e.kind, e.what, e.start, e.end) for e in result.faults]
-    metrics = JobMetrics(_summary(result, trainers), trainers, pservers,
+    metrics = JobMetrics(_summary(result, trainers, pservers), trainers, pservers,
                          check_expectations(result), notes_for(result), faults, links, nics)
     failed = [f"{e.name} ({e.detail})" for e in metrics.expectations if not e.passed]
     if failed:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.services.protocol import INITIAL_STEP, Dedupe, Event, Phase, SyncRound, Verdict
+from runtime.services.protocol import (INITIAL_STEP, Closes, Dedupe, Event, Phase, Recall,
+                                      SyncRound, Verdict)
 
 
 def test_a_step_goes_grads_then_params_then_next() -> None:
@@ -97,6 +98,48 @@ def test_dedupe_remembers_a_window_per_sender() -> None:
     d.remember("t0", 1, "a")
     d.remember("t0", 2, "b")
     d.remember("t1", 1, "c")
-    assert d.lookup("t0", 1) == (True, "a") and d.lookup("t1", 1) == (True, "c")
+    assert d.lookup("t0", 1) == (Recall.ANSWERED, "a") and d.lookup("t1", 1) == (Recall.ANSWERED, "c")
     d.remember("t0", 3, "d")
-    assert d.lookup("t0", 1) == (False, None) and d.lookup("t0", 3) == (True, "d")
+    assert d.lookup("t0", 1) == (Recall.FORGOTTEN, None) and d.lookup("t0", 3) == (Recall.ANSWERED, "d")
+
+
+def test_the_dedupe_window_holds_exactly_the_last_replies_and_refuses_older_ids() -> None:
+    d = Dedupe(window=3)
+    for i in range(1, 6):
+        d.remember("t0", i, f"r{i}")
+    assert d.held("t0") == [3, 4, 5]
+    assert [d.lookup("t0", i)[0] for i in range(1, 8)] == [
+        Recall.FORGOTTEN, Recall.FORGOTTEN, Recall.ANSWERED, Recall.ANSWERED, Recall.ANSWERED,
+        Recall.NEW, Recall.NEW]
+    d.remember("t0", 1, "late")  # a deferred request answered late is held like any other
+    assert d.lookup("t0", 1) == (Recall.ANSWERED, "late") and d.held("t0") == [4, 5, 1]
+    assert d.lookup("t1", 1) == (Recall.NEW, None)
+
+
+def test_a_senders_value_replies_are_held_for_its_latest_step_only() -> None:
+    d = Dedupe(window=10)
+    d.remember("t0", 1, "get a@0", values_of=0)
+    d.remember("t0", 2, "get b@0", values_of=0)
+    d.remember("t0", 3, "send@1")
+    d.remember("t1", 4, "get a@0 (t1)", values_of=0)
+    d.remember("t0", 4, "get a@1", values_of=1)
+    assert d.held("t0") == [3, 4]
+    assert d.lookup("t0", 1) == (Recall.FORGOTTEN, None) == d.lookup("t0", 2)
+    assert d.lookup("t1", 4) == (Recall.ANSWERED, "get a@0 (t1)")  # another sender's: kept
+    assert d.lookup("t0", 3) == (Recall.ANSWERED, "send@1")
+
+
+def test_a_carried_barrier_closes_only_when_the_messages_it_counts_are_in() -> None:
+    r = SyncRound(2)
+    # trainer 0's round: sends 10, 11, 12; the carrier (12) arrives first, then a duplicate
+    assert not r.arrive(Event.SEND, 0, 12, Closes(3, 10))
+    assert not r.arrive(Event.SEND, 0, 12, Closes(3, 10))
+    assert not r.arrive(Event.SEND, 0, 7, None)   # an id outside the round counts for nothing
+    assert not r.arrive(Event.SEND, 0, 10, None) and r.sent == set()
+    assert r.arrive(Event.SEND, 0, 11, None) and r.sent == {0}
+    assert not r.arrive(Event.SEND, 1, 5, Closes(2, 4)) and not r.ready_to_optimize
+    assert r.arrive(Event.SEND, 1, 4, None) and r.ready_to_optimize
+    r.optimized()
+    assert not r.arrive(Event.GET, 0, 14, Closes(2, 13)) and r.arrive(Event.GET, 0, 13, None)
+    assert r.arrive(Event.GET, 1, 6, Closes(1, 6)) and r.take_step_done()
+    assert r.step == 1 and r.arrived == {} and r.closing == {}

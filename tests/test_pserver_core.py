@@ -269,3 +269,63 @@ def test_the_transpiler_says_which_trainer_sends_which_copy_and_where_the_fanin_
     assert len(contract.fanin_scale_ops) == 4  # one per param (no slicing, one pserver)
     single = ServeContract.of(programs("async")[0])
     assert not single.trainer_copies and not single.fanin_scale_ops
+
+
+# -- the compact protocol: barriers carried by the round's last SEND / GET -----------------------------
+def split_sends(shell: Shell, trainer: int, step: int, first_id: int) -> list[Message]:
+    """`trainer`'s gradients of `step` as one SEND per var, the last carrying the send barrier."""
+    grads = sorted(grad(shell, trainer, 1.0 + trainer).items())
+    last = len(grads) - 1
+    return [shell.message(Kind.SEND, trainer, step, {name: value}, msg_id=first_id + i,
+                          **({"barrier": len(grads), "barrier_from": first_id} if i == last else {}))
+            for i, (name, value) in enumerate(grads)]
+
+
+def test_a_duplicated_or_reordered_carried_barrier_never_closes_the_round_early() -> None:
+    shell = Shell("sync")
+    sends = {t: split_sends(shell, t, 0, 100 * (t + 1)) for t in (0, 1)}
+    assert len(sends[0]) >= 2
+    carrier = sends[0][-1]
+    for attempt in range(2):  # the carrier first (reordered), then again (a retry)
+        assert Optimize not in kinds(shell.send(carrier))
+        assert shell.core.round.sent == set()
+    for msg in sends[1]:
+        shell.send(msg)
+    assert shell.core.round.sent == {1} and shell.core.round.phase is Phase.GRADS
+    for msg in sends[0][:-1]:
+        done = shell.send(msg)
+    assert Optimize in kinds(done) and shell.core.round.phase is Phase.PARAMS
+    gets = {t: shell.message(Kind.GET, t, 0, names=[PARAM], msg_id=1000 * (t + 1), barrier=1)
+            for t in (0, 1)}
+    shell.send(gets[0])
+    assert shell.core.round.fetched == {0}
+    assert replies(shell.send(gets[0]))[0].id == gets[0].id  # a retry: same reply, counted once
+    closing = shell.send(gets[1])
+    assert Tally("steps") in closing and shell.core.round.step == 1
+    assert shell.core.round.arrived == {} and shell.core.round.closing == {}
+
+
+def test_a_carried_barrier_counts_only_the_messages_of_its_round() -> None:
+    """A send of an abandoned attempt (id below `barrier_from`) is not one of the round's."""
+    shell = Shell("sync")
+    old = split_sends(shell, 0, 0, 10)
+    shell.send(old[0])  # then trainer 0 abandoned the step (a rewind) and redid it
+    redone = split_sends(shell, 0, 0, 20)
+    shell.send(redone[-1])
+    assert shell.core.round.sent == set()
+    for msg in redone[:-1]:
+        shell.send(msg)
+    assert shell.core.round.sent == {0}
+
+
+def test_a_retry_of_a_reply_no_longer_held_gets_an_error_naming_it() -> None:
+    shell = Shell("sync")
+    startup = shell.message(Kind.GET, 0, -1, names=[PARAM], msg_id=5)
+    shell.send(startup)
+    for trainer in (0, 1):
+        shell.send(shell.message(Kind.SEND, trainer, 0, grad(shell, trainer, 1.0)))
+        shell.send(shell.message(Kind.SEND_BARRIER, trainer, 0))
+    shell.send(shell.message(Kind.GET, 0, 0, names=[PARAM], msg_id=50))  # values of a later step
+    refused = shell.send(startup)
+    assert kinds(refused) == [Reject]
+    assert "get id 5 from 'trainer:0' (step -1): a retry" in str(refused[0].error)

@@ -67,4 +67,4 @@ def test_a_silent_server_makes_the_call_time_out_naming_the_node() -> None:
 def test_a_restarted_node_numbers_its_messages_apart_from_its_earlier_life(incarnation: int) -> None:
     net = Network.from_spec(None, seed=0)
     client = RpcClient(net.transport("trainer:0"), incarnation=incarnation)
-    assert next(client._ids) == (incarnation << 32) + 1
+    assert client.next_id == (incarnation << 32) + 1

@@ -59,7 +59,7 @@ model: {name: linear, optimizer: {type: sgd, learning_rate: 0.01}}
 data: {batch_size: 8}
 cluster: {pservers: 1, trainers: 1}
 transpiler: {mode: sync}
-train: {steps: 5}
+train: {steps: 5, protocol: PROTOCOL}
 network: {default: {latency: 100us, bandwidth: 100MB/s}}
 compute: {model: profile, ops: {mul: 1ms}}
 """
@@ -72,7 +72,7 @@ def sizes(result: SimResult, src: str, start: float, end: float) -> list[int]:
 
 
 def test_one_trainer_one_pserver_step_time_is_the_closed_form() -> None:
-    """Linear regression has two params, w and b, both on the one pserver. A step:
+    """Linear regression, protocol per_op has two params, w and b, both on the one pserver. A step:
 
     compute C (the one `mul`; nothing else costs), then four exchanges, each waiting for the one
     before: SEND b and SEND w (q1, q2 bytes, leaving together) answered by p1, p2; SEND_BARRIER
@@ -85,7 +85,7 @@ def test_one_trainer_one_pserver_step_time_is_the_closed_form() -> None:
         step = C + [2L + (q1 + max(q2, p1) + p2)/B] + [2L + (qb + pb)/B]
                  + [2L + (g1 + max(g2, r1) + r2)/B] + [2L + (qf + pf)/B]
     """
-    result = simulate(parse_scenario(CLOSED_FORM))
+    result = simulate(parse_scenario(CLOSED_FORM.replace("PROTOCOL", "per_op")))
     trainer = result.trainers[0]
     assert len(trainer.step_times) == 5
     for end, seconds in zip(trainer.step_ends, trainer.step_times):
@@ -94,6 +94,20 @@ def test_one_trainer_one_pserver_step_time_is_the_closed_form() -> None:
         p1, p2, pb, r1, r2, pf = sizes(result, "pserver:0", start, end)
         expected = (C + 2 * L + (q1 + max(q2, p1) + p2) / B + 2 * L + (qb + pb) / B
                     + 2 * L + (g1 + max(g2, r1) + r2) / B + 2 * L + (qf + pf) / B)
+        assert seconds == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_the_compact_protocols_step_is_two_exchanges() -> None:
+    """As above, with the barriers carried by SEND w and GET w: the step is C and the two
+    pairs, [2L + (q1 + max(q2, p1) + p2)/B] + [2L + (g1 + max(g2, r1) + r2)/B]."""
+    result = simulate(parse_scenario(CLOSED_FORM.replace("PROTOCOL", "compact")))
+    trainer = result.trainers[0]
+    for end, seconds in zip(trainer.step_ends, trainer.step_times):
+        start = end - seconds
+        q1, q2, g1, g2 = sizes(result, "trainer:0", start, end)
+        p1, p2, r1, r2 = sizes(result, "pserver:0", start, end)
+        expected = (C + 2 * L + (q1 + max(q2, p1) + p2) / B
+                    + 2 * L + (g1 + max(g2, r1) + r2) / B)
         assert seconds == pytest.approx(expected, rel=1e-12, abs=0)
 
 
@@ -113,16 +127,20 @@ K = 3.0
 SLOW = f"compute.stragglers=[{{node: 'trainer:1', slowdown: {K}}}]"
 
 
-def straggler_runs(mode: str) -> tuple[SimResult, SimResult]:
-    text = STRAGGLER.replace("MODE", mode)
+def straggler_runs(mode: str, protocol: str = "per_op") -> tuple[SimResult, SimResult]:
+    text = STRAGGLER.replace("MODE", mode).replace("steps: 6}",
+                                                   f"steps: 6, protocol: {protocol}}}")
     return simulate(parse_scenario(text)), simulate(parse_scenario(text, overrides=[SLOW]))
 
 
 def test_a_sync_straggler_delays_every_step_by_its_extra_compute() -> None:
-    """Constant latency, unlimited bandwidth: a step is C + 8L (four exchanges with both
-    pservers at once). With trainer 1 k times slower, every trainer's step takes (k-1)*C
+    """Constant latency, unlimited bandwidth, protocol per_op: a step is C + 8L (four exchanges
+    with both pservers at once; compact: C + 4L, the barriers carried). With trainer 1 k times slower, every trainer's step takes (k-1)*C
     longer; only the fast trainers' first step is 2L shorter than that, since they start it
     with trainer 1 and leave it after their own fetch barrier instead of after trainer 1's."""
+    compact, _ = straggler_runs("sync", "compact")
+    for b in compact.trainers:
+        assert b.step_times == pytest.approx([C_TRAINER + 4 * L] * 6, rel=1e-12, abs=0)
     base, slow = straggler_runs("sync")
     delay = (K - 1) * C_TRAINER
     for b, s in zip(base.trainers, slow.trainers):
@@ -426,7 +444,8 @@ def test_check_determinism_names_the_first_difference_and_exits_1(
 
     monkeypatch.setattr(Network, "from_spec", staticmethod(drifting))
     code, output = sim("run", str(QUICKSTART), "--set", "train.steps=3", "--set", "expect={}",
-                       "--out", str(tmp_path), "--no-plots", "--check-determinism")
+                       "--set", "train.protocol=per_op", "--out", str(tmp_path), "--no-plots",
+                       "--check-determinism")
     assert code == 1, output
     assert next(calls) == 2
     assert output.splitlines()[-1] == (

@@ -139,6 +139,10 @@ class PserverMetrics:
     """Where the trainers reach it (host:port)."""
     messages: int = 0
     """Messages it received."""
+    messages_by_kind: dict[str, int] = field(default_factory=dict)
+    """Of those, the requests it could read, by kind (send, send_barrier, get, fetch_barrier,
+    prefetch, heartbeat, join, complete, checkpoint_notify): retries and duplicates included; a
+    SEND or GET carrying a barrier (train.protocol compact) counts as a send or get."""
     bytes_in: int = 0
     bytes_out: int = 0
     heartbeat_bytes: int = 0
@@ -176,7 +180,8 @@ class PserverMetrics:
     @staticmethod
     def from_stats(index: int, endpoint: str, stats: ServerStats) -> PserverMetrics:
         return PserverMetrics(
-            index, endpoint, messages=stats.messages, bytes_in=stats.bytes_in,
+            index, endpoint, messages=stats.messages, messages_by_kind=dict(stats.by_kind),
+            bytes_in=stats.bytes_in,
             bytes_out=stats.bytes_out, heartbeat_bytes=stats.heartbeat_bytes,
             optimize_seconds=stats.optimize_seconds, steps=stats.steps, errors=stats.errors,
             dropped=list(stats.dropped), checkpoints=list(stats.checkpoints),
@@ -243,6 +248,14 @@ class JobSummary:
     """sim run only: "from the scenario" or "ideal" (none given)."""
     compute: str | None = None
     """sim run only: the compute model ("none": compute takes no time)."""
+    protocol: str = "compact"
+    """How barriers travelled (train.protocol): compact (on the round's last SEND / GET) or
+    per_op (a message per RPC op)."""
+    messages_per_step: dict[str, float] = field(default_factory=dict)
+    """Job-wide: the requests every pserver received, by kind, over the trainer-steps taken
+    (every trainer's steps added up), so per trainer and step, summed over the pservers;
+    "total" adds the kinds up. Startup fetches, joins, COMPLETE and heartbeats are counted too
+    (heartbeats depend on how long the job ran, not on its steps)."""
     messages: int | None = None
     """sim run only: messages the simulated network carried."""
     bytes: int | None = None
@@ -250,7 +263,8 @@ class JobSummary:
 
     @staticmethod
     def for_run(command: Command, scenario: Scenario, endpoints: Sequence[str],
-                trainers: Sequence[TrainerMetrics]) -> JobSummary:
+                trainers: Sequence[TrainerMetrics],
+                pservers: Sequence[PserverMetrics] = ()) -> JobSummary:
         """What `scenario` asked for and the figures both commands derive from the trainers'
         records alike; the caller adds its outcome and its own fields."""
         in_steps = [sum(t.step_times) for t in trainers if t.step_times]
@@ -265,7 +279,22 @@ class JobSummary:
             samples_per_second=samples / train_seconds if train_seconds else None,
             step_time=first.step_time if first else None,
             step_time_all=StepTimeStats.of([x for t in trainers for x in t.step_times]),
-            final_loss=first.final_loss if first else None)
+            final_loss=first.final_loss if first else None, protocol=scenario.train.protocol,
+            messages_per_step=messages_per_step(pservers, sum(len(t.losses) for t in trainers)))
+
+
+def messages_per_step(pservers: Sequence[PserverMetrics], trainer_steps: int) -> dict[str, float]:
+    """The requests the pservers received by kind, per trainer-step (see
+    `JobSummary.messages_per_step`); empty when no step was taken."""
+    if trainer_steps <= 0:
+        return {}
+    totals: dict[str, int] = {}
+    for p in pservers:
+        for kind, n in p.messages_by_kind.items():
+            totals[kind] = totals.get(kind, 0) + n
+    per_step = {kind: n / trainer_steps for kind, n in sorted(totals.items())}
+    per_step["total"] = sum(totals.values()) / trainer_steps
+    return per_step
 
 
 @dataclass(config=RECORD)

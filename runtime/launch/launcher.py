@@ -676,7 +676,7 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
             pservers.append(p)
         if failure is None and not path.exists() and not node.killed:
             failure = Failure(f"{node.name} exited with status 0 but wrote no {path}", node.name)
-    summary = JobSummary.for_run("runtime up", scenario, launcher.endpoints, trainers)
+    summary = JobSummary.for_run("runtime up", scenario, launcher.endpoints, trainers, pservers)
     summary.wall_seconds = wall
     summary.success = failure is None
     if failure is not None:

@@ -241,7 +241,7 @@ class RpcClient:
         self.max_message_size = max_message_size
         # A restarted node numbers its messages apart from its earlier life's, which the
         # servers still remember replies to (their dedupe is by sender name and id).
-        self._ids = itertools.count((incarnation << 32) + 1)
+        self._next_id = (incarnation << 32) + 1
         self._waiting: dict[int, _Call] = {}
         """Request id -> its call, until it is answered, fails or is cancelled."""
         self._timeouts = _Timeouts()
@@ -255,6 +255,11 @@ class RpcClient:
     @property
     def name(self) -> str:
         return self.transport.name
+
+    @property
+    def next_id(self) -> int:
+        """The message id the next request started will carry (ids only grow)."""
+        return self._next_id
 
     async def connect(self, endpoints: list[str]) -> None:
         for ep in endpoints:
@@ -287,7 +292,8 @@ class RpcClient:
                 endpoint, kind, step, vars, extra, deadline, check))
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
-        msg = Message(kind, next(self._ids), self.name, step, vars or {}, extra or {})
+        msg = Message(kind, self._next_id, self.name, step, vars or {}, extra or {})
+        self._next_id += 1
         call = _Call(self, endpoint, msg, self.policy.deadline if deadline is None else deadline,
                      check)
         self._waiting[msg.id] = call

@@ -89,7 +89,8 @@ def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeMod
                        labels={ep: pserver_name(j) for j, ep in enumerate(job.endpoints)})
     return Trainer(index, main, startup, client, job.endpoints,
                    Executor(backend.kernels, backend.device_for("trainer"), local_index=index),
-                   heartbeat_interval=train.heartbeat_timeout / 3, compute=compute, tracer=tracer)
+                   heartbeat_interval=train.heartbeat_timeout / 3, compute=compute, tracer=tracer,
+                   protocol=train.protocol)
 
 
 def batches_for(job: Job, index: int) -> Callable[[int], dict[str, Any]]:

@@ -8,8 +8,16 @@ fetch_barrier). Each event returns a `Verdict` telling the service what to do wi
 (COMPLETE) or fall silent (dropped after the heartbeat timeout) leave the fan-in, and a barrier
 that was waiting only for them completes; a trainer that arrives late joins at the next step.
 
+A barrier may also travel on a trainer's last SEND (or GET) of the round to this server, as
+`Closes` (the compact protocol): the round then closes that trainer's barrier when it has taken
+`Closes.count` distinct messages of the kind from it in the current step, with ids from
+`Closes.first` to the carrier's (`arrive`), so a retried, duplicated or reordered carrier never
+closes a round before the messages it stands for are in.
+
 `Dedupe` remembers the replies to recent requests per sender, so a retried request (same sender,
-same message id) gets the same answer without being applied twice.
+same message id) gets the same answer without being applied twice. It holds what a retry can
+still ask for: a bounded window per sender, and the values of a sender's GET replies of its
+latest step only; a retry of a request it no longer holds is `Recall.FORGOTTEN`.
 
 The transition rules are tables (`_GRADS_RULES`, `_PARAMS_RULES`), not chains of ifs.
 """
@@ -41,6 +49,21 @@ class Event(enum.Enum):
     FETCH_BARRIER = "fetch_barrier"
     PREFETCH = "prefetch"  # rows of the distributed table, read during a step's forward pass
 
+
+@dataclass(frozen=True)
+class Closes:
+    """A barrier carried by a request: it closes the sender's barrier of the request's step once
+    `count` distinct requests of its kind (this one included) with ids in [`first`, this one's]
+    have been taken."""
+
+    count: int
+    first: int
+
+
+BARRIER_FIELD = "barrier"
+"""The field of a SEND or GET that carries its round's barrier: `Closes.count`."""
+BARRIER_FROM_FIELD = "barrier_from"
+"""`Closes.first`; absent: the carrier's own id."""
 
 INITIAL_STEP = -1
 """The step of a trainer's startup fetch: served at once, never counted in a barrier."""
@@ -95,6 +118,10 @@ class SyncRound:
     completed: set[int] = field(default_factory=set)
     sent: set[int] = field(default_factory=set)
     fetched: set[int] = field(default_factory=set)
+    arrived: dict[tuple[Event, int], set[int]] = field(default_factory=dict)
+    """(SEND or GET, trainer) -> ids of its requests of the kind taken in this step."""
+    closing: dict[tuple[Event, int], tuple[Closes, int]] = field(default_factory=dict)
+    """(SEND or GET, trainer) -> a carried barrier not yet closed, and its carrier's id."""
 
     def __post_init__(self) -> None:
         if self.trainers < 1:
@@ -134,6 +161,33 @@ class SyncRound:
         if step != INITIAL_STEP:
             self.fetched.add(trainer)
 
+    def arrive(self, event: Event, trainer: int, msg_id: int, closes: Closes | None) -> bool:
+        """A SEND or GET of this step from `trainer`, taken (call only when its barrier would be
+        accepted), carrying the round's barrier or not; returns whether the barrier closed."""
+        key = (event, trainer)
+        self.arrived.setdefault(key, set()).add(msg_id)
+        if closes is not None:
+            self.closing[key] = (closes, msg_id)
+        due = self.closing.get(key)
+        if due is None:
+            return False
+        (wanted, last) = due
+        taken = sum(1 for i in self.arrived[key] if wanted.first <= i <= last)
+        if taken < wanted.count:
+            return False
+        del self.closing[key]
+        if event is Event.SEND:
+            self.send_barrier(trainer)
+        else:
+            self.fetch_barrier(trainer, self.step)
+        return True
+
+    def _forget_arrivals(self, trainer: int | None = None) -> None:
+        """Forget the requests counted toward carried barriers (of `trainer`; None: all)."""
+        for table in (self.arrived, self.closing):
+            for key in [k for k in table if trainer is None or k[1] == trainer]:
+                del table[key]
+
     @property
     def ready_to_optimize(self) -> bool:
         """Every live trainer's send barrier for this step has arrived (and one at least)."""
@@ -152,6 +206,7 @@ class SyncRound:
         self.phase = Phase.GRADS
         self.sent.clear()
         self.fetched.clear()
+        self._forget_arrivals()
         self._admit()
         return True
 
@@ -170,6 +225,7 @@ class SyncRound:
         self.live.discard(trainer)
         self.sent.discard(trainer)
         self.fetched.discard(trainer)
+        self._forget_arrivals(trainer)
         actual = max(entry, self.entry_step())
         self.joining[trainer] = actual
         self._admit()
@@ -188,6 +244,7 @@ class SyncRound:
         self.joining.pop(trainer, None)
         self.sent.discard(trainer)
         self.fetched.discard(trainer)
+        self._forget_arrivals(trainer)
         if completed:
             self.completed.add(trainer)
         return was_live
@@ -204,23 +261,83 @@ class SyncRound:
         return set(self.sent)
 
 
-class Dedupe:
-    """Replies to the last `window` requests of each sender, keyed by message id."""
+class Recall(enum.Enum):
+    NEW = "new"              # not answered yet: handle it
+    ANSWERED = "answered"    # a retry: send the reply held
+    FORGOTTEN = "forgotten"  # a retry of a request whose reply is no longer held
 
-    def __init__(self, window: int = 4096) -> None:
+
+DEDUPE_WINDOW = 256
+"""Replies held per sender. A trainer retries only a request it is still waiting for, and it
+waits for every reply of a step before it moves on, so a retry can only ask for one of its last
+few dozen requests (a step's messages and the heartbeats of the wait)."""
+
+
+_DROPPED = object()
+"""A held reply whose values were let go: its id is known, its answer no longer."""
+
+
+class Dedupe:
+    """Replies to recent requests, per sender, keyed by message id: what a retry can still ask.
+
+    - The last `window` replies of each sender are held; an older one is dropped, and every id
+      at or below the newest dropped (the sender's floor) is `Recall.FORGOTTEN`, unless it is
+      still held (a deferred request answered late). The caller asks about requests it still
+      holds deferred before it asks here.
+    - A reply that carries parameter values (`remember(..., values_of=step)`: a GET's) holds
+      them only while it answers the sender's latest step: once the sender is answered values
+      of another step, its older value replies are dropped, their ids still known as
+      FORGOTTEN (a trainer asks for a step's values again only before it moves on), so the replies of a sync round pin at most the values
+      the round before left, one copy of a shard beyond the live one.
+
+    DESIGN: a forgotten request is answered with an error that names it, never with a guess;
+    ids are only compared per sender, whose ids grow (a restarted node's too).
+    """
+
+    def __init__(self, window: int = DEDUPE_WINDOW) -> None:
+        if window < 1:
+            raise ValueError(f"Dedupe window must be >= 1, got {window}")
         self.window = window
         self._seen: dict[str, OrderedDict[int, Any]] = {}
+        self._floor: dict[str, int] = {}
+        self._values: dict[str, tuple[int, set[int]]] = {}  # sender -> (step, ids holding it)
 
-    def lookup(self, src: str, msg_id: int) -> tuple[bool, Any]:
+    def lookup(self, src: str, msg_id: int) -> tuple[Recall, Any]:
         seen = self._seen.get(src)
         if seen is not None and msg_id in seen:
-            return True, seen[msg_id]
-        return False, None
+            reply = seen[msg_id]
+            return (Recall.FORGOTTEN, None) if reply is _DROPPED else (Recall.ANSWERED, reply)
+        if msg_id <= self._floor.get(src, -1 << 63):
+            return Recall.FORGOTTEN, None
+        return Recall.NEW, None
 
-    def remember(self, src: str, msg_id: int, reply: Any) -> None:
+    def remember(self, src: str, msg_id: int, reply: Any, values_of: int | None = None) -> None:
         seen = self._seen.get(src)
         if seen is None:
             seen = self._seen[src] = OrderedDict()
         seen[msg_id] = reply
+        if values_of is not None:
+            self._hold_values(src, msg_id, values_of)
         while len(seen) > self.window:
-            seen.popitem(last=False)
+            self._drop(src, seen.popitem(last=False)[0])
+
+    def held(self, src: str) -> list[int]:
+        """The ids whose replies are held for `src`, oldest first."""
+        return [i for i, reply in self._seen.get(src, {}).items() if reply is not _DROPPED]
+
+    def _hold_values(self, src: str, msg_id: int, step: int) -> None:
+        held = self._values.get(src)
+        if held is not None and held[0] != step:
+            seen = self._seen[src]
+            for old in held[1]:
+                seen[old] = _DROPPED  # its id stays known: a retry of it is refused
+            held = None
+        if held is None:
+            held = self._values[src] = (step, set())
+        held[1].add(msg_id)
+
+    def _drop(self, src: str, msg_id: int) -> None:
+        self._floor[src] = max(self._floor.get(src, msg_id), msg_id)
+        held = self._values.get(src)
+        if held is not None:
+            held[1].discard(msg_id)

@@ -131,6 +131,8 @@ class ServerStats:
     restored_step: int | None = None
     """The step this server started from after a crash (its checkpoint's, or 0)."""
     rewinds: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+    """Requests received, by kind (a SEND or GET carrying a barrier counts as what it is)."""
     heartbeat_bytes: int = 0
     """Bytes in and out of heartbeats and their acknowledgements (their number depends on how
     long the job runs, not on its steps)."""
@@ -294,6 +296,8 @@ class PserverService:
                 self.stats.refused += 1
                 await self._reject(Reject(peer, ProtocolViolation(claim), msg))
                 return Kind.ERROR.value
+        by_kind = self.stats.by_kind
+        by_kind[msg.kind.value] = by_kind.get(msg.kind.value, 0) + 1
         if msg.kind is Kind.HEARTBEAT:
             self.stats.heartbeat_bytes += charged_size(frames)
         await self._drive(self.core.on_message(peer, msg))

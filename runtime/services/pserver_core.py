@@ -38,7 +38,7 @@ from typing import Any, Callable
 from transpiler.distribute.contract import ServeContract
 
 from runtime.network.wire import Kind, Message
-from runtime.services.protocol import Dedupe, Event, Phase, SyncRound, Verdict
+from runtime.services.protocol import Dedupe, Event, Phase, Recall, SyncRound, Verdict
 from runtime.services.pserver_actions import (Begin, Pay, Reject, Replay, Reply, RunBlocks,
                                               SaveCheckpoint, Stop, Tally, Work)
 from runtime.services.pserver_async import AsyncPolicy
@@ -108,13 +108,16 @@ class PserverCore:
         self.serving_since = self.clock()
 
     def on_message(self, peer: str, msg: Message) -> Work:
-        done, reply = self.dedupe.lookup(msg.src, msg.id)
-        if done:  # a retry: the first reply again
+        recall, reply = self.dedupe.lookup(msg.src, msg.id)
+        if recall is Recall.ANSWERED:  # a retry: the first reply again
             yield Reply(peer, reply)
             return
         if (msg.src, msg.id) in self.pending:  # a retry of a deferred request: still waiting
             yield Reply(peer, Message(Kind.REPLY, msg.id, self.name, self.round.step, extra={
                 "pending": True, "server_step": self.round.step}))
+            return
+        if recall is Recall.FORGOTTEN:
+            yield Reject(peer, self._forgotten(msg), msg)
             return
         if (yield from self._handle(peer, msg)):
             yield from self._settle()
@@ -165,7 +168,8 @@ class PserverCore:
             return False
         yield Pay(self.policy.update_step(msg))
         self.pending.discard((msg.src, msg.id))
-        self.dedupe.remember(msg.src, msg.id, reply)
+        self.dedupe.remember(msg.src, msg.id, reply,
+                             values_of=msg.step if msg.kind is Kind.GET else None)
         yield Reply(peer, reply, heartbeat=msg.kind is Kind.HEARTBEAT)
         return True
 
@@ -204,6 +208,7 @@ class PserverCore:
             return self._reply(msg)
         names = self.store.store(send.values, send.merge_add)
         yield from self.policy.applied(trainer, msg, names)
+        self.policy.arrived(Event.SEND, trainer, msg, send.closes)
         return self._reply(msg)
 
     def _on_barrier(self, msg: Message, trainer: int, _: Payload) -> Work:
@@ -218,6 +223,7 @@ class PserverCore:
             return None
         values = self.store.values(get.names)
         self.policy.served(trainer, values)
+        self.policy.arrived(Event.GET, trainer, msg, get.closes)
         return Message(Kind.REPLY, msg.id, self.name, self.round.step, values,
                        self._fanin_state(trainer))
         yield
@@ -297,6 +303,13 @@ class PserverCore:
         return {"server_step": self.round.step, "in_fanin": self.policy.in_fanin(trainer),
                 "entry_step": self.round.entry_step(),
                 "next_step": self.next_step.get(trainer, 0), "sync": self.policy.sync}
+
+    def _forgotten(self, msg: Message) -> ProtocolViolation:
+        """The error for a retry of `msg` whose reply is no longer held (see `Dedupe`)."""
+        return ProtocolViolation(
+            f"{msg.kind} id {msg.id} from {msg.src!r} (step {msg.step}): a retry of a request "
+            f"whose reply is no longer held (older than the last {self.dedupe.window} replies to "
+            f"that sender, or values of a step it has moved past); not handled again")
 
     def reject_reason(self, trainer: int, msg: Message) -> str:
         if trainer in self.round.completed:

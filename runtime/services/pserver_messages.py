@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from runtime.network.wire import MAX_DETAIL, MAX_VAR, Kind, Message, clip
+from runtime.services.protocol import BARRIER_FIELD, BARRIER_FROM_FIELD, Closes
 
 
 class ProtocolViolation(ValueError):
@@ -30,11 +31,15 @@ class Send:
 
     values: dict[str, Any]
     merge_add: bool
+    closes: Closes | None = None
+    """The send barrier it carries (the compact protocol), if any."""
 
 
 @dataclass(frozen=True)
 class Get:
     names: tuple[str, ...]
+    closes: Closes | None = None
+    """The fetch barrier it carries (the compact protocol), if any."""
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,29 @@ def parse(msg: Message) -> Payload:
 
 
 def _send(msg: Message) -> Send:
-    return Send(dict(msg.vars), msg.extra.get("merge_add") is True)
+    return Send(dict(msg.vars), msg.extra.get("merge_add") is True, closes_of(msg))
 
 
 def _get(msg: Message) -> Get:
     names = msg.extra.get("names")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ProtocolViolation("GET needs a list of var names in 'names'")
-    return Get(tuple(names))
+    return Get(tuple(names), closes_of(msg))
+
+
+def closes_of(msg: Message) -> Closes | None:
+    """The barrier request `msg` carries (``barrier``, ``barrier_from``), if any."""
+    count = msg.extra.get(BARRIER_FIELD)
+    if count is None:
+        return None
+    first = msg.extra.get(BARRIER_FROM_FIELD, msg.id)
+    for name, value in ((BARRIER_FIELD, count), (BARRIER_FROM_FIELD, first)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ProtocolViolation(f"{msg.kind}: {name!r} must be an int, got {value!r}")
+    if count < 1 or first > msg.id:
+        raise ProtocolViolation(f"{msg.kind}: a barrier of {count} message(s) from id {first} "
+                                f"cannot be carried by message {msg.id}")
+    return Closes(count, first)
 
 
 def _prefetch(msg: Message) -> Prefetch:

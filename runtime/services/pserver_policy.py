@@ -5,6 +5,7 @@ liveness, the fan-in's membership, checkpoints, the typed requests and their rep
 modes differ it asks the server's policy, one object per mode, each in a module of its own:
 
 - `verdict` / `barrier`: what to do with a request of a step (act, defer, acknowledge as stale);
+- `arrived`: a SEND or GET taken, which may carry the round's barrier (compact protocol);
 - `applied`: what follows storing a trainer's values (run the grad's blocks at once, or wait
   for the round);
 - `advance`: move a round on when its barriers are in (the sync round's optimize);
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from runtime.network.wire import Message
-from runtime.services.protocol import Event, Verdict
+from runtime.services.protocol import Closes, Event, Verdict
 from runtime.services.pserver_actions import Work
 
 if TYPE_CHECKING:
@@ -53,6 +54,10 @@ class ModePolicy:
     def applied(self, trainer: int, msg: Message, names: list[str]) -> Work:
         """Trainer `trainer`'s values `names` were stored: what follows."""
         raise NotImplementedError
+
+    def arrived(self, event: Event, trainer: int, msg: Message, closes: Closes | None) -> None:
+        """A SEND or GET of `trainer` was taken, carrying the round's barrier (`closes`) or not
+        (the compact protocol); only modes with barriers count it."""
 
     def advance(self) -> Work:
         """Move the round on as far as it can go now; returns whether it moved."""

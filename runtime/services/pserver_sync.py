@@ -1,7 +1,8 @@
 """Sync mode: every trainer's gradients of a step are averaged, then applied once.
 
 The round (`protocol.SyncRound`) classifies each request by its step and the round's phase:
-gradients and send barriers of the current step are taken, requests of a later step wait
+gradients and send barriers of the current step are taken (a barrier carried by a trainer's last
+SEND or GET of the round closes once the messages it counts are in: `SyncRound.arrive`), requests of a later step wait
 (deferred, replayed when the round moves on), retries of a finished step are acknowledged as
 stale. When every live trainer's send barrier is in, `advance` runs the step's update: the copies
 of trainers that did not contribute are emptied, the table's pieces averaged, then the LR and
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from runtime.network.wire import Message
-from runtime.services.protocol import Event, Phase, Verdict
+from runtime.services.protocol import INITIAL_STEP, Closes, Event, Phase, Verdict
 from runtime.services.pserver_actions import Optimize, Tally, Work
 from runtime.services.pserver_messages import ProtocolViolation
 from runtime.services.pserver_policy import ModePolicy
@@ -66,6 +67,16 @@ class SyncPolicy(ModePolicy):
             raise ProtocolViolation(
                 f"send_barrier of step {msg.step} from trainer {trainer} before its gradients "
                 f"{missing[:3]}{more} of that step", var=missing[0])
+
+    def arrived(self, event: Event, trainer: int, msg: Message, closes: Closes | None) -> None:
+        """Count a SEND or GET toward the trainer's barrier of this step, which it may carry;
+        a message whose barrier would not count (a retry of a finished step, a joiner's fetch,
+        the startup fetch) counts toward nothing."""
+        barrier = Event.SEND_BARRIER if event is Event.SEND else Event.FETCH_BARRIER
+        if msg.step == INITIAL_STEP or msg.step != self.round.step \
+                or self.round.classify(barrier, trainer, msg.step) is not Verdict.ACCEPT:
+            return
+        self.round.arrive(event, trainer, msg.id, closes)
 
     def applied(self, trainer: int, msg: Message, names: list[str]) -> Work:
         step, sent = self.grads.get(trainer, (None, set()))

@@ -5,7 +5,12 @@
 - `send`: the op's vars, grouped by endpoint (``epmap``), one SEND message per endpoint. Sends
   run in the background; `send_barrier` (and any `recv`) first waits until every one is
   acknowledged, so gradients travel while backward goes on.
-- `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once.
+- `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once, in the
+  ``per_op`` protocol (Paddle's: a message per op). In the ``compact`` protocol (the default)
+  the barrier travels on the round's last SEND (last GET) to each pserver instead, carrying how
+  many messages of the round it closes and the id of the first (`barrier_plan` finds the
+  carriers in the block; see docs/wire.md); a pserver with no such message still gets its own
+  barrier request.
 - `recv`: one GET per endpoint for the vars placed there; the values land in the scope when the
   reply comes, and a compute op that reads one waits for it first.
 - `prefetch` (distributed lookup table): one PREFETCH per pserver with the ids `split_ids` cut
@@ -38,7 +43,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 import numpy as np
 
 from transpiler.distribute.lookup_table import table_sections
-from transpiler.ir import Op, Program
+from transpiler.ir import Block, Op, Program
 
 from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.executor import Executor, check_feed, run_step
@@ -46,7 +51,7 @@ from runtime.execution.scope import Scope
 from runtime.execution.tensor import LoDTensor, Phantom, Value, concat_rows, slice_rows, to_dense
 from runtime.network.rpc import RpcClient, RpcTimeout
 from runtime.network.wire import Kind, Message
-from runtime.services.protocol import INITIAL_STEP
+from runtime.services.protocol import BARRIER_FIELD, BARRIER_FROM_FIELD, INITIAL_STEP
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +81,80 @@ class BadReply(RuntimeError):
     """A pserver's reply lacks what the request asked for (names the endpoint and what)."""
 
 
+PROTOCOLS = ("compact", "per_op")
+"""How barriers travel: on the round's last SEND / GET to each pserver, or as requests of their
+own (one message per RPC op, as Paddle's traces read)."""
+
+_BARRIERS = {"send_barrier": Kind.SEND, "fetch_barrier": Kind.GET}
+"""Each barrier op, and the kind of the requests whose round it closes."""
+
+
+@dataclass
+class BarrierPlan:
+    """Where a block's barriers travel in the compact protocol.
+
+    `carriers`: id of a send / recv op -> {endpoint: messages of the round} for the endpoints
+    whose round that op's message ends (it carries the barrier); `covered`: id of a barrier op
+    -> the endpoints whose barrier a carrier took (the others still get a request of their
+    own)."""
+
+    carriers: dict[int, dict[str, int]] = field(default_factory=dict)
+    covered: dict[int, frozenset[str]] = field(default_factory=dict)
+
+
+def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool]) -> BarrierPlan:
+    """The carriers of `ops`' barriers: for each barrier op, the last send (recv) op before it,
+    since the previous barrier of its kind, with a message to each endpoint. An op that runs RPC
+    ops of its own (`rpc_inside`: a conditional block) leaves the rounds it is in uncarried.
+
+    DESIGN: planned from the program, not by holding the last message back until the barrier
+    op runs, so a gradient still leaves as soon as its send op runs."""
+    plan = BarrierPlan()
+    counts: dict[Kind, dict[str, int]] = {Kind.SEND: {}, Kind.GET: {}}
+    last: dict[Kind, dict[str, Op]] = {Kind.SEND: {}, Kind.GET: {}}
+    opaque = {Kind.SEND: False, Kind.GET: False}
+    for op in ops:
+        kind = Kind.SEND if op.type == "send" else Kind.GET if op.type == "recv" else None
+        if kind is not None:
+            for ep, n in _messages_per_endpoint(op).items():
+                counts[kind][ep] = counts[kind].get(ep, 0) + n
+                last[kind][ep] = op
+        elif op.type in _BARRIERS:
+            kind = _BARRIERS[op.type]
+            carried = set()
+            if not opaque[kind] and not op.attr("half_async"):
+                for ep in op.attr("endpoints") or ():
+                    if ep in counts[kind]:
+                        plan.carriers.setdefault(id(last[kind][ep]), {})[ep] = counts[kind][ep]
+                        carried.add(ep)
+            plan.covered[id(op)] = frozenset(carried)
+            counts[kind], last[kind], opaque[kind] = {}, {}, False
+        elif rpc_inside(op):
+            opaque = {Kind.SEND: True, Kind.GET: True}
+    return plan
+
+
+def _messages_per_endpoint(op: Op) -> dict[str, int]:
+    """How many requests a send or recv op makes to each endpoint (see `RpcOps.send`, `recv`)."""
+    endpoints = list(op.attr("epmap") or ())
+    if op.type == "recv" and len(op.output("Out")) == 1 and len(endpoints) > 1:
+        return {ep: endpoints.count(ep) for ep in endpoints}  # a GET per block
+    return dict.fromkeys(endpoints, 1)
+
+
 class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
-    def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None) -> None:
+    def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None,
+                 protocol: str = "compact") -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        self.protocol = protocol
+        self.plan = BarrierPlan()
+        """The carriers of the blocks `learn` was given (compact protocol)."""
+        self._learned: set[int] = set()
+        self._round_first: dict[tuple[Kind, str], int] = {}
+        """(SEND or GET, endpoint) -> the id of the round's first such request."""
         self.client = client
         self.charge = charge or Charge(client.name, None)
         self.server_state: dict[str, dict[str, Any]] = {}  # endpoint -> its last fetch reply
@@ -94,15 +169,29 @@ class RpcOps:
             "checkpoint_notify": self.checkpoint_notify,
         }
 
+    def learn(self, block: Block, rpc_inside: Callable[[Op], bool]) -> None:
+        """Plan where `block`'s barriers travel (once per block; compact protocol only)."""
+        if self.protocol != "compact" or id(block) in self._learned:
+            return
+        self._learned.add(id(block))
+        found = barrier_plan(block.ops, rpc_inside)
+        self.plan.carriers.update(found.carriers)
+        self.plan.covered.update(found.covered)
+
     def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
              names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
-             deadline: float | None = None) -> asyncio.Future[Message]:
+             deadline: float | None = None, closes: int | None = None) -> asyncio.Future[Message]:
         """A request of this trainer at its current step, sent now; its reply comes in the
         future, which raises `Rewind` when the pserver asks for the steps it lost to be
-        redone."""
+        redone. `closes`: it is the last of a round of that many SENDs (GETs) to `endpoint`
+        and carries the round's barrier."""
         header: dict[str, Any] = {"trainer": self.trainer_id, **(extra or {})}
         if names is not None:
             header["names"] = names
+        if kind in (Kind.SEND, Kind.GET):
+            first = self._round_first.setdefault((kind, endpoint), self.client.next_id)
+            if closes is not None:
+                header.update({BARRIER_FIELD: closes, BARRIER_FROM_FIELD: first})
         return self.client.start(endpoint, kind, self.step, vars, header, deadline,
                                  self._check_reply)
 
@@ -155,8 +244,10 @@ class RpcOps:
         for value, wire, ep in zip(values, wire_names, endpoints):
             by_endpoint[ep][wire] = value
         extra = {"merge_add": True} if op.attr("merge_add") else None
+        carries = self.plan.carriers.get(id(op), {})
         for ep, vars in by_endpoint.items():
-            self._sends.append(self.call(ep, Kind.SEND, vars, extra=extra))
+            self._sends.append(self.call(ep, Kind.SEND, vars, extra=extra,
+                                         closes=carries.get(ep)))
 
     async def flush_sends(self) -> None:
         sends, self._sends = self._sends, []
@@ -165,9 +256,20 @@ class RpcOps:
 
     async def send_barrier(self, op: Op, scope: Scope) -> None:
         await self.flush_sends()
+        self._end_round(Kind.SEND)
         if op.attr("half_async"):  # only this trainer's sends must have left
             return
-        await asyncio.gather(*(self.call(ep, Kind.SEND_BARRIER) for ep in op.attr("endpoints")))
+        await asyncio.gather(*(self.call(ep, Kind.SEND_BARRIER) for ep in self._uncovered(op)))
+
+    def _uncovered(self, op: Op) -> list[str]:
+        """The endpoints of barrier `op` that no message of its round carried it to."""
+        covered = self.plan.covered.get(id(op), frozenset())
+        return [ep for ep in op.attr("endpoints") if ep not in covered]
+
+    def _end_round(self, kind: Kind) -> None:
+        """The round of SENDs (GETs) is over: the next such request starts the next one."""
+        for key in [k for k in self._round_first if k[0] is kind]:
+            del self._round_first[key]
 
     async def recv(self, op: Op, scope: Scope) -> None:
         """One GET per endpoint; values land in the scope when the reply comes. A single Out
@@ -177,27 +279,33 @@ class RpcOps:
         endpoints = op.attr("epmap")
         wire_names = op.attr("recv_varnames") or outs
         loop = asyncio.get_running_loop()
+        carries = self.plan.carriers.get(id(op), {})
         if len(outs) == 1 and len(endpoints) > 1:
             self.pending[outs[0]] = loop.create_task(
-                self._get_blocks(outs[0], list(zip(wire_names, endpoints)), scope))
+                self._get_blocks(outs[0], list(zip(wire_names, endpoints)), scope, carries))
             return
         by_endpoint: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for name, wire, ep in zip(outs, wire_names, endpoints):
             by_endpoint[ep].append((name, wire))
         for ep, pairs in by_endpoint.items():
-            task = loop.create_task(self._get(ep, pairs, scope))
+            task = loop.create_task(self._get(ep, pairs, scope, carries.get(ep)))
             for name, _ in pairs:
                 self.pending[name] = task
 
-    async def _get(self, endpoint: str, pairs: list[tuple[str, str]], scope: Scope) -> None:
-        reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs])
+    async def _get(self, endpoint: str, pairs: list[tuple[str, str]], scope: Scope,
+                   closes: int | None = None) -> None:
+        reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs],
+                                closes=closes)
         self.server_state[endpoint] = dict(reply.extra)
         for name, wire in pairs:
             scope.put(name, _owned(self._var(endpoint, reply, wire)))
 
-    async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope) -> None:
-        replies = await asyncio.gather(*(self.call(ep, Kind.GET, names=[wire])
-                                         for wire, ep in blocks))
+    async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope,
+                          carries: Mapping[str, int]) -> None:
+        last = {ep: i for i, (_, ep) in enumerate(blocks)}  # each endpoint's last block
+        replies = await asyncio.gather(*(
+            self.call(ep, Kind.GET, names=[wire], closes=carries.get(ep) if last[ep] == i else None)
+            for i, (wire, ep) in enumerate(blocks)))
         scope.put(name, concat_rows([_dense(self._var(ep, r, wire))
                                      for r, (wire, ep) in zip(replies, blocks)]))
 
@@ -208,7 +316,8 @@ class RpcOps:
 
     async def fetch_barrier(self, op: Op, scope: Scope) -> None:
         await self.wait_for(list(self.pending))
-        await asyncio.gather(*(self.call(ep, Kind.FETCH_BARRIER) for ep in op.attr("endpoints")))
+        self._end_round(Kind.GET)
+        await asyncio.gather(*(self.call(ep, Kind.FETCH_BARRIER) for ep in self._uncovered(op)))
 
     async def prefetch(self, op: Op, scope: Scope) -> None:
         """PREFETCH of ids X[i] from ``epmap[i]``; the rows answered land in Out[i]."""
@@ -286,6 +395,7 @@ class RpcOps:
         """Cancel every request in flight (a step given up) and forget what it owed."""
         tasks = [*self._sends, *self.pending.values()]
         self._sends, self.pending = [], {}
+        self._round_first.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -310,6 +420,7 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
     """Run one block; a `conditional_block` whose sub-block holds RPC ops (geo's periodic
     push and pull) is run here too, awaiting its RPC ops."""
     plan = executor.plans.get(program, idx)
+    rpc.learn(program.blocks[idx], lambda op: _rpc_sub_block(executor, program, op) is not None)
 
     def run_sub(sub: int) -> None:
         executor.run_block(program, sub, scope)
@@ -414,14 +525,14 @@ class Trainer:
     def __init__(self, trainer_id: int, main: Program, startup: Program, client: RpcClient,
                  endpoints: list[str], executor: Executor | None = None,
                  heartbeat_interval: float = 2.0, compute: ComputeModel | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, protocol: str = "compact") -> None:
         self.trainer_id = trainer_id
         self.main, self.startup = main, startup
         self.client = client
         self.endpoints = endpoints
         self.executor = executor or Executor()
         self.scope = Scope()
-        self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer))
+        self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer), protocol)
         self.heartbeat_interval = heartbeat_interval
         self.report = TrainerReport(trainer_id)
         """What it has done so far (all of it once `run` returns)."""

@@ -483,7 +483,10 @@ def write_node_job(out: Path, role: Role, job: Job) -> None:
     """What `runtime collect` needs to merge this node's record with its peers', written by a
     node on its own as it starts: the scenario as this node resolved it (overrides and the
     cluster size of its role applied) and the pserver endpoints."""
-    document = {"node": role.name, "scenario": job.scenario.model_dump(mode="json"),
+    # what was stated only: a default written out would read back as stated, and some fields
+    # may be stated only for some choices of others (a data file format's options)
+    document = {"node": role.name,
+                "scenario": job.scenario.model_dump(mode="json", exclude_unset=True),
                 "endpoints": list(job.endpoints)}
     write_atomic(out / "nodes" / f"{node_file_stem(role.role, role.index)}{JOB_SUFFIX}",
                  json.dumps(document, indent=1) + "\n")

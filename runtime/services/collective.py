@@ -46,7 +46,7 @@ import numpy as np
 from transpiler.ir import Op
 
 from runtime.execution.scope import Scope
-from runtime.execution.tensor import Phantom, SelectedRows, Value, to_dense
+from runtime.execution.tensor import Phantom, SelectedRows, Value, shape_of, to_dense
 from runtime.network.rpc import RpcClient
 from runtime.network.wire import Kind, Message, encode
 
@@ -275,11 +275,15 @@ class CollectiveOps:
         n, r = ring.nranks, ring.rank
         if n == 1:
             return value
+        shape = shape_of(value)
+        spans = list(itertools.pairwise(_bounds(int(np.prod(shape)), n)))
         phantom = isinstance(value, Phantom)
-        flat = value if phantom else to_dense(value).reshape(-1)
-        bounds = _bounds(int(np.prod(value.shape)), n)
-        chunks: list[Any] = [Phantom((int(b - a),), value.dtype) if phantom else flat[a:b]
-                             for a, b in zip(bounds, bounds[1:])]
+        chunks: list[Any]
+        if isinstance(value, Phantom):
+            chunks = [Phantom((b - a,), value.dtype) for a, b in spans]
+        else:
+            flat = to_dense(value).reshape(-1)
+            chunks = [flat[a:b] for a, b in spans]
         for s in range(n - 1):  # reduce-scatter: chunk c is summed from rank c on
             await self._send(ring.next, (ring.ring_id, seq, s), chunks[(r - s) % n])
             got = _only(await self._take(ring, (ring.ring_id, seq, s), "c_allreduce_sum"))
@@ -292,12 +296,12 @@ class CollectiveOps:
             chunks[(r - s) % n] = got if phantom else to_dense(got)
         if phantom:
             return value
-        return np.concatenate(chunks).reshape(np.shape(value))
+        return np.concatenate(chunks).reshape(shape)
 
     async def _allgather_rows(self, ring: Ring, seq: int, value: Value) -> Value:
         """A SelectedRows X: every rank's rows and values, concatenated in rank order."""
         n, r = ring.nranks, ring.rank
-        pieces: dict[int, Value] = {r: value}
+        pieces: dict[int, Any] = {r: value}
         for s in range(n - 1):
             tag = (ring.ring_id, seq, s)
             await self._send(ring.next, tag, pieces[(r - s) % n])
@@ -306,6 +310,7 @@ class CollectiveOps:
         if isinstance(value, Phantom):
             rows = sum(p.shape[0] for p in ordered)
             return Phantom((rows,) + value.shape[1:], value.dtype, value.height)
+        assert isinstance(value, SelectedRows)
         return SelectedRows(np.concatenate([np.asarray(p.rows) for p in ordered]),
                             np.concatenate([np.asarray(p.values) for p in ordered]),
                             value.height)

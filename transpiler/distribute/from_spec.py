@@ -130,26 +130,23 @@ def _count(spec: dict[str, Any], key: str) -> int:
 
 def pserver_endpoints(cluster: Mapping[str, Any] | None) -> tuple[str, ...]:
     """The pservers' endpoints of a scenario's ``cluster`` section."""
-    spec = _section(cluster, "cluster", CLUSTER_FIELDS)
-    count = _count(spec, "pservers")
-    listed = (spec.get("endpoints") or {}).get("pservers")
-    if listed is not None:
-        if not isinstance(listed, list) or len(listed) != count:
-            raise ValueError(f"cluster.endpoints.pservers: must list {count} endpoints "
-                             f"(cluster.pservers), got {listed!r}")
-        return tuple(str(e) for e in listed)
-    return _numbered(spec, count)
+    return _endpoints(cluster, "pservers")
 
 
 def trainer_endpoints(cluster: Mapping[str, Any] | None) -> tuple[str, ...]:
     """The trainers' endpoints of a scenario's ``cluster`` section (nccl2, collective)."""
+    return _endpoints(cluster, "trainers")
+
+
+def _endpoints(cluster: Mapping[str, Any] | None, role: str) -> tuple[str, ...]:
+    """The endpoints of `role` (pservers, trainers): listed, else numbered from a base port."""
     spec = _section(cluster, "cluster", CLUSTER_FIELDS)
-    count = _count(spec, "trainers")
-    listed = (spec.get("endpoints") or {}).get("trainers")
+    count = _count(spec, role)
+    listed = (spec.get("endpoints") or {}).get(role)
     if listed is not None:
         if not isinstance(listed, list) or len(listed) != count:
-            raise ValueError(f"cluster.endpoints.trainers: must list {count} endpoints "
-                             f"(cluster.trainers), got {listed!r}")
+            raise ValueError(f"cluster.endpoints.{role}: must list {count} endpoints "
+                             f"(cluster.{role}), got {listed!r}")
         return tuple(str(e) for e in listed)
     return _numbered(spec, count)
 

@@ -683,8 +683,8 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
             pservers.append(p)
         if failure is None and not path.exists() and not node.killed:
             failure = Failure(f"{node.name} exited with status 0 but wrote no {path}", node.name)
-    pserver_endpoints = launcher.endpoints if scenario.cluster.pservers else []  # else trainers'
-    summary = JobSummary.for_run("runtime up", scenario, pserver_endpoints, trainers)
+    served = launcher.endpoints if scenario.cluster.pservers else []  # else the trainers'
+    summary = JobSummary.for_run("runtime up", scenario, served, trainers)
     summary.wall_seconds = wall
     summary.success = failure is None
     if failure is not None:

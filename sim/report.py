@@ -212,7 +212,10 @@ def trainer_table(m: JobMetrics) -> Table:
     return table
 
 
-def pserver_table(m: JobMetrics) -> Table:
+def pserver_table(m: JobMetrics) -> Table | None:
+    """The pservers' load; None: there are none (nccl2, collective)."""
+    if not m.pservers:
+        return None
     table = Table("pserver", "messages", "bytes in", "bytes out", "optimize", "busy share",
                   "NIC in", "NIC out")
     for p in m.pservers:

@@ -35,3 +35,17 @@ def test_ref_by_trainer_id_picks_that_trainers_backup() -> None:
     np.testing.assert_array_equal(out, baks[2])
     with pytest.raises(ValueError, match="TrainerId 3 is outside the 3 backups"):
         run_op("ref_by_trainer_id", {"X": baks, "TrainerId": np.array([3], np.int64)})
+
+
+def test_sparse_delta_holds_only_the_rows_that_moved_scaled() -> None:
+    old = np.arange(12, dtype=np.float32).reshape(4, 3)
+    new = old.copy()
+    new[[3, 1]] += np.float32(2.0)
+    new[2, 0] -= np.float32(4.0)
+    out = run_op("sparse_delta", {"X": new, "Y": old}, ("Out",), {"scale": 0.5})["Out"]
+    assert isinstance(out, SelectedRows) and out.height == 4
+    np.testing.assert_array_equal(out.rows, [1, 2, 3])
+    np.testing.assert_array_equal(out.values, [[1, 1, 1], [-2, 0, 0], [1, 1, 1]])
+    assert out.values.dtype == np.float32
+    nothing = run_op("sparse_delta", {"X": old, "Y": old}, ("Out",), {"scale": 0.5})["Out"]
+    assert nothing.rows.size == 0 and nothing.values.shape == (0, 3)

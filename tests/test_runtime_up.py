@@ -150,6 +150,24 @@ def test_sync_processes_equal_local_training(tmp_path: Path, optimizer: str, lr:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["collective", "nccl2"])
+def test_collective_processes_start_only_trainers_and_equal_local_training(
+        tmp_path: Path, mode: str) -> None:
+    """3 trainers as processes, no pserver: they meet in a ring over CurveZMQ (keys made in
+    OUT/keys) and all-reduce their gradients; trainer 0 ends with local training's parameters."""
+    scenario = scenario_file(tmp_path, cluster="{pservers: 0, trainers: 3}")
+    scenario.write_text(scenario.read_text().replace("mode: sync", f"mode: {mode}")
+                        .replace(", no_lost_updates: true", ""))
+    out = tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out))
+    assert code == 0, "\n".join(lines)
+    assert "no pservers, trainers at" in lines[0]
+    assert sorted(p.name for p in (out / "logs").iterdir()) == [
+        "trainer-0.log", "trainer-1.log", "trainer-2.log"]
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+
+
+@pytest.mark.timeout(60)
 def test_an_expectation_that_cannot_hold_fails_the_run_naming_it(tmp_path: Path) -> None:
     scenario, out = scenario_file(tmp_path, steps=5), tmp_path / "out"
     code, lines = up(str(scenario), "--out", str(out), "--set", "expect.final_loss_below=1e-9")

@@ -27,14 +27,16 @@ NUMERIC = [p for p in SCENARIOS if load_scenario(p).backend.kernels != "phantom"
 def test_scenarios_are_shipped() -> None:
     names = {p.stem for p in SCENARIOS}
     assert {"quickstart", "async", "half_async", "geo", "dc_asgd", "ctr_dnn_distributed",
-            "scale"} <= names
+            "scale", "allreduce"} <= names
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("path", NUMERIC, ids=[p.stem for p in NUMERIC])
 def test_shipped_scenario_meets_its_expectations(path: Path) -> None:
     scenario = load_scenario(path)  # as shipped: what a user runs
-    job = Job.from_scenario(scenario, free_endpoints(scenario.cluster.pservers))
+    # the pservers' endpoints; the trainers' in the nccl2 and collective modes (no pservers)
+    cluster = scenario.cluster
+    job = Job.from_scenario(scenario, free_endpoints(cluster.pservers or cluster.trainers))
     result = asyncio.run(run_job(job, ZmqTransport))
     pservers = [PserverMetrics.from_stats(j, ep, s)
                 for j, (ep, s) in enumerate(zip(job.endpoints, result.pservers))]

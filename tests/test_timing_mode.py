@@ -278,11 +278,15 @@ def test_split_ops_share_rows_in_proportion_to_the_sections() -> None:
     ids = Op("split_ids", {"Ids": ["i"]}, {"Out": ["a", "b"]}, {"height_sections": [50, 150]})
     out = run_op("phantom", ids, {"i": np.zeros((8, 1), np.int64)}, Program())
     assert [shape_of(out[n]) for n in "ab"] == [(2, 1), (6, 1)]
+    delta = Op("sparse_delta", {"X": ["p"], "Y": ["old"]}, {"Out": ["d"]}, {"scale": 0.5})
+    table = np.ones((12, 5), np.float32)
+    out = run_op("phantom", delta, {"p": table, "old": table}, Program())
+    assert described(out["d"]) == ((12, 5), np.dtype("float32"), 12, ())  # every row, at most
 
 
 def test_every_op_is_checked_against_numpy() -> None:
     covered = {op.type for op, _, _ in OP_CASES.values()}
-    covered |= {"split_selected_rows", "split_ids"}  # by proportion, above
+    covered |= {"split_selected_rows", "split_ids", "sparse_delta"}  # by proportion, above
     covered |= {"conditional_block", "increment"}  # control values, below
     covered |= {"save"}  # refuses, below
     for label in MODELS:

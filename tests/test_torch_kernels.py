@@ -162,6 +162,14 @@ BROADCASTS = [((2, 3), (2, 3), -1), ((2, 3, 4), (3,), 1), ((2, 3, 4), (3, 4), -1
               ((2, 3, 4), (3, 1), 1), ((1, 3), (2, 3), -1), ((2, 3), (1,), -1)]
 
 
+def _moved_rows(rng: np.random.Generator) -> dict[str, Any]:
+    """Geo's sparse delta: X moved from Y in rows 1 and 3 only."""
+    x = rng.standard_normal((5, 3))
+    y = x.copy()
+    y[[1, 3]] -= rng.standard_normal((2, 3))
+    return {"X": x, "Y": y}
+
+
 def elementwise_cases() -> list[Case]:
     cases = []
     for op in ["elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div",
@@ -204,6 +212,7 @@ def math_cases() -> list[Case]:
                    wrt=("X",)),
               Case("sum", slots(X=lambda rng: [rows(4, [0, 2])(rng), rows(4, [2, 2, 3])(rng)]),
                    id="rows"),
+              Case("sparse_delta", _moved_rows, attrs={"scale": 0.5}),
               Case("sum", slots(X=lambda rng: [rows(4, [1, 1, 3])(rng), rng.standard_normal((4, 3))]),
                    id="rows+dense"),
               Case("sum", slots(X=lambda rng: [sequences([1, 2])(rng), rng.standard_normal((3, 3))]),

@@ -33,7 +33,7 @@ __all__ = ["OPS", "Cost", "OpDef", "Runs", "State", "Update", "grad_input_slots"
 
 Runs = Literal["kernel", "rpc", "none"]
 """Where an op runs: `kernel` (a kernel in each backend), `rpc` (the async runtime of a trainer
-or pserver), `none` (the transpiler writes it; pslab cannot run it yet)."""
+or pserver: RPC and collective ops), `none` (the transpiler writes it; pslab cannot run it yet)."""
 
 GRAD_SUFFIX = "@GRAD"
 
@@ -261,14 +261,18 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("checkpoint_notify", inputs="", outputs="", shape=None, runs="rpc"),
     _op("listen_and_serv", outputs="", shape=None, runs="rpc"),
     _op("distributed_lookup_table", "Ids W", "Outputs", shape=None, runs="rpc"),
-    # -- written by the transpiler for modes pslab does not run: geo's sparse deltas, collective
-    _op("sparse_delta", "X Y", shape=None, runs="none"),
+    # -- geo's sparse delta: the rows where a parameter moved since its last pull
+    _op("sparse_delta", "X Y", shape="sparse_delta", cost=Cost("elementwise", 2)),
+    # -- collective ops, run by the trainer's async runtime over its transport (runtime.services
+    # .collective); the stream syncs order nothing there (no streams) and are no-ops
     _op("gen_nccl_id", inputs="", outputs="NCCLID InterNCCLID ExterNCCLID", shape=None,
-        runs="none"),
-    _op("c_gen_nccl_id", inputs="", shape=None, runs="none"),
-    _op("c_comm_init", outputs="", shape=None, runs="none"),
-    _op("c_broadcast", shape=None, runs="none"),
-    _op("c_allreduce_sum", shape=None, runs="none"),
+        runs="rpc"),
+    _op("c_gen_nccl_id", inputs="", shape=None, runs="rpc"),
+    _op("c_comm_init", outputs="", shape=None, runs="rpc"),
+    _op("c_broadcast", shape=None, runs="rpc"),
+    _op("c_allreduce_sum", shape=None, runs="rpc"),
+    _op("c_sync_calc_stream", shape=None, runs="rpc"),
+    _op("c_sync_comm_stream", shape=None, runs="rpc"),
 )
 
 

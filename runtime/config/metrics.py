@@ -209,14 +209,15 @@ class JobSummary:
     scenario: str
     seed: int
     mode: str
-    """The transpiler's mode: sync, async, half_async, geo or dc_asgd."""
+    """The transpiler's mode: sync, async, half_async, geo, nccl2 or collective."""
     pservers: int
     trainers: int
     steps: int
     """Steps each trainer was to take (train.steps)."""
     batch_size: int
     endpoints: list[str]
-    """The pservers' endpoints, where the trainers reached them."""
+    """The pservers' endpoints, where the trainers reached them (none in the nccl2 and
+    collective modes)."""
     success: bool = False
     """Whether the run did what the scenario expects: for a scenario whose expect.error says it
     must fail, a run that failed that way is a success (reason still says why it failed)."""

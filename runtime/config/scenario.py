@@ -22,6 +22,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
+from transpiler.distribute.from_spec import TRAINER_RING_MODES
 from transpiler.opcatalog import optimizer_types
 
 from runtime.config import units
@@ -159,18 +160,21 @@ class ClusterSpec(_Strict):
     """How many nodes of each role, where the pservers listen, and which nodes share
     a machine."""
 
-    pservers: int = Field(1, ge=1, le=4096)
-    """Parameter servers, ``pserver:0`` ... ``pserver:<n-1>``."""
+    pservers: int = Field(1, ge=0, le=4096)
+    """Parameter servers, ``pserver:0`` ... ``pserver:<n-1>``; 0 (none) only in the nccl2
+    and collective modes, which have none and take any value as 0."""
     trainers: int = Field(1, ge=1, le=65536)
     """Trainers, ``trainer:0`` ... ``trainer:<n-1>``."""
     endpoints: dict[str, list[str]] | None = None
-    """``{pservers: [host:port, ...]}``: one endpoint per pserver, in order
-    (none: ``host:base_port+i``, or free ports under `runtime up`)."""
+    """``{pservers: [host:port, ...]}``: one endpoint per pserver, in order; in the nccl2
+    and collective modes ``{trainers: [...]}``, one per trainer (none: ``host:base_port+i``,
+    or free ports under `runtime up`)."""
     host: str = "127.0.0.1"
-    """The host the pservers' endpoints are on when `endpoints` does not list them."""
+    """The host the pservers' (nccl2, collective: the trainers') endpoints are on when
+    `endpoints` does not list them."""
     base_port: int = Field(0, ge=0, le=65535)
-    """The first pserver's port, the others' following it (0: 6170 for the
-    programs; `runtime up` then picks free ports)."""
+    """The first pserver's (nccl2, collective: trainer's) port, the others' following it (0:
+    6170 for the programs; `runtime up` then picks free ports)."""
     hosts: list[HostSpec] | None = Field(None, description="which nodes share a machine and "
                                          "its cores; a node on none has a machine of its own")
 
@@ -205,24 +209,26 @@ class ClusterSpec(_Strict):
         unknown = set(self.endpoints) - {"pservers", "trainers"}
         if unknown:
             raise ValueError(f"endpoints: unknown role(s) {sorted(unknown)} (pservers, trainers)")
-        eps = self.endpoints.get("pservers", [])
-        if eps and len(eps) != self.pservers:
-            raise ValueError(f"endpoints.pservers lists {len(eps)} endpoints for {self.pservers} pservers")
-        for ep in eps:
-            host, _, port = ep.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"endpoint {ep!r} is not host:port")
-        if len(set(eps)) != len(eps):
-            raise ValueError(f"endpoints.pservers has duplicates: {eps}")
+        for role, count in (("pservers", self.pservers), ("trainers", self.trainers)):
+            eps = self.endpoints.get(role, [])
+            if eps and len(eps) != count:
+                raise ValueError(f"endpoints.{role} lists {len(eps)} endpoints for {count} {role}")
+            for ep in eps:
+                host, _, port = ep.rpartition(":")
+                if not host or not port.isdigit():
+                    raise ValueError(f"endpoint {ep!r} is not host:port")
+            if len(set(eps)) != len(eps):
+                raise ValueError(f"endpoints.{role} has duplicates: {eps}")
         return self
 
 
 class TranspilerSpec(_Strict):
     """How the distribute transpiler splits the program (docs/transpiler.md)."""
 
-    mode: Literal["sync", "async", "half_async", "geo"] = "sync"
-    """The distributed mode: sync (barriers each step), async, half_async or geo
-    (Geo-SGD)."""
+    mode: Literal["sync", "async", "half_async", "geo", "nccl2", "collective"] = "sync"
+    """The distributed mode: sync (barriers each step), async, half_async or geo (Geo-SGD),
+    with pservers; or nccl2 or collective, without: the trainers all-reduce among
+    themselves (docs/architecture.md, "Collective modes")."""
     slice_var_up: bool = True
     """Cut large vars into blocks spread over the pservers (false: whole vars)."""
     split_method: Literal["round_robin", "hash_name"] = "round_robin"
@@ -233,6 +239,13 @@ class TranspilerSpec(_Strict):
     """Delay-compensated async SGD (DC-ASGD); async mode only."""
     geo_push_every: int = Field(100, ge=1)
     """Geo mode: a trainer pushes its parameter deltas every this many steps."""
+    collective_mode: Literal["grad_allreduce", "local_sgd"] = "grad_allreduce"
+    """Collective mode: all-reduce the mean gradient every step, or train locally and
+    average the parameters every `local_sgd_k_steps` steps."""
+    local_sgd_k_steps: int = Field(1, ge=1)
+    """Collective mode, local_sgd: steps between two parameter averages."""
+    nccl_comm_num: int = Field(1, ge=1, le=64)
+    """nccl2 and collective modes: rings, used by the parameters in turn."""
 
     @model_validator(mode="after")
     def _mode_fields(self) -> "TranspilerSpec":
@@ -417,11 +430,29 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _pservers_of_the_mode(self) -> "Scenario":
+        """The nccl2 and collective modes have no pservers: `cluster.pservers` is taken as 0
+        (so one scenario can be swept over modes with and without); the others need one at
+        least. Collective mode needs 2 trainers at least."""
+        if self.transpiler.mode in TRAINER_RING_MODES:
+            self.cluster.pservers = 0
+            if self.transpiler.mode == "collective" and self.cluster.trainers < 2:
+                raise ValueError("transpiler.mode collective needs cluster.trainers >= 2")
+        elif self.cluster.pservers < 1:
+            raise ValueError(f"cluster.pservers: 0 only with transpiler.mode nccl2 or "
+                             f"collective, not {self.transpiler.mode}")
+        return self
+
+    @model_validator(mode="after")
     def _sync_only(self) -> "Scenario":
-        """`expect.params_equal_to` needs `transpiler.mode: sync`."""
-        if self.expect.params_equal_to and self.transpiler.mode != "sync":
-            raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, "
-                             f"not {self.transpiler.mode}")
+        """`expect.params_equal_to` needs a mode whose every step averages the trainers'
+        gradients: sync, nccl2, or collective with grad_allreduce."""
+        averaged = self.transpiler.mode in ("sync", "nccl2") or (
+            self.transpiler.mode == "collective"
+            and self.transpiler.collective_mode == "grad_allreduce")
+        if self.expect.params_equal_to and not averaged:
+            raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, nccl2 or "
+                             f"collective (grad_allreduce), not {self.transpiler.mode}")
         return self
 
     @model_validator(mode="after")

@@ -77,7 +77,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from transpiler.distribute.from_spec import pserver_endpoints
+from transpiler.distribute.from_spec import TRAINER_RING_MODES, pserver_endpoints, trainer_endpoints
 
 from runtime.config import expect
 from runtime.config.faults import LinkFaults, Partition, Slow, nodes_of
@@ -282,8 +282,14 @@ def free_endpoints(host: str, count: int) -> list[str]:
 
 
 def choose_endpoints(scenario: Scenario) -> list[str]:
-    """The scenario's endpoints where it names them (listed, or a base port), else free ports."""
+    """The scenario's endpoints where it names them (listed, or a base port), else free ports:
+    the pservers', or in the nccl2 and collective modes (no pservers) the trainers'."""
     cluster = scenario.cluster
+    if scenario.transpiler.mode in TRAINER_RING_MODES:
+        if (cluster.endpoints or {}).get("trainers") or cluster.base_port:
+            return list(trainer_endpoints(cluster.model_dump(exclude_none=True,
+                                                             exclude={"hosts"})))
+        return free_endpoints(cluster.host, cluster.trainers)
     if (cluster.endpoints or {}).get("pservers") or cluster.base_port:
         return list(pserver_endpoints(cluster.model_dump(exclude_none=True, exclude={"hosts"})))
     return free_endpoints(cluster.host, cluster.pservers)
@@ -343,8 +349,9 @@ def node_command(scenario_path: Path, overrides: list[str], role: str, index: in
 
 def fault_proxies(scenario: Scenario, endpoints: list[str]) -> tuple[list[FaultProxy], list[str]]:
     """For a scenario with message faults, a `FaultProxy` listening at each pserver endpoint and
-    the address each pserver then serves at (a free port); else none, and the endpoints."""
-    if not needs_proxies(scenario.faults):
+    the address each pserver then serves at (a free port); else (or without pservers) none,
+    and the endpoints."""
+    if not needs_proxies(scenario.faults) or scenario.cluster.pservers == 0:
         return [], list(endpoints)
     binds = free_endpoints(scenario.cluster.host, len(endpoints))
     proxies = [FaultProxy(listen=ep, upstream=bind, seed=scenario.seed,
@@ -676,7 +683,8 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
             pservers.append(p)
         if failure is None and not path.exists() and not node.killed:
             failure = Failure(f"{node.name} exited with status 0 but wrote no {path}", node.name)
-    summary = JobSummary.for_run("runtime up", scenario, launcher.endpoints, trainers, pservers)
+    served = launcher.endpoints if scenario.cluster.pservers else []  # else the trainers'
+    summary = JobSummary.for_run("runtime up", scenario, served, trainers, pservers)
     summary.wall_seconds = wall
     summary.success = failure is None
     if failure is not None:
@@ -839,7 +847,7 @@ def secure(launcher: Launcher, keys: Path | None, insecure: bool) -> list[str]:
         write_keys(keys, [node_file_stem(n.role, n.index) for n in launcher.nodes], force=True)
     for node in launcher.nodes:
         node_keys(keys, node.role, node.index, launcher.scenario.cluster.trainers,
-                  launcher.endpoints)
+                  launcher.endpoints, peers=launcher.scenario.cluster.pservers == 0)
     launcher.security = ["--keys", str(keys.resolve())]
     return []
 
@@ -934,8 +942,8 @@ def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
     binds = ",".join(dict.fromkeys(launcher.binds))
     where = " in their namespaces" if fabric is not None else ""
     behind = f" (behind proxies, serving at {binds}{where})" if launcher.proxies else ""
-    print(f"runtime up {scenario.name}: {cluster.pservers} pserver(s) at "
-          f"{','.join(launcher.endpoints)}{behind}, {cluster.trainers} trainer(s), "
+    nodes = f"{cluster.pservers} pserver(s)" if cluster.pservers else "no pservers, trainers"
+    print(f"runtime up {scenario.name}: {nodes} at {','.join(launcher.endpoints)}{behind}, {cluster.trainers} trainer(s), "
           f"{scenario.transpiler.mode}, {train.steps} steps of {scenario.data.batch_size}; "
           f"logs in {out / 'logs'}", file=stream, flush=True)
     if launcher.security[0] == "--keys":

@@ -251,6 +251,9 @@ class RpcClient:
         """The transport hands replies to `_on_message` itself (no reader task)."""
         self.meter: Meter | None = None
         """Measures what each request and reply costs this node (`runtime profile`)."""
+        self.peer_messages: Callable[[str, Message], None] | None = None
+        """Where messages that answer no request go (`Kind.COLLECTIVE`: a ring neighbour's part
+        of a collective op); without it they are dropped with a warning."""
 
     @property
     def name(self) -> str:
@@ -344,7 +347,14 @@ class RpcClient:
             if meter is not None:
                 meter.discard(started)
             return
-        self._resolve(msg, peer)
+        if msg.kind is Kind.COLLECTIVE:
+            if self.peer_messages is not None:
+                self.peer_messages(peer, msg)
+            else:
+                log.warning("%s: dropping a collective message from %s: no collective ops here",
+                            self.name, peer)
+        else:
+            self._resolve(msg, peer)
         if meter is not None:
             meter.stop_message(started, RECEIVES, msg.kind.value, charged_size(frames))
 

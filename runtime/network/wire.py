@@ -73,7 +73,8 @@ Tensor = np.ndarray | LoDTensor | SelectedRows | Phantom
 
 
 class Kind(enum.StrEnum):
-    """What a message asks or answers in the PS protocol."""
+    """What a message asks or answers in the PS protocol; `COLLECTIVE` is a trainer's piece of a
+    collective op to its ring neighbour (no reply, `runtime.services.collective`)."""
 
     SEND = "send"
     GET = "get"
@@ -86,6 +87,7 @@ class Kind(enum.StrEnum):
     JOIN = "join"
     REPLY = "reply"
     ERROR = "error"
+    COLLECTIVE = "collective"
 
 
 class VarKind(enum.StrEnum):

@@ -2,7 +2,9 @@
 
 `Job.from_scenario` builds the model (`transpiler.models`), its data set (`runtime.execution.data`)
 and the transpile arguments once; `trainer_programs(i)` and `pserver_programs(j)` transpile for one
-role. Building is deterministic, so a trainer and a pserver in different processes (or hosts) that
+role. In the nccl2 and collective modes (`Job.collective`) there are no pservers: `endpoints` is
+empty, the trainers' own endpoints are `peers`, and an nccl2 trainer runs its program with the
+all-reduce ops Paddle's executor would add (`nccl2_executable`). Building is deterministic, so a trainer and a pserver in different processes (or hosts) that
 read the same scenario agree on every program, name and placement without talking.
 
 A model named ``module:function`` is imported from the scenario file's folder first
@@ -17,7 +19,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from transpiler.distribute.from_spec import TranspileArgs, transpile_args, transpile_from_spec
+from transpiler.distribute.collective import nccl2_executable
+from transpiler.distribute.from_spec import (TRAINER_RING_MODES, TranspileArgs, transpile_args,
+                                             transpile_from_spec)
 from transpiler.ir import Program
 from transpiler.models import Model, ModelError, build_model
 
@@ -40,9 +44,12 @@ class Job:
 
     @staticmethod
     def from_scenario(scenario: Scenario, endpoints: list[str] | None = None) -> "Job":
+        """The job of `scenario`; `endpoints` replace the scenario's: the pservers', or in the
+        nccl2 and collective modes the trainers'."""
         cluster = scenario.cluster.model_dump(exclude_none=True, exclude={"hosts"})
+        role = "trainers" if scenario.transpiler.mode in TRAINER_RING_MODES else "pservers"
         if endpoints:
-            cluster["endpoints"] = {"pservers": list(endpoints)}
+            cluster["endpoints"] = {role: list(endpoints)}
         transpiler = scenario.transpiler.model_dump()
         return Job(scenario, transpile_args(transpiler, cluster))
 
@@ -89,7 +96,18 @@ class Job:
 
     @property
     def endpoints(self) -> list[str]:
+        """The pservers' endpoints (none in the nccl2 and collective modes)."""
         return list(self.args.pservers)
+
+    @property
+    def collective(self) -> bool:
+        """nccl2 or collective mode: no pservers, the trainers all-reduce among themselves."""
+        return bool(self.args.trainer_endpoints)
+
+    @property
+    def peers(self) -> list[str]:
+        """The trainers' endpoints in the nccl2 and collective modes (else none)."""
+        return list(self.args.trainer_endpoints)
 
     @property
     def trainers(self) -> int:
@@ -106,7 +124,10 @@ class Job:
 
     def trainer_programs(self, trainer_id: int) -> tuple[Program, Program]:
         t = transpile_from_spec(self.model.main, self.model.startup, self.args, trainer_id)
-        return t.get_trainer_program(), t.get_trainer_startup_program()
+        main = t.get_trainer_program()
+        if self.args.config.mode == "nccl2":
+            main = nccl2_executable(main)
+        return main, t.get_trainer_startup_program()
 
     def pserver_programs(self, index: int) -> tuple[Program, Program]:
         t = transpile_from_spec(self.model.main, self.model.startup, self.args, 0)

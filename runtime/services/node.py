@@ -67,6 +67,8 @@ from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from transpiler.distribute.from_spec import TRAINER_RING_MODES
+
 from runtime.config.atomic import atomic_open, write_atomic
 from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
@@ -279,10 +281,16 @@ def insecure_warning(who: str, endpoints: Sequence[str]) -> str:
 
 
 def node_keys(directory: Path, role: str, index: int, trainers: int,
-              endpoints: Sequence[str]) -> CurveKeys:
+              endpoints: Sequence[str], peers: bool = False) -> CurveKeys:
     """A node's keys from the job's key directory: a pserver's keypair and the public key of
     each of the `trainers`, or a trainer's keypair and the public key of the pserver at each of
-    the `endpoints` (`runtime.network.curve`)."""
+    the `endpoints` (`runtime.network.curve`). With `peers` (nccl2, collective: `endpoints` are
+    the trainers'), a trainer is a server to the other trainers and a client of each."""
+    if peers:
+        others = [i for i in range(trainers) if i != index]
+        return load_keys(directory, node_file_stem("trainer", index),
+                         clients={node_file_stem("trainer", i): trainer_name(i) for i in others},
+                         servers={node_file_stem("trainer", i): endpoints[i] for i in others})
     if role == "pserver":
         return load_keys(directory, node_file_stem("pserver", index), clients={
             node_file_stem("trainer", i): trainer_name(i) for i in range(trainers)})
@@ -302,13 +310,15 @@ def checkpoint_dir_for(scenario: Scenario, out: Path | None) -> Path | None:
 def scenario_for(scenario: Scenario, role: Role) -> Scenario:
     """`scenario` with the cluster size `role` implies, after checking that they agree."""
     cluster = scenario.cluster
-    listed = (cluster.endpoints or {}).get("pservers")
+    peers = scenario.transpiler.mode in TRAINER_RING_MODES  # the endpoints are the trainers'
+    kind = "trainers" if peers else "pservers"
+    listed = (cluster.endpoints or {}).get(kind)
     if role.endpoints is not None and listed and tuple(listed) != role.endpoints:
         raise RoleError(f"{role.endpoints_source} {','.join(role.endpoints)} differs from the "
-                        f"scenario's cluster.endpoints.pservers {','.join(listed)}")
+                        f"scenario's cluster.endpoints.{kind} {','.join(listed)}")
     update: dict[str, Any] = {}
     if role.endpoints is not None:
-        update["pservers"] = len(role.endpoints)
+        update[kind] = len(role.endpoints)
     if role.trainers is not None:
         update["trainers"] = role.trainers
     cluster = cluster.model_copy(update=update)
@@ -430,8 +440,11 @@ async def run_trainer(job: Job, index: int, out: Path | None,
     times = KernelTimes()
     with timing_kernels(times) if measuring() else nullcontext():
         keys = (None if options.keys is None
-                else node_keys(options.keys, "trainer", index, job.trainers, job.endpoints))
-        trainer = make_trainer(job, index, ZmqTransport(trainer_name(index), curve=keys),
+                else node_keys(options.keys, "trainer", index, job.trainers,
+                               job.peers or job.endpoints, peers=job.collective))
+        # linger: in a ring, the last pieces of the last all-reduce must leave before it exits
+        limits = ZmqLimits(linger_ms=2000) if job.collective else None
+        trainer = make_trainer(job, index, ZmqTransport(trainer_name(index), limits, curve=keys),
                                incarnation=options.incarnation)
     client = trainer.client
     if measuring():

@@ -18,6 +18,8 @@
 - `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
   PREFETCH per block for its rows, merged back in the order of the ids.
 - `checkpoint_notify`: once everything sent is in, every pserver saves its state to ``dir``.
+- the collective ops of nccl2 and collective modes (`runtime.services.collective`), trainer to
+  trainer; `c_allreduce_sum` runs in the background like a `recv`.
 
 Every message carries the trainer's id and step (`INITIAL_STEP` while running the startup
 program). A pserver that restarted from a checkpoint answers a message of a step it lost with
@@ -51,6 +53,7 @@ from runtime.execution.scope import Scope
 from runtime.execution.tensor import LoDTensor, Phantom, Value, concat_rows, slice_rows, to_dense
 from runtime.network.rpc import RpcClient, RpcTimeout
 from runtime.network.wire import Kind, Message
+from runtime.services.collective import CollectiveOps
 from runtime.services.protocol import BARRIER_FIELD, BARRIER_FROM_FIELD, INITIAL_STEP
 
 log = logging.getLogger(__name__)
@@ -166,8 +169,10 @@ class RpcOps:
             "send": self.send, "send_barrier": self.send_barrier, "recv": self.recv,
             "fetch_barrier": self.fetch_barrier, "prefetch": self.prefetch,
             "distributed_lookup_table": self.distributed_lookup_table,
-            "checkpoint_notify": self.checkpoint_notify,
+            "checkpoint_notify": self.checkpoint_notify, "c_allreduce_sum": self.allreduce,
         }
+        self.collective = CollectiveOps(client, client.policy.deadline)
+        self.handlers.update(self.collective.handlers())
 
     def learn(self, block: Block, rpc_inside: Callable[[Op], bool]) -> None:
         """Plan where `block`'s barriers travel (once per block; compact protocol only)."""
@@ -365,6 +370,13 @@ class RpcOps:
         found = found.reshape(lead + rows.shape[1:])
         scope.put(out, LoDTensor(found, value.lod) if isinstance(value, LoDTensor) and value.lod
                   else found)
+
+    async def allreduce(self, op: Op, scope: Scope) -> None:
+        """c_allreduce_sum in the background (`CollectiveOps.allreduce`): an op that reads Out
+        waits for it, as for a `recv`'s value."""
+        await self.wait_for(op.input("X"))
+        self.collective.step = self.step
+        self.pending[op.output("Out")[0]] = self.collective.allreduce(op, scope)
 
     async def checkpoint_notify(self, op: Op, scope: Scope) -> None:
         """Once what this trainer sent is in, every pserver (``epmap``) saves its whole state to

@@ -8,7 +8,9 @@ hierarchical ``Hierarchical_inter_NCCLID_{i}`` / ``Hierarchical_exter_NCCLID_{i}
 communicator ids and sends them to the others. The main program is the original one with the
 attributes ``_trainers_endpoints``, ``_nccl_comm_num``, ``_use_hierarchical_allreduce`` (and
 ``_hierarchical_allreduce_inter_nranks``): as in Paddle, the executor that runs it all-reduces
-the grads; use collective mode for programs that carry their all-reduce ops.
+the grads; use collective mode for programs that carry their all-reduce ops. pslab's runtime
+runs `nccl2_executable(main)`: the program with the ops such an executor would run, those of
+``grad_allreduce`` (below).
 
 **collective**, ops a runtime executes (ranks are the trainers, ``nranks`` of them; ``ring_id``
 picks one of ``nccl_comm_num`` communicators, used in turn):
@@ -68,6 +70,17 @@ def transpile_nccl2(config: DistributeTranspilerConfig, cluster: Cluster, main: 
                      "endpoint": cluster.current_endpoint, "nccl_comm_num": config.nccl_comm_num,
                      "use_hierarchical_allreduce": config.use_hierarchical_allreduce,
                      "hierarchical_allreduce_inter_nranks": inter})
+
+
+def nccl2_executable(main: Program) -> Program:
+    """What Paddle's executor runs for an nccl2 trainer program: a copy with the loss grad
+    scaled by 1/nranks and each parameter's grad all-reduced on the ``_nccl_comm_num`` rings
+    in turn, as collective mode's ``grad_allreduce`` writes them."""
+    nranks = len(main.attrs["_trainers_endpoints"])
+    program = main.clone()
+    _scale_loss_grad(program.global_block(), nranks)
+    _allreduce_grads(program.global_block(), nranks, int(main.attrs.get("_nccl_comm_num", 1)))
+    return program
 
 
 def transpile_collective(config: DistributeTranspilerConfig, cluster: Cluster, main: Program,

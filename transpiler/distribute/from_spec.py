@@ -14,10 +14,15 @@ Modes (``transpiler.mode``), onto docs/transpiler.md §3:
 - ``half_async``: ``sync_mode`` False and ``half_async`` True (HALF_ASYNC: the transpiler cuts
   the grads, a local send barrier only waits for this trainer's sends to leave);
 - ``geo``: ``geo_sgd_mode`` True, ``geo_sgd_need_push_nums`` = ``geo_push_every`` (which
-  other modes ignore, as the schema always carries it).
+  other modes ignore, as the schema always carries it);
+- ``nccl2``: ``mode`` nccl2, ``nccl_comm_num`` rings;
+- ``collective``: ``mode`` collective with ``collective_mode`` (grad_allreduce or local_sgd),
+  ``local_sgd_k_steps`` and ``nccl_comm_num``.
 
 Endpoints (``cluster``): ``endpoints.pservers`` when given, else ``host:base_port+i`` for each
-of ``pservers`` servers (``host`` 127.0.0.1, a ``base_port`` of 0 meaning 6170).
+of ``pservers`` servers (``host`` 127.0.0.1, a ``base_port`` of 0 meaning 6170). nccl2 and
+collective modes have no pservers (``pservers`` is ignored): the trainers' endpoints are
+``endpoints.trainers`` when given, else ``host:base_port+i`` for each trainer.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from .transpiler import DistributeTranspiler
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 6170
-MODES = ("sync", "async", "half_async", "geo")
+MODES = ("sync", "async", "half_async", "geo", "nccl2", "collective")
+TRAINER_RING_MODES = ("nccl2", "collective")
+"""Modes without pservers: the trainers talk to each other."""
 SPLIT_METHODS: dict[str, type[PSDispatcher]] = {"round_robin": RoundRobin, "hash_name": HashName}
 TRANSPILER_FIELDS = ("mode", "slice_var_up", "split_method", "min_block_size", "dc_asgd",
-                     "geo_push_every")
+                     "geo_push_every", "collective_mode", "local_sgd_k_steps", "nccl_comm_num")
 CLUSTER_FIELDS = ("pservers", "trainers", "endpoints", "host", "base_port")
 
 
@@ -47,6 +54,8 @@ class TranspileArgs:
     sync_mode: bool
     pservers: tuple[str, ...]
     trainers: int
+    trainer_endpoints: tuple[str, ...] = ()
+    """nccl2 and collective modes: every trainer's endpoint (else none)."""
 
 
 def _section(value: Mapping[str, Any] | None, name: str, fields: tuple[str, ...]) -> dict[str, Any]:
@@ -100,7 +109,16 @@ def config_from_spec(transpiler: Mapping[str, Any] | None) -> tuple[DistributeTr
     elif mode == "geo":
         _set(config, "geo_sgd_mode", True, "mode")
         _set(config, "geo_sgd_need_push_nums", spec.get("geo_push_every", 100), "geo_push_every")
-    return config, mode == "sync"
+    elif mode in TRAINER_RING_MODES:
+        _set(config, "sync_mode", True, "mode")
+        _set(config, "mode", mode, "mode")
+        _set(config, "nccl_comm_num", spec.get("nccl_comm_num", 1), "nccl_comm_num")
+    if mode == "collective":
+        _set(config, "collective_mode", _choice(spec, "collective_mode",
+                                                ("grad_allreduce", "local_sgd"),
+                                                "grad_allreduce"), "collective_mode")
+        _set(config, "local_sgd_k_steps", spec.get("local_sgd_k_steps", 1), "local_sgd_k_steps")
+    return config, mode in ("sync",) + TRAINER_RING_MODES
 
 
 def _count(spec: dict[str, Any], key: str) -> int:
@@ -112,14 +130,29 @@ def _count(spec: dict[str, Any], key: str) -> int:
 
 def pserver_endpoints(cluster: Mapping[str, Any] | None) -> tuple[str, ...]:
     """The pservers' endpoints of a scenario's ``cluster`` section."""
+    return _endpoints(cluster, "pservers")
+
+
+def trainer_endpoints(cluster: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The trainers' endpoints of a scenario's ``cluster`` section (nccl2, collective)."""
+    return _endpoints(cluster, "trainers")
+
+
+def _endpoints(cluster: Mapping[str, Any] | None, role: str) -> tuple[str, ...]:
+    """The endpoints of `role` (pservers, trainers): listed, else numbered from a base port."""
     spec = _section(cluster, "cluster", CLUSTER_FIELDS)
-    count = _count(spec, "pservers")
-    listed = (spec.get("endpoints") or {}).get("pservers")
+    count = _count(spec, role)
+    listed = (spec.get("endpoints") or {}).get(role)
     if listed is not None:
         if not isinstance(listed, list) or len(listed) != count:
-            raise ValueError(f"cluster.endpoints.pservers: must list {count} endpoints "
-                             f"(cluster.pservers), got {listed!r}")
+            raise ValueError(f"cluster.endpoints.{role}: must list {count} endpoints "
+                             f"(cluster.{role}), got {listed!r}")
         return tuple(str(e) for e in listed)
+    return _numbered(spec, count)
+
+
+def _numbered(spec: dict[str, Any], count: int) -> tuple[str, ...]:
+    """``host:base_port+i`` for `count` nodes."""
     host = spec.get("host", DEFAULT_HOST)
     base = spec.get("base_port", 0)
     if isinstance(base, bool) or not isinstance(base, int) or not 0 <= base <= 65535 - count:
@@ -132,6 +165,8 @@ def transpile_args(transpiler: Mapping[str, Any] | None,
     """Everything a scenario says about how to transpile."""
     config, sync_mode = config_from_spec(transpiler)
     trainers = _count(_section(cluster, "cluster", CLUSTER_FIELDS), "trainers")
+    if config.mode in TRAINER_RING_MODES:
+        return TranspileArgs(config, sync_mode, (), trainers, trainer_endpoints(cluster))
     return TranspileArgs(config, sync_mode, pserver_endpoints(cluster), trainers)
 
 
@@ -139,6 +174,11 @@ def transpile_from_spec(main: Program, startup: Program, args: TranspileArgs,
                         trainer_id: int = 0) -> DistributeTranspiler:
     """A transpiler that has transpiled `main` and `startup` for trainer `trainer_id`."""
     t = DistributeTranspiler(args.config)
+    if args.trainer_endpoints:
+        t.transpile(trainer_id, program=main, trainers=",".join(args.trainer_endpoints),
+                    startup_program=startup,
+                    current_endpoint=args.trainer_endpoints[trainer_id])
+        return t
     t.transpile(trainer_id, program=main, pservers=",".join(args.pservers),
                 trainers=args.trainers, sync_mode=args.sync_mode, startup_program=startup,
                 current_endpoint=args.pservers[0])

@@ -5,6 +5,8 @@
   piece's rows are re-based to its block (row ``r`` of block ``i`` is global row
   ``offset_i + r``), as the pserver holds the block as a var of its own.
 - `ref_by_trainer_id`: DC-ASGD's pick of one trainer's parameter backup.
+- `sparse_delta`: geo's delta of a sparse table, ``(X - Y) * scale`` as a `SelectedRows` of only
+  the rows where X and Y differ (sorted, each once).
 
 The distributed lookup table (see `transpiler.distribute.lookup_table`; ids are global):
 
@@ -49,6 +51,16 @@ def split_byref(ctx: KernelContext) -> None:
     starts = _offsets(sections, x.shape[0], "sections")
     for i in range(len(sections)):
         ctx.set_output("Out", x[starts[i]:starts[i + 1]], index=i)
+
+
+@register("sparse_delta")
+def sparse_delta(ctx: KernelContext) -> None:
+    x, y = to_dense(ctx.input("X")), to_dense(ctx.input("Y"))
+    if x.shape != y.shape:
+        raise ValueError(f"X {list(x.shape)} and Y {list(y.shape)} differ in shape")
+    diff = x - y
+    rows = np.flatnonzero((diff != 0).reshape(diff.shape[0], -1).any(axis=1))
+    ctx.set_output("Out", SelectedRows(rows, diff[rows] * ctx.attr("scale", 1.0), x.shape[0]))
 
 
 @register("split_selected_rows")

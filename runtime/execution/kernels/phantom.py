@@ -20,7 +20,8 @@ count stays what numeric mode would give. Each op's entry in the op catalog
   attribute) and `conditional_block` (see below).
 - What only data could tell is apportioned: `split_ids` and `split_selected_rows` give each
   section a share of the rows in proportion to its height (numeric mode would send the rows or
-  the unique ids each owner holds: as many, or fewer).
+  the unique ids each owner holds: as many, or fewer); geo's `sparse_delta` takes every row
+  as moved (an upper bound).
 
 Control values stay real: an op whose inputs hold no phantom and whose outputs are all
 declared integer or bool (step counters, their limits and comparisons) runs its numpy kernel,
@@ -151,6 +152,13 @@ def _gradient(ctx: KernelContext) -> None:
 def _like_x(ctx: KernelContext) -> None:
     """Out like X: its shape, dtype, LoD, or rows and height (`scale`, `assign`)."""
     ctx.set_output("Out", phantom_of(_value(ctx, "X")))
+
+
+def _sparse_delta(ctx: KernelContext) -> None:
+    """Geo's sparse delta: which rows moved only data could tell; every row of X is taken to
+    (an upper bound on what the push carries)."""
+    x = phantom_of(_value(ctx, "X"))
+    ctx.set_output("Out", Phantom(x.shape, x.dtype, x.shape[0]))
 
 
 def _mul(ctx: KernelContext) -> None:
@@ -390,7 +398,7 @@ SHAPE_RULES: dict[str, Rule] = {
     "like_param": _optimizer, "from_attrs": _initializer, "like_x": _like_x, "mul": _mul,
     "reshape": _reshape, "lookup": _lookup, "lookup_grad": _lookup_grad,
     "sequence_pool": _sequence_pool, "merge_ids": _merge_ids, "split_byref": _split_byref,
-    "split_selected_rows": _split_selected_rows, "split_ids": _split_ids, "concat": _concat,
+    "split_selected_rows": _split_selected_rows, "sparse_delta": _sparse_delta, "split_ids": _split_ids, "concat": _concat,
     "sum": _sum, "ref_by_trainer_id": _ref_by_trainer_id,
     "conditional_block": _conditional_block, "save": _save, "conv2d": _conv2d,
     "pool2d": _pool2d, "batch_norm": _batch_norm, "layer_norm": _layer_norm,

@@ -1,6 +1,6 @@
 """Torch kernels of the initializer, counter and control ops.
 
-`increment` computes in torch like any op. The others have nothing to compute on a device, so
+`increment` and `sparse_delta` compute in torch like any op. The others have nothing to compute on a device, so
 the torch backend registers the numpy backend's own kernels for them:
 
 - the random initializers (`uniform_random`, `gaussian_random`, `truncated_gaussian_random`)
@@ -21,11 +21,13 @@ store numpy, which the next torch kernel reading it converts.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from runtime.execution.kernels import numpy_control, numpy_dist, numpy_math, numpy_nn
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import Kernel
-from runtime.execution.kernels.torch_common import dtype_of, input_t, kernel, on_host, put
+from runtime.execution.kernels.torch_common import dtype_of, input_t, kernel, on_host, put, to_host
+from runtime.execution.tensor import SelectedRows
 
 SHARED_WITH_NUMPY: dict[str, Kernel] = {
     "fill_constant": numpy_control.fill_constant,
@@ -46,6 +48,19 @@ SHARED_WITH_NUMPY: dict[str, Kernel] = {
 
 for _op_type, _kernel in SHARED_WITH_NUMPY.items():
     kernel(_op_type)(on_host(_kernel))
+
+
+@kernel("sparse_delta")
+def sparse_delta(ctx: KernelContext) -> None:
+    """Geo's delta of a sparse table: ``(X - Y) * scale`` in the rows where X and Y differ
+    (as `numpy_dist.sparse_delta`)."""
+    x, y = input_t(ctx, "X"), input_t(ctx, "Y")
+    if x.shape != y.shape:
+        raise ValueError(f"X {list(x.shape)} and Y {list(y.shape)} differ in shape")
+    diff = x - y
+    rows = torch.nonzero((diff != 0).reshape(diff.shape[0], -1).any(dim=1)).reshape(-1)
+    values = diff[rows] * float(ctx.attr("scale", 1.0))
+    ctx.set_output("Out", SelectedRows(to_host(rows), to_host(values), int(x.shape[0])))
 
 
 @kernel("increment")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 
 from runtime.config.scenario import parse_scenario
 from runtime.network.zmq_transport import ZmqTransport
@@ -54,3 +55,20 @@ train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: 10s{retry}}}
 
 def run(job: Job) -> JobResult:
     return asyncio.run(run_job(job, ZmqTransport))
+
+
+def csv_with_a_bad_value(path: Path, rows: int = 96, bad_row: int = 40) -> tuple[str, str]:
+    """A csv of `rows` records for an MLP on 64 features (``f0``..``f63``, ``label``) whose
+    record `bad_row` holds a word in column ``f3``: the job starts (its first record is good)
+    and the trainer that reads that record fails. The ``--set`` that makes a scenario read it,
+    and the start of the error the trainer reports."""
+    header = [f"f{i}" for i in range(64)] + ["label"]
+    lines = [",".join(header)]
+    for r in range(rows):
+        values = [f"{(r * 64 + i) % 7 / 7:.3f}" for i in range(64)] + [str(r % 10)]
+        if r == bad_row:
+            values[3] = "oops"
+        lines.append(",".join(values))
+    path.write_text("\n".join(lines) + "\n")
+    override = f"data={{name: csv, path: {path}, batch_size: 16, feeds: {{x: 'f*', label: label}}}}"
+    return override, f"DataError: {path}:{bad_row + 2}: column 'f3'"

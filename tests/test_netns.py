@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cluster_helpers import csv_with_a_bad_value
 
 from runtime import cli
 from runtime.config.metrics import JobMetrics, NetnsNodeMetrics, read_metrics
@@ -163,11 +164,11 @@ def assert_shaped(pserver: NetnsNodeMetrics, metrics: JobMetrics, bandwidth: flo
 def test_a_failed_job_deletes_its_namespaces_too(can_make_namespaces: None,
                                                  tmp_path: Path) -> None:
     scenario, out = scenario_file(tmp_path), tmp_path / "out"
-    code, lines = up(str(scenario), "--out", str(out), "--netns",
-                     "--set", "data.name=no_such_data")
+    data, error = csv_with_a_bad_value(tmp_path / "data.csv")
+    code, lines = up(str(scenario), "--out", str(out), "--netns", "--set", data)
     assert code == 1
     assert lines[-1].startswith("FAILED: trainer:")
-    assert "DataError: unknown dataset 'no_such_data'" in lines[-1]
+    assert error in lines[-1]
     assert_all_gone(namespaces_of(read_metrics(out / "metrics.json")))
 
 

@@ -126,7 +126,7 @@ def test_the_profile_covers_both_roles_and_loads(
     assert all(t.per_call + t.per_element > 0 for t in profile.ops.values())
     meta = document["meta"]
     assert (meta["scenario"], meta["steps"], meta["backend"]) == (
-        "quickstart", STEPS, {"kernels": "numpy", "device": "cpu"})
+        "quickstart", STEPS, {"kernels": "numpy", "device": "cpu", "pserver_device": "cpu"})
     assert meta["ops"]["mean"]["calls"] == STEPS * 2  # one a step on each of 2 trainers
     assert set(meta["ops"]) == set(document["ops"])
 

@@ -27,7 +27,7 @@ from runtime.services.node import (NodeOptions, Role, RoleError, node_options, r
                                    scenario_for)
 from runtime.services.progress import PROGRESS_FD_VAR, Channel, Progress, Reporter, read_progress
 
-from cluster_helpers import free_endpoints
+from cluster_helpers import csv_with_a_bad_value, free_endpoints
 from metrics_schema import assert_valid_metrics
 
 SGD = "{type: sgd, learning_rate: 0.1}"
@@ -184,10 +184,11 @@ def test_an_expectation_that_cannot_hold_fails_the_run_naming_it(tmp_path: Path)
 @pytest.mark.timeout(60)
 def test_a_failing_trainer_fails_the_run_naming_the_node(tmp_path: Path) -> None:
     scenario, out = scenario_file(tmp_path), tmp_path / "out"
-    code, lines = up(str(scenario), "--out", str(out), "--set", "data.name=no_such_data")
+    data, error = csv_with_a_bad_value(tmp_path / "data.csv")
+    code, lines = up(str(scenario), "--out", str(out), "--set", data)
     assert code == 1
     assert lines[-1].startswith("FAILED: trainer:")
-    assert "exited with status 1: DataError: unknown dataset 'no_such_data'" in lines[-1]
+    assert f"exited with status 1: {error}" in lines[-1]
     metrics = read_metrics(out / "metrics.json")
     assert metrics.job.failed_node in {"trainer:0", "trainer:1"}
     assert metrics.expectations == []

@@ -270,37 +270,35 @@ class PserverService:
                 return
             result, failure = None, None
             try:
-                result = await self._perform(action)
+                result = self._perform_now(action)
+                if result is _WAITS:
+                    result = await self._perform(action)
             except Exception as exc:
                 failure = exc
 
-    async def _perform(self, action: Action) -> Any:
+    def _perform_now(self, action: Action) -> Any:
+        """Perform `action` if that needs no wait (most do: a reply the transport takes at
+        once, a request's handling that cost no modelled time) and return its result, else
+        `_WAITS` (`_perform` then does it).
+
+        DESIGN: each message's handling is several actions; a coroutine for each is what the
+        pserver spent most of its time on in large simulations. Doing here what never waits
+        gives the same order of events as awaiting it (an await that does not suspend runs
+        inline)."""
         match action:
             case Reply(peer=peer, message=message, heartbeat=heartbeat):
-                nbytes = await self._send(peer, message)
+                nbytes = self._send_now(peer, message)
+                if nbytes is None:
+                    return _WAITS
                 if heartbeat:
                     self.stats.heartbeat_bytes += nbytes
-            case Reject():
-                await self._reject(action)
             case Begin():
                 self._began = self.charge.clock()
             case RunBlocks(blocks=blocks):
                 for idx in blocks:
                     self._run(idx)
-            case Pay(update_step=step):
-                await self.charge.pay()  # the compute this request's handling caused
-                if step is not None:
-                    self.stats.optimize_seconds += self.charge.clock() - self._began
-                    self.stats.steps = max(self.stats.steps, step)
-            case Optimize():
-                await self._optimize(action)
-            case SaveCheckpoint(step=step, directory=None):  # a periodic checkpoint
-                assert self.config.checkpoint_dir is not None
-                path = self.save_checkpoint(self.config.checkpoint_dir, step)
-                self.stats.checkpoints.append(step)
-                return path
-            case SaveCheckpoint(step=step, directory=Path() as directory):
-                return self.save_checkpoint(directory, step)
+            case Pay(update_step=step) if self.charge.owed <= 0:
+                self._paid(step)
             case Tally(stat=stat, value=value):
                 counted = getattr(self.stats, stat)
                 if isinstance(counted, list):
@@ -311,20 +309,70 @@ class PserverService:
                 self._meter_replay(action)
             case Stop():
                 self._done.set()
+            case _:
+                return _WAITS
         return None
+
+    def _paid(self, step: int | None) -> None:
+        """A request's compute is paid: count its update (of `step`, if it made one)."""
+        if step is not None:
+            self.stats.optimize_seconds += self.charge.clock() - self._began
+            self.stats.steps = max(self.stats.steps, step)
+
+    async def _perform(self, action: Action) -> Any:
+        match action:
+            case Reply(peer=peer, message=message, heartbeat=heartbeat):
+                nbytes = await self._send(peer, message)
+                if heartbeat:
+                    self.stats.heartbeat_bytes += nbytes
+            case Reject():
+                await self._reject(action)
+            case Pay(update_step=step):
+                await self.charge.pay()  # the compute this request's handling caused
+                self._paid(step)
+            case Optimize():
+                await self._optimize(action)
+            case SaveCheckpoint(step=step, directory=None):  # a periodic checkpoint
+                assert self.config.checkpoint_dir is not None
+                path = self.save_checkpoint(self.config.checkpoint_dir, step)
+                self.stats.checkpoints.append(step)
+                return path
+            case SaveCheckpoint(step=step, directory=Path() as directory):
+                return self.save_checkpoint(directory, step)
+            case _:  # the others never wait
+                return self._perform_now(action)
+        return None
+
+    def _send_now(self, peer: str, reply: Message) -> int | None:
+        """Send `reply` to `peer` if the transport takes it without a wait: the bytes it
+        weighs; None: nothing sent (`_send` it)."""
+        meter = self.meter
+        started = 0.0 if meter is None else meter.start()
+        frames = encode(reply)
+        try:
+            if not self.transport.send_nowait(peer, frames):
+                return None
+        except Exception as exc:  # the trainer went away; it will retry or be dropped
+            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+        return self._sent(started, reply, frames)
 
     async def _send(self, peer: str, reply: Message) -> int:
         """Send `reply` to `peer`; the bytes it weighs."""
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
         frames = encode(reply)
-        nbytes = charged_size(frames)
-        self.stats.bytes_out += nbytes
         try:
             if not self.transport.send_nowait(peer, frames):
                 await self.transport.send(peer, frames)
         except Exception as exc:  # the trainer went away; it will retry or be dropped
             log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+        return self._sent(started, reply, frames)
+
+    def _sent(self, started: float, reply: Message, frames: list[Any]) -> int:
+        """Count a reply sent (metered from `started`); the bytes it weighs."""
+        nbytes = charged_size(frames)
+        self.stats.bytes_out += nbytes
+        meter = self.meter
         if meter is not None:
             meter.stop_message(started, SENDS, reply.kind.value, nbytes)
         return nbytes
@@ -393,6 +441,10 @@ class PserverService:
         log.info("%s: restored the state before step %d from %s", self.name, saved.step,
                  directory / self.name)
         return saved.step
+
+
+_WAITS = object()
+"""`_perform_now`'s answer for an action that may wait."""
 
 
 def _loop_time() -> float:

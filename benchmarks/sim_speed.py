@@ -19,7 +19,8 @@
    so both model the same job; the SimPy side just skips everything the runtime does per message
    (the wire format, the protocol, the executor, the trace). Printed: each side's wall time
    (setup included for the simulator: the job is what a user waits for) and the ratio SimPy wall
-   / simulator wall (goal >= 0.25 for the sync 100 x 10 x 10 job).
+   / simulator wall (goal >= 0.25 for the sync 100 x 10 x 10 job), with each run's CPU seconds
+   and their ratio beside, which other load on a shared machine disturbs far less.
 2. The wall time and peak resident memory of the whole `scale` scenario (1,000 trainers x 100
    pservers, async, 10 steps, about 4.7 million messages) and of its sync variant, each in a
    process of its own, against the goals of 120 s and 1 GiB. ``--scale-trainers`` runs a
@@ -85,6 +86,8 @@ class Outcome:
     sim_time: float
     """Simulated seconds until the last trainer's last step ended."""
     wall: float
+    cpu: float
+    """CPU seconds of this process (less sensitive than `wall` to other load on the machine)."""
 
     @property
     def rate(self) -> float:
@@ -127,11 +130,11 @@ def _size(msg: Message) -> int:
 # ----------------------------------------------------------------------------------- the runtime
 
 def run_runtime(scenario: Scenario) -> tuple[Outcome, SimResult]:
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     result = simulate(scenario, base_dir=SCALE.parent)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     last_step = max((t.step_ends[-1] for t in result.trainers if t.step_ends), default=0.0)
-    return Outcome(result.messages, last_step, wall), result
+    return Outcome(result.messages, last_step, wall, cpu), result
 
 
 def compute_times(result: SimResult, work: Workload) -> tuple[float, float]:
@@ -263,9 +266,10 @@ def run_simpy(work: Workload, spec: NetworkSpec, seed: int, sizes: Sizes, step_c
 
     for j in range(work.pservers):
         env.process(pserver(j))
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     env.run(until=simpy.AllOf(env, [env.process(trainer(i)) for i in range(work.trainers)]))
-    return Outcome(net.messages, env.now, time.perf_counter() - started)
+    return Outcome(net.messages, env.now, time.perf_counter() - started,
+                   time.process_time() - cpu)
 
 
 # ----------------------------------------------------------------------------------------- report
@@ -287,27 +291,29 @@ def compare_with_simpy(work: Workload, repeat: int) -> None:
         simpy = None
     spec = NetworkSpec.parse(scenario.network)
     block = Phantom((FIRST_WEIGHT // work.pservers,), np.dtype("float32"))
-    ours_walls, their_walls, ratios = [], [], []
+    ours_walls, their_walls, ratios, cpu_ratios = [], [], [], []
     for _ in range(repeat):
         ours, result = run_runtime(scenario)
         ours_walls.append(ours.wall)
         print(f"  runtime in sim: {ours.messages:,} messages, sim time {ours.sim_time:.4f} s, "
-              f"wall {ours.wall:.2f} s, {ours.rate:,.0f} messages/s")
+              f"wall {ours.wall:.2f} s (CPU {ours.cpu:.2f} s), {ours.rate:,.0f} messages/s")
         if simpy is None:
             continue
         step_compute, update = compute_times(result, work)
         theirs = run_simpy(work, spec, scenario.seed, Sizes.of(block), step_compute, update)
         their_walls.append(theirs.wall)
         ratios.append(theirs.wall / ours.wall)
+        cpu_ratios.append(theirs.cpu / ours.cpu)
         print(f"  SimPy model:    {theirs.messages:,} messages, sim time {theirs.sim_time:.4f} s,"
-              f" wall {theirs.wall:.2f} s; ratio (SimPy wall / simulator wall) "
-              f"{ratios[-1]:.3f}")
+              f" wall {theirs.wall:.2f} s (CPU {theirs.cpu:.2f} s); ratio SimPy / simulator: "
+              f"wall {ratios[-1]:.3f}, CPU {cpu_ratios[-1]:.3f}")
     print(f"  simulator wall s: {_spread(ours_walls)}")
     if simpy is None:
         print("  SimPy not installed: no baseline (pip install 'pslab[bench]')")
         return
     print(f"  SimPy wall s:     {_spread(their_walls)}")
-    print(f"  ratio SimPy / simulator: {_spread(ratios)} (goal >= {RATIO_GOAL})")
+    print(f"  ratio SimPy / simulator, wall: {_spread(ratios)} (goal >= {RATIO_GOAL})")
+    print(f"  ratio SimPy / simulator, CPU:  {_spread(cpu_ratios)}")
 
 
 def scale_run(trainers: int, mode: str) -> None:
@@ -315,7 +321,8 @@ def scale_run(trainers: int, mode: str) -> None:
     scenario = load_scenario(SCALE, [f"cluster.trainers={trainers}", f"transpiler.mode={mode}"])
     ours, _ = run_runtime(scenario)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    print(json.dumps({"messages": ours.messages, "wall": ours.wall, "rss": rss}))
+    print(json.dumps({"messages": ours.messages, "wall": ours.wall, "cpu": ours.cpu,
+                      "rss": rss}))
 
 
 def scale_wall(trainers: int, mode: str) -> None:
@@ -326,7 +333,7 @@ def scale_wall(trainers: int, mode: str) -> None:
     run = json.loads(child.stdout.splitlines()[-1])
     c = load_scenario(SCALE, [f"cluster.trainers={trainers}"]).cluster
     print(f"scale scenario, {mode}, {c.trainers} trainers x {c.pservers} pservers x 10 steps: "
-          f"{run['messages']:,} messages, wall {run['wall']:.1f} s, "
+          f"{run['messages']:,} messages, wall {run['wall']:.1f} s (CPU {run['cpu']:.1f} s), "
           f"{run['messages'] / run['wall']:,.0f} messages/s, peak RSS {run['rss'] / 2**20:,.0f} MiB")
     if trainers == 1000:
         print(f"  goals {SCALE_GOAL:.0f} s and {MEMORY_GOAL / 2**30:.0f} GiB: ratios (goal / "

@@ -339,8 +339,9 @@ class PserverService:
                 return path
             case SaveCheckpoint(step=step, directory=Path() as directory):
                 return self.save_checkpoint(directory, step)
-            case _:  # the others never wait
-                return self._perform_now(action)
+            case _:  # the others never wait (and an action neither knows is ignored)
+                result = self._perform_now(action)
+                return None if result is _WAITS else result
         return None
 
     def _send_now(self, peer: str, reply: Message) -> int | None:

@@ -1,33 +1,47 @@
-"""How fast the simulator runs the whole runtime, against SimPy and against the scale goal.
+"""How fast the simulator runs the whole runtime, against SimPy and against the scale goals.
 
-1. Simulated messages per wall second of a parameter-server job run by the real runtime in the
-   simulator: the `scale` scenario (asynchronous SGD, timing mode: phantom tensors, a roofline
-   compute model, lognormal latencies and 10 Gbps NICs) cut down to N trainers x M pservers x S
-   steps, every message encoded, carried by `sim.network`, decoded and served by the real
-   pserver. The baseline, measured in the same run, is the same message pattern modelled
-   directly in SimPy: each step every trainer computes, sends a gradient block to every pserver
-   and waits for the acknowledgements, then asks every pserver for its parameter block and
-   waits for the replies; a pserver serves one message at a time and spends the modelled update
-   time on each gradient; messages cross the same network model (FIFO egress and ingress per NIC,
-   a latency drawn per message from the scenario's distribution with one seeded generator per
-   link, no overtaking on a link) with the same sizes. The compute times come from the
-   simulator's run (its modelled seconds per trainer step and per pserver update), so both
-   model the same job; the SimPy side just skips everything the runtime does per message (the
-   wire format, the protocol, the executor, the trace). Printed: messages per wall second of
-   each, and their ratio (goal >= 1.0).
-2. The wall time of the whole `scale` scenario (1,000 trainers x 100 pservers, 10 steps, about
-   4.7 million messages), against its goal of 60 seconds (printed as goal / wall; >= 1.0 meets
-   it). ``--scale-trainers`` runs a smaller cluster for a quick look; ``--skip-scale`` skips it.
+1. The wall time of a parameter-server job run by the real runtime in the simulator, against
+   the same job's protocol modelled directly in SimPy, both measured in the same run. The job is
+   the `scale` scenario (timing mode: phantom tensors, a roofline compute model, lognormal
+   latencies and 10 Gbps NICs) cut down to N trainers x M pservers x S steps, in sync mode by
+   default (`--mode async` for the scenario's own): every message encoded, carried by
+   `sim.network`, decoded and served by the real pserver. The SimPy model sends the same
+   pattern: each step every trainer computes, sends a gradient block to every pserver and waits
+   for the acknowledgements; in sync mode it then sends a send barrier to every pserver and
+   waits for the acknowledgements, asks every pserver for its parameter block (answered once
+   that pserver has every trainer's barrier and has run its update) and sends a fetch barrier to
+   every pserver (the next step's requests wait until every trainer's is in); in async mode it
+   asks for the parameter blocks at once, a pserver spending its update time on each gradient.
+   A pserver serves one message at a time; messages cross the same network model (FIFO egress
+   and ingress per NIC, a latency drawn per message from the scenario's distribution with one
+   seeded generator per link, no overtaking on a link) with the same sizes. The compute times
+   come from the simulator's run (its modelled seconds per trainer step and per pserver update),
+   so both model the same job; the SimPy side just skips everything the runtime does per message
+   (the wire format, the protocol, the executor, the trace). Printed: each side's wall time
+   (setup included for the simulator: the job is what a user waits for) and the ratio SimPy wall
+   / simulator wall (goal >= 0.25 for the sync 100 x 10 x 10 job), with each run's CPU seconds
+   and their ratio beside, which other load on a shared machine disturbs far less.
+2. The wall time and peak resident memory of the whole `scale` scenario (1,000 trainers x 100
+   pservers, async, 10 steps, about 4.7 million messages) and of its sync variant, each in a
+   process of its own, against the goals of 120 s and 1 GiB. ``--scale-trainers`` runs a
+   smaller cluster for a quick look; ``--skip-scale`` skips both, ``--scale-modes async`` runs
+   one.
 
 SimPy is needed for part 1 only (``pip install 'pslab[bench]'``); without it part 1 says so.
 
-Run: python benchmarks/sim_speed.py [--trainers 100 --pservers 10 --steps 10] [--skip-scale]
+Run: python benchmarks/sim_speed.py [--trainers 100 --pservers 10 --steps 10 --mode sync]
+         [--repeat 3] [--skip-scale]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import resource
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -43,8 +57,12 @@ from sim.network import Latency, NetworkSpec
 from sim.simulate import SimResult, simulate
 
 SCALE = Path(__file__).resolve().parent.parent / "scenarios" / "scale.yaml"
-SCALE_GOAL = 60.0
-"""Seconds of wall time the whole scale scenario should take."""
+SCALE_GOAL = 120.0
+"""Seconds of wall time the whole scale scenario (and its sync variant) should take."""
+MEMORY_GOAL = 1 << 30
+"""Bytes of peak resident memory the same runs should stay under."""
+RATIO_GOAL = 0.25
+"""SimPy model's wall time / the simulator's, for the sync 100 x 10 x 10 job."""
 FIRST_WEIGHT = 1600 * 512
 """Elements of the scale model's first weight, which its pservers share out in blocks (the
 other params are small): the bytes of one pserver's gradient and parameter messages."""
@@ -55,10 +73,11 @@ class Workload:
     trainers: int
     pservers: int
     steps: int
+    mode: str = "sync"
 
     def overrides(self) -> list[str]:
         return [f"cluster.trainers={self.trainers}", f"cluster.pservers={self.pservers}",
-                f"train.steps={self.steps}"]
+                f"train.steps={self.steps}", f"transpiler.mode={self.mode}"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,8 @@ class Outcome:
     sim_time: float
     """Simulated seconds until the last trainer's last step ended."""
     wall: float
+    cpu: float
+    """CPU seconds of this process (less sensitive than `wall` to other load on the machine)."""
 
     @property
     def rate(self) -> float:
@@ -75,13 +96,14 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Sizes:
-    """Bytes of the four messages of one block's round: a gradient and its acknowledgement, a
-    request for the parameter and its reply (as the simulator charges them)."""
+    """Bytes of the messages of one block's round: a gradient and its acknowledgement, a
+    request for the parameter and its reply, a barrier (as the simulator charges them)."""
 
     send: int
     ack: int
     get: int
     reply: int
+    barrier: int
 
     @classmethod
     def of(cls, block: Phantom) -> Sizes:
@@ -91,7 +113,14 @@ class Sizes:
             ack=_size(Message(Kind.REPLY, 1, "pserver:0", 0, extra={"server_step": 0})),
             get=_size(Message(Kind.GET, 1, src, 0, extra={"trainer": 0, "names": [name]})),
             reply=_size(Message(Kind.REPLY, 1, "pserver:0", 0, {name: block},
-                                {"server_step": 0, "in_fanin": True, "entry_step": 0})))
+                                {"server_step": 0, "in_fanin": True, "entry_step": 0})),
+            barrier=_size(Message(Kind.SEND_BARRIER, 1, src, 0, extra={"trainer": 0})))
+
+    def request(self, kind: Kind) -> int:
+        return {Kind.SEND: self.send, Kind.GET: self.get}.get(kind, self.barrier)
+
+    def answer(self, kind: Kind) -> int:
+        return self.reply if kind is Kind.GET else self.ack
 
 
 def _size(msg: Message) -> int:
@@ -101,19 +130,21 @@ def _size(msg: Message) -> int:
 # ----------------------------------------------------------------------------------- the runtime
 
 def run_runtime(scenario: Scenario) -> tuple[Outcome, SimResult]:
-    started = time.perf_counter()
-    result = simulate(scenario, base_dir=SCALE.parent)
-    wall = time.perf_counter() - started
+    started, cpu = time.perf_counter(), time.process_time()
+    # as `sim run` does: no record per message where the scenario writes no trace (scale's)
+    result = simulate(scenario, base_dir=SCALE.parent, trace_messages=scenario.outputs.trace)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     last_step = max((t.step_ends[-1] for t in result.trainers if t.step_ends), default=0.0)
-    return Outcome(result.messages, last_step, wall), result
+    return Outcome(result.messages, last_step, wall, cpu), result
 
 
 def compute_times(result: SimResult, work: Workload) -> tuple[float, float]:
-    """Modelled seconds of one trainer step and of one pserver update, averaged over the run."""
+    """Modelled seconds of one trainer step and of one pserver update (sync: a round's, async:
+    a gradient's), averaged over the run."""
     trainers = [s for node, s in result.compute.items() if node.startswith("trainer:")]
     servers = [s for node, s in result.compute.items() if node.startswith("pserver:")]
-    sends = work.trainers * work.pservers * work.steps
-    return sum(trainers) / max(len(trainers) * work.steps, 1), sum(servers) / max(sends, 1)
+    updates = work.pservers * work.steps * (1 if work.mode == "sync" else work.trainers)
+    return sum(trainers) / max(len(trainers) * work.steps, 1), sum(servers) / max(updates, 1)
 
 
 # ------------------------------------------------------------------------------------ SimPy model
@@ -153,77 +184,164 @@ class SimpyNetwork:
         env.timeout(arrival - now).callbacks.append(arrive)
 
 
+@dataclass
+class SyncRound:
+    """A SimPy pserver's sync round: the step, whether its update ran, the barriers in, and
+    the requests that wait for the round to move on."""
+
+    trainers: int
+    step: int = 0
+    optimized: bool = False
+    sent: int = 0
+    fetched: int = 0
+
+    def verdict(self, kind: Kind, step: int) -> bool:
+        """Whether a request of `kind` at `step` is answered now (else it waits)."""
+        if step > self.step:
+            return False
+        if kind in (Kind.SEND, Kind.SEND_BARRIER):
+            return True
+        return self.optimized
+
+
 def run_simpy(work: Workload, spec: NetworkSpec, seed: int, sizes: Sizes, step_compute: float,
               update: float) -> Outcome:
-    """The job's message pattern in SimPy (see the module doc)."""
+    """The job's protocol in SimPy (see the module doc)."""
     import simpy
 
     env = simpy.Environment()
     net = SimpyNetwork(env, spec.latency, spec.bandwidth, seed)
     inboxes = [simpy.Store(env) for _ in range(work.pservers)]
+    sync = work.mode == "sync"
 
     def pserver(index: int) -> Generator[Any, Any, None]:
-        name = f"pserver:{index}"
+        name, state, waiting = f"pserver:{index}", SyncRound(work.trainers), []
+
+        def answer(request: tuple[Any, ...]) -> None:
+            trainer, replies, kind, _ = request
+            net.send(name, trainer, sizes.answer(kind), replies, kind)
+
         while True:
-            trainer, replies, kind = yield inboxes[index].get()
-            if kind is Kind.SEND:
-                yield env.timeout(update)
-            size = sizes.ack if kind is Kind.SEND else sizes.reply
-            net.send(name, trainer, size, replies, kind)
+            request = yield inboxes[index].get()
+            kind, step = request[2], request[3]
+            if not sync:
+                if kind is Kind.SEND:
+                    yield env.timeout(update)
+                answer(request)
+                continue
+            if not state.verdict(kind, step):
+                waiting.append(request)
+                continue
+            answer(request)
+            if kind is Kind.SEND_BARRIER:
+                state.sent += 1
+                if state.sent == work.trainers:
+                    yield env.timeout(update)
+                    state.optimized = True
+                    ready, waiting = waiting, []
+                    for r in ready:  # the GETs of this step (nothing else waits yet)
+                        answer(r)
+            elif kind is Kind.FETCH_BARRIER:
+                state.fetched += 1
+                if state.fetched == work.trainers:
+                    state.step, state.optimized, state.sent, state.fetched = state.step + 1, \
+                        False, 0, 0
+                    ready, waiting = waiting, []
+                    for r in ready:  # the next step's sends and barriers
+                        if r[2] is Kind.SEND_BARRIER:
+                            state.sent += 1
+                        answer(r)
 
     def trainer(index: int) -> Generator[Any, Any, None]:
         name, replies = f"trainer:{index}", simpy.Store(env)
-        for _ in range(work.steps):
+        kinds = ((Kind.SEND, Kind.SEND_BARRIER, Kind.GET, Kind.FETCH_BARRIER) if sync
+                 else (Kind.SEND, Kind.GET))
+        for step in range(work.steps):
             yield env.timeout(step_compute)
-            for kind, size in ((Kind.SEND, sizes.send), (Kind.GET, sizes.get)):
+            for kind in kinds:
                 for j, inbox in enumerate(inboxes):
-                    net.send(name, f"pserver:{j}", size, inbox, (name, replies, kind))
+                    net.send(name, f"pserver:{j}", sizes.request(kind), inbox,
+                             (name, replies, kind, step))
                 for _ in inboxes:
                     yield replies.get()
 
     for j in range(work.pservers):
         env.process(pserver(j))
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     env.run(until=simpy.AllOf(env, [env.process(trainer(i)) for i in range(work.trainers)]))
-    return Outcome(net.messages, env.now, time.perf_counter() - started)
+    return Outcome(net.messages, env.now, time.perf_counter() - started,
+                   time.process_time() - cpu)
 
 
 # ----------------------------------------------------------------------------------------- report
 
-def compare_with_simpy(work: Workload) -> None:
+def _spread(values: list[float]) -> str:
+    return (f"min {min(values):.2f} / median {statistics.median(values):.2f} / "
+            f"max {max(values):.2f}")
+
+
+def compare_with_simpy(work: Workload, repeat: int) -> None:
+    """Run the job in the simulator and in SimPy `repeat` times, alternating, and print each
+    side's wall times and the ratios of the pairs."""
     scenario = load_scenario(SCALE, work.overrides())
-    ours, result = run_runtime(scenario)
-    print(f"parameter-server job in the simulator, {work.trainers} trainers x {work.pservers} "
-          f"pservers x {work.steps} steps (scale scenario, timing mode):")
-    print(f"  runtime in sim: {ours.messages:,} messages, sim time {ours.sim_time:.4f} s, "
-          f"wall {ours.wall:.2f} s, {ours.rate:,.0f} messages/s")
+    print(f"{work.mode} parameter-server job, {work.trainers} trainers x {work.pservers} "
+          f"pservers x {work.steps} steps (scale scenario, timing mode), {repeat} runs:")
     try:
         import simpy  # noqa: F401  (the baseline's only dependency)
     except ImportError:
-        print("  SimPy not installed: no baseline (pip install 'pslab[bench]')")
-        return
+        simpy = None
     spec = NetworkSpec.parse(scenario.network)
     block = Phantom((FIRST_WEIGHT // work.pservers,), np.dtype("float32"))
-    step_compute, update = compute_times(result, work)
-    theirs = run_simpy(work, spec, scenario.seed, Sizes.of(block), step_compute, update)
-    print(f"  SimPy model:    {theirs.messages:,} messages, sim time {theirs.sim_time:.4f} s, "
-          f"wall {theirs.wall:.2f} s, {theirs.rate:,.0f} messages/s")
-    print(f"  ratio (runtime in sim / SimPy model, messages per second): "
-          f"{ours.rate / theirs.rate:.2f} (goal >= 1.0)")
+    ours_walls, their_walls, ratios, cpu_ratios = [], [], [], []
+    for _ in range(repeat):
+        ours, result = run_runtime(scenario)
+        ours_walls.append(ours.wall)
+        print(f"  runtime in sim: {ours.messages:,} messages, sim time {ours.sim_time:.4f} s, "
+              f"wall {ours.wall:.2f} s (CPU {ours.cpu:.2f} s), {ours.rate:,.0f} messages/s")
+        if simpy is None:
+            continue
+        step_compute, update = compute_times(result, work)
+        theirs = run_simpy(work, spec, scenario.seed, Sizes.of(block), step_compute, update)
+        their_walls.append(theirs.wall)
+        ratios.append(theirs.wall / ours.wall)
+        cpu_ratios.append(theirs.cpu / ours.cpu)
+        print(f"  SimPy model:    {theirs.messages:,} messages, sim time {theirs.sim_time:.4f} s,"
+              f" wall {theirs.wall:.2f} s (CPU {theirs.cpu:.2f} s); ratio SimPy / simulator: "
+              f"wall {ratios[-1]:.3f}, CPU {cpu_ratios[-1]:.3f}")
+    print(f"  simulator wall s: {_spread(ours_walls)}")
+    if simpy is None:
+        print("  SimPy not installed: no baseline (pip install 'pslab[bench]')")
+        return
+    print(f"  SimPy wall s:     {_spread(their_walls)}")
+    print(f"  ratio SimPy / simulator, wall: {_spread(ratios)} (goal >= {RATIO_GOAL})")
+    print(f"  ratio SimPy / simulator, CPU:  {_spread(cpu_ratios)}")
 
 
-def scale_wall(trainers: int) -> None:
-    scenario = load_scenario(SCALE, [f"cluster.trainers={trainers}"])
+def scale_run(trainers: int, mode: str) -> None:
+    """One scale run in this process (the child of `scale_wall`): a JSON line of what it took."""
+    scenario = load_scenario(SCALE, [f"cluster.trainers={trainers}", f"transpiler.mode={mode}"])
     ours, _ = run_runtime(scenario)
-    c = scenario.cluster
-    print(f"scale scenario, {c.trainers} trainers x {c.pservers} pservers x "
-          f"{scenario.train.steps} steps: {ours.messages:,} messages, wall {ours.wall:.1f} s, "
-          f"{ours.rate:,.0f} messages/s")
-    goal = f"goal {SCALE_GOAL:.0f} s at 1,000 trainers"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    print(json.dumps({"messages": ours.messages, "wall": ours.wall, "cpu": ours.cpu,
+                      "rss": rss}))
+
+
+def scale_wall(trainers: int, mode: str) -> None:
+    """The scale scenario in `mode`, in a process of its own (so its peak memory is its own)."""
+    child = subprocess.run([sys.executable, __file__, "--scale-child", mode,
+                            "--scale-trainers", str(trainers)],
+                           check=True, capture_output=True, text=True)
+    run = json.loads(child.stdout.splitlines()[-1])
+    c = load_scenario(SCALE, [f"cluster.trainers={trainers}"]).cluster
+    print(f"scale scenario, {mode}, {c.trainers} trainers x {c.pservers} pservers x 10 steps: "
+          f"{run['messages']:,} messages, wall {run['wall']:.1f} s (CPU {run['cpu']:.1f} s), "
+          f"{run['messages'] / run['wall']:,.0f} messages/s, peak RSS {run['rss'] / 2**20:,.0f} MiB")
     if trainers == 1000:
-        print(f"  {goal}: ratio (goal / wall) {SCALE_GOAL / ours.wall:.2f} (>= 1.0 meets it)")
+        print(f"  goals {SCALE_GOAL:.0f} s and {MEMORY_GOAL / 2**30:.0f} GiB: ratios (goal / "
+              f"measured) wall {SCALE_GOAL / run['wall']:.2f}, memory "
+              f"{MEMORY_GOAL / run['rss']:.2f} (>= 1.0 meets it)")
     else:
-        print(f"  {goal}: run with --scale-trainers 1000 to measure it")
+        print("  goals at 1,000 trainers: run with --scale-trainers 1000 to measure them")
 
 
 def main() -> None:
@@ -231,13 +349,23 @@ def main() -> None:
     parser.add_argument("--trainers", type=int, default=100)
     parser.add_argument("--pservers", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--mode", choices=("sync", "async"), default="sync")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of the SimPy comparison")
     parser.add_argument("--scale-trainers", type=int, default=1000,
-                        help="trainers of the scale run (default: the scenario's 1,000)")
-    parser.add_argument("--skip-scale", action="store_true", help="skip the scale run")
+                        help="trainers of the scale runs (default: the scenario's 1,000)")
+    parser.add_argument("--scale-modes", default="async,sync",
+                        help="modes of the scale runs, comma-separated")
+    parser.add_argument("--skip-scale", action="store_true", help="skip the scale runs")
+    parser.add_argument("--scale-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    compare_with_simpy(Workload(args.trainers, args.pservers, args.steps))
+    if args.scale_child:
+        scale_run(args.scale_trainers, args.scale_child)
+        return
+    compare_with_simpy(Workload(args.trainers, args.pservers, args.steps, args.mode),
+                       args.repeat)
     if not args.skip_scale:
-        scale_wall(args.scale_trainers)
+        for mode in args.scale_modes.split(","):
+            scale_wall(args.scale_trainers, mode)
 
 
 if __name__ == "__main__":

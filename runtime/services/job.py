@@ -1,27 +1,46 @@
 """A job: what a scenario asks every node to run, built the same way on every node.
 
-`Job.from_scenario` builds the model (`transpiler.models`), its data set (`runtime.execution.data`)
-and the transpile arguments once; `trainer_programs(i)` and `pserver_programs(j)` transpile for one
-role. In the nccl2 and collective modes (`Job.collective`) there are no pservers: `endpoints` is
-empty, the trainers' own endpoints are `peers`, and an nccl2 trainer runs its program with the
-all-reduce ops Paddle's executor would add (`nccl2_executable`). Building is deterministic, so a trainer and a pserver in different processes (or hosts) that
-read the same scenario agree on every program, name and placement without talking.
+`Job.from_scenario` builds the model (`transpiler.models`), its data set
+(`runtime.execution.data`) and the transpile arguments once; `trainer_programs(i)` and
+`pserver_programs(j)` transpile for one role. In the nccl2 and collective modes
+(`Job.collective`) there are no pservers: `endpoints` is empty, the trainers' own endpoints are
+`peers`, and an nccl2 trainer runs its program with the all-reduce ops Paddle's executor would
+add (`nccl2_executable`). Building is deterministic, so a trainer and a pserver in different
+processes (or hosts) that read the same scenario agree on every program, name and placement
+without talking.
 
 A model named ``module:function`` is imported from the scenario file's folder first
 (`Scenario.folder`), in every process that loads the scenario. A builder or data set that cannot
 be made is a `JobError` naming the scenario, the builder or data set, and the cause;
 `check_job` makes both, so the commands call it before they start anything.
+
+One job serving many roles (the simulator, a local cluster) transpiles as little as it can: the
+pservers' programs all come from one transpile, and trainers whose programs differ only by the
+trainer id written in them share one pair of programs.
+
+DESIGN: sharing trainer programs. A trainer program names its trainer in the ``trainer_id``
+attribute of its RPC ops and in the program's ``_trainer_id``; nothing in the runtime reads them
+(a trainer's id is its node's, `RpcOps.trainer_id`), and the trainer only reads ``_is_chief``,
+which trainer 0 alone has. Some modes write the id into names too (a sync distributed table's
+per-trainer gradient pieces), so programs are shared only when trainers 1 and 2 prove it safe:
+their programs, with those attributes left out, are equal op for op. Then every trainer but the
+chief runs trainer 1's programs (the same objects: a shared program costs its memory and its
+transpile once, which at 1,000 trainers are most of a simulation's start-up), else each trainer
+gets its own. The programs are never changed once built (the executor only caches its plan of
+them), so sharing them is safe.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from transpiler.distribute.collective import nccl2_executable
 from transpiler.distribute.from_spec import (TRAINER_RING_MODES, TranspileArgs, transpile_args,
                                              transpile_from_spec)
+from transpiler.distribute.transpiler import DistributeTranspiler
 from transpiler.ir import Program
 from transpiler.models import Model, ModelError, build_model
 
@@ -41,6 +60,9 @@ class JobError(ScenarioError):
 class Job:
     scenario: Scenario
     args: TranspileArgs
+    _trainer_programs: dict[int, tuple[Program, Program]] = field(
+        default_factory=dict, repr=False, compare=False)
+    """Built trainer programs: by trainer id, or -1 for those every non-chief trainer shares."""
 
     @staticmethod
     def from_scenario(scenario: Scenario, endpoints: list[str] | None = None) -> "Job":
@@ -123,15 +145,38 @@ class Job:
         return self.scenario.backend.kernels == "phantom"
 
     def trainer_programs(self, trainer_id: int) -> tuple[Program, Program]:
+        """Trainer `trainer_id`'s main and startup programs (shared with the other non-chief
+        trainers where theirs differ only by the id: see the module's DESIGN note)."""
+        key = -1 if trainer_id > 0 and self._shared_trainer_programs else trainer_id
+        programs = self._trainer_programs.get(key)
+        if programs is None:
+            programs = self._trainer_programs[key] = self._transpile_trainer(
+                1 if key == -1 else trainer_id)
+        return programs
+
+    def _transpile_trainer(self, trainer_id: int) -> tuple[Program, Program]:
         t = transpile_from_spec(self.model.main, self.model.startup, self.args, trainer_id)
         main = t.get_trainer_program()
         if self.args.config.mode == "nccl2":
             main = nccl2_executable(main)
         return main, t.get_trainer_startup_program()
 
+    @cached_property
+    def _shared_trainer_programs(self) -> bool:
+        """Whether the non-chief trainers can share programs: trainers 1 and 2 have the same
+        ones but for the trainer id written in them."""
+        if self.trainers < 3:
+            return False
+        one, two = self._transpile_trainer(1), self._transpile_trainer(2)
+        self._trainer_programs[1], self._trainer_programs[2] = one, two
+        return all(_without_id(a) == _without_id(b) for a, b in zip(one, two))
+
+    @cached_property
+    def _pserver_transpiler(self) -> DistributeTranspiler:
+        return transpile_from_spec(self.model.main, self.model.startup, self.args, 0)
+
     def pserver_programs(self, index: int) -> tuple[Program, Program]:
-        t = transpile_from_spec(self.model.main, self.model.startup, self.args, 0)
-        return t.get_pserver_programs(self.endpoints[index])
+        return self._pserver_transpiler.get_pserver_programs(self.endpoints[index])
 
 
 def check_devices(scenario: Scenario) -> None:
@@ -153,3 +198,16 @@ def check_job(scenario: Scenario, data: bool = True) -> None:
     """Raise `JobError` unless `scenario`'s model and (with `data`) data set can be made and its
     devices exist."""
     Job.from_scenario(scenario).check(data)
+
+
+_ID_ATTRS = {"trainer_id", "_trainer_id"}
+"""Attributes that name the trainer a program was transpiled for."""
+
+
+def _without_id(program: Program) -> list[Any]:
+    """`program` as comparable data, without the attributes naming its trainer."""
+    return [{k: v for k, v in program.attrs.items() if k not in _ID_ATTRS},
+            [[(op.type, op.inputs, op.outputs,
+               {k: v for k, v in op.attrs.items() if k not in _ID_ATTRS})
+              for op in block.ops] for block in program.blocks],
+            [sorted(block.vars.items()) for block in program.blocks]]

@@ -24,6 +24,20 @@ def test_fill_constant_dtype_and_value() -> None:
         run_op("fill_constant", {}, attrs={"shape": [-1, 3], "dtype": "float32", "value": 0.0})
 
 
+def test_assign_value_writes_its_values_and_a_slice_keeps_its_rows() -> None:
+    values = [float(v) for v in range(12)]
+    out = run_op("assign_value", {}, attrs={"shape": [4, 3], "dtype": "float32",
+                                            "fp32_values": values})["Out"]
+    assert out.dtype == np.float32 and out.tolist() == np.arange(12.0).reshape(4, 3).tolist()
+    ids = run_op("assign_value", {}, attrs={"shape": [2], "dtype": "int64",
+                                            "int64_values": [7, -1]})["Out"]
+    assert ids.dtype == np.int64 and ids.tolist() == [7, -1]
+    block = {"shape": [3, 3], "dtype": "float32", "fp32_values": values, "origin_name": "w",
+             "origin_shape": [4, 3], "row_offset": 2}  # the last block, run past the end
+    rows = run_op("assign_value", {}, attrs=block)["Out"]
+    assert rows.tolist() == [[6.0, 7.0, 8.0], [9.0, 10.0, 11.0], [0.0, 0.0, 0.0]]
+
+
 def test_increment_keeps_dtype() -> None:
     out = run_op("increment", {"X": np.array([-1], np.int64)}, attrs={"step": 1.0})["Out"]
     assert out.dtype == np.int64 and out.tolist() == [0]

@@ -422,7 +422,7 @@ def test_cases_cover_every_op_and_gradient() -> None:
     tested = {c.op for c in CASES} | {c.op + "_grad" for c in GRAD_CASES}
     tested |= {"logical_and", "logical_or", "logical_xor", "logical_not", "conditional_block",
                "uniform_random", "gaussian_random", "truncated_gaussian_random", "split_byref",
-               "split_selected_rows", "split", "split_grad"}  # tests below
+               "split_selected_rows", "split", "split_grad", "assign_value"}  # tests below
     tested |= set(TABLE_OPS)
     assert tested == set(registered_ops("numpy"))
 
@@ -548,6 +548,11 @@ def test_split_and_its_gradient_agree(dtype: type) -> None:
     grads = [RNG.standard_normal(o.shape).astype(dtype) for o in out]
     assert_backends_agree("split_grad", {"X": x, "Out": out, "Out@GRAD": grads}, {"X@GRAD": 1},
                           attrs)
+
+
+def test_assign_value_is_the_numpy_kernel() -> None:
+    """It builds its value from its attributes alone (tests/test_kernels_control.py)."""
+    assert get_kernel("assign_value", "torch").__wrapped__ is get_kernel("assign_value", "numpy")
 
 
 @pytest.mark.parametrize("op_type", ["uniform_random", "gaussian_random", "truncated_gaussian_random"])

@@ -6,6 +6,7 @@ Pure program rewriting: nothing here computes tensors or does IO (see `runtime` 
 
 from . import clip, initializer, layers, lr, optimizer, regularizer
 from .backward import append_backward
+from .capture import from_torch
 from .distribute import (DistributedMode, DistributeTranspiler, DistributeTranspilerConfig,
                          GeoSgdTranspiler, HashName, PSDispatcher, RoundRobin, VarBlock,
                          slice_variable)
@@ -18,7 +19,7 @@ __all__ = [
     "DistributeTranspiler", "DistributeTranspilerConfig", "DistributedMode", "GeoSgdTranspiler",
     "HashName", "PSDispatcher", "RoundRobin", "VarBlock", "slice_variable",
     "Block", "BlockRef", "IRError", "Op", "OpRole", "ParamAttr", "Program", "Var", "VarType",
-    "append_backward", "clip", "default_main_program", "default_startup_program", "dumps_json",
+    "append_backward", "clip", "from_torch", "default_main_program", "default_startup_program", "dumps_json",
     "dumps_msgpack", "grad_name", "initializer", "layers", "loads_json", "loads_msgpack", "lr",
     "name_scope", "optimizer", "program_guard", "regularizer", "unique_name", "verify",
 ]

@@ -2,13 +2,14 @@
 
 constant -> `fill_constant`, uniform -> `uniform_random`, normal -> `gaussian_random`,
 truncated normal -> `truncated_gaussian_random`; Xavier picks uniform or normal with the
-fan-in/fan-out scale of Glorot & Bengio.
+fan-in/fan-out scale of Glorot & Bengio; given values -> `assign_value` (`Assign`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from .ir import Block, Var
 
@@ -91,6 +92,32 @@ class Xavier(Initializer):
             Uniform(-limit, limit, self.seed)(var, block)
         else:
             Normal(0.0, math.sqrt(2.0 / (fin + fout)), self.seed)(var, block)
+
+
+VALUE_ATTRS = {"float32": "fp32_values", "float64": "fp64_values", "int32": "int32_values",
+               "int64": "int64_values"}
+"""`assign_value`'s attribute holding the values, by the var's dtype (Paddle's names)."""
+
+
+@dataclass
+class Assign(Initializer):
+    """The var starts from `values`, its elements in row-major order (Paddle's `assign_value`:
+    the values travel in the op's attribute, so the program alone says where training starts).
+
+    DESIGN: a list of Python numbers, not an array, keeps the transpiler free of numpy; the
+    program grows by one number per element, which suits models of up to some millions of
+    parameters."""
+
+    values: Sequence[float]
+
+    def __call__(self, var: Var, block: Block) -> None:
+        if var.dtype not in VALUE_ATTRS:
+            raise TypeError(f"Assign: var {var.name!r} has dtype {var.dtype}; one of "
+                            f"{sorted(VALUE_ATTRS)} can be assigned")
+        if len(self.values) != math.prod(var.shape) or -1 in var.shape:
+            raise ValueError(f"Assign: var {var.name!r} of shape {list(var.shape)} cannot take "
+                             f"{len(self.values)} values")
+        self._prepend(block, "assign_value", var, **{VALUE_ATTRS[var.dtype]: list(self.values)})
 
 
 ConstantInitializer = Constant

@@ -228,6 +228,7 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("conditional_block", "Cond Input", shape="conditional_block"),
     _op("save", outputs="", shape="save"),
     _op("fill_constant", inputs="", shape="from_attrs"),
+    _op("assign_value", inputs="", shape="from_attrs"),
     _op("uniform_random", inputs="", shape="from_attrs"),
     _op("gaussian_random", inputs="", shape="from_attrs"),
     _op("truncated_gaussian_random", inputs="", shape="from_attrs"),

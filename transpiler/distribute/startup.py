@@ -25,7 +25,8 @@ from .lookup_table import fake_init_table
 from .plan import DistVar, Plan, trainer_copy
 from .pserver import PlacedVar, dc_asgd_baks, placed_vars
 
-INIT_OPS = ("fill_constant", "uniform_random", "gaussian_random", "truncated_gaussian_random")
+INIT_OPS = ("fill_constant", "uniform_random", "gaussian_random", "truncated_gaussian_random",
+            "assign_value")
 FETCH_BARRIER = "@FETCH_BARRIER@"
 
 
@@ -124,9 +125,10 @@ def _initializers_of(op: Op, targets: dict[str, list[str]], held: dict[str, Var]
 
 
 def _mark_slices(ops: list[Op], placed: dict[str, PlacedVar], origins: dict[str, Var]) -> None:
-    """Random initializers of a block say which rows of which var they draw (``origin_name``,
-    ``origin_shape``, ``row_offset``), so the runtime draws exactly the rows that the whole
-    var's initializer would: a sliced job starts from the same values as local training. A
+    """Random initializers (and `assign_value`, which carries the whole var's values) of a
+    block say which rows of which var they draw (``origin_name``, ``origin_shape``,
+    ``row_offset``), so the runtime draws exactly the rows that the whole var's initializer
+    would: a sliced job starts from the same values as local training. A
     block is any var held at another shape or offset than its origin's, whatever its name: a
     param block, an accumulator of one, or a shard of the distributed table (which keeps the
     table's name; the last shard may run past the table's last row)."""

@@ -1,5 +1,5 @@
-"""Initializers and control ops: `fill_constant`, `increment`, the random initializers and
-`conditional_block`.
+"""Initializers and control ops: `fill_constant`, `assign_value`, `increment`, the random
+initializers and `conditional_block`.
 
 Random initializers are deterministic across processes: with a non-zero `seed` attribute that
 seed is used, otherwise the seed is ``crc32(f"{program.random_seed}:{output var name}")``, so a
@@ -16,6 +16,7 @@ import numpy as np
 from runtime.execution.kernels.common import scalar
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
+from transpiler.initializer import VALUE_ATTRS
 
 Array = np.ndarray
 
@@ -63,11 +64,29 @@ def _draw(ctx: KernelContext, draw: Callable[[np.random.Generator, tuple[int, ..
     if ctx.attr("origin_name") is None:
         ctx.set_output("Out", draw(_rng(ctx), shape).astype(_dtype(ctx)))
         return
-    offset = int(ctx.attr("row_offset", 0))
     full = draw(_rng(ctx), (int(ctx.attr("origin_shape")[0]),) + shape[1:])
+    ctx.set_output("Out", _rows(ctx, full, shape).astype(_dtype(ctx)))
+
+
+def _rows(ctx: KernelContext, full: Array, shape: tuple[int, ...]) -> Array:
+    """The `shape[0]` rows of the whole var `full` from ``row_offset`` on, zeros past its end."""
+    offset = int(ctx.attr("row_offset", 0))
     rows = full[offset:offset + shape[0]]
     past_end = np.zeros((shape[0] - rows.shape[0],) + shape[1:], dtype=full.dtype)
-    ctx.set_output("Out", np.concatenate([rows, past_end]).astype(_dtype(ctx)))
+    return np.concatenate([rows, past_end])
+
+
+@register("assign_value")
+def assign_value(ctx: KernelContext) -> None:
+    """Out from the values the op carries, row-major in the attribute of its dtype; a slice of
+    a var (``origin_name``) keeps its rows of the whole var's values, as a random draw does."""
+    dtype, shape = _dtype(ctx), _shape(ctx)
+    values = np.asarray(ctx.attr(VALUE_ATTRS[dtype.name]), dtype=dtype)
+    if ctx.attr("origin_name") is None:
+        ctx.set_output("Out", values.reshape(shape))
+        return
+    full = values.reshape(tuple(int(d) for d in ctx.attr("origin_shape")))
+    ctx.set_output("Out", _rows(ctx, full, shape))
 
 
 @register("uniform_random")

@@ -7,7 +7,8 @@ the torch backend registers the numpy backend's own kernels for them:
   must draw exactly the numpy backend's numbers (same generator, same seed rule), so that a
   scenario trains identically with either backend and a torch trainer agrees with a numpy
   pserver on every initial value;
-- `fill_constant` builds its value from attributes alone, as the random ones do;
+- `fill_constant` and `assign_value` build their values from attributes alone, as the random
+  ones do;
 - `conditional_block` reads a host-side condition and runs a sub-block (whose ops are torch's);
 - `sum_grad` only hands Out@GRAD on to every input, without computing;
 - `split_byref` and `split_selected_rows` only cut a value into row blocks;
@@ -31,6 +32,7 @@ from runtime.execution.tensor import SelectedRows
 
 SHARED_WITH_NUMPY: dict[str, Kernel] = {
     "fill_constant": numpy_control.fill_constant,
+    "assign_value": numpy_control.assign_value,
     "uniform_random": numpy_control.uniform_random,
     "gaussian_random": numpy_control.gaussian_random,
     "truncated_gaussian_random": numpy_control.truncated_gaussian_random,

@@ -87,7 +87,7 @@ def measure(programs: tuple[Program, Program], params: int, pservers: int) -> Ro
 
     def transpile() -> None:
         t.transpile(0, program=programs[0], pservers=",".join(eps), trainers=TRAINERS,
-                    startup_program=programs[1])
+                    startup_program=programs[1], in_place=False)
 
     return Row(params, pservers, timed(transpile),
                timed(lambda: [t.get_pserver_programs(ep) for ep in eps]))

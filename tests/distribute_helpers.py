@@ -64,7 +64,7 @@ def transpile(programs: tuple[Program, Program], config: T.DistributeTranspilerC
     main, startup = programs
     t = T.DistributeTranspiler(config)
     t.transpile(trainer_id, program=main, pservers=pservers, trainers=trainers,
-                sync_mode=sync_mode, startup_program=startup)
+                sync_mode=sync_mode, startup_program=startup, in_place=False)
     return t
 
 

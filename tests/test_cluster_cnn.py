@@ -50,7 +50,7 @@ def test_cnn_with_batch_norm_2x2_trains_and_keeps_running_stats_on_the_trainers(
     model = build_model("cnn")
     t = T.DistributeTranspiler()
     t.transpile(0, program=model.main, pservers="127.0.0.1:1,127.0.0.1:2", trainers=2,
-                startup_program=model.startup)
+                startup_program=model.startup, in_place=False)
     sent = {n for op in t.get_trainer_program().global_block().ops if op.type == "send"
             for n in op.input_arg_names}
     assert all("@GRAD" in n for n in sent)

@@ -193,7 +193,7 @@ def test_nccl2_startup_ends_with_gen_nccl_id() -> None:
     main, startup = basic()
     t = T.DistributeTranspiler(config(mode="nccl2"))
     t.transpile(0, program=main, trainers=f"{PS1},{PS2}", startup_program=startup,
-                current_endpoint=PS1)
+                current_endpoint=PS1, in_place=False)
     _, nccl_startup = trainer(t)
     assert nccl_startup.global_block().ops[-1].type == "gen_nccl_id"
     assert nccl_startup.global_block().var("NCCLID").type is VarType.RAW

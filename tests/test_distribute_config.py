@@ -164,13 +164,13 @@ def test_bad_collective_arguments(trainers: str, current: str, trainer_id: int, 
     t = T.DistributeTranspiler(config(mode="collective", collective_mode="grad_allreduce"))
     with pytest.raises(ValueError, match=culprit):
         t.transpile(trainer_id, program=main, trainers=trainers, startup_program=startup,
-                    current_endpoint=current)
+                    current_endpoint=current, in_place=False)
 
 
 def test_no_pservers_in_nccl2_mode() -> None:
     main, startup = basic()
     t = T.DistributeTranspiler(config(mode="nccl2"))
-    t.transpile(0, program=main, trainers=PSERVERS, startup_program=startup, current_endpoint=PS1)
+    t.transpile(0, program=main, trainers=PSERVERS, startup_program=startup, current_endpoint=PS1, in_place=False)
     with pytest.raises(ValueError, match="no pservers"):
         t.get_pserver_program(PS1)
 
@@ -187,6 +187,6 @@ def test_the_config_is_read_at_transpile_time_only() -> None:
     c = config()
     t = T.DistributeTranspiler(c)
     main, startup = basic()
-    t.transpile(0, program=main, pservers=PSERVERS, trainers=2, startup_program=startup)
+    t.transpile(0, program=main, pservers=PSERVERS, trainers=2, startup_program=startup, in_place=False)
     c.slice_var_up = False
     assert "split_byref" in [op.type for op in t.get_trainer_program().global_block().ops]

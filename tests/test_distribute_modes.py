@@ -205,7 +205,7 @@ def test_table_rows_split_by_id_range() -> None:
 def test_geo_trainer_keeps_training_and_pushes_deltas_every_k_steps() -> None:
     t = T.GeoSgdTranspiler(config(geo_sgd_need_push_nums=5))
     main0, startup0 = basic()
-    t.transpile(0, program=main0, pservers=PSERVERS, trainers=2, startup_program=startup0)
+    t.transpile(0, program=main0, pservers=PSERVERS, trainers=2, startup_program=startup0, in_place=False)
     main, startup = trainer(t)
     ops = types(main.global_block())
     assert ops[:-4] == types(main0.global_block())
@@ -231,7 +231,7 @@ def test_geo_trainer_keeps_training_and_pushes_deltas_every_k_steps() -> None:
 def test_geo_pushes_only_touched_rows_of_sparse_tables() -> None:
     t = T.GeoSgdTranspiler()
     main0, startup0 = lookup_model()
-    t.transpile(0, program=main0, pservers=PSERVERS, trainers=2, startup_program=startup0)
+    t.transpile(0, program=main0, pservers=PSERVERS, trainers=2, startup_program=startup0, in_place=False)
     main, _ = trainer(t)
     push = main.blocks[-1]
     (delta,) = [op for op in push.ops if op.type == "sparse_delta"]
@@ -256,7 +256,7 @@ def _collective(cfg: T.DistributeTranspilerConfig, trainer_id: int = 0, model=No
     main, startup = model or basic()
     t = T.DistributeTranspiler(cfg)
     t.transpile(trainer_id, program=main, trainers=TRAINERS, startup_program=startup,
-                current_endpoint=TRAINERS.split(",")[trainer_id])
+                current_endpoint=TRAINERS.split(",")[trainer_id], in_place=False)
     return trainer(t)
 
 
@@ -271,14 +271,14 @@ def test_nccl2_rings_and_hierarchical_ids() -> None:
     t = T.DistributeTranspiler(config(mode="nccl2", use_hierarchical_allreduce=True,
                                       hierarchical_allreduce_inter_nranks=2))
     m, s = basic()
-    t.transpile(0, program=m, trainers=four, startup_program=s, current_endpoint="127.0.0.1:6170")
+    t.transpile(0, program=m, trainers=four, startup_program=s, current_endpoint="127.0.0.1:6170", in_place=False)
     gen = t.get_trainer_startup_program().global_block().ops[-1]
     assert gen.output("InterNCCLID") == ["Hierarchical_inter_NCCLID_0"]
     t3 = T.DistributeTranspiler(config(mode="nccl2", use_hierarchical_allreduce=True,
                                        hierarchical_allreduce_inter_nranks=3))
     with pytest.raises(ValueError, match="hierarchical_allreduce_inter_nranks=3"):
         t3.transpile(0, program=m, trainers=four, startup_program=s,
-                     current_endpoint="127.0.0.1:6170")
+                     current_endpoint="127.0.0.1:6170", in_place=False)
 
 
 def test_grad_allreduce() -> None:

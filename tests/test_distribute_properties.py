@@ -247,7 +247,7 @@ def transpile(case: Case, programs: tuple[Program, Program], trainer_id: int | N
     t = T.DistributeTranspiler(cfg)
     tid = case.cluster.trainer_id if trainer_id is None else trainer_id
     t.transpile(tid, program=programs[0], pservers=",".join(case.endpoints),
-                trainers=case.cluster.trainers, sync_mode=sync_mode, startup_program=programs[1])
+                trainers=case.cluster.trainers, sync_mode=sync_mode, startup_program=programs[1], in_place=False)
     return Job(t.get_trainer_program(), t.get_trainer_startup_program(),
                {ep: t.get_pserver_programs(ep) for ep in case.endpoints})
 

@@ -110,7 +110,7 @@ def _programs() -> Iterator[tuple[str, Program]]:
             collective = cfg.mode != "pserver"
             t.transpile(0, program=model.main, pservers=PSERVERS, trainers=PSERVERS if collective
                         else 2, sync_mode=sync, startup_program=model.startup,
-                        current_endpoint=PSERVERS.split(",")[0])
+                        current_endpoint=PSERVERS.split(",")[0], in_place=False)
             yield f"{name} {label} trainer", t.get_trainer_program()
             yield f"{name} {label} trainer startup", t.get_trainer_startup_program()
             if not collective:

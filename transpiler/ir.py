@@ -442,6 +442,17 @@ class Program:
     def clone(self) -> "Program":
         return Program.from_dict(self.to_dict())
 
+    def take_contents(self, other: "Program") -> None:
+        """Become `other` in place: its blocks (now this program's), seed and attributes.
+        What holds this object (`default_main_program`, a caller's variable) then sees
+        `other`; `other` must not be used afterwards."""
+        self.blocks = other.blocks
+        for block in self.blocks:
+            block.program = self
+        self.current_block_idx = other.current_block_idx
+        self.random_seed = other.random_seed
+        self.attrs = other.attrs
+
     # -- serialization --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -8,7 +8,8 @@ plan to the executor's device.
 
 RPC ops (send, recv, barriers, prefetch, ...) get no kernel in the plan: they are awaited by the
 async runtime, which runs the same plans with `run_step` for the compute ops. `Executor.run`
-refuses a block that holds any (`AsyncOpError`).
+refuses a block that holds any (`AsyncOpError`); `runtime.services.paddle_compat.Executor`
+(Paddle's ``fluid.Executor``) runs such programs through the trainer and pserver services.
 
 `run_block` may run some ops with attributes over their own (`AttrOverrides`, by block and op
 index): a copy of the op is given to the kernel, the program is never edited (a sync pserver
@@ -250,8 +251,9 @@ def rpc_refusal(rpc_steps: tuple[OpStep, ...]) -> str:
             "the job in a scenario and run `runtime up SCENARIO` (every node as a process; "
             "`--role trainer --index I` for one node) or `sim run SCENARIO` (simulated); in "
             "Python, `runtime.services.cluster.run_job(Job.from_scenario(scenario), "
-            "ZmqTransport)`. Executor.run takes the program before transpiling (local "
-            "training).")
+            "ZmqTransport)`; or, as in a Paddle script, `runtime.paddle.fluid.Executor`, which "
+            "runs a trainer's or a pserver's program itself. Executor.run takes the program "
+            "before transpiling (local training).")
 
 
 def _with_attrs(step: OpStep, attrs: Mapping[str, Any]) -> OpStep:

@@ -179,13 +179,19 @@ class PserverService:
     def __init__(self, program: Program, startup: Program, transport: Transport,
                  executor: Executor | None = None, config: ServeConfig | None = None,
                  compute: ComputeModel | None = None, tracer: Tracer | None = None,
-                 load_from: Path | str | None = None, recovering: bool = False) -> None:
+                 load_from: Path | str | None = None, recovering: bool = False,
+                 scope: Scope | None = None) -> None:
+        """`scope`: one that `startup` already ran in (a Paddle script runs the pserver's
+        startup program itself before serving), used as it is; by default a fresh one that
+        `startup` runs in here."""
         self.program = program
         self.transport = transport
         self.executor = executor or Executor()
         self.config = config or ServeConfig()
-        self.scope = Scope()
-        self.executor.run(startup, scope=self.scope)
+        if scope is None:
+            scope = Scope()
+            self.executor.run(startup, scope=scope)
+        self.scope = scope
         self.contract = ServeContract.of(program)
         self.store = Store(program, self.contract, self.scope, self.executor.backend == "phantom")
         self.state = checkpoint.state_vars(program, startup)

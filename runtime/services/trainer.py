@@ -548,18 +548,42 @@ class Trainer:
         self.heartbeat_interval = heartbeat_interval
         self.report = TrainerReport(trainer_id)
         """What it has done so far (all of it once `run` returns)."""
+        self._beat: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Connect to the pservers, start the heartbeat, run the startup program and join the
+        job: the first step this trainer takes part in. `run` starts with it; a caller driving
+        the steps itself (`runtime.services.paddle_compat`) calls `start`, then `finish` and
+        `stop`."""
+        await self.client.connect(self.endpoints)
+        self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
+        self.rpc.step = INITIAL_STEP
+        await run_program(self.executor, self.startup, self.scope, self.rpc)
+        return await self._join_if_late()
+
+    async def finish(self) -> None:
+        """The steps are done: the chief fetches the tables it only looked rows up in, and
+        every pserver hears COMPLETE."""
+        if self.main.attrs.get("_is_chief"):
+            await self.rpc.pull_tables(self.main, self.scope)
+        await self._complete()
+
+    async def stop(self) -> None:
+        """Stop the heartbeat and abandon whatever is still in flight (after `finish`, or on a
+        failure)."""
+        beat, self._beat = self._beat, None
+        if beat is not None:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
+        await self.rpc.abandon()
 
     async def run(self, batches: Callable[[int], Mapping[str, Any]], steps: int, loss: str,
                   on_step: Callable[[int, float, float], None] | None = None) -> TrainerReport:
         if self.client.meter is not None:
             self.client.meter.begin_run()
-        await self.client.connect(self.endpoints)
         report = self.report = TrainerReport(self.trainer_id)
-        beat = asyncio.get_running_loop().create_task(self._heartbeat())
         try:
-            self.rpc.step = INITIAL_STEP
-            await run_program(self.executor, self.startup, self.scope, self.rpc)
-            step = report.first_step = await self._join_if_late()
+            step = report.first_step = await self.start()
             charge, meter = self.rpc.charge, self.client.meter
             while step < steps:
                 self.rpc.step = charge.step = step
@@ -585,13 +609,9 @@ class Trainer:
                 if meter is not None:
                     meter.stop_step(started)
                 step += 1
-            if self.main.attrs.get("_is_chief"):
-                await self.rpc.pull_tables(self.main, self.scope)
-            await self._complete()
+            await self.finish()
         finally:
-            beat.cancel()
-            await asyncio.gather(beat, return_exceptions=True)
-            await self.rpc.abandon()
+            await self.stop()
             if self.client.meter is not None:
                 self.client.meter.end_run()
         return report

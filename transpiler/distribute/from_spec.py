@@ -177,9 +177,9 @@ def transpile_from_spec(main: Program, startup: Program, args: TranspileArgs,
     if args.trainer_endpoints:
         t.transpile(trainer_id, program=main, trainers=",".join(args.trainer_endpoints),
                     startup_program=startup,
-                    current_endpoint=args.trainer_endpoints[trainer_id])
+                    current_endpoint=args.trainer_endpoints[trainer_id], in_place=False)
         return t
     t.transpile(trainer_id, program=main, pservers=",".join(args.pservers),
                 trainers=args.trainers, sync_mode=args.sync_mode, startup_program=startup,
-                current_endpoint=args.pservers[0])
+                current_endpoint=args.pservers[0], in_place=False)
     return t

@@ -1,7 +1,10 @@
 """`DistributeTranspiler`: one training program in, the programs of every role out.
 
-`transpile` validates its arguments, copies the caller's programs (it never changes them) and
-runs one straight pipeline per mode. Pserver mode (sync, async, half-async, DC-ASGD)::
+`transpile` validates its arguments, copies the caller's programs and runs one straight pipeline
+per mode on the copies; at the end, as the original did, the caller's main and startup programs
+(the default ones when none is passed) become the trainer's, in place (``in_place=False`` leaves
+them as they were). The pserver programs are built from the copies, so they are the same
+either way. Pserver mode (sync, async, half-async, DC-ASGD)::
 
     read optimize section -> slice -> dispatch -> rewrite trainer -> trainer startup
                                                \\-> (per endpoint, on request) pserver, its startup
@@ -102,50 +105,62 @@ class DistributeTranspiler:
         self._mode_name = ""
         self._trainer: Program | None = None
         self._trainer_startup: Program | None = None
+        self._in_place = True
 
     def transpile(self, trainer_id: int, program: Program | None = None,
                   pservers: str = "127.0.0.1:6174", trainers: int | str = 1,
                   sync_mode: bool = True, startup_program: Program | None = None,
-                  current_endpoint: str = "127.0.0.1:6174") -> None:
+                  current_endpoint: str = "127.0.0.1:6174", *, in_place: bool = True) -> None:
         """Plan the job and build the trainer's programs; the pservers' are built on request.
 
         In nccl2 and collective modes `trainers` is the trainers' endpoint list instead of a
-        count. `program` and `startup_program` (default: the default programs) are not changed.
+        count. `program` and `startup_program` (default: the default programs) become the
+        trainer's main and startup programs in place, as in the original, so a script that
+        goes on with ``default_main_program()`` runs the trainer's program; `in_place=False`
+        (pslab's) leaves them unchanged, for callers that transpile one program for many
+        roles (docs/transpiler.md, section 6.10).
         """
         config = copy.copy(self.config)
         config.validate()
         if not isinstance(sync_mode, bool):
             raise ValueError(f"sync_mode: must be a bool, got {sync_mode!r}")
-        main = (program if program is not None else default_main_program()).clone()
-        startup = (startup_program if startup_program is not None
-                   else default_startup_program()).clone()
-        self._plan, self._mode_name = None, config.mode
+        given = (program if program is not None else default_main_program(),
+                 startup_program if startup_program is not None else default_startup_program())
+        main, startup = given[0].clone(), given[1].clone()
+        self._plan, self._mode_name, self._in_place = None, config.mode, in_place
         if config.mode == "pserver":
             cluster = pserver_cluster(trainer_id, pservers, trainers, current_endpoint)
             self._plan = make_plan(config, cluster, resolve_mode(config, sync_mode), main, startup)
             self._trainer, self._trainer_startup = trainer_programs(self._plan)
             if config.print_log:
                 print("\n".join(plan_log(self._plan)))
-            return
-        cluster = trainer_cluster(trainer_id, trainers, current_endpoint, config.mode)
-        if config.mode == "nccl2":
-            transpile_nccl2(config, cluster, main, startup)
         else:
-            transpile_collective(config, cluster, main, startup)
-        self._trainer, self._trainer_startup = main, startup
+            cluster = trainer_cluster(trainer_id, trainers, current_endpoint, config.mode)
+            if config.mode == "nccl2":
+                transpile_nccl2(config, cluster, main, startup)
+            else:
+                transpile_collective(config, cluster, main, startup)
+            self._trainer, self._trainer_startup = main, startup
+        if in_place:
+            given[0].take_contents(self._trainer)
+            given[1].take_contents(self._trainer_startup)
+            self._trainer, self._trainer_startup = given
 
     # -- trainer -------------------------------------------------------------------------------
     def get_trainer_program(self, wait_port: bool = True) -> Program:
-        """The trainer's main program (a fresh copy). ``wait_port`` (default True, as in the
-        original) is recorded as the program attribute ``_wait_port``: a real trainer waits
-        for the pservers' ports before its first step (`runtime.network.ports`)."""
-        trainer = self._require(self._trainer).clone()
+        """The trainer's main program: the program `transpile` rewrote in place (the same
+        object, as in the original), or a fresh copy after ``in_place=False``. ``wait_port``
+        (default True, as in the original) is recorded as the program attribute
+        ``_wait_port``: a real trainer waits for the pservers' ports before its first step
+        (`runtime.network.ports`)."""
+        trainer = self._own(self._trainer)
         trainer.attrs["_wait_port"] = bool(wait_port)
         return trainer
 
     def get_trainer_startup_program(self) -> Program:
-        """The trainer's startup program (a fresh copy)."""
-        return self._require(self._trainer_startup).clone()
+        """The trainer's startup program: the one `transpile` rewrote in place, or a fresh copy
+        after ``in_place=False``."""
+        return self._own(self._trainer_startup)
 
     # -- pservers ------------------------------------------------------------------------------
     def get_pserver_program(self, endpoint: str) -> Program:
@@ -172,6 +187,11 @@ class DistributeTranspiler:
         return main, self.get_startup_program(endpoint, main)
 
     # -- helpers -------------------------------------------------------------------------------
+    def _own(self, program: Program | None) -> Program:
+        """`program` itself where `transpile` wrote it in place, else a copy of it."""
+        program = self._require(program)
+        return program if self._in_place else program.clone()
+
     def _require(self, program: Program | None) -> Program:
         if program is None:
             raise RuntimeError("DistributeTranspiler: call transpile() first")

@@ -1,0 +1,398 @@
+"""Paddle's `fluid.Executor` over pslab's runtime: one executor for local, trainer and pserver
+programs, so that a classic parameter-server script runs with only its imports changed
+(`runtime.paddle.fluid` gathers the names such a script uses).
+
+`Executor.run(program, feed, fetch_list)` looks at the program:
+
+- a `listen_and_serv` op (a pserver program from ``t.get_pserver_program(endpoint)``): it serves
+  at the op's endpoint with the runtime's `PserverService`, from the values the pserver's
+  startup program left in the scope (the script runs ``exe.run(pserver_startup)`` first), and
+  returns once every trainer has completed (or, on its own as it is, when its trainers are
+  gone: `TrainersGone`);
+- other RPC ops (a transpiled trainer program, or the trainer's startup program that
+  `DistributeTranspiler.transpile` rewrote in place): it runs them as a trainer of the job. The
+  first such run makes the trainer (`runtime.services.trainer.Trainer`, its `RpcOps` and an
+  `RpcClient` over `ZmqTransport`) from the program: the pserver endpoints are the program's
+  ``_endpoints`` (else the ``endpoints``/``epmap`` of its RPC ops), the trainer id the ops'
+  ``trainer_id``. It waits until the pservers accept connections, and `Trainer.start` runs that
+  first program as the startup (parameters fetched from the pservers) and joins the job. A
+  program with sends is one training step (send the gradients, barriers, receive the
+  parameters) at the next step number; one with only receives (a startup run again) fetches
+  the parameters as the last step left them;
+- no RPC op: the kernels run it, as `runtime.execution.executor.Executor` does (local
+  training, startup programs).
+
+`Executor.close()` (Paddle's, which the script calls at the end) tells every pserver this
+trainer is done (COMPLETE); an executor still open when the interpreter exits does it then.
+
+DESIGN: the trainer's RPC client lives on an event loop of its own in a daemon thread, and
+`run` waits for the coroutine it hands it. The client's sockets and the heartbeat go on between
+calls, so a script that does other work between steps is not dropped from the fan-in for
+silence, and `run` stays a plain blocking call as in Paddle. A step the pservers ask to redo
+(a pserver that restarted from a checkpoint) cannot be redone here: the executor does not hold
+the script's earlier batches, so `run` fails naming it (`runtime up` redoes such steps).
+
+Security (SECURITY.md): with ``PSLAB_KEYS`` set to a job's key directory (``runtime keys DIR``)
+every connection is CurveZMQ, a pserver admitting only the job's trainers. Without it the
+executor runs unauthenticated and unencrypted, with the same warning as ``--insecure``, only
+where every pserver endpoint is a loopback address or ``PSLAB_INSECURE=1`` says so; otherwise
+it refuses, naming both variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import ipaddress
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Coroutine, Iterable, Mapping, Sequence, TypeVar
+
+import numpy as np
+
+from transpiler.framework import default_main_program
+from transpiler.ir import Op, Program, Var
+
+from runtime.config.atomic import atomic_open
+from runtime.execution.executor import RPC_OP_TYPES
+from runtime.execution.executor import Executor as KernelExecutor
+from runtime.execution.executor import FeedValue
+from runtime.execution.scope import Scope, global_scope
+from runtime.execution.tensor import copy_value, to_dense
+from runtime.network.curve import KEYS_VAR, CurveKeys
+from runtime.network.ports import wait_for_ports
+from runtime.network.rpc import RetryPolicy, RpcClient
+from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
+from runtime.services.checkpoint import file_name
+from runtime.services.cluster import pserver_name, trainer_name
+from runtime.services.node import node_keys
+from runtime.services.pserver import PserverService, ServeConfig
+from runtime.services.trainer import Rewind, Trainer, run_program
+
+log = logging.getLogger(__name__)
+
+INSECURE_VAR = "PSLAB_INSECURE"
+"""Set to 1, the executor runs without CurveZMQ on endpoints that are not loopback too."""
+STARTUP_TIMEOUT = 60.0
+"""Seconds a trainer waits for the pservers' ports before its first RPC."""
+_RECEIVES = frozenset({"recv", "fetch_barrier"})
+"""The RPC ops of a trainer's startup program: a program with others is a training step."""
+T = TypeVar("T")
+
+
+class SecurityRefused(RuntimeError):
+    """No keys, and endpoints that are not loopback: the message names what to set."""
+
+
+@dataclass(frozen=True)
+class CPUPlace:
+    """Kernels on the CPU (numpy)."""
+
+
+@dataclass(frozen=True)
+class CUDAPlace:
+    """Kernels on GPU `device_id` (the torch backend, which needs the ``[torch]`` extra)."""
+
+    device_id: int = 0
+
+
+def backend_of(place: CPUPlace | CUDAPlace | None) -> tuple[str, str]:
+    """The kernel backend and device of a Paddle place."""
+    if place is None or isinstance(place, CPUPlace):
+        return "numpy", "cpu"
+    if isinstance(place, CUDAPlace):
+        return "torch", f"cuda:{place.device_id}"
+    raise TypeError(f"place must be CPUPlace() or CUDAPlace(i), got {place!r}")
+
+
+# -- which program -------------------------------------------------------------------------------
+
+def rpc_ops(program: Program) -> list[Op]:
+    """The RPC ops of every block of `program`, in order."""
+    return [op for block in program.blocks for op in block.ops if op.type in RPC_OP_TYPES]
+
+
+def listen_op(program: Program) -> Op | None:
+    return next((op for op in program.global_block().ops if op.type == "listen_and_serv"), None)
+
+
+def pserver_endpoints(program: Program, ops: Sequence[Op]) -> list[str]:
+    """The job's pserver endpoints in the job's order: the program's ``_endpoints``, else the
+    first barrier's ``endpoints`` (every pserver), else the ``epmap`` of the ops as they come."""
+    listed = program.attrs.get("_endpoints")
+    if listed:
+        return list(listed)
+    for op in ops:
+        if op.attr("endpoints"):
+            return list(op.attr("endpoints"))
+    return list(dict.fromkeys(ep for op in ops for ep in op.attr("epmap") or ()))
+
+
+def trainer_id_of(program: Program, ops: Sequence[Op]) -> int:
+    ids = {int(op.attr("trainer_id")) for op in ops if op.attr("trainer_id") is not None}
+    if "_trainer_id" in program.attrs:
+        ids.add(int(program.attrs["_trainer_id"]))
+    if len(ids) > 1:
+        raise ValueError(f"program: its RPC ops name several trainers {sorted(ids)}")
+    return ids.pop() if ids else 0
+
+
+def is_step(ops: Iterable[Op]) -> bool:
+    """Whether a trainer program with these RPC ops is a training step (it sends)."""
+    return any(op.type not in _RECEIVES for op in ops)
+
+
+# -- security --------------------------------------------------------------------------------
+
+def _loopback(endpoint: str) -> bool:
+    host = endpoint.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def key_directory(who: str, endpoints: Sequence[str], env: Mapping[str, str]) -> Path | None:
+    """The job's key directory from `KEYS_VAR`; None (after the insecure warning) where every
+    endpoint is loopback or `INSECURE_VAR` is 1; `SecurityRefused` otherwise."""
+    named = env.get(KEYS_VAR, "").strip()
+    if named:
+        return Path(named)
+    if env.get(INSECURE_VAR, "").strip() == "1" or all(_loopback(ep) for ep in endpoints):
+        print(f"warning: {who}: no {KEYS_VAR}: no CurveZMQ: whoever reaches "
+              f"{','.join(endpoints)} can read and change the parameters and end the job; "
+              "see SECURITY.md", file=sys.stderr, flush=True)
+        return None
+    raise SecurityRefused(
+        f"{who}: no keys for endpoints {','.join(endpoints)}: set {KEYS_VAR}=DIR (a job's keys, "
+        f"written by `runtime keys DIR`), or {INSECURE_VAR}=1 to run unauthenticated and "
+        "unencrypted (see SECURITY.md)")
+
+
+# -- the event loop ----------------------------------------------------------------------------
+
+class LoopThread:
+    """An asyncio loop running in a daemon thread; `call` runs a coroutine there and waits."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # interrupted (Ctrl-C): the coroutine must not go on alone
+            raise
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+# -- the executor ------------------------------------------------------------------------------
+
+class Executor:
+    """Paddle's ``fluid.Executor(place)``: see the module for what `run` does with each kind of
+    program."""
+
+    def __init__(self, place: CPUPlace | CUDAPlace | None = None,
+                 startup_timeout: float = STARTUP_TIMEOUT) -> None:
+        backend, device = backend_of(place)
+        self.kernels = KernelExecutor(backend, device)
+        self.startup_timeout = startup_timeout
+        self._loop: LoopThread | None = None
+        self._trainer: Trainer | None = None
+        self._next_step = 0
+        self._startup: tuple[Scope, Program] | None = None
+        """The last program without RPC ops run, and its scope (a pserver's startup)."""
+
+    def run(self, program: Program | None = None, feed: Mapping[str, FeedValue] | None = None,
+            fetch_list: Iterable[Var | str] | None = None, scope: Scope | None = None,
+            return_numpy: bool = True) -> list[Any]:
+        """Run `program` (default: the default main program) once and return the fetched
+        values; a pserver program serves until its trainers are done and returns []."""
+        program = default_main_program() if program is None else program
+        scope = global_scope() if scope is None else scope
+        fetch = [item.name if isinstance(item, Var) else str(item) for item in fetch_list or ()]
+        ops = rpc_ops(program)
+        if not ops:
+            values = self.kernels.run(program, feed, fetch, scope, return_numpy)
+            self._startup = (scope, program)
+            return values
+        if listen_op(program) is not None:
+            self._serve(program, scope)
+            return []
+        found = self._call(self._train(program, ops, scope, feed or {}, fetch))
+        if return_numpy:
+            return [np.array(to_dense(value), copy=True) for value in found]
+        return [copy_value(value) for value in found]
+
+    def close(self) -> None:
+        """Tell every pserver this trainer is done (COMPLETE) and stop the event loop. Runs at
+        interpreter exit if the script does not call it; a second call does nothing."""
+        atexit.unregister(self.close)
+        loop, trainer, self._loop, self._trainer = self._loop, self._trainer, None, None
+        if loop is None:
+            return
+        try:
+            if trainer is not None:
+                loop.call(_finish(trainer))
+        finally:
+            loop.stop()
+
+    # -- trainer ---------------------------------------------------------------------------------
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            self._loop = LoopThread("pslab executor")
+            atexit.register(self.close)
+        return self._loop.call(coro)
+
+    async def _train(self, program: Program, ops: list[Op], scope: Scope,
+                     feed: Mapping[str, FeedValue], fetch: list[str]) -> list[Any]:
+        trainer = self._trainer
+        step = is_step(ops)
+        if trainer is None:
+            trainer = self._trainer = await self._make_trainer(program, ops, scope)
+            if step:
+                trainer.startup = Program()  # no startup program with RPC ops came first
+            self._next_step = await trainer.start()
+            if not step:  # this program was the startup `start` ran
+                return [scope.get(name) for name in fetch]
+        if scope is not trainer.scope:
+            raise ValueError("Executor.run: a trainer's programs must all run in one scope (the "
+                             "one its first RPC program ran in)")
+        unknown = {ep for op in ops for ep in op.attr("epmap") or op.attr("endpoints") or ()}
+        unknown -= set(trainer.endpoints)
+        if unknown:
+            raise ValueError(f"Executor.run: program names pservers {sorted(unknown)} outside "
+                             f"this trainer's job {trainer.endpoints}")
+        if step:
+            trainer.main = program  # the chief's `finish` reads it
+        trainer.rpc.step = trainer.rpc.charge.step = self._next_step - (0 if step else 1)
+        try:
+            found = await run_program(self.kernels, program, scope, trainer.rpc, feed, fetch)
+        except Rewind as rewind:
+            raise RuntimeError(f"trainer {trainer.trainer_id}: {rewind}; the pservers ask for "
+                               f"steps from {rewind.step} to be redone, which a script's "
+                               "executor cannot do (it does not hold the earlier batches)") from None
+        self._next_step += int(step)
+        return found
+
+    async def _make_trainer(self, program: Program, ops: list[Op], scope: Scope) -> Trainer:
+        endpoints = pserver_endpoints(program, ops)
+        trainer_id = trainer_id_of(program, ops)
+        name = trainer_name(trainer_id)
+        keys_dir = key_directory(name, endpoints, os.environ)
+        keys = None if keys_dir is None else node_keys(keys_dir, "trainer", trainer_id, 0,
+                                                       endpoints)
+        client = RpcClient(ZmqTransport(name, curve=keys), RetryPolicy(),
+                           labels={ep: pserver_name(j) for j, ep in enumerate(endpoints)})
+        trainer = Trainer(trainer_id, program, program, client, endpoints, self.kernels)
+        trainer.scope = scope
+        await wait_for_ports(name, endpoints, self.startup_timeout)
+        return trainer
+
+    # -- pserver ---------------------------------------------------------------------------------
+    def _serve(self, program: Program, scope: Scope) -> None:
+        listen = listen_op(program)
+        assert listen is not None
+        endpoint = str(listen.attr("endpoint"))
+        if self._startup is None or self._startup[0] is not scope:
+            raise RuntimeError(f"pserver {endpoint}: run its startup program first, in the same "
+                               "scope: exe.run(t.get_startup_program(endpoint, pserver_program))")
+        endpoints = list(program.attrs.get("_endpoints") or [endpoint])
+        index = endpoints.index(endpoint) if endpoint in endpoints else int(listen.attr("pserver_id", 0))
+        trainers = int(program.attrs.get("_trainers") or listen.attr("Fanin") or 1)
+        name = pserver_name(index)
+        keys_dir = key_directory(name, endpoints, os.environ)
+        keys = None if keys_dir is None else node_keys(keys_dir, "pserver", index, trainers,
+                                                       endpoints)
+        config = ServeConfig(trainer_names=tuple(trainer_name(i) for i in range(trainers)),
+                             give_up_without_trainers=True)
+        self._call(_serve(program, self._startup[1], scope, name, endpoint, keys, config,
+                          self.kernels))
+
+
+async def _serve(program: Program, startup: Program, scope: Scope, name: str, endpoint: str,
+                 keys: CurveKeys | None, config: ServeConfig, kernels: KernelExecutor) -> None:
+    # linger: the acks of the last COMPLETE messages must leave before the transport closes
+    transport = ZmqTransport(name, ZmqLimits(linger_ms=2000), curve=keys)
+    service = PserverService(program, startup, transport, kernels, config, scope=scope)
+    log.info("%s: serving %s for %d trainer(s)", name, endpoint, len(config.trainer_names or ()))
+    try:
+        stats = await service.serve(endpoint)
+    finally:
+        await transport.close()
+    log.info("%s: done after %d steps, %d messages", name, stats.steps, stats.messages)
+
+
+async def _finish(trainer: Trainer) -> None:
+    try:
+        await trainer.finish()
+    finally:
+        await trainer.stop()
+        await trainer.client.close()
+
+
+# -- feeding and saving ------------------------------------------------------------------------
+
+class DataFeeder:
+    """Paddle's ``fluid.DataFeeder(feed_list, place)``: `feed(minibatch)` turns a list of
+    samples (a tuple per example, one field per var of `feed_list`) into a feed dict of arrays
+    with the vars' dtypes and shapes. Dense vars only (no LoD)."""
+
+    def __init__(self, feed_list: Sequence[Var | str], place: CPUPlace | CUDAPlace | None = None,
+                 program: Program | None = None) -> None:
+        block = (program or default_main_program()).global_block()
+        self.vars = [block.var(v) if isinstance(v, str) else v for v in feed_list]
+        for var in self.vars:
+            if var.lod_level:
+                raise ValueError(f"DataFeeder: var {var.name!r} has LoD level {var.lod_level}; "
+                                 "only dense vars are fed this way")
+
+    def feed(self, minibatch: Sequence[Sequence[Any]]) -> dict[str, np.ndarray]:
+        columns = list(zip(*minibatch)) if minibatch else [() for _ in self.vars]
+        if len(columns) != len(self.vars):
+            raise ValueError(f"DataFeeder: samples have {len(columns)} fields, the feed list "
+                             f"{len(self.vars)} vars ({[v.name for v in self.vars]})")
+        return {var.name: np.asarray(column, dtype=var.dtype).reshape([-1, *var.shape[1:]])
+                for var, column in zip(self.vars, columns)}
+
+
+def save_vars(scope: Scope, dirname: str | Path, names: Iterable[str]) -> None:
+    """Each var's value as ``dirname/<name>.npy`` (not Paddle's binary format), atomically."""
+    for name in names:
+        with atomic_open(Path(dirname) / file_name(name), binary=True) as f:
+            np.save(f, np.asarray(scope.get(name)))
+
+
+def save_params(executor: Executor, dirname: str | Path, main_program: Program | None = None,
+                scope: Scope | None = None) -> None:
+    """Paddle's ``fluid.io.save_params``: every parameter of the program, from the scope, as
+    ``dirname/<name>.npy``."""
+    program = main_program or default_main_program()
+    save_vars(scope or global_scope(), dirname, [v.name for v in program.all_parameters()])
+
+
+def save_persistables(executor: Executor, dirname: str | Path,
+                      main_program: Program | None = None, scope: Scope | None = None) -> None:
+    """Paddle's ``fluid.io.save_persistables``: every persistable var of the program's global
+    block that the scope holds, as ``dirname/<name>.npy``."""
+    program = main_program or default_main_program()
+    held = scope or global_scope()
+    save_vars(held, dirname, [n for n, v in program.global_block().vars.items()
+                              if v.persistable and held.has(n)])
+
+
+__all__ = ["CPUPlace", "CUDAPlace", "DataFeeder", "Executor", "INSECURE_VAR", "SecurityRefused",
+           "save_params", "save_persistables"]

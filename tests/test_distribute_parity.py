@@ -1,0 +1,122 @@
+"""Parity with the original transpiler beyond its own unit tests (docs/transpiler.md): where
+global-norm clipping runs, the trainer's checkpoint notices, LARS momentum, DC-ASGD's
+temporaries, and the newer op and config variants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from distribute_helpers import PS1, PS2, basic, pserver, trainer, transpile, types
+
+import transpiler as T
+from runtime.execution.executor import Executor
+from runtime.execution.scope import Scope
+from runtime.services.cluster import batches_for, run_job, train_locally
+from runtime.services.job import Job
+from sim.loop import run as sim_run
+from sim.network import Network
+
+from cluster_helpers import FAST_DRAIN, make_job
+
+# -- 1. global-norm clipping stays on the trainer ---------------------------------------------
+
+GLOBAL_NORM_TRAINER = [
+    "mul", "elementwise_add", "elementwise_sub", "square", "mean", "fill_constant", "mean_grad",
+    "square_grad", "elementwise_sub_grad", "elementwise_add_grad", "mul_grad",
+    "squared_l2_norm", "squared_l2_norm", "sum", "sqrt", "fill_constant", "elementwise_max",
+    "elementwise_div", "elementwise_mul", "send", "elementwise_mul", "split_byref", "send",
+    "send_barrier", "recv", "recv", "fetch_barrier", "concat"]
+
+
+def global_norm_sgd() -> Any:
+    return T.optimizer.SGD(0.1, grad_clip=T.clip.GradientClipByGlobalNorm(1.0))
+
+
+def test_global_norm_clipping_runs_on_the_trainer_before_the_sends() -> None:
+    main, _ = trainer(transpile(basic(global_norm_sgd)))
+    block = main.global_block()
+    assert types(block) == GLOBAL_NORM_TRAINER
+    clip = [op for op in block.ops if op.attrs.get("op_namescope") == "/@CLIP/global_norm/"]
+    assert len(clip) == 9
+    assert all(op.role == T.OpRole.Backward for op in clip)
+    # each grad is sent as the clipped one: its send reads what its elementwise_mul wrote
+    muls = [op for op in clip if op.type == "elementwise_mul"]
+    assert [op.output("Out") for op in muls] == [["fc_b@GRAD.trainer_0"], ["fc_w@GRAD"]]
+    assert block.ops[block.ops.index(muls[0]) + 1].input("X") == ["fc_b@GRAD.trainer_0"]
+    assert block.ops[block.ops.index(muls[1]) + 1].input("X") == ["fc_w@GRAD"]
+
+
+def test_global_norm_clipping_leaves_the_pservers_only_the_merge_and_update() -> None:
+    t = transpile(basic(global_norm_sgd))
+    ps1, _ = pserver(t, PS1)
+    ps2, _ = pserver(t, PS2)
+    # fc_w is sliced as without clipping: the trainer clips the whole grad
+    assert [types(b) for b in ps1.blocks] == [["listen_and_serv"], ["sum", "scale", "sgd"],
+                                              ["sum", "scale", "sgd"]]
+    assert [types(b) for b in ps2.blocks] == [["listen_and_serv"], ["sum", "scale", "sgd"]]
+    assert ps2.global_block().var("fc_w.block0").shape == (500, 1000)
+
+
+def test_value_and_norm_clipping_still_run_on_the_pserver_after_the_merge() -> None:
+    clip = T.clip.GradientClipByNorm(1.0)
+    t = transpile(basic(lambda: T.optimizer.SGD(0.1, grad_clip=clip)))
+    blocks = [types(b) for ep in (PS1, PS2) for b in pserver(t, ep)[0].blocks[1:]]
+    # fc_w stays whole (a norm over a slice is not the grad's norm): one block per param
+    assert blocks == [["sum", "scale", "clip_by_norm", "sgd"]] * 2
+    main, _ = trainer(t)
+    assert "clip_by_norm" not in types(main.global_block())
+
+
+CLIPPED_MLP = ("{name: mlp, sizes: [64, 32, 10], optimizer: {type: sgd, learning_rate: 0.1, "
+               "grad_clip: {type: global_norm, clip_norm: 0.05}}}")
+
+
+def simulate(job: Job) -> dict[str, np.ndarray]:
+    net = Network.from_spec({"default": {"latency": 2.0**-12, "bandwidth": "1GiB/s"}}, seed=0)
+    return sim_run(run_job(job, net.transport)).params
+
+
+def each_trainer_clipped(job: Job) -> dict[str, np.ndarray]:
+    """What the original computes in sync mode: each trainer clips its own gradients by their
+    global norm; the pservers average the clipped gradients and apply SGD. SGD is linear in
+    the gradient, so that equals the mean of one local step per trainer from the same
+    parameters."""
+    model, exe, scope = job.model, Executor("numpy"), Scope()
+    exe.run(model.startup, scope=scope)
+    batches = [batches_for(job, k) for k in range(job.trainers)]
+    for step in range(job.scenario.train.steps):
+        start = {p: np.array(scope.get(p)) for p in model.params}
+        after = []
+        for batch in batches:
+            for name, value in start.items():
+                scope.set(name, value.copy())
+            exe.run(model.main, feed=batch(step), scope=scope)
+            after.append({p: np.array(scope.get(p)) for p in model.params})
+        for name in model.params:
+            scope.set(name, np.mean([a[name] for a in after], axis=0, dtype=np.float32))
+    return {p: np.array(scope.get(p)) for p in model.params}
+
+
+def assert_params_close(params: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> None:
+    assert params.keys() == reference.keys()
+    for name, value in reference.items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.timeout(60)
+def test_one_trainer_with_global_norm_clipping_equals_local_training() -> None:
+    job = make_job(CLIPPED_MLP, trainers=1, pservers=2, steps=5, retry_after=FAST_DRAIN)
+    _, local = train_locally(job)
+    assert_params_close(simulate(job), local)
+
+
+@pytest.mark.timeout(60)
+def test_two_trainers_clip_their_own_gradients_then_the_pservers_average() -> None:
+    job = make_job(CLIPPED_MLP, trainers=2, pservers=2, steps=5, retry_after=FAST_DRAIN)
+    params = simulate(job)
+    assert_params_close(params, each_trainer_clipped(job))
+    # the clipping bites: clipping the global batch's gradient instead gives other numbers
+    _, local = train_locally(job)
+    assert any(not np.allclose(params[n], v, rtol=1e-4, atol=1e-5) for n, v in local.items())

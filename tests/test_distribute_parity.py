@@ -4,6 +4,9 @@ temporaries, and the newer op and config variants."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,10 +16,13 @@ from distribute_helpers import PS1, PS2, basic, pserver, trainer, transpile, typ
 import transpiler as T
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
-from runtime.services.cluster import batches_for, run_job, train_locally
+from runtime.network.zmq_transport import ZmqTransport
+from runtime.services.checkpoint import MANIFEST
+from runtime.services.cluster import LocalCluster, batches_for, run_job, train_locally
 from runtime.services.job import Job
 from sim.loop import run as sim_run
 from sim.network import Network
+from transpiler.distribute import CheckpointConfig, append_checkpoint_notify
 
 from cluster_helpers import FAST_DRAIN, make_job
 
@@ -120,3 +126,50 @@ def test_two_trainers_clip_their_own_gradients_then_the_pservers_average() -> No
     # the clipping bites: clipping the global batch's gradient instead gives other numbers
     _, local = train_locally(job)
     assert any(not np.allclose(params[n], v, rtol=1e-4, atol=1e-5) for n, v in local.items())
+
+
+# -- 2. trainer 0 notifies the pservers to checkpoint --------------------------------------------
+
+def test_trainer_0_ends_each_step_with_a_checkpoint_notify_every_n_steps() -> None:
+    chief, chief_startup = trainer(transpile(basic()))
+    append_checkpoint_notify(chief, chief_startup, CheckpointConfig("/ckpt", step_interval=3))
+    assert types(chief.global_block())[-4:] == ["increment", "less_than", "logical_not",
+                                                "conditional_block"]
+    sub = chief.block(chief.global_block().ops[-1].attr("sub_block").idx)
+    assert types(sub) == ["fill_constant", "checkpoint_notify"]
+    notify = sub.ops[1]
+    assert (notify.attr("epmap"), notify.attr("dir"), notify.attr("lookup_table")) == \
+        ([PS1, PS2], "/ckpt", "")
+    limit = [op for op in chief_startup.global_block().ops
+             if op.output("Out") == ["@CHECKPOINT_STEP@@K"]]
+    assert [op.attr("value") for op in limit] == [3.0]
+    T.verify(chief)
+    other, other_startup = trainer(transpile(basic(), trainer_id=1))
+    before = types(other.global_block())
+    append_checkpoint_notify(other, other_startup, CheckpointConfig("/ckpt", 3))
+    assert types(other.global_block()) == before and other.num_blocks == 1
+
+
+def test_checkpoint_config_refuses_a_bad_interval() -> None:
+    with pytest.raises(ValueError, match="step_interval"):
+        CheckpointConfig("/ckpt", 0)
+
+
+@pytest.mark.timeout(60)
+def test_trainer_0s_notices_are_the_jobs_checkpoints(tmp_path: Path) -> None:
+    """``checkpoint_by: trainer``: the pservers take no checkpoints of their own; trainer 0's
+    notices every 4 steps save them (the last after step 8 of 10, holding 8 steps) and the
+    job trains as without them."""
+    model = "{name: mlp, sizes: [32, 16, 4], optimizer: {type: sgd, learning_rate: 0.1}}"
+    job = make_job(model, trainers=2, pservers=2, steps=10, retry_after=FAST_DRAIN)
+    train = job.scenario.train.model_copy(update={"checkpoint_every": 4,
+                                                   "checkpoint_by": "trainer"})
+    job = Job(job.scenario.model_copy(update={"train": train}), job.args)
+    result = asyncio.run(LocalCluster(job, ZmqTransport, checkpoint_dir=tmp_path).run())
+    assert all(s.checkpoints == [] for s in result.pservers)
+    assert [s.by_kind.get("checkpoint_notify") for s in result.pservers] == [2, 2]
+    for j in range(2):
+        manifest = json.loads((tmp_path / f"pserver:{j}" / MANIFEST).read_text())
+        assert manifest["step"] == 8
+    _, local = train_locally(job)
+    assert_params_close(result.params, local)

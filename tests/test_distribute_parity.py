@@ -173,3 +173,68 @@ def test_trainer_0s_notices_are_the_jobs_checkpoints(tmp_path: Path) -> None:
         assert manifest["step"] == 8
     _, local = train_locally(job)
     assert_params_close(result.params, local)
+
+
+# -- 3. LARS momentum ------------------------------------------------------------------------------
+
+def lars_reference(p: np.ndarray, g: np.ndarray, v: np.ndarray, lr: float, mu: float,
+                   coeff: float, decay: float) -> tuple[np.ndarray, np.ndarray]:
+    """Paddle's formula in float64, written out element by element."""
+    p_norm = sum(float(x) ** 2 for x in p.flat) ** 0.5
+    g_norm = sum(float(x) ** 2 for x in g.flat) ** 0.5
+    local = lr * coeff * p_norm / (g_norm + decay * p_norm) if p_norm > 0 and g_norm > 0 else lr
+    v_out = np.array([mu * a + local * (b + decay * c) for a, b, c in zip(v.flat, g.flat, p.flat)])
+    return (p.reshape(-1) - v_out).reshape(p.shape), v_out.reshape(p.shape)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("case", ["random", "zero_param", "zero_grad"])
+def test_lars_momentum_matches_the_formula(backend: str, case: str) -> None:
+    pytest.importorskip("torch") if backend == "torch" else None
+    from test_torch_kernels import run_kernel
+    rng = np.random.default_rng(7)
+    p, g, v = (rng.standard_normal((4, 3)) for _ in range(3))
+    if case == "zero_param":
+        p = np.zeros_like(p)
+    if case == "zero_grad":
+        g = np.zeros_like(g)
+    attrs = {"mu": 0.9, "lars_coeff": 0.001, "lars_weight_decay": 0.0005}
+    out = run_kernel(backend, "lars_momentum",
+                     {"Param": p, "Grad": g, "Velocity": v, "LearningRate": np.array([0.5])},
+                     {"ParamOut": 1, "VelocityOut": 1}, attrs)
+    want_p, want_v = lars_reference(p, g, v, 0.5, 0.9, 0.001, 0.0005)
+    assert np.all(np.isfinite(out["ParamOut"][0])) and np.all(np.isfinite(out["VelocityOut"][0]))
+    np.testing.assert_allclose(out["ParamOut"][0], want_p, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out["VelocityOut"][0], want_v, rtol=1e-12, atol=1e-14)
+
+
+def lars() -> Any:
+    return T.optimizer.LarsMomentum(0.1, momentum=0.9, lars_coeff=0.01)
+
+
+def test_lars_momentum_runs_on_the_pserver_with_the_param_whole() -> None:
+    t = transpile(basic(lars))
+    main, _ = trainer(t)
+    assert "lars_momentum" not in types(main.global_block())
+    assert "split_byref" not in types(main.global_block())  # the norms need the whole fc_w
+    blocks = [b for ep in (PS1, PS2) for b in pserver(t, ep)[0].blocks[1:]]
+    assert [types(b) for b in blocks] == [["sum", "scale", "lars_momentum"]] * 2
+    op = next(op for b in blocks for op in b.ops if op.input("Param") == ["fc_w"])
+    assert (op.attr("mu"), op.attr("lars_coeff"), op.attr("lars_weight_decay")) == \
+        (0.9, 0.01, 0.0005)
+    assert op.input("Velocity") == op.output("VelocityOut")
+
+
+def test_lars_momentum_refuses_the_distributed_table() -> None:
+    from distribute_helpers import lookup_model
+    with pytest.raises(ValueError, match="lars_momentum"):
+        transpile(lookup_model(is_distributed=True, opt=lars))
+
+
+@pytest.mark.timeout(60)
+def test_lars_momentum_2x2_sync_equals_local_training() -> None:
+    model = ("{name: mlp, sizes: [64, 32, 10], optimizer: {type: lars_momentum, "
+             "learning_rate: 0.5, lars_coeff: 0.01}}")
+    job = make_job(model, trainers=2, pservers=2, steps=5, retry_after=FAST_DRAIN)
+    _, local = train_locally(job)
+    assert_params_close(simulate(job), local)

@@ -23,9 +23,9 @@ from ..opcatalog import optimizer_types
 # Update ops the pservers know how to slice: the catalog's optimizers (their accumulators are
 # param-shaped or [1]).
 OPTIMIZER_TYPES = frozenset(optimizer_types())
-# Ops whose result depends on the whole grad: a param they touch is never sliced, because the
-# pserver would compute them over one slice only.
-WHOLE_GRAD_OPS = frozenset({"clip_by_norm", "squared_l2_norm"})
+# Ops whose result depends on the whole grad (or param: LARS's norms): a param they touch is
+# never sliced, because the pserver would compute them over one slice only.
+WHOLE_GRAD_OPS = frozenset({"clip_by_norm", "squared_l2_norm", "lars_momentum"})
 
 
 @dataclass(frozen=True)

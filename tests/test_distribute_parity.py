@@ -238,3 +238,42 @@ def test_lars_momentum_2x2_sync_equals_local_training() -> None:
     job = make_job(model, trainers=2, pservers=2, steps=5, retry_after=FAST_DRAIN)
     _, local = train_locally(job)
     assert_params_close(simulate(job), local)
+
+
+# -- 4. DC-ASGD's temporaries live in the optimize block ----------------------------------------
+
+def test_dc_asgd_temporaries_are_the_optimize_blocks_own() -> None:
+    t = transpile(basic(), T.DistributeTranspilerConfig(enable_dc_asgd=True), sync_mode=False)
+    for ep in (PS1, PS2):
+        ps, _ = pserver(t, ep)
+        assert not [n for n in ps.global_block().vars if "@DC_ASGD" in n]
+        for block in ps.blocks[1:]:
+            (param,) = next(op for op in block.ops if op.type == "sgd").input("Param")
+            assert sorted(block.vars) == [f"{param}@DC_ASGD.tmp_{i}" for i in range(5)]
+            assert not any(v.persistable for v in block.vars.values())
+
+
+def test_a_sub_blocks_own_vars_are_gone_after_it_ran() -> None:
+    from transpiler.ir import Program
+    program = Program()
+    outer = program.global_block()
+    outer.create_var("x", shape=(1,), dtype="float32", persistable=True)
+    sub = program.create_block(0)
+    sub.create_var("tmp", shape=(1,), dtype="float32")
+    sub.append_op("scale", {"X": ["x"]}, {"Out": ["tmp"]}, {"scale": 2.0})
+    sub.append_op("scale", {"X": ["tmp"]}, {"Out": ["x"]}, {"scale": 3.0})
+    scope = Scope()
+    scope.set("x", np.array([1.0], np.float32))
+    Executor("numpy").run_block(program, sub.idx, scope)
+    assert scope.get("x").tolist() == [6.0] and not scope.has("tmp")
+
+
+@pytest.mark.timeout(60)
+def test_dc_asgd_still_trains_the_same_over_the_simulator() -> None:
+    """One trainer: DC-ASGD's compensation is g + g*g*(w - w_bak), and the bak is the param it
+    fetched, so the run is async SGD exactly: local training."""
+    model = "{name: mlp, sizes: [64, 32, 10], optimizer: {type: sgd, learning_rate: 0.1}}"
+    job = make_job(model, trainers=1, pservers=2, steps=5, mode="async",
+                   transpiler="dc_asgd: true", retry_after=FAST_DRAIN)
+    _, local = train_locally(job)
+    assert_params_close(simulate(job), local)

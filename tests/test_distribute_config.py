@@ -116,12 +116,6 @@ def test_unknown_optimizer_op() -> None:
         transpile((main, startup))
 
 
-def test_global_norm_clipping_cannot_be_placed() -> None:
-    model = basic(lambda: T.optimizer.SGD(0.1, grad_clip=T.clip.GradientClipByGlobalNorm(1.0)))
-    with pytest.raises(ValueError, match="global-norm"):
-        transpile(model)
-
-
 def test_dc_asgd_needs_async() -> None:
     with pytest.raises(ValueError, match="enable_dc_asgd needs asynchronous"):
         transpile(basic(), config(enable_dc_asgd=True))

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 import transpiler as T
 from transpiler.distribute.config import MIN_BLOCK_SIZE
-from transpiler.distribute.lookup_table import table_sections
+from transpiler.distribute.lookup_table import TABLE_OPTIMIZERS, table_sections
 from transpiler.ir import Block, Op, Program, VarType
 from transpiler.opcatalog import optimizer_types
 
@@ -100,7 +100,7 @@ class Case:
 def models(draw: st.DrawFn, geo: bool = False) -> Model:
     optimizer = draw(st.sampled_from(OPTIMIZERS))
     depth = draw(st.integers(1, 3))
-    has_table = not geo and optimizer != "ftrl" and draw(st.booleans())
+    has_table = not geo and optimizer in TABLE_OPTIMIZERS and draw(st.booleans())
     return Model(
         in_dim=draw(st.sampled_from((257, 100, 3))),
         widths=tuple(draw(st.sampled_from(WIDTHS)) for _ in range(depth)),

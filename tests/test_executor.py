@@ -312,8 +312,10 @@ def test_global_norm_clip_scales_the_step() -> None:
 @pytest.mark.parametrize("name", sorted(T.optimizer.OPTIMIZERS))
 def test_every_optimizer_trains_the_linear_model(name: str) -> None:
     lr = {"sgd": 0.1, "momentum": 0.05, "adam": 0.1, "adagrad": 0.5, "decayed_adagrad": 0.1,
-          "adamax": 0.2, "rmsprop": 0.05, "ftrl": 0.5}[name]
-    main, startup, loss = build(linear_model(lambda: T.optimizer.OPTIMIZERS[name](lr)))
+          "adamax": 0.2, "rmsprop": 0.05, "ftrl": 0.5, "lars_momentum": 0.1}[name]
+    # LARS's default coefficient (0.001) scales the weights' steps down a thousandfold
+    kwargs = {"lars_coeff": 0.5} if name == "lars_momentum" else {}
+    main, startup, loss = build(linear_model(lambda: T.optimizer.OPTIMIZERS[name](lr, **kwargs)))
     exe, scope, data = Executor(), Scope(), regression_data()
     exe.run(startup, scope=scope)
     losses = [float(exe.run(main, feed=data, fetch_list=[loss], scope=scope)[0][0]) for _ in range(30)]

@@ -272,7 +272,8 @@ def optimizer_slots(op: str, rng: np.random.Generator, grad: Any) -> dict[str, A
     extra = {"momentum": ["Velocity"], "adam": ["Moment1", "Moment2"], "adagrad": ["Moment"],
              "decayed_adagrad": ["Moment"], "adamax": ["Moment", "InfNorm"],
              "rmsprop": ["MeanSquare", "MeanGrad", "Moment"],
-             "ftrl": ["SquaredAccumulator", "LinearAccumulator"], "sgd": []}[op]
+             "ftrl": ["SquaredAccumulator", "LinearAccumulator"], "sgd": [],
+             "lars_momentum": ["Velocity"]}[op]
     values = {"Param": p, "Grad": grad, "LearningRate": np.array([0.05])}
     for slot in extra:
         values[slot] = rng.uniform(0.1, 1.0, p.shape)  # accumulators that are positive where needed
@@ -291,8 +292,11 @@ OPTIMIZER_OUTPUTS = {
     "decayed_adagrad": ("ParamOut", "MomentOut"), "adamax": ("ParamOut", "MomentOut", "InfNormOut"),
     "rmsprop": ("ParamOut", "MomentOut", "MeanSquareOut", "MeanGradOut"),
     "ftrl": ("ParamOut", "SquaredAccumOut", "LinearAccumOut"),
+    "lars_momentum": ("ParamOut", "VelocityOut"),
 }
-OPTIMIZER_ATTRS = [("momentum", {"mu": 0.8, "use_nesterov": True}, "nesterov"),
+OPTIMIZER_ATTRS = [("lars_momentum", {"mu": 0.5, "lars_coeff": 0.01, "lars_weight_decay": 0.1},
+                    "coeffs"),
+                   ("momentum", {"mu": 0.8, "use_nesterov": True}, "nesterov"),
                    ("rmsprop", {"centered": True, "momentum": 0.5}, "centered"),
                    ("ftrl", {"l1": 0.01, "l2": 0.02, "lr_power": -0.6}, "power"),
                    ("adam", {"beta1": 0.8, "beta2": 0.99, "epsilon": 1e-4}, "betas")]
@@ -693,7 +697,7 @@ def test_sparse_embedding_sequence_pool_model_trains_identically(make_opt: Calla
 @pytest.mark.parametrize("name", sorted(T.optimizer.OPTIMIZERS))
 def test_every_optimizer_trains_identically(name: str) -> None:
     lr = {"sgd": 0.1, "momentum": 0.05, "adam": 0.1, "adagrad": 0.5, "decayed_adagrad": 0.1,
-          "adamax": 0.2, "rmsprop": 0.05, "ftrl": 0.5}[name]
+          "adamax": 0.2, "rmsprop": 0.05, "ftrl": 0.5, "lars_momentum": 0.05}[name]
 
     def body() -> Any:
         x = T.layers.data("x", shape=[4])

@@ -4,6 +4,13 @@ By value: ``clip(g, -max, max)``; by norm: ``clip_by_norm(g, clip_norm)``; by gl
 ``squared_l2_norm`` of every grad, `sum`, `sqrt`, then each grad times
 ``clip_norm / max(global_norm, clip_norm)``. Clipping rewrites each grad in place, so later ops
 (regularization, the optimizer) and the distribute transpiler keep the grad's name.
+
+DESIGN: the global-norm ops sit in the name scope ``/@CLIP/global_norm/`` (`GLOBAL_NORM_SCOPE`).
+They read every gradient at once, so no pserver, which holds some of them, can run them; the
+distribute transpiler keeps them on the trainer before the sends, as the original did
+(docs/transpiler.md §6), and finds them by this scope (`is_global_norm_clip_op`). Clipping by
+value or by norm touches one gradient and runs on the pserver after the trainers' copies are
+merged.
 """
 
 from __future__ import annotations
@@ -11,7 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .framework import append_op, create_tmp_var, name_scope, op_role_guard
-from .ir import OpRole, Var, VarType
+from .ir import Op, OpRole, Var, VarType
+
+CLIP_SCOPE = "@CLIP"
+GLOBAL_NORM_SCOPE = f"/{CLIP_SCOPE}/global_norm/"
+
+
+def is_global_norm_clip_op(op: Op) -> bool:
+    """Whether `op` is one of `GradientClipByGlobalNorm`'s ops (which need every gradient)."""
+    return str(op.attrs.get("op_namescope", "")).startswith(GLOBAL_NORM_SCOPE)
 
 
 class BaseGradientClipAttr:
@@ -37,7 +52,7 @@ class GradientClipByValue(BaseGradientClipAttr):
         return -self.max if self.min is None else self.min
 
     def apply(self, params_grads: list[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
-        with name_scope("@CLIP"):
+        with name_scope(CLIP_SCOPE):
             for param, grad in _dense(params_grads):
                 with op_role_guard(OpRole.Optimize, [param.name, grad.name]):
                     append_op("clip", {"X": [grad]}, {"Out": [grad]},
@@ -54,7 +69,7 @@ class GradientClipByNorm(BaseGradientClipAttr):
             raise ValueError(f"GradientClipByNorm: clip_norm must be positive, got {self.clip_norm}")
 
     def apply(self, params_grads: list[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
-        with name_scope("@CLIP"):
+        with name_scope(CLIP_SCOPE):
             for param, grad in _dense(params_grads):
                 with op_role_guard(OpRole.Optimize, [param.name, grad.name]):
                     append_op("clip_by_norm", {"X": [grad]}, {"Out": [grad]},
@@ -75,7 +90,7 @@ class GradientClipByGlobalNorm(BaseGradientClipAttr):
         if not pairs:
             return params_grads
         block = pairs[0][1].block
-        with name_scope("@CLIP"):
+        with name_scope(CLIP_SCOPE), name_scope("global_norm"):
             norms = []
             for param, grad in pairs:
                 with op_role_guard(OpRole.Optimize, [param.name, grad.name]):

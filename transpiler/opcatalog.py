@@ -250,9 +250,10 @@ _FORWARD: tuple[OpDef, ...] = (
                State("MeanGrad", "MeanGradOut", "mean_grad"), flops=10),
     _optimizer("ftrl", State("SquaredAccumulator", "SquaredAccumOut", "squared"),
                State("LinearAccumulator", "LinearAccumOut", "linear"), flops=16, table=False),
-    # Paddle's LARS update: the pservers can slice it, but pslab has no kernel for it.
-    _optimizer("lars_momentum", State("Velocity", "VelocityOut", "velocity"), flops=None,
-               runs="none"),
+    # Paddle's LARS momentum: norms over the whole param and grad, so a pserver holds its
+    # param whole (distribute.analysis.WHOLE_GRAD_OPS) and never a table's row shard
+    _optimizer("lars_momentum", State("Velocity", "VelocityOut", "velocity"), flops=10,
+               table=False),
     # -- RPC ops, run by the trainer's and pserver's async runtime
     _op("send", shape=None, runs="rpc"),
     _op("recv", shape=None, runs="rpc"),

@@ -258,6 +258,27 @@ class Ftrl(Optimizer):
         return {"l1": float(self.l1), "l2": float(self.l2), "lr_power": float(self.lr_power)}
 
 
+class LarsMomentum(Optimizer):
+    """Momentum with LARS's layer-wise rate (docs/transpiler.md §2)."""
+
+    type = "lars_momentum"
+
+    def __init__(self, learning_rate: float | Var, momentum: float = 0.9,
+                 lars_coeff: float = 0.001, lars_weight_decay: float = 0.0005,
+                 **kwargs: Any) -> None:
+        super().__init__(learning_rate, **kwargs)
+        _check_range("LarsMomentum", "momentum", momentum, 0.0, 1.0)
+        if lars_coeff <= 0 or lars_weight_decay < 0:
+            raise ValueError(f"LarsMomentum: lars_coeff must be positive and lars_weight_decay "
+                             f"non-negative, got {lars_coeff} and {lars_weight_decay}")
+        self.momentum, self.lars_coeff = float(momentum), float(lars_coeff)
+        self.lars_weight_decay = float(lars_weight_decay)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"mu": self.momentum, "lars_coeff": self.lars_coeff,
+                "lars_weight_decay": self.lars_weight_decay}
+
+
 SGDOptimizer = SGD
 MomentumOptimizer = Momentum
 AdamOptimizer = Adam
@@ -266,6 +287,7 @@ DecayedAdagradOptimizer = DecayedAdagrad
 AdamaxOptimizer = Adamax
 RMSPropOptimizer = RMSProp
 FtrlOptimizer = Ftrl
+LarsMomentumOptimizer = LarsMomentum
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {cls.type: cls for cls in Optimizer.__subclasses__()}
 """Every optimizer by its op type (tests/test_opcatalog.py: the catalog's optimizers that run)."""

@@ -281,6 +281,10 @@ class TrainSpec(_Strict):
                                          "every this many steps (and restart from the last)")
     checkpoint_dir: str | None = Field(None, description="where; default <outputs.dir>/"
                                        "checkpoints, or a temporary directory")
+    checkpoint_by: Literal["pserver", "trainer"] = Field(
+        "pserver", description="who starts the checkpoints every checkpoint_every steps: each "
+        "pserver on its own, or trainer 0 with a checkpoint_notify to every pserver, as "
+        "Paddle's chief trainer did (pserver modes)")
 
     @field_validator("deadline", "heartbeat_timeout", "startup_timeout", "retry_after",
                      "request_timeout", mode="before")

@@ -227,8 +227,10 @@ class Executor:
         return [_fetch(scope, name, return_numpy) for name in names]
 
     def run_block(self, program: Program, block_idx: int, scope: Scope,
-                  overrides: AttrOverrides | None = None) -> None:
-        """Run block `block_idx`'s ops (those `overrides` names with its attributes)."""
+                  overrides: AttrOverrides | None = None, keep_locals: bool = False) -> None:
+        """Run block `block_idx`'s ops (those `overrides` names with its attributes); a
+        sub-block's own non-persistable vars are dropped from `scope` after it ran, unless
+        `keep_locals` (a caller that still reads them, then drops `block_locals` itself)."""
         plan = self.plans.get(program, block_idx)
         if plan.rpc_steps:
             raise AsyncOpError(rpc_refusal(plan.rpc_steps))
@@ -239,6 +241,14 @@ class Executor:
         for step in plan.steps:
             attrs = overrides.get((block_idx, step.index)) if overrides else None
             run_step(step if attrs is None else _with_attrs(step, attrs), scope, program, run_sub)
+        if block_idx != 0 and not keep_locals:
+            scope.drop(block_locals(program.blocks[block_idx]))
+
+
+def block_locals(block: Block) -> list[str]:
+    """The vars a sub-block declares that live only while it runs (its non-persistable ones),
+    as in Paddle, where a sub-block runs in a child scope dropped after it."""
+    return [name for name, var in block.vars.items() if not var.persistable]
 
 
 def rpc_refusal(rpc_steps: tuple[OpStep, ...]) -> str:

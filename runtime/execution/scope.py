@@ -20,7 +20,7 @@ for numpy values or CPU tensors (a view of the same memory).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import numpy.typing as npt
 
@@ -58,6 +58,11 @@ class Scope:
 
     def has(self, name: str) -> bool:
         return name in self._values
+
+    def drop(self, names: Iterable[str]) -> None:
+        """Forget `names` (those it holds): a sub-block's own vars once the block has run."""
+        for name in names:
+            self._values.pop(name, None)
 
     def names(self) -> list[str]:
         return list(self._values)

@@ -17,6 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from transpiler.distribute.checkpoint import CheckpointConfig, append_checkpoint_notify
+from transpiler.ir import Program
+
 from runtime.execution.compute import ComputeModel, Tracer
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
@@ -50,9 +53,11 @@ def trainer_name(index: int) -> str:
 def serve_config(job: Job, checkpoint_dir: Path | None = None) -> ServeConfig:
     """A pserver's timing: the heartbeat timeout, a drain long enough to answer a trainer's
     first two retries of a request whose reply was lost (e.g. the last COMPLETE), and the
-    periodic checkpoints (`train.checkpoint_every`, into `checkpoint_dir`)."""
+    periodic checkpoints (`train.checkpoint_every`, into `checkpoint_dir`; none of its own
+    when trainer 0 notifies them, ``train.checkpoint_by: trainer``)."""
     train = job.scenario.train
-    every = train.checkpoint_every if checkpoint_dir is not None else None
+    every = (train.checkpoint_every
+             if checkpoint_dir is not None and train.checkpoint_by == "pserver" else None)
     return ServeConfig(heartbeat_timeout=train.heartbeat_timeout, drain=3 * train.retry_after,
                        startup_grace=train.startup_timeout, checkpoint_every=every,
                        checkpoint_dir=checkpoint_dir,
@@ -77,11 +82,27 @@ def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeMod
                           recovering=recovering)
 
 
+def trainer_programs(job: Job, index: int, checkpoint_dir: Path | None = None) -> tuple[Program, Program]:
+    """Trainer `index`'s programs; with ``train.checkpoint_by: trainer``, trainer 0's send a
+    `checkpoint_notify` every ``train.checkpoint_every`` steps, naming `checkpoint_dir` (not
+    in timing mode, whose pservers hold no values to save)."""
+    main, startup = job.trainer_programs(index)
+    train = job.scenario.train
+    if (train.checkpoint_by != "trainer" or train.checkpoint_every is None
+            or checkpoint_dir is None or job.collective or job.timing or index != 0):
+        return main, startup
+    main, startup = main.clone(), startup.clone()
+    append_checkpoint_notify(main, startup, CheckpointConfig(str(checkpoint_dir),
+                                                             train.checkpoint_every))
+    return main, startup
+
+
 def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,
-                 tracer: Tracer | None = None, incarnation: int = 0) -> Trainer:
+                 tracer: Tracer | None = None, incarnation: int = 0,
+                 checkpoint_dir: Path | None = None) -> Trainer:
     """Trainer `index` (in its `incarnation`-th restart), ready to `run(batches_for(job,
     index), ...)`."""
-    main, startup = job.trainer_programs(index)
+    main, startup = trainer_programs(job, index, checkpoint_dir)
     train, backend = job.scenario.train, job.scenario.backend
     client = RpcClient(transport, RetryPolicy(deadline=train.request_timeout,
                                               first_retry=train.retry_after),
@@ -153,7 +174,7 @@ class LocalCluster:
     def _start_trainer(self, index: int) -> None:
         name = trainer_name(index)
         trainer = make_trainer(self.job, index, self.transport_for(name), self.compute,
-                               self.tracer, self.incarnations.get(name, 0))
+                               self.tracer, self.incarnations.get(name, 0), self.checkpoint_dir)
         self.trainers[index] = trainer
         steps, loss = self.job.scenario.train.steps, self.job.model.loss.name
         self._launch(name, trainer.run(batches_for(self.job, index), steps, loss,

@@ -82,7 +82,7 @@ from transpiler.ir import BlockRef, Program
 
 from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.costs import RECEIVES, SENDS, Meter
-from runtime.execution.executor import AttrOverrides, Executor
+from runtime.execution.executor import AttrOverrides, Executor, block_locals
 from runtime.execution.scope import Scope
 from runtime.network.transport import Transport, TransportClosed
 from runtime.network.wire import (DEFAULT_MAX_HEADER_SIZE, MAX_DETAIL, DecodeError, Kind,
@@ -418,12 +418,15 @@ class PserverService:
         """Run one block and charge its ops to this node's modelled compute time."""
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
-        self.executor.run_block(self.program, block_idx, self.scope, overrides)
+        block = self.program.blocks[block_idx]
+        self.executor.run_block(self.program, block_idx, self.scope, overrides, keep_locals=True)
         if meter is not None:
-            meter.stop_ops(started, len(self.program.blocks[block_idx].ops))
+            meter.stop_ops(started, len(block.ops))
         self.charge.step = self.core.round.step
-        for op in self.program.blocks[block_idx].ops:
+        for op in block.ops:  # priced by the values they wrote, the block's own vars included
             self.charge.add(op, self.scope)
+        if block_idx != 0:
+            self.scope.drop(block_locals(block))
 
     def _meter_replay(self, action: Replay) -> None:
         """Meter a deferred request's handling again, from its replay to its `done`."""

@@ -6,12 +6,14 @@ section (`analysis`), cut vars in blocks (`slicing`, `plan.slice_pass`), place t
 pserver (`pserver`) and the startups (`startup`); `geo` and `collective` hold the other modes.
 """
 
+from .checkpoint import CheckpointConfig, append_checkpoint_notify
 from .config import DistributedMode, DistributeTranspilerConfig
 from .dispatch import HashName, PSDispatcher, RoundRobin
 from .slicing import VarBlock, slice_variable
 from .transpiler import DistributeTranspiler, GeoSgdTranspiler
 
 __all__ = [
-    "DistributeTranspiler", "DistributeTranspilerConfig", "DistributedMode", "GeoSgdTranspiler",
-    "HashName", "PSDispatcher", "RoundRobin", "VarBlock", "slice_variable",
+    "CheckpointConfig", "DistributeTranspiler", "DistributeTranspilerConfig", "DistributedMode", "GeoSgdTranspiler",
+    "HashName", "PSDispatcher", "RoundRobin", "VarBlock", "append_checkpoint_notify",
+    "slice_variable",
 ]

@@ -5,7 +5,9 @@ The front end marks them (docs/transpiler.md §1): every optimizer, clipping and
 has role Optimize and ``op_role_var = [param, grad]``; learning-rate ops have role LRSched. An
 *optimizer op* is the one update op of a parameter (it has ``Param`` and ``LearningRate`` inputs);
 the other Optimize ops of the parameter (clip, weight decay, Adam's beta-pow scales) travel with it
-to the pserver that owns it.
+to the pserver that owns it. Global-norm clipping's ops are the exception: they read every
+gradient, so they are not optimize ops here and stay on the trainer, before the sends
+(docs/transpiler.md §6).
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..clip import is_global_norm_clip_op
 from ..ir import Op, OpRole, Program
 from ..opcatalog import optimizer_types
 
 # Update ops the pservers know how to slice: the catalog's optimizers (their accumulators are
 # param-shaped or [1]).
 OPTIMIZER_TYPES = frozenset(optimizer_types())
-# Ops whose result depends on the whole grad: a param they touch is never sliced, because the
-# pserver would compute them over one slice only.
-WHOLE_GRAD_OPS = frozenset({"clip_by_norm", "squared_l2_norm"})
+# Ops whose result depends on the whole grad (or param: LARS's norms): a param they touch is
+# never sliced, because the pserver would compute them over one slice only.
+WHOLE_GRAD_OPS = frozenset({"clip_by_norm", "squared_l2_norm", "lars_momentum"})
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,9 @@ def is_lr_op(op: Op) -> bool:
 
 
 def is_optimize_op(op: Op) -> bool:
-    return bool(op.role & OpRole.Optimize) and not is_lr_op(op)
+    """An op a pserver runs for its parameter: role Optimize, not LR, not global-norm clipping
+    (which the trainer keeps)."""
+    return bool(op.role & OpRole.Optimize) and not is_lr_op(op) and not is_global_norm_clip_op(op)
 
 
 def read_optimize_section(program: Program) -> OptimizeSection:
@@ -100,6 +105,4 @@ def check_placeable(section: OptimizeSection) -> None:
     for op in section.ops:
         if not op.role_var:
             raise ValueError(f"program: optimize op {op.type!r} (outputs {op.output_arg_names}) "
-                             "belongs to no parameter (no op_role_var), so no pserver can run "
-                             "it; global-norm gradient clipping needs every gradient in one "
-                             "place and is not supported in pserver mode")
+                             "belongs to no parameter (no op_role_var), so no pserver can run it")

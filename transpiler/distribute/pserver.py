@@ -235,8 +235,8 @@ def _append_dc_asgd(block: Block, plan: Plan, param: str, grad: str) -> str:
     for name in baks:
         clone_var(gblock, pvar, name=name, persistable=True)
     tmp = [f"{param}@DC_ASGD.tmp_{n}" for n in range(5)]
-    for name in tmp:
-        clone_var(gblock, pvar, name=name, persistable=False)
+    for name in tmp:  # the optimize block's own: they live only while it runs
+        clone_var(block, pvar, name=name, persistable=False)
     role = {"op_role": int(OpRole.Optimize)}
     block.append_op("ref_by_trainer_id", {"X": baks, "TrainerId": [TRAINER_ID_VAR]},
                     {"Out": [tmp[0]]}, dict(role))

@@ -1,7 +1,9 @@
 """Rewriting the trainer program (docs/transpiler.md §6).
 
 The trainer keeps forward and backward and loses every optimize and learning-rate op (and the
-vars only they used): the pservers update the parameters. In their place it gets, in order:
+vars only they used): the pservers update the parameters. Global-norm clipping's ops stay (they
+need every gradient, which only the trainer has), re-roled Backward as the original did, so each
+grad is sent clipped. In place of the rest it gets, in order:
 
 1. after the last op writing each grad: `split_byref` (dense) or `split_selected_rows` (sparse)
    when the grad is cut in blocks, then a `send` of the blocks (``epmap`` one endpoint per
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..clip import is_global_norm_clip_op
 from ..ir import Block, Op, OpRole, Program, VarType
 from ..lr import LR_COUNTER
 from .analysis import is_lr_op, is_optimize_op
@@ -60,6 +63,14 @@ def strip_optimize_ops(program: Program) -> None:
     for name in sorted(used_before - still_used):
         if block.has_var(name) and not block.var(name).is_parameter:
             block.remove_var(name)
+
+
+def keep_global_norm_clip(block: Block) -> None:
+    """The global-norm clipping ops the trainer keeps run as backward ops: the gradients they
+    clip are the ones it sends."""
+    for op in block.ops:
+        if is_global_norm_clip_op(op):
+            op.attrs["op_role"] = int(OpRole.Backward)
 
 
 def sent_grad_names(plan: Plan, d: DistVar) -> list[str]:
@@ -196,6 +207,7 @@ def rewrite_trainer(plan: Plan) -> Program:
     program = plan.origin.clone()
     block = program.global_block()
     strip_optimize_ops(program)
+    keep_global_norm_clip(block)
     sends = insert_grad_sends(block, plan)
     extra = [append_table_grad_send(block, plan)] if plan.table else []
     extra += append_lr_counter_send(block, plan)

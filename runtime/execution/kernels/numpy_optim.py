@@ -128,6 +128,30 @@ def momentum(ctx: KernelContext) -> None:
     _apply(ctx, _momentum, {"Velocity": "VelocityOut"})
 
 
+def lars_local_lr(lr: float, p_norm: float, g_norm: float, coeff: float, decay: float) -> float:
+    """LARS's layer-wise rate ``lr * coeff * |p| / (|g| + decay * |p|)``; `lr` itself when
+    either norm is 0 (a zero parameter or gradient), as Paddle's kernel guards it."""
+    if p_norm > 0 and g_norm > 0:
+        return lr * coeff * p_norm / (g_norm + decay * p_norm)
+    return lr
+
+
+def _lars_momentum(ctx: KernelContext, p: Array, g: Array, lr: Any, acc: dict[str, Array]) -> dict[str, Array]:
+    mu, coeff = _f(ctx, "mu", 0.9), _f(ctx, "lars_coeff", 0.001)
+    decay = _f(ctx, "lars_weight_decay", 0.0005)
+    p_norm, g_norm = float(np.sqrt(np.sum(np.square(p)))), float(np.sqrt(np.sum(np.square(g))))
+    local_lr = lars_local_lr(float(lr), p_norm, g_norm, coeff, decay)
+    v = mu * acc["Velocity"] + local_lr * (g + decay * p)
+    return {"ParamOut": p - v, "VelocityOut": v}
+
+
+@register("lars_momentum")
+def lars_momentum(ctx: KernelContext) -> None:
+    """Layer-wise adaptive rate scaling (You et al., 2017) on momentum: the norms are over the
+    whole parameter and gradient (a sparse grad is densified first)."""
+    _apply(ctx, _lars_momentum, {"Velocity": "VelocityOut"})
+
+
 def _adam(ctx: KernelContext, p: Array, g: Array, lr: Any, acc: dict[str, Array]) -> dict[str, Array]:
     b1, b2, eps = _f(ctx, "beta1", 0.9), _f(ctx, "beta2", 0.999), _f(ctx, "epsilon", 1e-8)
     b1p, b2p = scalar(ctx.input("Beta1Pow")), scalar(ctx.input("Beta2Pow"))

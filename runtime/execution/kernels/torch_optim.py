@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.numpy_optim import lars_local_lr
 from runtime.execution.kernels.torch_common import (Tensor, densify, host_scalar, kernel, put,
                                                     result_dtype, tensor, torch)
 from runtime.execution.tensor import SelectedRows
@@ -81,6 +82,21 @@ def momentum(ctx: KernelContext) -> None:
     v = mu * u.state("Velocity") + u.g
     step = u.g + mu * v if ctx.attr("use_nesterov", False) else v
     u.store("ParamOut", u.p - float(u.lr) * step)
+    u.store("VelocityOut", v)
+
+
+@kernel("lars_momentum")
+def lars_momentum(ctx: KernelContext) -> None:
+    """`numpy_optim.lars_momentum`: the norms are read back to the host, where the layer-wise
+    rate is computed as the numpy kernel computes it."""
+    u = _Update(ctx)
+    mu, coeff = u.attr("mu", 0.9), u.attr("lars_coeff", 0.001)
+    decay = u.attr("lars_weight_decay", 0.0005)
+    p_norm = float(torch.sqrt(torch.sum(torch.square(u.p))))
+    g_norm = float(torch.sqrt(torch.sum(torch.square(u.g))))
+    local_lr = lars_local_lr(float(u.lr), p_norm, g_norm, coeff, decay)
+    v = mu * u.state("Velocity") + local_lr * (u.g + decay * u.p)
+    u.store("ParamOut", u.p - v)
     u.store("VelocityOut", v)
 
 

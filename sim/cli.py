@@ -15,8 +15,9 @@ seed (`sim.determinism`) and compares what both runs write, metrics.json and tra
 byte: it prints a line saying they are equal, or ends with ``FAILED: not deterministic:`` naming
 the first differing file, byte (line, column) and JSON key, and exits 1.
 
-``sim sweep SCENARIO --vary path=v1,v2,... [--vary ...]`` simulates every combination
-(`sim.sweep`), prints a table of outcomes, and writes ``OUT/sweep.json`` and ``OUT/sweep.png``
+``sim sweep SCENARIO --vary path=v1,v2,... [--vary ...] [--loss-target X]`` simulates every
+combination (`sim.sweep`), prints a table of outcomes (with ``--loss-target``, the time each
+took to reach that loss), and writes ``OUT/sweep.json`` and ``OUT/sweep.png``
 (OUT: ``--out``, else ``<outputs.dir or out/NAME>/sweep``). Exit status 0 when every point ran,
 whether or not it met its expectations (the table says), 1 when some point could not run.
 

@@ -165,12 +165,12 @@ def run_sweep(scenario_path: Path, name: str, overrides: list[str], axes: list[A
 
 
 def sweep_table(record: SweepRecord) -> Table:
-    """A row per point; a time-to-loss column with a loss target, and the staleness columns
-    when a point ran in ssp mode."""
+    """A row per point; with a loss target, the time to it ("to loss"); when a point ran in
+    ssp mode, the most steps a read ran ahead ("staleness") and the trainers' time held."""
     target = record.loss_target
     ssp = any(p.read_staleness_max is not None for p in record.points)
-    extra = ([f"time to loss {target:g}"] if target is not None else []) + \
-        (["max staleness", "blocked"] if ssp else [])
+    extra = ([f"to loss {target:g}"] if target is not None else []) + \
+        (["staleness", "held"] if ssp else [])
     table = Table(*record.vary, "step mean", "step p99", "samples/s", "final loss", *extra,
                   "outcome", title=f"{record.scenario}: sweep of {len(record.points)} point(s)")
     for p in record.points:

@@ -5,6 +5,7 @@ whole runs under `sim run` and `runtime up`."""
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
 
@@ -14,12 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.cli import main as runtime_main
-from runtime.config.metrics import read_metrics
+from runtime.config.metrics import JobMetrics, JobSummary, TrainerMetrics, read_metrics
 from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
 from runtime.network.wire import Kind, Message
 from runtime.services.pserver_actions import Action, Begin, Pay, Replay, Reply, Tally
+from sim.cli import main as sim_main
 from sim.report import collect
 from sim.simulate import simulate
+from sim.sweep import time_to_loss
 from transpiler.distribute.config import DistributeTranspilerConfig
 from transpiler.distribute.contract import ServeContract
 from transpiler.distribute.from_spec import config_from_spec
@@ -265,3 +268,34 @@ train: {steps: 12, deadline: 60s, heartbeat_timeout: 10s, retry_after: 100ms}
     assert all(p.read_staleness_max is not None and p.blocked_seconds is not None
                for p in metrics.pservers)
     assert all(len(t.losses) == 12 for t in metrics.trainers)
+
+
+# -- the sweep's time to loss ---------------------------------------------------------------------
+
+def test_time_to_loss_is_when_trainer_0s_windowed_mean_first_reaches_the_target() -> None:
+    losses = [4.0, 2.0, 1.0, 0.5, 0.25] + [0.1] * 10
+    trainer = TrainerMetrics.from_steps(0, losses, [1.0] * len(losses))
+    trainer.step_ends = [2.0 + i for i in range(1, len(losses) + 1)]  # steps from t = 2
+    other = TrainerMetrics.from_steps(1, [9.0], [0.5])
+    other.step_ends = [1.5]  # its first step began at 1.0: the job's first
+    metrics = JobMetrics(JobSummary("sim run", "t", 0, "ssp", 1, 2, 15, 8, []),
+                         [trainer, other], [])
+    assert time_to_loss(metrics, 1.75) == 7.0 - 1.0  # mean(4, 2, 1, .5, .25) = 1.55: step 4
+    assert time_to_loss(metrics, 0.1) == 17.0 - 1.0  # the last 10 all 0.1: the last step
+    assert time_to_loss(metrics, 0.05) is None
+
+
+def test_sim_sweep_tabulates_time_to_loss_and_the_staleness(tmp_path: Path) -> None:
+    out = io.StringIO()
+    code = sim_main(["sweep", str(SSP), "--set", "train.steps=20", "--vary",
+                     "transpiler.staleness=0,inf", "--loss-target", "0.5", "--out",
+                     str(tmp_path), "--no-plots"], out=out)
+    assert code == 0, out.getvalue()
+    header = next(line for line in out.getvalue().splitlines() if "to loss 0.5" in line)
+    assert "staleness" in header and "held" in header
+    record = json.loads((tmp_path / "sweep.json").read_text())
+    assert record["loss_target"] == 0.5
+    bounded, free = record["points"]
+    assert (bounded["read_staleness_max"], bounded["blocked_seconds"] > 0) == (0, True)
+    assert free["read_staleness_max"] > 0 and free["blocked_seconds"] == 0.0
+    assert 0 < free["time_to_loss"] < bounded["time_to_loss"]

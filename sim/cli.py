@@ -15,8 +15,9 @@ seed (`sim.determinism`) and compares what both runs write, metrics.json and tra
 byte: it prints a line saying they are equal, or ends with ``FAILED: not deterministic:`` naming
 the first differing file, byte (line, column) and JSON key, and exits 1.
 
-``sim sweep SCENARIO --vary path=v1,v2,... [--vary ...]`` simulates every combination
-(`sim.sweep`), prints a table of outcomes, and writes ``OUT/sweep.json`` and ``OUT/sweep.png``
+``sim sweep SCENARIO --vary path=v1,v2,... [--vary ...] [--loss-target X]`` simulates every
+combination (`sim.sweep`), prints a table of outcomes (with ``--loss-target``, the time each
+took to reach that loss), and writes ``OUT/sweep.json`` and ``OUT/sweep.png``
 (OUT: ``--out``, else ``<outputs.dir or out/NAME>/sweep``). Exit status 0 when every point ran,
 whether or not it met its expectations (the table says), 1 when some point could not run.
 
@@ -259,7 +260,8 @@ def _sweep(args: argparse.Namespace, stream: TextIO) -> int:
         settings = ", ".join(f"{k}={v}" for k, v in point.settings.items())
         print(f"[{number}/{count}] {settings}: {point.outcome}", file=stream, flush=True)
 
-    record = run_sweep(Path(args.scenario), scenario.name, _overrides(args), axes, report)
+    record = run_sweep(Path(args.scenario), scenario.name, _overrides(args), axes, report,
+                       args.loss_target)
     out.mkdir(parents=True, exist_ok=True)
     write_record(out / "sweep.json", record)
     console_for(stream).print(sweep_table(record))
@@ -317,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sweep)
     sweep.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",
                        help="a setting and its values, e.g. cluster.pservers=1,2,4 (repeatable)")
+    sweep.add_argument("--loss-target", type=float, metavar="LOSS",
+                       help="also tabulate the simulated time until trainer 0's mean loss over "
+                            "its last 10 steps is at most LOSS")
     sweep.set_defaults(handler=_sweep, parser=sweep)
     return parser
 

@@ -195,6 +195,9 @@ def summary_table(m: JobMetrics) -> Table:
             ("final loss, trainer 0", loss),
             ("network", f"{s.network}: {s.messages or 0:,} messages, {fmt_bytes(s.bytes or 0)}"),
             ("compute model", str(s.compute))]
+    if s.read_staleness_max is not None:
+        rows.append(("ssp: most steps a read ran ahead, trainers' time held",
+                     f"{s.read_staleness_max}, {fmt_seconds(s.blocked_seconds)}"))
     for name, value in rows:
         table.add_row(name, value)
     return table

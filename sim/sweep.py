@@ -14,7 +14,10 @@ run (an invalid combination, a deadlock) is recorded with its error and the swee
                  "error"}]}
 
 Step times are over every step of every trainer, in simulated seconds; ``failed`` names the
-expectations not met.
+expectations not met. With ``--loss-target X`` each point also records ``time_to_loss``: the
+simulated time from the first step's start until trainer 0's mean loss over its last 10 steps
+(fewer at first; the window of ``expect.final_loss_below``) is at most X (null: never). In ssp
+mode, ``read_staleness_max`` and ``blocked_seconds`` are the run's (metrics.json's ``job``).
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ import numpy as np
 from rich.table import Table
 
 from runtime.config import expect
+from runtime.config.metrics import JobMetrics
 from runtime.config.scenario import load_scenario
 
 from .report import collect, fmt_seconds, new_figure, save_png
 from .simulate import simulate
 
 __all__ = ["Axis", "SweepError", "SweepPoint", "SweepRecord", "plot_sweep", "run_sweep",
-           "sweep_table"]
+           "sweep_table", "time_to_loss"]
 
 SCHEMA_VERSION = 1
 
@@ -80,6 +84,9 @@ class SweepPoint:
     passed: bool = False
     failed: list[str] = field(default_factory=list)
     error: str | None = None
+    time_to_loss: float | None = None
+    read_staleness_max: int | None = None
+    blocked_seconds: float | None = None
 
     @property
     def outcome(self) -> str:
@@ -94,9 +101,26 @@ class SweepRecord:
     vary: dict[str, list[str]]
     points: list[SweepPoint]
     schema: int = SCHEMA_VERSION
+    loss_target: float | None = None
 
 
-def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str]) -> SweepPoint:
+def time_to_loss(metrics: JobMetrics, target: float) -> float | None:
+    """Simulated seconds from the first step's start until trainer 0's mean loss over its last
+    `expect.LOSS_WINDOW` steps is at most `target`; None if it never is."""
+    runs = [t for t in metrics.trainers if t.step_ends and t.step_times]
+    if not runs or runs[0].index != 0:
+        return None
+    start = min(t.step_ends[0] - t.step_times[0] for t in runs)  # type: ignore[index]
+    first = runs[0]
+    for i, end in enumerate(first.step_ends or ()):
+        window = first.losses[max(0, i + 1 - expect.LOSS_WINDOW):i + 1]
+        if float(np.mean(window)) <= target:
+            return end - start
+    return None
+
+
+def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str],
+              loss_target: float | None = None) -> SweepPoint:
     """Simulate the scenario with `settings` on top of `overrides`; errors are recorded."""
     point = SweepPoint(settings)
     scenario = None
@@ -116,34 +140,53 @@ def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str
     point.step_time_mean = s.step_time_all.mean if s.step_time_all else None
     point.step_time_p99 = s.step_time_all.p99 if s.step_time_all else None
     point.samples_per_second, point.final_loss = s.samples_per_second, s.final_loss
+    point.read_staleness_max, point.blocked_seconds = s.read_staleness_max, s.blocked_seconds
+    if loss_target is not None:
+        point.time_to_loss = time_to_loss(metrics, loss_target)
     point.failed = [e.name for e in metrics.expectations if not e.passed]
     point.passed = not point.failed
     return point
 
 
 def run_sweep(scenario_path: Path, name: str, overrides: list[str], axes: list[Axis],
-              on_point: Callable[[int, int, SweepPoint], None] | None = None) -> SweepRecord:
+              on_point: Callable[[int, int, SweepPoint], None] | None = None,
+              loss_target: float | None = None) -> SweepRecord:
     """Every combination of the axes' values, in order (the last axis varies fastest)."""
     combos = list(itertools.product(*(axis.values for axis in axes)))
     points = []
     for number, values in enumerate(combos, start=1):
         point = run_point(scenario_path, overrides,
-                          {axis.path: value for axis, value in zip(axes, values)})
+                          {axis.path: value for axis, value in zip(axes, values)}, loss_target)
         points.append(point)
         if on_point is not None:
             on_point(number, len(combos), point)
-    return SweepRecord(name, {axis.path: list(axis.values) for axis in axes}, points)
+    return SweepRecord(name, {axis.path: list(axis.values) for axis in axes}, points,
+                       loss_target=loss_target)
 
 
 def sweep_table(record: SweepRecord) -> Table:
-    table = Table(*record.vary, "step mean", "step p99", "samples/s", "final loss", "outcome",
-                  title=f"{record.scenario}: sweep of {len(record.points)} point(s)")
+    """A row per point; with a loss target, the time to it ("to loss"); when a point ran in
+    ssp mode, the most steps a read ran ahead ("staleness") and the trainers' time held."""
+    target = record.loss_target
+    ssp = any(p.read_staleness_max is not None for p in record.points)
+    extra = ([f"to loss {target:g}"] if target is not None else []) + \
+        (["staleness", "held"] if ssp else [])
+    table = Table(*record.vary, "step mean", "step p99", "samples/s", "final loss", *extra,
+                  "outcome", title=f"{record.scenario}: sweep of {len(record.points)} point(s)")
     for p in record.points:
+        cells = ([fmt_seconds(p.time_to_loss) if p.time_to_loss is not None else "never"]
+                 if target is not None else []) + \
+            ([_or_dash(p.read_staleness_max), fmt_seconds(p.blocked_seconds)] if ssp else [])
         table.add_row(*(p.settings[path] for path in record.vary),
                       fmt_seconds(p.step_time_mean), fmt_seconds(p.step_time_p99),
                       f"{p.samples_per_second:,.0f}" if p.samples_per_second else "-",
-                      f"{p.final_loss:.4f}" if p.final_loss is not None else "-", p.outcome)
+                      f"{p.final_loss:.4f}" if p.final_loss is not None else "-", *cells,
+                      p.outcome)
     return table
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def plot_sweep(record: SweepRecord, path: Path) -> Path:

@@ -259,7 +259,7 @@ def test_bad_arguments_exit_2_naming_the_argument(capsys: pytest.CaptureFixture[
 @pytest.mark.parametrize("text,message", [
     ("model: [1, 2]\n", "model.name: a model section naming a builder"),
     ("model: {name: mlp}\ntranspiler: {mode: turbo}\n",
-     "transpiler.mode: must be one of sync, async, half_async, geo, nccl2, collective, got 'turbo'"),
+     "transpiler.mode: must be one of sync, async, ssp, half_async, geo, nccl2, collective, got 'turbo'"),
     ("model: {name: mlp}\ntranspiler: {slice: true}\n", "transpiler.slice: unknown field"),
     ("model: {name: mlp}\ncluster: {pservers: 2, endpoints: {pservers: ['a:1']}}\n",
      "cluster.endpoints.pservers: must list 2 endpoints"),

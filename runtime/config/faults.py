@@ -379,9 +379,10 @@ def check_against(faults: Sequence[AnyFault], pservers: int, trainers: int, *,
             if fault.crash not in nodes:
                 raise ValueError(f"{where}: crash {fault.crash!r}: no such node in a cluster of "
                                  f"{pservers} pserver(s) and {trainers} trainer(s)")
-            if fault.crash.startswith("trainer:") and mode not in ("sync", "async", "half_async"):
-                raise ValueError(f"{where}: a trainer crash is supported in sync, async and "
-                                 f"half_async modes, not {mode}")
+            if fault.crash.startswith("trainer:") and \
+                    mode not in ("sync", "async", "ssp", "half_async"):
+                raise ValueError(f"{where}: a trainer crash is supported in sync, async, ssp "
+                                 f"and half_async modes, not {mode}")
             continue
         if isinstance(fault, Partition):
             for side, group in zip(("first", "second"), fault.partition):

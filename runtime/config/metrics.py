@@ -162,6 +162,12 @@ class PserverMetrics:
     """The step it started from after a crash (its checkpoint's, or 0); null: never crashed."""
     rewinds: int = 0
     """Messages it answered with a rewind (of a step it lost in a crash)."""
+    read_staleness_max: int | None = None
+    """ssp mode only: the most steps a read of the parameters it served ran ahead of the
+    slowest live trainer's completed steps (at most transpiler.staleness)."""
+    blocked_seconds: dict[int, float] | None = None
+    """ssp mode only: per trainer (by index), the time its reads were held here waiting for
+    the slowest trainer."""
     busy_seconds: float | None = None
     """sim run only: its modelled compute (optimize blocks, and in the asynchronous modes the
     update each message runs)."""
@@ -185,7 +191,16 @@ class PserverMetrics:
             bytes_out=stats.bytes_out, heartbeat_bytes=stats.heartbeat_bytes,
             optimize_seconds=stats.optimize_seconds, steps=stats.steps, errors=stats.errors,
             dropped=list(stats.dropped), checkpoints=list(stats.checkpoints),
-            restored_step=stats.restored_step, rewinds=stats.rewinds)
+            restored_step=stats.restored_step, rewinds=stats.rewinds,
+            read_staleness_max=stats.read_staleness_max,
+            blocked_seconds=_blocked(stats))
+
+
+def _blocked(stats: ServerStats) -> dict[int, float] | None:
+    """Each trainer's time held (ssp: the server served reads; no trainer held: empty)."""
+    if stats.read_staleness_max is None:
+        return None
+    return dict(sorted((stats.blocked_seconds or {}).items()))
 
 
 @dataclass(config=RECORD)
@@ -209,7 +224,7 @@ class JobSummary:
     scenario: str
     seed: int
     mode: str
-    """The transpiler's mode: sync, async, half_async, geo, nccl2 or collective."""
+    """The transpiler's mode: sync, async, ssp, half_async, geo, nccl2 or collective."""
     pservers: int
     trainers: int
     steps: int
@@ -257,6 +272,13 @@ class JobSummary:
     (every trainer's steps added up), so per trainer and step, summed over the pservers;
     "total" adds the kinds up. Startup fetches, joins, COMPLETE and heartbeats are counted too
     (heartbeats depend on how long the job ran, not on its steps)."""
+    read_staleness_max: int | None = None
+    """ssp mode only: the most steps any read of the parameters ran ahead of the slowest live
+    trainer (the pservers' largest read_staleness_max; at most transpiler.staleness)."""
+    blocked_seconds: float | None = None
+    """ssp mode only: the trainers' time with a read held back, added up over the trainers
+    (each trainer's the longest it was held at any one pserver: its reads to the pservers are
+    held at once)."""
     messages: int | None = None
     """sim run only: messages the simulated network carried."""
     bytes: int | None = None
@@ -281,7 +303,21 @@ class JobSummary:
             step_time=first.step_time if first else None,
             step_time_all=StepTimeStats.of([x for t in trainers for x in t.step_times]),
             final_loss=first.final_loss if first else None, protocol=scenario.train.protocol,
-            messages_per_step=messages_per_step(pservers, sum(len(t.losses) for t in trainers)))
+            messages_per_step=messages_per_step(pservers, sum(len(t.losses) for t in trainers)),
+            **held_back(pservers))
+
+
+def held_back(pservers: Sequence[PserverMetrics]) -> dict[str, Any]:
+    """`JobSummary.read_staleness_max` and `blocked_seconds` of the pservers' (None: not ssp)."""
+    ssp = [p for p in pservers if p.read_staleness_max is not None]
+    if not ssp:
+        return {"read_staleness_max": None, "blocked_seconds": None}
+    longest: dict[int, float] = {}
+    for p in ssp:
+        for trainer, seconds in (p.blocked_seconds or {}).items():
+            longest[trainer] = max(longest.get(trainer, 0.0), seconds)
+    return {"read_staleness_max": max(p.read_staleness_max or 0 for p in ssp),
+            "blocked_seconds": sum(longest.values())}
 
 
 def messages_per_step(pservers: Sequence[PserverMetrics], trainer_steps: int) -> dict[str, float]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
@@ -225,10 +225,11 @@ class ClusterSpec(_Strict):
 class TranspilerSpec(_Strict):
     """How the distribute transpiler splits the program (docs/transpiler.md)."""
 
-    mode: Literal["sync", "async", "half_async", "geo", "nccl2", "collective"] = "sync"
-    """The distributed mode: sync (barriers each step), async, half_async or geo (Geo-SGD),
-    with pservers; or nccl2 or collective, without: the trainers all-reduce among
-    themselves (docs/architecture.md, "Collective modes")."""
+    mode: Literal["sync", "async", "ssp", "half_async", "geo", "nccl2", "collective"] = "sync"
+    """The distributed mode: sync (barriers each step), async, ssp (async with bounded
+    staleness, `staleness`), half_async or geo (Geo-SGD), with pservers; or nccl2 or
+    collective, without: the trainers all-reduce among themselves (docs/architecture.md,
+    "Collective modes")."""
     slice_var_up: bool = True
     """Cut large vars into blocks spread over the pservers (false: whole vars)."""
     split_method: Literal["round_robin", "hash_name"] = "round_robin"
@@ -246,12 +247,19 @@ class TranspilerSpec(_Strict):
     """Collective mode, local_sgd: steps between two parameter averages."""
     nccl_comm_num: int = Field(1, ge=1, le=64)
     """nccl2 and collective modes: rings, used by the parameters in turn."""
+    staleness: Annotated[int, Field(ge=0)] | Literal["inf"] | None = None
+    """ssp mode (and only it): how many steps a trainer may run ahead of the slowest live
+    trainer (0: every read waits for every trainer's last step, as in sync; inf: no bound, as
+    in async)."""
 
     @model_validator(mode="after")
     def _mode_fields(self) -> "TranspilerSpec":
-        """`dc_asgd` needs `mode: async`."""
+        """`dc_asgd` needs `mode: async`; `staleness` goes with `mode: ssp`."""
         if self.dc_asgd and self.mode != "async":
             raise ValueError(f"dc_asgd needs mode async, not {self.mode}")
+        if (self.mode == "ssp") != (self.staleness is not None):
+            raise ValueError("mode ssp needs staleness (an int >= 0, or inf), and staleness "
+                             f"needs mode ssp; got mode {self.mode}, staleness {self.staleness}")
         return self
 
 

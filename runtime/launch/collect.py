@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence, TextIO, TypeVar
 
 from runtime.config.metrics import (JobMetrics, JobSummary, PserverMetrics, TrainerMetrics,
-                                    read_record, write_record)
+                                    held_back, read_record, write_record)
 from runtime.config.scenario import Scenario
 from runtime.launch.launcher import (check_run, ignored_by_runtime, judge, summary_lines,
                                      verdict)
@@ -93,6 +93,8 @@ def merge(collected: Collected, dirs: Sequence[Path]) -> JobMetrics:
     trainers = [_record(collected, "trainer", i, TrainerMetrics) for i in range(cluster.trainers)]
     pservers = [_record(collected, "pserver", j, PserverMetrics) for j in range(cluster.pservers)]
     summary = JobSummary.for_run("runtime up", scenario, collected.endpoints, trainers)
+    for name, value in held_back(pservers).items():  # ssp: from the pservers' records
+        setattr(summary, name, value)
     missing = [(role, i) for role, count in (("pserver", cluster.pservers),
                                              ("trainer", cluster.trainers))
                for i in range(count) if node_name(role, i) not in collected.records]

@@ -141,6 +141,25 @@ class ServerStats:
     with, or (added by the node from its transport) a routing id not its key's owner."""
     unauthenticated: int = 0
     """Connections refused at the handshake: a key that is not one of the job's."""
+    read_staleness_max: int | None = None
+    """SSP: the most steps a read served ran ahead of the slowest live trainer (None: none
+    served, or not SSP)."""
+    blocked_seconds: dict[int, float] | None = None
+    """SSP: trainer -> the time its reads were held here (None: not SSP, or none held)."""
+
+    def tally(self, stat: str, value: int | float, key: int | None, peak: bool) -> None:
+        """Count `value` into `stat` (see `pserver_actions.Tally`)."""
+        counted = getattr(self, stat)
+        if peak:
+            setattr(self, stat, value if counted is None else max(counted, value))
+        elif key is not None:
+            table = {} if counted is None else counted
+            table[key] = table.get(key, 0) + value
+            setattr(self, stat, table)
+        elif isinstance(counted, list):
+            counted.append(value)
+        else:
+            setattr(self, stat, counted + value)
 
 
 @dataclass(frozen=True)
@@ -358,12 +377,8 @@ class PserverService:
                 return self._periodic_checkpoint(step)
             case SaveCheckpoint(step=step, directory=Path() as directory):
                 return self.save_checkpoint(directory, step)
-            case Tally(stat=stat, value=value):
-                counted = getattr(self.stats, stat)
-                if isinstance(counted, list):
-                    counted.append(value)
-                else:
-                    setattr(self.stats, stat, counted + value)
+            case Tally(stat=stat, value=value, key=key, peak=peak):
+                self.stats.tally(stat, value, key, peak)
             case Replay():
                 self._meter_replay(action)
             case Stop():

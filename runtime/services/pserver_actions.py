@@ -74,10 +74,14 @@ class SaveCheckpoint:
 
 @dataclass(frozen=True)
 class Tally:
-    """Count an event in the server's stats: `stat` += 1, or `value` appended to a list."""
+    """Count an event in the server's stats: `stat` += `value`, or `value` appended to a list;
+    with `key`, the stat maps keys to sums and `value` is added at `key`; with `peak`, the stat
+    keeps the larger of itself and `value` (None: nothing yet)."""
 
     stat: str
-    value: int = 1
+    value: int | float = 1
+    key: int | None = None
+    peak: bool = False
 
 
 @dataclass(frozen=True)

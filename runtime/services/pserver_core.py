@@ -13,7 +13,7 @@ The core holds what every mode shares: the fan-in (`protocol.SyncRound`), replie
 requests (`protocol.Dedupe`), the requests deferred until the round moves on, the trainers'
 liveness, recovery after a crash, periodic checkpoints, and the pserver's values (`Store`,
 plain in-memory state). What the modes do differently is asked of the server's `ModePolicy`
-(`POLICIES`: sync, async, half_async, geo, dc_asgd).
+(`POLICIES`: sync, async, half_async, geo, dc_asgd, ssp).
 
 DESIGN: deferred requests are replayed by one loop over a stack of levels (`_settle`), in
 the order a recursive "after each answer, move the round on and replay what waited" gives:
@@ -48,18 +48,23 @@ from runtime.services.pserver_half_async import HalfAsyncPolicy
 from runtime.services.pserver_messages import (CheckpointNotify, Get, Join, Payload, Prefetch,
                                                ProtocolViolation, Send, parse, trainer_of)
 from runtime.services.pserver_policy import ModePolicy
+from runtime.services.pserver_ssp import SspPolicy
 from runtime.services.pserver_store import Store
 from runtime.services.pserver_sync import SyncPolicy
 
 log = logging.getLogger("runtime.services.pserver")
 
 POLICIES: dict[str, type[ModePolicy]] = {
-    p.name: p for p in (SyncPolicy, AsyncPolicy, HalfAsyncPolicy, GeoPolicy, DcAsgdPolicy)}
+    p.name: p for p in (SyncPolicy, AsyncPolicy, HalfAsyncPolicy, GeoPolicy, DcAsgdPolicy,
+                        SspPolicy)}
 
 
 def policy_name(contract: ServeContract) -> str:
-    """The policy that serves `contract`'s program: DC-ASGD, or its distributed mode's."""
-    return "dc_asgd" if contract.dc_asgd else contract.mode.name.lower()
+    """The policy that serves `contract`'s program: DC-ASGD, SSP (async with a staleness
+    bound), or its distributed mode's."""
+    if contract.dc_asgd:
+        return "dc_asgd"
+    return "ssp" if contract.staleness is not None else contract.mode.name.lower()
 
 
 @dataclass
@@ -219,17 +224,16 @@ class PserverCore:
         yield
 
     def _on_get(self, msg: Message, trainer: int, get: Get) -> Work:
-        if self.policy.verdict(Event.GET, trainer, msg) is Verdict.DEFER:
+        if (yield from self.policy.read(Event.GET, trainer, msg)) is Verdict.DEFER:
             return None
         values = self.store.values(get.names)
         self.policy.served(trainer, values)
         self.policy.arrived(Event.GET, trainer, msg, get.closes)
         return Message(Kind.REPLY, msg.id, self.name, self.round.step, values,
                        self._fanin_state(trainer))
-        yield
 
     def _on_prefetch(self, msg: Message, trainer: int, prefetch: Prefetch) -> Work:
-        if self.policy.verdict(Event.PREFETCH, trainer, msg) is Verdict.DEFER:
+        if (yield from self.policy.read(Event.PREFETCH, trainer, msg)) is Verdict.DEFER:
             return None
         if prefetch.by_row:
             rows = self.store.remote_rows(prefetch.table, prefetch.ids)

@@ -5,6 +5,7 @@ liveness, the fan-in's membership, checkpoints, the typed requests and their rep
 modes differ it asks the server's policy, one object per mode, each in a module of its own:
 
 - `verdict` / `barrier`: what to do with a request of a step (act, defer, acknowledge as stale);
+- `read`: the same for a GET or PREFETCH, where a mode may hold reads back (SSP);
 - `arrived`: a SEND or GET taken, which may carry the round's barrier (compact protocol);
 - `applied`: what follows storing a trainer's values (run the grad's blocks at once, or wait
   for the round);
@@ -46,6 +47,12 @@ class ModePolicy:
     def verdict(self, event: Event, trainer: int, msg: Message) -> Verdict:
         """What to do with a SEND, GET or PREFETCH of `msg.step` (REJECT: raise)."""
         raise NotImplementedError
+
+    def read(self, event: Event, trainer: int, msg: Message) -> Work:
+        """A GET or PREFETCH: its verdict (`verdict`'s, unless the mode holds reads back, which
+        may tally what it measured)."""
+        return self.verdict(event, trainer, msg)
+        yield
 
     def barrier(self, event: Event, trainer: int, msg: Message) -> Verdict:
         """A SEND_BARRIER or FETCH_BARRIER: record it if it counts, and say what to do."""

@@ -15,6 +15,7 @@ say so (or when `completely_not_async` forces it); GEO wins when `geo_sgd_mode` 
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 from .dispatch import PSDispatcher, RoundRobin
@@ -45,6 +46,9 @@ class DistributeTranspilerConfig:
     `transpile` print what it decides (pairs, placements), as the original's log did.
     `wait_port` is kept for the original's scripts; the trainer's wait for its pservers is
     `get_trainer_program(wait_port=...)`, recorded as the program attribute ``_wait_port``.
+    `staleness` (default None) is this project's too: bounded staleness (SSP) in async mode, a
+    trainer reading the parameters at most that many steps ahead of the slowest trainer (an
+    int >= 0, or ``math.inf``: no bound); None: plain async (docs/transpiler.md §3).
     """
 
     def __init__(self, **fields: Any) -> None:
@@ -66,6 +70,7 @@ class DistributeTranspilerConfig:
         self.local_sgd_k_steps = 1
         self.print_log = False
         self.wait_port = True
+        self.staleness: int | float | None = None
         for name, value in fields.items():
             if not hasattr(self, name):
                 raise ValueError(f"DistributeTranspilerConfig: unknown field {name!r}")
@@ -94,6 +99,12 @@ class DistributeTranspilerConfig:
              "half_async and completely_not_async cannot both be set"),
             (self.enable_dc_asgd and self.completely_not_async,
              "enable_dc_asgd is asynchronous; completely_not_async makes training synchronous"),
+            (self.staleness is not None and not self.runtime_split_send_recv,
+             "staleness (bounded-staleness async) needs runtime_split_send_recv (async mode)"),
+            (self.staleness is not None and (self.enable_dc_asgd or self.geo_sgd_mode
+                                             or self.completely_not_async),
+             "staleness cannot be combined with enable_dc_asgd, geo_sgd_mode or "
+             "completely_not_async"),
             (self.use_hierarchical_allreduce and self.mode != "nccl2",
              f"use_hierarchical_allreduce needs mode='nccl2', not {self.mode!r}"),
             (self.use_hierarchical_allreduce and self.hierarchical_allreduce_inter_nranks < 2,
@@ -163,6 +174,13 @@ def _check_split_method(_: DistributeTranspilerConfig, value: Any) -> None:
                               f"got {value!r}")
 
 
+def _check_staleness(_: DistributeTranspilerConfig, value: Any) -> None:
+    if value is None or value == math.inf:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail("staleness", f"must be None, an int >= 0 or math.inf, got {value!r}")
+
+
 def _check_choice(name: str, choices: tuple[Any, ...]) -> Any:
     def check(_: DistributeTranspilerConfig, value: Any) -> None:
         if value not in choices:
@@ -180,6 +198,7 @@ _FIELD_CHECKS: dict[str, Any] = {
     "nccl_comm_num": _check_int("nccl_comm_num", 1),
     "hierarchical_allreduce_inter_nranks": _check_int("hierarchical_allreduce_inter_nranks", 0),
     "local_sgd_k_steps": _check_int("local_sgd_k_steps", 1),
+    "staleness": _check_staleness,
     "mode": _check_choice("mode", MODES),
     "collective_mode": _check_choice("collective_mode", (None,) + COLLECTIVE_MODES),
 }

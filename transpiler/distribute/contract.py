@@ -5,6 +5,8 @@ The transpiler writes everything a pserver needs into the attributes of the prog
 guesses the transpiler's intent from var names or op patterns:
 
 - ``Fanin`` trainers, ``distributed_mode`` (`DistributedMode`) and ``dc_asgd``;
+- ``staleness`` (async mode with a staleness bound, SSP, only): how many steps a trainer's read
+  of the parameters may run ahead of the slowest trainer, -1 for no bound (`staleness_attr`);
 - X: the vars trainers may send; ``grad_to_block_id`` (``"grad:block"``): the block that applies
   each grad; ``optimize_blocks`` and ``lr_decay_block_id``: a sync step's blocks;
 - ``trainer_copies`` (``"var:trainer"``): every var of X that one trainer alone sends (sync mode:
@@ -18,12 +20,13 @@ Names both sides compute alike are shared helpers: `trainer_copy` (`plan`), `bak
 `TRAINER_ID_VAR` (DC-ASGD's per-trainer parameter backups and the var naming whose gradient is
 being applied).
 
-DESIGN: ``trainer_copies`` and ``fanin_scale_ops`` are this project's additions to Paddle's
+DESIGN: ``trainer_copies``, ``fanin_scale_ops`` and ``staleness`` are this project's additions to Paddle's
 attributes; the op lists of the programs are unchanged by them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -38,6 +41,15 @@ TRAINER_ID_VAR = "@TRAINER_ID@"
 def bak_name(param_block: str, trainer_id: int) -> str:
     """DC-ASGD: the copy of `param_block` that trainer `trainer_id` last fetched."""
     return f"{param_block}.trainer_{trainer_id}_bak"
+
+
+UNBOUNDED = -1
+"""The ``staleness`` attribute of a bounded-staleness server with no bound (``math.inf``)."""
+
+
+def staleness_attr(staleness: int | float) -> int:
+    """The ``staleness`` attribute for a bound (``math.inf``: `UNBOUNDED`)."""
+    return UNBOUNDED if staleness == math.inf else int(staleness)
 
 
 def pair_entries(entries: Mapping[str, int] | list[tuple[str, int]]) -> list[str]:
@@ -74,6 +86,8 @@ class ServeContract:
     grad_blocks: Mapping[str, int]
     trainer_copies: Mapping[str, int]
     fanin_scale_ops: tuple[tuple[int, int], ...]
+    staleness: int | float | None = None
+    """Async with bounded staleness (SSP): the bound (``math.inf``: none); None: not SSP."""
 
     @staticmethod
     def of(program: Program) -> ServeContract:
@@ -94,7 +108,8 @@ class ServeContract:
             int(op.attr("lr_decay_block_id", -1)),
             dict(parse_pairs(op.attr("grad_to_block_id", []))),
             dict(parse_pairs(op.attr("trainer_copies", []))),
-            tuple(parse_pairs_int(op.attr("fanin_scale_ops", []))))
+            tuple(parse_pairs_int(op.attr("fanin_scale_ops", []))),
+            _staleness(op.attr("staleness", None)))
 
     @property
     def sync_blocks(self) -> tuple[int, ...]:
@@ -111,3 +126,14 @@ class ServeContract:
         if idx is None:
             return ()
         return (idx,) if self.lr_block < 0 else (self.lr_block, idx)
+
+
+def _staleness(attr: object) -> int | float | None:
+    """The bound a ``staleness`` attribute states (None: absent)."""
+    if attr is None:
+        return None
+    value = int(attr)  # type: ignore[call-overload]
+    if value < UNBOUNDED:
+        raise ValueError(f"listen_and_serv: staleness {value} is neither >= 0 nor {UNBOUNDED} "
+                         "(no bound)")
+    return math.inf if value == UNBOUNDED else value

@@ -11,6 +11,8 @@ Modes (``transpiler.mode``), onto docs/transpiler.md §3:
 - ``sync``: ``sync_mode`` True (SYNC);
 - ``async``: ``sync_mode`` False and ``runtime_split_send_recv`` True (ASYNC: whole grads are
   sent, the runtime cuts them); ``dc_asgd`` adds ``enable_dc_asgd`` (async only);
+- ``ssp``: async with bounded staleness (Stale Synchronous Parallel): async's fields and
+  ``staleness`` = ``staleness`` (an int >= 0, or ``inf``: no bound), which only ``ssp`` takes;
 - ``half_async``: ``sync_mode`` False and ``half_async`` True (HALF_ASYNC: the transpiler cuts
   the grads, a local send barrier only waits for this trainer's sends to leave);
 - ``geo``: ``geo_sgd_mode`` True, ``geo_sgd_need_push_nums`` = ``geo_push_every`` (which
@@ -27,6 +29,7 @@ collective modes have no pservers (``pservers`` is ignored): the trainers' endpo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -37,12 +40,13 @@ from .transpiler import DistributeTranspiler
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 6170
-MODES = ("sync", "async", "half_async", "geo", "nccl2", "collective")
+MODES = ("sync", "async", "ssp", "half_async", "geo", "nccl2", "collective")
 TRAINER_RING_MODES = ("nccl2", "collective")
 """Modes without pservers: the trainers talk to each other."""
 SPLIT_METHODS: dict[str, type[PSDispatcher]] = {"round_robin": RoundRobin, "hash_name": HashName}
 TRANSPILER_FIELDS = ("mode", "slice_var_up", "split_method", "min_block_size", "dc_asgd",
-                     "geo_push_every", "collective_mode", "local_sgd_k_steps", "nccl_comm_num")
+                     "geo_push_every", "collective_mode", "local_sgd_k_steps", "nccl_comm_num",
+                     "staleness")
 CLUSTER_FIELDS = ("pservers", "trainers", "endpoints", "host", "base_port")
 
 
@@ -101,9 +105,13 @@ def config_from_spec(transpiler: Mapping[str, Any] | None) -> tuple[DistributeTr
         raise ValueError(f"transpiler.dc_asgd: needs mode async, not {mode}")
     if mode != "sync":
         _set(config, "sync_mode", False, "mode")
-    if mode == "async":
+    if mode in ("async", "ssp"):
         _set(config, "runtime_split_send_recv", True, "mode")
         _set(config, "enable_dc_asgd", dc_asgd, "dc_asgd")
+    if mode == "ssp":
+        _set(config, "staleness", _staleness(spec), "staleness")
+    elif spec.get("staleness") is not None:
+        raise ValueError(f"transpiler.staleness: needs mode ssp, not {mode}")
     elif mode == "half_async":
         _set(config, "half_async", True, "mode")
     elif mode == "geo":
@@ -119,6 +127,17 @@ def config_from_spec(transpiler: Mapping[str, Any] | None) -> tuple[DistributeTr
                                                 "grad_allreduce"), "collective_mode")
         _set(config, "local_sgd_k_steps", spec.get("local_sgd_k_steps", 1), "local_sgd_k_steps")
     return config, mode in ("sync",) + TRAINER_RING_MODES
+
+
+def _staleness(spec: dict[str, Any]) -> int | float:
+    """``transpiler.staleness`` of an ssp scenario: an int >= 0, or ``inf`` (no bound)."""
+    value = spec.get("staleness")
+    if value == "inf" or value == math.inf:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"transpiler.staleness: mode ssp needs an int >= 0 or inf, "
+                         f"got {value!r}")
+    return value
 
 
 def _count(spec: dict[str, Any], key: str) -> int:

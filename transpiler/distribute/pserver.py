@@ -43,7 +43,7 @@ from ..ir import Block, BlockRef, Op, OpRole, Program, Var, VarType
 from ..lr import LR_COUNTER
 from .analysis import is_optimizer_op
 from .config import DistributedMode
-from .contract import TRAINER_ID_VAR, bak_name, pair_entries
+from .contract import TRAINER_ID_VAR, bak_name, pair_entries, staleness_attr
 from .edit import clone_var, copy_op
 from .lookup_table import TableBlocks, build_table_blocks, table_rows_per_pserver
 from .plan import DistVar, Plan, trainer_copy
@@ -298,8 +298,9 @@ def listen_and_serv_attrs(plan: Plan, endpoint: str, pserver_id: int, optimize: 
                   grad_to_block: list[str], sparse: list[str], lr_block: int,
                   table: TableBlocks | None) -> dict[str, object]:
     """The attributes of `listen_and_serv` (see `contract`); no trainer copies and no fan-in
-    scales, which `build_pserver_program` adds in sync mode."""
-    return {
+    scales, which `build_pserver_program` adds in sync mode. Bounded-staleness async adds
+    ``staleness`` (`contract.staleness_attr`)."""
+    attrs: dict[str, object] = {
         "optimize_blocks": [BlockRef(i) for i in optimize],
         "endpoint": endpoint,
         "pserver_id": pserver_id,
@@ -318,3 +319,6 @@ def listen_and_serv_attrs(plan: Plan, endpoint: str, pserver_id: int, optimize: 
         "rpc_prefetch_thread_num": RPC_THREADS,
         "op_role": int(OpRole.RPC),
     }
+    if plan.config.staleness is not None:
+        attrs["staleness"] = staleness_attr(plan.config.staleness)
+    return attrs

@@ -32,8 +32,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
-                      field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PlainSerializer,
+                      Tag, field_validator)
 
 from runtime.config import units
 
@@ -88,7 +88,13 @@ def _duration(value: Any) -> float | None:
     return seconds
 
 
-At = Annotated[Trigger, BeforeValidator(_trigger)]
+def _written(trigger: Trigger) -> str | float:
+    """A trigger as a scenario writes it (``"step N"``, or seconds), so that a scenario dumped
+    as JSON (a node's job file, `runtime collect`) reads back the same."""
+    return f"step {trigger.step}" if trigger.step is not None else trigger.seconds or 0.0
+
+
+At = Annotated[Trigger, BeforeValidator(_trigger), PlainSerializer(_written)]
 """When: a time since the job started (``1.5s``, or seconds) or ``"step N"`` (when the first
 trainer has finished N steps)."""
 Duration = Annotated[float, BeforeValidator(_duration)]

@@ -341,10 +341,14 @@ def prepare_out(out: Path, scenario: Scenario) -> None:
 
 
 def node_command(scenario_path: Path, overrides: list[str], role: str, index: int,
-                 endpoints: list[str], out: Path, flags: list[str]) -> list[str]:
+                 endpoints: list[str], out: Path | None, flags: list[str]) -> list[str]:
+    """The command line of a node's process (no ``--endpoints``: the scenario's; no ``--out``:
+    none)."""
     sets = [f"--set={o}" for o in overrides]
+    where = ["--endpoints", ",".join(endpoints)] if endpoints else []
+    outs = ["--out", str(out)] if out is not None else []
     return [sys.executable, "-m", "runtime.services.node", str(scenario_path), *sets, "--role", role,
-            "--index", str(index), "--endpoints", ",".join(endpoints), "--out", str(out), *flags]
+            "--index", str(index), *where, *outs, *flags]
 
 
 def fault_proxies(scenario: Scenario, endpoints: list[str]) -> tuple[list[FaultProxy], list[str]]:
@@ -435,8 +439,7 @@ class Launcher:
             loop.add_signal_handler(sig, on_signal, sig)
         self._display = display
         cluster = self.scenario.cluster
-        target = RuntimeTarget(self, dict(enumerate(self.proxies)), cluster.trainers,
-                               display.message, self.base_faults)
+        target = self._fault_target(display)
         injector = self.injector = FaultSchedule(self.scenario.faults, target,
                                                  nodes_of(cluster.pservers, cluster.trainers))
         start = time.perf_counter()  # loop.time() is whole milliseconds on uvloop
@@ -465,6 +468,25 @@ class Launcher:
                 node.log.close()
         return time.perf_counter() - start, failure
 
+    def _fault_target(self, display: Display) -> RuntimeTarget:
+        """The target the fault schedule acts on: every node, every proxy."""
+        return RuntimeTarget(self, dict(enumerate(self.proxies)), self.scenario.cluster.trainers,
+                             display.message, self.base_faults)
+
+    def _command(self, node: NodeRun, life: int) -> list[str]:
+        """The command line of `node`'s process for its `life`-th start (0: the first)."""
+        return node_command(self.scenario_path, self.overrides, node.role, node.index,
+                            self.endpoints, self.out, self._flags(node, life))
+
+    def _environment(self) -> dict[str, str]:
+        """The environment of a node's process (its progress channel's variable aside)."""
+        return node_environment(kernel_threads(len(self.nodes)))
+
+    def _reports(self, node: NodeRun) -> bool:
+        """Whether `node` reports its progress on a channel (the trainers: theirs is the
+        display's and the trigger of faults at a step)."""
+        return node.role == "trainer"
+
     def _flags(self, node: NodeRun, life: int) -> list[str]:
         """The node's flags besides its role: where a pserver serves, and how a restart
         differs from the first start."""
@@ -476,13 +498,12 @@ class Launcher:
 
     async def _start(self, node: NodeRun) -> None:
         number = len(node.lives)
-        cmd = node_command(self.scenario_path, self.overrides, node.role, node.index,
-                           self.endpoints, self.out, self._flags(node, number))
+        cmd = self._command(node, number)
         namespace = self.namespaces.get(node.name)
         if namespace is not None:
             cmd = ["ip", "netns", "exec", namespace, *cmd]  # execs: the same process, its fds
-        env = node_environment(kernel_threads(len(self.nodes)))
-        channel = Channel() if node.role == "trainer" else None
+        env = self._environment()
+        channel = Channel() if self._reports(node) else None
         try:
             process = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -524,7 +545,7 @@ class Launcher:
                 node.last_line = line.strip()
 
     async def _follow_progress(self, node: NodeRun, fd: int) -> None:
-        """Each step a trainer reports: to the display and the fault injector."""
+        """Each step a node reports: to the display and the fault injector."""
         async for progress in read_progress(fd, READ_LIMIT):
             if isinstance(progress, ValueError):
                 node.log.write(f"[runtime up] {node.name}'s progress channel: {progress}\n")
@@ -533,7 +554,7 @@ class Launcher:
             if self._display is not None:
                 self._display.progress(node)
             if self.injector is not None:
-                self.injector.on_progress(node.index, progress.step)
+                self.injector.on_progress(node.index, progress.step, node.name)
 
     async def _supervise(self, stop: asyncio.Future[int]) -> Failure | None:
         """Wait until every node is done and no restart is pending; the first failure, the

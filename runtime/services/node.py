@@ -58,6 +58,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import sys
 from contextlib import nullcontext
@@ -83,7 +84,7 @@ from runtime.services.cluster import (batches_for, make_pserver, make_trainer, p
 from runtime.services.job import Job, check_job
 from runtime.services.lifeline import die_with_launcher, launcher_pid
 from runtime.services.progress import Progress, Reporter
-from runtime.services.pserver import TrainersGone
+from runtime.services.pserver import ServerStats, TrainersGone
 from runtime.services.trainer import TrainerReport
 
 log = logging.getLogger("runtime.services.node")
@@ -100,6 +101,11 @@ EXIT_TRAINERS_GONE = 3
 """The exit status of a pserver on its own that stopped because its trainers were gone."""
 EXIT_LAUNCHER_GONE = 4
 """The exit status of a node whose `runtime up` died before the node started."""
+ALONE_VAR = "PSLAB_ALONE"
+"""Set to 1 by `runtime up --role` (`runtime.launch.role`), which supervises this one node to
+act out its faults: the node is still on its own (no launcher of the whole job)."""
+UPDATES_EVERY = 0.005
+"""Seconds between a pserver's looks at its update count, to report it on a progress channel."""
 T = TypeVar("T")
 
 
@@ -415,10 +421,18 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     log.info("%s: serving %s%s for %d trainer(s)%s", service.name, endpoint,
              f" at {bind}" if bind != endpoint else "", job.trainers,
              ", recovering from a crash" if options.recover else "")
+    reporter = Reporter.from_environment(os.environ)
+    reporting = (None if reporter is None else asyncio.get_running_loop().create_task(
+        _report_updates(service.stats, train.steps, reporter), name="report updates"))
     try:
         stats = await _before_deadline(service.serve(bind), train.deadline,
                                        f"{service.name}: not every trainer completed")
     finally:
+        if reporting is not None:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
+            assert reporter is not None
+            reporter.close()
         service.stats.refused += transport.impostors
         service.stats.unauthenticated += transport.unauthenticated
         await transport.close()
@@ -431,6 +445,18 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     if out is not None:
         write_record(out / "nodes" / f"{node_file_stem('pserver', index)}.json", record)
     return record
+
+
+async def _report_updates(stats: ServerStats, steps: int, reporter: Reporter) -> None:
+    """Report a pserver's update count on its progress channel as it grows (for the faults
+    at a step that its host acts out in role mode, `runtime.launch.role`): a `Progress` whose
+    `step` is the updates done, without a loss."""
+    done = 0
+    while True:
+        await asyncio.sleep(UPDATES_EVERY)
+        if stats.steps > done:
+            done = stats.steps
+            reporter.report(Progress(done, steps, math.nan, 0.0))
 
 
 async def run_trainer(job: Job, index: int, out: Path | None,
@@ -540,16 +566,18 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
         print(f"{role.name} failed: runtime up (pid {launcher}) that started it is gone",
               file=sys.stderr, flush=True)
         return EXIT_LAUNCHER_GONE
-    options = replace(options, alone=launcher is None)
+    role_mode = os.environ.get(ALONE_VAR) == "1"  # supervised by `runtime up --role`
+    options = replace(options, alone=launcher is None or role_mode)
     try:
         cap_kernel_threads(scenario.backend.kernels, os.environ)
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
         if options.alone and out is not None:
             write_node_job(out, role, job)
-        for i, fault in enumerate(scenario.faults if options.alone else ()):
-            log.warning("%s: faults[%d] (%s) not injected: a node on its own has no launcher to "
-                        "kill, restart, pause or proxy its peers; inject it from outside (see "
-                        "docs/architecture.md)", role.name, i, type(fault).__name__.lower())
+        for i, fault in enumerate(scenario.faults if launcher is None else ()):
+            log.warning("%s: faults[%d] (%s) not injected: a node run on its own by "
+                        "`python -m runtime.services.node` has nothing to act its faults out; "
+                        "`runtime up --role` does (docs/faults.md)", role.name, i,
+                        type(fault).__name__.lower())
         if options.keys is None:
             print(insecure_warning(role.name, job.endpoints), file=sys.stderr, flush=True)
         if role.role == "pserver":

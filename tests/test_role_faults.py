@@ -6,8 +6,7 @@ acts out the faults that concern it, and the job ends as `runtime up` ends it.
   one schedule calls, as runtime up's single target does.
 - A 2 x 2 job run as four role processes on loopback, with a message loss on every link and a
   trainer crash and restart, meets its expect block as `runtime up` of the same scenario does.
-- Message faults need the proxies to read frames: a node given keys for such a scenario refuses
-  to start, naming the fault.
+  All of it encrypted: each pserver's proxy speaks CurveZMQ with that pserver's keys.
 """
 
 from __future__ import annotations
@@ -150,9 +149,11 @@ def test_a_job_of_role_processes_with_faults_ends_as_runtime_up_ends_it(tmp_path
     endpoints = ",".join(free_endpoints(2))
     env = {k: v for k, v in os.environ.items() if k != LAUNCHER_VAR}
     dirs = [tmp_path / f"host-{role}-{index}" for role, index in ROLES]
+    keys = tmp_path / "keys"  # encrypted: each pserver's proxy speaks CurveZMQ with its keys
+    write_keys(keys, [f"{role}-{index}" for role, index in ROLES])
     procs = [subprocess.Popen([sys.executable, "-m", "runtime.cli", "up", str(scenario), "--role",
                                role, "--index", str(index), "--endpoints", endpoints, "--out",
-                               str(d), "--insecure"], env=env, stdout=subprocess.DEVNULL,
+                               str(d), "--keys", str(keys)], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
              for (role, index), d in zip(ROLES, dirs)]
     try:
@@ -175,26 +176,10 @@ def test_a_job_of_role_processes_with_faults_ends_as_runtime_up_ends_it(tmp_path
     role_mode = read_metrics(tmp_path / "merged" / "metrics.json")
     assert role_mode.trainers[1].first_step > 0  # its record is its restarted life's
 
-    code, lines = up(str(scenario), "--out", str(tmp_path / "up"), "--insecure")
+    code, lines = up(str(scenario), "--out", str(tmp_path / "up"))
     assert code == 0 and lines[-1] == "OK: role-faults", lines
     runtime_up = read_metrics(tmp_path / "up" / "metrics.json")
     assert [(e.name, e.passed) for e in role_mode.expectations] == \
         [(e.name, e.passed) for e in runtime_up.expectations] == [("final_loss_below", True)]
     assert [len(t.losses) + t.first_step for t in role_mode.trainers] == \
         [len(t.losses) + t.first_step for t in runtime_up.trainers] == [60, 60]
-
-
-def test_a_node_with_keys_refuses_a_scenario_with_message_faults(tmp_path: Path) -> None:
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(SCENARIO)
-    keys = tmp_path / "keys"
-    write_keys(keys, [f"{role}-{index}" for role, index in ROLES])
-    env = {k: v for k, v in os.environ.items() if k != LAUNCHER_VAR}
-    result = subprocess.run([sys.executable, "-m", "runtime.cli", "up", str(scenario), "--role",
-                             "trainer", "--index", "1", "--endpoints", ",".join(free_endpoints(2)),
-                             "--keys", str(keys)], env=env, capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 2
-    assert ("trainer:1: faults[0] acts on messages, which needs a fault proxy in front of each "
-            "pserver, and a proxy cannot read CurveZMQ traffic: run every node of this scenario "
-            "with --insecure") in result.stderr

@@ -439,9 +439,12 @@ def reference() -> str:
            "`runtime/launch/role.py`) every host runs the same schedule and acts out what "
            "concerns its own node, under a supervisor of that one node: `at: 1.5s` counts from "
            "when the host started its node, `at: \"step N\"` fires when its node reports N steps "
-           "done (a trainer its steps, a pserver its updates). A scenario with message faults "
-           "(partition, links) runs every node with `--insecure`: the proxies read ZMTP frames, "
-           "which CurveZMQ encrypts (SECURITY.md).", ""]
+           "done (a trainer its steps, a pserver its updates).", "",
+           "A job's fault proxies take part in its CurveZMQ (`runtime/faults/curve_proxy.py`): "
+           "each is a CURVE server to the trainers with its pserver's keys and a CURVE client "
+           "of its pserver, so a job with message faults stays encrypted and authenticated "
+           "(SECURITY.md); only `runtime up --netns`'s proxies read plain frames, and such a "
+           "job runs without CurveZMQ.", ""]
     for t in FAULT_TYPES:
         out += [f"## {t.kind}", "", f"`{t.example}`", "", _cell(t.__doc__ or ""), "",
                 "| field | meaning |", "|---|---|"]

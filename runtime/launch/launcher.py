@@ -45,9 +45,11 @@ loopback and the notes list every network setting not applied
 Every job talks CurveZMQ (`runtime.network.curve`): the launcher writes a fresh keypair per
 node into ``OUT/keys`` (secret keys mode 0600) and starts each node with ``--keys OUT/keys``,
 unless ``--keys DIR`` names the job's keys or ``--insecure`` (which warns) turns security off.
-A job behind fault proxies runs without it, and says so: a `FaultProxy` reads ZMTP frames to
-find messages, which CURVE encrypts (every proxied endpoint is on this host: its loopback, or
-the namespaces ``--netns`` made on it).
+A job with message faults stays encrypted: its proxies are `CurveFaultProxy`s, CURVE servers to
+the trainers with their pservers' keys and CURVE clients of the pservers
+(`runtime.faults.curve_proxy`). Only ``--netns`` proxies, which must make their sockets in the
+namespaces, read ZMTP frames (`FaultProxy`), which CURVE would encrypt: such a job runs without
+it, and says so.
 
 At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.config.metrics`: the
 run record `sim run` writes too, schema in ``runtime/config/metrics.schema.json``), checks
@@ -88,6 +90,7 @@ from runtime.config.netspec import NetworkSpec, fmt_rate
 from runtime.config.scenario import Scenario
 from runtime.faults.inject import (SLOW_PERIOD, RuntimeTarget, connects, metrics_events,
                                    needs_proxies)
+from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.faults.proxy import FaultProxy, Faults
 from runtime.faults.schedule import FaultSchedule
 from runtime.launch.netns import (PORT, Fabric, NetnsError, link_latencies, network_notes,
@@ -852,23 +855,28 @@ def verdict(metrics: JobMetrics) -> str:
 
 def secure(launcher: Launcher, keys: Path | None, insecure: bool) -> list[str]:
     """Choose the nodes' `Launcher.security` (see the module doc): the job's keys, checked
-    here, or keys made in OUT/keys; none with `insecure` or fault proxies. The warnings to
+    here, or keys made in OUT/keys; none with `insecure` or ``--netns`` proxies. Fault proxies
+    on this host's loopback become `CurveFaultProxy`s with their pservers' keys. The warnings to
     show; `KeyFileError` names a key file missing from `keys`."""
     if insecure:
         launcher.security = ["--insecure"]
         return [insecure_warning(f"runtime up {launcher.scenario.name}", launcher.endpoints)]
-    if launcher.proxies:
+    if any(proxy.socket_factory is not None for proxy in launcher.proxies):
         launcher.security = ["--insecure"]
         unused = f" ({keys} not used)" if keys is not None else ""
-        return [f"warning: the fault proxies read ZeroMQ's frames, which CurveZMQ would encrypt: "
-                f"this job runs unauthenticated and unencrypted{unused}, its endpoints on this "
-                "host; see SECURITY.md"]
+        return [f"warning: --netns: the proxies in the namespaces read ZeroMQ's frames, which "
+                f"CurveZMQ would encrypt: this job runs unauthenticated and unencrypted{unused}, "
+                "its endpoints in namespaces on this host; see SECURITY.md"]
     if keys is None:
         keys = launcher.out / "keys"
         write_keys(keys, [node_file_stem(n.role, n.index) for n in launcher.nodes], force=True)
+    cluster = launcher.scenario.cluster
     for node in launcher.nodes:
-        node_keys(keys, node.role, node.index, launcher.scenario.cluster.trainers,
-                  launcher.endpoints, peers=launcher.scenario.cluster.pservers == 0)
+        node_keys(keys, node.role, node.index, cluster.trainers, launcher.endpoints,
+                  peers=cluster.pservers == 0)
+    launcher.proxies = [CurveFaultProxy.like(proxy, node_keys(
+        keys, "pserver", j, cluster.trainers, launcher.endpoints, relay=True))
+        for j, proxy in enumerate(launcher.proxies)]
     launcher.security = ["--keys", str(keys.resolve())]
     return []
 

@@ -26,11 +26,11 @@ updates (`runtime.services.node` reports them when given a channel). In sync mod
 the same steps; in the asynchronous modes a pserver's updates run ahead of any one trainer's
 steps.
 
-DESIGN: a proxy reads ZMTP frames to find messages, which CurveZMQ encrypts, so a scenario with
-message faults runs without keys: every node of it refuses ``--keys`` (`RoleError`) and must be
-given ``--insecure``, as SECURITY.md says. The supervisor's exit status is its node's: 0 when its
-last process finished, or when a fault killed it for good (the other nodes and ``runtime
-collect`` judge the job); else 1.
+With ``--keys`` the proxy is a `runtime.faults.curve_proxy.CurveFaultProxy` with the pserver's
+own keys (this host holds them): the job stays encrypted and authenticated, the trainers'
+hosts unchanged. The supervisor's exit status is its node's: 0 when its last process finished,
+or when a fault killed it for good (the other nodes and ``runtime collect`` judge the job);
+else 1.
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ from pathlib import Path
 
 from runtime.config.faults import AnyFault, LinkFaults, Partition
 from runtime.config.scenario import Scenario
+from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.faults.inject import RuntimeTarget
 from runtime.faults.proxy import FaultProxy
 from runtime.launch.launcher import (Display, Launcher, NodeRun, free_endpoints, node_command,
                                      node_environment)
 from runtime.services.cluster import pserver_name, trainer_name
-from runtime.services.node import (ALONE_VAR, NodeOptions, Role, RoleError, run_async,
-                                   run_role)
+from runtime.services.node import (ALONE_VAR, NodeOptions, Role, RoleError, node_keys,
+                                   run_async, run_role)
 
 PROXY_HOST = "127.0.0.1"
 """Where a pserver behind its host's fault proxy serves: only the proxy reaches it."""
@@ -134,14 +135,9 @@ class RoleLauncher(Launcher):
 def role_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario, role: Role,
                   out: Path | None, options: NodeOptions) -> RoleLauncher | None:
     """The supervisor of `role`'s node, or None when no fault concerns it (then it runs in the
-    foreground as it always did). `RoleError` when the scenario's message faults meet keys."""
+    foreground as it always did). `RoleError` when a pserver's proxy has no endpoint."""
     own = role.name
     messages = message_faults(scenario)
-    if messages and options.keys is not None:  # every node: its peers' proxies read its frames
-        raise RoleError(f"{own}: faults[{messages[0]}] acts on messages, which needs a fault "
-                        "proxy in front of each pserver, and a proxy cannot read CurveZMQ "
-                        "traffic: run every node of this scenario with --insecure instead of "
-                        "--keys (see SECURITY.md)")
     if not any(concerns(f, own, scenario) for f in scenario.faults):
         return None
     cluster = scenario.cluster
@@ -158,6 +154,9 @@ def role_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario,
         binds[role.index] = bind
         proxy = FaultProxy(listen=endpoints[role.index], upstream=bind, seed=scenario.seed,
                            upstream_name=own)
+        if options.keys is not None:
+            proxy = CurveFaultProxy.like(proxy, node_keys(
+                options.keys, "pserver", role.index, cluster.trainers, endpoints, relay=True))
     # the child reads the scenario again: give it the cluster size the role implied
     sized = [*overrides, f"cluster.trainers={cluster.trainers}"]
     return RoleLauncher(scenario_path, sized, scenario, endpoints, Path("."), binds=binds,

@@ -76,7 +76,7 @@ from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
 from runtime.execution.executor import set_kernel_threads
 from runtime.execution.executor import timing_kernels
-from runtime.network.curve import KEYS_VAR, CurveKeys, load_keys
+from runtime.network.curve import KEYS_VAR, RELAY, CurveKeys, load_keys
 from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
@@ -287,19 +287,23 @@ def insecure_warning(who: str, endpoints: Sequence[str]) -> str:
 
 
 def node_keys(directory: Path, role: str, index: int, trainers: int,
-              endpoints: Sequence[str], peers: bool = False) -> CurveKeys:
+              endpoints: Sequence[str], peers: bool = False, relay: bool = False) -> CurveKeys:
     """A node's keys from the job's key directory: a pserver's keypair and the public key of
     each of the `trainers`, or a trainer's keypair and the public key of the pserver at each of
     the `endpoints` (`runtime.network.curve`). With `peers` (nccl2, collective: `endpoints` are
-    the trainers'), a trainer is a server to the other trainers and a client of each."""
+    the trainers'), a trainer is a server to the other trainers and a client of each. With
+    `relay` (a pserver behind a fault proxy), a pserver also admits its own key as `RELAY`, the
+    proxy's."""
     if peers:
         others = [i for i in range(trainers) if i != index]
         return load_keys(directory, node_file_stem("trainer", index),
                          clients={node_file_stem("trainer", i): trainer_name(i) for i in others},
                          servers={node_file_stem("trainer", i): endpoints[i] for i in others})
     if role == "pserver":
-        return load_keys(directory, node_file_stem("pserver", index), clients={
-            node_file_stem("trainer", i): trainer_name(i) for i in range(trainers)})
+        clients = {node_file_stem("trainer", i): trainer_name(i) for i in range(trainers)}
+        if relay:
+            clients[node_file_stem("pserver", index)] = RELAY
+        return load_keys(directory, node_file_stem("pserver", index), clients=clients)
     return load_keys(directory, node_file_stem("trainer", index), servers={
         node_file_stem("pserver", j): endpoint for j, endpoint in enumerate(endpoints)})
 
@@ -406,7 +410,8 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     endpoint = job.endpoints[index]
     # linger: the acks of the last COMPLETE messages must leave before the process exits
     keys = (None if options.keys is None
-            else node_keys(options.keys, "pserver", index, job.trainers, job.endpoints))
+            else node_keys(options.keys, "pserver", index, job.trainers, job.endpoints,
+                           relay=options.bind is not None))
     transport = ZmqTransport(pserver_name(index), ZmqLimits(linger_ms=2000), curve=keys)
     times = KernelTimes()
     with timing_kernels(times) if measuring() else nullcontext():

@@ -11,7 +11,8 @@ begins and ends; this target does it with what the operating system and a proxy 
   node killed for good is not a failure of the run by itself: the other nodes and the expect
   block decide.
 - partition, links: one `FaultProxy` listens at each pserver's endpoint, which the trainers
-  connect to, and forwards to the address the pserver really serves at (``--bind``). Each
+  connect to, and forwards to the address the pserver really serves at (``--bind``); in a job
+  with keys a `runtime.faults.curve_proxy.CurveFaultProxy`, which keeps it encrypted. Each
   (trainer, pserver) connection is one link of that proxy, named by the trainer's ZeroMQ
   identity, and gets the faults of the rules in force that match the pair in either order,
   combined (`link_faults`); a partition drops the messages of the links between its two groups,

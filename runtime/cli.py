@@ -35,13 +35,14 @@ from runtime.execution.data import DATASETS, DataError, Dataset, dataset_for
 from runtime.launch.collect import collect
 from runtime.launch.launcher import ignored_by_runtime, launch
 from runtime.launch.netns import NetnsError, check_netns
+from runtime.launch.role import run_node
 from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, fit_all,
                                     format_costs, format_table, measure_runs, profile_document,
                                     write_profile)
 from runtime.network.curve import KeyFileError, write_keys
 from runtime.services.job import check_job
 from runtime.services.node import (RoleError, add_arguments, key_directory, load_for_role,
-                                   node_file_stem, node_options, resolve_role, run_role)
+                                   node_file_stem, node_options, resolve_role)
 
 
 def _positive_int(text: str) -> int:
@@ -253,7 +254,11 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
     except RoleError as err:
         parser.error(str(err))
     if role is not None:
-        return run_role(scenario, role, args.out, replace(options, keys=keys))
+        try:
+            return run_node(Path(args.scenario), args.set, scenario, role, args.out,
+                            replace(options, keys=keys))
+        except RoleError as err:
+            parser.error(str(err))
     if args.netns:
         try:
             check_netns(scenario)

@@ -219,6 +219,51 @@ def test_outsiders_and_impostors_get_nothing_and_change_nothing(tmp_path: Path) 
         assert np.array_equal(value, result["params"][name]), name
 
 
+@pytest.mark.timeout(60)
+def test_a_key_holder_claiming_a_trainers_routing_id_does_not_get_its_replies(
+        tmp_path: Path) -> None:
+    """trainer:1's key connects under routing id ``trainer:0`` while trainer:0 is connected:
+    its message is dropped, and what the pserver sends trainer:0 still reaches trainer:0,
+    nothing the impostor."""
+    job = make_job("{name: mlp}", trainers=2, pservers=1, steps=STEPS, retry_after=FAST_DRAIN)
+    directory = job_keys(tmp_path, job)
+    (endpoint,) = job.endpoints
+    trainer1 = zmq.auth.load_certificate(directory / "trainer-1.key_secret")
+
+    async def scenario() -> dict[str, Any]:
+        server = secure_transports(directory, job)(pserver_name(0))
+        await server.bind(endpoint)
+        trainer0 = secure_transports(directory, job)(trainer_name(0))
+        await trainer0.connect(endpoint)
+        await trainer0.send(endpoint, [b"hello"])
+        assert await server.recv() == (trainer_name(0), [b"hello"])
+        context = zmq.Context()
+        impostor = context.socket(zmq.DEALER)
+        impostor.setsockopt(zmq.LINGER, 0)
+        impostor.setsockopt(zmq.ROUTING_ID, b"trainer:0")
+        impostor.setsockopt(zmq.CURVE_SERVERKEY, trainer0.curve.servers[endpoint])
+        impostor.setsockopt(zmq.CURVE_PUBLICKEY, trainer1[0])
+        impostor.setsockopt(zmq.CURVE_SECRETKEY, trainer1[1])
+        impostor.connect(f"tcp://{endpoint}")
+        impostor.send(b"it is me")
+        while server.impostors == 0:  # its handshake done and its message read and dropped
+            await asyncio.sleep(0.01)
+        await server.send(trainer_name(0), [b"reply"])
+        got = await asyncio.wait_for(trainer0.recv(), 5)
+        stolen = await asyncio.to_thread(impostor.poll, 300)
+        impostor.close()
+        context.term()
+        counts = (server.impostors, server.unauthenticated)
+        await trainer0.close()
+        await server.close()
+        return {"got": got, "stolen": stolen, "counts": counts}
+
+    result = asyncio.run(scenario())
+    assert result["got"] == (endpoint, [b"reply"])
+    assert result["stolen"] == 0
+    assert result["counts"] == (1, 0)
+
+
 # -- runtime up --------------------------------------------------------------------------------
 
 SCENARIO = """\

@@ -32,8 +32,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
-                      field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PlainSerializer,
+                      Tag, field_validator)
 
 from runtime.config import units
 
@@ -88,7 +88,13 @@ def _duration(value: Any) -> float | None:
     return seconds
 
 
-At = Annotated[Trigger, BeforeValidator(_trigger)]
+def _written(trigger: Trigger) -> str | float:
+    """A trigger as a scenario writes it (``"step N"``, or seconds), so that a scenario dumped
+    as JSON (a node's job file, `runtime collect`) reads back the same."""
+    return f"step {trigger.step}" if trigger.step is not None else trigger.seconds or 0.0
+
+
+At = Annotated[Trigger, BeforeValidator(_trigger), PlainSerializer(_written)]
 """When: a time since the job started (``1.5s``, or seconds) or ``"step N"`` (when the first
 trainer has finished N steps)."""
 Duration = Annotated[float, BeforeValidator(_duration)]
@@ -107,6 +113,8 @@ class _Fault(BaseModel):
     """How `sim run` realises it."""
     in_runtime_up: ClassVar[str]
     """How `runtime up` realises it."""
+    in_role_mode: ClassVar[str]
+    """How ``runtime up --role`` (one node per host, `runtime.launch.role`) realises it."""
     reverted_at_close: ClassVar[bool] = True
     """Whether the end of the run ends it too (`end` is called), or it is left as it is."""
 
@@ -153,6 +161,9 @@ class Crash(_Fault):
     in_runtime_up: ClassVar[str] = (
         "SIGKILL to the node's process group; started again after `restart_after`: a pserver "
         "with `--recover`, a trainer with `--incarnation N`")
+    in_role_mode: ClassVar[str] = (
+        "the crashed node's own `runtime up --role` SIGKILLs its node's process group and, with "
+        "`restart_after`, starts it again as `runtime up` does; the other hosts do nothing")
     reverted_at_close: ClassVar[bool] = False
 
     at: At = Field(description=AT)
@@ -202,6 +213,9 @@ class Partition(_Fault):
     in_runtime_up: ClassVar[str] = (
         "the fault proxy in front of each pserver drops the messages of the cut trainers' "
         "connections (TCP stays up); only trainer-pserver links exist to cut")
+    in_role_mode: ClassVar[str] = (
+        "each pserver's own `runtime up --role` puts the fault proxy in front of its pserver "
+        "and cuts that pserver's links as `runtime up` does; the trainers' hosts do nothing")
 
     at: At = Field(description=AT)
     partition: tuple[tuple[str, ...], tuple[str, ...]] = Field(
@@ -257,6 +271,10 @@ class LinkFaults(_Fault):
         "the same fates, drawn per (trainer, pserver) connection by the fault proxy in front of "
         "each pserver (`runtime/faults/proxy.py`), seeded by the scenario's seed; only "
         "trainer-pserver links exist")
+    in_role_mode: ClassVar[str] = (
+        "each pserver's own `runtime up --role` puts the fault proxy in front of its pserver, "
+        "which draws the fates of that pserver's links from the same seeds as `runtime up`'s; "
+        "the trainers' hosts do nothing")
 
     links: tuple[str, str] = Field(description="the two ends of the links (patterns)")
     drop: Probability = Field(0.0, description="chance a message is lost")
@@ -304,6 +322,8 @@ class Slow(_Fault):
     in_runtime_up: ClassVar[str] = (
         "the process is paused (SIGSTOP) `1 - 1/slowdown` of every 20 ms and resumed "
         "(SIGCONT) for the rest: the whole node, its replies as much as its compute")
+    in_role_mode: ClassVar[str] = (
+        "the slowed node's own `runtime up --role` pauses it as `runtime up` does")
 
     at: At = Field(description=AT)
     slow: str = Field(description="the node (a pattern)")
@@ -415,7 +435,17 @@ def reference() -> str:
            "", "A scenario's `faults:` list says what goes wrong, where and when. Both `sim run` "
            "and `runtime up` read it, and one schedule (`runtime/faults/schedule.py`) fires each "
            "fault at its `at` and ends it when it lasts no longer, on the simulator's target "
-           "(`sim/faults.py`) or on runtime up's (`runtime/faults/inject.py`).", ""]
+           "(`sim/faults.py`) or on runtime up's (`runtime/faults/inject.py`).", "",
+           "With one node per host (`runtime up SCENARIO --role R --index N`, "
+           "`runtime/launch/role.py`) every host runs the same schedule and acts out what "
+           "concerns its own node, under a supervisor of that one node: `at: 1.5s` counts from "
+           "when the host started its node, `at: \"step N\"` fires when its node reports N steps "
+           "done (a trainer its steps, a pserver its updates).", "",
+           "A job's fault proxies take part in its CurveZMQ (`runtime/faults/curve_proxy.py`): "
+           "each is a CURVE server to the trainers with its pserver's keys and a CURVE client "
+           "of its pserver, so a job with message faults stays encrypted and authenticated "
+           "(SECURITY.md); only `runtime up --netns`'s proxies read plain frames, and such a "
+           "job runs without CurveZMQ.", ""]
     for t in FAULT_TYPES:
         out += [f"## {t.kind}", "", f"`{t.example}`", "", _cell(t.__doc__ or ""), "",
                 "| field | meaning |", "|---|---|"]
@@ -424,7 +454,8 @@ def reference() -> str:
             default = "" if info.is_required() else f" (default {info.default!r})"
             out.append(f"| `{key}` | {_cell(info.description or '')}{default} |")
         out += ["", f"- `sim run`: {_cell(t.in_simulator)}",
-                f"- `runtime up`: {_cell(t.in_runtime_up)}", ""]
+                f"- `runtime up`: {_cell(t.in_runtime_up)}",
+                f"- `runtime up --role`: {_cell(t.in_role_mode)}", ""]
     return "\n".join(out)
 
 

@@ -11,7 +11,8 @@ begins and ends; this target does it with what the operating system and a proxy 
   node killed for good is not a failure of the run by itself: the other nodes and the expect
   block decide.
 - partition, links: one `FaultProxy` listens at each pserver's endpoint, which the trainers
-  connect to, and forwards to the address the pserver really serves at (``--bind``). Each
+  connect to, and forwards to the address the pserver really serves at (``--bind``); in a job
+  with keys a `runtime.faults.curve_proxy.CurveFaultProxy`, which keeps it encrypted. Each
   (trainer, pserver) connection is one link of that proxy, named by the trainer's ZeroMQ
   identity, and gets the faults of the rules in force that match the pair in either order,
   combined (`link_faults`); a partition drops the messages of the links between its two groups,
@@ -25,6 +26,12 @@ begins and ends; this target does it with what the operating system and a proxy 
   `SLOW_PERIOD` and resumed (SIGCONT) for the rest (the slowdowns of a node in force
   multiplied), until it ends: on average the whole node, its replies as much as its compute,
   runs ``slowdown`` times slower.
+
+Role mode (``runtime up --role``, one node per host, `runtime.launch.role`): there is no
+launcher of the whole job. Each node's host runs the same schedule on a `RuntimeTarget` whose
+`own` is its node: it kills, restarts and pauses that node only, a pserver's host holds the
+fault proxy of that pserver (every trainer-pserver link has one: the pserver's), and a fault on
+another node is that node's host's to act out (`crash` says so and counts it done).
 
 Each fault is announced through `say` as it begins and ends; `metrics_events` turns the
 schedule's events into metrics.json's.
@@ -132,20 +139,31 @@ class RuntimeTarget:
     base: Mapping[tuple[str, str], Faults] = field(default_factory=dict)
     """(trainer, pserver) -> the faults of that link without any rule: the scenario network's
     latency under ``--netns``; none (no faults) for a link not listed."""
+    own: str | None = None
+    """Role mode: the one node this target acts on (None: every node, as runtime up)."""
     _partitions: tuple[Partition, ...] = ()
     _rules: tuple[LinkFaults, ...] = ()
     _cut: dict[int, set[str]] = field(default_factory=dict)
     _slowed: dict[str, _Slowed] = field(default_factory=dict)
 
     # -- processes ---------------------------------------------------------------------------
+    def _elsewhere(self, node: str) -> bool:
+        """Whether `node` is another host's to act on (role mode)."""
+        return self.own is not None and node != self.own
+
     def crash(self, node: str, returning: bool) -> str | None:
+        if self._elsewhere(node):
+            return f"by {node}'s own host"
         pid = self.nodes.kill(node, returning)
         return None if pid is None else f"SIGKILL to process group {pid}"
 
     def restart(self, node: str) -> None:
-        self.nodes.restart(node)
+        if not self._elsewhere(node):
+            self.nodes.restart(node)
 
     def slow(self, node: str, factor: float) -> str:
+        if self._elsewhere(node):
+            return f"{node} by its own host"
         slowed = self._slowed.setdefault(node, _Slowed())
         slowed.factors.append(factor)
         slowed.starts.append(slowed.pauses)
@@ -155,6 +173,8 @@ class RuntimeTarget:
                 "(SIGSTOP/SIGCONT)")
 
     def unslow(self, node: str, factor: float) -> str:
+        if self._elsewhere(node):
+            return ""
         slowed = self._slowed[node]
         at = slowed.factors.index(factor)
         slowed.factors.pop(at)

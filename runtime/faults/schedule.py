@@ -154,14 +154,15 @@ class FaultSchedule:
                 self._timers.append(loop.call_at(self._origin + seconds, self._fire, index,
                                                  f"at {seconds:g}s"))
 
-    def on_progress(self, trainer: int, done: int) -> None:
-        """Trainer `trainer` reports `done` steps finished: begin the faults due."""
+    def on_progress(self, trainer: int, done: int, who: str | None = None) -> None:
+        """Trainer `trainer` reports `done` steps finished (or the node `who`, a pserver
+        reporting its updates in role mode): begin the faults due."""
         due = [index for step, index in self._by_step if done >= step]
         if not due:
             return
         self._by_step = [(step, index) for step, index in self._by_step if done < step]
         for index in due:
-            self._fire(index, f"trainer:{trainer} reported step {done}")
+            self._fire(index, f"{who or f'trainer:{trainer}'} reported step {done}")
 
     def close(self) -> None:
         """The run is ending: cancel what has not happened yet, and end the faults in force

@@ -45,9 +45,11 @@ loopback and the notes list every network setting not applied
 Every job talks CurveZMQ (`runtime.network.curve`): the launcher writes a fresh keypair per
 node into ``OUT/keys`` (secret keys mode 0600) and starts each node with ``--keys OUT/keys``,
 unless ``--keys DIR`` names the job's keys or ``--insecure`` (which warns) turns security off.
-A job behind fault proxies runs without it, and says so: a `FaultProxy` reads ZMTP frames to
-find messages, which CURVE encrypts (every proxied endpoint is on this host: its loopback, or
-the namespaces ``--netns`` made on it).
+A job with message faults stays encrypted: its proxies are `CurveFaultProxy`s, CURVE servers to
+the trainers with their pservers' keys and CURVE clients of the pservers
+(`runtime.faults.curve_proxy`). Only ``--netns`` proxies, which must make their sockets in the
+namespaces, read ZMTP frames (`FaultProxy`), which CURVE would encrypt: such a job runs without
+it, and says so.
 
 At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.config.metrics`: the
 run record `sim run` writes too, schema in ``runtime/config/metrics.schema.json``), checks
@@ -88,6 +90,7 @@ from runtime.config.netspec import NetworkSpec, fmt_rate
 from runtime.config.scenario import Scenario
 from runtime.faults.inject import (SLOW_PERIOD, RuntimeTarget, connects, metrics_events,
                                    needs_proxies)
+from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.faults.proxy import FaultProxy, Faults
 from runtime.faults.schedule import FaultSchedule
 from runtime.launch.netns import (PORT, Fabric, NetnsError, link_latencies, network_notes,
@@ -341,10 +344,14 @@ def prepare_out(out: Path, scenario: Scenario) -> None:
 
 
 def node_command(scenario_path: Path, overrides: list[str], role: str, index: int,
-                 endpoints: list[str], out: Path, flags: list[str]) -> list[str]:
+                 endpoints: list[str], out: Path | None, flags: list[str]) -> list[str]:
+    """The command line of a node's process (no ``--endpoints``: the scenario's; no ``--out``:
+    none)."""
     sets = [f"--set={o}" for o in overrides]
+    where = ["--endpoints", ",".join(endpoints)] if endpoints else []
+    outs = ["--out", str(out)] if out is not None else []
     return [sys.executable, "-m", "runtime.services.node", str(scenario_path), *sets, "--role", role,
-            "--index", str(index), "--endpoints", ",".join(endpoints), "--out", str(out), *flags]
+            "--index", str(index), *where, *outs, *flags]
 
 
 def fault_proxies(scenario: Scenario, endpoints: list[str]) -> tuple[list[FaultProxy], list[str]]:
@@ -435,8 +442,7 @@ class Launcher:
             loop.add_signal_handler(sig, on_signal, sig)
         self._display = display
         cluster = self.scenario.cluster
-        target = RuntimeTarget(self, dict(enumerate(self.proxies)), cluster.trainers,
-                               display.message, self.base_faults)
+        target = self._fault_target(display)
         injector = self.injector = FaultSchedule(self.scenario.faults, target,
                                                  nodes_of(cluster.pservers, cluster.trainers))
         start = time.perf_counter()  # loop.time() is whole milliseconds on uvloop
@@ -465,6 +471,25 @@ class Launcher:
                 node.log.close()
         return time.perf_counter() - start, failure
 
+    def _fault_target(self, display: Display) -> RuntimeTarget:
+        """The target the fault schedule acts on: every node, every proxy."""
+        return RuntimeTarget(self, dict(enumerate(self.proxies)), self.scenario.cluster.trainers,
+                             display.message, self.base_faults)
+
+    def _command(self, node: NodeRun, life: int) -> list[str]:
+        """The command line of `node`'s process for its `life`-th start (0: the first)."""
+        return node_command(self.scenario_path, self.overrides, node.role, node.index,
+                            self.endpoints, self.out, self._flags(node, life))
+
+    def _environment(self) -> dict[str, str]:
+        """The environment of a node's process (its progress channel's variable aside)."""
+        return node_environment(kernel_threads(len(self.nodes)))
+
+    def _reports(self, node: NodeRun) -> bool:
+        """Whether `node` reports its progress on a channel (the trainers: theirs is the
+        display's and the trigger of faults at a step)."""
+        return node.role == "trainer"
+
     def _flags(self, node: NodeRun, life: int) -> list[str]:
         """The node's flags besides its role: where a pserver serves, and how a restart
         differs from the first start."""
@@ -476,13 +501,12 @@ class Launcher:
 
     async def _start(self, node: NodeRun) -> None:
         number = len(node.lives)
-        cmd = node_command(self.scenario_path, self.overrides, node.role, node.index,
-                           self.endpoints, self.out, self._flags(node, number))
+        cmd = self._command(node, number)
         namespace = self.namespaces.get(node.name)
         if namespace is not None:
             cmd = ["ip", "netns", "exec", namespace, *cmd]  # execs: the same process, its fds
-        env = node_environment(kernel_threads(len(self.nodes)))
-        channel = Channel() if node.role == "trainer" else None
+        env = self._environment()
+        channel = Channel() if self._reports(node) else None
         try:
             process = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -524,7 +548,7 @@ class Launcher:
                 node.last_line = line.strip()
 
     async def _follow_progress(self, node: NodeRun, fd: int) -> None:
-        """Each step a trainer reports: to the display and the fault injector."""
+        """Each step a node reports: to the display and the fault injector."""
         async for progress in read_progress(fd, READ_LIMIT):
             if isinstance(progress, ValueError):
                 node.log.write(f"[runtime up] {node.name}'s progress channel: {progress}\n")
@@ -533,7 +557,7 @@ class Launcher:
             if self._display is not None:
                 self._display.progress(node)
             if self.injector is not None:
-                self.injector.on_progress(node.index, progress.step)
+                self.injector.on_progress(node.index, progress.step, node.name)
 
     async def _supervise(self, stop: asyncio.Future[int]) -> Failure | None:
         """Wait until every node is done and no restart is pending; the first failure, the
@@ -831,23 +855,28 @@ def verdict(metrics: JobMetrics) -> str:
 
 def secure(launcher: Launcher, keys: Path | None, insecure: bool) -> list[str]:
     """Choose the nodes' `Launcher.security` (see the module doc): the job's keys, checked
-    here, or keys made in OUT/keys; none with `insecure` or fault proxies. The warnings to
+    here, or keys made in OUT/keys; none with `insecure` or ``--netns`` proxies. Fault proxies
+    on this host's loopback become `CurveFaultProxy`s with their pservers' keys. The warnings to
     show; `KeyFileError` names a key file missing from `keys`."""
     if insecure:
         launcher.security = ["--insecure"]
         return [insecure_warning(f"runtime up {launcher.scenario.name}", launcher.endpoints)]
-    if launcher.proxies:
+    if any(proxy.socket_factory is not None for proxy in launcher.proxies):
         launcher.security = ["--insecure"]
         unused = f" ({keys} not used)" if keys is not None else ""
-        return [f"warning: the fault proxies read ZeroMQ's frames, which CurveZMQ would encrypt: "
-                f"this job runs unauthenticated and unencrypted{unused}, its endpoints on this "
-                "host; see SECURITY.md"]
+        return [f"warning: --netns: the proxies in the namespaces read ZeroMQ's frames, which "
+                f"CurveZMQ would encrypt: this job runs unauthenticated and unencrypted{unused}, "
+                "its endpoints in namespaces on this host; see SECURITY.md"]
     if keys is None:
         keys = launcher.out / "keys"
         write_keys(keys, [node_file_stem(n.role, n.index) for n in launcher.nodes], force=True)
+    cluster = launcher.scenario.cluster
     for node in launcher.nodes:
-        node_keys(keys, node.role, node.index, launcher.scenario.cluster.trainers,
-                  launcher.endpoints, peers=launcher.scenario.cluster.pservers == 0)
+        node_keys(keys, node.role, node.index, cluster.trainers, launcher.endpoints,
+                  peers=cluster.pservers == 0)
+    launcher.proxies = [CurveFaultProxy.like(proxy, node_keys(
+        keys, "pserver", j, cluster.trainers, launcher.endpoints, relay=True))
+        for j, proxy in enumerate(launcher.proxies)]
     launcher.security = ["--keys", str(keys.resolve())]
     return []
 

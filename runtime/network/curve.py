@@ -42,6 +42,10 @@ KEYS_VAR = "PSLAB_KEYS"
 """The environment variable naming a node's key directory when ``--keys`` does not."""
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = "pslab"
+RELAY = "relay"
+"""The owner (ZAP User-Id) of a key that may send under any routing id: a pserver behind a
+fault proxy admits its own public key so, for the proxy, which holds the pserver's keypair and
+admits the trainers itself (`runtime.faults.curve_proxy`)."""
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
 

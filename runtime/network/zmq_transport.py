@@ -35,16 +35,25 @@ each DEALER a CURVE client of its endpoint's server key: every byte is encrypted
 authenticated. A message's peer is then its connection's key owner, not merely the routing id
 the client chose: a message whose routing id is not its key's owner (a trainer's key claiming
 another trainer's name) is dropped and counted in `impostors`, the handshakes ZAP refused in
-`unauthenticated`. DESIGN: ROUTER_HANDOVER stays on (a restarted trainer must reclaim its
-name while the server still holds its dead connection), so a key holder of the job that claims
-another's routing id can divert that trainer's replies until it reconnects: a disruption by
-an insider, never a message accepted under another's name (see SECURITY.md).
+`unauthenticated`. An authenticated client's routing id is its name and a secret token drawn
+afresh by each transport (`own_routing_id`), which travels only inside the encrypted
+handshake; the server replies to the routing id a name's owner last spoke under. DESIGN: a
+ROUTER routes by routing id, and with ROUTER_HANDOVER (which a restarted node needs to reclaim
+its name while the server still holds its dead connection) a connection that claims a routing
+id in use takes over its replies at once, before any message could be checked; without
+handover libzmq would read a duplicate's first message as its routing id. With the token
+nobody but the owner can name its routing id: another key holder claiming ``trainer:1`` gets
+a routing id of its own, its messages dropped, and ``trainer:1``'s replies go on reaching it;
+a restarted node comes back under a new token, handover not needed. A client whose
+key's owner is `runtime.network.curve.RELAY` (a pserver's fault proxy, holding the pserver's
+own key) may send under any routing id: it checked its own clients' keys.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,13 +61,34 @@ from typing import Any, cast
 
 import zmq
 
-from runtime.network.curve import CurveKeys, ZapHandler, make_client, make_server
-from runtime.network.transport import (Inbound, Inbox, EndpointError, Frame, Transport,
-                                       TransportClosed, TransportError, UnknownPeerError,
-                                       check_node_name)
+from runtime.network.curve import RELAY, CurveKeys, ZapHandler, make_client, make_server
+from runtime.network.transport import (MAX_NAME_BYTES, Inbound, Inbox, EndpointError, Frame,
+                                       Transport, TransportClosed, TransportError,
+                                       UnknownPeerError, check_node_name)
 
 log = logging.getLogger(__name__)
 _IDENTITY_ENCODING = ("utf-8", "surrogateescape")
+TOKEN_SEPARATOR = b"\0"
+"""Between a node's name and its secret token in an authenticated client's routing id."""
+TOKEN_BYTES = 8
+"""Random bytes of that token (sent as hex)."""
+
+
+def own_routing_id(name: str, authenticated: bool) -> bytes:
+    """The routing id a client named `name` connects with: its name, and under CURVE its name,
+    `TOKEN_SEPARATOR` and a token drawn afresh for this transport, which travels only inside the
+    encrypted handshake (a name too long to take one goes without)."""
+    plain = name.encode(*_IDENTITY_ENCODING)
+    token = secrets.token_hex(TOKEN_BYTES).encode()
+    if not authenticated or len(plain) + len(TOKEN_SEPARATOR) + len(token) > MAX_NAME_BYTES:
+        return plain
+    return plain + TOKEN_SEPARATOR + token
+
+
+def name_in(routing_id: bytes) -> str:
+    """The node name in an authenticated client's routing id (all of it without a token)."""
+    name, sep, _ = routing_id.rpartition(TOKEN_SEPARATOR)
+    return (name if sep else routing_id).decode(*_IDENTITY_ENCODING)
 
 
 def zmq_address(endpoint: str) -> str:
@@ -162,6 +192,9 @@ class ZmqTransport(Transport):
         self.curve = curve
         self.authenticated = curve is not None
         self._zap: ZapHandler | None = None
+        self._routing_id = own_routing_id(self.name, curve is not None)
+        self._routes: dict[str, bytes] = {}
+        """An authenticated server's clients: name -> the routing id it last spoke under."""
         self.impostors = 0
         """Messages dropped: their routing id was not the name their key belongs to."""
         self._held: deque[int] = deque()
@@ -191,11 +224,16 @@ class ZmqTransport(Transport):
         return router.zmq.getsockopt_string(zmq.LAST_ENDPOINT)
 
     async def connect(self, endpoint: str) -> None:
+        self.connect_nowait(endpoint)
+
+    def connect_nowait(self, endpoint: str) -> None:
+        """`connect`, from a caller that cannot wait (it never needs to: libzmq connects in
+        the background)."""
         self._check_open("connect")
         if endpoint in self._dealers:
             raise EndpointError(self.name, endpoint, "already connected")
         dealer = self._socket(zmq.DEALER)
-        dealer.setsockopt(zmq.ROUTING_ID, self.name.encode())
+        dealer.setsockopt(zmq.ROUTING_ID, self._routing_id)
         try:
             if self.curve is not None:
                 make_client(dealer, self.curve, endpoint)
@@ -373,7 +411,7 @@ class ZmqTransport(Transport):
     def _owned(self, peer: str, owner: str | None) -> bool:
         """Whether the routing id `peer` is `owner`, the owner of the key the message came
         with (its ZAP User-Id); if not, the message is dropped and counted."""
-        if owner == peer:
+        if owner == peer or owner == RELAY:  # a relay (fault proxy) speaks for its clients
             return True
         self.impostors += 1
         if self.impostors & (self.impostors - 1) == 0:  # the 1st, 2nd, 4th, ...: no log flood
@@ -388,8 +426,11 @@ class ZmqTransport(Transport):
         server, its routing id is not the owner of its key."""
         sock, limits = socket.zmq, self.limits
         frame = sock.recv(_NOBLOCK, copy=False)
+        identity = b""
         if socket.endpoint is None:  # ROUTER: the first frame is the sender's identity
-            peer = frame.bytes.decode(*_IDENTITY_ENCODING)
+            identity = frame.bytes
+            peer = (name_in(identity) if self.curve is not None
+                    else identity.decode(*_IDENTITY_ENCODING))
             parts: list[Any] = []
             more = frame.more
         else:
@@ -412,6 +453,7 @@ class ZmqTransport(Transport):
             owner = parts[0].get("User-Id") if parts else None
             if not self._owned(peer, owner):
                 return None
+            self._routes[peer] = identity
         return peer, [part.buffer for part in parts], size
 
     def _dropped(self, peer: str, size: int, count: int) -> None:
@@ -447,7 +489,8 @@ class ZmqTransport(Transport):
             return dealer, list(frames)
         if self._router is None:
             raise UnknownPeerError(self.name, peer)
-        return self._router, [peer.encode(*_IDENTITY_ENCODING), *frames]
+        identity = self._routes.get(peer) or peer.encode(*_IDENTITY_ENCODING)
+        return self._router, [identity, *frames]
 
     def _socket(self, kind: int) -> zmq.Socket[Any]:
         socket = self._context.socket(kind)

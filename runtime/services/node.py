@@ -58,6 +58,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import sys
 from contextlib import nullcontext
@@ -75,7 +76,7 @@ from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
 from runtime.execution.executor import set_kernel_threads
 from runtime.execution.executor import timing_kernels
-from runtime.network.curve import KEYS_VAR, CurveKeys, load_keys
+from runtime.network.curve import KEYS_VAR, RELAY, CurveKeys, load_keys
 from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
@@ -83,7 +84,7 @@ from runtime.services.cluster import (batches_for, make_pserver, make_trainer, p
 from runtime.services.job import Job, check_job
 from runtime.services.lifeline import die_with_launcher, launcher_pid
 from runtime.services.progress import Progress, Reporter
-from runtime.services.pserver import TrainersGone
+from runtime.services.pserver import ServerStats, TrainersGone
 from runtime.services.trainer import TrainerReport
 
 log = logging.getLogger("runtime.services.node")
@@ -100,6 +101,11 @@ EXIT_TRAINERS_GONE = 3
 """The exit status of a pserver on its own that stopped because its trainers were gone."""
 EXIT_LAUNCHER_GONE = 4
 """The exit status of a node whose `runtime up` died before the node started."""
+ALONE_VAR = "PSLAB_ALONE"
+"""Set to 1 by `runtime up --role` (`runtime.launch.role`), which supervises this one node to
+act out its faults: the node is still on its own (no launcher of the whole job)."""
+UPDATES_EVERY = 0.005
+"""Seconds between a pserver's looks at its update count, to report it on a progress channel."""
 T = TypeVar("T")
 
 
@@ -281,19 +287,23 @@ def insecure_warning(who: str, endpoints: Sequence[str]) -> str:
 
 
 def node_keys(directory: Path, role: str, index: int, trainers: int,
-              endpoints: Sequence[str], peers: bool = False) -> CurveKeys:
+              endpoints: Sequence[str], peers: bool = False, relay: bool = False) -> CurveKeys:
     """A node's keys from the job's key directory: a pserver's keypair and the public key of
     each of the `trainers`, or a trainer's keypair and the public key of the pserver at each of
     the `endpoints` (`runtime.network.curve`). With `peers` (nccl2, collective: `endpoints` are
-    the trainers'), a trainer is a server to the other trainers and a client of each."""
+    the trainers'), a trainer is a server to the other trainers and a client of each. With
+    `relay` (a pserver behind a fault proxy), a pserver also admits its own key as `RELAY`, the
+    proxy's."""
     if peers:
         others = [i for i in range(trainers) if i != index]
         return load_keys(directory, node_file_stem("trainer", index),
                          clients={node_file_stem("trainer", i): trainer_name(i) for i in others},
                          servers={node_file_stem("trainer", i): endpoints[i] for i in others})
     if role == "pserver":
-        return load_keys(directory, node_file_stem("pserver", index), clients={
-            node_file_stem("trainer", i): trainer_name(i) for i in range(trainers)})
+        clients = {node_file_stem("trainer", i): trainer_name(i) for i in range(trainers)}
+        if relay:
+            clients[node_file_stem("pserver", index)] = RELAY
+        return load_keys(directory, node_file_stem("pserver", index), clients=clients)
     return load_keys(directory, node_file_stem("trainer", index), servers={
         node_file_stem("pserver", j): endpoint for j, endpoint in enumerate(endpoints)})
 
@@ -400,7 +410,8 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     endpoint = job.endpoints[index]
     # linger: the acks of the last COMPLETE messages must leave before the process exits
     keys = (None if options.keys is None
-            else node_keys(options.keys, "pserver", index, job.trainers, job.endpoints))
+            else node_keys(options.keys, "pserver", index, job.trainers, job.endpoints,
+                           relay=options.bind is not None))
     transport = ZmqTransport(pserver_name(index), ZmqLimits(linger_ms=2000), curve=keys)
     times = KernelTimes()
     with timing_kernels(times) if measuring() else nullcontext():
@@ -415,10 +426,18 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     log.info("%s: serving %s%s for %d trainer(s)%s", service.name, endpoint,
              f" at {bind}" if bind != endpoint else "", job.trainers,
              ", recovering from a crash" if options.recover else "")
+    reporter = Reporter.from_environment(os.environ)
+    reporting = (None if reporter is None else asyncio.get_running_loop().create_task(
+        _report_updates(service.stats, train.steps, reporter), name="report updates"))
     try:
         stats = await _before_deadline(service.serve(bind), train.deadline,
                                        f"{service.name}: not every trainer completed")
     finally:
+        if reporting is not None:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
+            assert reporter is not None
+            reporter.close()
         service.stats.refused += transport.impostors
         service.stats.unauthenticated += transport.unauthenticated
         await transport.close()
@@ -431,6 +450,18 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     if out is not None:
         write_record(out / "nodes" / f"{node_file_stem('pserver', index)}.json", record)
     return record
+
+
+async def _report_updates(stats: ServerStats, steps: int, reporter: Reporter) -> None:
+    """Report a pserver's update count on its progress channel as it grows (for the faults
+    at a step that its host acts out in role mode, `runtime.launch.role`): a `Progress` whose
+    `step` is the updates done, without a loss."""
+    done = 0
+    while True:
+        await asyncio.sleep(UPDATES_EVERY)
+        if stats.steps > done:
+            done = stats.steps
+            reporter.report(Progress(done, steps, math.nan, 0.0))
 
 
 async def run_trainer(job: Job, index: int, out: Path | None,
@@ -541,16 +572,18 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
         print(f"{role.name} failed: runtime up (pid {launcher}) that started it is gone",
               file=sys.stderr, flush=True)
         return EXIT_LAUNCHER_GONE
-    options = replace(options, alone=launcher is None)
+    role_mode = os.environ.get(ALONE_VAR) == "1"  # supervised by `runtime up --role`
+    options = replace(options, alone=launcher is None or role_mode)
     try:
         cap_kernel_threads(scenario.backend.kernels, os.environ)
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
         if options.alone and out is not None:
             write_node_job(out, role, job)
-        for i, fault in enumerate(scenario.faults if options.alone else ()):
-            log.warning("%s: faults[%d] (%s) not injected: a node on its own has no launcher to "
-                        "kill, restart, pause or proxy its peers; inject it from outside (see "
-                        "docs/architecture.md)", role.name, i, type(fault).__name__.lower())
+        for i, fault in enumerate(scenario.faults if launcher is None else ()):
+            log.warning("%s: faults[%d] (%s) not injected: a node run on its own by "
+                        "`python -m runtime.services.node` has nothing to act its faults out; "
+                        "`runtime up --role` does (docs/faults.md)", role.name, i,
+                        type(fault).__name__.lower())
         if options.keys is None:
             print(insecure_warning(role.name, job.endpoints), file=sys.stderr, flush=True)
         if role.role == "pserver":

@@ -1,0 +1,185 @@
+"""Faults in role mode (`runtime.launch.role`): every node run on its own (``runtime up --role``)
+acts out the faults that concern it, and the job ends as `runtime up` ends it.
+
+- The fault contract (`fault_contract`) on role mode's targets: one `RuntimeTarget` per node,
+  each acting on its own node only (a pserver's holding its fault proxy), together realise what
+  one schedule calls, as runtime up's single target does.
+- A 2 x 2 job run as four role processes on loopback, with a message loss on every link and a
+  trainer crash and restart, meets its expect block as `runtime up` of the same scenario does.
+  All of it encrypted: each pserver's proxy speaks CurveZMQ with that pserver's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from runtime.config.faults import LinkFaults, Partition
+from runtime.config.metrics import read_metrics
+from runtime.config.scenario import parse_scenario
+from runtime.faults.inject import RuntimeTarget
+from runtime.faults.proxy import Direction, FaultProxy
+from runtime.faults.schedule import FaultEvent
+from runtime.launch.role import concerns, message_faults
+from runtime.network.curve import write_keys
+from runtime.services.lifeline import LAUNCHER_VAR
+
+from cluster_helpers import free_endpoints
+from fault_contract import NODES, FaultTargetContract, Harness, Look, look
+from test_collect import collect
+from test_runtime_faults import FakeNodes
+from test_runtime_up import up
+
+
+class Fanout:
+    """The schedule's calls handed to every node's target, as every host's schedule gets
+    them; a crash's note is that of the crashed node's own target."""
+
+    def __init__(self, targets: dict[str, RuntimeTarget]) -> None:
+        self.targets = targets
+
+    def crash(self, node: str, returning: bool) -> str | None:
+        notes = {name: t.crash(node, returning) for name, t in self.targets.items()}
+        return notes[node]
+
+    def restart(self, node: str) -> None:
+        for target in self.targets.values():
+            target.restart(node)
+
+    def set_partitions(self, partitions: tuple[Partition, ...]) -> None:
+        for target in self.targets.values():
+            target.set_partitions(partitions)
+
+    def set_link_rules(self, rules: tuple[LinkFaults, ...]) -> None:
+        for target in self.targets.values():
+            target.set_link_rules(rules)
+
+    def slow(self, node: str, factor: float) -> str:
+        return {n: t.slow(node, factor) for n, t in self.targets.items()}[node]
+
+    def unslow(self, node: str, factor: float) -> str:
+        return {n: t.unslow(node, factor) for n, t in self.targets.items()}[node]
+
+    def fired(self, event: FaultEvent) -> None:
+        pass
+
+    def ended(self, event: FaultEvent) -> None:
+        pass
+
+
+class RoleHarness:
+    """Role mode's targets of a 2 x 2 job: each node's own, over a fake process of that node
+    only, and a fault proxy (never started) on each pserver's."""
+
+    def __init__(self) -> None:
+        self.nodes = {node: FakeNodes({node}) for node in NODES}
+        self.proxies = {j: FaultProxy(upstream=f"127.0.0.1:{7000 + j}",
+                                      upstream_name=f"pserver:{j}") for j in range(2)}
+        self.own = {node: RuntimeTarget(
+            self.nodes[node], {int(node[-1]): self.proxies[int(node[-1])]}
+            if node.startswith("pserver") else {}, 2, lambda _: None, own=node)
+            for node in NODES}
+        self.target = Fanout(self.own)
+
+    def look(self) -> Look:
+        down = {node for node, fake in self.nodes.items() if node not in fake.running}
+        assert all(len(fake.running) <= 1 for fake in self.nodes.values())
+
+        def link(trainer: str, pserver: str) -> tuple[float, float, float]:
+            faults = self.proxies[int(pserver[-1])].faults_for(trainer, Direction.UP)
+            return faults.drop, faults.duplicate, faults.reorder
+
+        return look(down,
+                    lambda t, p: self.proxies[int(p[-1])].partition_of(t) == "drop", link,
+                    lambda node: self.own[node].slowdown(node))
+
+    async def close(self) -> None:
+        for target in self.own.values():
+            await target.close()
+
+
+class TestRoleTargets(FaultTargetContract):
+    @pytest.fixture
+    def harness(self) -> Callable[[], Harness]:
+        return RoleHarness
+
+
+def test_a_node_acts_only_on_its_own_node() -> None:
+    fake = FakeNodes({"trainer:0"})
+    target = RuntimeTarget(fake, {}, 2, lambda _: None, own="trainer:0")
+    assert target.crash("trainer:1", True) == "by trainer:1's own host"
+    assert target.slow("pserver:0", 2.0) == "pserver:0 by its own host"
+    target.restart("trainer:1")
+    assert fake.calls == []
+
+
+SCENARIO = """\
+name: role-faults
+seed: 3
+model: {name: mlp, sizes: [64, 32, 10], optimizer: {type: sgd, learning_rate: 0.1}}
+data: {batch_size: 16}
+cluster: {pservers: 2, trainers: 2}
+transpiler: {mode: sync}
+train: {steps: 60, deadline: 90s, heartbeat_timeout: 1s, retry_after: 100ms, log_every: 20}
+faults:
+  - {links: ["trainer:*", "pserver:*"], drop: 0.05}
+  - {at: "step 10", crash: "trainer:1", restart_after: 1500ms}
+expect: {final_loss_below: 2.0}
+"""
+ROLES = [("pserver", 0), ("pserver", 1), ("trainer", 0), ("trainer", 1)]
+
+
+def test_which_node_acts_out_which_fault() -> None:
+    scenario = parse_scenario(SCENARIO)
+    links, crash = scenario.faults
+    assert [n for n in NODES if concerns(links, n, scenario)] == ["pserver:0", "pserver:1"]
+    assert [n for n in NODES if concerns(crash, n, scenario)] == ["trainer:1"]
+    assert message_faults(scenario) == [0]
+
+
+@pytest.mark.timeout(240)
+def test_a_job_of_role_processes_with_faults_ends_as_runtime_up_ends_it(tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(SCENARIO)
+    endpoints = ",".join(free_endpoints(2))
+    env = {k: v for k, v in os.environ.items() if k != LAUNCHER_VAR}
+    dirs = [tmp_path / f"host-{role}-{index}" for role, index in ROLES]
+    keys = tmp_path / "keys"  # encrypted: each pserver's proxy speaks CurveZMQ with its keys
+    write_keys(keys, [f"{role}-{index}" for role, index in ROLES])
+    procs = [subprocess.Popen([sys.executable, "-m", "runtime.cli", "up", str(scenario), "--role",
+                               role, "--index", str(index), "--endpoints", endpoints, "--out",
+                               str(d), "--keys", str(keys)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+             for (role, index), d in zip(ROLES, dirs)]
+    try:
+        said = [p.communicate(timeout=180)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * 4, said
+    trainer1 = said[3]
+    assert "SIGKILL to process group" in trainer1 and "(trainer:1 reported step 10;" in trainer1
+    assert "restarting trainer:1 (--incarnation 1)" in trainer1
+    for pserver in said[:2]:  # each pserver's proxy dropped messages of its links, both ways
+        for direction in ("up", "down"):
+            line = next(ln for ln in pserver.splitlines() if f"fault proxy {direction}:" in ln)
+            assert int(line.split("dropped=")[1].split(",")[0]) > 0, line
+    code, lines = collect(*map(str, dirs), "-o", str(tmp_path / "merged"))
+    assert code == 0 and lines[-1] == "OK: role-faults", lines
+    role_mode = read_metrics(tmp_path / "merged" / "metrics.json")
+    assert role_mode.trainers[1].first_step > 0  # its record is its restarted life's
+
+    code, lines = up(str(scenario), "--out", str(tmp_path / "up"))
+    assert code == 0 and lines[-1] == "OK: role-faults", lines
+    runtime_up = read_metrics(tmp_path / "up" / "metrics.json")
+    assert [(e.name, e.passed) for e in role_mode.expectations] == \
+        [(e.name, e.passed) for e in runtime_up.expectations] == [("final_loss_below", True)]
+    assert [len(t.losses) + t.first_step for t in role_mode.trainers] == \
+        [len(t.losses) + t.first_step for t in runtime_up.trainers] == [60, 60]

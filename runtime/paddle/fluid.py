@@ -6,7 +6,7 @@ and names as Paddle's); the executor runs local, trainer and pserver programs
 ``fluid.clip``, ``fluid.ParamAttr``, ``fluid.Program``, ``fluid.program_guard``,
 ``fluid.default_main_program()``, ``fluid.default_startup_program()``,
 ``fluid.unique_name``, ``fluid.DistributeTranspiler`` and ``DistributeTranspilerConfig`` (also
-as ``fluid.transpiler.*``), ``fluid.Executor``, ``fluid.CPUPlace``, ``fluid.CUDAPlace``,
+as ``fluid.transpiler.*``, with ``fluid.transpiler.ServerRuntimeConfig``), ``fluid.Executor``, ``fluid.CPUPlace``, ``fluid.CUDAPlace``,
 ``fluid.DataFeeder``, ``fluid.global_scope()``, ``fluid.io.save_params`` and
 ``save_persistables`` (one ``.npy`` per var, not Paddle's format).
 """
@@ -16,7 +16,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from transpiler import clip, initializer, layers, optimizer, regularizer
-from transpiler.distribute import DistributeTranspiler, DistributeTranspilerConfig
+from transpiler.distribute import (DistributeTranspiler, DistributeTranspilerConfig,
+                                   ServerRuntimeConfig)
 from transpiler.framework import (ParamAttr, default_main_program, default_startup_program,
                                   program_guard, unique_name)
 from transpiler.ir import Program
@@ -26,8 +27,10 @@ from runtime.services.paddle_compat import (CPUPlace, CUDAPlace, DataFeeder, Exe
                                             save_params, save_persistables)
 
 transpiler = SimpleNamespace(DistributeTranspiler=DistributeTranspiler,
-                             DistributeTranspilerConfig=DistributeTranspilerConfig)
-"""``fluid.transpiler.DistributeTranspiler``, as Paddle also spells it."""
+                             DistributeTranspilerConfig=DistributeTranspilerConfig,
+                             ServerRuntimeConfig=ServerRuntimeConfig)
+"""``fluid.transpiler.DistributeTranspiler`` (and ``ServerRuntimeConfig``), as Paddle also
+spells them."""
 io = SimpleNamespace(save_params=save_params, save_persistables=save_persistables)
 """``fluid.io.save_params``, ``fluid.io.save_persistables``."""
 

@@ -5,7 +5,8 @@ and names as Paddle's); the executor runs local, trainer and pserver programs
 ``fluid.layers``, ``fluid.optimizer``, ``fluid.initializer``, ``fluid.regularizer``,
 ``fluid.clip``, ``fluid.ParamAttr``, ``fluid.Program``, ``fluid.program_guard``,
 ``fluid.default_main_program()``, ``fluid.default_startup_program()``,
-``fluid.unique_name``, ``fluid.DistributeTranspiler`` and ``DistributeTranspilerConfig`` (also
+``fluid.unique_name``, ``fluid.embedding`` (`lookup_table_v2`; ``fluid.layers.embedding`` is
+`lookup_table`), ``fluid.DistributeTranspiler`` and ``DistributeTranspilerConfig`` (also
 as ``fluid.transpiler.*``, with ``fluid.transpiler.ServerRuntimeConfig``), ``fluid.Executor``, ``fluid.CPUPlace``, ``fluid.CUDAPlace``,
 ``fluid.DataFeeder``, ``fluid.global_scope()``, ``fluid.io.save_params`` and
 ``save_persistables`` (one ``.npy`` per var, not Paddle's format).
@@ -21,6 +22,7 @@ from transpiler.distribute import (DistributeTranspiler, DistributeTranspilerCon
 from transpiler.framework import (ParamAttr, default_main_program, default_startup_program,
                                   program_guard, unique_name)
 from transpiler.ir import Program
+from transpiler.layers import embedding_v2 as embedding
 
 from runtime.execution.scope import Scope, global_scope
 from runtime.services.paddle_compat import (CPUPlace, CUDAPlace, DataFeeder, Executor,
@@ -35,6 +37,6 @@ io = SimpleNamespace(save_params=save_params, save_persistables=save_persistable
 """``fluid.io.save_params``, ``fluid.io.save_persistables``."""
 
 __all__ = ["CPUPlace", "CUDAPlace", "DataFeeder", "DistributeTranspiler",
-           "DistributeTranspilerConfig", "Executor", "ParamAttr", "Program", "Scope", "clip",
+           "DistributeTranspilerConfig", "Executor", "ParamAttr", "Program", "Scope", "clip", "embedding",
            "default_main_program", "default_startup_program", "global_scope", "initializer", "io",
            "layers", "optimizer", "program_guard", "regularizer", "transpiler", "unique_name"]

@@ -1,6 +1,5 @@
 """Parity with the original transpiler, continued (docs/transpiler.md): the pservers' RPC thread
-counts (`ServerRuntimeConfig`), `lookup_table_v2`, ``distribute_update_vars``, and collective
-``single_process_multi_thread``."""
+counts (`ServerRuntimeConfig`) and `lookup_table_v2` (Paddle's ``fluid.embedding``)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from distribute_helpers import PS1, PS2, basic, build, listen, pserver, trainer, transpile, types
+from distribute_helpers import (PS1, PS2, basic, build, listen, mark_remote_prefetch, pserver,
+                                trainer, transpile, types)
 from gradcheck import check_grad, run_in_scope, run_op
 
 import transpiler as T
@@ -150,9 +150,7 @@ def v2_model(is_distributed: bool = False, remote_prefetch: bool = False) -> Any
         T.optimizer.SGD(0.1).minimize(T.layers.mean(T.layers.cross_entropy(pred, label)))
     main, startup = build(body)
     if remote_prefetch:
-        for op in main.global_block().ops:
-            if op.type == "lookup_table_v2":
-                op.attrs["remote_prefetch"] = True
+        mark_remote_prefetch(main, "lookup_table_v2")
     return main, startup
 
 

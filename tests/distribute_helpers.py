@@ -52,10 +52,15 @@ def lookup_model(is_distributed: bool = False, remote_prefetch: bool = False,
         (opt or (lambda: T.optimizer.Adam(0.003)))().minimize(loss)
     main, startup = build(body)
     if remote_prefetch:
-        for op in main.global_block().ops:
-            if op.type == "lookup_table":
-                op.attrs["remote_prefetch"] = True
+        mark_remote_prefetch(main, "lookup_table")
     return main, startup
+
+
+def mark_remote_prefetch(main: Program, lookup: str) -> None:
+    """Set ``remote_prefetch`` on every `lookup` op (the original's test did it by hand)."""
+    for op in main.global_block().ops:
+        if op.type == lookup:
+            op.attrs["remote_prefetch"] = True
 
 
 def transpile(programs: tuple[Program, Program], config: T.DistributeTranspilerConfig | None = None,

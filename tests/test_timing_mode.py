@@ -61,6 +61,7 @@ MODELS = {
                            "lr": {"type": "piecewise_decay", "boundaries": [3], "values": [0.1, 0.01]}},
     "ctr_dnn sparse": {},
     "ctr_dnn dense": {"is_sparse": False, "optimizer": {"type": "adam", "learning_rate": 0.01}},
+    "ctr_dnn v2": {"embedding_v2": True},
     "linear ftrl": {"optimizer": {"type": "ftrl", "learning_rate": 0.01, "l1": 0.1}},
     "word2vec": {},
     "cnn": {},

@@ -255,6 +255,12 @@ def nn_cases() -> list[Case]:
     for attrs, name in tables:
         cases.append(Case("lookup_table", slots(W=normal(6, 4), Ids=ids), attrs=attrs, wrt=("W",),
                           id=name))
+    v2_ids = [(np.array([3, 0, 1, 3, 5], np.int64), "flat"),
+              (np.array([[3, 0, 1], [3, 5, 5]], np.int64), "matrix"),
+              (np.array([[3], [0]], np.int64), "trailing-1")]
+    for (v2, shape), (attrs, name) in zip(v2_ids * 2, tables + tables[:2]):
+        cases.append(Case("lookup_table_v2", slots(W=normal(6, 4), Ids=lambda rng, v=v2: v),
+                          attrs=attrs, wrt=("W",), id=f"{shape}-{name}"))
     cases.append(Case("lookup_table", id="lod", wrt=("W",), build=slots(
         W=normal(6, 4), Ids=lambda rng: LoDTensor(np.array([[1], [4], [4]], np.int64), [[0, 1, 3]]))))
     for kind in ["SUM", "AVERAGE", "SQRT", "MAX", "FIRST", "LAST"]:

@@ -7,7 +7,7 @@ default grad-op maker the grad op reads every forward input and output slot plus
 differentiable input slot (only for vars that need a gradient). The gradient of var ``X`` is
 ``X@GRAD``; when several grad ops contribute to one gradient, each writes a renamed copy
 (``X@GRAD@RENAME@block0@k``) and a `sum` after the last producer adds them into ``X@GRAD``. A
-sparse `lookup_table` (``is_sparse``) gives its table a ``SELECTED_ROWS`` gradient.
+sparse `lookup_table` or `lookup_table_v2` (``is_sparse``) gives its table a ``SELECTED_ROWS`` gradient.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
 def _is_sparse_lookup(op: Op) -> bool:
-    return op.type == "lookup_table" and bool(op.attr("is_sparse", False))
+    return op.type in ("lookup_table", "lookup_table_v2") and bool(op.attr("is_sparse", False))
 
 
 def _needs_grad(var: Var | None) -> bool:

@@ -1,7 +1,7 @@
 """Layers: functions that append Paddle-style ops to the current block and return output vars.
 
 Op types, slot names and attributes follow Paddle's static graph (`fc` = `mul` +
-`elementwise_add` + activation, `embedding` = `lookup_table`, ...), so programs read and compare
+`elementwise_add` + activation, `embedding` = `lookup_table`, `embedding_v2` = `lookup_table_v2`, ...), so programs read and compare
 op for op. Shapes use -1 for the batch dimension. A layer never computes anything: the runtime
 runs the ops it appends.
 """
@@ -20,7 +20,7 @@ from .initializer import Constant, Normal, Xavier
 from .ir import BlockRef, OpRole, Var
 
 __all__ = [
-    "data", "fc", "embedding", "sequence_pool", "concat", "relu", "tanh", "sigmoid", "softmax",
+    "data", "fc", "embedding", "embedding_v2", "sequence_pool", "concat", "relu", "tanh", "sigmoid", "softmax",
     "exp", "log", "sqrt", "square", "floor", "sign", "ceil", "cos", "cross_entropy", "softmax_with_cross_entropy",
     "square_error_cost", "mean", "scale", "sums", "reshape", "clip", "clip_by_norm",
     "elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div", "elementwise_max",
@@ -156,7 +156,24 @@ def fc(input: Var | Sequence[Var], size: int, num_flatten_dims: int = 1,
 def embedding(input: Var, size: Sequence[int], is_sparse: bool = False,
               is_distributed: bool = False, padding_idx: int | None = None,
               param_attr: ParamAttr | str | None = None, dtype: str = "float32") -> Var:
-    """`lookup_table`: rows of a [vocab, dim] table for int64 ids of shape [-1, 1]."""
+    """`lookup_table` (Paddle's ``fluid.layers.embedding``): rows of a [vocab, dim] table for
+    int64 ids of shape [-1, 1]; Out drops the ids' trailing 1."""
+    return _embedding("lookup_table", input, size, is_sparse, is_distributed, padding_idx,
+                      param_attr, dtype)
+
+
+def embedding_v2(input: Var, size: Sequence[int], is_sparse: bool = False,
+                 is_distributed: bool = False, padding_idx: int | None = None,
+                 param_attr: ParamAttr | str | None = None, dtype: str = "float32") -> Var:
+    """`lookup_table_v2` (Paddle's ``fluid.embedding``): ids of any shape, [N] or [N, L], and
+    Out is their shape + [dim], a trailing 1 kept."""
+    return _embedding("lookup_table_v2", input, size, is_sparse, is_distributed, padding_idx,
+                      param_attr, dtype)
+
+
+def _embedding(op_type: str, input: Var, size: Sequence[int], is_sparse: bool,
+               is_distributed: bool, padding_idx: int | None, param_attr: ParamAttr | str | None,
+               dtype: str) -> Var:
     input = _check_var(input, "embedding", "input")
     if input.dtype not in ("int64", "int32"):
         raise TypeError(f"embedding: ids {input.name!r} must be int64, got {input.dtype}")
@@ -169,9 +186,10 @@ def embedding(input: Var, size: Sequence[int], is_sparse: bool = False,
     pattr = ParamAttr.of(param_attr)
     assert pattr is not None
     w = create_parameter(pattr, [vocab, dim], dtype, Xavier(), "embedding.w")
-    out_shape = tuple(input.shape[:-1]) + (dim,) if input.shape[-1] == 1 else tuple(input.shape) + (dim,)
+    v1_drops_one = op_type == "lookup_table" and input.shape[-1] == 1
+    out_shape = (tuple(input.shape[:-1]) if v1_drops_one else tuple(input.shape)) + (dim,)
     out = create_tmp_var("embedding", out_shape, dtype, lod_level=input.lod_level)
-    append_op("lookup_table", {"W": [w], "Ids": [input]}, {"Out": [out]},
+    append_op(op_type, {"W": [w], "Ids": [input]}, {"Out": [out]},
               {"is_sparse": is_sparse, "is_distributed": is_distributed, "padding_idx": pad,
                "remote_prefetch": False})
     return out

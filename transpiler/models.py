@@ -241,14 +241,17 @@ def mlp(sizes: Sequence[int] = (64, 128, 10), act: str = "relu",
 def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
             slots: Sequence[str] = ("title_ids", "brand_ids"), hidden: Sequence[int] = (64, 32),
             pool: str = "sum", is_sparse: bool = True, is_distributed: bool = False,
-            shared_table: bool = False, dense: int = 0, optimizer: OptimizerSpec | None = None,
-            lr: LRSpec | None = None, seed: int = 0) -> Model:
+            shared_table: bool = False, dense: int = 0, embedding_v2: bool = False,
+            optimizer: OptimizerSpec | None = None, lr: LRSpec | None = None,
+            seed: int = 0) -> Model:
     """CTR DNN (Paddle's dist_ctr): per slot, an embedding of int64 LoD ids (table
     ``ctr.emb.<slot>``) pooled per sequence; the pooled slots concatenated, after `dense`
     float features (feed ``dense``; none by default) when asked for; a relu fc tower; a
     2-way softmax and `cross_entropy` against the click ``label``. With `shared_table`, or
     with `is_distributed` (a program has at most one distributed table), all slots share one
-    table, ``ctr.emb``."""
+    table, ``ctr.emb``. With `embedding_v2` the lookups are `lookup_table_v2` (Paddle's
+    ``fluid.embedding``), whose rows keep the ids' trailing 1 ([-1, 1, embed_dim]); the fc
+    after them flattens that away, so the model computes what it does without."""
     slots = list(slots)
     if not slots or len(set(slots)) != len(slots):
         raise ModelError(f"ctr_dnn: slots must be distinct names, at least one, got {slots}")
@@ -264,7 +267,8 @@ def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
         pooled = [layers.data("dense", shape=[int(dense)])] if dense else []
         for slot in slots:
             ids = layers.data(slot, shape=[1], dtype="int64", lod_level=1)
-            emb = layers.embedding(ids, size=[vocab, embed_dim], is_sparse=is_sparse,
+            embed = layers.embedding_v2 if embedding_v2 else layers.embedding
+            emb = embed(ids, size=[vocab, embed_dim], is_sparse=is_sparse,
                                    is_distributed=is_distributed,
                                    param_attr=_param("ctr.emb" if shared_table or is_distributed
                                                      else f"ctr.emb.{slot}"))

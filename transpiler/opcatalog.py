@@ -188,6 +188,8 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("concat", grad="X", shape="concat"),
     _op("lookup_table", "W Ids", grad="W", shape="lookup", cost=Cost("lookup"),
         grad_shape="lookup_grad", grad_cost=Cost("lookup_grad")),
+    _op("lookup_table_v2", "W Ids", grad="W", shape="lookup_v2", cost=Cost("lookup"),
+        grad_shape="lookup_grad", grad_cost=Cost("lookup_grad")),
     _op("lookup_sparse_table", "W Ids", shape="lookup", cost=Cost("lookup")),
     _op("matmul", "X Y", grad="X Y", shape="matmul", cost=Cost("batched_matmul"),
         grad_cost=Cost("batched_matmul_grad")),

@@ -113,7 +113,7 @@ def targets(model: Model) -> dict[str, Target]:
     """The model's feeds, in declaration order."""
     block = model.main.global_block()
     tables = {op.input("Ids")[0]: block.var(op.input("W")[0]).shape[0]
-              for op in block.ops if op.type == "lookup_table"}
+              for op in block.ops if op.type in ("lookup_table", "lookup_table_v2")}
     out = {}
     for name in model.feeds:
         var = block.var(name)

@@ -49,6 +49,7 @@ from transpiler.ir import Block, Op, Program
 
 from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.executor import Executor, check_feed, run_step
+from runtime.execution.kernels.common import lookup_lead
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import LoDTensor, Phantom, Value, concat_rows, slice_rows, to_dense
 from runtime.network.rpc import RpcClient, RpcTimeout
@@ -340,7 +341,8 @@ class RpcOps:
 
     async def distributed_lookup_table(self, op: Op, scope: Scope) -> None:
         """Rows of the table's blocks (``table_names``, ``height_sections`` rows each, on
-        ``endpoints``) for the ids; Outputs is shaped and ordered like `lookup_table`'s."""
+        ``endpoints``) for the ids; Outputs is shaped and ordered like the lookup's it replaced
+        (``lookup_table_version``)."""
         (out,) = op.output("Outputs")
         self.pending[out] = asyncio.get_running_loop().create_task(
             self._lookup_remote(op, scope, out))
@@ -366,8 +368,8 @@ class RpcOps:
                                zip(replies, op.attr("table_names"), op.attr("endpoints"))])
         found = rows[np.searchsorted(np.concatenate(asked), ids)]
         found[ids == int(op.attr("padding_idx", -1))] = 0
-        lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
-        found = found.reshape(lead + rows.shape[1:])
+        version = str(op.attr("lookup_table_version", "lookup_table") or "lookup_table")
+        found = found.reshape(lookup_lead(ids_in.shape, version) + rows.shape[1:])
         scope.put(out, LoDTensor(found, value.lod) if isinstance(value, LoDTensor) and value.lod
                   else found)
 

@@ -7,13 +7,13 @@ pserver (`pserver`) and the startups (`startup`); `geo` and `collective` hold th
 """
 
 from .checkpoint import CheckpointConfig, append_checkpoint_notify
-from .config import DistributedMode, DistributeTranspilerConfig
+from .config import DistributedMode, DistributeTranspilerConfig, ServerRuntimeConfig
 from .dispatch import HashName, PSDispatcher, RoundRobin
 from .slicing import VarBlock, slice_variable
 from .transpiler import DistributeTranspiler, GeoSgdTranspiler
 
 __all__ = [
     "CheckpointConfig", "DistributeTranspiler", "DistributeTranspilerConfig", "DistributedMode", "GeoSgdTranspiler",
-    "HashName", "PSDispatcher", "RoundRobin", "VarBlock", "append_checkpoint_notify",
+    "HashName", "PSDispatcher", "RoundRobin", "ServerRuntimeConfig", "VarBlock", "append_checkpoint_notify",
     "slice_variable",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from typing import Any
 
 from .dispatch import PSDispatcher, RoundRobin
@@ -118,6 +119,54 @@ class DistributeTranspilerConfig:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"DistributeTranspilerConfig({fields})"
+
+
+RPC_THREAD_FLAGS = {"_rpc_send_thread_num": "FLAGS_rpc_send_thread_num",
+                    "_rpc_get_thread_num": "FLAGS_rpc_get_thread_num",
+                    "_rpc_prefetch_thread_num": "FLAGS_rpc_prefetch_thread_num"}
+DEFAULT_RPC_THREADS = 12
+
+
+class ServerRuntimeConfig:
+    """Paddle's `ServerRuntimeConfig`: how many RPC threads a pserver serves sends, gets and
+    prefetches with. Each field starts from its ``FLAGS_rpc_*_thread_num`` environment variable
+    (12 when unset), as in the original; `DistributeTranspiler` writes them on the pserver's
+    `listen_and_serv` (``rpc_send_thread_num``, ``rpc_get_thread_num``,
+    ``rpc_prefetch_thread_num``; docs/transpiler.md §7).
+
+    DESIGN: pslab's pserver serves every request on one event loop, so the counts are recorded
+    for the programs to compare with the original's and the runtime does not read them.
+    """
+
+    def __init__(self) -> None:
+        self._rpc_send_thread_num = _flag(RPC_THREAD_FLAGS["_rpc_send_thread_num"])
+        self._rpc_get_thread_num = _flag(RPC_THREAD_FLAGS["_rpc_get_thread_num"])
+        self._rpc_prefetch_thread_num = _flag(RPC_THREAD_FLAGS["_rpc_prefetch_thread_num"])
+
+    def validate(self) -> None:
+        """ValueError naming the field whose count is not an int >= 1."""
+        for field in RPC_THREAD_FLAGS:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServerRuntimeConfig.{field}: must be an int >= 1, got {value!r}")
+
+    def listen_and_serv_attrs(self) -> dict[str, int]:
+        """The attributes the original set from this object on `listen_and_serv`."""
+        return {"rpc_get_thread_num": self._rpc_get_thread_num,
+                "rpc_send_thread_num": self._rpc_send_thread_num,
+                "rpc_prefetch_thread_num": self._rpc_prefetch_thread_num}
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f}={getattr(self, f)}" for f in RPC_THREAD_FLAGS)
+        return f"ServerRuntimeConfig({fields})"
+
+
+def _flag(name: str) -> int:
+    raw = os.getenv(name, str(DEFAULT_RPC_THREADS))
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}: must be an int, got {raw!r}") from None
 
 
 def resolve_mode(config: DistributeTranspilerConfig, sync_mode: bool) -> DistributedMode:

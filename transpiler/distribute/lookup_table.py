@@ -1,5 +1,10 @@
 """Embeddings served by the pservers: the distributed lookup table and remote sparse update.
 
+Both lookups count: `lookup_table` and `lookup_table_v2` (Paddle's ``fluid.embedding``, whose
+Out keeps the ids' trailing 1); the ops that stand in for a lookup (`merge_ids`,
+`distributed_lookup_table`) carry ``lookup_table_version``, the lookup's type, so that their Out
+is shaped as the lookup's was, as the original's `distributed_lookup_table` did.
+
 **Distributed lookup table** (an embedding with ``is_distributed``; one such table per
 program). The table never lives on a trainer. Pserver k owns the global ids
 ``[k*R, (k+1)*R)`` with ``R = ceil(rows / pservers)``: its table var has R rows (type
@@ -40,7 +45,7 @@ from .analysis import OptimizeSection, is_optimizer_op
 from .edit import clone_var, control_var, copy_op, last_writer, rpc_attrs
 from .plan import Plan
 
-LOOKUP = "lookup_table"
+LOOKUPS = ("lookup_table", "lookup_table_v2")
 CHECKPOINT_PATH_VAR = "kLookupTablePath"
 # The table's pserver runs sgd; the catalog marks the update ops (first-order steps) it may
 # stand in for.
@@ -50,7 +55,7 @@ TABLE_OPTIMIZERS = frozenset(optimizer_types(table=True))
 def find_distributed_table(program: Program) -> str | None:
     """The one table looked up with ``is_distributed``; ValueError if there are several or if
     the table is also looked up without it."""
-    lookups = [op for op in program.global_block().ops if op.type == LOOKUP]
+    lookups = [op for op in program.global_block().ops if op.type in LOOKUPS]
     tables = sorted({op.input("W")[0] for op in lookups if op.attr("is_distributed")})
     if len(tables) > 1:
         raise ValueError(f"program: only one distributed lookup table is supported, found {tables}")
@@ -68,7 +73,7 @@ def remote_sparse_params(program: Program, section: OptimizeSection) -> set[str]
     trained = {pg.param for pg in section.params_grads}
     params = set()
     for op in program.global_block().ops:
-        if op.type != LOOKUP or not op.attr("remote_prefetch"):
+        if op.type not in LOOKUPS or not op.attr("remote_prefetch"):
             continue
         w = op.input("W")[0]
         if not op.attr("is_sparse") or op.attr("is_distributed") or w not in trained:
@@ -112,6 +117,8 @@ class Lookup:
     ids: str
     out: str
     padding_idx: int
+    version: str
+    """The lookup's op type, `lookup_table` or `lookup_table_v2`."""
 
     def ids_piece(self, table: str, k: int) -> str:
         return f"{table}.prefetch_ids_{self.index}.pserver_{k}"
@@ -119,11 +126,19 @@ class Lookup:
     def rows_piece(self, table: str, k: int) -> str:
         return f"{table}.prefetch_rows_{self.index}.pserver_{k}"
 
+    def declare_pieces(self, block: Block, origin: Block, table: str, k: int) -> None:
+        """Declare pserver k's ids and rows pieces in `block`, shaped as they travel: a column
+        of ids, [-1, 1], and a row of the table per id (whatever the lookup's own shapes)."""
+        ids, out = origin.var(self.ids), origin.var(self.out)
+        width = tuple(origin.var(table).shape[1:])
+        clone_var(block, ids, name=self.ids_piece(table, k), shape=(-1, 1))
+        clone_var(block, out, name=self.rows_piece(table, k), shape=(-1,) + width)
+
 
 def table_lookups(program: Program, table: str) -> list[Lookup]:
-    ops = [op for op in program.global_block().ops if op.type == LOOKUP and op.input("W") == [table]]
-    return [Lookup(j, op.input("Ids")[0], op.output("Out")[0], int(op.attr("padding_idx", -1)))
-            for j, op in enumerate(ops)]
+    ops = [op for op in program.global_block().ops if op.type in LOOKUPS and op.input("W") == [table]]
+    return [Lookup(j, op.input("Ids")[0], op.output("Out")[0], int(op.attr("padding_idx", -1)),
+                   op.type) for j, op in enumerate(ops)]
 
 
 # -- trainer ---------------------------------------------------------------------------------------
@@ -135,18 +150,17 @@ def replace_table_lookups(block: Block, plan: Plan) -> None:
     sections = table_sections(block.var(table).shape[0], len(pservers))
     for lookup in table_lookups(block.program, table):
         index = next(i for i, op in enumerate(block.ops)
-                     if op.type == LOOKUP and op.output("Out") == [lookup.out])
+                     if op.type in LOOKUPS and op.output("Out") == [lookup.out])
         ids = [lookup.ids_piece(table, k) for k in range(len(pservers))]
         rows = [lookup.rows_piece(table, k) for k in range(len(pservers))]
-        for name in ids:
-            clone_var(block, block.var(lookup.ids), name=name)
-        for name in rows:
-            clone_var(block, block.var(lookup.out), name=name)
+        for k in range(len(pservers)):
+            lookup.declare_pieces(block, block, table, k)
         block.ops[index:index + 1] = [
             Op("split_ids", {"Ids": [lookup.ids]}, {"Out": ids}, {"height_sections": sections}),
             Op("prefetch", {"X": ids}, {"Out": rows},
                {"epmap": pservers, "trainer_id": plan.cluster.trainer_id}),
-            Op("merge_ids", {"Ids": [lookup.ids], "Rows": ids, "X": rows}, {"Out": [lookup.out]}),
+            Op("merge_ids", {"Ids": [lookup.ids], "Rows": ids, "X": rows}, {"Out": [lookup.out]},
+               {"lookup_table_version": lookup.version}),
         ]
 
 
@@ -172,7 +186,7 @@ def append_table_grad_send(block: Block, plan: Plan) -> str:
 
 def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) -> None:
     for i, op in enumerate(block.ops):
-        if op.type != LOOKUP or op.input("W")[0] not in params:
+        if op.type not in LOOKUPS or op.input("W")[0] not in params:
             continue
         d = plan.dist_var(op.input("W")[0])
         block.ops[i] = Op("distributed_lookup_table", {"Ids": op.input("Ids"), "W": op.input("W")},
@@ -181,7 +195,8 @@ def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) ->
                            "height_sections": [p.shape[0] for p in d.params],
                            "endpoints": [p.endpoint for p in d.params],
                            "padding_idx": op.attr("padding_idx", -1),
-                           "trainer_id": plan.cluster.trainer_id})
+                           "trainer_id": plan.cluster.trainer_id,
+                           "lookup_table_version": op.type})
 
 
 def fake_init_table(startup: Program, table: str) -> None:
@@ -269,8 +284,7 @@ def _prefetch_block(program: Program, plan: Plan, table: str, lookup: Lookup, k:
                     parent: int) -> str:
     gblock, origin = program.global_block(), plan.origin.global_block()
     ids, rows = lookup.ids_piece(table, k), lookup.rows_piece(table, k)
-    clone_var(gblock, origin.var(lookup.ids), name=ids)
-    clone_var(gblock, origin.var(lookup.out), name=rows)
+    lookup.declare_pieces(gblock, origin, table, k)
     block = program.create_block(parent)
     per = gblock.var(table).shape[0]
     block.append_op("lookup_sparse_table", {"Ids": [ids], "W": [table]}, {"Out": [rows]},

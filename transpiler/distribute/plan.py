@@ -10,14 +10,14 @@ into the grad block.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
 
 from ..ir import Program, VarType
 from .analysis import OptimizeSection, ParamGrad
 from .cluster import Cluster
-from .config import DistributedMode, DistributeTranspilerConfig
+from .config import DistributedMode, DistributeTranspilerConfig, ServerRuntimeConfig
 from .seeded import numpy_legacy_shuffle
 from .slicing import VarBlock, slice_shapes, slice_variable
 
@@ -79,6 +79,8 @@ class Plan:
     dist_vars: tuple[DistVar, ...]
     table: str | None
     remote_sparse: frozenset[str]
+    server: ServerRuntimeConfig = field(default_factory=ServerRuntimeConfig)
+    """The pservers' RPC thread counts, recorded on `listen_and_serv`."""
 
     @property
     def sync(self) -> bool:

@@ -48,7 +48,6 @@ from .edit import clone_var, copy_op
 from .lookup_table import TableBlocks, build_table_blocks, table_rows_per_pserver
 from .plan import DistVar, Plan, trainer_copy
 
-RPC_THREADS = 12
 FANIN_SCALE_OP = 1
 """In sync mode with several trainers, op 1 of a param's optimize block is the `scale` that
 averages the trainers' copies (op 0 is their `sum`; see `build_param_block`)."""
@@ -314,9 +313,7 @@ def listen_and_serv_attrs(plan: Plan, endpoint: str, pserver_id: int, optimize: 
         "dc_asgd": plan.config.enable_dc_asgd,
         "trainer_copies": [],
         "fanin_scale_ops": [],
-        "rpc_get_thread_num": RPC_THREADS,
-        "rpc_send_thread_num": RPC_THREADS,
-        "rpc_prefetch_thread_num": RPC_THREADS,
+        **plan.server.listen_and_serv_attrs(),
         "op_role": int(OpRole.RPC),
     }
     if plan.config.staleness is not None:

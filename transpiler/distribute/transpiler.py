@@ -29,7 +29,7 @@ from ..ir import Program
 from .analysis import check_placeable, read_optimize_section
 from .cluster import Cluster, pserver_cluster, trainer_cluster
 from .collective import transpile_collective, transpile_nccl2
-from .config import DistributedMode, DistributeTranspilerConfig, resolve_mode
+from .config import DistributedMode, DistributeTranspilerConfig, ServerRuntimeConfig, resolve_mode
 from .geo import build_geo_pserver_program, rewrite_geo_trainer
 from .lookup_table import check_table_optimizer, find_distributed_table, remote_sparse_params
 from .plan import Plan, dispatch_pass, slice_pass
@@ -39,7 +39,8 @@ from .trainer import rewrite_trainer, sends_lr_counter
 
 
 def make_plan(config: DistributeTranspilerConfig, cluster: Cluster, mode: DistributedMode,
-              program: Program, startup: Program) -> Plan:
+              program: Program, startup: Program,
+              server: ServerRuntimeConfig | None = None) -> Plan:
     """Read, slice and dispatch: everything decided before programs are written."""
     section = read_optimize_section(program)
     check_placeable(section)
@@ -55,7 +56,8 @@ def make_plan(config: DistributeTranspilerConfig, cluster: Cluster, mode: Distri
                          f"(the mode is {mode.name})")
     sliced = slice_pass(program, section, config, len(cluster.pservers), {table} if table else set())
     dist_vars = dispatch_pass(program, sliced, config, cluster)
-    return Plan(config, mode, cluster, program, startup, section, dist_vars, table, frozenset(remote))
+    return Plan(config, mode, cluster, program, startup, section, dist_vars, table, frozenset(remote),
+                server if server is not None else ServerRuntimeConfig())
 
 
 def distributed_attrs(plan: Plan) -> dict[str, Any]:
@@ -94,13 +96,20 @@ def plan_log(plan: Plan) -> list[str]:
 
 
 class DistributeTranspiler:
-    """Paddle's parameter-server transpiler (docs/transpiler.md, sections 3 to 10)."""
+    """Paddle's parameter-server transpiler (docs/transpiler.md, sections 3 to 10).
 
-    def __init__(self, config: DistributeTranspilerConfig | None = None) -> None:
+    `server_config` (a `ServerRuntimeConfig`, default one read from the ``FLAGS_rpc_*``
+    environment) sets the RPC thread counts on every pserver's `listen_and_serv`; the original
+    took it through ``_set_server_config``, which is kept.
+    """
+
+    def __init__(self, config: DistributeTranspilerConfig | None = None,
+                 server_config: ServerRuntimeConfig | None = None) -> None:
         if config is not None and not isinstance(config, DistributeTranspilerConfig):
             raise ValueError(f"config: must be a DistributeTranspilerConfig, got {config!r}")
         self.config = config if config is not None else DistributeTranspilerConfig()
         self.config.validate()
+        self._set_server_config(server_config)
         self._plan: Plan | None = None
         self._mode_name = ""
         self._trainer: Program | None = None
@@ -130,7 +139,9 @@ class DistributeTranspiler:
         self._plan, self._mode_name, self._in_place = None, config.mode, in_place
         if config.mode == "pserver":
             cluster = pserver_cluster(trainer_id, pservers, trainers, current_endpoint)
-            self._plan = make_plan(config, cluster, resolve_mode(config, sync_mode), main, startup)
+            self.server_config.validate()
+            self._plan = make_plan(config, cluster, resolve_mode(config, sync_mode), main, startup,
+                                   copy.copy(self.server_config))
             self._trainer, self._trainer_startup = trainer_programs(self._plan)
             if config.print_log:
                 print("\n".join(plan_log(self._plan)))
@@ -145,6 +156,17 @@ class DistributeTranspiler:
             given[0].take_contents(self._trainer)
             given[1].take_contents(self._trainer_startup)
             self._trainer, self._trainer_startup = given
+
+    def _set_server_config(self, server_config: ServerRuntimeConfig | None = None) -> None:
+        """The original's setter: None gives a fresh `ServerRuntimeConfig`; anything but one is a
+        TypeError, as there. Takes effect at the next `transpile`."""
+        if server_config is None:
+            server_config = ServerRuntimeConfig()
+        elif not isinstance(server_config, ServerRuntimeConfig):
+            raise TypeError("server_config: must be a ServerRuntimeConfig, "
+                            f"got {server_config!r}")
+        server_config.validate()
+        self.server_config = server_config
 
     # -- trainer -------------------------------------------------------------------------------
     def get_trainer_program(self, wait_port: bool = True) -> Program:
@@ -220,7 +242,8 @@ def _pserver_attrs(plan: Plan, endpoint: str) -> dict[str, Any]:
 class GeoSgdTranspiler(DistributeTranspiler):
     """`DistributeTranspiler` in Geo-SGD mode (``geo_sgd_mode`` set on a copy of the config)."""
 
-    def __init__(self, config: DistributeTranspilerConfig | None = None) -> None:
+    def __init__(self, config: DistributeTranspilerConfig | None = None,
+                 server_config: ServerRuntimeConfig | None = None) -> None:
         geo = copy.copy(config) if config is not None else DistributeTranspilerConfig()
         geo.geo_sgd_mode = True
-        super().__init__(geo)
+        super().__init__(geo, server_config)

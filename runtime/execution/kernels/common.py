@@ -71,6 +71,24 @@ def lookup_ids(ctx: KernelContext, vocab: int, given: Array | None = None) -> Ar
     return ids
 
 
+LOOKUP_V2 = "lookup_table_v2"
+
+
+def lookup_lead(ids_shape: tuple[int, ...], version: str = "lookup_table") -> tuple[int, ...]:
+    """The leading dims of a lookup's Out for ids shaped `ids_shape`: `lookup_table` drops the
+    ids' trailing 1 ([N, 1] -> [N, D]); `lookup_table_v2` keeps every dim ([N] -> [N, D],
+    [N, L] -> [N, L, D])."""
+    if version != LOOKUP_V2 and len(ids_shape) > 1 and ids_shape[-1] == 1:
+        return tuple(ids_shape[:-1])
+    return tuple(ids_shape)
+
+
+def lookup_version(ctx: KernelContext) -> str:
+    """Which lookup's shape an op that stands in for one gives (``lookup_table_version``, as
+    Paddle's `distributed_lookup_table` says it)."""
+    return str(ctx.attr("lookup_table_version", "lookup_table") or "lookup_table")
+
+
 def padding_idx(ctx: KernelContext) -> int:
     pad = ctx.attr("padding_idx", -1)
     return -1 if pad is None else int(pad)

@@ -33,6 +33,7 @@ from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR
 
 from runtime.config.atomic import atomic_open
 from runtime.execution.kernels import numpy_nn
+from runtime.execution.kernels.common import lookup_lead, lookup_version
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
 from runtime.execution.tensor import SelectedRows, to_dense
@@ -118,7 +119,8 @@ def split_ids(ctx: KernelContext) -> None:
 @register("merge_ids")
 def merge_ids(ctx: KernelContext) -> None:
     """Out[j] = the row answered for Ids[j]: pserver i was asked for ids Rows[i] and answered
-    the rows X[i], in that order. Out is shaped like `lookup_table`'s and keeps the Ids' LoD."""
+    the rows X[i], in that order. Out is shaped like the lookup's it stands in for
+    (``lookup_table_version``: `lookup_table`'s by default) and keeps the Ids' LoD."""
     ids_in = ctx.input("Ids")
     ids = ids_in.reshape(-1).astype(np.int64, copy=False)
     asked = np.concatenate([r.reshape(-1) for r in ctx.inputs("Rows")]).astype(np.int64)
@@ -132,7 +134,7 @@ def merge_ids(ctx: KernelContext) -> None:
     if missing.size:
         raise ValueError(f"merge_ids: ids {np.unique(missing)[:8].tolist()} were asked of no "
                          "pserver (Rows)")
-    lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
+    lead = lookup_lead(ids_in.shape, lookup_version(ctx))
     out = answered[order[at]].reshape(lead + answered.shape[1:])
     ctx.set_output("Out", out, lod=ctx.lod("Ids"))
 

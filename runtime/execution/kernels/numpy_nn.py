@@ -1,5 +1,5 @@
 """Neural-net ops: `mul` (the matmul of `fc`), softmax, the two cross-entropy losses, the
-embedding lookup (`lookup_table`, dense or sparse gradient) and `sequence_pool` over LoD
+embedding lookup (`lookup_table`, `lookup_table_v2`, dense or sparse gradient) and `sequence_pool` over LoD
 sequences, each with its gradient kernel.
 """
 
@@ -9,9 +9,9 @@ import math
 
 import numpy as np
 
-from runtime.execution.kernels.common import (Segments, hard_labels, ignore_index, lookup_ids,
-                                              mul_dims, out_grad, padding_idx, pool_scale,
-                                              soft_label)
+from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, ignore_index,
+                                              lookup_ids, lookup_lead, mul_dims, out_grad,
+                                              padding_idx, pool_scale, soft_label)
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
 from runtime.execution.tensor import SelectedRows
@@ -124,20 +124,31 @@ def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
     ctx.set_output("Logits@GRAD", (d * g).reshape(sm.shape))
 
 
-# -- lookup_table -------------------------------------------------------------------------------
+# -- lookup_table, lookup_table_v2 --------------------------------------------------------------
 @register("lookup_table")
 def lookup_table(ctx: KernelContext) -> None:
+    _lookup(ctx, "lookup_table")
+
+
+@register(LOOKUP_V2)
+def lookup_table_v2(ctx: KernelContext) -> None:
+    """`lookup_table` without dropping a trailing 1 of the ids: Out is Ids' shape + [D]."""
+    _lookup(ctx, LOOKUP_V2)
+
+
+def _lookup(ctx: KernelContext, version: str) -> None:
     w, ids_in = ctx.input("W"), ctx.input("Ids")
     ids = lookup_ids(ctx, w.shape[0])
     out = w[ids]
     pad = padding_idx(ctx)
     if pad >= 0:
         out[ids == pad] = 0
-    lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
-    ctx.set_output("Out", out.reshape(lead + w.shape[1:]), lod=ctx.lod("Ids"))
+    ctx.set_output("Out", out.reshape(lookup_lead(ids_in.shape, version) + w.shape[1:]),
+                   lod=ctx.lod("Ids"))
 
 
 @register("lookup_table_grad")
+@register("lookup_table_v2_grad")
 def lookup_table_grad(ctx: KernelContext) -> None:
     """Rows of Out@GRAD go to the rows they were read from; the padding row gets none. Sparse
     (`is_sparse`): a SelectedRows with one row per id, repeats kept."""

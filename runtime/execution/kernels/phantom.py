@@ -13,7 +13,7 @@ count stays what numeric mode would give. Each op's entry in the op catalog
   operands broadcast), `mul` (the flattened product), `matmul` (batched, transposed), `conv2d`
   and `pool2d` (their windows), `batch_norm`, `layer_norm` and `dropout` (Y/Out like X, and
   their statistics and mask), `reshape`, `reshape2`, `transpose2`, `squeeze2`, `unsqueeze2`
-  (with XShape), `split`, `slice`, `gather`, `lookup_table` (a row per id),
+  (with XShape), `split`, `slice`, `gather`, `lookup_table` and `lookup_table_v2` (a row per id),
   `sequence_pool` (a row per sequence), `split_byref`, `split_selected_rows`, `split_ids` and
   `concat` (their sections), `sum` (SelectedRows add up their rows), `scale`/`assign` (like X,
   SelectedRows too), the optimizers (every output like Param), the initializers (the ``shape``
@@ -41,6 +41,7 @@ import numpy.typing as npt
 from transpiler.ir import Var, strip_grad_suffix
 from transpiler.opcatalog import OPS, OpDef
 
+from runtime.execution.kernels.common import LOOKUP_V2, lookup_lead, lookup_version
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_elementwise import align
 from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
@@ -179,15 +180,18 @@ def _elementwise(ctx: KernelContext) -> None:
     ctx.set_output("Out", _dense(shape, _declared(ctx, ctx.output_names("Out")[0]).dtype, x.lod))
 
 
-def _id_rows(ids: Sequence[int]) -> tuple[int, ...]:
-    """The leading dims of a lookup of ids shaped `ids` (a trailing 1 is dropped)."""
-    return tuple(ids[:-1]) if len(ids) > 1 and ids[-1] == 1 else tuple(ids)
-
-
 def _lookup(ctx: KernelContext) -> None:
     """A row of W per id, keeping the ids' LoD (`lookup_table`, `lookup_sparse_table`)."""
     w, ids = phantom_of(_value(ctx, "W")), _value(ctx, "Ids")
-    ctx.set_output("Out", _dense(_id_rows(shape_of(ids)) + w.shape[1:], w.dtype, _lod(ids)))
+    ctx.set_output("Out", _dense(lookup_lead(tuple(shape_of(ids))) + w.shape[1:], w.dtype,
+                                 _lod(ids)))
+
+
+def _lookup_v2(ctx: KernelContext) -> None:
+    """`lookup_table_v2`: a row of W per id, the ids' trailing 1 kept."""
+    w, ids = phantom_of(_value(ctx, "W")), _value(ctx, "Ids")
+    ctx.set_output("Out", _dense(lookup_lead(tuple(shape_of(ids)), LOOKUP_V2) + w.shape[1:],
+                                 w.dtype, _lod(ids)))
 
 
 def _lookup_grad(ctx: KernelContext) -> None:
@@ -210,7 +214,8 @@ def _sequence_pool(ctx: KernelContext) -> None:
 
 def _merge_ids(ctx: KernelContext) -> None:
     ids, rows = _value(ctx, "Ids"), phantom_of(_value(ctx, "X"))
-    ctx.set_output("Out", _dense(_id_rows(shape_of(ids)) + rows.shape[1:], rows.dtype, _lod(ids)))
+    lead = lookup_lead(tuple(shape_of(ids)), lookup_version(ctx))
+    ctx.set_output("Out", _dense(lead + rows.shape[1:], rows.dtype, _lod(ids)))
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
@@ -396,7 +401,8 @@ def _save(ctx: KernelContext) -> None:
 SHAPE_RULES: dict[str, Rule] = {
     "generic": _generic, "broadcast": _elementwise, "gradient": _gradient,
     "like_param": _optimizer, "from_attrs": _initializer, "like_x": _like_x, "mul": _mul,
-    "reshape": _reshape, "lookup": _lookup, "lookup_grad": _lookup_grad,
+    "reshape": _reshape, "lookup": _lookup, "lookup_v2": _lookup_v2,
+    "lookup_grad": _lookup_grad,
     "sequence_pool": _sequence_pool, "merge_ids": _merge_ids, "split_byref": _split_byref,
     "split_selected_rows": _split_selected_rows, "sparse_delta": _sparse_delta, "split_ids": _split_ids, "concat": _concat,
     "sum": _sum, "ref_by_trainer_id": _ref_by_trainer_id,

@@ -1,4 +1,4 @@
-"""Torch kernels of the neural-net ops: `mul`, softmax, the cross-entropy losses, `lookup_table`
+"""Torch kernels of the neural-net ops: `mul`, softmax, the cross-entropy losses, `lookup_table` (and `_v2`)
 (dense or `SelectedRows` gradient) and `sequence_pool`, with their gradients: `numpy_nn` op for op.
 
 Index bookkeeping stays on the host in numpy, shared with the numpy backend: label ids and the
@@ -15,8 +15,9 @@ import math
 
 import numpy as np
 
-from runtime.execution.kernels.common import (Segments, hard_labels, ignore_index, lookup_ids,
-                                              mul_dims, padding_idx, pool_scale, soft_label)
+from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, ignore_index,
+                                              lookup_ids, lookup_lead, mul_dims, padding_idx,
+                                              pool_scale, soft_label)
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.torch_common import (Tensor, as_float, dtype_of, host, input_t,
                                                     kernel, out_grad_t, put, tensor, torch, zeros)
@@ -137,20 +138,31 @@ def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
     put(ctx, "Logits@GRAD", (d * g).reshape(sm.shape))
 
 
-# -- lookup_table -------------------------------------------------------------------------------
+# -- lookup_table, lookup_table_v2 --------------------------------------------------------------
 @kernel("lookup_table")
 def lookup_table(ctx: KernelContext) -> None:
+    _lookup(ctx, "lookup_table")
+
+
+@kernel(LOOKUP_V2)
+def lookup_table_v2(ctx: KernelContext) -> None:
+    """`lookup_table` without dropping a trailing 1 of the ids: Out is Ids' shape + [D]."""
+    _lookup(ctx, LOOKUP_V2)
+
+
+def _lookup(ctx: KernelContext, version: str) -> None:
     w, ids_in = ctx.input("W"), ctx.input("Ids")
     ids = lookup_ids(ctx, w.shape[0], host(ids_in))
     out = tensor(w)[tensor(ids)]
     pad = padding_idx(ctx)
     if pad >= 0:
         out[tensor(ids == pad)] = 0
-    lead = ids_in.shape[:-1] if ids_in.ndim > 1 and ids_in.shape[-1] == 1 else ids_in.shape
-    put(ctx, "Out", out.reshape(lead + w.shape[1:]), lod=ctx.lod("Ids"))
+    put(ctx, "Out", out.reshape(lookup_lead(tuple(ids_in.shape), version) + tuple(w.shape[1:])),
+        lod=ctx.lod("Ids"))
 
 
 @kernel("lookup_table_grad")
+@kernel("lookup_table_v2_grad")
 def lookup_table_grad(ctx: KernelContext) -> None:
     """Rows of Out@GRAD go to the rows they were read from; the padding row gets none. Sparse
     (`is_sparse`): a SelectedRows with one row per id, repeats kept."""

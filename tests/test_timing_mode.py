@@ -68,6 +68,7 @@ MODELS = {
     "cnn plain": {"batch_norm": False},
     **{f"mlp {opt}": {"optimizer": {"type": opt, "learning_rate": 0.01}}
        for opt in ("momentum", "adagrad", "decayed_adagrad", "adamax", "rmsprop")},
+    "mlp lars_momentum": {"optimizer": {"type": "lars_momentum", "learning_rate": 0.01}},
 }
 
 
@@ -208,6 +209,10 @@ OP_CASES["lookup_sparse_table"] = (
 for _op in ("gaussian_random", "truncated_gaussian_random"):
     OP_CASES[_op] = (Op(_op, {}, {"Out": ["o"]}, {"shape": [4, 3], "dtype": "float64"}), {},
                      {"o": ([4, 3], "float64")})
+OP_CASES["assign_value"] = (
+    Op("assign_value", {}, {"Out": ["o"]},
+       {"shape": [2, 3], "dtype": "float32", "fp32_values": [0.5, 1, 2, 3, 4, 5]}), {},
+    {"o": ([2, 3], "float32")})
 
 
 

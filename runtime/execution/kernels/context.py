@@ -62,7 +62,7 @@ class KernelContext:
         names = self.op.inputs.get(slot)
         if not names:
             return []
-        value = self._read(slot, names[index])
+        value = self._stored(slot, names[index])  # a view keeps the LoD: no need to make one
         return value.lod if type(value) is LoDTensor else []
 
     def input_names(self, slot: str) -> list[str]:
@@ -71,12 +71,15 @@ class KernelContext:
     def has_input(self, slot: str) -> bool:
         return bool(self.op.inputs.get(slot))
 
-    def _read(self, slot: str, name: str) -> Value:
+    def _stored(self, slot: str, name: str) -> Any:
         try:
-            stored = self.scope.raw(name)
+            return self.scope.raw(name)
         except KeyError:
             raise MissingInputError(
                 f"{self.where}: input {slot} var {name!r} has no value in the scope") from None
+
+    def _read(self, slot: str, name: str) -> Value:
+        stored = self._stored(slot, name)
         value = self.view(stored)
         if self.keep_view and value is not stored:
             self.scope.put(name, value)

@@ -24,20 +24,21 @@ from runtime.execution.tensor import SelectedRows
 
 class _Update:
     """An optimizer op's inputs as `compute` (numpy's dtype for the update) tensors, the
-    learning rate as a numpy scalar, and the parameter's dtype for the outputs."""
+    learning rate as a numpy scalar, and the parameter's dtype for the outputs. Each input is
+    read from the scope once."""
 
     def __init__(self, ctx: KernelContext) -> None:
         self.ctx = ctx
-        values = [ctx.input(slot) for slot in ctx.op.inputs]
-        self.compute = result_dtype(*(v.dtype for v in values if v is not None))
-        param = ctx.input("Param")
+        self.values = {slot: ctx.input(slot) for slot in ctx.op.inputs}
+        self.compute = result_dtype(*(v.dtype for v in self.values.values() if v is not None))
+        param = self.values["Param"]
         self.dtype = param.dtype
         self.p = tensor(param, self.compute)
         self.g = self._dense_grad(param.shape[0])
-        self.lr = host_scalar(ctx.input("LearningRate"))
+        self.lr = host_scalar(self.values["LearningRate"])
 
     def _dense_grad(self, height: int) -> Tensor:
-        g = self.ctx.input("Grad")
+        g = self.values["Grad"]
         if not isinstance(g, SelectedRows):
             return tensor(g, self.compute)
         if g.height != height:
@@ -46,10 +47,10 @@ class _Update:
 
     def state(self, slot: str) -> Tensor:
         """An accumulator input (Moment, Velocity, ...) in the compute dtype."""
-        return tensor(self.ctx.input(slot), self.compute)
+        return tensor(self.values.get(slot), self.compute)
 
     def scalar(self, slot: str) -> Any:
-        return host_scalar(self.ctx.input(slot))
+        return host_scalar(self.values.get(slot))
 
     def attr(self, name: str, default: float) -> float:
         return float(self.ctx.attr(name, default))
@@ -60,13 +61,15 @@ class _Update:
 
 @kernel("sgd")
 def sgd(ctx: KernelContext) -> None:
-    p, g = ctx.input("Param"), ctx.input("Grad")
-    lr = host_scalar(ctx.input("LearningRate"))
+    g = ctx.input("Grad")
     if not isinstance(g, SelectedRows):
         u = _Update(ctx)
-        # p + (-lr * g) is p - lr * g to the bit, in one new tensor instead of two
-        u.store("ParamOut", torch.mul(u.g, -float(u.lr)).add_(u.p))
+        # numpy's p - lr * g as one fused op and one new tensor (the parameter is a value of the
+        # scope, never updated in place); rounding may differ from numpy's by an ulp
+        u.store("ParamOut", torch.add(u.p, u.g, alpha=-float(u.lr)))
         return
+    p = ctx.input("Param")
+    lr = host_scalar(ctx.input("LearningRate"))
     if g.height != p.shape[0]:
         raise ValueError(f"Grad: SelectedRows height {g.height} != {p.shape[0]} rows of Param")
     step = float(lr) * tensor(g.values, result_dtype(g.dtype, lr.dtype))

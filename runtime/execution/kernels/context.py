@@ -12,7 +12,8 @@ How a kernel sees scope values is its context's `view`: numpy (`host_value`) by 
 numpy kernel reads numpy whatever the scope holds; a backend with tensors of its own (torch) sets
 a view that turns values into its tensors and, with `keep_view`, stores the converted value back
 in the scope, so that a var fed or received as numpy is converted once, not by every op reading
-it. Values are immutable, so swapping one for its converted twin changes nothing else.
+it. Values are immutable, so swapping one for its converted twin changes nothing else. What a
+kernel only reads on the host (a learning rate) it reads with `host_input`, unconverted.
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ class KernelContext:
         if not names:
             return None
         value = self._read(slot, names[0])
+        return value.data if type(value) is LoDTensor else value
+
+    def host_input(self, slot: str) -> Any:
+        """The slot's first value in numpy form, like `input` under the default view, whatever
+        this context's view: for what a kernel reads on the host (a learning rate). Nothing is
+        converted into the scope, so such a value fed or initialized as numpy stays numpy."""
+        names = self.op.inputs.get(slot)
+        if not names:
+            return None
+        value = host_value(self._stored(slot, names[0]))
         return value.data if type(value) is LoDTensor else value
 
     def inputs(self, slot: str) -> list[Any]:

@@ -155,7 +155,7 @@ def mean_grad(ctx: KernelContext) -> None:
 
 def _out_grad_scalar(ctx: KernelContext) -> Any:
     """The single element of Out@GRAD as a numpy scalar; zero (of Out's dtype) when missing."""
-    g = ctx.input("Out@GRAD")
+    g = ctx.host_input("Out@GRAD")
     return np_dtype(ctx.input("Out").dtype).type(0) if g is None else host_scalar(g)
 
 

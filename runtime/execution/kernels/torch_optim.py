@@ -1,7 +1,9 @@
 """Torch kernels of the optimizer update ops: `numpy_optim` op for op, expression for expression.
 
-`LearningRate`, `Beta1Pow` and `Beta2Pow` are read on the host as numpy scalars (`host_scalar`), and the scalar
-math (Adam's bias correction, say) is done there exactly as the numpy kernel does it. The arrays
+`LearningRate`, `Beta1Pow` and `Beta2Pow` are read on the host as numpy scalars (`host_input`,
+`host_scalar`: one initialized as numpy stays numpy, so a step on a GPU neither uploads it nor
+waits to read it back), and the scalar math (Adam's bias correction, say) is done there exactly
+as the numpy kernel does it. The arrays
 are converted in the dtype numpy computes the update in (the promotion of every input, so a
 float64 learning rate makes float32 math float64 as under NEP 50) and the scalars enter torch as
 Python numbers, which torch applies without a broadcast. Each update keeps the numpy kernel's
@@ -22,6 +24,11 @@ from runtime.execution.kernels.torch_common import (Tensor, densify, host_scalar
 from runtime.execution.tensor import SelectedRows
 
 
+HOST_SLOTS = frozenset({"LearningRate", "Beta1Pow", "Beta2Pow"})
+"""Scalars read on the host, in numpy form (`KernelContext.host_input`): never uploaded to the
+device, never read back from it."""
+
+
 class _Update:
     """An optimizer op's inputs as `compute` (numpy's dtype for the update) tensors, the
     learning rate as a numpy scalar, and the parameter's dtype for the outputs. Each input is
@@ -29,7 +36,8 @@ class _Update:
 
     def __init__(self, ctx: KernelContext) -> None:
         self.ctx = ctx
-        self.values = {slot: ctx.input(slot) for slot in ctx.op.inputs}
+        self.values = {slot: ctx.host_input(slot) if slot in HOST_SLOTS else ctx.input(slot)
+                       for slot in ctx.op.inputs}
         self.compute = result_dtype(*(v.dtype for v in self.values.values() if v is not None))
         param = self.values["Param"]
         self.dtype = param.dtype
@@ -61,15 +69,15 @@ class _Update:
 
 @kernel("sgd")
 def sgd(ctx: KernelContext) -> None:
-    g = ctx.input("Grad")
+    p, g = ctx.input("Param"), ctx.input("Grad")
+    lr = host_scalar(ctx.host_input("LearningRate"))
     if not isinstance(g, SelectedRows):
-        u = _Update(ctx)
+        compute = result_dtype(p.dtype, g.dtype, lr.dtype)
         # numpy's p - lr * g as one fused op and one new tensor (the parameter is a value of the
         # scope, never updated in place); rounding may differ from numpy's by an ulp
-        u.store("ParamOut", torch.add(u.p, u.g, alpha=-float(u.lr)))
+        step = torch.add(tensor(p, compute), tensor(g, compute), alpha=-float(lr))
+        put(ctx, "ParamOut", step, dtype=p.dtype)
         return
-    p = ctx.input("Param")
-    lr = host_scalar(ctx.input("LearningRate"))
     if g.height != p.shape[0]:
         raise ValueError(f"Grad: SelectedRows height {g.height} != {p.shape[0]} rows of Param")
     step = float(lr) * tensor(g.values, result_dtype(g.dtype, lr.dtype))

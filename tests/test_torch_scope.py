@@ -103,19 +103,20 @@ def test_torch_trains_like_numpy_through_the_tensor_scope() -> None:
 
 def test_a_step_converts_only_its_feed_its_fetch_and_what_enters_as_numpy(
         conversions: Conversions) -> None:
-    """After the first step (which converts the initialized parameters and learning rate once),
-    a step converts the fed x, the loss gradient's fill_constant (a numpy-shared kernel) and
-    the fetched loss; parameters, activations and gradients never leave torch. Integer labels
-    stay numpy (host-side bookkeeping) and are uploaded by the kernels that compute on them."""
+    """After the first step (which converts the initialized parameters once), a step converts
+    the fed x and the fetched loss; parameters, activations and gradients never leave torch.
+    Integer labels stay numpy (host-side bookkeeping) and are uploaded by the kernels that
+    compute on them; the learning rate and the loss gradient's fill_constant (a numpy-shared
+    kernel) stay numpy too: the kernels reading them read a scalar on the host."""
     model, exe, scope = mlp(), Executor("torch"), Scope()
     exe.run(model.startup, scope=scope)
     exe.run(model.main, feed=batch(0), fetch_list=[model.loss], scope=scope)
     first = conversions.floats_up()
-    assert len(first) == 2 + len(model.params) + 1  # x, loss@GRAD, parameters, learning rate
+    assert len(first) == 1 + len(model.params)  # x, parameters
     for step in (1, 2):
         conversions.clear()
         exe.run(model.main, feed=batch(step), fetch_list=[model.loss], scope=scope)
-        assert conversions.floats_up() == [(1,), (4, SIZES[0])]
+        assert conversions.floats_up() == [(4, SIZES[0])]
         assert conversions.down == [("f", (1,))]
         assert {kind for kind, _ in conversions.up} <= {"f", "i", "b"}
 
@@ -240,7 +241,7 @@ def test_cuda_step_copies_only_its_feed_and_fetch(conversions: Conversions) -> N
     exe.run(model.main, feed=batch(0), fetch_list=[model.loss], scope=scope)
     conversions.clear()
     exe.run(model.main, feed=batch(1), fetch_list=[model.loss], scope=scope)
-    assert conversions.floats_up() == [(1,), (4, SIZES[0])]
+    assert conversions.floats_up() == [(4, SIZES[0])]
     assert conversions.down == [("f", (1,))]
 
 

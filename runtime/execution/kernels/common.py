@@ -46,12 +46,13 @@ def mul_dims(ctx: KernelContext) -> tuple[int, int]:
 
 
 def hard_labels(label: Array, rows: int, ignored: int) -> tuple[Array, Array]:
-    """Class ids per row (ignored rows point at class 0) and the mask of rows that count."""
-    ids = label.reshape(-1).astype(np.int64)
+    """Class ids per row (ignored rows point at class 0) and the mask of rows that count. The
+    ids may be a view of `label` (int64 labels, none ignored): callers only read them."""
+    ids = label.reshape(-1).astype(np.int64, copy=False)
     if ids.shape[0] != rows:
         raise ValueError(f"Label holds {ids.shape[0]} ids for {rows} rows")
     keep = ids != ignored
-    return np.where(keep, ids, 0), keep
+    return (ids if keep.all() else np.where(keep, ids, 0)), keep
 
 
 def soft_label(ctx: KernelContext) -> bool:

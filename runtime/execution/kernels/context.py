@@ -12,7 +12,8 @@ How a kernel sees scope values is its context's `view`: numpy (`host_value`) by 
 numpy kernel reads numpy whatever the scope holds; a backend with tensors of its own (torch) sets
 a view that turns values into its tensors and, with `keep_view`, stores the converted value back
 in the scope, so that a var fed or received as numpy is converted once, not by every op reading
-it. Values are immutable, so swapping one for its converted twin changes nothing else.
+it. Values are immutable, so swapping one for its converted twin changes nothing else. What a
+kernel only reads on the host (a learning rate) it reads with `host_input`, unconverted.
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ class KernelContext:
         value = self._read(slot, names[0])
         return value.data if type(value) is LoDTensor else value
 
+    def host_input(self, slot: str) -> Any:
+        """The slot's first value in numpy form, like `input` under the default view, whatever
+        this context's view: for what a kernel reads on the host (a learning rate). Nothing is
+        converted into the scope, so such a value fed or initialized as numpy stays numpy."""
+        names = self.op.inputs.get(slot)
+        if not names:
+            return None
+        value = host_value(self._stored(slot, names[0]))
+        return value.data if type(value) is LoDTensor else value
+
     def inputs(self, slot: str) -> list[Any]:
         values = [self._read(slot, n) for n in self.op.inputs.get(slot, ())]
         return [v.data if type(v) is LoDTensor else v for v in values]
@@ -62,7 +73,7 @@ class KernelContext:
         names = self.op.inputs.get(slot)
         if not names:
             return []
-        value = self._read(slot, names[index])
+        value = self._stored(slot, names[index])  # a view keeps the LoD: no need to make one
         return value.lod if type(value) is LoDTensor else []
 
     def input_names(self, slot: str) -> list[str]:
@@ -71,12 +82,15 @@ class KernelContext:
     def has_input(self, slot: str) -> bool:
         return bool(self.op.inputs.get(slot))
 
-    def _read(self, slot: str, name: str) -> Value:
+    def _stored(self, slot: str, name: str) -> Any:
         try:
-            stored = self.scope.raw(name)
+            return self.scope.raw(name)
         except KeyError:
             raise MissingInputError(
                 f"{self.where}: input {slot} var {name!r} has no value in the scope") from None
+
+    def _read(self, slot: str, name: str) -> Value:
+        stored = self._stored(slot, name)
         value = self.view(stored)
         if self.keep_view and value is not stored:
             self.scope.put(name, value)

@@ -120,7 +120,7 @@ def on_device(device: str, local_index: int = 0) -> Callable[[Kernel], Kernel]:
     and keeps them there (`native_value`)."""
     dev = resolve_device(device, local_index)
     target = None if dev.type == "cpu" else dev
-    view = functools.partial(native_value, device=target)
+    view = _cpu_view if target is None else functools.partial(native_value, device=target)
 
     def bind(k: Kernel) -> Kernel:
         @functools.wraps(k)
@@ -223,6 +223,11 @@ def native_value(value: Any, device: torch.device | None = None) -> Any:
     return _native_array(value, device)
 
 
+def _cpu_view(value: Any) -> Any:
+    """`native_value` on the CPU, a tensor (what kernels read nearly always) returned at once."""
+    return value if type(value) is Tensor else native_value(value)
+
+
 def _as_array(value: object) -> np.ndarray:
     if value is None or isinstance(value, SelectedRows):
         raise TypeError(f"expected a dense array, got {value!r}")
@@ -235,7 +240,10 @@ def tensor(value: Any, dtype: DTypeLike | None = None) -> Tensor:
     dev = _device.get()
     if isinstance(value, Tensor):
         t = value if dev is None or value.device == dev else value.to(dev)
-        return t if dtype is None else t.to(torch_dtype(dtype))
+        if dtype is None:
+            return t
+        target = torch_dtype(dtype)
+        return t if t.dtype is target else t.to(target)
     a = value if type(value) is np.ndarray else _as_array(value)
     if dtype is not None and a.dtype != np_dtype(dtype):
         a = a.astype(np_dtype(dtype))
@@ -254,7 +262,7 @@ def host_scalar(value: Any) -> Any:
         return scalar(value)
     if value.numel() != 1:
         raise ValueError(f"expected a single element, got shape {list(value.shape)}")
-    return np_dtype(value.dtype).type(value.reshape(-1)[0].item())
+    return np_dtype(value.dtype).type(value.item())
 
 
 def device() -> torch.device:
@@ -290,12 +298,13 @@ def torch_dtype(dtype: DTypeLike) -> torch.dtype:
 
 def result_dtype(*dtypes: DTypeLike) -> np.dtype:
     """numpy's promotion of array dtypes (what a numpy kernel computes in)."""
-    return _result_type(tuple(np_dtype(d) for d in dtypes))
+    return _result_type(dtypes)
 
 
 @functools.cache
-def _result_type(dtypes: tuple[np.dtype, ...]) -> np.dtype:
-    return np.result_type(*dtypes)
+def _result_type(dtypes: tuple[DTypeLike, ...]) -> np.dtype:
+    """Cached on the dtypes as given (numpy's or torch's): kernels ask it on every call."""
+    return np.result_type(*(np_dtype(d) for d in dtypes))
 
 
 def as_float(t: Tensor) -> Tensor:

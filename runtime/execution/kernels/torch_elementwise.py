@@ -15,26 +15,34 @@ import numpy as np
 
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_elementwise import align
-from runtime.execution.kernels.torch_common import (Tensor, dtype_of, input_t, kernel, optional_t,
+from runtime.execution.kernels.torch_common import (Tensor, input_t, kernel, np_dtype, optional_t,
                                                     out_grad_t, put, tensor, torch)
 
 BinaryFn = Callable[[Tensor, Tensor], Tensor]
 GradFn = Callable[[Tensor, Tensor, Tensor, Any], Tensor]  # (dout, x, y, out or None) -> d operand
 
 
-@functools.cache
-def _loop(ufunc: np.ufunc, x: np.dtype, y: np.dtype) -> tuple[np.dtype, np.dtype]:
-    """The input dtypes of the numpy loop `ufunc` runs for operands of dtypes `x` and `y`."""
-    in_x, in_y, _ = ufunc.resolve_dtypes((x, y, None))
-    return in_x, in_y
+@functools.lru_cache(maxsize=4096)
+def _layout(ufunc: np.ufunc, x_shape: tuple[int, ...], y_shape: tuple[int, ...], axis: int,
+            x_dtype: Any, y_dtype: Any) -> tuple[tuple[int, ...], tuple[int, ...], Any, Any]:
+    """X's and Y's aligned shapes and the dtypes (numpy's or torch's) they are computed in: the
+    input dtypes of the numpy loop `ufunc` runs for them, None where an operand's own serves.
+
+    DESIGN: cached per shapes, axis and dtypes, since a program's ops see the same ones step
+    after step; the alignment and dtype resolution are then one look-up, not Python work on
+    every call. Bounded, as sequence batches bring new shapes."""
+    xs, ys = align(x_shape, y_shape, axis)
+    in_x, in_y, _ = ufunc.resolve_dtypes((np_dtype(x_dtype), np_dtype(y_dtype), None))
+    return (xs, ys, None if in_x == np_dtype(x_dtype) else in_x,
+            None if in_y == np_dtype(y_dtype) else in_y)
 
 
 def operands(ctx: KernelContext, ufunc: np.ufunc) -> tuple[Tensor, Tensor]:
     """X and Y as tensors of aligned shapes and the dtypes numpy's `ufunc` would compute in."""
     x, y = ctx.input("X"), ctx.input("Y")
-    xs, ys = align(x.shape, y.shape, int(ctx.attr("axis", -1)))
-    dx, dy = _loop(ufunc, dtype_of(x), dtype_of(y))
-    return tensor(x, dx).reshape(xs), tensor(y, dy).reshape(ys)
+    xs, ys, dx, dy = _layout(ufunc, x.shape, y.shape, int(ctx.attr("axis", -1)), x.dtype, y.dtype)
+    tx, ty = tensor(x, dx), tensor(y, dy)
+    return (tx if tx.shape == xs else tx.reshape(xs)), (ty if ty.shape == ys else ty.reshape(ys))
 
 
 def unbroadcast(grad: Tensor, aligned: tuple[int, ...], shape: tuple[int, ...]) -> Tensor:

@@ -32,10 +32,19 @@ def _sigmoid(x: Tensor) -> Tensor:
     return 0.5 * (1.0 + torch.tanh(0.5 * x))
 
 
+def _relu_grad(g: Tensor, out: Tensor) -> Tensor:
+    """numpy's ``g * (out > 0)``: where dtypes and shapes agree, torch's fused relu gradient (g
+    where out > 0, else 0: one pass, no mask tensor), which differs only where g is inf or NaN
+    and out is 0 (0 there, not NaN); else ``g * sign(out)`` (out >= 0, so sign(out) is the
+    mask, and a float mask multiplies faster than a bool one)."""
+    if g.dtype == out.dtype and g.shape == out.shape:
+        return torch.ops.aten.threshold_backward(g, out, 0)
+    return g * torch.sign(out)
+
+
 # op type -> (forward, gradient from (dout, x, out)); gradient None: not differentiable.
 _UNARY: dict[str, tuple[UnaryFn, UnaryGrad | None]] = {
-    "relu": (torch.relu, lambda g, x, o: g * torch.sign(o)),  # o >= 0: sign(o) is (o > 0), and
-    # a float mask multiplies several times faster than a bool one
+    "relu": (torch.relu, lambda g, x, o: _relu_grad(g, o)),
     "tanh": (lambda x: torch.tanh(as_float(x)), lambda g, x, o: g * (1 - o * o)),
     "sigmoid": (lambda x: _sigmoid(as_float(x)), lambda g, x, o: g * o * (1 - o)),
     "exp": (lambda x: torch.exp(as_float(x)), lambda g, x, o: g * o),
@@ -146,7 +155,7 @@ def mean_grad(ctx: KernelContext) -> None:
 
 def _out_grad_scalar(ctx: KernelContext) -> Any:
     """The single element of Out@GRAD as a numpy scalar; zero (of Out's dtype) when missing."""
-    g = ctx.input("Out@GRAD")
+    g = ctx.host_input("Out@GRAD")
     return np_dtype(ctx.input("Out").dtype).type(0) if g is None else host_scalar(g)
 
 

@@ -26,13 +26,17 @@ from runtime.execution.tensor import SelectedRows
 
 # -- mul ----------------------------------------------------------------------------------------
 def _flatten2(a: Tensor, num_col_dims: int) -> Tensor:
+    if a.dim() == 2 and num_col_dims == 1:
+        return a
     return a.reshape(math.prod(a.shape[:num_col_dims]), math.prod(a.shape[num_col_dims:]))
 
 
 def _matmul(a: Tensor, b: Tensor) -> Tensor:
     """a @ b in the promoted dtype of the two (torch's matmul wants equal dtypes, numpy's promotes)."""
+    if a.dtype is b.dtype:
+        return torch.mm(a, b)
     dtype = torch.promote_types(a.dtype, b.dtype)
-    return a.to(dtype) @ b.to(dtype)
+    return torch.mm(a.to(dtype), b.to(dtype))
 
 
 @kernel("mul")
@@ -40,7 +44,8 @@ def mul(ctx: KernelContext) -> None:
     x, y = input_t(ctx, "X"), input_t(ctx, "Y")
     xd, yd = mul_dims(ctx)
     out = _matmul(_flatten2(x, xd), _flatten2(y, yd))
-    put(ctx, "Out", out.reshape(x.shape[:xd] + y.shape[yd:]), lod=ctx.lod("X"))
+    shape = x.shape[:xd] + y.shape[yd:]
+    put(ctx, "Out", out if out.shape == shape else out.reshape(shape), lod=ctx.lod("X"))
 
 
 @kernel("mul_grad")
@@ -76,66 +81,84 @@ def softmax_grad(ctx: KernelContext) -> None:
 
 
 # -- cross entropy ------------------------------------------------------------------------------
-def _labels(ctx: KernelContext, label: np.ndarray, rows: int) -> tuple[Tensor, Tensor]:
-    """Class ids per row (as a [rows, 1] index) and the mask of rows that count, on the device."""
+def _labels(ctx: KernelContext, label: np.ndarray, rows: int) -> tuple[Tensor, Tensor | None]:
+    """Class ids per row as a [rows, 1] index, and the [rows, 1] mask of the rows that count,
+    None where all do (the usual case: no masking op then), on the device."""
     ids, keep = hard_labels(host(label), rows, ignore_index(ctx))
-    return tensor(ids).reshape(-1, 1), tensor(keep)
+    return tensor(ids.reshape(-1, 1)), (None if keep.all() else tensor(keep.reshape(-1, 1)))
+
+
+def _masked(t: Tensor, keep: Tensor | None) -> Tensor:
+    """`t` with zeros in the rows `keep` leaves out."""
+    return t if keep is None else torch.where(keep, t, 0)
+
+
+def _rows(t: Tensor, classes: int) -> Tensor:
+    """`t` as a [rows, classes] matrix (itself when it is one already)."""
+    return t if t.dim() == 2 else t.reshape(-1, classes)
+
+
+def _shaped(t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    return t if t.shape == shape else t.reshape(shape)
 
 
 @kernel("cross_entropy")
 def cross_entropy(ctx: KernelContext) -> None:
     x, label = ctx.input("X"), ctx.input("Label")
-    p = tensor(x).reshape(-1, x.shape[-1])
+    p = _rows(tensor(x), x.shape[-1])
     if soft_label(ctx):
         loss = -(tensor(label).reshape(p.shape) * torch.log(p)).sum(dim=1)
     else:
         ids, keep = _labels(ctx, label, p.shape[0])
-        loss = torch.where(keep, -torch.log(p.gather(1, ids)[:, 0]), 0)
-    put(ctx, "Y", loss.reshape(x.shape[:-1] + (1,)), dtype=x.dtype)
+        loss = _masked(-torch.log(p.gather(1, ids)), keep)
+    put(ctx, "Y", _shaped(loss, x.shape[:-1] + (1,)), dtype=x.dtype)
 
 
 @kernel("cross_entropy_grad")
 def cross_entropy_grad(ctx: KernelContext) -> None:
     x, label = ctx.input("X"), ctx.input("Label")
-    p = tensor(x).reshape(-1, x.shape[-1])
+    p = _rows(tensor(x), x.shape[-1])
     g = out_grad_t(ctx, "Y", "Y@GRAD").reshape(-1, 1)
     if soft_label(ctx):
         dp = -g * tensor(label).reshape(p.shape) / p
     else:
         ids, keep = _labels(ctx, label, p.shape[0])
-        picked = torch.where(keep[:, None], -g / p.gather(1, ids), 0)
+        picked = _masked(-g / p.gather(1, ids), keep)
         dp = torch.zeros_like(p).scatter_(1, ids, picked.to(p.dtype))
-    put(ctx, "X@GRAD", dp.reshape(x.shape))
+    put(ctx, "X@GRAD", _shaped(dp, x.shape))
 
 
 @kernel("softmax_with_cross_entropy")
 def softmax_with_cross_entropy(ctx: KernelContext) -> None:
     logits, label = ctx.input("Logits"), ctx.input("Label")
-    z = tensor(logits).reshape(-1, logits.shape[-1])
-    shifted = z - z.amax(dim=1, keepdim=True)
-    log_sm = shifted - torch.log(torch.exp(shifted).sum(dim=1, keepdim=True))
+    z = _rows(tensor(logits), logits.shape[-1])
+    log_sm = torch.log_softmax(z, dim=1)  # numpy's shifted - log(sum(exp(shifted))), fused
     if soft_label(ctx):
         loss = -(tensor(label).reshape(z.shape) * log_sm).sum(dim=1)
     else:
         ids, keep = _labels(ctx, label, z.shape[0])
-        loss = torch.where(keep, -log_sm.gather(1, ids)[:, 0], 0)
-    put(ctx, "Softmax", torch.exp(log_sm).reshape(logits.shape))
-    put(ctx, "Loss", loss.reshape(logits.shape[:-1] + (1,)), dtype=logits.dtype)
+        loss = _masked(-log_sm.gather(1, ids), keep)
+    put(ctx, "Softmax", _shaped(torch.exp(log_sm), logits.shape))
+    put(ctx, "Loss", _shaped(loss, logits.shape[:-1] + (1,)), dtype=logits.dtype)
 
 
 @kernel("softmax_with_cross_entropy_grad")
 def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
     """d loss / d logits = softmax * sum(label) - label (one-hot for hard labels)."""
     sm, label = ctx.input("Softmax"), ctx.input("Label")
-    s = tensor(sm).reshape(-1, sm.shape[-1])
+    s = _rows(tensor(sm), sm.shape[-1])
     g = out_grad_t(ctx, "Loss", "Loss@GRAD").reshape(-1, 1)
     if soft_label(ctx):
         soft = tensor(label).reshape(s.shape)
         d = s * soft.sum(dim=1, keepdim=True) - soft
     else:
         ids, keep = _labels(ctx, label, s.shape[0])
-        d = (s - torch.zeros_like(s).scatter_(1, ids, 1)) * keep[:, None]
-    put(ctx, "Logits@GRAD", (d * g).reshape(sm.shape))
+        # numpy's (s - one_hot) * keep * g; s + -1 is s - 1 to the bit, and the 0/1 mask
+        # folds into g exactly
+        d = s.scatter_add(1, ids, torch.full(ids.shape, -1, dtype=s.dtype, device=s.device))
+        if keep is not None:
+            g = g * keep
+    put(ctx, "Logits@GRAD", _shaped(d * g, sm.shape))
 
 
 # -- lookup_table, lookup_table_v2 --------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Torch kernels of the optimizer update ops: `numpy_optim` op for op, expression for expression.
 
-`LearningRate`, `Beta1Pow` and `Beta2Pow` are read on the host as numpy scalars (`host_scalar`), and the scalar
-math (Adam's bias correction, say) is done there exactly as the numpy kernel does it. The arrays
+`LearningRate`, `Beta1Pow` and `Beta2Pow` are read on the host as numpy scalars (`host_input`,
+`host_scalar`: one initialized as numpy stays numpy, so a step on a GPU neither uploads it nor
+waits to read it back), and the scalar math (Adam's bias correction, say) is done there exactly
+as the numpy kernel does it. The arrays
 are converted in the dtype numpy computes the update in (the promotion of every input, so a
 float64 learning rate makes float32 math float64 as under NEP 50) and the scalars enter torch as
 Python numbers, which torch applies without a broadcast. Each update keeps the numpy kernel's
@@ -23,22 +25,29 @@ from runtime.execution.kernels.torch_common import (Tensor, densify, host_scalar
 from runtime.execution.tensor import SelectedRows
 
 
+HOST_SLOTS = frozenset({"LearningRate", "Beta1Pow", "Beta2Pow"})
+"""Scalars read on the host, in numpy form (`KernelContext.host_input`): never uploaded to the
+device, never read back from it."""
+
+
 class _Update:
     """An optimizer op's inputs as `compute` (numpy's dtype for the update) tensors, the
-    learning rate as a numpy scalar, and the parameter's dtype for the outputs."""
+    learning rate as a numpy scalar, and the parameter's dtype for the outputs. Each input is
+    read from the scope once."""
 
     def __init__(self, ctx: KernelContext) -> None:
         self.ctx = ctx
-        values = [ctx.input(slot) for slot in ctx.op.inputs]
-        self.compute = result_dtype(*(v.dtype for v in values if v is not None))
-        param = ctx.input("Param")
+        self.values = {slot: ctx.host_input(slot) if slot in HOST_SLOTS else ctx.input(slot)
+                       for slot in ctx.op.inputs}
+        self.compute = result_dtype(*(v.dtype for v in self.values.values() if v is not None))
+        param = self.values["Param"]
         self.dtype = param.dtype
         self.p = tensor(param, self.compute)
         self.g = self._dense_grad(param.shape[0])
-        self.lr = host_scalar(ctx.input("LearningRate"))
+        self.lr = host_scalar(self.values["LearningRate"])
 
     def _dense_grad(self, height: int) -> Tensor:
-        g = self.ctx.input("Grad")
+        g = self.values["Grad"]
         if not isinstance(g, SelectedRows):
             return tensor(g, self.compute)
         if g.height != height:
@@ -47,10 +56,10 @@ class _Update:
 
     def state(self, slot: str) -> Tensor:
         """An accumulator input (Moment, Velocity, ...) in the compute dtype."""
-        return tensor(self.ctx.input(slot), self.compute)
+        return tensor(self.values.get(slot), self.compute)
 
     def scalar(self, slot: str) -> Any:
-        return host_scalar(self.ctx.input(slot))
+        return host_scalar(self.values.get(slot))
 
     def attr(self, name: str, default: float) -> float:
         return float(self.ctx.attr(name, default))
@@ -62,11 +71,13 @@ class _Update:
 @kernel("sgd")
 def sgd(ctx: KernelContext) -> None:
     p, g = ctx.input("Param"), ctx.input("Grad")
-    lr = host_scalar(ctx.input("LearningRate"))
+    lr = host_scalar(ctx.host_input("LearningRate"))
     if not isinstance(g, SelectedRows):
-        u = _Update(ctx)
-        # p + (-lr * g) is p - lr * g to the bit, in one new tensor instead of two
-        u.store("ParamOut", torch.mul(u.g, -float(u.lr)).add_(u.p))
+        compute = result_dtype(p.dtype, g.dtype, lr.dtype)
+        # numpy's p - lr * g as one fused op and one new tensor (the parameter is a value of the
+        # scope, never updated in place); rounding may differ from numpy's by an ulp
+        step = torch.add(tensor(p, compute), tensor(g, compute), alpha=-float(lr))
+        put(ctx, "ParamOut", step, dtype=p.dtype)
         return
     if g.height != p.shape[0]:
         raise ValueError(f"Grad: SelectedRows height {g.height} != {p.shape[0]} rows of Param")

@@ -3,7 +3,9 @@
 There are no pservers: trainers form rings and pass each other the pieces of each op, as
 `Kind.COLLECTIVE` messages (`runtime.network.wire`) that answer no request. In a ring of
 ``nranks`` trainers, rank r sends only to rank r+1 (its *next*, whose endpoint it connects to)
-and hears only from rank r-1, so the same code runs over ZeroMQ and the simulated network.
+and hears only from rank r-1, so the same code runs over ZeroMQ and the simulated network. (A real run may carry the same ops
+over torch.distributed instead: `runtime.services.collective_torch`, `collective.backend:
+torch`; both follow the `Collective` protocol.)
 
 - ``c_gen_nccl_id`` / ``gen_nccl_id`` (startup): the rendezvous. Every rank binds its endpoint
   and connects to its next; rank 0 makes the ring's id and passes it round the ring, which it
@@ -39,7 +41,7 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import numpy as np
 
@@ -82,10 +84,39 @@ class Ring:
     def next(self) -> str:
         return self.endpoints[(self.rank + 1) % self.nranks]
 
+    def describe(self) -> str:
+        """``ring <id> (rank r of n: rank 0 at <endpoint>, ...)``, for errors."""
+        ranks = ", ".join(f"rank {i} at {ep}" for i, ep in enumerate(self.endpoints))
+        return f"ring {self.ring_id} (rank {self.rank} of {self.nranks}: {ranks})"
+
     def neighbour(self, offset: int) -> str:
         """``rank <r> (<endpoint>)`` of the rank `offset` from this one, for errors."""
         r = (self.rank + offset) % self.nranks
         return f"rank {r} ({self.endpoints[r]})"
+
+
+class Collective(Protocol):
+    """What a trainer's `RpcOps` runs its collective ops with: the ring (`CollectiveOps`) or
+    torch.distributed (`runtime.services.collective_torch.TorchCollectiveOps`)."""
+
+    step: int
+    """The trainer's step, for messages and errors."""
+
+    def handlers(self) -> dict[str, Callable[[Op, Scope], Awaitable[Any]]]:
+        """The ops that run whole before the next op."""
+        ...
+
+    def allreduce(self, op: Op, scope: Scope) -> asyncio.Task[None]:
+        """c_allreduce_sum, started now with X as it is now; the task puts the sum in Out."""
+        ...
+
+    async def finish(self) -> None:
+        """The job's steps are done on this trainer: take leave of the other ranks."""
+        ...
+
+    def close(self) -> None:
+        """Release what is held (after `finish`, or on a failure)."""
+        ...
 
 
 class Mailbox:
@@ -137,7 +168,7 @@ class CollectiveOps:
         not)."""
         return {"c_gen_nccl_id": self.gen_comm_id, "c_comm_init": self.comm_init,
                 "gen_nccl_id": self.gen_nccl_id, "c_broadcast": self.broadcast,
-                "c_sync_calc_stream": _no_op, "c_sync_comm_stream": _no_op}
+                "c_sync_calc_stream": no_op, "c_sync_comm_stream": no_op}
 
     # -- messages ---------------------------------------------------------------------------------
     def _on_message(self, peer: str, msg: Message) -> None:
@@ -198,25 +229,15 @@ class CollectiveOps:
 
     async def gen_comm_id(self, op: Op, scope: Scope) -> None:
         """c_gen_nccl_id: the rendezvous of ring ``ring_id``; Out holds its id."""
-        rank, others = int(op.attr("rank")), list(op.attr("other_endpoints"))
-        endpoints = tuple(others[:rank] + [op.attr("endpoint")] + others[rank:])
+        rank, endpoints = ring_endpoints(op)
         ring = await self._rendezvous(int(op.attr("ring_id")), rank, endpoints)
         self._joined[ring.ring_id] = ring
         scope.put(op.output("Out")[0], np.array(ring.comm_id))
 
     async def comm_init(self, op: Op, scope: Scope) -> None:
         """c_comm_init: open the ring whose id X holds, as ``nranks`` and ``rank`` say."""
-        ring_id = int(op.attr("ring_id"))
-        ring = self._joined.pop(ring_id, None)
-        comm_id = str(scope.get(op.input("X")[0]))
-        if ring is None or ring.comm_id != comm_id:
-            raise CollectiveError(f"{self.client.name}: c_comm_init of ring {ring_id}: no "
-                                  f"c_gen_nccl_id made id {comm_id!r} before it")
-        if (int(op.attr("nranks")), int(op.attr("rank"))) != (ring.nranks, ring.rank):
-            raise CollectiveError(f"{self.client.name}: c_comm_init of ring {ring_id}: nranks "
-                                  f"{op.attr('nranks')}, rank {op.attr('rank')}, but the ring "
-                                  f"has {ring.nranks} ranks and this is rank {ring.rank}")
-        self.rings[ring_id] = ring
+        self.rings[int(op.attr("ring_id"))] = joined_ring(self.client.name, op, scope,
+                                                         self._joined)
 
     async def gen_nccl_id(self, op: Op, scope: Scope) -> None:
         """gen_nccl_id (nccl2): the rendezvous of each of ``nccl_comm_num`` rings, opened at
@@ -231,16 +252,13 @@ class CollectiveOps:
                 scope.put(name, np.array(ring.comm_id))
 
     def ring(self, op: Op) -> Ring:
-        ring_id = int(op.attr("ring_id", 0))
-        ring = self.rings.get(ring_id)
-        if ring is None:
-            raise CollectiveError(f"{self.client.name}: {op.type}: ring {ring_id} is not open "
-                                  "(its c_comm_init or gen_nccl_id has not run)")
-        nranks = op.attr("nranks", None)
-        if nranks is not None and int(nranks) != ring.nranks:
-            raise CollectiveError(f"{self.client.name}: {op.type}: nranks {nranks}, but ring "
-                                  f"{ring_id} has {ring.nranks} ranks")
-        return ring
+        return open_ring(self.client.name, op, self.rings)
+
+    async def finish(self) -> None:
+        """The job's steps are done (nothing to tear down: the transport is the trainer's)."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     # -- the ops ----------------------------------------------------------------------------------
     async def broadcast(self, op: Op, scope: Scope) -> None:
@@ -316,8 +334,47 @@ class CollectiveOps:
                             value.height)
 
 
-async def _no_op(op: Op, scope: Scope) -> None:
+async def no_op(op: Op, scope: Scope) -> None:
+    """c_sync_calc_stream, c_sync_comm_stream: an op that reads a value waits for the
+    collective that writes it, so there are no streams to synchronize."""
     return None
+
+
+def ring_endpoints(op: Op) -> tuple[int, tuple[str, ...]]:
+    """A c_gen_nccl_id's rank and every rank's endpoint, in rank order."""
+    rank, others = int(op.attr("rank")), list(op.attr("other_endpoints"))
+    return rank, tuple(others[:rank] + [op.attr("endpoint")] + others[rank:])
+
+
+def joined_ring(name: str, op: Op, scope: Scope, joined: dict[int, Ring]) -> Ring:
+    """c_comm_init of trainer `name`: the ring of `joined` (its rendezvous done, taken out of
+    it) whose id X holds, checked against the op's ``nranks`` and ``rank``."""
+    ring_id = int(op.attr("ring_id"))
+    ring = joined.pop(ring_id, None)
+    comm_id = str(scope.get(op.input("X")[0]))
+    if ring is None or ring.comm_id != comm_id:
+        raise CollectiveError(f"{name}: c_comm_init of ring {ring_id}: no c_gen_nccl_id made "
+                              f"id {comm_id!r} before it")
+    if (int(op.attr("nranks")), int(op.attr("rank"))) != (ring.nranks, ring.rank):
+        raise CollectiveError(f"{name}: c_comm_init of ring {ring_id}: nranks "
+                              f"{op.attr('nranks')}, rank {op.attr('rank')}, but the ring "
+                              f"has {ring.nranks} ranks and this is rank {ring.rank}")
+    return ring
+
+
+def open_ring(name: str, op: Op, rings: dict[int, Ring]) -> Ring:
+    """The open ring of `op` (its ``ring_id``) among trainer `name`'s `rings`, checked against
+    its ``nranks``."""
+    ring_id = int(op.attr("ring_id", 0))
+    ring = rings.get(ring_id)
+    if ring is None:
+        raise CollectiveError(f"{name}: {op.type}: ring {ring_id} is not open "
+                              "(its c_comm_init or gen_nccl_id has not run)")
+    nranks = op.attr("nranks", None)
+    if nranks is not None and int(nranks) != ring.nranks:
+        raise CollectiveError(f"{name}: {op.type}: nranks {nranks}, but ring {ring_id} has "
+                              f"{ring.nranks} ranks")
+    return ring
 
 
 def _bounds(size: int, parts: int) -> list[int]:

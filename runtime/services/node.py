@@ -445,7 +445,8 @@ async def run_trainer(job: Job, index: int, out: Path | None,
         # linger: in a ring, the last pieces of the last all-reduce must leave before it exits
         limits = ZmqLimits(linger_ms=2000) if job.collective else None
         trainer = make_trainer(job, index, ZmqTransport(trainer_name(index), limits, curve=keys),
-                               incarnation=options.incarnation)
+                               incarnation=options.incarnation,
+                               collective=scenario.collective.backend)
     client = trainer.client
     if measuring():
         client.meter = Meter("trainer")

@@ -57,7 +57,7 @@ import functools
 import logging
 import queue
 import threading
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -75,8 +75,7 @@ from transpiler.ir import Op
 from runtime.execution.kernels.torch_common import from_host, resolve_device, to_host
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import Phantom, SelectedRows, to_dense
-from runtime.services.collective import (CollectiveError, Ring, joined_ring, no_op,
-                                         open_ring, ring_endpoints)
+from runtime.services.collective import Collective, CollectiveError, Ring
 
 log = logging.getLogger(__name__)
 
@@ -178,35 +177,26 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
-class TorchCollectiveOps:
+class TorchCollectiveOps(Collective):
     """The collective ops of one trainer (named `name`) over torch.distributed, computing on
     `device` (the trainer's `backend.device`, ``cuda:local`` resolved with `local_index`)."""
 
     def __init__(self, name: str, timeout: float, device: str = "cpu", local_index: int = 0,
                  requested: str = "auto") -> None:
-        self.name = name
+        super().__init__(name)
         self.timeout = timeout
         self.device = resolve_device(device, local_index)
         self.backend = backend_for(requested, self.device)
-        self.rings: dict[int, Ring] = {}
         self.groups: dict[int, Any] = {}
         """ring id -> its process group (None: the default one)."""
-        self._joined: dict[int, Ring] = {}  # rendezvous done, c_comm_init not yet
         self._endpoints: tuple[str, ...] = ()
         self._rank = -1  # of the process group, once the first ring has joined it
         self._failed = False
-        self.step = 0
         setup = None
         if self.device.type == "cuda":
             def setup() -> None:
                 torch.cuda.set_device(self.device)
         self._calls = OrderedCalls(f"{name} torch.distributed", setup)
-
-    def handlers(self) -> dict[str, Callable[[Op, Scope], Awaitable[Any]]]:
-        """The ops that run whole before the next op (`allreduce` runs in the background)."""
-        return {"c_gen_nccl_id": self.gen_comm_id, "c_comm_init": self.comm_init,
-                "gen_nccl_id": self.gen_nccl_id, "c_broadcast": self.broadcast,
-                "c_sync_calc_stream": no_op, "c_sync_comm_stream": no_op}
 
     async def _settled(self, future: asyncio.Future[T], what: Callable[[], str]) -> T:
         """`future`'s result; its failure a `CollectiveError` saying `what` it was."""
@@ -265,27 +255,6 @@ class TorchCollectiveOps:
         self.groups[ring_id] = await self._call(join, what)
         return ring
 
-    async def gen_comm_id(self, op: Op, scope: Scope) -> None:
-        """c_gen_nccl_id: the rendezvous of ring ``ring_id``; Out holds its id."""
-        rank, endpoints = ring_endpoints(op)
-        ring = await self._rendezvous(int(op.attr("ring_id")), rank, endpoints)
-        self._joined[ring.ring_id] = ring
-        scope.put(op.output("Out")[0], np.array(ring.comm_id))
-
-    async def comm_init(self, op: Op, scope: Scope) -> None:
-        """c_comm_init: open the ring whose id X holds, as ``nranks`` and ``rank`` say."""
-        self.rings[int(op.attr("ring_id"))] = joined_ring(self.name, op, scope, self._joined)
-
-    async def gen_nccl_id(self, op: Op, scope: Scope) -> None:
-        """gen_nccl_id (nccl2): the rendezvous of each of ``nccl_comm_num`` rings, opened at
-        once; each NCCLID var holds its ring's id (the hierarchical ones ring 0's)."""
-        endpoints, rank = tuple(op.attr("trainers")), int(op.attr("trainer_id"))
-        for ring_id in range(int(op.attr("nccl_comm_num"))):
-            self.rings[ring_id] = await self._rendezvous(ring_id, rank, endpoints)
-        for slot in ("NCCLID", "InterNCCLID", "ExterNCCLID"):
-            for i, name in enumerate(op.output(slot)):
-                scope.put(name, np.array(self.rings[i if slot == "NCCLID" else 0].comm_id))
-
     def _what(self, op: Op, ring: Ring) -> Callable[[], str]:
         return lambda: (f"{op.type} of {op.input('X')[0]} (step {self.step}) on "
                         f"{ring.describe()} over torch.distributed ({self.backend}, timeout "
@@ -294,7 +263,7 @@ class TorchCollectiveOps:
     # -- the ops ----------------------------------------------------------------------------------
     async def broadcast(self, op: Op, scope: Scope) -> None:
         """c_broadcast: every rank's Out becomes rank ``root``'s X."""
-        ring = open_ring(self.name, op, self.rings)
+        ring = self.ring(op)
         root, value = int(op.attr("root", 0)), scope.raw(op.input("X")[0])
         tensor = _as_tensor(_dense(op, value), self.device)
         if ring.rank != root:
@@ -306,7 +275,7 @@ class TorchCollectiveOps:
     def allreduce(self, op: Op, scope: Scope) -> asyncio.Task[None]:
         """c_allreduce_sum, started now on the op's ring with X as it is now; the task puts the
         sum in Out."""
-        ring = open_ring(self.name, op, self.rings)
+        ring = self.ring(op)
         value, out = scope.raw(op.input("X")[0]), op.output("Out")[0]
         group = self.groups[ring.ring_id]
         work: Callable[[], torch.Tensor | SelectedRows]

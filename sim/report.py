@@ -108,6 +108,10 @@ def notes_for(result: SimResult) -> list[str]:
                          "(messages, dispatch); a profile from `runtime profile` prices it")
         elif not s.cluster.hosts:
             notes.append("cluster.hosts: none given, so every node has a machine of its own")
+    if s.collective.backend == "torch" and s.cluster.pservers == 0:
+        notes.append("collective.backend: torch is a real-run backend (runtime up, role mode); "
+                     "simulated as the ring all-reduce (its messages and sums: the same sums "
+                     "within float rounding, not torch.distributed's algorithm or timing)")
     return notes
 
 

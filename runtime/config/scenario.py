@@ -338,6 +338,35 @@ class BackendSpec(_Strict):
         return self.pserver_device if role == "pserver" else self.device
 
 
+COLLECTIVE_BACKENDS = ("ring", "torch")
+"""What carries the collective ops of the nccl2 and collective modes (`CollectiveSpec.backend`)."""
+
+
+class CollectiveSpec(_Strict):
+    """What carries the trainers' collective ops in the nccl2 and collective modes (the
+    pserver modes ignore it, so one scenario can be swept over both): pslab's own ring
+    all-reduce over the runtime's transport, or `torch.distributed` (a real run's backend:
+    `runtime up` and role mode; the simulator and the in-process cluster run the ring in its
+    place, docs/architecture.md "Collective modes")."""
+
+    backend: Literal["ring", "torch"] = "ring"
+    """``ring``: pslab's ring all-reduce over ZeroMQ (or the simulated network); ``torch``:
+    torch.distributed (needs the ``[torch]`` extra), its process group rendezvousing at rank
+    0's endpoint."""
+    torch_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """With ``backend: torch``, torch.distributed's own backend: ``auto`` is NCCL where the
+    trainers' kernels run on a GPU (`backend.device` cuda, which is there) and gloo elsewhere;
+    ``nccl`` or ``gloo`` asks for one."""
+
+    @model_validator(mode="after")
+    def _torch_backend_needs_torch(self) -> "CollectiveSpec":
+        """`torch_backend` other than auto needs `backend: torch`."""
+        if self.torch_backend != "auto" and self.backend != "torch":
+            raise ValueError(f"torch_backend {self.torch_backend} needs backend: torch, "
+                             f"not {self.backend}")
+        return self
+
+
 class ExpectSpec(_Strict):
     """What a run must show to pass; each check is described in `runtime.config.expect`."""
 
@@ -407,6 +436,8 @@ class Scenario(_Strict):
     """Steps, timeouts, checkpoints."""
     backend: BackendSpec = BackendSpec()
     """Which kernels compute."""
+    collective: CollectiveSpec = CollectiveSpec()
+    """What carries the trainers' all-reduce in the nccl2 and collective modes."""
     network: NetworkSection | None = None
     """Latency and bandwidth of the links (none: an ideal network)."""
     compute: dict[str, Any] | None = None
@@ -465,6 +496,17 @@ class Scenario(_Strict):
         if self.expect.params_equal_to and not averaged:
             raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, nccl2 or "
                              f"collective (grad_allreduce), not {self.transpiler.mode}")
+        return self
+
+    @model_validator(mode="after")
+    def _nccl_reduces_gpu_tensors(self) -> "Scenario":
+        """`collective.torch_backend: nccl` needs the trainers' kernels on a GPU
+        (`backend.kernels: torch`, `backend.device` cuda): NCCL reduces GPU tensors only."""
+        if self.collective.torch_backend == "nccl" and not self.backend.device.startswith("cuda"):
+            raise ValueError(f"collective.torch_backend nccl needs the trainers on a GPU "
+                             f"(backend.kernels torch, backend.device cuda...), not device "
+                             f"{self.backend.device}: NCCL reduces GPU tensors only; use gloo "
+                             f"(or auto) on the cpu")
         return self
 
     @model_validator(mode="after")

@@ -978,6 +978,9 @@ def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
     if launcher.security[0] == "--keys":
         print(f"CurveZMQ: every connection authenticated and encrypted, keys in "
               f"{launcher.security[1]}", file=stream)
+    if scenario.collective.backend == "torch" and cluster.pservers == 0:
+        print("torch.distributed: the trainers' all-reduce is neither authenticated nor "
+              "encrypted (collective.backend torch; see SECURITY.md)", file=stream)
     if fabric is not None:
         for host in fabric.hosts.values():
             shaped = f"tbf {fmt_rate(host.rate)} each way" if host.rate else "not shaped"

@@ -20,11 +20,13 @@ import numpy as np
 from transpiler.distribute.checkpoint import CheckpointConfig, append_checkpoint_notify
 from transpiler.ir import Program
 
+from runtime.config.scenario import COLLECTIVE_BACKENDS
 from runtime.execution.compute import ComputeModel, Tracer
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
 from runtime.network.rpc import RetryPolicy, RpcClient
 from runtime.network.transport import Transport
+from runtime.services.collective import Collective
 from runtime.services.checkpoint import MANIFEST
 from runtime.services.job import Job
 from runtime.services.pserver import PserverService, ServeConfig, ServerStats
@@ -99,19 +101,40 @@ def trainer_programs(job: Job, index: int, checkpoint_dir: Path | None = None) -
 
 def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,
                  tracer: Tracer | None = None, incarnation: int = 0,
-                 checkpoint_dir: Path | None = None) -> Trainer:
+                 checkpoint_dir: Path | None = None, collective: str = "ring") -> Trainer:
     """Trainer `index` (in its `incarnation`-th restart), ready to `run(batches_for(job,
-    index), ...)`."""
+    index), ...)`. `collective`: what carries its collective ops in the nccl2 and collective
+    modes, the ring over `transport` or, for a trainer in a process of its own,
+    ``job.scenario.collective.backend`` (torch.distributed with ``torch``)."""
     main, startup = trainer_programs(job, index, checkpoint_dir)
     train, backend = job.scenario.train, job.scenario.backend
     client = RpcClient(transport, RetryPolicy(deadline=train.request_timeout,
                                               first_retry=train.retry_after),
                        incarnation=incarnation,
                        labels={ep: pserver_name(j) for j, ep in enumerate(job.endpoints)})
-    return Trainer(index, main, startup, client, job.endpoints,
-                   Executor(backend.kernels, backend.device_for("trainer"), local_index=index),
+    executor = Executor(backend.kernels, backend.device_for("trainer"), local_index=index)
+    return Trainer(index, main, startup, client, job.endpoints, executor,
                    heartbeat_interval=train.heartbeat_timeout / 3, compute=compute, tracer=tracer,
-                   protocol=train.protocol)
+                   protocol=train.protocol, collective=collective_ops(job, index, collective))
+
+
+def collective_ops(job: Job, index: int, backend: str) -> Collective | None:
+    """Trainer `index`'s collective ops over torch.distributed where `backend` is ``torch``
+    and the job's mode has them (nccl2, collective); None: the ring (`Trainer`'s default).
+
+    DESIGN: torch.distributed holds one process group per process, so only a trainer in a
+    process of its own (`runtime up`, role mode) can use it; the in-process cluster and the
+    simulator run the ring in its place (the same sums: equal within float rounding)."""
+    if backend not in COLLECTIVE_BACKENDS:
+        raise ValueError(f"collective backend {backend!r}: use one of {COLLECTIVE_BACKENDS}")
+    if backend == "ring" or not job.collective:
+        return None
+    from runtime.services.collective_torch import TorchCollectiveOps  # torch: an optional extra
+
+    scenario = job.scenario
+    return TorchCollectiveOps(trainer_name(index), scenario.train.request_timeout,
+                              scenario.backend.device_for("trainer"), index,
+                              scenario.collective.torch_backend)
 
 
 def batches_for(job: Job, index: int) -> Callable[[int], dict[str, Any]]:

@@ -3,7 +3,9 @@
 There are no pservers: trainers form rings and pass each other the pieces of each op, as
 `Kind.COLLECTIVE` messages (`runtime.network.wire`) that answer no request. In a ring of
 ``nranks`` trainers, rank r sends only to rank r+1 (its *next*, whose endpoint it connects to)
-and hears only from rank r-1, so the same code runs over ZeroMQ and the simulated network.
+and hears only from rank r-1, so the same code runs over ZeroMQ and the simulated network. (A real run may carry the same ops
+over torch.distributed instead: `runtime.services.collective_torch`, `collective.backend:
+torch`; both are a `Collective`.)
 
 - ``c_gen_nccl_id`` / ``gen_nccl_id`` (startup): the rendezvous. Every rank binds its endpoint
   and connects to its next; rank 0 makes the ring's id and passes it round the ring, which it
@@ -38,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -82,10 +85,103 @@ class Ring:
     def next(self) -> str:
         return self.endpoints[(self.rank + 1) % self.nranks]
 
+    def describe(self) -> str:
+        """``ring <id> (rank r of n: rank 0 at <endpoint>, ...)``, for errors."""
+        ranks = ", ".join(f"rank {i} at {ep}" for i, ep in enumerate(self.endpoints))
+        return f"ring {self.ring_id} (rank {self.rank} of {self.nranks}: {ranks})"
+
     def neighbour(self, offset: int) -> str:
         """``rank <r> (<endpoint>)`` of the rank `offset` from this one, for errors."""
         r = (self.rank + offset) % self.nranks
         return f"rank {r} ({self.endpoints[r]})"
+
+
+class Collective(ABC):
+    """The collective ops of one trainer named `name`, as its `RpcOps` runs them: the rings it
+    is in, the setup ops every backend shares around its own `_rendezvous`, and the ops each
+    backend carries its way. Backends: the ring over the trainer's transport (`CollectiveOps`)
+    and torch.distributed (`runtime.services.collective_torch.TorchCollectiveOps`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rings: dict[int, Ring] = {}
+        self._joined: dict[int, Ring] = {}  # rendezvous done, c_comm_init not yet
+        self.step = 0
+        """The trainer's step, for messages and errors."""
+
+    def handlers(self) -> dict[str, Callable[[Op, Scope], Awaitable[Any]]]:
+        """The ops that run whole before the next op (see `allreduce` for the one that does
+        not)."""
+        return {"c_gen_nccl_id": self.gen_comm_id, "c_comm_init": self.comm_init,
+                "gen_nccl_id": self.gen_nccl_id, "c_broadcast": self.broadcast,
+                "c_sync_calc_stream": no_op, "c_sync_comm_stream": no_op}
+
+    @abstractmethod
+    async def _rendezvous(self, ring_id: int, rank: int, endpoints: tuple[str, ...]) -> Ring:
+        """Meet the other ranks of ring `ring_id` (this one `rank` among `endpoints`)."""
+
+    @abstractmethod
+    async def broadcast(self, op: Op, scope: Scope) -> None:
+        """c_broadcast: every rank's Out becomes rank ``root``'s X."""
+
+    @abstractmethod
+    def allreduce(self, op: Op, scope: Scope) -> asyncio.Task[None]:
+        """c_allreduce_sum, started now with X as it is now; the task puts the sum in Out."""
+
+    @abstractmethod
+    async def finish(self) -> None:
+        """The job's steps are done on this trainer: take leave of the other ranks."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what is held (after `finish`, or on a failure)."""
+
+    async def gen_comm_id(self, op: Op, scope: Scope) -> None:
+        """c_gen_nccl_id: the rendezvous of ring ``ring_id``; Out holds its id."""
+        rank, others = int(op.attr("rank")), list(op.attr("other_endpoints"))
+        endpoints = tuple(others[:rank] + [op.attr("endpoint")] + others[rank:])
+        ring = await self._rendezvous(int(op.attr("ring_id")), rank, endpoints)
+        self._joined[ring.ring_id] = ring
+        scope.put(op.output("Out")[0], np.array(ring.comm_id))
+
+    async def comm_init(self, op: Op, scope: Scope) -> None:
+        """c_comm_init: open the ring whose id X holds, as ``nranks`` and ``rank`` say."""
+        ring_id = int(op.attr("ring_id"))
+        ring = self._joined.pop(ring_id, None)
+        comm_id = str(scope.get(op.input("X")[0]))
+        if ring is None or ring.comm_id != comm_id:
+            raise CollectiveError(f"{self.name}: c_comm_init of ring {ring_id}: no "
+                                  f"c_gen_nccl_id made id {comm_id!r} before it")
+        if (int(op.attr("nranks")), int(op.attr("rank"))) != (ring.nranks, ring.rank):
+            raise CollectiveError(f"{self.name}: c_comm_init of ring {ring_id}: nranks "
+                                  f"{op.attr('nranks')}, rank {op.attr('rank')}, but the ring "
+                                  f"has {ring.nranks} ranks and this is rank {ring.rank}")
+        self.rings[ring_id] = ring
+
+    async def gen_nccl_id(self, op: Op, scope: Scope) -> None:
+        """gen_nccl_id (nccl2): the rendezvous of each of ``nccl_comm_num`` rings, opened at
+        once; each NCCLID var holds its ring's id (the hierarchical ones ring 0's: pslab runs
+        hierarchical all-reduce as one flat ring)."""
+        endpoints, rank = tuple(op.attr("trainers")), int(op.attr("trainer_id"))
+        for ring_id in range(int(op.attr("nccl_comm_num"))):
+            self.rings[ring_id] = await self._rendezvous(ring_id, rank, endpoints)
+        for slot in ("NCCLID", "InterNCCLID", "ExterNCCLID"):
+            for i, name in enumerate(op.output(slot)):
+                ring = self.rings[i if slot == "NCCLID" else 0]
+                scope.put(name, np.array(ring.comm_id))
+
+    def ring(self, op: Op) -> Ring:
+        """The open ring of `op` (its ``ring_id``), checked against its ``nranks``."""
+        ring_id = int(op.attr("ring_id", 0))
+        ring = self.rings.get(ring_id)
+        if ring is None:
+            raise CollectiveError(f"{self.name}: {op.type}: ring {ring_id} is not open "
+                                  "(its c_comm_init or gen_nccl_id has not run)")
+        nranks = op.attr("nranks", None)
+        if nranks is not None and int(nranks) != ring.nranks:
+            raise CollectiveError(f"{self.name}: {op.type}: nranks {nranks}, but ring "
+                                  f"{ring_id} has {ring.nranks} ranks")
+        return ring
 
 
 class Mailbox:
@@ -118,26 +214,17 @@ class Mailbox:
             self._waiting.pop(tag, None)
 
 
-class CollectiveOps:
+class CollectiveOps(Collective):
     """The collective ops of one trainer, over its RPC client's transport."""
 
     def __init__(self, client: RpcClient, timeout: float) -> None:
+        super().__init__(client.name)
         self.client = client
         self.timeout = timeout
-        self.rings: dict[int, Ring] = {}
-        self._joined: dict[int, Ring] = {}  # rendezvous done, c_comm_init not yet
         self._bound: str | None = None
         self._mail = Mailbox()
         self._ids = itertools.count(1)
-        self.step = 0
         client.peer_messages = self._on_message
-
-    def handlers(self) -> dict[str, Callable[[Op, Scope], Awaitable[Any]]]:
-        """The ops that run whole before the next op (see `allreduce` for the one that does
-        not)."""
-        return {"c_gen_nccl_id": self.gen_comm_id, "c_comm_init": self.comm_init,
-                "gen_nccl_id": self.gen_nccl_id, "c_broadcast": self.broadcast,
-                "c_sync_calc_stream": _no_op, "c_sync_comm_stream": _no_op}
 
     # -- messages ---------------------------------------------------------------------------------
     def _on_message(self, peer: str, msg: Message) -> None:
@@ -196,51 +283,11 @@ class CollectiveOps:
             await self._send(ring.next, tag, None, dict(msg.extra))
         return ring
 
-    async def gen_comm_id(self, op: Op, scope: Scope) -> None:
-        """c_gen_nccl_id: the rendezvous of ring ``ring_id``; Out holds its id."""
-        rank, others = int(op.attr("rank")), list(op.attr("other_endpoints"))
-        endpoints = tuple(others[:rank] + [op.attr("endpoint")] + others[rank:])
-        ring = await self._rendezvous(int(op.attr("ring_id")), rank, endpoints)
-        self._joined[ring.ring_id] = ring
-        scope.put(op.output("Out")[0], np.array(ring.comm_id))
+    async def finish(self) -> None:
+        """The job's steps are done (nothing to tear down: the transport is the trainer's)."""
 
-    async def comm_init(self, op: Op, scope: Scope) -> None:
-        """c_comm_init: open the ring whose id X holds, as ``nranks`` and ``rank`` say."""
-        ring_id = int(op.attr("ring_id"))
-        ring = self._joined.pop(ring_id, None)
-        comm_id = str(scope.get(op.input("X")[0]))
-        if ring is None or ring.comm_id != comm_id:
-            raise CollectiveError(f"{self.client.name}: c_comm_init of ring {ring_id}: no "
-                                  f"c_gen_nccl_id made id {comm_id!r} before it")
-        if (int(op.attr("nranks")), int(op.attr("rank"))) != (ring.nranks, ring.rank):
-            raise CollectiveError(f"{self.client.name}: c_comm_init of ring {ring_id}: nranks "
-                                  f"{op.attr('nranks')}, rank {op.attr('rank')}, but the ring "
-                                  f"has {ring.nranks} ranks and this is rank {ring.rank}")
-        self.rings[ring_id] = ring
-
-    async def gen_nccl_id(self, op: Op, scope: Scope) -> None:
-        """gen_nccl_id (nccl2): the rendezvous of each of ``nccl_comm_num`` rings, opened at
-        once; each NCCLID var holds its ring's id (the hierarchical ones ring 0's: pslab runs
-        hierarchical all-reduce as one flat ring)."""
-        endpoints, rank = tuple(op.attr("trainers")), int(op.attr("trainer_id"))
-        for ring_id in range(int(op.attr("nccl_comm_num"))):
-            self.rings[ring_id] = await self._rendezvous(ring_id, rank, endpoints)
-        for slot in ("NCCLID", "InterNCCLID", "ExterNCCLID"):
-            for i, name in enumerate(op.output(slot)):
-                ring = self.rings[i if slot == "NCCLID" else 0]
-                scope.put(name, np.array(ring.comm_id))
-
-    def ring(self, op: Op) -> Ring:
-        ring_id = int(op.attr("ring_id", 0))
-        ring = self.rings.get(ring_id)
-        if ring is None:
-            raise CollectiveError(f"{self.client.name}: {op.type}: ring {ring_id} is not open "
-                                  "(its c_comm_init or gen_nccl_id has not run)")
-        nranks = op.attr("nranks", None)
-        if nranks is not None and int(nranks) != ring.nranks:
-            raise CollectiveError(f"{self.client.name}: {op.type}: nranks {nranks}, but ring "
-                                  f"{ring_id} has {ring.nranks} ranks")
-        return ring
+    def close(self) -> None:
+        """Nothing to release."""
 
     # -- the ops ----------------------------------------------------------------------------------
     async def broadcast(self, op: Op, scope: Scope) -> None:
@@ -316,7 +363,9 @@ class CollectiveOps:
                             value.height)
 
 
-async def _no_op(op: Op, scope: Scope) -> None:
+async def no_op(op: Op, scope: Scope) -> None:
+    """c_sync_calc_stream, c_sync_comm_stream: an op that reads a value waits for the
+    collective that writes it, so there are no streams to synchronize."""
     return None
 
 

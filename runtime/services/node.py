@@ -477,7 +477,8 @@ async def run_trainer(job: Job, index: int, out: Path | None,
         limits = ZmqLimits(linger_ms=2000) if job.collective else None
         trainer = make_trainer(job, index, ZmqTransport(trainer_name(index), limits, curve=keys),
                                incarnation=options.incarnation,
-                               checkpoint_dir=checkpoint_dir_for(scenario, out))
+                               checkpoint_dir=checkpoint_dir_for(scenario, out),
+                               collective=scenario.collective.backend)
     client = trainer.client
     if measuring():
         client.meter = Meter("trainer")

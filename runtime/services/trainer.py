@@ -54,7 +54,7 @@ from runtime.execution.scope import Scope
 from runtime.execution.tensor import LoDTensor, Phantom, Value, concat_rows, slice_rows, to_dense
 from runtime.network.rpc import RpcClient, RpcTimeout
 from runtime.network.wire import Kind, Message
-from runtime.services.collective import CollectiveOps
+from runtime.services.collective import Collective, CollectiveOps
 from runtime.services.protocol import BARRIER_FIELD, BARRIER_FROM_FIELD, INITIAL_STEP
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
     def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None,
-                 protocol: str = "compact") -> None:
+                 protocol: str = "compact", collective: Collective | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         self.protocol = protocol
@@ -172,7 +172,8 @@ class RpcOps:
             "distributed_lookup_table": self.distributed_lookup_table,
             "checkpoint_notify": self.checkpoint_notify, "c_allreduce_sum": self.allreduce,
         }
-        self.collective = CollectiveOps(client, client.policy.deadline)
+        self.collective: Collective = collective or CollectiveOps(client, client.policy.deadline)
+        """The collective ops' backend: the ring over `client`'s transport unless given."""
         self.handlers.update(self.collective.handlers())
 
     def learn(self, block: Block, rpc_inside: Callable[[Op], bool]) -> None:
@@ -539,14 +540,16 @@ class Trainer:
     def __init__(self, trainer_id: int, main: Program, startup: Program, client: RpcClient,
                  endpoints: list[str], executor: Executor | None = None,
                  heartbeat_interval: float = 2.0, compute: ComputeModel | None = None,
-                 tracer: Tracer | None = None, protocol: str = "compact") -> None:
+                 tracer: Tracer | None = None, protocol: str = "compact",
+                 collective: Collective | None = None) -> None:
         self.trainer_id = trainer_id
         self.main, self.startup = main, startup
         self.client = client
         self.endpoints = endpoints
         self.executor = executor or Executor()
         self.scope = Scope()
-        self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer), protocol)
+        self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer), protocol,
+                          collective)
         self.heartbeat_interval = heartbeat_interval
         self.report = TrainerReport(trainer_id)
         """What it has done so far (all of it once `run` returns)."""
@@ -569,6 +572,7 @@ class Trainer:
         if self.main.attrs.get("_is_chief"):
             await self.rpc.pull_tables(self.main, self.scope)
         await self._complete()
+        await self.rpc.collective.finish()
 
     async def stop(self) -> None:
         """Stop the heartbeat and abandon whatever is still in flight (after `finish`, or on a
@@ -578,6 +582,7 @@ class Trainer:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
         await self.rpc.abandon()
+        self.rpc.collective.close()
 
     async def run(self, batches: Callable[[int], Mapping[str, Any]], steps: int, loss: str,
                   on_step: Callable[[int, float, float], None] | None = None) -> TrainerReport:

@@ -72,6 +72,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,7 @@ from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.costs import RECEIVES, SENDS, Meter
 from runtime.execution.executor import AttrOverrides, Executor
 from runtime.execution.scope import Scope
-from runtime.network.transport import Transport, TransportClosed
+from runtime.network.transport import Frame, Transport, TransportClosed
 from runtime.network.wire import (DEFAULT_MAX_HEADER_SIZE, MAX_DETAIL, DecodeError, Kind,
                                   Message, WireError, charged_size, clip, decode, encode,
                                   error_reply)
@@ -226,6 +227,8 @@ class PserverService:
         if self.meter is not None:
             self.meter.begin_run()
         loop = asyncio.get_running_loop()
+        self.charge.bind(loop)
+        self.core.clock = loop.time  # the loop's own clock, not asked for at every request
         self.core.start()
         tasks: list[asyncio.Task[Any]] = [
             loop.create_task(self._receive(), name=f"{self.name} receive")]
@@ -324,11 +327,41 @@ class PserverService:
                 return
             result, failure = None, None
             try:
-                result = await self._perform(action)
+                rest = self._perform_now(action)
+                if rest is not None:
+                    result = await rest
             except Exception as exc:
                 failure = exc
 
+    def _perform_now(self, action: Action) -> Awaitable[Any] | None:
+        """Perform `action` as `_perform` would, as far as it needs no wait: None, it is done
+        (its result is None); else what is left of it, to await for its result. Most actions
+        need no wait (a reply the transport takes at once, bookkeeping, a request that owes no
+        compute), and a coroutine for each would cost every message."""
+        kind = type(action)
+        if kind is Begin:
+            self._began = self.charge.clock()
+        elif kind is Reply and self.meter is None:
+            assert isinstance(action, Reply)
+            frames = self._encode_reply(action.peer, action.message)
+            if frames is None:
+                return None
+            nbytes = self._count_out(frames)
+            if not self._send_nowait(action.peer, frames):
+                return self._send_later(action.peer, frames, nbytes if action.heartbeat else 0)
+            if action.heartbeat:
+                self.stats.heartbeat_bytes += nbytes
+        elif kind is Pay and self.charge.owed <= 0:  # nothing to wait for on the clock
+            assert isinstance(action, Pay)
+            self._paid(action.update_step)
+        elif kind is RunBlocks or kind is Tally or kind is Replay or kind is Stop:
+            self._bookkeep(action)
+        else:
+            return self._perform(action)
+        return None
+
     async def _perform(self, action: Action) -> Any:
+        """Perform an action that may wait (what `_perform_now` leaves)."""
         match action:
             case Reply(peer=peer, message=message, heartbeat=heartbeat):
                 nbytes = await self._send(peer, message)
@@ -336,22 +369,29 @@ class PserverService:
                     self.stats.heartbeat_bytes += nbytes
             case Reject():
                 await self._reject(action)
-            case Begin():
-                self._began = self.charge.clock()
-            case RunBlocks(blocks=blocks):
-                for idx in blocks:
-                    self._run(idx)
             case Pay(update_step=step):
                 await self.charge.pay()  # the compute this request's handling caused
-                if step is not None:
-                    self.stats.optimize_seconds += self.charge.clock() - self._began
-                    self.stats.steps = max(self.stats.steps, step)
+                self._paid(step)
             case Optimize():
                 await self._optimize(action)
             case SaveCheckpoint(step=step, directory=None):  # a periodic checkpoint
                 return self._periodic_checkpoint(step)
             case SaveCheckpoint(step=step, directory=Path() as directory):
                 return self.save_checkpoint(directory, step)
+        return None
+
+    def _paid(self, update_step: int | None) -> None:
+        """A request's compute is paid; one that applied an update counts as optimize time."""
+        if update_step is not None:
+            self.stats.optimize_seconds += self.charge.clock() - self._began
+            self.stats.steps = max(self.stats.steps, update_step)
+
+    def _bookkeep(self, action: Action) -> None:
+        """Perform a bookkeeping action (blocks run, a tally, a replay metered, the stop)."""
+        match action:
+            case RunBlocks(blocks=blocks):
+                for idx in blocks:
+                    self._run(idx)
             case Tally(stat=stat, value=value):
                 counted = getattr(self.stats, stat)
                 if isinstance(counted, list):
@@ -362,29 +402,54 @@ class PserverService:
                 self._meter_replay(action)
             case Stop():
                 self._done.set()
-        return None
 
     async def _send(self, peer: str, reply: Message) -> int:
         """Send `reply` to `peer`; the bytes it weighs."""
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
-        try:
-            frames = encode(reply)
-        except WireError as exc:  # a reply this server cannot encode is its own bug: say so
-            log.error("%s: cannot encode its reply to %s: %s", self.name, clip(peer, 256), exc)
+        frames = self._encode_reply(peer, reply)
+        if frames is None:
             if meter is not None:
                 meter.discard(started)
             return 0
-        nbytes = charged_size(frames)
-        self.stats.bytes_out += nbytes
-        try:
-            if not self.transport.send_nowait(peer, frames):
-                await self.transport.send(peer, frames)
-        except Exception as exc:  # the trainer went away; it will retry or be dropped
-            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+        nbytes = self._count_out(frames)
+        if not self._send_nowait(peer, frames):
+            await self._send_later(peer, frames)
         if meter is not None:
             meter.stop_message(started, SENDS, reply.kind.value, nbytes)
         return nbytes
+
+    def _encode_reply(self, peer: str, reply: Message) -> list[Frame] | None:
+        """The frames of `reply`; None (logged) if it cannot be encoded."""
+        try:
+            return encode(reply)
+        except WireError as exc:  # a reply this server cannot encode is its own bug: say so
+            log.error("%s: cannot encode its reply to %s: %s", self.name, clip(peer, 256), exc)
+            return None
+
+    def _count_out(self, frames: list[Frame]) -> int:
+        """Count the reply `frames` in the bytes out; the bytes they weigh."""
+        nbytes = charged_size(frames)
+        self.stats.bytes_out += nbytes
+        return nbytes
+
+    def _send_nowait(self, peer: str, frames: list[Frame]) -> bool:
+        """Send `frames` to `peer` if the transport can without waiting (or it failed: logged);
+        False: it cannot, `_send_later`."""
+        try:
+            return self.transport.send_nowait(peer, frames)
+        except Exception as exc:  # the trainer went away; it will retry or be dropped
+            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+            return True
+
+    async def _send_later(self, peer: str, frames: list[Frame], heartbeat_bytes: int = 0) -> None:
+        """Send `frames` to `peer`, waiting as the transport needs; `heartbeat_bytes`: the bytes
+        of a heartbeat's acknowledgement, counted once it is sent."""
+        try:
+            await self.transport.send(peer, frames)
+        except Exception as exc:  # the trainer went away; it will retry or be dropped
+            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+        self.stats.heartbeat_bytes += heartbeat_bytes
 
     async def _reject(self, action: Reject) -> None:
         self.stats.errors += 1

@@ -555,7 +555,9 @@ class Trainer:
             self.client.meter.begin_run()
         await self.client.connect(self.endpoints)
         report = self.report = TrainerReport(self.trainer_id)
-        beat = asyncio.get_running_loop().create_task(self._heartbeat())
+        loop = asyncio.get_running_loop()
+        self.rpc.charge.bind(loop)
+        beat = loop.create_task(self._heartbeat())
         try:
             self.rpc.step = INITIAL_STEP
             await run_program(self.executor, self.startup, self.scope, self.rpc)

@@ -275,36 +275,37 @@ class PserverService:
             self.stats.bytes_in += nbytes
             meter = self.meter
             if meter is None:
-                await self._handle_frames(peer, frames)
+                rest = self._handle_now(peer, frames)[1]
+                if rest is not None:
+                    await rest
                 continue
             started = meter.start()
-            kind = await self._handle_frames(peer, frames)
+            kind, rest = self._handle_now(peer, frames)
+            if rest is not None:
+                await rest
             meter.stop_message(started, RECEIVES, kind, nbytes)
 
-    async def _handle_frames(self, peer: str, frames: list[Any]) -> str:
-        """Decode one message and feed it to the core; its kind (for the meter)."""
+    def _handle_now(self, peer: str, frames: list[Any]) -> tuple[str, Awaitable[None] | None]:
+        """Decode one message and feed it to the core, as far as that needs no wait: its kind
+        (for the meter), and what is left to await (None: nothing)."""
         try:
             msg = decode(frames, self.config.max_message_size, self.config.max_header_size)
         except DecodeError as exc:
-            await self._reject(Reject(peer, exc, None))
-            return Kind.ERROR.value
+            return Kind.ERROR.value, self._reject(Reject(peer, exc, None))
         if msg.src != peer:  # a node speaks for itself only: its state is kept under its name
             self.stats.refused += 1
-            await self._reject(Reject(peer, ProtocolViolation(
+            return Kind.ERROR.value, self._reject(Reject(peer, ProtocolViolation(
                 f"{msg.kind} says it is from {msg.src!r} but came from {peer!r}"), msg))
-            return Kind.ERROR.value
         if self.transport.authenticated:
             claim = impersonation(peer, msg)
             if claim is not None:
                 self.stats.refused += 1
-                await self._reject(Reject(peer, ProtocolViolation(claim), msg))
-                return Kind.ERROR.value
+                return Kind.ERROR.value, self._reject(Reject(peer, ProtocolViolation(claim), msg))
         by_kind = self.stats.by_kind
         by_kind[msg.kind.value] = by_kind.get(msg.kind.value, 0) + 1
         if msg.kind is Kind.HEARTBEAT:
             self.stats.heartbeat_bytes += charged_size(frames)
-        await self._drive(self.core.on_message(peer, msg))
-        return msg.kind.value
+        return msg.kind.value, self._drive_now(self.core.on_message(peer, msg))
 
     async def _watchdog(self) -> None:
         """Have the core drop the trainers silent too long, four times per timeout."""
@@ -318,20 +319,45 @@ class PserverService:
     async def _drive(self, work: Work) -> None:
         """Perform `work`'s actions one by one, resuming it with each one's result, or
         throwing into it what the action raised."""
-        result: Any = None
-        failure: Exception | None = None
+        rest = self._drive_now(work)
+        if rest is not None:
+            await rest
+
+    def _drive_now(self, work: Work) -> Awaitable[None] | None:
+        """`_drive` as far as the actions need no wait: None, `work` is done; else what is
+        left of it, to await. A message whose handling never waits (most) costs no
+        coroutine."""
+        rest = self._advance(work, None, None)
+        return None if rest is None else self._drive_after(work, rest)
+
+    async def _drive_after(self, work: Work, rest: Awaitable[Any]) -> None:
+        """Drive `work` on once `rest`, the action under way, is done."""
+        while rest is not None:
+            result: Any = None
+            failure: Exception | None = None
+            try:
+                result = await rest
+            except Exception as exc:
+                failure = exc
+            rest = self._advance(work, result, failure)
+
+    def _advance(self, work: Work, result: Any,
+                 failure: Exception | None) -> Awaitable[Any] | None:
+        """Resume `work` with `result` (or throw `failure` into it) and perform its actions
+        until one needs a wait: None, `work` is done; else that action's rest, to await."""
         while True:
             try:
                 action = work.send(result) if failure is None else work.throw(failure)
             except StopIteration:
-                return
+                return None
             result, failure = None, None
             try:
                 rest = self._perform_now(action)
-                if rest is not None:
-                    result = await rest
             except Exception as exc:
                 failure = exc
+                continue
+            if rest is not None:
+                return rest
 
     def _perform_now(self, action: Action) -> Awaitable[Any] | None:
         """Perform `action` as `_perform` would, as far as it needs no wait: None, it is done

@@ -332,14 +332,15 @@ class PserverService:
 
     async def _drive_after(self, work: Work, rest: Awaitable[Any]) -> None:
         """Drive `work` on once `rest`, the action under way, is done."""
-        while rest is not None:
+        waiting: Awaitable[Any] | None = rest
+        while waiting is not None:
             result: Any = None
             failure: Exception | None = None
             try:
-                result = await rest
+                result = await waiting
             except Exception as exc:
                 failure = exc
-            rest = self._advance(work, result, failure)
+            waiting = self._advance(work, result, failure)
 
     def _advance(self, work: Work, result: Any,
                  failure: Exception | None) -> Awaitable[Any] | None:

@@ -317,6 +317,34 @@ class Device:
         return max(work.flops / self.flops, work.bytes / self.mem_bandwidth) + self.op_overhead
 
 
+class WorkCache:
+    """`op_work` remembered for ops whose values are all phantoms (timing mode), by the op and
+    the phantoms it sees: every trainer runs the same ops on the same shapes every step, and
+    counting an op's work again each time would cost every op of every step.
+
+    DESIGN: a phantom is immutable and hashable (its shape, dtype, height and LoD), so the
+    values themselves are the key, and a cached work is always the work `op_work` would count.
+    An op is known by identity, with its var names read once: a program does not change while
+    it runs. Numeric values (arrays) are counted afresh each time."""
+
+    def __init__(self) -> None:
+        self._ops: dict[int, tuple[Op, tuple[str, ...], dict[tuple[Any, ...], Work]]] = {}
+
+    def work(self, op: Op, scope: Scope) -> Work:
+        known = self._ops.get(id(op))
+        if known is None or known[0] is not op:
+            names = (*op.input_arg_names, *op.output_arg_names)
+            known = self._ops[id(op)] = (op, names, {})
+        key = tuple(map(scope.find, known[1]))
+        if not all(type(value) is Phantom or value is None for value in key):
+            return op_work(op, scope)
+        works = known[2]
+        work = works.get(key)
+        if work is None:
+            work = works[key] = op_work(op, scope)
+        return work
+
+
 class Roofline:
     """Each op bound by the device's compute or its memory bandwidth, whichever is slower."""
 
@@ -325,6 +353,7 @@ class Roofline:
         self.device = device
         self.overrides = list(overrides)
         self._devices: dict[str, Device] = {}
+        self._works = WorkCache()
 
     def device_for(self, node: str) -> Device:
         device = self._devices.get(node)
@@ -337,7 +366,7 @@ class Roofline:
         return device
 
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
-        return self.device_for(node).seconds(op_work(op, scope))
+        return self.device_for(node).seconds(self._works.work(op, scope))
 
 
 @dataclass(frozen=True)

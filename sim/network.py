@@ -159,6 +159,9 @@ class _Packet:
     sent_at: float
     wire_time: float
     """Seconds its bits take to leave the sender (S / rate_out)."""
+    loop: asyncio.AbstractEventLoop
+    """The loop it was sent on, whose timers carry it (asked once per message: finding the
+    running loop costs a system call, `getpid`)."""
 
 
 class Network:
@@ -243,7 +246,8 @@ class Network:
         self, sender: str, receiver: SimTransport, peer: str, frames: list[Frame]
     ) -> None:
         """Put a message on the sender's NIC; `peer` is who the receiver will see it from."""
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         link = self._links.get((sender, receiver.name)) or self._link(sender, receiver.name)
         nbytes = charged_size(frames)
         nic = link.src_nic
@@ -258,7 +262,7 @@ class Network:
         stats.wait_out += start - now
         link.stats.messages += 1
         link.stats.bytes += nbytes
-        packet = _Packet(link, receiver, peer, frames, nbytes, now, wire_time)
+        packet = _Packet(link, receiver, peer, frames, nbytes, now, wire_time, loop)
         self._deliver(packet, start + link.latency.sample(link.rng))
 
     def _deliver(self, packet: _Packet, first_bit: float) -> None:
@@ -281,7 +285,7 @@ class Network:
         link = packet.link
         arrival = max(first_bit, link.last_bit)
         link.last_bit = arrival + packet.wire_time
-        asyncio.get_running_loop().call_at(arrival, self._arrive, packet, context=_QUIET)
+        packet.loop.call_at(arrival, self._arrive, packet, context=_QUIET)
 
     def _suffer(self, packet: _Packet, first_bit: float, fate: Fate) -> None:
         """Deliver `packet` as its fate says (see `sim.faults.MessageFaults`)."""
@@ -316,7 +320,7 @@ class Network:
 
     def _arrive(self, packet: _Packet) -> None:
         """The first bit is in: queue on the receiver's NIC, deliver once fully taken."""
-        loop = asyncio.get_running_loop()
+        loop = packet.loop
         now = loop.time()
         link = packet.link
         nic = link.dst_nic
@@ -369,8 +373,7 @@ class Network:
         on_message = self.on_message
         if on_message is not None:
             link = packet.link
-            now = asyncio.get_running_loop().time()
-            on_message(link.src, link.dst, packet.nbytes, packet.sent_at, now)
+            on_message(link.src, link.dst, packet.nbytes, packet.sent_at, packet.loop.time())
 
     def _take(self, packet: _Packet) -> None:
         """Hand the message to the receiving node: into its inbox (it pays its receive cost

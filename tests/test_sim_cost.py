@@ -14,7 +14,7 @@ import pytest
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, phantom_of
 from sim.cost import (ComputeConfigError, Device, OpTime, Profile, Roofline, Straggler, Stragglers,
-                      Work, compute_model, op_work)
+                      Work, WorkCache, compute_model, op_work)
 from transpiler.ir import Op
 
 F32 = np.float32
@@ -156,6 +156,18 @@ def test_roofline_takes_the_slower_of_compute_and_memory_plus_the_overhead() -> 
     memory_bound = Roofline(Device(flops=1e12, mem_bandwidth=1e9))
     assert compute_bound.cost("trainer:0", MUL, MUL_SCOPE, 0) == 320 / 1e9 + 2e-6
     assert memory_bound.cost("trainer:0", MUL, MUL_SCOPE, 0) == 368 / 1e9
+
+
+def test_the_work_of_phantom_ops_is_counted_once_per_op_and_shapes() -> None:
+    cache = WorkCache()
+    scope = scope_of(x=Phantom((8, 4), F32), y=Phantom((4, 5), F32), out=Phantom((8, 5), F32))
+    first = cache.work(MUL, scope)
+    assert first == op_work(MUL, MUL_SCOPE) == Work(320, 368)
+    scope.put("out", Phantom((8, 5), F32))  # an equal phantom, made anew: the same work
+    assert cache.work(MUL, scope) is first
+    scope.put("x", Phantom((16, 4), F32))  # another shape: counted again
+    assert cache.work(MUL, scope) == Work(640, 256 + 80 + 160)
+    assert cache.work(MUL, MUL_SCOPE) == Work(320, 368)  # arrays: counted every time
 
 
 def test_a_section_builds_the_roofline_with_units_and_per_node_overrides() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from transpiler.ir import Op
@@ -62,18 +62,30 @@ class Charge:
         self.owed = 0.0
         self.step = -1  # the training step being computed; its owner keeps it current
         self.ops: list[tuple[str, float]] = []
+        self._clock: Callable[[], float] | None = None
+        """`clock`'s source once `bind` named the loop this node runs on."""
 
     @property
     def active(self) -> bool:
         return self.model is not None and not isinstance(self.model, RealCompute)
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Time this node's work on `loop`, the one it runs on from now (see `clock`).
+
+        DESIGN: the owner binds its charge when it starts running (a pserver's `serve`, a
+        trainer's `run`), so that `clock`, read for every request a pserver handles, need not
+        ask asyncio for the running loop each time: that asks the OS for the process id."""
+        self._clock = _clock_of(loop)
+
     def clock(self) -> float:
         """Now, for timing this node's work: the loop's clock where it is virtual (a
         simulation: its time is the simulated time, modelled compute or none), else a fine
         wall clock (a real loop's time may tick in whole milliseconds, as uvloop's does, and a
-        small update takes less)."""
-        loop = asyncio.get_running_loop()
-        return loop.time() if getattr(loop, "virtual_time", False) else time.perf_counter()
+        small update takes less). The bound loop's (`bind`), else the running loop's."""
+        clock = self._clock
+        if clock is None:
+            return _clock_of(asyncio.get_running_loop())()
+        return clock()
 
     def add(self, op: Op, scope: Scope) -> None:
         if self.model is None:
@@ -122,3 +134,8 @@ class Charge:
             for name, seconds in ops:
                 self.tracer.span(self.node, name, t, t + seconds * stretch, "compute")
                 t += seconds * stretch
+
+
+def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """What `Charge.clock` reads on `loop`: its time where it is virtual, else a fine clock."""
+    return loop.time if getattr(loop, "virtual_time", False) else time.perf_counter

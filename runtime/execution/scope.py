@@ -48,6 +48,10 @@ class Scope:
         except KeyError:
             raise KeyError(f"scope has no var {name!r}") from None
 
+    def find(self, name: str) -> Any:
+        """The stored value as it is (`raw`), or None if the scope has no var `name`."""
+        return self._values.get(name)
+
     def set(self, name: str, value: Value | npt.ArrayLike) -> None:
         """Store a copy of `value` (an array-like, `LoDTensor` or `SelectedRows`)."""
         self._values[name] = copy_value(value)

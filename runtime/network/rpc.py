@@ -163,7 +163,7 @@ class _Call:
         deadline, whichever comes first."""
         self.attempts += 1
         self.client._send(self)
-        now = asyncio.get_running_loop().time()
+        now = self.future.get_loop().time()  # not get_running_loop(): that one costs a getpid
         left = self.heard + self.limit - now
         if left <= 0:
             self.fail(self.timeout(now))
@@ -176,7 +176,7 @@ class _Call:
         if self.future.done():  # cancelled by its caller meanwhile
             self.client._waiting.pop(self.msg.id, None)
             return
-        now = asyncio.get_running_loop().time()
+        now = self.future.get_loop().time()
         if now - self.heard >= self.limit:
             self.fail(self.timeout(now))
             return
@@ -370,7 +370,7 @@ class RpcClient:
             call.settle()
             return
         if msg.kind is Kind.REPLY and msg.extra.get("pending") is True:
-            call.heard = asyncio.get_running_loop().time()  # alive, still busy
+            call.heard = call.future.get_loop().time()  # alive, still busy
             call.notice(msg)
             return
         call.answer(msg)

@@ -72,6 +72,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,7 @@ from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.costs import RECEIVES, SENDS, Meter
 from runtime.execution.executor import AttrOverrides, Executor, block_locals
 from runtime.execution.scope import Scope
-from runtime.network.transport import Transport, TransportClosed
+from runtime.network.transport import Frame, Transport, TransportClosed
 from runtime.network.wire import (DEFAULT_MAX_HEADER_SIZE, MAX_DETAIL, DecodeError, Kind,
                                   Message, WireError, charged_size, clip, decode, encode,
                                   error_reply)
@@ -251,6 +252,8 @@ class PserverService:
         if self.meter is not None:
             self.meter.begin_run()
         loop = asyncio.get_running_loop()
+        self.charge.bind(loop)
+        self.core.clock = loop.time  # the loop's own clock, not asked for at every request
         self.core.start()
         tasks: list[asyncio.Task[Any]] = [
             loop.create_task(self._receive(), name=f"{self.name} receive")]
@@ -297,36 +300,37 @@ class PserverService:
             self.stats.bytes_in += nbytes
             meter = self.meter
             if meter is None:
-                await self._handle_frames(peer, frames)
+                rest = self._handle_now(peer, frames)[1]
+                if rest is not None:
+                    await rest
                 continue
             started = meter.start()
-            kind = await self._handle_frames(peer, frames)
+            kind, rest = self._handle_now(peer, frames)
+            if rest is not None:
+                await rest
             meter.stop_message(started, RECEIVES, kind, nbytes)
 
-    async def _handle_frames(self, peer: str, frames: list[Any]) -> str:
-        """Decode one message and feed it to the core; its kind (for the meter)."""
+    def _handle_now(self, peer: str, frames: list[Any]) -> tuple[str, Awaitable[None] | None]:
+        """Decode one message and feed it to the core, as far as that needs no wait: its kind
+        (for the meter), and what is left to await (None: nothing)."""
         try:
             msg = decode(frames, self.config.max_message_size, self.config.max_header_size)
         except DecodeError as exc:
-            await self._reject(Reject(peer, exc, None))
-            return Kind.ERROR.value
+            return Kind.ERROR.value, self._reject(Reject(peer, exc, None))
         if msg.src != peer:  # a node speaks for itself only: its state is kept under its name
             self.stats.refused += 1
-            await self._reject(Reject(peer, ProtocolViolation(
+            return Kind.ERROR.value, self._reject(Reject(peer, ProtocolViolation(
                 f"{msg.kind} says it is from {msg.src!r} but came from {peer!r}"), msg))
-            return Kind.ERROR.value
         if self.transport.authenticated:
             claim = impersonation(peer, msg)
             if claim is not None:
                 self.stats.refused += 1
-                await self._reject(Reject(peer, ProtocolViolation(claim), msg))
-                return Kind.ERROR.value
+                return Kind.ERROR.value, self._reject(Reject(peer, ProtocolViolation(claim), msg))
         by_kind = self.stats.by_kind
         by_kind[msg.kind.value] = by_kind.get(msg.kind.value, 0) + 1
         if msg.kind is Kind.HEARTBEAT:
             self.stats.heartbeat_bytes += charged_size(frames)
-        await self._drive(self.core.on_message(peer, msg))
-        return msg.kind.value
+        return msg.kind.value, self._drive_now(self.core.on_message(peer, msg))
 
     async def _watchdog(self) -> None:
         """Have the core drop the trainers silent too long, four times per timeout."""
@@ -340,20 +344,76 @@ class PserverService:
     async def _drive(self, work: Work) -> None:
         """Perform `work`'s actions one by one, resuming it with each one's result, or
         throwing into it what the action raised."""
-        result: Any = None
-        failure: Exception | None = None
+        rest = self._drive_now(work)
+        if rest is not None:
+            await rest
+
+    def _drive_now(self, work: Work) -> Awaitable[None] | None:
+        """`_drive` as far as the actions need no wait: None, `work` is done; else what is
+        left of it, to await. A message whose handling never waits (most) costs no
+        coroutine."""
+        rest = self._advance(work, None, None)
+        return None if rest is None else self._drive_after(work, rest)
+
+    async def _drive_after(self, work: Work, rest: Awaitable[Any]) -> None:
+        """Drive `work` on once `rest`, the action under way, is done."""
+        waiting: Awaitable[Any] | None = rest
+        while waiting is not None:
+            result: Any = None
+            failure: Exception | None = None
+            try:
+                result = await waiting
+            except Exception as exc:
+                failure = exc
+            waiting = self._advance(work, result, failure)
+
+    def _advance(self, work: Work, result: Any,
+                 failure: Exception | None) -> Awaitable[Any] | None:
+        """Resume `work` with `result` (or throw `failure` into it) and perform its actions
+        until one needs a wait: None, `work` is done; else that action's rest, to await."""
         while True:
             try:
                 action = work.send(result) if failure is None else work.throw(failure)
             except StopIteration:
-                return
+                return None
             result, failure = None, None
             try:
-                result = await self._perform(action)
+                rest = self._perform_now(action)
             except Exception as exc:
                 failure = exc
+                continue
+            if rest is not None:
+                return rest
+
+    def _perform_now(self, action: Action) -> Awaitable[Any] | None:
+        """Perform `action` as `_perform` would, as far as it needs no wait: None, it is done
+        (its result is None); else what is left of it, to await for its result. Most actions
+        need no wait (a reply the transport takes at once, bookkeeping, a request that owes no
+        compute), and a coroutine for each would cost every message."""
+        kind = type(action)
+        if kind is Begin:
+            self._began = self.charge.clock()
+        elif kind is Reply and self.meter is None:
+            assert isinstance(action, Reply)
+            frames = self._encode_reply(action.peer, action.message)
+            if frames is None:
+                return None
+            nbytes = self._count_out(frames)
+            if not self._send_nowait(action.peer, frames):
+                return self._send_later(action.peer, frames, nbytes if action.heartbeat else 0)
+            if action.heartbeat:
+                self.stats.heartbeat_bytes += nbytes
+        elif kind is Pay and self.charge.owed <= 0:  # nothing to wait for on the clock
+            assert isinstance(action, Pay)
+            self._paid(action.update_step)
+        elif kind is RunBlocks or kind is Tally or kind is Replay or kind is Stop:
+            self._bookkeep(action)
+        else:
+            return self._perform(action)
+        return None
 
     async def _perform(self, action: Action) -> Any:
+        """Perform an action that may wait (what `_perform_now` leaves)."""
         match action:
             case Reply(peer=peer, message=message, heartbeat=heartbeat):
                 nbytes = await self._send(peer, message)
@@ -361,51 +421,83 @@ class PserverService:
                     self.stats.heartbeat_bytes += nbytes
             case Reject():
                 await self._reject(action)
-            case Begin():
-                self._began = self.charge.clock()
-            case RunBlocks(blocks=blocks):
-                for idx in blocks:
-                    self._run(idx)
             case Pay(update_step=step):
                 await self.charge.pay()  # the compute this request's handling caused
-                if step is not None:
-                    self.stats.optimize_seconds += self.charge.clock() - self._began
-                    self.stats.steps = max(self.stats.steps, step)
+                self._paid(step)
             case Optimize():
                 await self._optimize(action)
             case SaveCheckpoint(step=step, directory=None):  # a periodic checkpoint
                 return self._periodic_checkpoint(step)
             case SaveCheckpoint(step=step, directory=Path() as directory):
                 return self.save_checkpoint(directory, step)
+        return None
+
+    def _paid(self, update_step: int | None) -> None:
+        """A request's compute is paid; one that applied an update counts as optimize time."""
+        if update_step is not None:
+            self.stats.optimize_seconds += self.charge.clock() - self._began
+            self.stats.steps = max(self.stats.steps, update_step)
+
+    def _bookkeep(self, action: Action) -> None:
+        """Perform a bookkeeping action (blocks run, a tally, a replay metered, the stop)."""
+        match action:
+            case RunBlocks(blocks=blocks):
+                for idx in blocks:
+                    self._run(idx)
             case Tally(stat=stat, value=value, key=key, peak=peak):
                 self.stats.tally(stat, value, key, peak)
             case Replay():
                 self._meter_replay(action)
             case Stop():
                 self._done.set()
-        return None
 
     async def _send(self, peer: str, reply: Message) -> int:
         """Send `reply` to `peer`; the bytes it weighs."""
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
-        try:
-            frames = encode(reply)
-        except WireError as exc:  # a reply this server cannot encode is its own bug: say so
-            log.error("%s: cannot encode its reply to %s: %s", self.name, clip(peer, 256), exc)
+        frames = self._encode_reply(peer, reply)
+        if frames is None:
             if meter is not None:
                 meter.discard(started)
             return 0
-        nbytes = charged_size(frames)
-        self.stats.bytes_out += nbytes
-        try:
-            if not self.transport.send_nowait(peer, frames):
-                await self.transport.send(peer, frames)
-        except Exception as exc:  # the trainer went away; it will retry or be dropped
-            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+        nbytes = self._count_out(frames)
+        if not self._send_nowait(peer, frames):
+            await self._send_later(peer, frames)
         if meter is not None:
             meter.stop_message(started, SENDS, reply.kind.value, nbytes)
         return nbytes
+
+    def _encode_reply(self, peer: str, reply: Message) -> list[Frame] | None:
+        """The frames of `reply`; None (logged) if it cannot be encoded."""
+        try:
+            return encode(reply)
+        except WireError as exc:  # a reply this server cannot encode is its own bug: say so
+            log.error("%s: cannot encode its reply to %s: %s", self.name, clip(peer, 256), exc)
+            return None
+
+    def _count_out(self, frames: list[Frame]) -> int:
+        """Count the reply `frames` in the bytes out; the bytes they weigh."""
+        nbytes = charged_size(frames)
+        self.stats.bytes_out += nbytes
+        return nbytes
+
+    def _send_nowait(self, peer: str, frames: list[Frame]) -> bool:
+        """Send `frames` to `peer` if the transport can without waiting (or it failed: logged);
+        False: it cannot, `_send_later`."""
+        try:
+            return self.transport.send_nowait(peer, frames)
+        except Exception as exc:  # the trainer went away; it will retry or be dropped
+            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+            return True
+
+    async def _send_later(self, peer: str, frames: list[Frame], heartbeat_bytes: int = 0) -> None:
+        """Send `frames` to `peer`, waiting as the transport needs; `heartbeat_bytes`: the bytes
+        of a heartbeat's acknowledgement, counted once it is sent."""
+        try:
+            await self.transport.send(peer, frames)
+        except Exception as exc:  # the trainer went away; it will retry or be dropped
+            log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
+        self.stats.heartbeat_bytes += heartbeat_bytes
 
     async def _reject(self, action: Reject) -> None:
         self.stats.errors += 1

@@ -560,8 +560,10 @@ class Trainer:
         job: the first step this trainer takes part in. `run` starts with it; a caller driving
         the steps itself (`runtime.services.paddle_compat`) calls `start`, then `finish` and
         `stop`."""
+        loop = asyncio.get_running_loop()
+        self.rpc.charge.bind(loop)
         await self.client.connect(self.endpoints)
-        self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
+        self._beat = loop.create_task(self._heartbeat())
         self.rpc.step = INITIAL_STEP
         await run_program(self.executor, self.startup, self.scope, self.rpc)
         return await self._join_if_late()

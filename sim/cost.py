@@ -229,6 +229,19 @@ def _lookup_grad(op: Op, scope: Scope, flops: float) -> Work:
     return Work(_out_elements(op, scope), _moved(op, scope, skip=frozenset({"W"})))
 
 
+def _nce(op: Op, scope: Scope, flops: float) -> Work:
+    """`nce` and its grad: `flops` per element of Input's rows times the sample labels (a dot
+    product per sample; its grad two more); only the sampled rows of Weight are read."""
+    x = _shape(_first(op, scope, "Input"))
+    samples = _in_or_out(op, scope, "SampleLabels")
+    if x is None or _shape(samples) is None:
+        return _generic(op, scope)
+    elements = _elements(samples) * math.prod(x[1:])
+    w = _first(op, scope, "Weight")
+    rows = elements * (w.dtype.itemsize if isinstance(w, _VALUES) else 4)
+    return Work(flops * elements, _moved(op, scope, skip=frozenset({"Weight"})) + rows)
+
+
 def _sum(op: Op, scope: Scope, flops: float) -> Work:
     adds = max(len(_values(scope, op.input("X"))) - 1, 0)
     return Work(_out_elements(op, scope) * adds, _moved(op, scope))
@@ -276,7 +289,7 @@ COST_RULES: dict[str, CostRule] = {
     "optimizer": _optimizer, "matmul": _mul, "matmul_grad": _mul_grad, "sum": _sum,
     "lookup": _lookup, "lookup_grad": _lookup_grad, "batched_matmul": _batched_matmul,
     "batched_matmul_grad": _batched_matmul_grad, "conv2d": _conv2d, "conv2d_grad": _conv2d_grad,
-    "pool": _pool,
+    "pool": _pool, "nce": _nce,
 }
 """The cost rules by the names the op catalog's entries give (`transpiler.opcatalog.Cost`)."""
 

@@ -258,6 +258,9 @@ for _op, _ins, _outs, _wrt, _attrs, _loss in [
      "Out"),
     ("sigmoid_cross_entropy_with_logits", {"X": POSITIVE, "Label": POSITIVE}, {"Out": 1}, ("X",),
      {}, "Out"),
+    ("nce", {"Input": POSITIVE, "Label": np.array([[1, 0]] * 3), "Weight": np.ones((4, 2)),
+             "Bias": np.ones((4, 1))}, {"Cost": 1, "SampleLogits": 1, "SampleLabels": 1},
+     ("Input", "Weight", "Bias"), {"num_total_classes": 4, "num_neg_samples": 3}, "Cost"),
 ]:
     _with_grad(_op, _ins, _outs, _wrt, _attrs, _loss)
 

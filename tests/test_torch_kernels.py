@@ -255,6 +255,18 @@ def nn_cases() -> list[Case]:
     for attrs, name in tables:
         cases.append(Case("lookup_table", slots(W=normal(6, 4), Ids=ids), attrs=attrs, wrt=("W",),
                           id=name))
+    nce_labels = lambda rng: np.array([[3, 0], [1, 6], [6, 6], [2, 5]], np.int64)  # noqa: E731
+    for sampler, sparse in ((0, False), (1, True), (2, False)):
+        custom = {} if sampler != 2 else {
+            "CustomDistProbs": lambda rng: np.full(7, 1 / 7, np.float32),
+            "CustomDistAlias": lambda rng: np.full(7, -1, np.int32),
+            "CustomDistAliasProbs": lambda rng: np.ones(7, np.float32)}
+        cases.append(Case("nce", slots(Input=normal(4, 3), Label=nce_labels, Weight=normal(7, 3),
+                                       Bias=normal(7, 1), SampleWeight=positive(4, 1), **custom),
+                          outputs=("Cost", "SampleLogits", "SampleLabels"), loss=("Cost",),
+                          attrs={"num_total_classes": 7, "num_neg_samples": 3, "seed": 5,
+                                 "sampler": sampler, "is_sparse": sparse},
+                          wrt=("Input", "Weight", "Bias"), id=f"sampler{sampler}"))
     v2_ids = [(np.array([3, 0, 1, 3, 5], np.int64), "flat"),
               (np.array([[3, 0, 1], [3, 5, 5]], np.int64), "matrix"),
               (np.array([[3], [0]], np.int64), "trailing-1")]

@@ -7,7 +7,8 @@ default grad-op maker the grad op reads every forward input and output slot plus
 differentiable input slot (only for vars that need a gradient). The gradient of var ``X`` is
 ``X@GRAD``; when several grad ops contribute to one gradient, each writes a renamed copy
 (``X@GRAD@RENAME@block0@k``) and a `sum` after the last producer adds them into ``X@GRAD``. A
-sparse `lookup_table` or `lookup_table_v2` (``is_sparse``) gives its table a ``SELECTED_ROWS`` gradient.
+sparse `lookup_table` or `lookup_table_v2` (``is_sparse``) gives its table a ``SELECTED_ROWS`` gradient,
+as a sparse `nce` gives its Weight.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ gradient."""
 FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
-def _is_sparse_lookup(op: Op) -> bool:
-    return op.type in ("lookup_table", "lookup_table_v2") and bool(op.attr("is_sparse", False))
+SPARSE_GRAD_SLOTS = {"lookup_table": "W", "lookup_table_v2": "W", "nce": "Weight"}
+"""The input slot of each op type whose gradient is SELECTED_ROWS when the op ``is_sparse``."""
+
+
+def _sparse_grad(op: Op, slot: str) -> bool:
+    return SPARSE_GRAD_SLOTS.get(op.type) == slot and bool(op.attr("is_sparse", False))
 
 
 def _needs_grad(var: Var | None) -> bool:
@@ -122,8 +127,7 @@ def append_backward(loss: Var, parameter_list: list[str] | None = None,
                                                         names)):
                 fwd_var = block.find_var_recursive(fwd_name)
                 assert fwd_var is not None
-                sparse = _is_sparse_lookup(op) and fwd_slot == "W"
-                _declare_grad(block, gname, fwd_var, sparse)
+                _declare_grad(block, gname, fwd_var, _sparse_grad(op, fwd_slot))
                 producers[gname].append((gop, slot, pos))
                 available.add(gname)
         grad_ops.append(gop)

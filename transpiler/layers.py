@@ -20,7 +20,7 @@ from .initializer import Constant, Normal, Xavier
 from .ir import BlockRef, OpRole, Var
 
 __all__ = [
-    "data", "fc", "embedding", "embedding_v2", "sequence_pool", "concat", "relu", "tanh", "sigmoid", "softmax",
+    "data", "fc", "embedding", "embedding_v2", "nce", "sequence_pool", "concat", "relu", "tanh", "sigmoid", "softmax",
     "exp", "log", "sqrt", "square", "floor", "sign", "ceil", "cos", "cross_entropy", "softmax_with_cross_entropy",
     "square_error_cost", "mean", "scale", "sums", "reshape", "clip", "clip_by_norm",
     "elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div", "elementwise_max",
@@ -193,6 +193,113 @@ def _embedding(op_type: str, input: Var, size: Sequence[int], is_sparse: bool,
               {"is_sparse": is_sparse, "is_distributed": is_distributed, "padding_idx": pad,
                "remote_prefetch": False})
     return out
+
+
+NCE_SAMPLERS = {"uniform": 0, "log_uniform": 1, "custom_dist": 2}
+NCE_STEP = "@NCE_STEP@"
+
+
+def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | None = None,
+        param_attr: ParamAttr | str | None = None,
+        bias_attr: ParamAttr | str | bool | None = None, num_neg_samples: int | None = None,
+        name: str | None = None, sampler: str = "uniform",
+        custom_dist: Sequence[float] | None = None, seed: int = 0, is_sparse: bool = False,
+        remote_prefetch: bool = False) -> Var:
+    """Paddle's ``fluid.layers.nce``: noise-contrastive estimation of `input` ([N, D]) against
+    the int64 `label` ([N, num_true]) over a [num_total_classes, D] weight (and a
+    [num_total_classes, 1] bias), with `num_neg_samples` (default 10) negatives per row drawn
+    by `sampler` (``uniform``, ``log_uniform``, or ``custom_dist`` with `custom_dist` the
+    probability of each class). Returns the `nce` op's Cost / (num_neg_samples + 1), as Paddle's
+    layer does. `is_sparse`: the weight's gradient is SELECTED_ROWS; `remote_prefetch` (needs
+    `is_sparse`): a distributed trainer prefetches only the rows of the sampled classes from
+    the pservers (docs/transpiler.md, section 6). The draws are keyed by `seed` (the program's
+    random seed when 0) and a step counter, ``@NCE_STEP@``, raised once per step
+    (`runtime.execution.kernels.sampling`)."""
+    input = _check_var(input, "nce", "input")
+    label = _check_var(label, "nce", "label")
+    if label.dtype != "int64":
+        raise TypeError(f"nce: label {label.name!r} must be int64, got {label.dtype}")
+    if sampler not in NCE_SAMPLERS:
+        raise ValueError(f"nce: sampler {sampler!r} is not one of {sorted(NCE_SAMPLERS)}")
+    if remote_prefetch and not is_sparse:
+        raise ValueError("nce: remote_prefetch needs is_sparse (the pservers take a sparse grad)")
+    classes, neg = int(num_total_classes), 10 if num_neg_samples is None else int(num_neg_samples)
+    if classes < 2 or neg < 1:
+        raise ValueError(f"nce: num_total_classes {classes} must be at least 2 and "
+                         f"num_neg_samples {neg} at least 1")
+    dim, prefix = int(input.shape[-1]), name or unique_name.generate("nce")
+    w = create_parameter(ParamAttr.of(param_attr) or ParamAttr(), [classes, dim], input.dtype,
+                         Xavier(), prefix + ".w")
+    inputs: dict[str, list[Var]] = {"Input": [input], "Label": [label], "Weight": [w],
+                                    "Step": [_nce_step()]}
+    battr = ParamAttr.of(bias_attr)
+    if battr is not None:
+        inputs["Bias"] = [create_parameter(battr, [classes, 1], input.dtype, Constant(0.0),
+                                           prefix + ".b")]
+    if sample_weight is not None:
+        inputs["SampleWeight"] = [_check_var(sample_weight, "nce", "sample_weight")]
+    if sampler == "custom_dist":
+        inputs.update(_custom_dist(custom_dist, classes))
+    width = int(label.shape[-1]) + neg
+    cost = create_tmp_var(prefix, (input.shape[0], 1), input.dtype)
+    logits = create_tmp_var(prefix, (input.shape[0], width), input.dtype, stop_gradient=True)
+    labels = create_tmp_var(prefix, (input.shape[0], width), "int64", stop_gradient=True)
+    append_op("nce", inputs, {"Cost": [cost], "SampleLogits": [logits], "SampleLabels": [labels]},
+              {"num_total_classes": classes, "num_neg_samples": neg, "seed": int(seed),
+               "sampler": NCE_SAMPLERS[sampler], "is_sparse": is_sparse,
+               "remote_prefetch": remote_prefetch, "custom_neg_classes": []})
+    return scale(cost, 1.0 / (neg + 1))
+
+
+def _nce_step() -> Var:
+    """The step counter the nce draws are keyed on: -1 at startup, raised by an `increment`
+    put first in the main program (a forward op, so a trainer keeps it)."""
+    block = default_main_program().global_block()
+    if block.has_var(NCE_STEP):
+        return block.var(NCE_STEP)
+    counter = _framework_global_var(NCE_STEP, [1], -1, dtype="int64")
+    block.prepend_op("increment", {"X": [NCE_STEP]}, {"Out": [NCE_STEP]},
+                     {"step": 1.0, "op_role": int(OpRole.Forward)})
+    return counter
+
+
+def _custom_dist(probs: Sequence[float] | None, classes: int) -> dict[str, list[Var]]:
+    """CustomDistProbs, CustomDistAlias, CustomDistAliasProbs: the distribution and its alias
+    table, carried by `assign_value` ops."""
+    if probs is None or len(probs) != classes:
+        raise ValueError(f"nce: custom_dist must give the probability of each of the {classes} "
+                         f"classes, got {None if probs is None else len(probs)}")
+    values = [float(p) for p in probs]
+    if min(values) < 0 or not math.isclose(sum(values), 1.0, rel_tol=1e-4):
+        raise ValueError(f"nce: custom_dist must be probabilities adding up to 1, "
+                         f"got a sum of {sum(values)}")
+    alias, accept = _alias_table(values)
+    slots = {"CustomDistProbs": ("float32", "fp32_values", values),
+             "CustomDistAlias": ("int32", "int32_values", alias),
+             "CustomDistAliasProbs": ("float32", "fp32_values", accept)}
+    out = {}
+    for slot, (dtype, attr, data) in slots.items():
+        var = create_tmp_var("nce.custom_dist", (classes,), dtype, stop_gradient=True)
+        append_op("assign_value", {}, {"Out": [var]},
+                  {"shape": [classes], "dtype": dtype, attr: list(data)})
+        out[slot] = [var]
+    return out
+
+
+def _alias_table(probs: list[float]) -> tuple[list[int], list[float]]:
+    """Walker's alias table (Vose's construction): each class's alias (-1: none) and the
+    probability of keeping the class itself."""
+    n = len(probs)
+    scaled = [p * n for p in probs]
+    alias, accept = [-1] * n, [1.0] * n
+    small = [i for i in range(n) if scaled[i] < 1.0]
+    large = [i for i in range(n) if scaled[i] >= 1.0]
+    while small and large:
+        s, g = small.pop(), large.pop()
+        accept[s], alias[s] = scaled[s], g
+        scaled[g] -= 1.0 - scaled[s]
+        (small if scaled[g] < 1.0 else large).append(g)
+    return alias, accept
 
 
 def sequence_pool(input: Var, pool_type: str) -> Var:

@@ -289,13 +289,22 @@ def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
 
 def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse: bool = True,
              is_distributed: bool = False, optimizer: OptimizerSpec | None = None,
-             lr: LRSpec | None = None, seed: int = 0) -> Model:
+             lr: LRSpec | None = None, seed: int = 0, nce: bool = False,
+             remote_prefetch: bool = False) -> Model:
     """Skip-gram with negative sampling. The center word's row of ``w2v.emb_in`` is scored
     against the context word's and each negative's row of ``w2v.emb_out``; a dot product is
     `elementwise_mul` then an fc with the frozen all-ones column ``w2v.ones`` (a row sum). The
     loss is ``-log sigmoid(pos) - sum_k log sigmoid(-neg_k)``, averaged over the batch.
-    Negatives are fed one column per var: ``neg_ids_0`` ... ``neg_ids_<neg_num-1>``."""
+    Negatives are fed one column per var: ``neg_ids_0`` ... ``neg_ids_<neg_num-1>``.
+
+    `nce`: Paddle's word2vec instead: the center word's row scored by `layers.nce` against the
+    context word, `neg_num` negatives drawn log-uniformly by the op (weight ``w2v.nce.w``, bias
+    ``w2v.nce.b``; sparse when `is_sparse`), the mean cost the loss; only ``center_ids`` and
+    ``context_ids`` are fed. `remote_prefetch` (with `nce` and `is_sparse`): a distributed
+    trainer fetches only the nce weight's rows it samples."""
     _positive("word2vec", vocab=vocab, embed_dim=embed_dim, neg_num=neg_num)
+    if remote_prefetch and not (nce and is_sparse):
+        raise ModelError("word2vec: remote_prefetch needs nce and is_sparse")
     negs = [f"neg_ids_{k}" for k in range(neg_num)]
     bound = 0.5 / embed_dim
 
@@ -311,6 +320,15 @@ def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse
     def log_sigmoid(x: Var) -> Var:
         return layers.log(layers.sigmoid(x))
 
+    def nce_body() -> Built:
+        center = lookup("center_ids", "w2v.emb_in", Uniform(-bound, bound))
+        context = layers.data("context_ids", shape=[1], dtype="int64")
+        cost = layers.nce(center, context, vocab, num_neg_samples=neg_num, sampler="log_uniform",
+                          param_attr=_param("w2v.nce.w", Uniform(-bound, bound)),
+                          bias_attr=_param("w2v.nce.b", Constant(0.0)), is_sparse=is_sparse,
+                          remote_prefetch=remote_prefetch)
+        return Built(["center_ids", "context_ids"], layers.mean(cost), None, cost)
+
     def body() -> Built:
         center = lookup("center_ids", "w2v.emb_in", Uniform(-bound, bound))
         out_init = Uniform(-bound, bound)
@@ -322,7 +340,7 @@ def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse
         loss = layers.mean(layers.scale(layers.sums(terms), -1.0))
         return Built(["center_ids", "context_ids"] + negs, loss, None, pos)
 
-    return make_model("word2vec", body, optimizer, lr, seed, "skipgram",
+    return make_model("word2vec", nce_body if nce else body, optimizer, lr, seed, "skipgram",
                   {"vocab": vocab, "neg_num": neg_num})
 
 

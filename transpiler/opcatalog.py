@@ -45,7 +45,7 @@ class Cost:
     `reduction` (per element of X), `optimizer` (per parameter element updated), `pool` (per
     window element of each output element), and `matmul`, `matmul_grad`, `batched_matmul`,
     `batched_matmul_grad`, `conv2d`, `conv2d_grad`, `sum`, `lookup`, `lookup_grad` (counted from
-    the shapes, `flops` unused).
+    the shapes, `flops` unused), `nce` (`flops` per Input element per sample label).
     An op with no `Cost` gets the generic count: a FLOP per output element."""
 
     rule: str
@@ -197,6 +197,10 @@ _FORWARD: tuple[OpDef, ...] = (
         grad_cost=Cost("batched_matmul_grad")),
     _op("sigmoid_cross_entropy_with_logits", "X Label", grad="X", shape="like_x",
         cost=Cost("elementwise", 6), grad_cost=Cost("elementwise", 6)),
+    # Paddle's noise-contrastive estimation; Step (pslab's) keys the draws (kernels/sampling.py)
+    _op("nce", "Input Label Weight Bias SampleWeight CustomDistProbs CustomDistAlias "
+        "CustomDistAliasProbs Step", "Cost SampleLogits SampleLabels", grad="Input Weight Bias",
+        shape="nce", cost=Cost("nce", 2), grad_shape="nce_grad", grad_cost=Cost("nce", 4)),
     # -- images and normalization (NCHW)
     _op("conv2d", "Input Filter", "Output", grad="Input Filter", shape="conv2d",
         cost=Cost("conv2d"), grad_cost=Cost("conv2d_grad")),

@@ -17,6 +17,9 @@
   for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
 - `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
   PREFETCH per block for its rows, merged back in the order of the ids.
+- an `nce` with ``remote_prefetch`` and ``epmap`` (remote sparse update of its weight) is a
+  compute op, but before its kernel runs the trainer draws its sample labels and fetches their
+  rows the same way (`RpcOps.prefetch_classes`).
 - `checkpoint_notify`: once everything sent is in, every pserver saves its state to ``dir``.
 - the collective ops of nccl2 and collective modes (`runtime.services.collective`), trainer to
   trainer; `c_allreduce_sum` runs in the background like a `recv`.
@@ -50,8 +53,11 @@ from transpiler.ir import Block, Op, Program
 from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.executor import Executor, check_feed, run_step
 from runtime.execution.kernels.common import lookup_lead
+from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.sampling import sample_labels
 from runtime.execution.scope import Scope
-from runtime.execution.tensor import LoDTensor, Phantom, Value, concat_rows, slice_rows, to_dense
+from runtime.execution.tensor import (LoDTensor, Phantom, SelectedRows, Value, concat_rows,
+                                     slice_rows, to_dense)
 from runtime.network.rpc import RpcClient, RpcTimeout
 from runtime.network.wire import Kind, Message
 from runtime.services.collective import Collective, CollectiveOps
@@ -356,23 +362,46 @@ class RpcOps:
                                       "remote sparse update needs real ids (numeric mode)")
         ids_in = to_dense(value)
         ids = ids_in.reshape(-1).astype(np.int64)
-        starts = np.cumsum([0] + [int(h) for h in op.attr("height_sections")])
-        if ids.size and (ids.min() < 0 or ids.max() >= starts[-1]):
-            raise ValueError(f"distributed_lookup_table: Ids {name!r} hold {ids.min()}..{ids.max()}, "
-                             f"outside the table's {starts[-1]} rows")
-        asked = [np.unique(ids[(ids >= lo) & (ids < hi)]) for lo, hi in zip(starts, starts[1:])]
-        replies = await asyncio.gather(*(
-            self.call(ep, Kind.PREFETCH, {"Ids": (mine - lo).reshape(-1, 1)}, extra={"table": table})
-            for table, ep, lo, mine in zip(op.attr("table_names"), op.attr("endpoints"), starts,
-                                           asked)))
-        rows = np.concatenate([to_dense(self._var(ep, r, t)) for r, t, ep in
-                               zip(replies, op.attr("table_names"), op.attr("endpoints"))])
-        found = rows[np.searchsorted(np.concatenate(asked), ids)]
+        unique, rows = await self._remote_rows(op, "endpoints", ids, f"Ids {name!r}")
+        found = rows[np.searchsorted(unique, ids)]
         found[ids == int(op.attr("padding_idx", -1))] = 0
         version = str(op.attr("lookup_table_version", "lookup_table") or "lookup_table")
         found = found.reshape(lookup_lead(ids_in.shape, version) + rows.shape[1:])
         scope.put(out, LoDTensor(found, value.lod) if isinstance(value, LoDTensor) and value.lod
                   else found)
+
+    async def _remote_rows(self, op: Op, endpoints: str, ids: np.ndarray,
+                           what: str) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted unique `ids` and their rows, asked of the table's blocks (``table_names``,
+        ``height_sections`` rows each, on the endpoints of attribute `endpoints`): one PREFETCH
+        per block, by row of the block."""
+        starts = np.cumsum([0] + [int(h) for h in op.attr("height_sections")])
+        if ids.size and (ids.min() < 0 or ids.max() >= starts[-1]):
+            raise ValueError(f"{op.type}: {what} hold {ids.min()}..{ids.max()}, outside the "
+                             f"table's {starts[-1]} rows")
+        asked = [np.unique(ids[(ids >= lo) & (ids < hi)]) for lo, hi in zip(starts, starts[1:])]
+        tables, eps = op.attr("table_names"), op.attr(endpoints)
+        replies = await asyncio.gather(*(
+            self.call(ep, Kind.PREFETCH, {"Ids": (mine - lo).reshape(-1, 1)}, extra={"table": table})
+            for table, ep, lo, mine in zip(tables, eps, starts, asked)))
+        rows = np.concatenate([to_dense(self._var(ep, r, t)) for r, t, ep in
+                               zip(replies, tables, eps)])
+        return np.concatenate(asked), rows
+
+    async def prefetch_classes(self, op: Op, scope: Scope, program: Program) -> None:
+        """Before an `nce` with ``remote_prefetch`` and ``epmap`` runs: draw its sample labels
+        as its kernel will (`sampling.sample_labels`: the same function of the same inputs),
+        fetch the rows of those classes from the weight's blocks, and put them in the scope as
+        the Weight, a SelectedRows of those rows only, which the op and its grad read (the
+        original's nce kernel prefetched into ``Weight@Prefetch`` in the same way)."""
+        (weight,) = op.input("Weight")
+        (label,) = op.input("Label")
+        if isinstance(scope.get_tensor(label), Phantom):
+            raise NotImplementedError(f"nce: Label {label!r} is a phantom; remote prefetch "
+                                      "needs real labels (numeric mode)")
+        classes = sample_labels(KernelContext(op, scope, program=program)).reshape(-1)
+        unique, rows = await self._remote_rows(op, "epmap", classes, "sample labels")
+        scope.put(weight, SelectedRows(unique, rows, int(sum(op.attr("height_sections")))))
 
     async def allreduce(self, op: Op, scope: Scope) -> None:
         """c_allreduce_sum in the background (`CollectiveOps.allreduce`): an op that reads Out
@@ -449,6 +478,8 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
             continue
         if rpc.pending:
             await rpc.wait_for(step.op.input_arg_names)
+        if prefetches_classes(step.op):
+            await rpc.prefetch_classes(step.op, scope, program)
         sub = _rpc_sub_block(executor, program, step.op)
         if sub is None:
             meter = rpc.client.meter
@@ -459,6 +490,11 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
                 meter.stop_ops(started, 1)
         elif _condition_holds(step.op, scope):
             await run_block(executor, program, sub, scope, rpc)
+
+
+def prefetches_classes(op: Op) -> bool:
+    """An `nce` whose weight's rows come from the pservers (remote sparse update)."""
+    return op.type == "nce" and bool(op.attr("remote_prefetch")) and bool(op.attr("epmap"))
 
 
 def _rpc_sub_block(executor: Executor, program: Program, op: Op) -> int | None:
@@ -491,6 +527,9 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
         if op.type == "distributed_lookup_table":
             tables[op.input("W")[0]] = list(zip(op.attr("endpoints"), op.attr("table_names"),
                                                 op.attr("height_sections")))
+        elif prefetches_classes(op):
+            tables[op.input("Weight")[0]] = list(zip(op.attr("epmap"), op.attr("table_names"),
+                                                     op.attr("height_sections")))
     return tables
 
 

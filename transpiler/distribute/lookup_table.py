@@ -28,10 +28,12 @@ initializer becomes `fake_init`. Ids and grad rows travel as global ids.
   ``padding_idx`` is the padding id's row on this pserver, or -1 where it holds none.
 
 **Remote sparse update** (an ``is_sparse`` embedding whose `lookup_table` has
-``remote_prefetch``): the table is cut and placed like any parameter, but the trainer never
-fetches it: each lookup becomes `distributed_lookup_table`, which splits the ids by
-``height_sections``, asks ``endpoints[i]`` for rows ``id - offset_i`` of var ``table_names[i]``,
-and puts the rows back in order.
+``remote_prefetch``, or a sparse `nce` with ``remote_prefetch``): the table is cut and placed
+like any parameter, but the trainer never fetches it: each lookup becomes
+`distributed_lookup_table`, which splits the ids by ``height_sections``, asks ``endpoints[i]``
+for rows ``id - offset_i`` of var ``table_names[i]``, and puts the rows back in order; an `nce`
+keeps its place and gets those attributes (``epmap`` for ``endpoints``), and the trainer fetches
+the rows of its true and sampled classes before it runs.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ from .edit import clone_var, control_var, copy_op, last_writer, rpc_attrs
 from .plan import Plan
 
 LOOKUPS = ("lookup_table", "lookup_table_v2")
+REMOTE_PREFETCH_SLOTS = {"lookup_table": "W", "lookup_table_v2": "W", "nce": "Weight"}
+"""The ops that may read their table's rows from the pservers (``remote_prefetch``; the
+original's `sparse_update_op_types`, less hierarchical_sigmoid), and the slot of the table."""
 CHECKPOINT_PATH_VAR = "kLookupTablePath"
 # The table's pserver runs sgd; the catalog marks the update ops (first-order steps) it may
 # stand in for.
@@ -64,6 +69,10 @@ def find_distributed_table(program: Program) -> str | None:
     if any(op.input("W") == tables and not op.attr("is_distributed") for op in lookups):
         raise ValueError(f"program: table {tables[0]!r} is looked up both with and without "
                          "is_distributed")
+    if any(op.type == "nce" and op.input("Weight") == tables for op in program.global_block().ops):
+        raise ValueError(f"program: nce reads the distributed lookup table {tables[0]!r} as its "
+                         "weight, which never lives on a trainer; give nce a weight of its own "
+                         "(remote_prefetch fetches only the rows it samples)")
     return tables[0]
 
 
@@ -71,14 +80,17 @@ def remote_sparse_params(program: Program, section: OptimizeSection) -> set[str]
     """Params whose lookups are marked ``remote_prefetch``; they must be sparse, not
     distributed, and trained."""
     trained = {pg.param for pg in section.params_grads}
+    table = find_distributed_table(program)
     params = set()
     for op in program.global_block().ops:
-        if op.type not in LOOKUPS or not op.attr("remote_prefetch"):
+        if op.type not in REMOTE_PREFETCH_SLOTS or not op.attr("remote_prefetch"):
             continue
-        w = op.input("W")[0]
-        if not op.attr("is_sparse") or op.attr("is_distributed") or w not in trained:
-            raise ValueError(f"program: lookup of {w!r} has remote_prefetch, which needs "
-                             "is_sparse, no is_distributed, and an optimizer for the table")
+        w = op.input(REMOTE_PREFETCH_SLOTS[op.type])[0]
+        if not op.attr("is_sparse") or op.attr("is_distributed") or w not in trained \
+                or w == table:
+            raise ValueError(f"program: {op.type} of {w!r} has remote_prefetch, which needs "
+                             "is_sparse, no is_distributed (nor the distributed lookup table), "
+                             "and an optimizer for the table")
         params.add(w)
     return params
 
@@ -185,6 +197,17 @@ def append_table_grad_send(block: Block, plan: Plan) -> str:
 
 
 def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) -> None:
+    """Each lookup of a remote-sparse table becomes `distributed_lookup_table`; an `nce` of one
+    gets the blocks' ``epmap``, ``table_names``, ``height_sections`` and ``trainer_id``, as
+    the original's `_update_remote_sparse_update_op` gave it: the trainer then prefetches the
+    rows of the classes it samples before the op runs (`runtime.services.trainer`)."""
+    for op in block.ops:
+        if op.type == "nce" and op.input("Weight")[0] in params:
+            d = plan.dist_var(op.input("Weight")[0])
+            op.attrs.update({"epmap": [p.endpoint for p in d.params],
+                             "table_names": [p.name for p in d.params],
+                             "height_sections": [p.shape[0] for p in d.params],
+                             "trainer_id": plan.cluster.trainer_id})
     for i, op in enumerate(block.ops):
         if op.type not in LOOKUPS or op.input("W")[0] not in params:
             continue

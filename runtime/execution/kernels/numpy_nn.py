@@ -1,6 +1,7 @@
 """Neural-net ops: `mul` (the matmul of `fc`), softmax, the two cross-entropy losses, the
-embedding lookup (`lookup_table`, `lookup_table_v2`, dense or sparse gradient) and `sequence_pool` over LoD
-sequences, each with its gradient kernel.
+embedding lookup (`lookup_table`, `lookup_table_v2`, dense or sparse gradient), `sequence_pool` over LoD
+sequences and `nce` (noise-contrastive estimation, its samples drawn by `sampling`), each with
+its gradient kernel.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, 
                                               padding_idx, pool_scale, soft_label)
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
+from runtime.execution.kernels.sampling import sample_labels, sampler_of, true_labels
 from runtime.execution.tensor import SelectedRows
 
 Array = np.ndarray
@@ -212,3 +214,103 @@ def sequence_pool_grad(ctx: KernelContext) -> None:
         else:
             dx[seg.ends[ne] - 1] = g[ne]
     ctx.set_output("X@GRAD", dx.reshape(x.shape))
+
+
+# -- nce ----------------------------------------------------------------------------------------
+def class_rows(w: Array | SelectedRows, classes: Array, what: str = "nce: Weight") -> Array:
+    """Rows of W for `classes` (any shape; result `classes.shape + [D]`). W may be the
+    SelectedRows of the rows a trainer prefetched (remote_prefetch): each class must be one."""
+    if not isinstance(w, SelectedRows):
+        if classes.size and classes.max() >= w.shape[0]:
+            raise IndexError(f"{what}: class {classes.max()} outside its {w.shape[0]} rows")
+        return w[classes]
+    return np.asarray(w.values)[selected_positions(w, classes, what)]
+
+
+def selected_positions(w: SelectedRows, classes: Array, what: str) -> Array:
+    """Where each of `classes` sits among the rows of the SelectedRows `w`."""
+    rows = np.asarray(w.rows, np.int64)
+    order = np.argsort(rows, kind="stable")
+    at = np.minimum(np.searchsorted(rows[order], classes), max(rows.size - 1, 0))
+    found = order[at] if rows.size else np.zeros_like(classes)
+    if rows.size == 0 or (rows[found] != classes).any():
+        missing = classes if rows.size == 0 else classes[rows[found] != classes]
+        raise ValueError(f"{what}: the prefetched rows lack classes "
+                         f"{np.unique(missing)[:8].tolist()}")
+    return found
+
+
+def nce_terms(ctx: KernelContext, labels: Array, dtype: np.dtype) -> tuple[Array, Array]:
+    """b = q(class) * num_neg_samples per sample label, and the mask of the true ones."""
+    b = sampler_of(ctx).probability(labels) * int(ctx.attr("num_neg_samples", 10))
+    num_true = true_labels(ctx, labels.shape[0]).shape[1]
+    return b.astype(dtype), np.arange(labels.shape[1]) < num_true
+
+
+def sample_weights(ctx: KernelContext, rows: int, dtype: np.dtype) -> Array:
+    sw = ctx.input("SampleWeight")
+    return np.ones(rows, dtype) if sw is None else np.asarray(sw, dtype).reshape(rows)
+
+
+@register("nce")
+def nce(ctx: KernelContext) -> None:
+    """Paddle's nce: o = sigmoid(Input . W[c] + Bias[c]) per sample label c (SampleLogits holds
+    o, as Paddle's does); Cost_i = SampleWeight_i * sum_j (-log(o/(o+b)) for the true labels,
+    -log(b/(o+b)) for the negatives), b = q(c) * num_neg_samples (`sampling`)."""
+    x = ctx.input("Input")
+    labels = sample_labels(ctx)
+    logits = np.einsum("nd,nsd->ns", x, class_rows(ctx.input("Weight"), labels))
+    bias = ctx.input("Bias")
+    if bias is not None:
+        logits = logits + np.asarray(bias).reshape(-1)[labels]
+    o = (1.0 / (1.0 + np.exp(-logits))).astype(x.dtype)
+    b, true = nce_terms(ctx, labels, x.dtype)
+    cost = np.where(true, -np.log(o / (o + b)), -np.log(b / (o + b)))
+    cost = cost.sum(axis=1) * sample_weights(ctx, x.shape[0], x.dtype)
+    ctx.set_output("Cost", cost.astype(x.dtype).reshape(-1, 1))
+    ctx.set_output("SampleLogits", o)
+    ctx.set_output("SampleLabels", labels)
+
+
+def nce_sample_grad(ctx: KernelContext, o: Array, labels: Array, dcost: Array) -> Array:
+    """d Cost / d logit of each sample label (Paddle's nce_grad)."""
+    b, true = nce_terms(ctx, labels, o.dtype)
+    g = np.where(true, (b / (o + b)) * (o - 1), o * (1 - o) / (o + b))
+    return g * (sample_weights(ctx, o.shape[0], o.dtype) * dcost.reshape(-1))[:, None]
+
+
+def nce_weight_grad(w: Array | SelectedRows, labels: Array, contrib: Array,
+                    sparse: bool) -> Array | SelectedRows:
+    """Weight@GRAD from each sample's row gradient `contrib` ([N*S, D]): dense, or (is_sparse)
+    a SelectedRows of the sample labels, each once, sorted (as Paddle's)."""
+    height = w.height if isinstance(w, SelectedRows) else w.shape[0]
+    if sparse:
+        rows, inverse = np.unique(labels.reshape(-1), return_inverse=True)
+        values = np.zeros((rows.size, contrib.shape[1]), contrib.dtype)
+        np.add.at(values, inverse, contrib)
+        return SelectedRows(rows, values, height)
+    if isinstance(w, SelectedRows):
+        raise TypeError("nce_grad: Weight is the prefetched rows (remote_prefetch), which needs "
+                        "is_sparse")
+    dw = np.zeros_like(w)
+    np.add.at(dw, labels.reshape(-1), contrib)
+    return dw
+
+
+@register("nce_grad")
+def nce_grad(ctx: KernelContext) -> None:
+    x, w = ctx.input("Input"), ctx.input("Weight")
+    labels, o = ctx.input("SampleLabels"), ctx.input("SampleLogits")
+    g = nce_sample_grad(ctx, o, labels, out_grad(ctx, np.zeros(x.shape[0], x.dtype), "Cost@GRAD"))
+    if ctx.has_output("Bias@GRAD"):
+        bias = ctx.input("Bias")
+        db = np.zeros(bias.size, bias.dtype)
+        np.add.at(db, labels.reshape(-1), g.reshape(-1).astype(bias.dtype))
+        ctx.set_output("Bias@GRAD", db.reshape(bias.shape))
+    if ctx.has_output("Weight@GRAD"):
+        contrib = (g[:, :, None] * x[:, None, :]).reshape(-1, x.shape[1])
+        ctx.set_output("Weight@GRAD", nce_weight_grad(w, labels, contrib,
+                                                      bool(ctx.attr("is_sparse", False))))
+    if ctx.has_output("Input@GRAD"):
+        ctx.set_output("Input@GRAD", np.einsum("ns,nsd->nd", g, class_rows(w, labels))
+                       .astype(x.dtype))

@@ -14,7 +14,8 @@ count stays what numeric mode would give. Each op's entry in the op catalog
   and `pool2d` (their windows), `batch_norm`, `layer_norm` and `dropout` (Y/Out like X, and
   their statistics and mask), `reshape`, `reshape2`, `transpose2`, `squeeze2`, `unsqueeze2`
   (with XShape), `split`, `slice`, `gather`, `lookup_table` and `lookup_table_v2` (a row per id),
-  `sequence_pool` (a row per sequence), `split_byref`, `split_selected_rows`, `split_ids` and
+  `sequence_pool` (a row per sequence), `nce` (a column per true label and negative; a sparse
+  Weight@GRAD a row per sample label), `split_byref`, `split_selected_rows`, `split_ids` and
   `concat` (their sections), `sum` (SelectedRows add up their rows), `scale`/`assign` (like X,
   SelectedRows too), the optimizers (every output like Param), the initializers (the ``shape``
   attribute) and `conditional_block` (see below).
@@ -200,6 +201,33 @@ def _lookup_grad(ctx: KernelContext) -> None:
         ctx.set_output("W@GRAD", _dense(w.shape, w.dtype))
         return
     ctx.set_output("W@GRAD", Phantom((math.prod(ids),) + w.shape[1:], w.dtype, w.shape[0]))
+
+
+def _nce(ctx: KernelContext) -> None:
+    """Cost [N, 1]; SampleLogits and SampleLabels a column per true label and negative."""
+    x, label = phantom_of(_value(ctx, "Input")), shape_of(_value(ctx, "Label"))
+    n = x.shape[0]
+    width = math.prod(label[1:]) + int(ctx.attr("num_neg_samples", 10))
+    ctx.set_output("Cost", _dense((n, 1), x.dtype))
+    ctx.set_output("SampleLogits", _dense((n, width), x.dtype))
+    ctx.set_output("SampleLabels", _dense((n, width), np.int64))
+
+
+def _nce_grad(ctx: KernelContext) -> None:
+    """Input@GRAD and Bias@GRAD like their inputs; Weight@GRAD too, or (``is_sparse``) a row
+    per sample label (numeric mode sends each label once: as many or fewer)."""
+    for slot in ("Input", "Bias"):
+        if ctx.has_output(f"{slot}@GRAD"):
+            like = phantom_of(_value(ctx, slot))
+            ctx.set_output(f"{slot}@GRAD", _dense(like.shape, like.dtype))
+    if not ctx.has_output("Weight@GRAD"):
+        return
+    w = phantom_of(_value(ctx, "Weight"))
+    if not ctx.attr("is_sparse", False):
+        ctx.set_output("Weight@GRAD", _dense(w.shape, w.dtype))
+        return
+    samples = math.prod(shape_of(_value(ctx, "SampleLabels")))
+    ctx.set_output("Weight@GRAD", Phantom((samples,) + w.shape[1:], w.dtype, w.shape[0]))
 
 
 def _sequence_pool(ctx: KernelContext) -> None:
@@ -410,7 +438,7 @@ SHAPE_RULES: dict[str, Rule] = {
     "pool2d": _pool2d, "batch_norm": _batch_norm, "layer_norm": _layer_norm,
     "dropout": _dropout, "matmul": _matmul, "reshape2": _reshape2, "transpose2": _transpose2,
     "split": _split, "slice": _slice,
-    "gather": _gather,
+    "gather": _gather, "nce": _nce, "nce_grad": _nce_grad,
 }
 """The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""
 

@@ -1,5 +1,6 @@
 """Torch kernels of the neural-net ops: `mul`, softmax, the cross-entropy losses, `lookup_table` (and `_v2`)
-(dense or `SelectedRows` gradient) and `sequence_pool`, with their gradients: `numpy_nn` op for op.
+(dense or `SelectedRows` gradient), `sequence_pool` and `nce` (its samples drawn on the host by
+`sampling`, as the numpy kernel draws them), with their gradients: `numpy_nn` op for op.
 
 Index bookkeeping stays on the host in numpy, shared with the numpy backend: label ids and the
 ignore mask (`hard_labels`), table ids (`lookup_ids`), LoD segments (`Segments`). Integer ids and
@@ -19,6 +20,8 @@ from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, 
                                               lookup_ids, lookup_lead, mul_dims, padding_idx,
                                               pool_scale, soft_label)
 from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.numpy_nn import nce_terms, selected_positions
+from runtime.execution.kernels.sampling import sample_labels
 from runtime.execution.kernels.torch_common import (Tensor, as_float, dtype_of, host, input_t,
                                                     kernel, out_grad_t, put, tensor, torch, zeros)
 from runtime.execution.tensor import SelectedRows
@@ -254,3 +257,74 @@ def sequence_pool_grad(ctx: KernelContext) -> None:
         else:
             dx[tensor(seg.ends[ne] - 1)] = picked
     put(ctx, "X@GRAD", dx.reshape(x.shape))
+
+
+# -- nce ----------------------------------------------------------------------------------------
+def _class_rows(w: Tensor | SelectedRows, classes: np.ndarray) -> Tensor:
+    """`numpy_nn.class_rows` on the device: dense W, or the prefetched rows' SelectedRows."""
+    if isinstance(w, SelectedRows):
+        return tensor(w.values)[tensor(selected_positions(w, classes, "nce: Weight"))]
+    if classes.size and classes.max() >= w.shape[0]:
+        raise IndexError(f"nce: Weight: class {classes.max()} outside its {w.shape[0]} rows")
+    return tensor(w)[tensor(classes)]
+
+
+def _sample_weights(ctx: KernelContext, rows: int, like: Tensor) -> Tensor:
+    sw = ctx.input("SampleWeight")
+    return torch.ones(rows, dtype=like.dtype, device=like.device) if sw is None \
+        else tensor(sw).to(like.dtype).reshape(rows)
+
+
+@kernel("nce")
+def nce(ctx: KernelContext) -> None:
+    x = input_t(ctx, "Input")
+    labels = sample_labels(ctx)
+    logits = torch.einsum("nd,nsd->ns", x, _class_rows(ctx.input("Weight"), labels).to(x.dtype))
+    if ctx.has_input("Bias"):
+        logits = logits + input_t(ctx, "Bias").reshape(-1)[tensor(labels)].to(x.dtype)
+    o = torch.sigmoid(logits)
+    b, true = nce_terms(ctx, labels, dtype_of(x))
+    bt, tt = tensor(b), tensor(true)
+    cost = torch.where(tt, -torch.log(o / (o + bt)), -torch.log(bt / (o + bt)))
+    put(ctx, "Cost", (cost.sum(dim=1) * _sample_weights(ctx, x.shape[0], x)).reshape(-1, 1))
+    put(ctx, "SampleLogits", o)
+    ctx.set_output("SampleLabels", labels)
+
+
+@kernel("nce_grad")
+def nce_grad(ctx: KernelContext) -> None:
+    x, w = input_t(ctx, "Input"), ctx.input("Weight")
+    labels, o = host(ctx.input("SampleLabels")), input_t(ctx, "SampleLogits")
+    b, true = nce_terms(ctx, labels, dtype_of(o))
+    bt, tt = tensor(b), tensor(true)
+    g = torch.where(tt, (bt / (o + bt)) * (o - 1), o * (1 - o) / (o + bt))
+    dcost = ctx.input("Cost@GRAD")  # missing: zero
+    scale = _sample_weights(ctx, x.shape[0], o) * (
+        0 if dcost is None else tensor(dcost).reshape(-1).to(o.dtype))
+    g = g * scale[:, None]
+    flat = tensor(labels.reshape(-1))
+    if ctx.has_output("Bias@GRAD"):
+        bias = input_t(ctx, "Bias")
+        db = zeros((bias.numel(),), dtype_of(bias)).index_add_(0, flat, g.reshape(-1).to(bias.dtype))
+        put(ctx, "Bias@GRAD", db.reshape(bias.shape))
+    if ctx.has_output("Weight@GRAD"):
+        contrib = (g[:, :, None] * x[:, None, :]).reshape(-1, x.shape[1])
+        ctx.set_output("Weight@GRAD", _nce_weight_grad(ctx, w, labels, contrib))
+    if ctx.has_output("Input@GRAD"):
+        put(ctx, "Input@GRAD", torch.einsum("ns,nsd->nd", g, _class_rows(w, labels).to(g.dtype)),
+            dtype=dtype_of(x))
+
+
+def _nce_weight_grad(ctx: KernelContext, w: Tensor | SelectedRows, labels: np.ndarray,
+                     contrib: Tensor) -> Tensor | SelectedRows:
+    """`numpy_nn.nce_weight_grad` on the device."""
+    height = w.height if isinstance(w, SelectedRows) else w.shape[0]
+    if ctx.attr("is_sparse", False):
+        rows, inverse = np.unique(labels.reshape(-1), return_inverse=True)
+        values = zeros((rows.size, contrib.shape[1]), dtype_of(contrib))
+        return SelectedRows(rows, values.index_add_(0, tensor(inverse.reshape(-1)), contrib), height)
+    if isinstance(w, SelectedRows):
+        raise TypeError("nce_grad: Weight is the prefetched rows (remote_prefetch), which needs "
+                        "is_sparse")
+    dw = zeros(tuple(w.shape), dtype_of(w))
+    return dw.index_add_(0, tensor(labels.reshape(-1)), contrib.to(dw.dtype))

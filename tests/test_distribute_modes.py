@@ -296,6 +296,39 @@ def test_grad_allreduce() -> None:
     assert gen.attr("other_endpoints") == [PS2] and gen.attr("rank") == 0
 
 
+def test_single_process_multi_thread_is_grad_allreduce_on_one_ring_opened_by_c_comm_init_all(
+        ) -> None:
+    """The original's SingleProcessMultiThread: one ring whatever nccl_comm_num says, nranks
+    the endpoints, one endpoint allowed, and a startup with only c_comm_init_all added."""
+    mode = "single_process_multi_thread"
+    main0, startup0 = basic()
+    for endpoints, scale in ((PS1, 1.0), (TRAINERS, 0.5)):
+        t = T.DistributeTranspiler(config(mode="collective", collective_mode=mode,
+                                          nccl_comm_num=2))
+        t.transpile(0, program=main0, trainers=endpoints, startup_program=startup0,
+                    current_endpoint=PS1, in_place=False)
+        main, startup = trainer(t)
+        ops = main.global_block().ops
+        assert types(main.global_block()) == [
+            "mul", "elementwise_add", "elementwise_sub", "square", "mean", "fill_constant",
+            "scale", "mean_grad", "square_grad", "elementwise_sub_grad", "elementwise_add_grad",
+            "c_allreduce_sum", "mul_grad", "c_allreduce_sum", "sgd", "sgd"]
+        assert ops[6].attr("scale") == scale and ops[6].input("X") == ["mean.tmp_0@GRAD"]
+        assert [(op.input("X"), op.attr("ring_id"), op.attr("nranks")) for op in ops
+                if op.type == "c_allreduce_sum"] == [(["fc_b@GRAD"], 0, 1 / scale),
+                                                     (["fc_w@GRAD"], 0, 1 / scale)]
+        assert types(startup.global_block()) == types(startup0.global_block()) + [
+            "c_comm_init_all"]
+        init = startup.global_block().ops[-1]
+        assert (init.inputs, init.outputs, init.attr("ring_id")) == ({}, {}, 0)
+        assert (main.attrs["_collective_mode"], main.attrs["_nccl_comm_num"]) == (mode, 1)
+    with pytest.raises(ValueError, match=r"at least 2 trainers \(1 only with collective_mode "
+                                         "single_process_multi_thread"):
+        T.DistributeTranspiler(config(mode="collective", collective_mode="grad_allreduce")
+                               ).transpile(0, program=main0, trainers=PS1,
+                                           startup_program=startup0, current_endpoint=PS1)
+
+
 def test_local_sgd_every_step_and_every_k_steps() -> None:
     main, startup = _collective(config(mode="collective", collective_mode="local_sgd"))
     assert types(main.global_block())[-10:] == ["elementwise_sub", "c_allreduce_sum", "scale",

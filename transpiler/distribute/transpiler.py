@@ -146,7 +146,8 @@ class DistributeTranspiler:
             if config.print_log:
                 print("\n".join(plan_log(self._plan)))
         else:
-            cluster = trainer_cluster(trainer_id, trainers, current_endpoint, config.mode)
+            cluster = trainer_cluster(trainer_id, trainers, current_endpoint, config.mode,
+                                      config.collective_mode)
             if config.mode == "nccl2":
                 transpile_nccl2(config, cluster, main, startup)
             else:

@@ -10,6 +10,10 @@
   mode bit for bit (the ring sums two grads as a pserver does, and scaling by 1/2 is exact).
 - local_sgd averages every k steps: after a multiple of k every trainer holds the same
   parameters, bit for bit; one step later they differ.
+- single_process_multi_thread: c_comm_init_all opens a ring of one rank, this process, whose
+  all-reduce is X itself; with one trainer the job equals local training bit for bit (the loss
+  grad scaled by 1.0, the sums of one rank), simulated and over ZeroMQ; a job of several
+  trainer processes is refused naming the mode (by the schema, and by the op).
 - Geo-SGD with a sparse (SelectedRows) embedding table trains, and with one trainer equals local
   training (the deltas pushed, only the rows that moved, and pulled back lose no update).
 """
@@ -28,7 +32,7 @@ from runtime.execution.tensor import Phantom, SelectedRows
 from runtime.network.rpc import RpcClient
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import LocalCluster, run_job, train_locally
-from runtime.services.collective import CollectiveError, CollectiveOps
+from runtime.services.collective import Collective, CollectiveError, CollectiveOps
 from runtime.services.job import Job
 from sim.loop import run as run_sim
 from sim.network import Network
@@ -168,6 +172,46 @@ def test_a_missing_rank_times_out_naming_the_neighbour() -> None:
         run_sim(main())
 
 
+SPMT = "single_process_multi_thread"
+
+
+async def check_comm_init_all(ops: Collective) -> None:
+    """c_comm_init_all on `ops` (either backend): a ring of one rank whose all-reduce hands X
+    back; refused where the job has several trainer processes, naming the mode."""
+    scope = Scope()
+    scope.put("g", np.array([1.5, -2.0], np.float32))
+    scope.put("rows", SelectedRows(np.array([3, 1]), np.ones((2, 2), np.float32), 5))
+    init = Op("c_comm_init_all", {}, {}, {"ring_id": 0})
+    ops.trainer_endpoints = ("10.0.0.1:7000", "10.0.0.2:7000")
+    with pytest.raises(CollectiveError, match=f"{ops.name}: c_comm_init_all of ring 0: "
+                       f"collective_mode {SPMT} opens a ring over one process's own devices "
+                       "and never connects processes, but this job has 2 trainer processes "
+                       r"\(10.0.0.1:7000, 10.0.0.2:7000\): run it with 1 trainer"):
+        await ops.comm_init_all(init, scope)
+    ops.trainer_endpoints = ("10.0.0.1:7000",)
+    await ops.handlers()["c_comm_init_all"](init, scope)
+    assert (ops.rings[0].nranks, ops.rings[0].rank, ops.rings[0].local) == (1, 0, True)
+    for name in ("g", "rows"):
+        await ops.allreduce(Op("c_allreduce_sum", {"X": [name]}, {"Out": [name]},
+                               {"ring_id": 0, "nranks": 1}), scope)
+    assert scope.get("g").tolist() == [1.5, -2.0]
+    assert scope.get("rows").rows.tolist() == [3, 1]
+    with pytest.raises(CollectiveError, match="nranks 2, but ring 0 has 1 ranks .c_comm_init_all "
+                                              f"opened it over this process only: collective_mode "
+                                              f"{SPMT} never connects trainer processes"):
+        ops.allreduce(Op("c_allreduce_sum", {"X": ["g"]}, {"Out": ["g"]},
+                         {"ring_id": 0, "nranks": 2}), scope)
+
+
+def test_c_comm_init_all_opens_a_ring_of_this_process_only() -> None:
+    async def main() -> None:
+        client = RpcClient(Network().transport("trainer:0"))
+        await client.connect([])
+        await check_comm_init_all(CollectiveOps(client, timeout=2.0))
+
+    run_sim(main())
+
+
 # -- whole jobs ------------------------------------------------------------------------------------
 
 def collective_text(trainers: int, mode: str = "collective", extra: str = "",
@@ -220,6 +264,24 @@ def test_two_trainer_grad_allreduce_equals_sync_pserver_training_bit_for_bit() -
         assert collective.params[name].tobytes() == value.tobytes(), name
 
 
+@pytest.mark.timeout(60)
+def test_single_process_multi_thread_with_one_trainer_equals_local_training_exactly() -> None:
+    scenario = parse_scenario(collective_text(1, extra=f"collective_mode: {SPMT}",
+                                              endpoints=free_endpoints(1)))
+    job = Job.from_scenario(scenario)
+    _, startup = job.trainer_programs(0)
+    assert startup.global_block().ops[-1].type == "c_comm_init_all"
+    losses, local = train_locally(job)
+    simulated = simulate(scenario)
+    zeromq = asyncio.run(run_job(job, ZmqTransport))
+    assert simulated.trainers[0].losses == zeromq.trainers[0].losses == losses
+    assert losses[-1] < losses[0]
+    for result in (simulated, zeromq):
+        assert result.params.keys() == local.keys()
+        for name, value in local.items():
+            assert result.params[name].tobytes() == value.tobytes(), name
+
+
 def trainer_params(scenario_text: str) -> list[dict[str, np.ndarray]]:
     """Every trainer's parameters at the end of the simulated job."""
     job = Job.from_scenario(parse_scenario(scenario_text))
@@ -263,6 +325,12 @@ def test_collective_modes_take_no_pservers() -> None:
     with pytest.raises(ScenarioError, match="params_equal_to needs"):
         parse_scenario(collective_text(2, extra="collective_mode: local_sgd")
                        + "expect: {params_equal_to: local}\n")
+    one = parse_scenario(collective_text(1, extra=f"collective_mode: {SPMT}")
+                         + "expect: {params_equal_to: local}\n")
+    assert (one.cluster.trainers, one.transpiler.collective_mode) == (1, SPMT)
+    with pytest.raises(ScenarioError, match=f"collective_mode {SPMT} never connects trainer "
+                                            "processes: it needs cluster.trainers 1, not 2"):
+        parse_scenario(collective_text(2, extra=f"collective_mode: {SPMT}"))
 
 
 # -- Geo-SGD on a sparse table ---------------------------------------------------------------------

@@ -3,6 +3,8 @@
 
 - the backend selection (NCCL where the trainers compute on a GPU that is there, else gloo)
   and its errors, and the schema's rules;
+- c_comm_init_all (single_process_multi_thread): a ring of this process alone, no process
+  group;
 - the ops, by two processes: broadcast, all-reduce of numpy and torch values (exact sums, X
   never written into), the SelectedRows gather (uneven row counts, rank order), two rings;
 - a rendezvous that cannot complete fails after `train.request_timeout`, naming rank 0's
@@ -26,6 +28,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
 
 from runtime.config.scenario import ScenarioError, parse_scenario  # noqa: E402
 from runtime.execution.scope import Scope  # noqa: E402
@@ -40,6 +43,7 @@ from runtime.services.job import Job  # noqa: E402
 from transpiler.ir import Op  # noqa: E402
 
 from cluster_helpers import csv_with_a_bad_value, free_endpoints  # noqa: E402
+from test_collective import check_comm_init_all  # noqa: E402
 from test_runtime_up import children_of, load_params, up  # noqa: E402
 from torch_ranks import rows_of, x_of  # noqa: E402
 
@@ -166,6 +170,20 @@ def test_an_op_before_its_ring_is_open_or_on_a_phantom_is_refused() -> None:
             scope.put("g", Phantom((3,), np.dtype(np.float32)))
             with pytest.raises(CollectiveError, match="a phantom .timing mode. has no values"):
                 ops.allreduce(op, scope)
+        finally:
+            ops.close()
+    asyncio.run(check())
+
+
+def test_c_comm_init_all_opens_a_ring_of_this_process_without_a_process_group() -> None:
+    """single_process_multi_thread on torch: the ring of one rank sums without torch.distributed
+    (no process group is made), and a job of several processes is refused naming the mode."""
+    async def check() -> None:
+        ops = TorchCollectiveOps("trainer:0", 1.0)
+        try:
+            await check_comm_init_all(ops)
+            assert ops.groups == {} and not dist.is_initialized()
+            await ops.finish()
         finally:
             ops.close()
     asyncio.run(check())

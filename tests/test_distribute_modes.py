@@ -242,6 +242,61 @@ def test_geo_pushes_only_touched_rows_of_sparse_tables() -> None:
     assert "shared_w.block0.delta:shared_w.block0" in listen(ps1).attr("sparse_grad_to_param")
 
 
+def _update_vars_model(names: str, op_type: str = "mul") -> tuple[T.Program, T.Program]:
+    """basic() with fc_w not trainable (no optimizer op) and `names` as the
+    ``distribute_update_vars`` of its `op_type` op, as Paddle's pyramid_hash carries it."""
+    main, startup = basic(w_attr=T.ParamAttr(name="fc_w", trainable=False))
+    (op,) = [op for op in main.global_block().ops if op.type == op_type]
+    op.attrs["distribute_update_vars"] = names
+    return main, startup
+
+
+def test_geo_pushes_and_pulls_the_distribute_update_vars_without_an_optimizer_op() -> None:
+    main0, startup0 = _update_vars_model("fc_w")
+    assert [op.role_var[0] for op in main0.global_block().ops if op.type == "sgd"] == ["fc_b"]
+    t = T.GeoSgdTranspiler(config(geo_sgd_need_push_nums=5))
+    t.transpile(0, program=main0, pservers=PSERVERS, trainers=2, startup_program=startup0,
+                in_place=False)
+    main, startup = trainer(t)
+    push = main.block(main.global_block().ops[-1].attr("sub_block").idx)
+    assert types(push) == ["fill_constant", "elementwise_sub", "scale", "send", "elementwise_sub",
+                           "scale", "split_byref", "send", "recv", "assign", "recv", "concat",
+                           "assign"]
+    assert push.ops[4].input_arg_names == ["fc_w", "fc_w@GEO_OLD"]
+    assert push.ops[7].input("X") == ["fc_w.block0.delta", "fc_w.block1.delta"]
+    assert push.ops[10].output("Out") == ["fc_w.block0", "fc_w.block1"]
+    assert ("assign", ["fc_w@GEO_OLD"]) in [(op.type, op.output("Out"))
+                                           for op in startup.global_block().ops]
+    ps1, ps1_startup = pserver(t, PS1)
+    assert listen(ps1).attr("grad_to_block_id") == ["fc_b.delta:1", "fc_w.block1.delta:2"]
+    assert ps1.block(2).ops[0].input("X") == ["fc_w.block1", "fc_w.block1.delta"]
+    assert types(ps1_startup.global_block()) == ["fill_constant", "uniform_random"]
+    assert [pv["origin"] for pv in main.attrs["_parameters_on_pservers"]] == [
+        "fc_b", "fc_w", "fc_w"]
+
+
+def test_distribute_update_vars_are_read_from_any_op_once_each_in_order() -> None:
+    main0, startup0 = _update_vars_model(" fc_w,fc_b ", op_type="elementwise_add")
+    main0.global_block().ops[0].attrs["distribute_update_vars"] = "fc_w"
+    t = T.GeoSgdTranspiler(config(slice_var_up=False))
+    t.transpile(0, program=main0, pservers=PSERVERS, trainers=2, startup_program=startup0,
+                in_place=False)
+    main, _ = trainer(t)
+    sends = [op.input("X") for op in main.blocks[-1].ops if op.type == "send"]
+    assert sends == [["fc_b.delta"], ["fc_w.delta"]]  # fc_b keeps its optimizer's one pair
+
+
+def test_distribute_update_vars_name_parameters_and_only_geo_pushes_them() -> None:
+    with pytest.raises(ValueError, match="op 'mul' names distribute_update_vars 'nowhere', "
+                                         "which is no var in the global block"):
+        transpile(_update_vars_model("nowhere"), config(geo_sgd_mode=True))
+    with pytest.raises(ValueError, match="'mean.tmp_0', which is not persistable"):
+        transpile(_update_vars_model("mean.tmp_0"), config(geo_sgd_mode=True))
+    with pytest.raises(ValueError, match="which only geo_sgd_mode pushes \\(the mode is SYNC\\)"):
+        transpile(_update_vars_model("fc_w"))
+    transpile(_update_vars_model(""), config(geo_sgd_mode=True))  # empty: nothing named
+
+
 def test_geo_rejects_a_distributed_table() -> None:
     with pytest.raises(ValueError, match="geo_sgd_mode"):
         transpile(lookup_model(is_distributed=True), config(geo_sgd_mode=True))
@@ -294,6 +349,39 @@ def test_grad_allreduce() -> None:
                                                   "c_broadcast"]
     gen = startup.global_block().ops[-4]
     assert gen.attr("other_endpoints") == [PS2] and gen.attr("rank") == 0
+
+
+def test_single_process_multi_thread_is_grad_allreduce_on_one_ring_opened_by_c_comm_init_all(
+        ) -> None:
+    """The original's SingleProcessMultiThread: one ring whatever nccl_comm_num says, nranks
+    the endpoints, one endpoint allowed, and a startup with only c_comm_init_all added."""
+    mode = "single_process_multi_thread"
+    main0, startup0 = basic()
+    for endpoints, scale in ((PS1, 1.0), (TRAINERS, 0.5)):
+        t = T.DistributeTranspiler(config(mode="collective", collective_mode=mode,
+                                          nccl_comm_num=2))
+        t.transpile(0, program=main0, trainers=endpoints, startup_program=startup0,
+                    current_endpoint=PS1, in_place=False)
+        main, startup = trainer(t)
+        ops = main.global_block().ops
+        assert types(main.global_block()) == [
+            "mul", "elementwise_add", "elementwise_sub", "square", "mean", "fill_constant",
+            "scale", "mean_grad", "square_grad", "elementwise_sub_grad", "elementwise_add_grad",
+            "c_allreduce_sum", "mul_grad", "c_allreduce_sum", "sgd", "sgd"]
+        assert ops[6].attr("scale") == scale and ops[6].input("X") == ["mean.tmp_0@GRAD"]
+        assert [(op.input("X"), op.attr("ring_id"), op.attr("nranks")) for op in ops
+                if op.type == "c_allreduce_sum"] == [(["fc_b@GRAD"], 0, 1 / scale),
+                                                     (["fc_w@GRAD"], 0, 1 / scale)]
+        assert types(startup.global_block()) == types(startup0.global_block()) + [
+            "c_comm_init_all"]
+        init = startup.global_block().ops[-1]
+        assert (init.inputs, init.outputs, init.attr("ring_id")) == ({}, {}, 0)
+        assert (main.attrs["_collective_mode"], main.attrs["_nccl_comm_num"]) == (mode, 1)
+    with pytest.raises(ValueError, match=r"at least 2 trainers \(1 only with collective_mode "
+                                         "single_process_multi_thread"):
+        T.DistributeTranspiler(config(mode="collective", collective_mode="grad_allreduce")
+                               ).transpile(0, program=main0, trainers=PS1,
+                                           startup_program=startup0, current_endpoint=PS1)
 
 
 def test_local_sgd_every_step_and_every_k_steps() -> None:

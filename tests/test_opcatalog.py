@@ -104,7 +104,10 @@ def _programs() -> Iterator[tuple[str, Program]]:
                                  ("allreduce", config(mode="collective",
                                                       collective_mode="grad_allreduce"), True),
                                  ("local_sgd", config(mode="collective",
-                                                      collective_mode="local_sgd"), True)):
+                                                      collective_mode="local_sgd"), True),
+                                 ("single_process", config(
+                                     mode="collective",
+                                     collective_mode="single_process_multi_thread"), True)):
             model = build_model(name)
             t = T.DistributeTranspiler(cfg)
             collective = cfg.mode != "pserver"
@@ -132,4 +135,5 @@ def test_the_programs_written_use_only_catalog_ops_and_slots() -> None:
                     f"{where}: {op.type} has slots {_unlisted(op, OPS[op.type])} the catalog lacks"
                 seen.add(op.type)
     assert {"mul_grad", "lookup_table_grad", "adam", "send", "listen_and_serv",
-            "c_allreduce_sum", "gen_nccl_id", "conditional_block", "sparse_delta"} <= seen
+            "c_allreduce_sum", "gen_nccl_id", "c_comm_init_all", "conditional_block",
+            "sparse_delta"} <= seen

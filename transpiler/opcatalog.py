@@ -277,6 +277,8 @@ _FORWARD: tuple[OpDef, ...] = (
         runs="rpc"),
     _op("c_gen_nccl_id", inputs="", shape=None, runs="rpc"),
     _op("c_comm_init", outputs="", shape=None, runs="rpc"),
+    # single_process_multi_thread: ring 0 over this process's own devices (no id, no peers)
+    _op("c_comm_init_all", inputs="", outputs="", shape=None, runs="rpc"),
     _op("c_broadcast", shape=None, runs="rpc"),
     _op("c_allreduce_sum", shape=None, runs="rpc"),
     _op("c_sync_calc_stream", shape=None, runs="rpc"),

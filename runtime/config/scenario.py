@@ -240,9 +240,13 @@ class TranspilerSpec(_Strict):
     """Delay-compensated async SGD (DC-ASGD); async mode only."""
     geo_push_every: int = Field(100, ge=1)
     """Geo mode: a trainer pushes its parameter deltas every this many steps."""
-    collective_mode: Literal["grad_allreduce", "local_sgd"] = "grad_allreduce"
+    collective_mode: Literal["grad_allreduce", "local_sgd",
+                             "single_process_multi_thread"] = "grad_allreduce"
     """Collective mode: all-reduce the mean gradient every step, or train locally and
-    average the parameters every `local_sgd_k_steps` steps."""
+    average the parameters every `local_sgd_k_steps` steps; or single_process_multi_thread,
+    the original's mode of one process driving several devices, with one ring that never
+    connects processes: one trainer (`cluster.trainers: 1`) here, which trains as a local
+    run does (docs/transpiler.md §8)."""
     local_sgd_k_steps: int = Field(1, ge=1)
     """Collective mode, local_sgd: steps between two parameter averages."""
     nccl_comm_num: int = Field(1, ge=1, le=64)
@@ -476,10 +480,16 @@ class Scenario(_Strict):
     def _pservers_of_the_mode(self) -> "Scenario":
         """The nccl2 and collective modes have no pservers: `cluster.pservers` is taken as 0
         (so one scenario can be swept over modes with and without); the others need one at
-        least. Collective mode needs 2 trainers at least."""
+        least. Collective mode needs 2 trainers at least, but single_process_multi_thread,
+        which never connects trainer processes, exactly 1."""
         if self.transpiler.mode in TRAINER_RING_MODES:
             self.cluster.pservers = 0
-            if self.transpiler.mode == "collective" and self.cluster.trainers < 2:
+            single = self.transpiler.collective_mode == "single_process_multi_thread"
+            if self.transpiler.mode == "collective" and single and self.cluster.trainers != 1:
+                raise ValueError("transpiler.collective_mode single_process_multi_thread never "
+                                 "connects trainer processes: it needs cluster.trainers 1, not "
+                                 f"{self.cluster.trainers} (use grad_allreduce for several)")
+            if self.transpiler.mode == "collective" and not single and self.cluster.trainers < 2:
                 raise ValueError("transpiler.mode collective needs cluster.trainers >= 2")
         elif self.cluster.pservers < 1:
             raise ValueError(f"cluster.pservers: 0 only with transpiler.mode nccl2 or "
@@ -489,13 +499,16 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _sync_only(self) -> "Scenario":
         """`expect.params_equal_to` needs a mode whose every step averages the trainers'
-        gradients: sync, nccl2, or collective with grad_allreduce."""
+        gradients: sync, nccl2, or collective with grad_allreduce (or
+        single_process_multi_thread, its one-trainer form)."""
         averaged = self.transpiler.mode in ("sync", "nccl2") or (
             self.transpiler.mode == "collective"
-            and self.transpiler.collective_mode == "grad_allreduce")
+            and self.transpiler.collective_mode in ("grad_allreduce",
+                                                    "single_process_multi_thread"))
         if self.expect.params_equal_to and not averaged:
             raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, nccl2 or "
-                             f"collective (grad_allreduce), not {self.transpiler.mode}")
+                             f"collective (grad_allreduce, single_process_multi_thread), not "
+                             f"{self.transpiler.mode}")
         return self
 
     @model_validator(mode="after")

@@ -13,6 +13,12 @@ torch`; both are a `Collective`.)
   ``gen_nccl_id`` (nccl2) does this for each of ``nccl_comm_num`` rings and opens them;
   hierarchical all-reduce runs as one flat ring.
 - ``c_comm_init``: open the ring (`Ring`) whose id the rendezvous wrote.
+- ``c_comm_init_all`` (``collective_mode: single_process_multi_thread``): open ring
+  ``ring_id`` over the devices of this process, without a rendezvous. A trainer process
+  computes on one device, so the ring has one rank, this trainer, and its all-reduce hands X
+  back as it is. The mode never connects processes: in a job of several trainer processes
+  (`Collective.trainer_endpoints`) it fails naming the mode rather than let each trainer train
+  alone on a loss scaled for all of them.
 - ``c_allreduce_sum``: the ring all-reduce. X is cut into ``nranks`` chunks; reduce-scatter
   (n-1 steps: send chunk (r-s) mod n, add what comes from the previous rank to chunk
   (r-s-1) mod n), then all-gather (n-1 steps passing the reduced chunks on). Each link carries
@@ -46,6 +52,7 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
+from transpiler.distribute.config import SINGLE_PROCESS_MULTI_THREAD as SINGLE_PROCESS
 from transpiler.ir import Op
 
 from runtime.execution.scope import Scope
@@ -76,6 +83,8 @@ class Ring:
     comm_id: str
     seq: itertools.count = field(default_factory=itertools.count)
     """Numbers this ring's ops in program order, the same on every rank."""
+    local: bool = False
+    """Opened by c_comm_init_all: this process's devices only (one rank), no peers."""
 
     @property
     def nranks(self) -> int:
@@ -108,11 +117,15 @@ class Collective(ABC):
         self._joined: dict[int, Ring] = {}  # rendezvous done, c_comm_init not yet
         self.step = 0
         """The trainer's step, for messages and errors."""
+        self.trainer_endpoints: tuple[str, ...] = ()
+        """Every trainer process's endpoint, where the job's programs say (their
+        ``_trainers_endpoints``; `Trainer` sets it): c_comm_init_all refuses a job of several."""
 
     def handlers(self) -> dict[str, Callable[[Op, Scope], Awaitable[Any]]]:
         """The ops that run whole before the next op (see `allreduce` for the one that does
         not)."""
         return {"c_gen_nccl_id": self.gen_comm_id, "c_comm_init": self.comm_init,
+                "c_comm_init_all": self.comm_init_all,
                 "gen_nccl_id": self.gen_nccl_id, "c_broadcast": self.broadcast,
                 "c_sync_calc_stream": no_op, "c_sync_comm_stream": no_op}
 
@@ -158,6 +171,21 @@ class Collective(ABC):
                                   f"has {ring.nranks} ranks and this is rank {ring.rank}")
         self.rings[ring_id] = ring
 
+    async def comm_init_all(self, op: Op, scope: Scope) -> None:
+        """c_comm_init_all: open ring ``ring_id`` over this process's devices, one rank."""
+        ring_id = int(op.attr("ring_id", 0))
+        if len(self.trainer_endpoints) > 1:
+            raise CollectiveError(
+                f"{self.name}: c_comm_init_all of ring {ring_id}: collective_mode "
+                f"{SINGLE_PROCESS} opens a ring over one process's own devices and never "
+                f"connects processes, but this job has {len(self.trainer_endpoints)} trainer "
+                f"processes ({', '.join(self.trainer_endpoints)}): run it with 1 trainer, or use "
+                "collective_mode grad_allreduce")
+        if ring_id in self.rings:
+            raise CollectiveError(f"{self.name}: c_comm_init_all: ring {ring_id} is open already")
+        self.rings[ring_id] = Ring(ring_id, 0, (self.name,), f"ring{ring_id}:{self.name}:local",
+                                   local=True)
+
     async def gen_nccl_id(self, op: Op, scope: Scope) -> None:
         """gen_nccl_id (nccl2): the rendezvous of each of ``nccl_comm_num`` rings, opened at
         once; each NCCLID var holds its ring's id (the hierarchical ones ring 0's: pslab runs
@@ -179,8 +207,10 @@ class Collective(ABC):
                                   "(its c_comm_init or gen_nccl_id has not run)")
         nranks = op.attr("nranks", None)
         if nranks is not None and int(nranks) != ring.nranks:
+            local = (f" (c_comm_init_all opened it over this process only: collective_mode "
+                     f"{SINGLE_PROCESS} never connects trainer processes)" if ring.local else "")
             raise CollectiveError(f"{self.name}: {op.type}: nranks {nranks}, but ring "
-                                  f"{ring_id} has {ring.nranks} ranks")
+                                  f"{ring_id} has {ring.nranks} ranks{local}")
         return ring
 
 

@@ -10,6 +10,8 @@ torch.distributed's process groups in place of rings:
   further ring (``nccl_comm_num``, ``ring_id`` > 0) is a `dist.new_group` of every rank, a
   communicator of its own. Out (each NCCLID var) holds the ring's id.
 - ``c_comm_init``: open the ring the rendezvous made (checked as the ring backend checks it).
+- ``c_comm_init_all``: ring ``ring_id`` of one rank, this process (the base class's); its
+  all-reduce and broadcast hand X back without a process group.
 - ``c_allreduce_sum``: `dist.all_reduce` (SUM) into a tensor of the op's own, started when the op
   runs with X as it is then; the sum lands in Out in the background, and an op that reads Out
   waits for it (as for the ring). A SelectedRows X is all-gathered, every rank's rows and values
@@ -265,6 +267,9 @@ class TorchCollectiveOps(Collective):
         """c_broadcast: every rank's Out becomes rank ``root``'s X."""
         ring = self.ring(op)
         root, value = int(op.attr("root", 0)), scope.raw(op.input("X")[0])
+        if ring.local:  # c_comm_init_all's ring of one rank: X is root's
+            scope.put(op.output("Out")[0], value)
+            return
         tensor = _as_tensor(_dense(op, value), self.device)
         if ring.rank != root:
             tensor = torch.empty_like(tensor, memory_format=torch.contiguous_format)
@@ -277,6 +282,8 @@ class TorchCollectiveOps(Collective):
         sum in Out."""
         ring = self.ring(op)
         value, out = scope.raw(op.input("X")[0]), op.output("Out")[0]
+        if ring.local:  # c_comm_init_all's ring of one rank: the sum is X
+            return asyncio.get_running_loop().create_task(_put(scope, out, value))
         group = self.groups[ring.ring_id]
         work: Callable[[], torch.Tensor | SelectedRows]
         if isinstance(value, SelectedRows):
@@ -326,6 +333,10 @@ class TorchCollectiveOps(Collective):
         """No more calls: the thread ends after those queued (a daemon: a call still waiting
         for a peer that is gone does not hold the process's exit)."""
         self._calls.stop()
+
+
+async def _put(scope: Scope, name: str, value: Any) -> None:
+    scope.put(name, value)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -589,6 +589,7 @@ class Trainer:
         self.scope = Scope()
         self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer), protocol,
                           collective)
+        self.rpc.collective.trainer_endpoints = tuple(main.attrs.get("_trainers_endpoints", ()))
         self.heartbeat_interval = heartbeat_interval
         self.report = TrainerReport(trainer_id)
         """What it has done so far (all of it once `run` returns)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from .config import SINGLE_PROCESS_MULTI_THREAD as SINGLE_PROCESS
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -83,15 +85,17 @@ def pserver_cluster(trainer_id: object, pservers: object, trainers: object,
 
 
 def trainer_cluster(trainer_id: object, trainers: object, current_endpoint: str,
-                    mode: str) -> Cluster:
+                    mode: str, collective_mode: str | None = None) -> Cluster:
     """nccl2 / collective mode: `trainers` lists the trainers' endpoints, and the current
-    endpoint must be the one at index `trainer_id`."""
+    endpoint must be the one at index `trainer_id`. Collective mode needs two endpoints at
+    least, except in ``single_process_multi_thread``, which takes one, as the original did."""
     endpoints = parse_endpoints(trainers, "trainers")
     current = check_endpoint(current_endpoint, "current_endpoint")
     if current not in endpoints:
         raise ValueError(f"current_endpoint: {current!r} is not one of the trainers {list(endpoints)}")
-    if mode == "collective" and len(endpoints) < 2:
-        raise ValueError(f"trainers: collective mode needs at least 2 trainers, got {list(endpoints)}")
+    if mode == "collective" and collective_mode != SINGLE_PROCESS and len(endpoints) < 2:
+        raise ValueError(f"trainers: collective mode needs at least 2 trainers (1 only with "
+                         f"collective_mode {SINGLE_PROCESS}), got {list(endpoints)}")
     rank = _check_trainer_id(trainer_id, len(endpoints))
     if endpoints[rank] != current:
         raise ValueError(f"current_endpoint: trainer {rank} is {endpoints[rank]!r} in trainers, "

@@ -25,6 +25,9 @@ picks one of ``nccl_comm_num`` communicators, used in turn):
   becomes the element-wise sum of all ranks' X (a SELECTED_ROWS X: the rows of all ranks,
   concatenated). It blocks until all ranks have contributed.
 
+- ``c_comm_init_all`` (startup; attr ``ring_id`` 0): open ring 0 over the devices of this
+  process only (``single_process_multi_thread``).
+
 ``grad_allreduce``: the loss grad is scaled by 1/nranks right after it is filled, and each
 parameter's grad is `c_allreduce_sum`-ed right after the op that finally writes it, so every
 rank's optimizer sees the mean grad. ``local_sgd``: ranks train alone; every
@@ -32,6 +35,12 @@ rank's optimizer sees the mean grad. ``local_sgd``: ranks train alone; every
 ``p = snap - p`` (`elementwise_sub`), `c_allreduce_sum`, ``scale`` 1/nranks, ``p = snap - p``,
 ``snap = p`` (`assign`), where ``<param>@SNAPSHOT`` holds the last common value (filled by the
 startup after the broadcast).
+``single_process_multi_thread``: the original's `SingleProcessMultiThread(GradAllReduce)`, whose
+one process drives several devices: grad_allreduce's main program on one ring (ring 0, whatever
+``nccl_comm_num`` says), ``nranks`` the number of endpoints (one is allowed), and a startup with
+only ``c_comm_init_all`` added: no id exchange and no parameter broadcast, as the process's
+devices start from the same values. It never connects processes; pslab's runtime, one device
+per trainer process, runs it with one trainer (docs/transpiler.md §8).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from __future__ import annotations
 from ..ir import Block, OpRole, Program, VarType
 from .analysis import read_optimize_section
 from .cluster import Cluster
+from .config import SINGLE_PROCESS_MULTI_THREAD as SINGLE_PROCESS
 from .config import DistributeTranspilerConfig
 from .edit import append_every_k_steps
 
@@ -85,18 +95,22 @@ def nccl2_executable(main: Program) -> Program:
 
 def transpile_collective(config: DistributeTranspilerConfig, cluster: Cluster, main: Program,
                          startup: Program) -> None:
-    """Add communicator setup and parameter broadcast to `startup`, and grad all-reduce or
+    """Add communicator setup (and parameter broadcast) to `startup`, and grad all-reduce or
     local-SGD averaging to `main`."""
     section = read_optimize_section(main)
     params = [pg.param for pg in section.params_grads]
-    _init_communicators(startup, cluster, config.nccl_comm_num)
-    _broadcast(startup, params, config.nccl_comm_num)
+    rings = 1 if config.collective_mode == SINGLE_PROCESS else config.nccl_comm_num
+    if config.collective_mode == SINGLE_PROCESS:
+        startup.global_block().append_op("c_comm_init_all", {}, {}, {"ring_id": 0})
+    else:
+        _init_communicators(startup, cluster, rings)
+        _broadcast(startup, params, rings)
     main.attrs.update({"_trainers_endpoints": list(cluster.trainer_endpoints),
-                       "_nccl_comm_num": config.nccl_comm_num,
+                       "_nccl_comm_num": rings,
                        "_collective_mode": config.collective_mode})
-    if config.collective_mode == "grad_allreduce":
+    if config.collective_mode in ("grad_allreduce", SINGLE_PROCESS):
         _scale_loss_grad(main.global_block(), cluster.trainers)
-        _allreduce_grads(main.global_block(), cluster.trainers, config.nccl_comm_num)
+        _allreduce_grads(main.global_block(), cluster.trainers, rings)
     else:
         _local_sgd(main, startup, params, cluster.trainers, config)
 

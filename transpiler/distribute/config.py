@@ -23,7 +23,9 @@ from .dispatch import PSDispatcher, RoundRobin
 
 MIN_BLOCK_SIZE = 8192
 MODES = ("pserver", "nccl2", "collective")
-COLLECTIVE_MODES = ("grad_allreduce", "local_sgd")
+SINGLE_PROCESS_MULTI_THREAD = "single_process_multi_thread"
+"""The collective mode whose one process drives all its devices: one ring, no id exchange."""
+COLLECTIVE_MODES = ("grad_allreduce", "local_sgd", SINGLE_PROCESS_MULTI_THREAD)
 
 
 class DistributedMode(enum.IntEnum):

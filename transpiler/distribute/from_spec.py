@@ -18,8 +18,8 @@ Modes (``transpiler.mode``), onto docs/transpiler.md §3:
 - ``geo``: ``geo_sgd_mode`` True, ``geo_sgd_need_push_nums`` = ``geo_push_every`` (which
   other modes ignore, as the schema always carries it);
 - ``nccl2``: ``mode`` nccl2, ``nccl_comm_num`` rings;
-- ``collective``: ``mode`` collective with ``collective_mode`` (grad_allreduce or local_sgd),
-  ``local_sgd_k_steps`` and ``nccl_comm_num``.
+- ``collective``: ``mode`` collective with ``collective_mode`` (grad_allreduce, local_sgd or
+  single_process_multi_thread), ``local_sgd_k_steps`` and ``nccl_comm_num``.
 
 Endpoints (``cluster``): ``endpoints.pservers`` when given, else ``host:base_port+i`` for each
 of ``pservers`` servers (``host`` 127.0.0.1, a ``base_port`` of 0 meaning 6170). nccl2 and
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..ir import Program
-from .config import DistributeTranspilerConfig
+from .config import COLLECTIVE_MODES, DistributeTranspilerConfig
 from .dispatch import HashName, PSDispatcher, RoundRobin
 from .transpiler import DistributeTranspiler
 
@@ -122,8 +122,7 @@ def config_from_spec(transpiler: Mapping[str, Any] | None) -> tuple[DistributeTr
         _set(config, "mode", mode, "mode")
         _set(config, "nccl_comm_num", spec.get("nccl_comm_num", 1), "nccl_comm_num")
     if mode == "collective":
-        _set(config, "collective_mode", _choice(spec, "collective_mode",
-                                                ("grad_allreduce", "local_sgd"),
+        _set(config, "collective_mode", _choice(spec, "collective_mode", COLLECTIVE_MODES,
                                                 "grad_allreduce"), "collective_mode")
         _set(config, "local_sgd_k_steps", spec.get("local_sgd_k_steps", 1), "local_sgd_k_steps")
     return config, mode in ("sync",) + TRAINER_RING_MODES

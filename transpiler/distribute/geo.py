@@ -15,17 +15,32 @@ A pserver holds its param blocks; its optimize block for block ``b`` is
 ``sum(b, b.delta) -> b``, keyed ``b.delta`` in ``grad_to_block_id`` (sparse deltas also in
 ``sparse_grad_to_param``), and ``distributed_mode`` is GEO. The trainer's startup fetches the
 parameters from the pservers like any trainer's, then fills ``@GEO_OLD``.
+
+``distribute_update_vars``: an op whose kernel updates parameters itself, without an optimizer
+op (Paddle's ``pyramid_hash``, whose gradient kernel writes its own table), names them in this
+comma-separated string attribute. As in the original's ``_get_distribute_update_vars``, each
+named var becomes a ``(var, var)`` pair after the optimizer ops' pairs, so geo pushes its
+delta and pulls it back like any parameter's (`with_distribute_update_vars`). Every op of every
+block is read; names are taken in the order they first appear (the original's went through a
+set, in no fixed order) and a var that has an optimizer op already keeps its one pair. A name
+that is not a persistable var of the global block is an error, and so is the attribute in the
+other pserver modes, which have no pserver op to apply such a var.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import Block, OpRole, Program, VarType
+from .analysis import OptimizeSection, ParamGrad
+from .config import DistributedMode
 from .edit import append_every_k_steps, clone_var, control_var, rpc_attrs
 from .plan import DistVar, Plan
 from .pserver import listen_and_serv_attrs, ordered_blocks
 from .startup import build_trainer_startup
 
 GEO_STEP = "@GEO_STEP@"
+UPDATE_VARS_ATTR = "distribute_update_vars"
 
 
 def old_name(param: str) -> str:
@@ -38,6 +53,31 @@ def delta_name(name: str) -> str:
 
 def _is_sparse(d: DistVar) -> bool:
     return d.grad_type is VarType.SELECTED_ROWS
+
+
+def with_distribute_update_vars(section: OptimizeSection, program: Program,
+                                mode: DistributedMode) -> OptimizeSection:
+    """`section` with a ``(var, var)`` pair for each var an op's ``distribute_update_vars``
+    names that has no pair yet (GEO only; see the module's docstring)."""
+    named = [(op.type, name.strip()) for block in program.blocks for op in block.ops
+             for name in str(op.attr(UPDATE_VARS_ATTR) or "").split(",") if name.strip()]
+    if not named:
+        return section
+    if mode is not DistributedMode.GEO:
+        raise ValueError(f"program: op {named[0][0]!r} names {UPDATE_VARS_ATTR} "
+                         f"{named[0][1]!r}, which only geo_sgd_mode pushes (the mode is "
+                         f"{mode.name})")
+    pairs, paired = list(section.params_grads), {pg.param for pg in section.params_grads}
+    for op_type, name in named:
+        var = program.global_block().vars.get(name)
+        if var is None or not var.persistable:
+            raise ValueError(f"program: op {op_type!r} names {UPDATE_VARS_ATTR} {name!r}, "
+                             f"which is {'no var' if var is None else 'not persistable'} in the "
+                             "global block; it must name parameters")
+        if name not in paired:
+            paired.add(name)
+            pairs.append(ParamGrad(name, name))
+    return replace(section, params_grads=tuple(pairs))
 
 
 def rewrite_geo_trainer(plan: Plan) -> tuple[Program, Program]:

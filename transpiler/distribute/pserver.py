@@ -115,10 +115,10 @@ def placed_vars(plan: Plan, endpoint: str) -> list[PlacedVar]:
     out = _table_rows(plan, endpoint)
     for d, i, several in ordered_blocks(plan, endpoint):
         block = d.params[i]
-        renames = slice_renames(plan, d, i, several)
         out.append(PlacedVar(block.name, d.param, "Param", endpoint, i, block.row_offset, block.shape))
         if plan.mode is DistributedMode.GEO:
             continue
+        renames = slice_renames(plan, d, i, several)
         opt = plan.section.optimizer_op(d.param)
         for slot, names in opt.inputs.items():
             for name in names if slot not in _NOT_ACCUMULATORS else ():

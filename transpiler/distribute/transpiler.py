@@ -30,7 +30,7 @@ from .analysis import check_placeable, read_optimize_section
 from .cluster import Cluster, pserver_cluster, trainer_cluster
 from .collective import transpile_collective, transpile_nccl2
 from .config import DistributedMode, DistributeTranspilerConfig, ServerRuntimeConfig, resolve_mode
-from .geo import build_geo_pserver_program, rewrite_geo_trainer
+from .geo import build_geo_pserver_program, rewrite_geo_trainer, with_distribute_update_vars
 from .lookup_table import check_table_optimizer, find_distributed_table, remote_sparse_params
 from .plan import Plan, dispatch_pass, slice_pass
 from .pserver import build_pserver_program, placed_vars
@@ -42,7 +42,7 @@ def make_plan(config: DistributeTranspilerConfig, cluster: Cluster, mode: Distri
               program: Program, startup: Program,
               server: ServerRuntimeConfig | None = None) -> Plan:
     """Read, slice and dispatch: everything decided before programs are written."""
-    section = read_optimize_section(program)
+    section = with_distribute_update_vars(read_optimize_section(program), program, mode)
     check_placeable(section)
     table = find_distributed_table(program)
     if table is not None:
@@ -146,7 +146,8 @@ class DistributeTranspiler:
             if config.print_log:
                 print("\n".join(plan_log(self._plan)))
         else:
-            cluster = trainer_cluster(trainer_id, trainers, current_endpoint, config.mode)
+            cluster = trainer_cluster(trainer_id, trainers, current_endpoint, config.mode,
+                                      config.collective_mode)
             if config.mode == "nccl2":
                 transpile_nccl2(config, cluster, main, startup)
             else:

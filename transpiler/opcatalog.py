@@ -197,7 +197,7 @@ _FORWARD: tuple[OpDef, ...] = (
         grad_cost=Cost("batched_matmul_grad")),
     _op("sigmoid_cross_entropy_with_logits", "X Label", grad="X", shape="like_x",
         cost=Cost("elementwise", 6), grad_cost=Cost("elementwise", 6)),
-    # Paddle's noise-contrastive estimation; Step (pslab's) keys the draws (kernels/sampling.py)
+    # Paddle's noise-contrastive estimation; Step (pslab's) keys the draws (runtime/execution/kernels/sampling.py)
     _op("nce", "Input Label Weight Bias SampleWeight CustomDistProbs CustomDistAlias "
         "CustomDistAliasProbs Step", "Cost SampleLogits SampleLabels", grad="Input Weight Bias",
         shape="nce", cost=Cost("nce", 2), grad_shape="nce_grad", grad_cost=Cost("nce", 4)),

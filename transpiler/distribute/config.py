@@ -22,6 +22,8 @@ from .dispatch import PSDispatcher, RoundRobin
 MIN_BLOCK_SIZE = 8192
 MODES = ("pserver", "nccl2", "collective")
 COLLECTIVE_MODES = ("grad_allreduce", "local_sgd")
+COMPRESSION_METHODS = ("none", "topk", "fp16", "int8")
+DEFAULT_TOPK_RATIO = 0.01
 
 
 class DistributedMode(enum.IntEnum):
@@ -45,6 +47,9 @@ class DistributeTranspilerConfig:
     `transpile` print what it decides (pairs, placements), as the original's log did.
     `wait_port` is kept for the original's scripts; the trainer's wait for its pservers is
     `get_trainer_program(wait_port=...)`, recorded as the program attribute ``_wait_port``.
+    `compression` is this project's too: ``{"method": "topk" | "fp16" | "int8" | "none",
+    "ratio": 0.01}`` (None: none) packs each dense gradient a trainer sends to a pserver, with
+    error feedback (docs/transpiler.md §6; `compression_settings` reads it).
     """
 
     def __init__(self, **fields: Any) -> None:
@@ -66,6 +71,7 @@ class DistributeTranspilerConfig:
         self.local_sgd_k_steps = 1
         self.print_log = False
         self.wait_port = True
+        self.compression: dict[str, Any] | None = None
         for name, value in fields.items():
             if not hasattr(self, name):
                 raise ValueError(f"DistributeTranspilerConfig: unknown field {name!r}")
@@ -79,6 +85,7 @@ class DistributeTranspilerConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the fields when two settings contradict each other."""
+        compressed = compression_settings(self)[0] != "none"
         conflicts = [
             (self.mode != "collective" and self.collective_mode is not None,
              f"collective_mode={self.collective_mode!r} needs mode='collective', not {self.mode!r}"),
@@ -96,6 +103,11 @@ class DistributeTranspilerConfig:
              "enable_dc_asgd is asynchronous; completely_not_async makes training synchronous"),
             (self.use_hierarchical_allreduce and self.mode != "nccl2",
              f"use_hierarchical_allreduce needs mode='nccl2', not {self.mode!r}"),
+            (compressed and self.mode != "pserver",
+             f"compression packs the gradients trainers send to pservers; mode={self.mode!r} "
+             "has none"),
+            (compressed and self.geo_sgd_mode,
+             "compression packs gradients; geo_sgd_mode sends parameter deltas"),
             (self.use_hierarchical_allreduce and self.hierarchical_allreduce_inter_nranks < 2,
              "use_hierarchical_allreduce needs hierarchical_allreduce_inter_nranks >= 2 "
              f"(ranks per node), got {self.hierarchical_allreduce_inter_nranks}"),
@@ -107,6 +119,12 @@ class DistributeTranspilerConfig:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"DistributeTranspilerConfig({fields})"
+
+
+def compression_settings(config: DistributeTranspilerConfig) -> tuple[str, float]:
+    """The compression method and top-k's ratio of `config` (("none", ...) when unset)."""
+    spec = config.compression or {}
+    return spec.get("method", "none"), float(spec.get("ratio", DEFAULT_TOPK_RATIO))
 
 
 def resolve_mode(config: DistributeTranspilerConfig, sync_mode: bool) -> DistributedMode:
@@ -163,6 +181,21 @@ def _check_split_method(_: DistributeTranspilerConfig, value: Any) -> None:
                               f"got {value!r}")
 
 
+def _check_compression(_: DistributeTranspilerConfig, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or not set(value) <= {"method", "ratio"} \
+            or "method" not in value:
+        _fail("compression", f"must be None or a dict with 'method' and optionally 'ratio', "
+                             f"got {value!r}")
+    if value["method"] not in COMPRESSION_METHODS:
+        _fail("compression", f"method must be one of {COMPRESSION_METHODS}, got "
+                             f"{value['method']!r}")
+    ratio = value.get("ratio", DEFAULT_TOPK_RATIO)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        _fail("compression", f"ratio must be a number in (0, 1], got {ratio!r}")
+
+
 def _check_choice(name: str, choices: tuple[Any, ...]) -> Any:
     def check(_: DistributeTranspilerConfig, value: Any) -> None:
         if value not in choices:
@@ -182,4 +215,5 @@ _FIELD_CHECKS: dict[str, Any] = {
     "local_sgd_k_steps": _check_int("local_sgd_k_steps", 1),
     "mode": _check_choice("mode", MODES),
     "collective_mode": _check_choice("collective_mode", (None,) + COLLECTIVE_MODES),
+    "compression": _check_compression,
 }

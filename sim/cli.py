@@ -259,7 +259,10 @@ def _sweep(args: argparse.Namespace, stream: TextIO) -> int:
         settings = ", ".join(f"{k}={v}" for k, v in point.settings.items())
         print(f"[{number}/{count}] {settings}: {point.outcome}", file=stream, flush=True)
 
-    record = run_sweep(Path(args.scenario), scenario.name, _overrides(args), axes, report)
+    target = args.loss_target if args.loss_target is not None \
+        else scenario.expect.final_loss_below
+    record = run_sweep(Path(args.scenario), scenario.name, _overrides(args), axes, report,
+                       target)
     out.mkdir(parents=True, exist_ok=True)
     write_record(out / "sweep.json", record)
     console_for(stream).print(sweep_table(record))
@@ -317,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sweep)
     sweep.add_argument("--vary", action="append", required=True, metavar="PATH=V1,V2,...",
                        help="a setting and its values, e.g. cluster.pservers=1,2,4 (repeatable)")
+    sweep.add_argument("--loss-target", type=float, metavar="LOSS",
+                       help="tabulate when trainer 0's loss (a 10-step mean) first fell below "
+                            "this (default: the scenario's expect.final_loss_below)")
     sweep.set_defaults(handler=_sweep, parser=sweep)
     return parser
 

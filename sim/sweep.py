@@ -3,18 +3,23 @@
 ``--vary cluster.pservers=1,2,4,8 --vary cluster.trainers=4,8`` simulates the cartesian product
 of the values (8 runs here), each as ``--set cluster.pservers=2 --set cluster.trainers=8`` on
 top of the scenario and the sweep's own ``--set``s, and records per point the simulated step
-time, throughput, final loss and whether the scenario's expectations held. A point that cannot
+time, throughput, final loss, the bytes each pserver took in, how long the loss took to reach
+a target and whether the scenario's expectations held. A point that cannot
 run (an invalid combination, a deadlock) is recorded with its error and the sweep goes on.
 
 ``OUT/sweep.json`` is `dataclasses.asdict` of a `SweepRecord`:
 
-    {"schema": 1, "scenario", "vary": {path: [values]},
+    {"schema": 2, "scenario", "vary": {path: [values]}, "loss_target",
      "points": [{"settings": {path: value}, "steps_span_seconds", "step_time_mean",
-                 "step_time_p99", "samples_per_second", "final_loss", "passed", "failed",
-                 "error"}]}
+                 "step_time_p99", "samples_per_second", "final_loss", "pserver_bytes_in",
+                 "time_to_loss", "passed", "failed", "error"}]}
 
 Step times are over every step of every trainer, in simulated seconds; ``failed`` names the
-expectations not met.
+expectations not met. ``pserver_bytes_in`` is the mean over the pservers of the bytes each
+received (null without pservers). ``time_to_loss`` is the simulated time at the end of trainer
+0's first step whose loss, averaged over it and the 9 steps before (as `final_loss_below`
+averages the last 10), is below ``loss_target`` (`sim sweep --loss-target`, else the
+scenario's `expect.final_loss_below`); null when it never gets there or there is no target.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from .simulate import simulate
 __all__ = ["Axis", "SweepError", "SweepPoint", "SweepRecord", "plot_sweep", "run_sweep",
            "sweep_table"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class SweepError(ValueError):
@@ -77,6 +82,8 @@ class SweepPoint:
     step_time_p99: float | None = None
     samples_per_second: float | None = None
     final_loss: float | None = None
+    pserver_bytes_in: float | None = None
+    time_to_loss: float | None = None
     passed: bool = False
     failed: list[str] = field(default_factory=list)
     error: str | None = None
@@ -93,11 +100,28 @@ class SweepRecord:
     scenario: str
     vary: dict[str, list[str]]
     points: list[SweepPoint]
+    loss_target: float | None = None
     schema: int = SCHEMA_VERSION
 
 
-def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str]) -> SweepPoint:
-    """Simulate the scenario with `settings` on top of `overrides`; errors are recorded."""
+def time_to_loss(losses: list[float], step_ends: list[float] | None,
+                 target: float | None) -> float | None:
+    """When the trailing mean of `losses` (over `expect.LOSS_WINDOW` steps) first falls below
+    `target`: that step's end; None if never, or without a target or step times."""
+    if target is None or not step_ends or not losses:
+        return None
+    sums = np.cumsum(np.asarray(losses, dtype=np.float64))
+    window = np.minimum(np.arange(1, len(losses) + 1), expect.LOSS_WINDOW)
+    shifted = np.concatenate([np.zeros(expect.LOSS_WINDOW), sums])[:len(losses)]
+    below = np.flatnonzero((sums - shifted) / window < target)
+    return float(step_ends[below[0]]) if below.size else None
+
+
+def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str],
+              loss_target: float | None = None) -> SweepPoint:
+    """Simulate the scenario with `settings` on top of `overrides`; errors are recorded.
+    `loss_target`: the loss whose time `time_to_loss` records (None: the scenario's
+    `expect.final_loss_below`)."""
     point = SweepPoint(settings)
     scenario = None
     try:
@@ -116,33 +140,45 @@ def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str
     point.step_time_mean = s.step_time_all.mean if s.step_time_all else None
     point.step_time_p99 = s.step_time_all.p99 if s.step_time_all else None
     point.samples_per_second, point.final_loss = s.samples_per_second, s.final_loss
+    if metrics.pservers:
+        point.pserver_bytes_in = float(np.mean([p.bytes_in for p in metrics.pservers]))
+    first = metrics.trainers[0] if metrics.trainers else None
+    target = scenario.expect.final_loss_below if loss_target is None else loss_target
+    if first is not None:
+        point.time_to_loss = time_to_loss(first.losses, first.step_ends, target)
     point.failed = [e.name for e in metrics.expectations if not e.passed]
     point.passed = not point.failed
     return point
 
 
 def run_sweep(scenario_path: Path, name: str, overrides: list[str], axes: list[Axis],
-              on_point: Callable[[int, int, SweepPoint], None] | None = None) -> SweepRecord:
+              on_point: Callable[[int, int, SweepPoint], None] | None = None,
+              loss_target: float | None = None) -> SweepRecord:
     """Every combination of the axes' values, in order (the last axis varies fastest)."""
     combos = list(itertools.product(*(axis.values for axis in axes)))
     points = []
     for number, values in enumerate(combos, start=1):
         point = run_point(scenario_path, overrides,
-                          {axis.path: value for axis, value in zip(axes, values)})
+                          {axis.path: value for axis, value in zip(axes, values)}, loss_target)
         points.append(point)
         if on_point is not None:
             on_point(number, len(combos), point)
-    return SweepRecord(name, {axis.path: list(axis.values) for axis in axes}, points)
+    return SweepRecord(name, {axis.path: list(axis.values) for axis in axes}, points,
+                       loss_target)
 
 
 def sweep_table(record: SweepRecord) -> Table:
-    table = Table(*record.vary, "step mean", "step p99", "samples/s", "final loss", "outcome",
+    to_loss = "to loss" if record.loss_target is None else f"to loss {record.loss_target:g}"
+    table = Table(*record.vary, "step mean", "step p99", "samples/s", "final loss",
+                  "MB/pserver", to_loss, "outcome",
                   title=f"{record.scenario}: sweep of {len(record.points)} point(s)")
     for p in record.points:
         table.add_row(*(p.settings[path] for path in record.vary),
                       fmt_seconds(p.step_time_mean), fmt_seconds(p.step_time_p99),
                       f"{p.samples_per_second:,.0f}" if p.samples_per_second else "-",
-                      f"{p.final_loss:.4f}" if p.final_loss is not None else "-", p.outcome)
+                      f"{p.final_loss:.4f}" if p.final_loss is not None else "-",
+                      f"{p.pserver_bytes_in / 1e6:,.2f}" if p.pserver_bytes_in is not None
+                      else "-", fmt_seconds(p.time_to_loss), p.outcome)
     return table
 
 

@@ -260,8 +260,10 @@ def _sweep(args: argparse.Namespace, stream: TextIO) -> int:
         settings = ", ".join(f"{k}={v}" for k, v in point.settings.items())
         print(f"[{number}/{count}] {settings}: {point.outcome}", file=stream, flush=True)
 
+    target = args.loss_target if args.loss_target is not None \
+        else scenario.expect.final_loss_below
     record = run_sweep(Path(args.scenario), scenario.name, _overrides(args), axes, report,
-                       args.loss_target)
+                       target)
     out.mkdir(parents=True, exist_ok=True)
     write_record(out / "sweep.json", record)
     console_for(stream).print(sweep_table(record))
@@ -321,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a setting and its values, e.g. cluster.pservers=1,2,4 (repeatable)")
     sweep.add_argument("--loss-target", type=float, metavar="LOSS",
                        help="also tabulate the simulated time until trainer 0's mean loss over "
-                            "its last 10 steps is at most LOSS")
+                            "its last 10 steps is at most LOSS (default: the scenario's "
+                            "expect.final_loss_below)")
     sweep.set_defaults(handler=_sweep, parser=sweep)
     return parser
 

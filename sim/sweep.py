@@ -3,21 +3,24 @@
 ``--vary cluster.pservers=1,2,4,8 --vary cluster.trainers=4,8`` simulates the cartesian product
 of the values (8 runs here), each as ``--set cluster.pservers=2 --set cluster.trainers=8`` on
 top of the scenario and the sweep's own ``--set``s, and records per point the simulated step
-time, throughput, final loss and whether the scenario's expectations held. A point that cannot
+time, throughput, final loss, the bytes each pserver took in, how long the loss took to reach
+a target and whether the scenario's expectations held. A point that cannot
 run (an invalid combination, a deadlock) is recorded with its error and the sweep goes on.
 
 ``OUT/sweep.json`` is `dataclasses.asdict` of a `SweepRecord`:
 
-    {"schema": 1, "scenario", "vary": {path: [values]},
+    {"schema": 2, "scenario", "vary": {path: [values]}, "loss_target",
      "points": [{"settings": {path: value}, "steps_span_seconds", "step_time_mean",
-                 "step_time_p99", "samples_per_second", "final_loss", "passed", "failed",
-                 "error"}]}
+                 "step_time_p99", "samples_per_second", "final_loss", "pserver_bytes_in",
+                 "time_to_loss", "passed", "failed", "error"}]}
 
 Step times are over every step of every trainer, in simulated seconds; ``failed`` names the
-expectations not met. With ``--loss-target X`` each point also records ``time_to_loss``: the
-simulated time from the first step's start until trainer 0's mean loss over its last 10 steps
-(fewer at first; the window of ``expect.final_loss_below``) is at most X (null: never). In ssp
-mode, ``read_staleness_max`` and ``blocked_seconds`` are the run's (metrics.json's ``job``).
+expectations not met. ``pserver_bytes_in`` is the mean over the pservers of the bytes each
+received (null without pservers). ``time_to_loss`` is the simulated time from the first step's
+start until trainer 0's mean loss over its last 10 steps (fewer at first; the window of
+``expect.final_loss_below``) is at most ``loss_target`` (`sim sweep --loss-target`, else the
+scenario's `expect.final_loss_below`); null when it never gets there or there is no target. In
+ssp mode, ``read_staleness_max`` and ``blocked_seconds`` are the run's (metrics.json's ``job``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from .simulate import simulate
 __all__ = ["Axis", "SweepError", "SweepPoint", "SweepRecord", "plot_sweep", "run_sweep",
            "sweep_table", "time_to_loss"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class SweepError(ValueError):
@@ -81,10 +84,11 @@ class SweepPoint:
     step_time_p99: float | None = None
     samples_per_second: float | None = None
     final_loss: float | None = None
+    pserver_bytes_in: float | None = None
+    time_to_loss: float | None = None
     passed: bool = False
     failed: list[str] = field(default_factory=list)
     error: str | None = None
-    time_to_loss: float | None = None
     read_staleness_max: int | None = None
     blocked_seconds: float | None = None
 
@@ -100,8 +104,8 @@ class SweepRecord:
     scenario: str
     vary: dict[str, list[str]]
     points: list[SweepPoint]
-    schema: int = SCHEMA_VERSION
     loss_target: float | None = None
+    schema: int = SCHEMA_VERSION
 
 
 def time_to_loss(metrics: JobMetrics, target: float) -> float | None:
@@ -121,7 +125,9 @@ def time_to_loss(metrics: JobMetrics, target: float) -> float | None:
 
 def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str],
               loss_target: float | None = None) -> SweepPoint:
-    """Simulate the scenario with `settings` on top of `overrides`; errors are recorded."""
+    """Simulate the scenario with `settings` on top of `overrides`; errors are recorded.
+    `loss_target`: the loss whose time `time_to_loss` records (None: the scenario's
+    `expect.final_loss_below`)."""
     point = SweepPoint(settings)
     scenario = None
     try:
@@ -141,8 +147,11 @@ def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str
     point.step_time_p99 = s.step_time_all.p99 if s.step_time_all else None
     point.samples_per_second, point.final_loss = s.samples_per_second, s.final_loss
     point.read_staleness_max, point.blocked_seconds = s.read_staleness_max, s.blocked_seconds
-    if loss_target is not None:
-        point.time_to_loss = time_to_loss(metrics, loss_target)
+    if metrics.pservers:
+        point.pserver_bytes_in = float(np.mean([p.bytes_in for p in metrics.pservers]))
+    target = scenario.expect.final_loss_below if loss_target is None else loss_target
+    if target is not None:
+        point.time_to_loss = time_to_loss(metrics, target)
     point.failed = [e.name for e in metrics.expectations if not e.passed]
     point.passed = not point.failed
     return point
@@ -165,14 +174,16 @@ def run_sweep(scenario_path: Path, name: str, overrides: list[str], axes: list[A
 
 
 def sweep_table(record: SweepRecord) -> Table:
-    """A row per point; with a loss target, the time to it ("to loss"); when a point ran in
-    ssp mode, the most steps a read ran ahead ("staleness") and the trainers' time held."""
+    """A row per point: step times, throughput, loss, the bytes a pserver received; with a loss
+    target, the time to it ("to loss"); when a point ran in ssp mode, the most steps a read ran
+    ahead ("staleness") and the trainers' time held."""
     target = record.loss_target
     ssp = any(p.read_staleness_max is not None for p in record.points)
     extra = ([f"to loss {target:g}"] if target is not None else []) + \
         (["staleness", "held"] if ssp else [])
-    table = Table(*record.vary, "step mean", "step p99", "samples/s", "final loss", *extra,
-                  "outcome", title=f"{record.scenario}: sweep of {len(record.points)} point(s)")
+    table = Table(*record.vary, "step mean", "step p99", "samples/s", "final loss",
+                  "MB/pserver", *extra, "outcome",
+                  title=f"{record.scenario}: sweep of {len(record.points)} point(s)")
     for p in record.points:
         cells = ([fmt_seconds(p.time_to_loss) if p.time_to_loss is not None else "never"]
                  if target is not None else []) + \
@@ -180,8 +191,9 @@ def sweep_table(record: SweepRecord) -> Table:
         table.add_row(*(p.settings[path] for path in record.vary),
                       fmt_seconds(p.step_time_mean), fmt_seconds(p.step_time_p99),
                       f"{p.samples_per_second:,.0f}" if p.samples_per_second else "-",
-                      f"{p.final_loss:.4f}" if p.final_loss is not None else "-", *cells,
-                      p.outcome)
+                      f"{p.final_loss:.4f}" if p.final_loss is not None else "-",
+                      f"{p.pserver_bytes_in / 1e6:,.2f}" if p.pserver_bytes_in is not None
+                      else "-", *cells, p.outcome)
     return table
 
 

@@ -22,7 +22,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
-from transpiler.distribute.from_spec import TRAINER_RING_MODES
+from transpiler.distribute.from_spec import COMPRESSED_MODES, TRAINER_RING_MODES
 from transpiler.opcatalog import optimizer_types
 
 from runtime.config import units
@@ -222,6 +222,17 @@ class ClusterSpec(_Strict):
         return self
 
 
+class CompressionSpec(_Strict):
+    """How trainers pack the gradients they send to pservers, with error feedback
+    (`runtime.network.compression`; docs/wire.md, "Compressed gradients")."""
+
+    method: Literal["none", "topk", "fp16", "int8"] = "none"
+    """none; topk (the largest `ratio` of each gradient block's values by magnitude, with
+    their indices); fp16 (half precision); int8 (a scale per block and a byte per value)."""
+    ratio: float = Field(0.01, gt=0, le=1)
+    """topk: the share of each block's values sent."""
+
+
 class TranspilerSpec(_Strict):
     """How the distribute transpiler splits the program (docs/transpiler.md)."""
 
@@ -255,15 +266,21 @@ class TranspilerSpec(_Strict):
     """ssp mode (and only it): how many steps a trainer may run ahead of the slowest live
     trainer (0: every read waits for every trainer's last step, as in sync; inf: no bound, as
     in async)."""
+    compression: CompressionSpec = CompressionSpec()
+    """sync, async, ssp and half_async: how the gradients sent to pservers are packed."""
 
     @model_validator(mode="after")
     def _mode_fields(self) -> "TranspilerSpec":
-        """`dc_asgd` needs `mode: async`; `staleness` goes with `mode: ssp`."""
+        """`dc_asgd` needs `mode: async`; `staleness` goes with `mode: ssp`; `compression` needs
+        a mode that sends gradients to pservers."""
         if self.dc_asgd and self.mode != "async":
             raise ValueError(f"dc_asgd needs mode async, not {self.mode}")
         if (self.mode == "ssp") != (self.staleness is not None):
             raise ValueError("mode ssp needs staleness (an int >= 0, or inf), and staleness "
                              f"needs mode ssp; got mode {self.mode}, staleness {self.staleness}")
+        if self.compression.method != "none" and self.mode not in COMPRESSED_MODES:
+            raise ValueError(f"compression.method {self.compression.method} needs mode "
+                             f"{', '.join(COMPRESSED_MODES)}, not {self.mode}")
         return self
 
 

@@ -20,6 +20,11 @@ are read-only views over the received frames (copied only when a frame is misali
 dtype); copy one to change it. A server turns a `WireError` into an `error_reply`, which the
 client turns back into a `RemoteError`.
 
+A compressed gradient (`runtime.network.compression.Packed`) travels as a dense var whose entry
+names its ``codec`` (and, for top-k, its ``nnz``): its frames are the codec's, and `decode`
+unpacks them into the dense tensor of the entry's shape and dtype, so a receiver never sees the
+packing.
+
 Timing mode sends phantoms where numeric mode sends tensors. `charged_size` is what such a
 message would weigh with data: exactly the bytes of its numeric twin (same header but for the
 vars' kind, and the frames the phantoms stand for), which is what a simulated network charges.
@@ -38,6 +43,8 @@ import numpy as np
 
 from runtime.execution.tensor import (LoDTensor, Phantom, SelectedRows, TensorError, host_array,
                                       is_native)
+from runtime.network.compression import (FLOAT_DTYPES, Codec, Packed, frame_count, index_dtype,
+                                         packed_nbytes, unpack)
 from runtime.network.transport import Frame
 
 WIRE_VERSION = 1
@@ -69,7 +76,7 @@ _DTYPE_NAMES: Mapping[np.dtype[Any], str] = {dtype: name for name, dtype in DTYP
 
 
 
-Tensor = np.ndarray | LoDTensor | SelectedRows | Phantom
+Tensor = np.ndarray | LoDTensor | SelectedRows | Phantom | Packed
 
 
 class Kind(enum.StrEnum):
@@ -165,7 +172,8 @@ class Message:
     step: int = 0
     vars: Mapping[str, Any] = field(default_factory=dict)
     """Name -> numpy array, `LoDTensor`, `SelectedRows` or `Phantom` (encode also takes CPU torch
-    tensors wherever it takes an array)."""
+    tensors wherever it takes an array, and a compressed gradient, `Packed`, which decodes as
+    the dense array it stands for)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Further header fields: plain msgpack data under keys other than the header's own."""
 
@@ -180,9 +188,15 @@ class VarSpec:
     kind: VarKind
     height: int | None = None
     lod: list[list[int]] | None = None
+    codec: Codec | None = None
+    """How a dense var's data is packed (`runtime.network.compression`); None: plain values."""
+    nnz: int | None = None
+    """Top-k: the values kept."""
 
     @property
     def frame_count(self) -> int:
+        if self.codec is not None and self.kind is VarKind.DENSE:
+            return frame_count(self.codec)
         return _FRAME_COUNTS[self.kind]
 
     @property
@@ -193,9 +207,19 @@ class VarSpec:
     @property
     def data_nbytes(self) -> int:
         """Bytes of the tensor's data: what its frames carry, or would carry for a phantom."""
+        if self.codec is not None:
+            return packed_nbytes(self.codec, _product(self.shape), self.dtype, self.nnz)
         values = _product(self.shape) * self.dtype.itemsize
         rows = self.shape[0] * ROWS_DTYPE.itemsize if self.height is not None else 0
         return values + rows
+
+    @property
+    def decoded_nbytes(self) -> int:
+        """Bytes of what `decode` builds of it: its frames, or the dense tensor a packed var
+        unpacks into."""
+        if self.codec is not None and self.kind is VarKind.DENSE:
+            return _product(self.shape) * self.dtype.itemsize
+        return self.nbytes
 
     def to_header(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
@@ -208,7 +232,14 @@ class VarSpec:
             entry["height"] = self.height
         if self.lod is not None:
             entry["lod"] = self.lod
+        if self.codec is not None:
+            entry.update(_codec_fields(self.codec, self.nnz))
         return entry
+
+
+def _codec_fields(codec: Codec, nnz: int | None) -> dict[str, Any]:
+    """The entry fields that say how a packed var's data is laid out."""
+    return {"codec": str(codec)} if nnz is None else {"codec": str(codec), "nnz": nnz}
 
 
 _FRAME_COUNTS = {VarKind.DENSE: 1, VarKind.ROWS: 2, VarKind.PHANTOM: 0}
@@ -221,10 +252,10 @@ def encode(msg: Message) -> list[Frame]:
     """The frames of `msg`: the msgpack header, then each tensor's bytes without copying."""
     _check_outgoing(msg)
     specs: list[dict[str, Any]] = []
-    phantoms: list[Phantom] = []
+    phantoms: list[Phantom | Packed] = []
     frames: list[Frame] = []
     for name, value in msg.vars.items():
-        if isinstance(value, Phantom):
+        if isinstance(value, Phantom) or (isinstance(value, Packed) and value.phantom):
             specs.append(_phantom_entry(name, value))
             phantoms.append(value)
             continue
@@ -272,12 +303,15 @@ def _check_name(name: Any) -> None:
         raise EncodeError(Reason.BAD_FIELD, f"var names must be non-empty str, got {name!r}")
 
 
-def _phantom_entry(name: str, value: Phantom) -> dict[str, Any]:
-    """The header's `vars` entry of a phantom (what `VarSpec.to_header` writes)."""
+def _phantom_entry(name: str, value: Phantom | Packed) -> dict[str, Any]:
+    """The header's `vars` entry of a phantom (what `VarSpec.to_header` writes); a packed
+    phantom's names its codec, as its twin's does."""
     _check_name(name)
     dtype = _wire_dtype(value.dtype, name, EncodeError)
     entry: dict[str, Any] = {"name": name, "dtype": _DTYPE_NAMES[dtype],
                              "shape": list(value.shape), "kind": _PHANTOM}
+    if isinstance(value, Packed):
+        return {**entry, **_codec_fields(value.codec, value.nnz)}
     if value.height is not None:
         entry["height"] = value.height
     if value.lod:
@@ -289,6 +323,8 @@ def _encode_var(name: str, value: Any) -> tuple[VarSpec, list[Frame]]:
     _check_name(name)
     if isinstance(value, SelectedRows):
         return _encode_rows(name, value)
+    if isinstance(value, Packed):
+        return _encode_packed(name, value)
     if isinstance(value, LoDTensor):
         array = _wire_array(value.data, name)
         spec = VarSpec(name, array.dtype, array.shape, VarKind.DENSE, lod=value.lod)
@@ -310,6 +346,17 @@ def _encode_rows(name: str, value: SelectedRows) -> tuple[VarSpec, list[Frame]]:
     _check_rows(rows, height, name, EncodeError)
     spec = VarSpec(name, values.dtype, values.shape, VarKind.ROWS, height)
     return spec, [_frame(rows), _frame(values)]
+
+
+def _encode_packed(name: str, value: Packed) -> tuple[VarSpec, list[Frame]]:
+    dtype = _wire_dtype(value.dtype, name, EncodeError)
+    spec = VarSpec(name, dtype, value.shape, VarKind.DENSE, codec=value.codec, nnz=value.nnz)
+    arrays = [np.require(frame, frame.dtype.newbyteorder("<"), "C") for frame in value.frames]
+    if len(arrays) != spec.frame_count or sum(a.nbytes for a in arrays) != spec.data_nbytes:
+        raise EncodeError(Reason.SIZE_MISMATCH,
+                          f"{value.codec} frames of {[a.nbytes for a in arrays]} bytes do not "
+                          f"pack shape {list(value.shape)} of {dtype}", var=name)
+    return spec, [_frame(array) for array in arrays]
 
 
 def _as_numpy(value: Any, name: str) -> np.ndarray:
@@ -395,6 +442,11 @@ def _decode(header: dict[str, Any], frames: Sequence[Frame], max_message_size: i
         raise DecodeError(
             Reason.TOO_LARGE, f"message declares {size} bytes, limit {max_message_size}"
         )
+    unpacked = sum(spec.decoded_nbytes for spec in specs)
+    if unpacked > max_message_size:
+        raise DecodeError(
+            Reason.TOO_LARGE, f"message unpacks into {unpacked} bytes, limit {max_message_size}"
+        )
     expected = 1 + sum(spec.frame_count for spec in specs)
     if len(frames) != expected:
         raise DecodeError(
@@ -472,11 +524,13 @@ def _check_var_list(entries: Any) -> list[VarSpec]:
 _KINDS = {kind.value: kind for kind in Kind}
 _VAR_KINDS = {kind.value: kind for kind in VarKind}
 _VAR_FIELDS = frozenset({"name", "dtype", "shape", "kind"})
+_CODEC_FIELDS = frozenset({"codec", "nnz"})
 _ALLOWED_VAR_FIELDS = {
-    VarKind.DENSE: _VAR_FIELDS | {"lod"},
+    VarKind.DENSE: _VAR_FIELDS | {"lod"} | _CODEC_FIELDS,
     VarKind.ROWS: _VAR_FIELDS | {"height"},
-    VarKind.PHANTOM: _VAR_FIELDS | {"height", "lod"},
+    VarKind.PHANTOM: _VAR_FIELDS | {"height", "lod"} | _CODEC_FIELDS,
 }
+_CODECS = {codec.value: codec for codec in Codec}
 
 
 def _check_var(entry: Any) -> VarSpec:
@@ -500,7 +554,29 @@ def _check_var(entry: Any) -> VarSpec:
     shape = _header_shape(entry["shape"], kind is VarKind.ROWS or "height" in entry, name)
     height = _field(entry, "height", 0, MAX_DIM, var=name) if "height" in entry else None
     lod = _header_lod(entry["lod"], name) if "lod" in entry else None
-    return VarSpec(name, dtype, shape, kind, height, lod)
+    if "codec" not in entry:
+        if "nnz" in entry:
+            raise DecodeError(Reason.BAD_FIELD, "nnz without a codec", var=name)
+        return VarSpec(name, dtype, shape, kind, height, lod)
+    codec, nnz = _header_codec(entry, dtype, shape, height is not None or lod is not None, name)
+    return VarSpec(name, dtype, shape, kind, height, lod, codec, nnz)
+
+
+def _header_codec(entry: dict[str, Any], dtype: np.dtype[Any], shape: tuple[int, ...],
+                  structured: bool, name: str) -> tuple[Codec, int | None]:
+    """The codec of a packed var's entry and its top-k count, checked against the entry."""
+    codec = _CODECS.get(entry["codec"]) if isinstance(entry["codec"], str) else None
+    if codec is None:
+        raise DecodeError(Reason.BAD_FIELD, f"codec {entry['codec']!r} is not one of "
+                          f"{', '.join(_CODECS)}", var=name)
+    if structured or dtype not in FLOAT_DTYPES:
+        raise DecodeError(Reason.BAD_FIELD, f"codec {codec} packs a plain float32 or float64 "
+                          f"tensor, not {'rows or a LoD' if structured else dtype}", var=name)
+    if (codec is Codec.TOPK) != ("nnz" in entry):
+        raise DecodeError(Reason.BAD_FIELD if "nnz" in entry else Reason.MISSING_FIELD,
+                          "nnz goes with codec topk, and only with it", var=name)
+    nnz = _field(entry, "nnz", 0, _product(shape), var=name) if "nnz" in entry else None
+    return codec, nnz
 
 
 def _header_dtype(value: Any, name: str) -> np.dtype[Any]:
@@ -540,6 +616,8 @@ def _header_lod(value: Any, name: str) -> list[list[int]]:
 def _decode_var(spec: VarSpec, frames: Sequence[Frame]) -> Tensor:
     if spec.kind is VarKind.PHANTOM:
         return _phantom(spec)
+    if spec.codec is not None:
+        return _unpack(spec, frames)
     if spec.kind is VarKind.DENSE:
         array = _view(frames[0], spec.dtype, spec.shape, spec.name)
         return array if spec.lod is None else _lod_tensor(array, spec.lod, spec.name)
@@ -548,6 +626,30 @@ def _decode_var(spec: VarSpec, frames: Sequence[Frame]) -> Tensor:
     assert spec.height is not None
     _check_rows(rows, spec.height, spec.name, DecodeError)
     return SelectedRows(rows, values, spec.height)
+
+
+def _unpack(spec: VarSpec, frames: Sequence[Frame]) -> np.ndarray:
+    """The dense tensor a packed var's frames stand for; top-k's indices must rise strictly
+    and lie in the tensor."""
+    size = _product(spec.shape)
+    assert spec.codec is not None
+    if spec.codec is Codec.FP16:
+        parts: tuple[np.ndarray, ...] = (_view(frames[0], DTYPES["float16"], (size,), spec.name),)
+    elif spec.codec is Codec.INT8:
+        parts = (_view(frames[0], spec.dtype, (1,), spec.name),
+                 _view(frames[1], DTYPES["int8"], (size,), spec.name))
+    else:
+        assert spec.nnz is not None
+        index = DTYPES[index_dtype(size).name]
+        indices = _view(frames[0], index, (spec.nnz,), spec.name)
+        parts = (indices, _view(frames[1], spec.dtype, (spec.nnz,), spec.name))
+        bad = np.flatnonzero(np.diff(indices) <= 0)
+        if bad.size or (indices.size and (indices[0] < 0 or indices[-1] >= size)):
+            where = f"index {indices[bad[0] + 1]} at {bad[0] + 1} does not exceed the one " \
+                f"before it" if bad.size else f"indices reach outside [0, {size})"
+            raise DecodeError(Reason.ROWS_OUT_OF_RANGE, f"topk {where}", var=spec.name)
+    native = np.dtype(_DTYPE_NAMES[spec.dtype])
+    return unpack(Packed(spec.codec, spec.shape, native, parts, spec.nnz))
 
 
 def _view(frame: Frame, dtype: np.dtype[Any], shape: tuple[int, ...], name: str) -> np.ndarray:
@@ -678,7 +780,7 @@ class _NotPlain(Exception):
     """Header data that msgpack would give back as something else (a tuple, an enum...)."""
 
 
-def _header(packed: bytes, msg: Message, kind: Kind, phantoms: list[Phantom],
+def _header(packed: bytes, msg: Message, kind: Kind, phantoms: list[Phantom | Packed],
             has_data: bool) -> _Header:
     """`packed` as a `_Header` of `msg` (of `kind`), whose phantom vars are `phantoms`."""
     header = _Header(packed)
@@ -689,15 +791,19 @@ def _header(packed: bytes, msg: Message, kind: Kind, phantoms: list[Phantom],
             header.surcharge = _charged_size([packed]) - len(packed)
             header.parsed = None
             return header
-        surcharge += phantom.nbytes + _TWIN_KIND_BYTES[phantom.height is not None]
+        rows = isinstance(phantom, Phantom) and phantom.height is not None
+        surcharge += phantom.nbytes + _TWIN_KIND_BYTES[rows]
     header.surcharge = surcharge
     header.parsed = None if has_data else _parsed(msg, kind)
     return header
 
 
-def _decodable(phantom: Phantom) -> bool:
-    """Whether `decode` accepts the shape and height of this phantom (encode does not check
-    these limits)."""
+def _decodable(phantom: Phantom | Packed) -> bool:
+    """Whether `decode` accepts the shape and height (codec) of this phantom (encode does not
+    check these limits)."""
+    if isinstance(phantom, Packed):
+        return len(phantom.shape) <= MAX_NDIM and (not phantom.shape or max(phantom.shape)
+                                                     <= MAX_DIM) and phantom.dtype in FLOAT_DTYPES
     shape, height = phantom.shape, phantom.height
     return len(shape) <= MAX_NDIM and (not shape or max(shape) <= MAX_DIM) \
         and (height is None or height <= MAX_DIM)
@@ -726,8 +832,11 @@ def _parsed(msg: Message, kind: Kind) -> _Parsed | None:
     return _Parsed(kind, int(msg.id), str(msg.src), int(msg.step), phantoms, extra, nested)
 
 
-def _received(value: Phantom) -> Phantom:
-    """The phantom the receiver decodes: the same, with the wire dtype in native byte order."""
+def _received(value: Phantom | Packed) -> Phantom:
+    """The phantom the receiver decodes: the same (a packed one's dense tensor), with the wire
+    dtype in native byte order."""
+    if isinstance(value, Packed):
+        value = value.dense_phantom()
     dtype = value.dtype
     if type(value) is Phantom and dtype.isnative and dtype in _DTYPE_NAMES:
         return value

@@ -4,7 +4,9 @@
 
 - `send`: the op's vars, grouped by endpoint (``epmap``), one SEND message per endpoint. Sends
   run in the background; `send_barrier` (and any `recv`) first waits until every one is
-  acknowledged, so gradients travel while backward goes on.
+  acknowledged, so gradients travel while backward goes on. A send with ``compress`` packs each
+  dense block with error feedback (`runtime.network.compression`: the residual of each block
+  stays with this trainer, across rewinds too).
 - `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once, in the
   ``per_op`` protocol (Paddle's: a message per op). In the ``compact`` protocol (the default)
   the barrier travels on the round's last SEND (last GET) to each pserver instead, carrying how
@@ -58,6 +60,7 @@ from runtime.execution.kernels.sampling import sample_labels
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import (LoDTensor, Phantom, SelectedRows, Value, concat_rows,
                                      slice_rows, to_dense)
+from runtime.network.compression import Codec, ErrorFeedback
 from runtime.network.rpc import RpcClient, RpcTimeout
 from runtime.network.wire import Kind, Message
 from runtime.services.collective import Collective, CollectiveOps
@@ -171,6 +174,8 @@ class RpcOps:
         self.trainer_id = trainer_id
         self.step = INITIAL_STEP
         self._sends: list[asyncio.Future[Message]] = []
+        self.feedback = ErrorFeedback()
+        """The residuals of the gradient blocks sent compressed, by wire name."""
         self.pending: dict[str, asyncio.Future[Any]] = {}
         self.handlers: dict[str, Callable[[Op, Scope], Awaitable[None]]] = {
             "send": self.send, "send_barrier": self.send_barrier, "recv": self.recv,
@@ -253,6 +258,11 @@ class RpcOps:
         if not len(values) == len(wire_names) == len(endpoints):
             raise ValueError(f"send op: {len(values)} values, {len(wire_names)} names and "
                              f"{len(endpoints)} endpoints do not line up: {op}")
+        codec = op.attr("compress")
+        if codec is not None:
+            ratio = op.attr("compress_ratio", 1.0)
+            values = [self.feedback.compress(wire, value, Codec(codec), ratio)
+                      for value, wire in zip(values, wire_names)]
         by_endpoint: dict[str, dict[str, Any]] = defaultdict(dict)
         for value, wire, ep in zip(values, wire_names, endpoints):
             by_endpoint[ep][wire] = value

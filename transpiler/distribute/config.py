@@ -26,6 +26,8 @@ MODES = ("pserver", "nccl2", "collective")
 SINGLE_PROCESS_MULTI_THREAD = "single_process_multi_thread"
 """The collective mode whose one process drives all its devices: one ring, no id exchange."""
 COLLECTIVE_MODES = ("grad_allreduce", "local_sgd", SINGLE_PROCESS_MULTI_THREAD)
+COMPRESSION_METHODS = ("none", "topk", "fp16", "int8")
+DEFAULT_TOPK_RATIO = 0.01
 
 
 class DistributedMode(enum.IntEnum):
@@ -52,6 +54,9 @@ class DistributeTranspilerConfig:
     `staleness` (default None) is this project's too: bounded staleness (SSP) in async mode, a
     trainer reading the parameters at most that many steps ahead of the slowest trainer (an
     int >= 0, or ``math.inf``: no bound); None: plain async (docs/transpiler.md §3).
+    `compression` is this project's too: ``{"method": "topk" | "fp16" | "int8" | "none",
+    "ratio": 0.01}`` (None: none) packs each dense gradient a trainer sends to a pserver, with
+    error feedback (docs/transpiler.md §6; `compression_settings` reads it).
     """
 
     def __init__(self, **fields: Any) -> None:
@@ -74,6 +79,7 @@ class DistributeTranspilerConfig:
         self.print_log = False
         self.wait_port = True
         self.staleness: int | float | None = None
+        self.compression: dict[str, Any] | None = None
         for name, value in fields.items():
             if not hasattr(self, name):
                 raise ValueError(f"DistributeTranspilerConfig: unknown field {name!r}")
@@ -87,6 +93,7 @@ class DistributeTranspilerConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the fields when two settings contradict each other."""
+        compressed = compression_settings(self)[0] != "none"
         conflicts = [
             (self.mode != "collective" and self.collective_mode is not None,
              f"collective_mode={self.collective_mode!r} needs mode='collective', not {self.mode!r}"),
@@ -110,6 +117,11 @@ class DistributeTranspilerConfig:
              "completely_not_async"),
             (self.use_hierarchical_allreduce and self.mode != "nccl2",
              f"use_hierarchical_allreduce needs mode='nccl2', not {self.mode!r}"),
+            (compressed and self.mode != "pserver",
+             f"compression packs the gradients trainers send to pservers; mode={self.mode!r} "
+             "has none"),
+            (compressed and self.geo_sgd_mode,
+             "compression packs gradients; geo_sgd_mode sends parameter deltas"),
             (self.use_hierarchical_allreduce and self.hierarchical_allreduce_inter_nranks < 2,
              "use_hierarchical_allreduce needs hierarchical_allreduce_inter_nranks >= 2 "
              f"(ranks per node), got {self.hierarchical_allreduce_inter_nranks}"),
@@ -169,6 +181,12 @@ def _flag(name: str) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name}: must be an int, got {raw!r}") from None
+
+
+def compression_settings(config: DistributeTranspilerConfig) -> tuple[str, float]:
+    """The compression method and top-k's ratio of `config` (("none", ...) when unset)."""
+    spec = config.compression or {}
+    return spec.get("method", "none"), float(spec.get("ratio", DEFAULT_TOPK_RATIO))
 
 
 def resolve_mode(config: DistributeTranspilerConfig, sync_mode: bool) -> DistributedMode:
@@ -232,6 +250,21 @@ def _check_staleness(_: DistributeTranspilerConfig, value: Any) -> None:
         _fail("staleness", f"must be None, an int >= 0 or math.inf, got {value!r}")
 
 
+def _check_compression(_: DistributeTranspilerConfig, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or not set(value) <= {"method", "ratio"} \
+            or "method" not in value:
+        _fail("compression", f"must be None or a dict with 'method' and optionally 'ratio', "
+                             f"got {value!r}")
+    if value["method"] not in COMPRESSION_METHODS:
+        _fail("compression", f"method must be one of {COMPRESSION_METHODS}, got "
+                             f"{value['method']!r}")
+    ratio = value.get("ratio", DEFAULT_TOPK_RATIO)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        _fail("compression", f"ratio must be a number in (0, 1], got {ratio!r}")
+
+
 def _check_choice(name: str, choices: tuple[Any, ...]) -> Any:
     def check(_: DistributeTranspilerConfig, value: Any) -> None:
         if value not in choices:
@@ -252,4 +285,5 @@ _FIELD_CHECKS: dict[str, Any] = {
     "staleness": _check_staleness,
     "mode": _check_choice("mode", MODES),
     "collective_mode": _check_choice("collective_mode", (None,) + COLLECTIVE_MODES),
+    "compression": _check_compression,
 }

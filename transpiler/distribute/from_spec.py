@@ -21,6 +21,9 @@ Modes (``transpiler.mode``), onto docs/transpiler.md §3:
 - ``collective``: ``mode`` collective with ``collective_mode`` (grad_allreduce, local_sgd or
   single_process_multi_thread), ``local_sgd_k_steps`` and ``nccl_comm_num``.
 
+``compression`` (``{method, ratio}``) is ``config.compression`` as it is; a method other than
+none needs a mode whose trainers send gradients to pservers (sync, async, ssp, half_async).
+
 Endpoints (``cluster``): ``endpoints.pservers`` when given, else ``host:base_port+i`` for each
 of ``pservers`` servers (``host`` 127.0.0.1, a ``base_port`` of 0 meaning 6170). nccl2 and
 collective modes have no pservers (``pservers`` is ignored): the trainers' endpoints are
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..ir import Program
-from .config import COLLECTIVE_MODES, DistributeTranspilerConfig
+from .config import COLLECTIVE_MODES, DistributeTranspilerConfig, compression_settings
 from .dispatch import HashName, PSDispatcher, RoundRobin
 from .transpiler import DistributeTranspiler
 
@@ -43,10 +46,12 @@ DEFAULT_BASE_PORT = 6170
 MODES = ("sync", "async", "ssp", "half_async", "geo", "nccl2", "collective")
 TRAINER_RING_MODES = ("nccl2", "collective")
 """Modes without pservers: the trainers talk to each other."""
+COMPRESSED_MODES = ("sync", "async", "ssp", "half_async")
+"""Modes whose trainers send gradients to pservers, which `compression` may pack."""
 SPLIT_METHODS: dict[str, type[PSDispatcher]] = {"round_robin": RoundRobin, "hash_name": HashName}
 TRANSPILER_FIELDS = ("mode", "slice_var_up", "split_method", "min_block_size", "dc_asgd",
                      "geo_push_every", "collective_mode", "local_sgd_k_steps", "nccl_comm_num",
-                     "staleness")
+                     "staleness", "compression")
 CLUSTER_FIELDS = ("pservers", "trainers", "endpoints", "host", "base_port")
 
 
@@ -125,6 +130,10 @@ def config_from_spec(transpiler: Mapping[str, Any] | None) -> tuple[DistributeTr
         _set(config, "collective_mode", _choice(spec, "collective_mode", COLLECTIVE_MODES,
                                                 "grad_allreduce"), "collective_mode")
         _set(config, "local_sgd_k_steps", spec.get("local_sgd_k_steps", 1), "local_sgd_k_steps")
+    _set(config, "compression", spec.get("compression"), "compression")
+    if compression_settings(config)[0] != "none" and mode not in COMPRESSED_MODES:
+        raise ValueError(f"transpiler.compression: packs the gradients sent to pservers, which "
+                         f"mode {mode} does not send (one of {', '.join(COMPRESSED_MODES)})")
     return config, mode in ("sync",) + TRAINER_RING_MODES
 
 

@@ -20,7 +20,9 @@ What the ops mean to a runtime:
 
 - `send`: send ``X[i]`` to ``epmap[i]``; with ``send_varnames``, cut ``X[0]`` into ``sections``
   rows and send piece i as ``send_varnames[i]``; with ``merge_add`` the pserver adds the value
-  into its var instead of replacing it.
+  into its var instead of replacing it; with ``compress`` (``topk``, ``fp16``, ``int8``; top-k
+  keeping ``compress_ratio`` of the values) pack each piece with error feedback, the receiver
+  getting the dense gradient back (`config.compression`; only a dense grad's send has them).
 - `recv`: fetch ``Out[i]`` from ``epmap[i]``; with ``recv_varnames``, fetch those and concatenate
   them (axis 0) into ``Out[0]``.
 - `send_barrier` / `fetch_barrier`: tell every pserver of ``endpoints`` that this trainer's sends
@@ -43,6 +45,7 @@ from ..clip import is_global_norm_clip_op
 from ..ir import Block, Op, OpRole, Program, VarType
 from ..lr import LR_COUNTER
 from .analysis import is_lr_op, is_optimize_op
+from .config import compression_settings
 from .edit import (clone_var, control_var, last_writers, prune_unreachable_blocks,
                    referenced_names, remove_ops, rename_vars, rpc_attrs)
 from .lookup_table import (append_table_grad_send, replace_remote_sparse_lookups,
@@ -103,8 +106,19 @@ def _grad_send_ops(block: Block, plan: Plan, d: DistVar, grad: str) -> tuple[lis
                   rpc_attrs(epmap=[g.endpoint for g in d.grads],
                             sections=[g.shape[0] for g in d.grads] if runtime_split else [],
                             send_varnames=names if runtime_split else [],
-                            trainer_id=plan.cluster.trainer_id, op_role_var=[d.param, grad])))
+                            trainer_id=plan.cluster.trainer_id, op_role_var=[d.param, grad],
+                            **_compression_attrs(plan, d))))
     return ops, done
+
+
+def _compression_attrs(plan: Plan, d: DistVar) -> dict[str, object]:
+    """The send's ``compress`` and ``compress_ratio`` when the config compresses and the grad
+    is dense (a SelectedRows grad is sparse already); none otherwise, so that a program without
+    compression is the same as before it existed."""
+    method, ratio = compression_settings(plan.config)
+    if method == "none" or d.grad_type is VarType.SELECTED_ROWS:
+        return {}
+    return {"compress": method, "compress_ratio": ratio}
 
 
 def insert_grad_sends(block: Block, plan: Plan) -> dict[str, str]:

@@ -23,7 +23,6 @@ from runtime.network.compression import (Codec, ErrorFeedback, Packed, index_dty
 from runtime.network.wire import DecodeError, Kind, Message, Reason
 from sim.report import collect
 from sim.simulate import simulate
-from sim.sweep import time_to_loss
 from transpiler.distribute.config import DistributeTranspilerConfig
 from transpiler.distribute.from_spec import config_from_spec
 
@@ -334,12 +333,3 @@ def test_runtime_up_trains_compressed_over_zeromq(tmp_path: Path) -> None:
     assert sum(p.bytes_in for p in metrics.pservers) < dense_grads / 10
     for t in metrics.trainers:
         assert np.mean(t.losses[-5:]) < np.mean(t.losses[:5])
-
-
-def test_time_to_loss_is_the_end_of_the_first_step_whose_10_step_mean_is_below() -> None:
-    losses = [1.0] * 10 + [0.0] * 10
-    ends = [float(i + 1) for i in range(20)]
-    assert time_to_loss(losses, ends, 0.55) == 15.0  # mean of steps 6..15: 5 ones, 5 zeros
-    assert time_to_loss(losses, ends, 1.5) == 1.0  # the first step's mean is itself
-    assert time_to_loss(losses, ends, 0.0) is None
-    assert time_to_loss(losses, None, 0.5) is None and time_to_loss(losses, ends, None) is None

@@ -762,13 +762,17 @@ def test_without_torch_the_torch_backend_names_the_extra(monkeypatch: pytest.Mon
         Executor(backend="torch")
 
 
+TORCH_MODULES = ("runtime.execution.kernels.torch_", "runtime.services.collective_torch")
+"""The torch backends (kernels, collective ops): imported only when a scenario asks for torch."""
+
+
 def test_nothing_outside_the_torch_backend_imports_torch() -> None:
     code = (
         "import importlib, pkgutil, sys\n"
         "import runtime, sim, transpiler\n"
         "for pkg in (runtime, sim, transpiler):\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
-        "        if not m.name.startswith('runtime.execution.kernels.torch_'):\n"
+        f"        if not m.name.startswith({TORCH_MODULES!r}):\n"
         "            importlib.import_module(m.name)\n"
         "from runtime.execution.kernels import registered_ops\n"
         "registered_ops('numpy')\n"

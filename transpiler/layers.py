@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from .framework import ParamAttr, append_op
 from .framework import create_global_var as _framework_global_var
@@ -274,9 +274,10 @@ def _custom_dist(probs: Sequence[float] | None, classes: int) -> dict[str, list[
         raise ValueError(f"nce: custom_dist must be probabilities adding up to 1, "
                          f"got a sum of {sum(values)}")
     alias, accept = _alias_table(values)
-    slots = {"CustomDistProbs": ("float32", "fp32_values", values),
-             "CustomDistAlias": ("int32", "int32_values", alias),
-             "CustomDistAliasProbs": ("float32", "fp32_values", accept)}
+    slots: dict[str, tuple[str, str, list[Any]]] = {
+        "CustomDistProbs": ("float32", "fp32_values", values),
+        "CustomDistAlias": ("int32", "int32_values", alias),
+        "CustomDistAliasProbs": ("float32", "fp32_values", accept)}
     out = {}
     for slot, (dtype, attr, data) in slots.items():
         var = create_tmp_var("nce.custom_dist", (classes,), dtype, stop_gradient=True)

@@ -444,8 +444,8 @@ def reference() -> str:
            "A job's fault proxies take part in its CurveZMQ (`runtime/faults/curve_proxy.py`): "
            "each is a CURVE server to the trainers with its pserver's keys and a CURVE client "
            "of its pserver, so a job with message faults stays encrypted and authenticated "
-           "(SECURITY.md); only `runtime up --netns`'s proxies read plain frames, and such a "
-           "job runs without CurveZMQ.", ""]
+           "(SECURITY.md), `runtime up --netns`'s too (each made in its pserver's network "
+           "namespace).", ""]
     for t in FAULT_TYPES:
         out += [f"## {t.kind}", "", f"`{t.example}`", "", _cell(t.__doc__ or ""), "",
                 "| field | meaning |", "|---|---|"]

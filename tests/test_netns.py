@@ -269,7 +269,7 @@ def test_a_job_in_namespaces_with_latency_and_faults_stays_encrypted(
     assert_all_gone(namespaces_of(metrics))
     assert [(e.name, e.passed) for e in metrics.expectations] == [
         ("params_equal_to", True), ("no_lost_updates", True)]
-    assert len(metrics.proxies) == 2
+    assert metrics.proxies is not None and len(metrics.proxies) == 2
     for proxy in metrics.proxies:  # in the pserver's namespace, at its address there
         assert proxy.address == f"{nodes_of(metrics)[f'pserver:{proxy.pserver}']}:{netns.PORT}"
         assert sorted(proxy.links) == ["trainer:0", "trainer:1"]

@@ -74,7 +74,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Callable, Protocol, TextIO
+from typing import IO, Any, Callable, Mapping, Protocol, TextIO
 
 import numpy as np
 from rich.console import Console
@@ -717,15 +717,16 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
         summary.reason, summary.failed_node = failure.reason, failure.node
     events = metrics_events(launcher.injector.events) if launcher.injector is not None else []
     return JobMetrics(summary, trainers, pservers, [], notes, events,
-                      proxies=proxy_metrics(launcher), netns=netns)
+                      proxies=proxy_metrics(dict(enumerate(launcher.proxies))), netns=netns)
 
 
-def proxy_metrics(launcher: Launcher) -> list[ProxyMetrics]:
-    """Each fault proxy's counters, per client link and direction."""
+def proxy_metrics(proxies: Mapping[int, FaultProxy]) -> list[ProxyMetrics]:
+    """The counters of each fault proxy (by its pserver's index), per client link and
+    direction."""
     return [ProxyMetrics(j, proxy.address, proxy.upstream,
                          {client: {d.value: asdict(c) for d, c in counters.items()}
                           for client, counters in sorted(proxy.client_counters.items())})
-            for j, proxy in enumerate(launcher.proxies)]
+            for j, proxy in sorted(proxies.items())]
 
 
 def fault_free_params(scenario: Scenario) -> dict[str, np.ndarray]:

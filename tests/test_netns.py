@@ -2,9 +2,10 @@
 with the scenario's network applied (bandwidth as tc tbf on each node's interface, latency by a
 proxy in front of the pserver), and every namespace deleted afterwards, also when the job fails
 or is interrupted. The proxies keep the job's CurveZMQ: each is made in its pserver's namespace,
-and a job with latency and message faults ends as its ``--insecure`` run does. The tests that make namespaces are skipped, with the reason, where they
-cannot be made (not root, no iproute2, no permission, e.g. in an unprivileged container); the
-rest (notes, checks, the tbf command) run anywhere.
+and a job with latency and message faults ends as its ``--insecure`` run does. The tests that
+make namespaces are skipped, with the reason, where they cannot be made (not root, no iproute2,
+no permission, e.g. in an unprivileged container); the rest (notes, checks, the tbf command) run
+anywhere.
 """
 
 from __future__ import annotations

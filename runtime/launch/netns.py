@@ -32,14 +32,15 @@ Latency: this kernel has no netem, so a fault proxy listens at each pserver's en
 pserver's namespace, and forwards to the pserver: a `runtime.faults.curve_proxy.CurveFaultProxy`
 of the job's CurveZMQ, made while the launcher's thread is in the namespace (`entered`), or with
 ``--insecure`` a `runtime.faults.proxy.FaultProxy` whose sockets `Sockets` makes there. The
-pserver serves on that namespace's loopback (``--bind 127.0.0.1:PORT+1``). Each message of a trainer's connection is held for a latency drawn from the
-scenario's distribution for that (trainer, pserver) link, each direction from its own generator
-seeded by the scenario's seed and the two node names: deterministic, and never letting a
-message overtake an earlier one (as in the simulator). The delay comes after the message has
-crossed the shaped link, so a lone message takes latency + size / rate, the simulator's
-closed form. Trainers and pservers are the only nodes that talk, so these are all the links a
-run has. Fault injection works as without namespaces: the same proxies carry the scenario's
-message faults, their delays added to the link's latency.
+pserver serves on that namespace's loopback (``--bind 127.0.0.1:PORT+1``). Each message of a
+trainer's connection is held for a latency drawn from the scenario's distribution for that
+(trainer, pserver) link, each direction from its own generator seeded by the scenario's seed and
+the two node names: deterministic, and never letting a message overtake an earlier one (as in
+the simulator). The delay comes after the message has crossed the shaped link, so a lone message
+takes latency + size / rate, the simulator's closed form. Trainers and pservers are the only
+nodes that talk, so these are all the links a run has. Fault injection works as without
+namespaces: the same proxies carry the scenario's message faults, their delays added to the
+link's latency.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """`runtime up --netns`: one network namespace per node, bridged in a namespace of the run's own,
 with the scenario's network applied (bandwidth as tc tbf on each node's interface, latency by a
 proxy in front of the pserver), and every namespace deleted afterwards, also when the job fails
-or is interrupted. The tests that make namespaces are skipped, with the reason, where they
-cannot be made (not root, no iproute2, no permission, e.g. in an unprivileged container); the
-rest (notes, checks, the tbf command) run anywhere.
+or is interrupted. The proxies keep the job's CurveZMQ: each is made in its pserver's namespace,
+and a job with latency and message faults ends as its ``--insecure`` run does. The tests that
+make namespaces are skipped, with the reason, where they cannot be made (not root, no iproute2,
+no permission, e.g. in an unprivileged container); the rest (notes, checks, the tbf command) run
+anywhere.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import ipaddress
 import os
@@ -15,10 +19,14 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+import zmq
 from cluster_helpers import csv_with_a_bad_value
 
 from runtime import cli
@@ -26,13 +34,20 @@ from runtime.config.metrics import JobMetrics, NetnsNodeMetrics, read_metrics
 from runtime.config.netspec import NetworkSpec
 from runtime.config.scenario import parse_scenario
 from runtime.config.units import rate
+from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.launch import netns
 from runtime.launch.launcher import ignored_by_runtime
 from runtime.launch.shaping import BUCKET_FRAMES, BUCKET_SECONDS, tbf_command
+from runtime.network.curve import make_server, write_keys
+from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job
+from runtime.services.node import node_keys
 
 from metrics_schema import assert_valid_metrics
+from test_curve import attack
+
+T = TypeVar("T")
 
 RATE = "20Mbit/s"
 SCENARIO = f"""\
@@ -214,6 +229,138 @@ def test_runs_claim_distinct_subnets(can_make_namespaces: None) -> None:
     finally:
         os.close(lock)
     assert first != second
+
+
+# -- encrypted in namespaces ------------------------------------------------------------------
+
+CURVE_SCENARIO = """\
+name: netns-curve
+seed: 11
+model: {name: mlp, sizes: [32, 16, 10], optimizer: {type: sgd, learning_rate: 0.1}}
+data: {batch_size: 16}
+cluster: {pservers: 2, trainers: 2}
+train: {steps: 20, deadline: 60s, retry_after: 100ms, log_every: 10}
+network: {default: {latency: {dist: uniform, low: 1ms, high: 3ms}}}
+faults: [{links: ["trainer:*", "pserver:*"], drop: 0.05}]
+expect: {params_equal_to: fault_free, no_lost_updates: true}
+"""
+"""Latency and a message loss on every link of two pservers: a proxy in each pserver's
+namespace carries both."""
+
+
+@pytest.mark.timeout(180)
+def test_a_job_in_namespaces_with_latency_and_faults_stays_encrypted(
+        can_make_namespaces: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Each proxy is a `CurveFaultProxy` made in its pserver's namespace: the job keeps
+    CurveZMQ (no insecure fallback, the encrypted banner) and ends with the parameters, bit for
+    bit, of the same job run ``--insecure`` behind frame-reading proxies."""
+    scenario = scenario_file(tmp_path, CURVE_SCENARIO)
+    runs = {}
+    for name, flags in (("curve", []), ("insecure", ["--insecure"])):
+        out = tmp_path / name
+        code, lines = up(str(scenario), "--out", str(out), "--netns", *flags)
+        runs[name] = (code, lines, capfd.readouterr().err, out)
+    code, lines, err, out = runs["curve"]
+    assert code == 0 and lines[-1] == "OK: netns-curve", "\n".join(lines) + err
+    assert f"CurveZMQ: every connection authenticated and encrypted, keys in {out / 'keys'}" \
+        in lines
+    assert "unencrypted" not in err and "--insecure" not in err and "warning" not in err
+    metrics = read_metrics(out / "metrics.json")
+    assert_valid_metrics(out / "metrics.json")
+    assert_all_gone(namespaces_of(metrics))
+    assert [(e.name, e.passed) for e in metrics.expectations] == [
+        ("params_equal_to", True), ("no_lost_updates", True)]
+    assert metrics.proxies is not None and len(metrics.proxies) == 2
+    for proxy in metrics.proxies:  # in the pserver's namespace, at its address there
+        assert proxy.address == f"{nodes_of(metrics)[f'pserver:{proxy.pserver}']}:{netns.PORT}"
+        assert sorted(proxy.links) == ["trainer:0", "trainer:1"]
+        for link in proxy.links.values():
+            for direction in ("up", "down"):
+                counters = link[direction]
+                assert counters["delayed"] + counters["dropped"] == counters["messages"] > 20
+    assert sum(link[d]["dropped"] for p in metrics.proxies for link in p.links.values()
+               for d in ("up", "down")) > 0
+
+    code, lines, err, insecure = runs["insecure"]
+    assert code == 0 and lines[-1] == "OK: netns-curve", "\n".join(lines) + err
+    assert "--insecure: no CurveZMQ" in err and not any(ln.startswith("CurveZMQ") for ln in lines)
+    assert_all_gone(namespaces_of(read_metrics(insecure / "metrics.json")))
+    with np.load(out / "params.npz") as encrypted, np.load(insecure / "params.npz") as plain:
+        assert sorted(encrypted) == sorted(plain)
+        for name in encrypted:
+            assert np.array_equal(encrypted[name], plain[name]), name
+
+
+def nodes_of(metrics: JobMetrics) -> dict[str, str]:
+    assert metrics.netns is not None
+    return {n.node: n.address for n in metrics.netns.nodes}
+
+
+@contextlib.contextmanager
+def a_namespace() -> Iterator[str]:
+    """A network namespace of this test's own, its loopback up; deleted afterwards."""
+    name = f"pslab-test-{os.getpid()}"
+    netns.run_command(["ip", "netns", "add", name])
+    try:
+        netns.run_command(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"])
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
+def in_namespace(namespace: str, call: Callable[[], T]) -> T:
+    with netns.entered(namespace):
+        return call()
+
+
+@pytest.mark.timeout(60)
+def test_a_curve_proxy_made_in_a_namespace_listens_and_forwards_there(
+        can_make_namespaces: None, tmp_path: Path) -> None:
+    """Everything on the namespace's loopback, none of it reachable from this one's: a trainer
+    there reaches a pserver there through the proxy and back, under CurveZMQ (the pserver
+    admitting the proxy as its relay); a client without a key gets nothing; the thread that made
+    the proxy is back in its own namespace."""
+    keys = tmp_path / "keys"
+    write_keys(keys, ["pserver-0", "trainer-0"])
+    endpoint, bind = "127.0.0.1:6174", "127.0.0.1:6175"
+    own = os.readlink("/proc/thread-self/ns/net")
+
+    async def scenario(namespace: str) -> dict[str, Any]:
+        server_keys = node_keys(keys, "pserver", 0, 1, [endpoint], relay=True)
+        with netns.entered(namespace):  # a pserver's transport, serving on that loopback
+            server = ZmqTransport("pserver:0", curve=server_keys)
+            server.bind_nowait(bind)
+            trainer_context: zmq.Context[Any] = zmq.Context()
+            trainer_context.socket(zmq.PAIR).close()  # its I/O thread starts in the namespace
+        proxy = CurveFaultProxy(keys=server_keys, listen=endpoint, upstream=bind,
+                                upstream_name="pserver:0",
+                                made_in=partial(netns.entered, namespace))
+        trainer = ZmqTransport("trainer:0", context=trainer_context,
+                               curve=node_keys(keys, "trainer", 0, 1, [endpoint]))
+        try:
+            address = await proxy.start()
+            home = os.readlink("/proc/thread-self/ns/net")
+            await trainer.connect(endpoint)
+            await trainer.send(endpoint, [b"hello"])
+            up = await server.recv()
+            await server.send(up[0], [b"hello back"])
+            down = await trainer.recv()
+            outsider = await asyncio.to_thread(in_namespace, namespace, lambda: attack(
+                endpoint, b"trainer:0", [[b"hello"]], None, None))
+            return {"address": address, "home": home, "up": up, "down": down,
+                    "outsider": outsider, "unauthenticated": server.unauthenticated}
+        finally:
+            await trainer.close()
+            await proxy.close()
+            await server.close()
+            trainer_context.term()
+
+    with a_namespace() as namespace:
+        got = asyncio.run(asyncio.wait_for(scenario(namespace), 30))
+    assert got["address"] == endpoint and got["home"] == own
+    assert got["up"] == ("trainer:0", [b"hello"])
+    assert got["down"] == (endpoint, [b"hello back"])
+    assert got["outsider"] == [] and got["unauthenticated"] == 0
 
 
 # -- what is and is not applied ----------------------------------------------------------------

@@ -6,7 +6,9 @@ acts out the faults that concern it, and the job ends as `runtime up` ends it.
   one schedule calls, as runtime up's single target does.
 - A 2 x 2 job run as four role processes on loopback, with a message loss on every link and a
   trainer crash and restart, meets its expect block as `runtime up` of the same scenario does.
-  All of it encrypted: each pserver's proxy speaks CurveZMQ with that pserver's keys.
+  All of it encrypted: each pserver's proxy speaks CurveZMQ with that pserver's keys. Each
+  supervisor records what it did of the faults beside its node's record, and `runtime collect`
+  merges those into metrics.json's fault events and proxy counters, as `runtime up` lists them.
 """
 
 from __future__ import annotations
@@ -20,17 +22,20 @@ from pathlib import Path
 import pytest
 
 from runtime.config.faults import LinkFaults, Partition
-from runtime.config.metrics import read_metrics
+from runtime.config.metrics import FaultEvent as MetricsEvent
+from runtime.config.metrics import NodeFaults, ProxyMetrics, read_metrics, read_record
 from runtime.config.scenario import parse_scenario
 from runtime.faults.inject import RuntimeTarget
 from runtime.faults.proxy import Direction, FaultProxy
-from runtime.faults.schedule import FaultEvent
-from runtime.launch.role import concerns, message_faults
+from runtime.faults.schedule import FaultEvent as ScheduleEvent
+from runtime.launch.collect import merge_faults
+from runtime.launch.role import FAULTS_SUFFIX, concerns, message_faults
 from runtime.network.curve import write_keys
 from runtime.services.lifeline import LAUNCHER_VAR
 
 from cluster_helpers import free_endpoints
 from fault_contract import NODES, FaultTargetContract, Harness, Look, look
+from metrics_schema import assert_valid_metrics
 from test_collect import collect
 from test_runtime_faults import FakeNodes
 from test_runtime_up import up
@@ -65,10 +70,10 @@ class Fanout:
     def unslow(self, node: str, factor: float) -> str:
         return {n: t.unslow(node, factor) for n, t in self.targets.items()}[node]
 
-    def fired(self, event: FaultEvent) -> None:
+    def fired(self, event: ScheduleEvent) -> None:
         pass
 
-    def ended(self, event: FaultEvent) -> None:
+    def ended(self, event: ScheduleEvent) -> None:
         pass
 
 
@@ -116,6 +121,27 @@ def test_a_node_acts_only_on_its_own_node() -> None:
     assert target.slow("pserver:0", 2.0) == "pserver:0 by its own host"
     target.restart("trainer:1")
     assert fake.calls == []
+
+
+def test_a_fault_several_hosts_acted_out_is_one_event_from_first_start_to_last_end() -> None:
+    def rule(start: float, end: float | None, detail: str) -> MetricsEvent:
+        return MetricsEvent(0, "links", "links trainer:*<->pserver:*: drop 0.1", start, end,
+                            detail)
+
+    crash = MetricsEvent(1, "crash", "crash trainer:0", 0.5, 1.5, "at 0.5s; SIGKILL to 7")
+    proxy = ProxyMetrics(1, "10.0.0.2:6170", "127.0.0.1:6171", {"trainer:0": {}})
+    events, proxies = merge_faults([
+        NodeFaults("pserver:0", [rule(0.25, 2.0, "at 0.25s")]),
+        NodeFaults("pserver:1", [rule(0.125, 3.0, "at 0.125s")], proxy),
+        NodeFaults("trainer:0", [crash])])
+    assert events == [
+        MetricsEvent(0, "links", "links trainer:*<->pserver:*: drop 0.1", 0.125, 3.0,
+                     "pserver:0: at 0.25s; pserver:1: at 0.125s"),
+        MetricsEvent(1, "crash", "crash trainer:0", 0.5, 1.5, "trainer:0: at 0.5s; SIGKILL to 7")]
+    assert proxies == [proxy]
+    lasting, _ = merge_faults([NodeFaults("pserver:0", [rule(0.25, None, "")]),
+                               NodeFaults("pserver:1", [rule(0.125, 3.0, "")])])
+    assert [e.end for e in lasting] == [None]  # it lasted to the end on one host
 
 
 SCENARIO = """\
@@ -167,14 +193,41 @@ def test_a_job_of_role_processes_with_faults_ends_as_runtime_up_ends_it(tmp_path
     trainer1 = said[3]
     assert "SIGKILL to process group" in trainer1 and "(trainer:1 reported step 10;" in trainer1
     assert "restarting trainer:1 (--incarnation 1)" in trainer1
-    for pserver in said[:2]:  # each pserver's proxy dropped messages of its links, both ways
+    dropped = {}  # (pserver, direction) -> what its supervisor said its proxy dropped
+    for j, pserver in enumerate(said[:2]):  # each proxy dropped messages of its links, both ways
         for direction in ("up", "down"):
             line = next(ln for ln in pserver.splitlines() if f"fault proxy {direction}:" in ln)
-            assert int(line.split("dropped=")[1].split(",")[0]) > 0, line
+            dropped[j, direction] = int(line.split("dropped=")[1].split(",")[0])
+            assert dropped[j, direction] > 0, line
     code, lines = collect(*map(str, dirs), "-o", str(tmp_path / "merged"))
     assert code == 0 and lines[-1] == "OK: role-faults", lines
+    assert_valid_metrics(tmp_path / "merged" / "metrics.json")
     role_mode = read_metrics(tmp_path / "merged" / "metrics.json")
     assert role_mode.trainers[1].first_step > 0  # its record is its restarted life's
+
+    # What each supervisor did of the faults, beside its node's record (trainer:0 had none:
+    # no fault concerned it), merged into one list of events and one proxy per pserver.
+    reports = {f"{role}:{index}": read_record(d / "nodes" / f"{role}-{index}{FAULTS_SUFFIX}",
+                                              NodeFaults)
+               for (role, index), d in zip(ROLES, dirs) if (role, index) != ("trainer", 0)}
+    assert not (dirs[2] / "nodes" / f"trainer-0{FAULTS_SUFFIX}").exists()
+    assert [(n, [e.fault for e in r.faults]) for n, r in reports.items()] == [
+        ("pserver:0", [0]), ("pserver:1", [0]), ("trainer:1", [1])]
+    links = [reports[f"pserver:{j}"].faults[0] for j in range(2)]
+    (crash,) = reports["trainer:1"].faults
+    assert role_mode.faults == sorted([
+        MetricsEvent(0, "links", links[0].what, min(e.start for e in links), None,
+                     f"pserver:0: {links[0].detail}; pserver:1: {links[1].detail}"),
+        MetricsEvent(1, "crash", crash.what, crash.start, crash.end,
+                     f"trainer:1: {crash.detail}")], key=lambda e: (e.start, e.fault))
+    assert [e.detail for e in links] == ["from the start"] * 2 and crash.end is not None
+    assert crash.detail.startswith("trainer:1 reported step 10; SIGKILL to process group ")
+    assert role_mode.proxies == [reports["pserver:0"].proxy, reports["pserver:1"].proxy]
+    for proxy in role_mode.proxies:  # its connections' drops add up to what its host said
+        assert sorted(proxy.links) == ["trainer:0", "trainer:1"]
+        for direction in ("up", "down"):
+            assert sum(link[direction]["dropped"] for link in proxy.links.values()) == \
+                dropped[proxy.pserver, direction]
 
     code, lines = up(str(scenario), "--out", str(tmp_path / "up"))
     assert code == 0 and lines[-1] == "OK: role-faults", lines
@@ -183,3 +236,8 @@ def test_a_job_of_role_processes_with_faults_ends_as_runtime_up_ends_it(tmp_path
         [(e.name, e.passed) for e in runtime_up.expectations] == [("final_loss_below", True)]
     assert [len(t.losses) + t.first_step for t in role_mode.trainers] == \
         [len(t.losses) + t.first_step for t in runtime_up.trainers] == [60, 60]
+    assert [(e.fault, e.kind, e.what) for e in role_mode.faults] == \
+        [(e.fault, e.kind, e.what) for e in runtime_up.faults]
+    assert runtime_up.proxies is not None
+    assert [(p.pserver, sorted(p.links)) for p in role_mode.proxies] == \
+        [(p.pserver, sorted(p.links)) for p in runtime_up.proxies]

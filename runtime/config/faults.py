@@ -440,12 +440,16 @@ def reference() -> str:
            "`runtime/launch/role.py`) every host runs the same schedule and acts out what "
            "concerns its own node, under a supervisor of that one node: `at: 1.5s` counts from "
            "when the host started its node, `at: \"step N\"` fires when its node reports N steps "
-           "done (a trainer its steps, a pserver its updates).", "",
+           "done (a trainer its steps, a pserver its updates). The supervisor writes what it did "
+           "beside its node's record (`nodes/<role>-<index>.faults.json`: the events of its "
+           "node's faults, its proxy's counters), and `runtime collect` merges every host's into "
+           "`metrics.json`'s `faults` and `proxies` as `runtime up` lists them "
+           "(`runtime/launch/collect.py`).", "",
            "A job's fault proxies take part in its CurveZMQ (`runtime/faults/curve_proxy.py`): "
            "each is a CURVE server to the trainers with its pserver's keys and a CURVE client "
            "of its pserver, so a job with message faults stays encrypted and authenticated "
-           "(SECURITY.md); only `runtime up --netns`'s proxies read plain frames, and such a "
-           "job runs without CurveZMQ.", ""]
+           "(SECURITY.md), `runtime up --netns`'s too (each made in its pserver's network "
+           "namespace).", ""]
     for t in FAULT_TYPES:
         out += [f"## {t.kind}", "", f"`{t.example}`", "", _cell(t.__doc__ or ""), "",
                 "| field | meaning |", "|---|---|"]

@@ -25,7 +25,8 @@ description in that file is its docstring here.
 
 ``runtime up``'s nodes write their own records (`write_record` to ``OUT/nodes/trainer-0.json``,
 ``OUT/nodes/pserver-1.json``) when they finish; the launcher reads them back (`read_record`) and
-adds each node's exit code and log.
+adds each node's exit code and log. With one node per host (``runtime up --role``), a node's
+supervisor adds what it did of the faults (`NodeFaults`), which ``runtime collect`` merges.
 
 DESIGN: ``job.wall_seconds`` (``runtime up``) and ``job.simulated_seconds`` (``sim run``) stay
 two fields, not one on the run's clock: the real figure includes starting Python processes,
@@ -444,7 +445,23 @@ class JobMetrics:
     """The version of this schema."""
 
 
-R = TypeVar("R", TrainerMetrics, PserverMetrics)
+@dataclass(config=RECORD)
+class NodeFaults:
+    """``runtime up --role``: what the supervisor of one node did of the scenario's faults,
+    written beside the node's record (``OUT/nodes/<role>-<index>.faults.json``) for ``runtime
+    collect``, which merges every host's into metrics.json's `faults` and `proxies`. Not part of
+    metrics.json itself."""
+
+    node: str
+    """The node, ``pserver:<i>`` or ``trainer:<i>``."""
+    faults: list[FaultEvent] = field(default_factory=list)
+    """The events of the faults that concern this node, in seconds since this host started
+    it."""
+    proxy: ProxyMetrics | None = None
+    """A pserver's host with message faults: the fault proxy in front of it."""
+
+
+R = TypeVar("R", TrainerMetrics, PserverMetrics, NodeFaults)
 
 
 def write_record(path: Path, record: Any) -> None:

@@ -21,8 +21,14 @@ Between the two each message is plaintext in this process only, and takes the fa
 (seeded by the scenario's seed, the trainer and the pserver), partitions, holds and counters,
 through the same `_Lane`s, whose input is whole ZeroMQ messages instead of frames read off a
 stream. DESIGN: a ZeroMQ-level proxy rather than CURVE spoken over the byte stream: libzmq does
-the cryptography, and messages arrive whole. Its sockets are made by libzmq, so it cannot take
-a `socket_factory`: ``runtime up --netns`` keeps the frame-reading proxy, unencrypted.
+the cryptography, and messages arrive whole.
+
+Its sockets are libzmq's, so it takes no `socket_factory`; ``runtime up --netns`` gives it
+`made_in` instead, which enters the pserver's network namespace (`runtime.launch.netns.entered`)
+while `start` makes its ZeroMQ context and binds. The listening socket is made in the thread
+that binds, so in the namespace; its connections to the pserver are opened by the context's I/O
+thread, started with the context's first socket and so in the namespace too, however much
+later they are made (a trainer first heard from, a pserver restarted).
 
 Connections differ from the byte proxy's in one way: a trainer's connection and the proxy's
 connection to the pserver are separate, so a trainer that restarts reconnects to the proxy while
@@ -33,8 +39,9 @@ pserver that restarts is reconnected to by the proxy, its trainers' connections 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import zmq
@@ -45,6 +52,9 @@ from runtime.network.transport import Frame, TransportError
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 
 log = logging.getLogger(__name__)
+
+MadeIn = Callable[[], contextlib.AbstractContextManager[object]]
+"""A context to make a proxy's sockets in (e.g. a network namespace entered)."""
 
 
 class _Out:
@@ -102,23 +112,28 @@ class CurveFaultProxy(FaultProxy):
     def __init__(self, *, keys: CurveKeys, upstream: str, listen: str = "127.0.0.1:0",
                  faults: DirectedFaults = Faults(), seed: int = 0,
                  client_faults: dict[str, DirectedFaults] | None = None,
-                 upstream_name: str | None = None, max_queued_bytes: int = 256 << 20) -> None:
+                 upstream_name: str | None = None, max_queued_bytes: int = 256 << 20,
+                 made_in: MadeIn | None = None) -> None:
         super().__init__(upstream=upstream, listen=listen, faults=faults, seed=seed,
                          client_faults=client_faults, upstream_name=upstream_name,
                          max_queued_bytes=max_queued_bytes)
         self.keys = keys
+        self.made_in = made_in
+        """Where `start` makes the sockets (a network namespace entered); None: here."""
         self.front: ZmqTransport | None = None
         self._context: zmq.Context[Any] | None = None
         self._links: dict[str, _CurveLink] = {}
 
     @classmethod
-    def like(cls, proxy: FaultProxy, keys: CurveKeys) -> CurveFaultProxy:
+    def like(cls, proxy: FaultProxy, keys: CurveKeys,
+             made_in: MadeIn | None = None) -> CurveFaultProxy:
         """A CurveZMQ proxy in place of `proxy` (not started): the same addresses, seed and
-        faults."""
+        faults; `made_in` in place of its `socket_factory`."""
         host, port = proxy.listen
         return cls(keys=keys, upstream=proxy.upstream, listen=f"{host}:{port}",
                    faults=proxy.faults, seed=proxy.seed, client_faults=dict(proxy.client_faults),
-                   upstream_name=proxy.upstream_name, max_queued_bytes=proxy.max_queued_bytes)
+                   upstream_name=proxy.upstream_name, max_queued_bytes=proxy.max_queued_bytes,
+                   made_in=made_in)
 
     @property
     def refused(self) -> tuple[int, int]:
@@ -127,13 +142,16 @@ class CurveFaultProxy(FaultProxy):
         return (0, 0) if front is None else (front.unauthenticated, front.impostors)
 
     async def start(self) -> str:
-        self._context = zmq.Context()
-        front = self.front = ZmqTransport(
-            f"{self.upstream_name} proxy", ZmqLimits(), self._context,
-            curve=CurveKeys(self.keys.public, self.keys.secret, self.keys.clients))
-        front.deliver_to(self._from_client)
         host, port = self.listen
-        bound = await front.bind(f"{host}:{port}")
+        # nothing here yields to the loop: the thread is back in its own namespace before
+        # another task runs on it
+        with self.made_in() if self.made_in is not None else contextlib.nullcontext():
+            self._context = zmq.Context()
+            front = self.front = ZmqTransport(
+                f"{self.upstream_name} proxy", ZmqLimits(), self._context,
+                curve=CurveKeys(self.keys.public, self.keys.secret, self.keys.clients))
+            front.deliver_to(self._from_client)
+            bound = front.bind_nowait(f"{host}:{port}")
         self.address = bound.removeprefix("tcp://")
         return self.address
 

@@ -11,6 +11,15 @@ that every node ran the same job, merges the records into the run record ``runti
 ``OUT/metrics.json``, printing the same summary and verdict as ``runtime up``. A node that wrote
 no record failed (or never ran): the run fails, naming it. What one host cannot know stays null:
 the wall time of the whole run and each node's log.
+
+The faults: a node that faults concerned ran under a supervisor (`runtime.launch.role`), which
+wrote what it did beside the node's record, ``nodes/<role>-<index>.faults.json``. They become
+metrics.json's ``faults`` and ``proxies`` as ``runtime up`` fills them (`merge_faults`): one
+event per fault that fired, and each pserver's proxy's counters per connection, as its host
+counted them. A fault several hosts acted out (a link rule on every pserver's links) is one
+event, begun at the earliest of their starts and ended at the latest of their ends (never, if
+it lasted to the end on any), its detail each host's in turn, named. Its times are its hosts'
+own: seconds since each started its node, not one clock's.
 """
 
 from __future__ import annotations
@@ -20,11 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TextIO, TypeVar
 
-from runtime.config.metrics import (JobMetrics, JobSummary, PserverMetrics, TrainerMetrics,
-                                    held_back, read_record, write_record)
+from runtime.config.metrics import (FaultEvent, JobMetrics, JobSummary, NodeFaults,
+                                    ProxyMetrics, PserverMetrics, TrainerMetrics, held_back,
+                                    read_record, write_record)
 from runtime.config.scenario import Scenario
 from runtime.launch.launcher import (check_run, ignored_by_runtime, judge, summary_lines,
                                      verdict)
+from runtime.launch.role import FAULTS_SUFFIX
 from runtime.services.node import JOB_SUFFIX, node_file_stem, node_name
 
 R = TypeVar("R", TrainerMetrics, PserverMetrics)
@@ -42,6 +53,8 @@ class Collected:
     endpoints: list[str]
     records: dict[str, Path] = field(default_factory=dict)
     """node name -> its record file."""
+    faults: dict[str, Path] = field(default_factory=dict)
+    """node name -> what its supervisor did of the faults (`NodeFaults`), if it had one."""
 
 
 def read_job(dirs: Sequence[Path]) -> Collected:
@@ -73,11 +86,13 @@ def read_job(dirs: Sequence[Path]) -> Collected:
         for path in sorted((d / "nodes").glob("*.json")):
             if path.name.endswith(JOB_SUFFIX) or path.name.endswith(".costs.json"):
                 continue
-            name = _node_of(path.stem)
-            if name in collected.records:
-                raise CollectError(f"{name} has two records: {collected.records[name]} and "
-                                   f"{path}")
-            collected.records[name] = path
+            faults = path.name.endswith(FAULTS_SUFFIX)
+            found = collected.faults if faults else collected.records
+            name = _node_of(path.name.removesuffix(FAULTS_SUFFIX) if faults else path.stem)
+            if name in found:
+                raise CollectError(f"{name} has two {'fault records' if faults else 'records'}: "
+                                   f"{found[name]} and {path}")
+            found[name] = path
     return collected
 
 
@@ -107,7 +122,50 @@ def merge(collected: Collected, dirs: Sequence[Path]) -> JobMetrics:
         summary.failed_node = node_name(*missing[0])
     notes = [f"collected by runtime collect from {', '.join(map(str, dirs))}",
              *ignored_by_runtime(scenario)]
-    return JobMetrics(summary, trainers, pservers, [], notes, [])
+    reports = [_faults_of(collected, name) for name in _node_order(collected.faults, scenario)]
+    events, proxies = merge_faults(reports)
+    return JobMetrics(summary, trainers, pservers, [], notes, events, proxies=proxies)
+
+
+def _node_order(names: dict[str, Path], scenario: Scenario) -> list[str]:
+    """`names` in the job's order: the pservers, then the trainers."""
+    cluster = scenario.cluster
+    order = [node_name("pserver", j) for j in range(cluster.pservers)]
+    order += [node_name("trainer", i) for i in range(cluster.trainers)]
+    unknown = sorted(set(names) - set(order))
+    if unknown:
+        raise CollectError(f"{names[unknown[0]]}: {unknown[0]} is not a node of the job")
+    return [name for name in order if name in names]
+
+
+def _faults_of(collected: Collected, name: str) -> NodeFaults:
+    path = collected.faults[name]
+    try:
+        report = read_record(path, NodeFaults)
+    except (OSError, ValueError) as exc:
+        raise CollectError(f"{path}: unreadable: {exc}") from None
+    if report.node != name:
+        raise CollectError(f"{path}: the faults of {report.node}, not of {name}")
+    return report
+
+
+def merge_faults(reports: Sequence[NodeFaults]) -> tuple[list[FaultEvent], list[ProxyMetrics]]:
+    """metrics.json's ``faults`` and ``proxies`` from what each host did (see the module doc):
+    the events by start, then fault; the proxies by pserver."""
+    acted: dict[int, list[tuple[str, FaultEvent]]] = {}
+    for report in reports:
+        for event in report.faults:
+            acted.setdefault(event.fault, []).append((report.node, event))
+    events = []
+    for fault, by_host in acted.items():
+        first = by_host[0][1]
+        ends = [e.end for _, e in by_host]
+        end = None if any(e is None for e in ends) else max(e for e in ends if e is not None)
+        events.append(FaultEvent(fault, first.kind, first.what, min(e.start for _, e in by_host),
+                                 end, "; ".join(f"{node}: {e.detail}" for node, e in by_host)))
+    events.sort(key=lambda e: (e.start, e.fault))
+    proxies = sorted((r.proxy for r in reports if r.proxy is not None), key=lambda p: p.pserver)
+    return events, proxies
 
 
 def _record(collected: Collected, role: str, index: int, kind: type[R]) -> R:
@@ -131,10 +189,10 @@ def collect(dirs: Sequence[Path], out: Path, stream: TextIO) -> int:
     """Merge, check and write ``OUT/metrics.json``; the exit status (0 OK, 1 not)."""
     try:
         collected = read_job(dirs)
+        metrics = merge(collected, dirs)
     except CollectError as exc:
         print(f"FAILED: {exc}", file=stream, flush=True)
         return 1
-    metrics = merge(collected, dirs)
     judge(collected.scenario, metrics, lambda: check_run(
         collected.scenario, collected.endpoints, params_file(collected), metrics))
     write_record(out / "metrics.json", metrics)

@@ -47,9 +47,9 @@ node into ``OUT/keys`` (secret keys mode 0600) and starts each node with ``--key
 unless ``--keys DIR`` names the job's keys or ``--insecure`` (which warns) turns security off.
 A job with message faults stays encrypted: its proxies are `CurveFaultProxy`s, CURVE servers to
 the trainers with their pservers' keys and CURVE clients of the pservers
-(`runtime.faults.curve_proxy`). Only ``--netns`` proxies, which must make their sockets in the
-namespaces, read ZMTP frames (`FaultProxy`), which CURVE would encrypt: such a job runs without
-it, and says so.
+(`runtime.faults.curve_proxy`), ``--netns``'s too: each makes its sockets in its pserver's
+namespace (`runtime.launch.netns.entered`). Only with ``--insecure`` are the proxies the
+frame-reading `FaultProxy`, its ``--netns`` sockets made there by `runtime.launch.netns.Sockets`.
 
 At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.config.metrics`: the
 run record `sim run` writes too, schema in ``runtime/config/metrics.schema.json``), checks
@@ -70,9 +70,11 @@ import signal
 import socket
 import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import IO, Any, Callable, Protocol, TextIO
+from typing import IO, Any, Callable, Mapping, Protocol, TextIO
 
 import numpy as np
 from rich.console import Console
@@ -93,8 +95,8 @@ from runtime.faults.inject import (SLOW_PERIOD, RuntimeTarget, connects, metrics
 from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.faults.proxy import FaultProxy, Faults
 from runtime.faults.schedule import FaultSchedule
-from runtime.launch.netns import (PORT, Fabric, NetnsError, link_latencies, network_notes,
-                                  sigterm_interrupts)
+from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latencies,
+                                  network_notes, sigterm_interrupts)
 from runtime.network.curve import KeyFileError, write_keys
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import pserver_name, run_job, train_locally
@@ -715,15 +717,16 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
         summary.reason, summary.failed_node = failure.reason, failure.node
     events = metrics_events(launcher.injector.events) if launcher.injector is not None else []
     return JobMetrics(summary, trainers, pservers, [], notes, events,
-                      proxies=proxy_metrics(launcher), netns=netns)
+                      proxies=proxy_metrics(dict(enumerate(launcher.proxies))), netns=netns)
 
 
-def proxy_metrics(launcher: Launcher) -> list[ProxyMetrics]:
-    """Each fault proxy's counters, per client link and direction."""
+def proxy_metrics(proxies: Mapping[int, FaultProxy]) -> list[ProxyMetrics]:
+    """The counters of each fault proxy (by its pserver's index), per client link and
+    direction."""
     return [ProxyMetrics(j, proxy.address, proxy.upstream,
                          {client: {d.value: asdict(c) for d, c in counters.items()}
                           for client, counters in sorted(proxy.client_counters.items())})
-            for j, proxy in enumerate(launcher.proxies)]
+            for j, proxy in sorted(proxies.items())]
 
 
 def fault_free_params(scenario: Scenario) -> dict[str, np.ndarray]:
@@ -855,18 +858,12 @@ def verdict(metrics: JobMetrics) -> str:
 
 def secure(launcher: Launcher, keys: Path | None, insecure: bool) -> list[str]:
     """Choose the nodes' `Launcher.security` (see the module doc): the job's keys, checked
-    here, or keys made in OUT/keys; none with `insecure` or ``--netns`` proxies. Fault proxies
-    on this host's loopback become `CurveFaultProxy`s with their pservers' keys. The warnings to
-    show; `KeyFileError` names a key file missing from `keys`."""
+    here, or keys made in OUT/keys; none with `insecure`. Fault proxies become
+    `CurveFaultProxy`s with their pservers' keys, made in their pservers' namespaces under
+    ``--netns``. The warnings to show; `KeyFileError` names a key file missing from `keys`."""
     if insecure:
         launcher.security = ["--insecure"]
         return [insecure_warning(f"runtime up {launcher.scenario.name}", launcher.endpoints)]
-    if any(proxy.socket_factory is not None for proxy in launcher.proxies):
-        launcher.security = ["--insecure"]
-        unused = f" ({keys} not used)" if keys is not None else ""
-        return [f"warning: --netns: the proxies in the namespaces read ZeroMQ's frames, which "
-                f"CurveZMQ would encrypt: this job runs unauthenticated and unencrypted{unused}, "
-                "its endpoints in namespaces on this host; see SECURITY.md"]
     if keys is None:
         keys = launcher.out / "keys"
         write_keys(keys, [node_file_stem(n.role, n.index) for n in launcher.nodes], force=True)
@@ -875,10 +872,17 @@ def secure(launcher: Launcher, keys: Path | None, insecure: bool) -> list[str]:
         node_keys(keys, node.role, node.index, cluster.trainers, launcher.endpoints,
                   peers=cluster.pservers == 0)
     launcher.proxies = [CurveFaultProxy.like(proxy, node_keys(
-        keys, "pserver", j, cluster.trainers, launcher.endpoints, relay=True))
+        keys, "pserver", j, cluster.trainers, launcher.endpoints, relay=True),
+        made_in=_made_in(launcher, j))
         for j, proxy in enumerate(launcher.proxies)]
     launcher.security = ["--keys", str(keys.resolve())]
     return []
+
+
+def _made_in(launcher: Launcher, pserver: int) -> Callable[[], AbstractContextManager[None]] | None:
+    """Where pserver `pserver`'s proxy makes its sockets: in its namespace (``--netns``)."""
+    namespace = launcher.namespaces.get(pserver_name(pserver))
+    return None if namespace is None else partial(entered, namespace)
 
 
 def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,

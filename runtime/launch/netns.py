@@ -28,17 +28,19 @@ does. Such a node is shaped at the fastest of its links' rates (never slower tha
 says) and `network_notes` says which links are not applied. tbf counts frames with their
 headers, the simulator payload bytes: real transfers take a few percent longer.
 
-Latency: this kernel has no netem, so a `FaultProxy` (`runtime.faults.proxy`) listens at each
-pserver's endpoint, in the pserver's namespace (the launcher makes its sockets there, `Sockets`),
-and forwards to the pserver, which serves on that namespace's loopback (``--bind
-127.0.0.1:PORT+1``). Each message of a trainer's connection is held for a latency drawn from the
-scenario's distribution for that (trainer, pserver) link, each direction from its own generator
-seeded by the scenario's seed and the two node names: deterministic, and never letting a
-message overtake an earlier one (as in the simulator). The delay comes after the message has
-crossed the shaped link, so a lone message takes latency + size / rate, the simulator's
-closed form. Trainers and pservers are the only nodes that talk, so these are all the links a
-run has. Fault injection works as without namespaces: the same proxies carry the scenario's
-message faults, their delays added to the link's latency.
+Latency: this kernel has no netem, so a fault proxy listens at each pserver's endpoint, in the
+pserver's namespace, and forwards to the pserver: a `runtime.faults.curve_proxy.CurveFaultProxy`
+of the job's CurveZMQ, made while the launcher's thread is in the namespace (`entered`), or with
+``--insecure`` a `runtime.faults.proxy.FaultProxy` whose sockets `Sockets` makes there. The
+pserver serves on that namespace's loopback (``--bind 127.0.0.1:PORT+1``). Each message of a
+trainer's connection is held for a latency drawn from the scenario's distribution for that
+(trainer, pserver) link, each direction from its own generator seeded by the scenario's seed and
+the two node names: deterministic, and never letting a message overtake an earlier one (as in
+the simulator). The delay comes after the message has crossed the shaped link, so a lone message
+takes latency + size / rate, the simulator's closed form. Trainers and pservers are the only
+nodes that talk, so these are all the links a run has. Fault injection works as without
+namespaces: the same proxies carry the scenario's message faults, their delays added to the
+link's latency.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ from runtime.config.scenario import Scenario
 from runtime.launch.shaping import ShapingError, shape
 from runtime.services.cluster import pserver_name, trainer_name
 
-__all__ = ["Fabric", "NetnsError", "Sockets", "check_netns", "link_latencies", "network_notes",
-           "node_rates", "tbf_rates"]
+__all__ = ["Fabric", "NetnsError", "Sockets", "check_netns", "entered", "link_latencies",
+           "network_notes", "node_rates", "tbf_rates"]
 
 NETNS_DIR = Path("/run/netns")
 LOCK_DIR = Path("/run/pslab-netns")
@@ -285,6 +287,29 @@ def _setns(fd: int) -> None:
         raise OSError(errno, f"setns: {os.strerror(errno)}")
 
 
+@contextlib.contextmanager
+def entered(namespace: str) -> Iterator[None]:
+    """The calling thread in network namespace `namespace` for the block, then back in its
+    own. What the thread makes meanwhile stays in the namespace: a socket (bound to it when
+    made), a thread (it starts in its maker's namespace; libzmq's I/O threads, started with a
+    context's first socket, then open its connections there). DESIGN: the loop's own thread
+    enters, for a block that never yields to the loop, rather than a helper thread: the sockets
+    made are the loop's to drive, and no other task runs on the thread meanwhile."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(NETNS_DIR / namespace, os.O_RDONLY)
+        try:
+            _setns(target)
+            try:
+                yield
+            finally:
+                _setns(own)
+        finally:
+            os.close(target)
+    finally:
+        os.close(own)
+
+
 @dataclass(frozen=True)
 class Sockets:
     """Makes TCP sockets in network namespace `namespace`, for this process (the launcher's
@@ -294,19 +319,8 @@ class Sockets:
     namespace: str
 
     def __call__(self, family: int) -> socket.socket:
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        try:
-            target = os.open(NETNS_DIR / self.namespace, os.O_RDONLY)
-            try:
-                _setns(target)
-                try:
-                    return socket.socket(family, socket.SOCK_STREAM)
-                finally:
-                    _setns(own)
-            finally:
-                os.close(target)
-        finally:
-            os.close(own)
+        with entered(self.namespace):
+            return socket.socket(family, socket.SOCK_STREAM)
 
 
 # -- the fabric -----------------------------------------------------------------------------------

@@ -31,6 +31,14 @@ own keys (this host holds them): the job stays encrypted and authenticated, the 
 hosts unchanged. The supervisor's exit status is its node's: 0 when its last process finished,
 or when a fault killed it for good (the other nodes and ``runtime collect`` judge the job);
 else 1.
+
+What it did it says on stderr as it goes and, with ``--out``, writes when its node is done
+(failed or interrupted too) beside the node's record: ``nodes/<role>-<index>.faults.json``
+(`FAULTS_SUFFIX`), a `runtime.config.metrics.NodeFaults` holding the events of the faults that
+concern its node, as ``runtime up`` lists them (`runtime.faults.inject.metrics_events`), and its
+fault proxy's counters per connection (`runtime.launch.launcher.proxy_metrics`). ``runtime
+collect`` merges every host's into metrics.json's ``faults`` and ``proxies``
+(`runtime.launch.collect.merge_faults`).
 """
 
 from __future__ import annotations
@@ -40,18 +48,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.config.faults import AnyFault, LinkFaults, Partition
+from runtime.config.metrics import NodeFaults, write_record
 from runtime.config.scenario import Scenario
 from runtime.faults.curve_proxy import CurveFaultProxy
-from runtime.faults.inject import RuntimeTarget
+from runtime.faults.inject import RuntimeTarget, metrics_events
 from runtime.faults.proxy import FaultProxy
 from runtime.launch.launcher import (Display, Launcher, NodeRun, free_endpoints, node_command,
-                                     node_environment)
+                                     node_environment, proxy_metrics)
 from runtime.services.cluster import pserver_name, trainer_name
-from runtime.services.node import (ALONE_VAR, NodeOptions, Role, RoleError, node_keys,
-                                   run_async, run_role)
+from runtime.services.node import (ALONE_VAR, NodeOptions, Role, RoleError, node_file_stem,
+                                   node_keys, run_async, run_role)
 
 PROXY_HOST = "127.0.0.1"
 """Where a pserver behind its host's fault proxy serves: only the proxy reaches it."""
+FAULTS_SUFFIX = ".faults.json"
+"""``nodes/<role>-<index>.faults.json``: what a node's supervisor did of the faults."""
 
 
 def concerns(fault: AnyFault, node: str, scenario: Scenario) -> bool:
@@ -117,9 +128,8 @@ class RoleLauncher(Launcher):
 
     def _fault_target(self, display: Display) -> RuntimeTarget:
         assert self.role is not None
-        proxies = {self.role.index: self.proxy} if self.proxy is not None else {}
-        return RuntimeTarget(self, proxies, self.scenario.cluster.trainers, display.message,
-                             own=self.role.name)
+        return RuntimeTarget(self, self._proxies(), self.scenario.cluster.trainers,
+                             display.message, own=self.role.name)
 
     def _command(self, node: NodeRun, life: int) -> list[str]:
         return node_command(self.scenario_path, self.overrides, node.role, node.index,
@@ -130,6 +140,29 @@ class RoleLauncher(Launcher):
 
     def _reports(self, node: NodeRun) -> bool:
         return True  # a pserver too: its updates trigger the faults at a step on its host
+
+    def _proxies(self) -> dict[int, FaultProxy]:
+        assert self.role is not None
+        return {self.role.index: self.proxy} if self.proxy is not None else {}
+
+    def node_faults(self) -> NodeFaults:
+        """What this host did of the faults: the events of those that concern its node (the
+        schedule lists every fault it fired, others' included) and its proxy's counters."""
+        assert self.role is not None
+        own = self.role.name
+        events = self.injector.events if self.injector is not None else []
+        mine = [e for e in events if concerns(self.scenario.faults[e.fault], own, self.scenario)]
+        proxies = proxy_metrics(self._proxies())
+        return NodeFaults(own, metrics_events(mine), proxies[0] if proxies else None)
+
+    def write_faults(self) -> Path | None:
+        """Write `node_faults` beside the node's record (with ``--out``); where."""
+        if self.node_out is None or self.role is None:
+            return None
+        stem = node_file_stem(self.role.role, self.role.index)
+        path = self.node_out / "nodes" / f"{stem}{FAULTS_SUFFIX}"
+        write_record(path, self.node_faults())
+        return path
 
 
 def role_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario, role: Role,
@@ -181,6 +214,9 @@ def run_node(scenario_path: Path, overrides: list[str], scenario: Scenario, role
     if launcher.proxy is not None:
         for direction, counters in launcher.proxy.counters.items():
             display.message(f"fault proxy {direction.name.lower()}: {counters}")
+    written = launcher.write_faults()
+    if written is not None:
+        display.message(f"faults acted out: {written}")
     if failure is not None:
         display.message(f"failed: {failure.reason}")
         return 128 + failure.signal if failure.signal is not None else 1

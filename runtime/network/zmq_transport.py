@@ -215,6 +215,11 @@ class ZmqTransport(Transport):
         return router + [dealer.zmq for dealer in self._dealers.values()]
 
     async def bind(self, endpoint: str) -> str:
+        return self.bind_nowait(endpoint)
+
+    def bind_nowait(self, endpoint: str) -> str:
+        """`bind`, done before it returns: libzmq makes the listening socket in the calling
+        thread (in its network namespace, for a caller that entered one)."""
         self._check_open("bind")
         router = self._router or self._open_router()
         try:

@@ -17,6 +17,7 @@ from runtime.execution.tensor import LoDTensor, SelectedRows
 from runtime.network.wire import (DTYPES, HEADER_FIELDS, DecodeError, EncodeError, Kind, Message,
                                   Phantom, Reason, VarKind, RemoteError, charged_size, decode,
                                   encode, error_reply, raise_for_error)
+from runtime.network.wire import _decode, _decode_plain, _unpack_header  # the two decode paths
 
 Frames = list[Any]
 
@@ -558,3 +559,24 @@ def test_a_phantom_past_the_limits_fails_to_decode_and_is_not_charged_its_data()
 def test_a_header_with_keys_msgpack_refuses_to_decode_still_fails() -> None:
     frames = encode(Message(Kind.SEND, 1, "t0", 0, extra={"x": {1: "one"}}))
     assert decode_error(frames).reason is Reason.BAD_HEADER
+
+
+@pytest.mark.parametrize("array", [
+    np.array(3, np.float32), np.zeros((0, 4)), np.arange(12, dtype=np.int16).reshape(3, 4),
+    np.arange(5, dtype=">i4"), np.ones((2, 6), np.float16)[:, ::2], np.array([True, False]),
+])
+def test_the_one_pass_decode_gives_what_the_checked_one_does(array: np.ndarray) -> None:
+    """Plain dense messages take `_decode_plain`; others (a bool here) fall back to `_decode`:
+    either way the same kinds, fields and read-only arrays."""
+    msg = Message(Kind.GET, 5, "trainer-0", -3, {"x": array, "y": np.arange(3.0)})
+    frames = [memoryview(bytes(frame)) for frame in encode(msg)]
+    header = _unpack_header(frames[0])
+    fast, checked = _decode_plain(header, frames, 1 << 30), _decode(header, frames, 1 << 30)
+    assert (fast is None) == (array.dtype == np.bool_)
+    for decoded in [checked] if fast is None else [fast, checked]:
+        assert (decoded.kind, decoded.id, decoded.src, decoded.step, decoded.extra) == \
+            (Kind.GET, 5, "trainer-0", -3, {})
+        for name, value in msg.vars.items():
+            got = decoded.vars[name]
+            assert got.shape == value.shape and not got.flags.writeable
+            np.testing.assert_array_equal(got, value)

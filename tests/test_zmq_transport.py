@@ -13,7 +13,8 @@ import zmq
 import zmq.asyncio
 
 from runtime.network.transport import EndpointError, Transport
-from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
+from runtime.network.wire import Kind, Message, decode, encode
+from runtime.network.zmq_transport import ZmqLimits, ZmqTransport, _received
 from transport_contract import TransportContract, numbered, recv_number, within
 
 
@@ -150,3 +151,24 @@ async def test_a_frame_over_the_size_limit_is_never_delivered() -> None:
         assert (await within(server.recv()))[0] == "small"
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(server.recv(), 0.5)
+
+
+async def test_a_received_tensor_sent_on_goes_back_by_reference() -> None:
+    """A server that replies with the very tensor it decoded sends the received ZeroMQ frame
+    again (`_received`), and the client gets the same bytes; a view of part of it, or a copy,
+    goes as the view it is."""
+    async with ZmqTransport("server") as server, ZmqTransport("client") as client:
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        await client.connect(endpoint)
+        tensor = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
+        await client.send(endpoint, encode(Message(Kind.SEND, 1, "client", 0, {"w": tensor})))
+        peer, frames = await within(server.recv())
+        received = decode(frames).vars["w"]
+        reply = encode(Message(Kind.REPLY, 1, "server", 0, {"w": received}))
+        assert isinstance(_received(reply[1]), zmq.Frame)
+        assert not isinstance(_received(reply[1][4:]), zmq.Frame)
+        copied = memoryview(received.copy()).cast("B")
+        assert _received(copied) is copied
+        await server.send(peer, reply)
+        _, echoed = await within(client.recv())
+        np.testing.assert_array_equal(decode(echoed).vars["w"], tensor)

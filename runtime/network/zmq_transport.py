@@ -15,7 +15,8 @@ connects receives from all its sockets through one call). A send goes to libzmq 
 the caller, when the socket can take it; otherwise it waits in a per-socket queue that the next
 readiness event flushes, in order. Frames are sent with `copy=False`: pyzmq copies those under
 the socket's copy threshold and hands larger ones to libzmq as they are (zero-copy); received
-frames are zero-copy memoryviews.
+frames are zero-copy memoryviews, and a received frame sent on (a tensor decoded from it, unchanged)
+goes back to libzmq by reference (`_received`).
 
 DESIGN: this replaces `zmq.asyncio`, whose per-call futures, poller bookkeeping and enum flag
 arithmetic cost more CPU per small message than pslab's whole encode/decode. ZeroMQ's FD is
@@ -59,6 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import numpy as np
 import zmq
 
 from runtime.network.curve import RELAY, CurveKeys, ZapHandler, make_client, make_server
@@ -141,7 +143,7 @@ class _Socket:
         self.endpoint = endpoint
         """The connected endpoint (the peer of every message received); None for the ROUTER."""
         self.fd = cast(int, socket.getsockopt(zmq.FD))
-        self.waiting: deque[tuple[list[Frame], str, asyncio.Future[None] | None]] = deque()
+        self.waiting: deque[tuple[list[Any], str, asyncio.Future[None] | None]] = deque()
         """Messages (with their peer and the future of an awaiting `send`) waiting for room."""
         self.paused = False
         """The inbox is full: receiving waits until `recv` takes something."""
@@ -161,6 +163,22 @@ _POLLOUT = int(zmq.POLLOUT)
 def _events(socket: zmq.Socket[Any]) -> int:
     """The socket's ZMQ_EVENTS (POLLIN / POLLOUT bits); reading them also clears its FD."""
     return cast(int, socket.getsockopt(_EVENTS))
+
+
+def _received(view: memoryview) -> memoryview | zmq.Frame:
+    """The received ZeroMQ frame that `view` covers whole (through the arrays decoded from
+    it), or `view` itself. A frame sent on by reference goes back to libzmq as another
+    reference to the same message (`zmq_msg_copy`): neither copied nor wrapped in a new
+    zero-copy frame, which pyzmq keeps alive through its garbage-collection thread until
+    libzmq is done with it. DESIGN: a contiguous view with as many bytes as the frame it lies
+    in is that whole frame, whatever arrays stand between them."""
+    owner = view.obj
+    while type(owner) is np.ndarray:
+        owner = owner.base
+    if type(owner) is memoryview and type(owner.obj) is zmq.Frame \
+            and owner.nbytes == view.nbytes and view.c_contiguous:
+        return owner.obj
+    return view
 
 
 _BATCH = 256
@@ -309,13 +327,13 @@ class ZmqTransport(Transport):
 
     # -- sending --------------------------------------------------------------------------
 
-    def _checked_route(self, peer: str, frames: Sequence[Frame]) -> tuple[_Socket, list[Frame]]:
+    def _checked_route(self, peer: str, frames: Sequence[Frame]) -> tuple[_Socket, list[Any]]:
         self._check_open("send")
         if not frames:
             raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
         return self._route(peer, frames)
 
-    def _send_now(self, socket: _Socket, peer: str, parts: list[Frame]) -> bool:
+    def _send_now(self, socket: _Socket, peer: str, parts: list[Any]) -> bool:
         """Hand `parts` to libzmq if the socket can take them now; False: no room (EAGAIN)."""
         send = socket.zmq.send
         try:  # once the first part is taken, libzmq takes the rest: a message goes whole or not
@@ -488,14 +506,15 @@ class ZmqTransport(Transport):
             self._loop = asyncio.get_running_loop()
         return self._loop
 
-    def _route(self, peer: str, frames: Sequence[Frame]) -> tuple[_Socket, list[Frame]]:
+    def _route(self, peer: str, frames: Sequence[Frame]) -> tuple[_Socket, list[Any]]:
         dealer = self._dealers.get(peer)
+        parts = [_received(frame) if type(frame) is memoryview else frame for frame in frames]
         if dealer is not None:
-            return dealer, list(frames)
+            return dealer, parts
         if self._router is None:
             raise UnknownPeerError(self.name, peer)
-        identity = self._routes.get(peer) or peer.encode(*_IDENTITY_ENCODING)
-        return self._router, [identity, *frames]
+        parts.insert(0, self._routes.get(peer) or peer.encode(*_IDENTITY_ENCODING))
+        return self._router, parts
 
     def _socket(self, kind: int) -> zmq.Socket[Any]:
         socket = self._context.socket(kind)

@@ -393,14 +393,20 @@ class PserverService:
         kind = type(action)
         if kind is Begin:
             self._began = self.charge.clock()
-        elif kind is Reply and self.meter is None:
+        elif kind is Reply:  # measured or not, the same path: a profile prices this one
             assert isinstance(action, Reply)
+            meter = self.meter
+            started = 0.0 if meter is None else meter.start()
             frames = self._encode_reply(action.peer, action.message)
             if frames is None:
+                if meter is not None:
+                    meter.discard(started)
                 return None
             nbytes = self._count_out(frames)
             if not self._send_nowait(action.peer, frames):
-                return self._send_later(action.peer, frames, nbytes if action.heartbeat else 0)
+                return self._reply_later(action, frames, nbytes, started)
+            if meter is not None:
+                meter.stop_message(started, SENDS, action.message.kind.value, nbytes)
             if action.heartbeat:
                 self.stats.heartbeat_bytes += nbytes
         elif kind is Pay and self.charge.owed <= 0:  # nothing to wait for on the clock
@@ -415,10 +421,6 @@ class PserverService:
     async def _perform(self, action: Action) -> Any:
         """Perform an action that may wait (what `_perform_now` leaves)."""
         match action:
-            case Reply(peer=peer, message=message, heartbeat=heartbeat):
-                nbytes = await self._send(peer, message)
-                if heartbeat:
-                    self.stats.heartbeat_bytes += nbytes
             case Reject():
                 await self._reject(action)
             case Pay(update_step=step):
@@ -489,6 +491,13 @@ class PserverService:
         except Exception as exc:  # the trainer went away; it will retry or be dropped
             log.warning("%s: cannot reply to %s: %s", self.name, peer, exc)
             return True
+
+    async def _reply_later(self, action: Reply, frames: list[Frame], nbytes: int,
+                           started: float) -> None:
+        """The rest of a reply the transport could not take at once (`_perform_now`)."""
+        await self._send_later(action.peer, frames, nbytes if action.heartbeat else 0)
+        if self.meter is not None:
+            self.meter.stop_message(started, SENDS, action.message.kind.value, nbytes)
 
     async def _send_later(self, peer: str, frames: list[Frame], heartbeat_bytes: int = 0) -> None:
         """Send `frames` to `peer`, waiting as the transport needs; `heartbeat_bytes`: the bytes

@@ -453,22 +453,6 @@ class PserverService:
             case Stop():
                 self._done.set()
 
-    async def _send(self, peer: str, reply: Message) -> int:
-        """Send `reply` to `peer`; the bytes it weighs."""
-        meter = self.meter
-        started = 0.0 if meter is None else meter.start()
-        frames = self._encode_reply(peer, reply)
-        if frames is None:
-            if meter is not None:
-                meter.discard(started)
-            return 0
-        nbytes = self._count_out(frames)
-        if not self._send_nowait(peer, frames):
-            await self._send_later(peer, frames)
-        if meter is not None:
-            meter.stop_message(started, SENDS, reply.kind.value, nbytes)
-        return nbytes
-
     def _encode_reply(self, peer: str, reply: Message) -> list[Frame] | None:
         """The frames of `reply`; None (logged) if it cannot be encoded."""
         try:
@@ -515,7 +499,9 @@ class PserverService:
         msg = action.request
         reply = error_reply(self.name, action.error, request_id=None if msg is None else msg.id,
                             step=0 if msg is None else msg.step)
-        await self._send(action.peer, reply)
+        rest = self._perform_now(Reply(action.peer, reply))  # sent as every reply is
+        if rest is not None:
+            await rest
 
     async def _optimize(self, action: Optimize) -> None:
         """A sync round's update: its blocks, the round's overhead, then their compute."""

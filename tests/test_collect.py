@@ -38,10 +38,17 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     host runs its node: ``runtime up --role R --index N --endpoints ... --out DIR``."""
     tmp = tmp_path_factory.mktemp("hosts")
     scenario = scenario_file(tmp)
+    return run_roles(scenario, tmp, 90)[0]
+
+
+def run_roles(scenario: Path, tmp: Path, timeout: float) -> tuple[list[Path], list[str]]:
+    """Each node of `NODES` in a `runtime up --role` process of its own, on loopback, with a
+    keypair per node as `runtime keys` writes them, as four hosts would run the job: their out
+    dirs under `tmp`, and what each printed (stdout and stderr), once all exited 0."""
     endpoints = ",".join(free_endpoints(2))
     env = {k: v for k, v in os.environ.items() if k != LAUNCHER_VAR}
     dirs = [tmp / f"host-{role}-{index}" for role, index in NODES]
-    keys = tmp / "keys"  # as `runtime keys` writes them, one keypair per node
+    keys = tmp / "keys"
     write_keys(keys, [f"{role}-{index}" for role, index in NODES])
     procs = [subprocess.Popen([sys.executable, "-m", "runtime.cli", "up", str(scenario), "--role",
                                role, "--index", str(index), "--endpoints", endpoints, "--out",
@@ -49,14 +56,14 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
                               stderr=subprocess.STDOUT, text=True)
              for (role, index), d in zip(NODES, dirs)]
     try:
-        outputs = [p.communicate(timeout=90)[0] for p in procs]
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     assert [p.returncode for p in procs] == [0] * 4, outputs
-    return dirs
+    return dirs, outputs
 
 
 @pytest.mark.timeout(180)

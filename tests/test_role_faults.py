@@ -13,9 +13,6 @@ acts out the faults that concern it, and the job ends as `runtime up` ends it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,13 +27,11 @@ from runtime.faults.proxy import Direction, FaultProxy
 from runtime.faults.schedule import FaultEvent as ScheduleEvent
 from runtime.launch.collect import merge_faults
 from runtime.launch.role import FAULTS_SUFFIX, concerns, message_faults
-from runtime.network.curve import write_keys
-from runtime.services.lifeline import LAUNCHER_VAR
 
-from cluster_helpers import free_endpoints
 from fault_contract import NODES, FaultTargetContract, Harness, Look, look
 from metrics_schema import assert_valid_metrics
-from test_collect import collect
+from test_collect import NODES as ROLES
+from test_collect import collect, run_roles
 from test_runtime_faults import FakeNodes
 from test_runtime_up import up
 
@@ -157,9 +152,6 @@ faults:
   - {at: "step 10", crash: "trainer:1", restart_after: 1500ms}
 expect: {final_loss_below: 2.0}
 """
-ROLES = [("pserver", 0), ("pserver", 1), ("trainer", 0), ("trainer", 1)]
-
-
 def test_which_node_acts_out_which_fault() -> None:
     scenario = parse_scenario(SCENARIO)
     links, crash = scenario.faults
@@ -172,24 +164,7 @@ def test_which_node_acts_out_which_fault() -> None:
 def test_a_job_of_role_processes_with_faults_ends_as_runtime_up_ends_it(tmp_path: Path) -> None:
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(SCENARIO)
-    endpoints = ",".join(free_endpoints(2))
-    env = {k: v for k, v in os.environ.items() if k != LAUNCHER_VAR}
-    dirs = [tmp_path / f"host-{role}-{index}" for role, index in ROLES]
-    keys = tmp_path / "keys"  # encrypted: each pserver's proxy speaks CurveZMQ with its keys
-    write_keys(keys, [f"{role}-{index}" for role, index in ROLES])
-    procs = [subprocess.Popen([sys.executable, "-m", "runtime.cli", "up", str(scenario), "--role",
-                               role, "--index", str(index), "--endpoints", endpoints, "--out",
-                               str(d), "--keys", str(keys)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-             for (role, index), d in zip(ROLES, dirs)]
-    try:
-        said = [p.communicate(timeout=180)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0] * 4, said
+    dirs, said = run_roles(scenario, tmp_path, 180)  # encrypted: each proxy has its keys
     trainer1 = said[3]
     assert "SIGKILL to process group" in trainer1 and "(trainer:1 reported step 10;" in trainer1
     assert "restarting trainer:1 (--incarnation 1)" in trainer1

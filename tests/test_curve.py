@@ -278,16 +278,24 @@ expect: {params_equal_to: local}
 """
 
 
-@pytest.mark.timeout(120)
-def test_runtime_up_makes_the_jobs_keys_or_warns_when_insecure(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def up_encrypted(tmp_path: Path, text: str, capfd: pytest.CaptureFixture[str]
+                 ) -> tuple[Path, Path, Any]:
+    """`runtime up` of the scenario `text` with the keys it makes for the job: the scenario's
+    file, the out dir and what it printed, once it said every connection is encrypted."""
     scenario = tmp_path / "s.yaml"
-    scenario.write_text(SCENARIO)
+    scenario.write_text(text)
     out = tmp_path / "out"
     assert cli.main(["up", str(scenario), "--out", str(out)]) == 0
     printed = capfd.readouterr()
     assert f"CurveZMQ: every connection authenticated and encrypted, keys in {out / 'keys'}" \
         in printed.out
+    return scenario, out, printed
+
+
+@pytest.mark.timeout(120)
+def test_runtime_up_makes_the_jobs_keys_or_warns_when_insecure(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    scenario, out, printed = up_encrypted(tmp_path, SCENARIO, capfd)
     assert "--insecure" not in printed.err
     assert sorted(p.name for p in (out / "keys").iterdir()) == [
         "pserver-0.key", "pserver-0.key_secret", "trainer-0.key", "trainer-0.key_secret",

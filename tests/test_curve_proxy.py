@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import zmq
 
-from runtime import cli
 from runtime.config.faults import LinkFaults
 from runtime.config.metrics import read_metrics
 from runtime.faults.curve_proxy import CurveFaultProxy
@@ -32,7 +31,7 @@ from runtime.services.node import node_keys
 
 from cluster_helpers import FAST_DRAIN, free_endpoints, make_job
 from test_curve import SCENARIO as CURVE_UP
-from test_curve import STEPS, attack, hostile_messages, job_keys
+from test_curve import STEPS, attack, hostile_messages, job_keys, up_encrypted
 
 RULE = LinkFaults(links=("trainer:*", "pserver:*"), drop=0.1, duplicate=0.1, reorder=0.1)
 
@@ -103,13 +102,7 @@ SCENARIO = CURVE_UP.replace("name: curve-up", "name: curve-lossy").replace(
 @pytest.mark.timeout(180)
 def test_runtime_up_with_message_faults_stays_encrypted(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    scenario = tmp_path / "s.yaml"
-    scenario.write_text(SCENARIO)
-    out = tmp_path / "out"
-    assert cli.main(["up", str(scenario), "--out", str(out)]) == 0
-    printed = capfd.readouterr()
-    assert f"CurveZMQ: every connection authenticated and encrypted, keys in {out / 'keys'}" \
-        in printed.out
+    _, out, printed = up_encrypted(tmp_path, SCENARIO, capfd)
     assert "unencrypted" not in printed.err and "--insecure" not in printed.err
     assert printed.out.splitlines()[-1] == "OK: curve-lossy"
     metrics = read_metrics(out / "metrics.json")

@@ -21,6 +21,7 @@ import torch
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import SelectedRows
 from runtime.services.collective_torch import TorchCollectiveOps
+from runtime.services.node import exit_process
 from transpiler.ir import Op
 
 
@@ -94,4 +95,5 @@ if __name__ == "__main__":
         asyncio.run(leave(rank, endpoints))
     except Exception as exc:
         print(f"{type(exc).__name__}: {exc}", flush=True)
-        sys.exit(3)
+        exit_process(3)
+    exit_process(0)  # rank 0 leaves with its process group open, as a failed trainer does

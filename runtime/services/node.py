@@ -64,7 +64,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
+from typing import Any, Coroutine, Literal, Mapping, NoReturn, Sequence, TypeVar
 
 import numpy as np
 
@@ -655,5 +655,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_role(scenario, role, args.out, replace(options, keys=keys))
 
 
+def exit_process(code: int) -> NoReturn:
+    """Exit with `code`. While a torch.distributed process group is still open (a collective
+    job that failed, or stopped before its closing barrier), by `os._exit` after flushing the
+    logs and streams: gloo's threads would otherwise meet the interpreter's teardown and abort
+    the process (SIGABRT), replacing its status; its peers see its sockets close when it ends,
+    after it has said why."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

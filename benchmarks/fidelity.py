@@ -10,7 +10,9 @@ by tc tbf in network namespaces), in one run of this script:
 2. `runtime up` runs the same job for real ``--repeat`` times more (not measuring): the measured
    median step time (min/median/max over the runs), samples/s and per-pserver bytes;
 3. the simulator runs it with that profile, every node on one host with this machine's cores
-   (``cluster.hosts``), and the same network: the predicted figures.
+   (``cluster.hosts``), and the same network: the predicted figures. The shaped configurations
+   say ``network.burst: 1ms``, the least bucket `runtime up --netns` gives tbf, so that the
+   simulator models the bucket the real links have.
 
 It prints a row per configuration and one summary line: the median and worst |error| of the
 predicted median step time, and whether the per-pserver bytes matched exactly (the heartbeats,
@@ -56,7 +58,7 @@ class Config:
 
     def scenario(self, steps: int | None) -> str:
         network = "" if self.bandwidth is None else \
-            f"network: {{default: {{bandwidth: {self.bandwidth}}}}}\n"
+            f"network: {{default: {{bandwidth: {self.bandwidth}}}, burst: 1ms}}\n"
         return (f"name: fidelity-{self.name}\nseed: 3\n"
                 f"model: {{name: mlp, sizes: {list(self.sizes)}, "
                 "optimizer: {type: sgd, learning_rate: 0.05}}\n"

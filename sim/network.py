@@ -20,7 +20,14 @@ bandwidth b (from the `network` spec; a NIC rule may cap a node's rate below it)
 A lone message on idle NICs therefore takes L + S/b (ingress overlaps egress, not added to it);
 k messages sent together by one node, or by k nodes to one node, finish at L + k*S/b: the busy
 NIC is the bottleneck. Rates are payload bytes per second, with no per-frame overhead, so hand
-computations come out exact. S is the frames' bytes; a timing-mode message, whose phantoms carry
+computations come out exact.
+
+Token bucket (``network.burst: D``, default 0): each rate-limited NIC direction also holds a
+bucket of D seconds of data at the link's rate, filling at that rate while it is idle, as a tc
+tbf qdisc (what `runtime up --netns` shapes with) or a cloud VM's shaper does. A message finds
+`tokens` bytes in it when it starts: that part takes no time, the rest goes at the rate, so it
+occupies the direction for max(0, S - tokens) / rate and leaves max(0, tokens - S) behind. With
+D = 0 the formulas above are unchanged. S is the frames' bytes; a timing-mode message, whose phantoms carry
 no data, weighs what it would with data (`runtime.network.wire.charged_size`), as its numeric twin
 does. Without a `network` section the network is ideal: no latency, unlimited bandwidth.
 
@@ -48,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import random
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -126,7 +134,24 @@ class _Nic:
     cap: float
     egress_free: float = 0.0
     ingress_free: float = 0.0
+    egress_tokens: float = math.inf
+    """Bytes in the egress bucket at `egress_free` (with a `burst`; at first more than any
+    bucket holds: full)."""
+    ingress_tokens: float = math.inf
     stats: NicStats = field(default_factory=NicStats)
+
+
+def _drain(tokens: float, idle: float, rate: float, bucket: float,
+           nbytes: int) -> tuple[float, float]:
+    """A message of `nbytes` through a token bucket of `bucket` bytes filling at `rate`, which
+    held `tokens` when its direction last went idle, `idle` seconds ago: (seconds it occupies
+    the direction, tokens left when it has passed)."""
+    have = tokens + idle * rate
+    if have > bucket:
+        have = bucket
+    if nbytes <= have:
+        return 0.0, have - nbytes
+    return (nbytes - have) / rate, 0.0
 
 
 @dataclass(slots=True)
@@ -139,6 +164,9 @@ class _Link:
     dst_nic: _Nic
     rate_out: float
     rate_in: float
+    bucket_out: float = 0.0
+    """Bytes of the sender's egress token bucket on this link (0: none)."""
+    bucket_in: float = 0.0
     last_bit: float = 0.0
     """When the last bit of the latest message on this link reaches `dst`."""
     stats: LinkStats = field(default_factory=LinkStats)
@@ -253,7 +281,11 @@ class Network:
         nic = link.src_nic
         egress_free = nic.egress_free
         start = now if now > egress_free else egress_free
-        wire_time = nbytes / link.rate_out
+        if link.bucket_out:
+            wire_time, nic.egress_tokens = _drain(nic.egress_tokens, start - egress_free,
+                                                  link.rate_out, link.bucket_out, nbytes)
+        else:
+            wire_time = nbytes / link.rate_out
         nic.egress_free = start + wire_time
         stats = nic.stats
         stats.messages_out += 1
@@ -327,7 +359,11 @@ class Network:
         ingress_free = nic.ingress_free
         start = now if now > ingress_free else ingress_free
         nbytes = packet.nbytes
-        busy = nbytes / link.rate_in
+        if link.bucket_in:
+            busy, nic.ingress_tokens = _drain(nic.ingress_tokens, start - ingress_free,
+                                              link.rate_in, link.bucket_in, nbytes)
+        else:
+            busy = nbytes / link.rate_in
         done = nic.ingress_free = start + busy
         stats = nic.stats
         stats.messages_in += 1
@@ -398,8 +434,9 @@ class Network:
             latency, bandwidth = self.spec.link(src, dst)
             src_nic, dst_nic = self._nic(src), self._nic(dst)
             rng = random.Random(f"{self.seed}:{src}->{dst}")
-            link = _Link(src, dst, latency, rng, src_nic, dst_nic,
-                         min(bandwidth, src_nic.cap), min(bandwidth, dst_nic.cap))  # fmt: skip
+            rate_out, rate_in = min(bandwidth, src_nic.cap), min(bandwidth, dst_nic.cap)
+            link = _Link(src, dst, latency, rng, src_nic, dst_nic, rate_out, rate_in,
+                         _bucket(self.spec.burst, rate_out), _bucket(self.spec.burst, rate_in))
             self._links[src, dst] = link
         return link
 
@@ -408,6 +445,11 @@ class Network:
         if nic is None:
             nic = self._nics[node] = _Nic(self.spec.nic_bandwidth(node))
         return nic
+
+
+def _bucket(burst: float, rate: float) -> float:
+    """Bytes of a token bucket of `burst` seconds at `rate` (0 for an unlimited rate)."""
+    return burst * rate if rate < math.inf else 0.0
 
 
 def _frozen(frame: Frame) -> memoryview:

@@ -37,7 +37,7 @@ from runtime.config.units import rate
 from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.launch import netns
 from runtime.launch.launcher import ignored_by_runtime
-from runtime.launch.shaping import BUCKET_FRAMES, BUCKET_SECONDS, tbf_command
+from runtime.launch.shaping import BUCKET_FRAMES, bucket_bytes, tbf_command
 from runtime.network.curve import make_server, write_keys
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import train_locally
@@ -167,7 +167,7 @@ def assert_shaped(pserver: NetnsNodeMetrics, metrics: JobMetrics, bandwidth: flo
     """Bounds that shaping makes hold however loaded the machine (load only adds time)."""
     sent = metrics.pservers[0].bytes_out
     assert pserver.egress["bytes"] >= sent  # all it sent left through its tbf, with headers
-    burst = max(bandwidth * BUCKET_SECONDS, BUCKET_FRAMES * 1514)  # runtime.launch.shaping's bucket
+    burst = bucket_bytes(bandwidth)  # runtime.launch.shaping's bucket
     assert metrics.job.wall_seconds >= (pserver.egress["bytes"] - burst) / bandwidth
     # The trainers wait in their steps for replies that cannot leave faster than the rate.
     floor = sent / bandwidth
@@ -397,16 +397,34 @@ def test_with_netns_only_rates_one_tbf_per_interface_cannot_give_are_noted() -> 
     mbit200, gbit = rate("200Mbit/s"), rate("1Gbps")
     assert rates == {"pserver:0": mbit200, "pserver:1": gbit, "trainer:0": gbit,
                      "trainer:1": mbit200}
-    assert ignored_by_runtime(scenario, netns=True) == notes == [
+    assert notes == [
         "network: pserver:1's links have different rates (200Mbit/s to trainer:1; 1Gbit/s to "
         "trainer:0): one tbf per interface has one rate, so it is shaped at 1Gbit/s to every "
         "peer and the slower links are not applied",
         "network: trainer:0's links have different rates (200Mbit/s to pserver:0; 1Gbit/s to "
         "pserver:1): one tbf per interface has one rate, so it is shaped at 1Gbit/s to every "
         "peer and the slower links are not applied"]
+    assert ignored_by_runtime(scenario, netns=True) == notes + [BUCKET_NOTE]
     latencies = netns.link_latencies(spec, scenario)
     assert sorted(latencies) == [(f"trainer:{i}", f"pserver:{j}") for i in (0, 1) for j in (0, 1)]
     assert {str(latency) for latency in latencies.values()} == {"2ms"}
+
+
+BUCKET_NOTE = ("network.burst 0s: each tbf's bucket holds 1ms at its rate (less falls behind the "
+               "rate), so an idle interface sends that much at once; the simulator models the "
+               "scenario's burst: set network.burst: 1ms for it to model these links")
+
+
+def test_a_burst_of_a_millisecond_or_more_is_what_tbf_gets_and_is_not_noted() -> None:
+    """The scenario's burst becomes each tbf's bucket; below tbf's floor of 1 ms, the floor is
+    applied and noted (the simulator would model less than the links have)."""
+    scenario = parse_scenario(NETWORK.replace("  nics:", "  burst: 4ms\n  nics:"))
+    assert BUCKET_NOTE not in ignored_by_runtime(scenario, netns=True)
+    assert "network.burst 4ms: not applied (needs --netns)" in ignored_by_runtime(scenario)
+    assert bucket_bytes(rate("1Gbps")) == 125_000 == bucket_bytes(rate("1Gbps"), 0.0005)
+    assert bucket_bytes(rate("1Gbps"), 0.004) == 500_000
+    assert bucket_bytes(rate("2Mbps"), 0.004) == BUCKET_FRAMES * 1514  # 4 frames at least
+    assert tbf_command("eth0", rate("1Gbps"), burst=0.004)[-4:-2] == ["burst", "500000"]
 
 
 def test_a_zero_latency_needs_no_proxy_and_no_bandwidth_no_tbf() -> None:

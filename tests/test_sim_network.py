@@ -238,6 +238,49 @@ def test_a_fast_nic_takes_slow_senders_side_by_side() -> None:
     assert [t for t, *_ in log] == [L + SB, L + SB, L + 1.5 * SB]
 
 
+def test_a_token_bucket_lets_an_idle_nic_send_its_burst_at_once_then_the_rate() -> None:
+    """burst 2 S/B: each NIC direction holds 2 S of tokens, full at the start. Four messages
+    sent together at t = 1: two pass at once, two at the rate (on the trainer's egress and the
+    pserver's ingress alike). After SB idle, S of tokens are back: a message of 2 S takes one
+    SB, not two."""
+    net = exact_network(burst=2 * SB)
+    log: Log = []
+
+    async def main() -> None:
+        server = await serve(net, "pserver:0", "ps0")
+        trainer = await client(net, "trainer:0", "ps0")
+        await asyncio.sleep(1.0)
+        for k in range(4):
+            await trainer.send("ps0", [payload(k)])
+        await receive(server, 4, log)
+        assert now() == 1.0 + 3 * SB  # the trainer's NIC has been idle since 1 + 2 SB
+        await trainer.send("ps0", [payload(4, 2 * S)])
+        await receive(server, 1, log)
+
+    run(main())
+    assert [t for t, *_ in log] == [1.0 + L, 1.0 + L, 1.0 + L + SB, 1.0 + L + 2 * SB,
+                                    1.0 + 3 * SB + L + SB]
+    trainer = net.nic_stats()["trainer:0"]
+    assert (trainer.busy_out, trainer.wait_out) == (3 * SB, SB)  # the 4th waited for the 3rd
+    assert net.nic_stats()["pserver:0"].busy_in == 3 * SB
+
+
+def test_without_a_burst_a_network_with_a_zero_bucket_times_as_before() -> None:
+    log: list[Log] = [[], []]
+    for burst, out in ((None, log[0]), (0, log[1])):
+        net = exact_network() if burst is None else exact_network(burst=burst)
+
+        async def main(net: Network = net, out: Log = out) -> None:
+            server = await serve(net, "pserver:0", "ps0")
+            trainer = await client(net, "trainer:0", "ps0")
+            for k in range(3):
+                await trainer.send("ps0", [payload(k)])
+            await receive(server, 3, out)
+
+        run(main())
+    assert log[0] == log[1] and [t for t, *_ in log[0]] == [L + SB, L + 2 * SB, L + 3 * SB]
+
+
 def test_a_message_sent_before_the_bind_leaves_when_the_server_binds() -> None:
     net = exact_network()
     log: Log = []
@@ -581,6 +624,8 @@ INVALID_SECTIONS = [
                 {"between": ["a", "b"], "latency": {"dist": "normal", "mean": "1ms"}}]},
      "network.links.1.latency.std", "Field required"),
     ({"nics": [{"nodes": "pserver:*"}]}, "network.nics.0.bandwidth", "Field required"),
+    ({"burst": True}, "network.burst", "must be a duration such as 200us"),
+    ({"burst": -0.001}, "network.burst", "must be finite and >= 0"),
     ({"nics": [{"nodes": [], "bandwidth": "1Gbps"}]}, "network.nics.0.nodes",
      "must be a node pattern or a list of them"),
 ]  # fmt: skip

@@ -15,13 +15,17 @@ The section, in YAML::
         - {between: [PATTERN, PATTERN], latency: LATENCY, bandwidth: RATE}
       nics:                                                 # caps on nodes' NIC rates
         - {nodes: PATTERN or [PATTERN, ...], bandwidth: RATE}
+      burst: DURATION                                       # NICs' token bucket (default 0)
 
 A LATENCY is a duration (``200us``, ``0.001``: a constant) or a distribution of one-way
 latencies: ``{dist: constant, value: D}``, ``{dist: uniform, low: D, high: D}``, ``{dist:
 normal, mean: D, std: D}`` (truncated at 0) or ``{dist: lognormal, median: D, sigma: X}``
 (``sigma`` a plain number). A RATE is a number of bytes per second or a rate with a unit
 (``10Gbps``, ``200Mbit/s``, ``1GiB/s``; `runtime.config.units`). Patterns are node names with shell
-wildcards (``trainer:*``); a link rule covers both directions.
+wildcards (``trainer:*``); a link rule covers both directions. ``burst`` gives every rate-limited
+NIC a token bucket of that much time at its rate, as a token bucket filter or a cloud VM's
+shaper has: an interface idle long enough sends that much at once, then at its rate (0, the
+default: at the rate from the first byte, as a NIC's wire does).
 
 Three forms of the same network, each built from the one before:
 
@@ -391,6 +395,8 @@ class NetworkSection(_Spec):
     """Rules for some links; later rules win, field by field."""
     nics: list[NicSpec] = []
     """Caps on some nodes' NIC rates; the last matching rule wins."""
+    burst: Seconds = 0.0
+    """Each rate-limited NIC's token bucket, in seconds of data at its rate, each way (0: none)."""
 
 
 def strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -451,6 +457,8 @@ class NetworkSpec:
     bandwidth: float = math.inf
     links: tuple[LinkRule, ...] = ()
     nics: tuple[NicRule, ...] = ()
+    burst: float = 0.0
+    """Seconds of data at a NIC's rate its token bucket holds (0: none)."""
 
     @classmethod
     def from_section(cls, section: NetworkSection | None) -> NetworkSpec:
@@ -464,6 +472,7 @@ class NetworkSpec:
             links=tuple(LinkRule(rule.between, _built(rule.latency), rule.bandwidth)
                         for rule in section.links),
             nics=tuple(NicRule(rule.nodes, rule.bandwidth) for rule in section.nics),
+            burst=section.burst,
         )
 
     @classmethod

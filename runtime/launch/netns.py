@@ -26,7 +26,10 @@ rate for every destination. That would take a classful qdisc with a class per pe
 address, and the node's traffic would then no longer queue in one FIFO as its simulated NIC's
 does. Such a node is shaped at the fastest of its links' rates (never slower than the scenario
 says) and `network_notes` says which links are not applied. tbf counts frames with their
-headers, the simulator payload bytes: real transfers take a few percent longer.
+headers, the simulator payload bytes: real transfers take a few percent longer. Each tbf's
+bucket holds ``network.burst`` at its rate, but at least a millisecond's worth
+(`runtime.launch.shaping.BUCKET_SECONDS`: less falls behind the rate); a scenario whose burst is
+smaller gets a note, as the simulator models the burst the scenario says.
 
 Latency: this kernel has no netem, so a fault proxy listens at each pserver's endpoint, in the
 pserver's namespace, and forwards to the pserver: a `runtime.faults.curve_proxy.CurveFaultProxy`
@@ -61,9 +64,10 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config.metrics import NetnsMetrics, NetnsNodeMetrics
-from runtime.config.netspec import ConstantLatency, Latency, NetworkSection, NetworkSpec, fmt_rate
+from runtime.config.netspec import (ConstantLatency, Latency, NetworkSection, NetworkSpec, fmt_rate,
+                                    fmt_seconds)
 from runtime.config.scenario import Scenario
-from runtime.launch.shaping import ShapingError, shape
+from runtime.launch.shaping import BUCKET_SECONDS, ShapingError, shape
 from runtime.services.cluster import pserver_name, trainer_name
 
 __all__ = ["Fabric", "NetnsError", "Sockets", "check_netns", "entered", "link_latencies",
@@ -163,7 +167,15 @@ def network_notes(scenario: Scenario, netns: bool) -> list[str]:
         return []
     if not netns:
         return [f"{path} {value}: not applied (needs --netns)" for path, value in settings(section)]
-    return tbf_rates(NetworkSpec.from_section(section), scenario)[1]
+    spec = NetworkSpec.from_section(section)
+    rates, notes = tbf_rates(spec, scenario)
+    if spec.burst < BUCKET_SECONDS and any(rate is not None for rate in rates.values()):
+        notes.append(f"network.burst {fmt_seconds(spec.burst)}: each tbf's bucket holds "
+                     f"{fmt_seconds(BUCKET_SECONDS)} at its rate (less falls behind the rate), "
+                     "so an idle interface sends that much at once; the simulator models the "
+                     f"scenario's burst: set network.burst: {fmt_seconds(BUCKET_SECONDS)} for "
+                     "it to model these links")
+    return notes
 
 
 def settings(section: NetworkSection) -> list[tuple[str, str]]:
@@ -183,6 +195,8 @@ def settings(section: NetworkSection) -> list[tuple[str, str]]:
     for i, nic in enumerate(section.nics):
         out.append((f"network.nics.{i}.bandwidth",
                     f"{fmt_rate(nic.bandwidth)} for {', '.join(nic.nodes)}"))
+    if section.burst:
+        out.append(("network.burst", fmt_seconds(section.burst)))
     return out
 
 
@@ -348,6 +362,8 @@ class Fabric:
     """The open lock file that holds subnet `index` (None once released)."""
     removed_stale: list[str] = field(default_factory=list)
     """Namespaces of an earlier run on this subnet that ended without deleting them."""
+    burst: float = 0.0
+    """The scenario's ``network.burst`` (seconds), each tbf's bucket."""
 
     @property
     def hub(self) -> str:
@@ -363,7 +379,7 @@ class Fabric:
         node's interface; on any failure delete what was made and raise `NetnsError`."""
         rates, _ = tbf_rates(NetworkSpec.from_section(scenario.network), scenario)
         index, lock = _claim()
-        fabric = Fabric(index, {}, lock)
+        fabric = Fabric(index, {}, lock, burst=NetworkSpec.from_section(scenario.network).burst)
         for k, node in enumerate(nodes_of(scenario)):
             short = node.replace("pserver:", "ps").replace("trainer:", "t")
             fabric.hosts[node] = Host(node, f"{PREFIX}{index}-{short}", f"10.147.{index}.{k + 1}",
@@ -403,8 +419,8 @@ class Fabric:
                 continue
             queue = min(1.0, 1e9 / host.rate)  # at most ~1 GB queued at high rates
             try:
-                shape(DEVICE, host.rate, host.namespace, latency=queue)
-                shape(host.port, host.rate, self.hub, latency=queue)
+                shape(DEVICE, host.rate, host.namespace, latency=queue, burst=self.burst)
+                shape(host.port, host.rate, self.hub, latency=queue, burst=self.burst)
             except ShapingError as exc:
                 raise NetnsError(f"{host.node}: {exc}") from None
 

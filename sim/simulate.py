@@ -132,6 +132,7 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
     async def main(cluster: LocalCluster) -> tuple[JobResult, float, SimStats]:
         schedule.start()
         result = await cluster.run()
+        schedule.close()
         loop = cast(VirtualTimeLoop, asyncio.get_running_loop())
         return result, loop.time(), loop.stats
 

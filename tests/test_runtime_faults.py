@@ -191,6 +191,23 @@ def test_a_fault_scenario_on_real_processes_ends_as_in_the_simulator(name: str,
     assert real_outcome(scenario, metrics) == sim_outcome(path, overrides)
 
 
+@pytest.mark.timeout(120)
+def test_a_trainer_due_back_after_the_job_ended_is_not_restarted(tmp_path: Path) -> None:
+    """trainer_crash cut to 60 steps: trainer 1 is killed at step 50 to come back 2 s later,
+    but the others and the pservers (which drop it after 0.5 s of silence) end first; the run
+    ends with them, as in the simulator, without starting it again."""
+    path = FAULTS / "trainer_crash.yaml"
+    code, lines = up(str(path), "--out", str(tmp_path), "--set", "train.steps=60",
+                     "--set", "expect={}")
+    assert code == 0 and lines[-1].startswith("OK: trainer_crash"), "\n".join(lines)
+    assert children_of(os.getpid()) == []
+    metrics = read_metrics(tmp_path / "metrics.json")
+    [crash] = metrics.faults
+    assert crash.end is None and "the run ended at " in crash.detail
+    assert [len(t.losses) for t in metrics.trainers][::2] == [60, 60]
+    assert "restarting" not in (tmp_path / "logs" / "trainer-1.log").read_text()
+
+
 # -- the injector without processes --------------------------------------------------------------
 
 def test_link_rules_combine_as_independent_chances_and_added_delays() -> None:

@@ -281,6 +281,24 @@ def test_a_trainer_that_dies_for_good_is_dropped_and_the_others_finish() -> None
 
 
 @pytest.mark.timeout(60)
+def test_a_trainer_due_back_after_the_job_ended_is_not_waited_for() -> None:
+    """Trainer 1 crashes at step 50 of 60 to come back 2 s later; the others finish in well
+    under a second and the pservers, having dropped it, with them: the run ends then (not with
+    the restarted trainer timing out on pservers that are gone), and the crash lasted to the
+    end."""
+    path = ROOT / "scenarios" / "faults" / "trainer_crash.yaml"
+    result = sim(path, "train.steps=60", "expect={}")
+    finished = [len(t.losses) for t in result.trainers]
+    assert finished[0] == finished[2] == 60 and finished[1] in (49, 50)
+    assert all(p.dropped == [1] for p in result.pservers)
+    [crash] = result.faults
+    ended = result.simulated_seconds
+    assert crash.end is None and ended < crash.start + 2.0
+    assert crash.detail == (f"trainer:1 reported step 50; the run ended at {ended:.3f}s, before "
+                            f"its end was due at {crash.start + 2.0:.3f}s")
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", ["async", "half_async"])
 def test_in_the_asynchronous_modes_a_restarted_trainer_goes_on_after_its_last_step(mode: str) -> None:
     path = ROOT / "scenarios" / "faults" / "trainer_crash.yaml"

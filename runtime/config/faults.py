@@ -151,7 +151,9 @@ class Crash(_Fault):
     comes back that long after: a pserver from its last checkpoint (`train.checkpoint_every`;
     without one, from its initial state), the trainers redoing the steps it lost; a trainer
     joining the fan-in afresh. A node that is not running (already crashed, or done) is left
-    alone."""
+    alone. A trainer due back after every pserver has finished the job is not started again:
+    the run ends without it and the crash's event lasts to the end (`end` null; role mode's
+    supervisor of that trainer, which cannot see the pservers, does restart it)."""
 
     kind: ClassVar[str] = "crash"
     example: ClassVar[str] = '{at: "step 45", crash: "pserver:1", restart_after: 1s}'

@@ -166,17 +166,24 @@ class FaultSchedule:
 
     def close(self) -> None:
         """The run is ending: cancel what has not happened yet, and end the faults in force
-        that the end of the run ends (a slowed node is resumed; a crashed one stays down)."""
+        that the end of the run ends (a slowed node is resumed; a crashed one stays down). A
+        fault still in force that was due to end later (a trainer whose restart the end of the
+        job made moot) lasted until the end: its event's `end` becomes null, and its detail
+        says so."""
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
         self._by_step.clear()
+        now = self._now()
         for fault in list(self.in_force):
+            event = next(e for e in reversed(self.events) if self.faults[e.fault] is fault)
             if fault.reverted_at_close:
-                event = next(e for e in reversed(self.events)
-                             if self.faults[e.fault] is fault)
                 self.in_force.remove(fault)
                 fault.end(self._firing(event, fault))
+            elif event.end is not None and event.end > now:
+                self._firing(event, fault).note(
+                    f"the run ended at {now:.3f}s, before its end was due at {event.end:.3f}s")
+                event.end = None
 
     # -- beginning and ending ------------------------------------------------------------------
     def _now(self) -> float:

@@ -99,7 +99,7 @@ from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latenc
                                   network_notes, sigterm_interrupts)
 from runtime.network.curve import KeyFileError, write_keys
 from runtime.network.zmq_transport import ZmqTransport
-from runtime.services.cluster import pserver_name, run_job, train_locally
+from runtime.services.cluster import pserver_name, restart_is_moot, run_job, train_locally
 from runtime.services.job import Job
 from runtime.services.lifeline import launcher_environment
 from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_file_stem,
@@ -562,8 +562,9 @@ class Launcher:
                 self.injector.on_progress(node.index, progress.step, node.name)
 
     async def _supervise(self, stop: asyncio.Future[int]) -> Failure | None:
-        """Wait until every node is done and no restart is pending; the first failure, the
-        deadline or a signal ends it early."""
+        """Wait until every node is done and no restart is pending (a trainer's is moot once
+        every process has ended: `restart_is_moot`); the first failure, the deadline or a
+        signal ends it early."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.scenario.train.deadline
         while True:
@@ -576,6 +577,11 @@ class Launcher:
                     waiting[node.restart] = node
             if not waiting:
                 return None
+            if all(node.restart is task for task, node in waiting.items()) and \
+                    restart_is_moot(node.name for node in waiting.values()) and \
+                    any(node.role == "pserver" for node in self.nodes):
+                return None  # every process has ended, the pservers' too (role mode's
+                # supervisor of one trainer cannot tell): no pserver is due back
             done, _ = await asyncio.wait([*waiting, stop], timeout=deadline - loop.time(),
                                          return_when=asyncio.FIRST_COMPLETED)
             if stop in done:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -259,11 +259,13 @@ class LocalCluster:
 
     async def _until_done(self) -> None:
         """Wait until every node's work has ended and no crashed node is due back; the first
-        failure ends the job with it."""
+        failure ends the job with it. A trainer due back once every pserver has finished has
+        no job left to join: the run ends without it (`restart_is_moot`)."""
         while True:
             self._changed.clear()
             self._collect()
-            if not self._restarting and all(task.done() for task in self._tasks.values()):
+            if all(task.done() for task in self._tasks.values()) and \
+                    restart_is_moot(self._restarting):
                 return
             await self._changed.wait()
 
@@ -293,6 +295,13 @@ class LocalCluster:
             await trainer.client.close()
         for server in self.servers.values():
             await server.transport.close()
+
+
+def restart_is_moot(returning: Iterable[str]) -> bool:
+    """Whether the nodes due back after a crash (`returning`) need not be waited for once every
+    running node has ended: none is due, or only trainers (every pserver finished the job, so a
+    trainer coming back would find no one to train with)."""
+    return all(node.startswith("trainer:") for node in returning)
 
 
 def _joined(earlier: TrainerReport | None, later: TrainerReport) -> TrainerReport:

@@ -177,7 +177,7 @@ class Inbox:
     def put_nowait(self, item: Inbound) -> None:
         if self._error is not None:
             return
-        if self._maxsize and self.full():
+        if self._maxsize and len(self._items) >= self._maxsize:  # full(), without a call
             raise asyncio.QueueFull
         self._items.append(item)
         if self._getters:

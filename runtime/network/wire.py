@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -271,10 +272,12 @@ def encode(msg: Message) -> list[Frame]:
         spec, var_frames = _encode_var(name, value)
         specs.append(spec.to_header())
         frames.extend(var_frames)
-    kind = _KINDS.get(msg.kind) or Kind(msg.kind)
+    kind = msg.kind
+    if type(kind) is not Kind:  # a plain str (a Kind's own hash and value are Python calls)
+        kind = _KINDS.get(kind) or Kind(kind)
     header = {
         "v": WIRE_VERSION,
-        "kind": kind.value,
+        "kind": kind._value_,
         "id": msg.id,
         "src": msg.src,
         "step": msg.step,
@@ -282,12 +285,27 @@ def encode(msg: Message) -> list[Frame]:
         **msg.extra,
     }
     try:
-        packed = msgpack.packb(header, use_bin_type=True)
+        packed = _packer().pack(header)
     except (TypeError, ValueError, OverflowError) as exc:
         raise EncodeError(
             Reason.BAD_FIELD, f"header of {msg.kind} message is not msgpack data: {exc}"
         ) from exc
     return [_header(packed, msg, kind, phantoms, bool(frames)), *frames]
+
+
+_PACKERS = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's msgpack packer for headers. DESIGN: `msgpack.packb` makes a packer per
+    call, and a packer allocates a 256 KiB buffer: for each message a large malloc and free,
+    which glibc may hand back to the system and fault in again. A packer is reused (one per
+    thread: packing is not reentrant); it resets its buffer after each `pack`, even one that
+    raises."""
+    packer: msgpack.Packer | None = getattr(_PACKERS, "packer", None)
+    if packer is None:
+        packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True)
+    return packer
 
 
 def _check_outgoing(msg: Message) -> None:
@@ -436,7 +454,8 @@ def _check_envelope_size(frames: Sequence[Frame], max_message_size: int,
     """The limits checked before anything is parsed: frame count, header size, total size."""
     if len(frames) > MAX_FRAMES:
         raise DecodeError(Reason.FRAME_COUNT, f"{len(frames)} frames, at most {MAX_FRAMES}")
-    head = _nbytes(frames[0])
+    first = frames[0]
+    head = first.nbytes if type(first) is memoryview else len(first)
     if head > min(max_header_size, max_message_size):
         raise DecodeError(
             Reason.TOO_LARGE,
@@ -499,7 +518,8 @@ def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
             or type(src) is not str or not src or type(entries) is not list
             or len(frames) != len(entries) + 1):
         return None
-    size = _nbytes(frames[0])
+    first = frames[0]
+    size = first.nbytes if type(first) is memoryview else len(first)
     values: dict[str, Any] = {}
     for entry, frame in zip(entries, frames[1:]):
         if type(entry) is not dict or entry.keys() != _PLAIN_VAR_FIELDS \
@@ -517,12 +537,14 @@ def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
             count *= dim
         nbytes = count * dtype.itemsize
         size += nbytes
-        if _nbytes(frame) != nbytes or size > max_message_size:
+        if (frame.nbytes if type(frame) is memoryview else len(frame)) != nbytes \
+                or size > max_message_size:
             return None
         array = np.frombuffer(frame, dtype, count).reshape(shape)
-        if not array.flags.aligned:
+        flags = array.flags  # a new object at each reading
+        if not flags.aligned:
             return None
-        array.flags.writeable = False
+        flags.writeable = False
         values[name] = array
     msg = object.__new__(Message)  # the fields as __init__ sets them, at less cost
     object.__setattr__(msg, "__dict__", {"kind": kind, "id": msg_id, "src": src, "step": step,
@@ -853,7 +875,7 @@ def _header(packed: bytes, msg: Message, kind: Kind, phantoms: list[Phantom | Pa
             has_data: bool) -> _Header:
     """`packed` as a `_Header` of `msg` (of `kind`), whose phantom vars are `phantoms`."""
     header = _Header(packed)
-    header.kind = kind.value
+    header.kind = kind._value_
     surcharge = 0
     for phantom in phantoms:  # it adds its bytes, less "phantom" over "dense" or "rows"
         if not _decodable(phantom):  # charged_size weighs the frames alone, as it would

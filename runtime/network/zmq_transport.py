@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -136,7 +137,7 @@ class ZmqLimits:
 class _Socket:
     """One ZeroMQ socket the transport drives: its FD, its queue of sends waiting for room."""
 
-    __slots__ = ("zmq", "endpoint", "fd", "waiting", "paused", "scheduled")
+    __slots__ = ("zmq", "endpoint", "fd", "waiting", "paused", "scheduled", "input", "either")
 
     def __init__(self, socket: zmq.Socket[Any], endpoint: str | None) -> None:
         self.zmq = socket
@@ -149,20 +150,34 @@ class _Socket:
         """The inbox is full: receiving waits until `recv` takes something."""
         self.scheduled = False
         """A readiness check is already scheduled on the loop."""
+        self.input = ((socket, _POLLIN),)
+        """`_ready(socket.input)`: whether a message waits to be received."""
+        self.either = ((socket, _POLLIN | _POLLOUT),)
+        """`_events(socket)`'s poll item."""
 
 
 # ints, not pyzmq's IntFlag members: flag arithmetic on enum members costs microseconds a call
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
-_EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
+_ready = zmq.zmq_poll
+"""`_ready(items, 0)`: the sockets of `items` (poll items) that have the events asked for.
+DESIGN: a socket's events are read three times a message; `zmq_poll` with no timeout reads
+ZMQ_EVENTS (which also clears the socket's FD) in C, where `socket.get(zmq.EVENTS)` first
+makes a `SocketOption` of the int, two Python calls in `enum`."""
 
 
+def _events(socket: _Socket) -> int:
+    """The socket's POLLIN / POLLOUT bits; reading them also clears its FD."""
+    ready = _ready(socket.either, 0)
+    return ready[0][1] if ready else 0  # type: ignore[no-any-return]
 
-def _events(socket: zmq.Socket[Any]) -> int:
-    """The socket's ZMQ_EVENTS (POLLIN / POLLOUT bits); reading them also clears its FD."""
-    return cast(int, socket.getsockopt(_EVENTS))
+
+_send_part = zmq.backend.Socket.send
+"""pyzmq's send itself, called as `_send_part(socket, frame, flags, False)` (copy=False): the
+`zmq.Socket.send` wrapper above it only adds routing-id and group arguments (DRAFT sockets),
+which cost a Python call per frame."""
 
 
 def _received(view: memoryview) -> memoryview | zmq.Frame:
@@ -180,6 +195,9 @@ def _received(view: memoryview) -> memoryview | zmq.Frame:
         return owner.obj
     return view
 
+
+_buffer = operator.attrgetter("buffer")
+"""A received frame's zero-copy memoryview."""
 
 _BATCH = 256
 """Messages received per readiness event before other callbacks get a turn."""
@@ -218,6 +236,8 @@ class ZmqTransport(Transport):
         self._held: deque[int] = deque()
         """Bytes of each message in the inbox, in order (`recv` takes from the front)."""
         self._held_bytes = 0
+        self._paused: list[_Socket] = []
+        """Sockets whose receiving waits for room in the inbox."""
         self.dropped = 0
         """Messages dropped for breaking `max_frames` or `max_message_size`."""
 
@@ -271,7 +291,7 @@ class ZmqTransport(Transport):
             raise
 
     async def send(self, peer: str, frames: Sequence[Frame]) -> None:
-        socket, parts = self._checked_route(peer, frames)
+        socket, parts = self._route(peer, frames)
         if not socket.waiting and self._send_now(socket, peer, parts):
             return
         waiter = self._running_loop().create_future()
@@ -286,7 +306,7 @@ class ZmqTransport(Transport):
         logged (the RPC layer resends what is not answered). Sending from the caller, rather
         than from a task that runs when the caller next yields, lets a trainer's gradients
         leave while it goes on computing."""
-        socket, parts = self._checked_route(peer, frames)
+        socket, parts = self._route(peer, frames)
         if not socket.waiting and self._send_now(socket, peer, parts):
             return True
         socket.waiting.append((parts, peer, None))
@@ -299,11 +319,13 @@ class ZmqTransport(Transport):
         return True
 
     async def recv(self) -> Inbound:
-        self._check_open("recv")
+        if self._closed:
+            raise TransportClosed(self.name, "recv")
         inbound = await self._inbox.get()
         if self._held:
             self._held_bytes -= self._held.popleft()
-        self._resume_paused()
+        if self._paused:
+            self._resume_paused()
         return inbound
 
     async def close(self) -> None:
@@ -327,25 +349,21 @@ class ZmqTransport(Transport):
 
     # -- sending --------------------------------------------------------------------------
 
-    def _checked_route(self, peer: str, frames: Sequence[Frame]) -> tuple[_Socket, list[Any]]:
-        self._check_open("send")
-        if not frames:
-            raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
-        return self._route(peer, frames)
-
     def _send_now(self, socket: _Socket, peer: str, parts: list[Any]) -> bool:
         """Hand `parts` to libzmq if the socket can take them now; False: no room (EAGAIN)."""
-        send = socket.zmq.send
+        sock = socket.zmq
+        last = len(parts) - 1
         try:  # once the first part is taken, libzmq takes the rest: a message goes whole or not
-            send(parts[0], _MORE_NOBLOCK if len(parts) > 1 else _NOBLOCK, copy=False)
+            _send_part(sock, parts[0], _MORE_NOBLOCK if last else _NOBLOCK, False)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
             raise self._send_error(peer, exc) from exc
-        last = len(parts) - 1
-        for i in range(1, last + 1):
-            send(parts[i], _MORE_NOBLOCK if i < last else _NOBLOCK, copy=False)
-        if _events(socket.zmq) & _POLLIN:
+        for i in range(1, last):
+            _send_part(sock, parts[i], _MORE_NOBLOCK, False)
+        if last:
+            _send_part(sock, parts[last], _NOBLOCK, False)
+        if _ready(socket.input, 0):
             self._schedule(socket)  # the send may have consumed the FD's edge for waiting input
         return True
 
@@ -395,10 +413,10 @@ class ZmqTransport(Transport):
         if self._closed:
             return
         try:
-            events = _events(socket.zmq)
+            events = _events(socket)
             if events & _POLLOUT and socket.waiting:
                 self._flush(socket)
-                events = _events(socket.zmq)
+                events = _events(socket)
             if events & _POLLIN and not socket.paused:
                 self._drain(socket)
         except zmq.ZMQError as exc:
@@ -411,23 +429,23 @@ class ZmqTransport(Transport):
         """Receive while the socket has input (asking its events, which is cheaper than the
         exception an empty NOBLOCK receive raises), up to a batch, then give other callbacks a
         turn if more waits."""
-        sock = socket.zmq
-        limits = self.limits
+        inbox, limit = self._inbox, self.limits.inbox_bytes
         for _ in range(_BATCH):
-            if self._handler is None and (self._inbox.full()
-                                          or self._held_bytes >= limits.inbox_bytes):
+            handler = self._handler
+            if handler is None and (inbox.full() or self._held_bytes >= limit):
                 socket.paused = True
+                self._paused.append(socket)
                 return
             message = self._read_message(socket)
             if message is not None:
                 peer, frames, size = message
-                if self._handler is not None:
-                    self._handler(peer, frames)
+                if handler is not None:
+                    handler(peer, frames)
                 else:
-                    self._inbox.put_nowait((peer, frames))
+                    inbox.put_nowait((peer, frames))
                     self._held.append(size)
                     self._held_bytes += size
-            if not _events(sock) & _POLLIN:
+            if not _ready(socket.input, 0):
                 return
         self._schedule(socket)
 
@@ -448,28 +466,28 @@ class ZmqTransport(Transport):
         as the frames are read, which are then freed, not kept) or, on an authenticated
         server, its routing id is not the owner of its key."""
         sock, limits = socket.zmq, self.limits
-        frame = sock.recv(_NOBLOCK, copy=False)
+        max_frames, max_size = limits.max_frames, limits.max_message_size
+        frame = sock.recv(_NOBLOCK, False)
         identity = b""
         if socket.endpoint is None:  # ROUTER: the first frame is the sender's identity
             identity = frame.bytes
             peer = (name_in(identity) if self.curve is not None
                     else identity.decode(*_IDENTITY_ENCODING))
             parts: list[Any] = []
-            more = frame.more
+            size = count = 0
         else:
-            peer, parts, more = socket.endpoint, [frame], frame.more
-        size = sum(len(part) for part in parts)
-        count = len(parts)
+            peer, parts, size, count = socket.endpoint, [frame], len(frame), 1
+        more = frame.more
         while more:
-            frame = sock.recv(_NOBLOCK, copy=False)
+            frame = sock.recv(_NOBLOCK, False)
             size += len(frame)
             count += 1
             more = frame.more
-            if count <= limits.max_frames and size <= limits.max_message_size:
+            if count <= max_frames and size <= max_size:
                 parts.append(frame)
             else:
                 parts.clear()
-        if count > limits.max_frames or size > limits.max_message_size:
+        if count > max_frames or size > max_size:
             self._dropped(peer, size, count)
             return None
         if socket.endpoint is None and self.curve is not None:  # ZAP metadata: servers only
@@ -477,7 +495,7 @@ class ZmqTransport(Transport):
             if not self._owned(peer, owner):
                 return None
             self._routes[peer] = identity
-        return peer, [part.buffer for part in parts], size
+        return peer, list(map(_buffer, parts)), size
 
     def _dropped(self, peer: str, size: int, count: int) -> None:
         self.dropped += 1
@@ -486,10 +504,10 @@ class ZmqTransport(Transport):
                     self.limits.max_frames)
 
     def _resume_paused(self) -> None:
-        for socket in self._all():
-            if socket.paused:
-                socket.paused = False
-                self._schedule(socket)
+        for socket in self._paused:
+            socket.paused = False
+            self._schedule(socket)
+        self._paused.clear()
 
     # -- sockets --------------------------------------------------------------------------
 
@@ -507,6 +525,11 @@ class ZmqTransport(Transport):
         return self._loop
 
     def _route(self, peer: str, frames: Sequence[Frame]) -> tuple[_Socket, list[Any]]:
+        """The socket that reaches `peer` and the parts to send it `frames` as."""
+        if self._closed:
+            raise TransportClosed(self.name, "send")
+        if not frames:
+            raise ValueError(f"node {self.name!r}: a message to {peer!r} needs at least one frame")
         dealer = self._dealers.get(peer)
         parts = [_received(frame) if type(frame) is memoryview else frame for frame in frames]
         if dealer is not None:

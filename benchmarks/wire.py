@@ -5,7 +5,9 @@
    Through the runtime that is encode + `ZmqTransport.send` + recv + decode on both sides; the
    baseline is blocking pyzmq DEALER/ROUTER moving the very same frames zero-copy with no
    encoding at all. Throughput counts both directions; the ratio is runtime / raw (goal >= 0.9
-   from 4 MiB up).
+   from 4 MiB up). Beside it, the client process's CPU per message (all its threads, libzmq's
+   I/O thread included; the least of the repeats), which a busy machine disturbs far less
+   than the throughput.
 2. Small-message round trips per second: one header-only HEARTBEAT at a time, the same way, plus
    a pyzmq asyncio client against the raw server, which shows what the event loop alone costs.
 
@@ -21,10 +23,10 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import zmq
@@ -103,16 +105,23 @@ def start(target: Callable[..., None], *args: object) -> tuple[mp.process.BasePr
 # ------------------------------------------------------------------------------------ clients
 
 
+class Timing(NamedTuple):
+    """What a client's exchanges took: wall-clock seconds, and CPU seconds of its process."""
+
+    seconds: float
+    cpu: float
+
+
 async def runtime_client(
     endpoint: str, tensor: np.ndarray | None, count: int, window: int
-) -> float:
-    """Seconds for `count` requests through the runtime and their replies, `window` in flight."""
+) -> Timing:
+    """Time for `count` requests through the runtime and their replies, `window` in flight."""
     async with ZmqTransport("bench-client") as client:
         await client.connect(endpoint)
         await runtime_exchange(client, endpoint, tensor, WARMUP, 1)
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         await runtime_exchange(client, endpoint, tensor, count, window)
-        return time.perf_counter() - began
+        return Timing(time.perf_counter() - began, time.process_time() - cpu)
 
 
 async def runtime_exchange(
@@ -128,15 +137,15 @@ async def runtime_exchange(
         received += 1
 
 
-def raw_client(endpoint: str, frames: list[Frame], count: int, window: int) -> float:
-    """Seconds to send `frames` `count` times over blocking pyzmq and receive each echo."""
+def raw_client(endpoint: str, frames: list[Frame], count: int, window: int) -> Timing:
+    """Time to send `frames` `count` times over blocking pyzmq and receive each echo."""
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)
     dealer.connect(endpoint)
     raw_exchange(dealer, frames, WARMUP, 1)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     raw_exchange(dealer, frames, count, window)
-    elapsed = time.perf_counter() - began
+    elapsed = Timing(time.perf_counter() - began, time.process_time() - cpu)
     dealer.close(linger=0)
     context.term()
     return elapsed
@@ -180,8 +189,9 @@ class Servers:
 
     def throughput(
         self, plan: Plan, tensor: np.ndarray, count: int, use_uvloop: bool
-    ) -> tuple[float, float]:
-        """Best seconds for `count` exchanges of `tensor` through the runtime and raw pyzmq."""
+    ) -> tuple[Timing, Timing]:
+        """Best seconds (and least client CPU) for `count` exchanges of `tensor` through the
+        runtime and raw pyzmq."""
         frames = encode(request(tensor, 0))  # the same bytes, encoded once
         times = [
             (
@@ -190,15 +200,15 @@ class Servers:
             )
             for _ in range(plan.repeats)
         ]
-        return min(t for t, _ in times), min(r for _, r in times)
+        return best(t for t, _ in times), best(r for _, r in times)
 
     def round_trips(self, plan: Plan, use_uvloop: bool) -> tuple[float, float, float]:
         """Best seconds for the round trips through the runtime, raw pyzmq and pyzmq asyncio."""
         frames = encode(request(None, 0))
         times = [
             (
-                run(runtime_client(self.runtime, None, plan.round_trips, 1), use_uvloop),
-                raw_client(self.raw, frames, plan.round_trips, 1),
+                run(runtime_client(self.runtime, None, plan.round_trips, 1), use_uvloop).seconds,
+                raw_client(self.raw, frames, plan.round_trips, 1).seconds,
                 run(asyncio_raw_client(self.raw, frames, plan.round_trips), use_uvloop),
             )
             for _ in range(plan.repeats)
@@ -206,17 +216,24 @@ class Servers:
         return min(t[0] for t in times), min(t[1] for t in times), min(t[2] for t in times)
 
 
+def best(timings: Iterable[Timing]) -> Timing:
+    """The shortest time and the least CPU of some repeats (not necessarily the same one)."""
+    listed = list(timings)
+    return Timing(min(t.seconds for t in listed), min(t.cpu for t in listed))
+
+
 def throughput_table(servers: Servers, plan: Plan, use_uvloop: bool) -> None:
     print(f"push+pull throughput, float32 tensors, {plan.window} in flight, best of {plan.repeats}")
     print(f"{'size':>8} {'messages':>9} {'raw pyzmq GB/s':>15} {'ZmqTransport GB/s':>18}", end="")
-    print(f" {'ratio':>6}")
+    print(f" {'ratio':>6} {'client CPU us/msg: raw':>23} {'ZmqTransport':>13}")
     for mib in plan.sizes_mib:
         tensor = np.random.default_rng(0).standard_normal(mib * MIB // 4).astype(np.float32)
         count = max(8, plan.bytes_per_run // (mib * MIB))
         runtime, raw = servers.throughput(plan, tensor, count, use_uvloop)
         moved = 2 * count * tensor.nbytes / 1e9
-        print(f"{mib:>5}MiB {count:>9} {moved / raw:>15.2f} {moved / runtime:>18.2f}", end="")
-        print(f" {raw / runtime:>6.2f}")
+        print(f"{mib:>5}MiB {count:>9} {moved / raw.seconds:>15.2f}", end="")
+        print(f" {moved / runtime.seconds:>18.2f} {raw.seconds / runtime.seconds:>6.2f}", end="")
+        print(f" {raw.cpu / count * 1e6:>23.0f} {runtime.cpu / count * 1e6:>13.0f}")
 
 
 def round_trip_table(servers: Servers, plan: Plan, use_uvloop: bool) -> None:

@@ -220,6 +220,9 @@ class RpcOps:
         self.step = INITIAL_STEP
         self._sends: list[asyncio.Future[Message]] = []
         self._held_sends: dict[str, dict[str, Any]] = {}
+        self._unacked: list[asyncio.Future[Message]] = []
+        """Bundled protocol: the SENDs of a round whose send barrier they all carried; the GETs
+        go out without waiting for their acknowledgements, which the fetch barrier awaits."""
         """Endpoint -> the vars of its SEND being bundled (bundled protocol)."""
         self._held_gets: dict[str, list[tuple[str, str]]] = {}
         """Endpoint -> the (var, wire name) pairs of its GET being bundled."""
@@ -337,6 +340,19 @@ class RpcOps:
             await asyncio.gather(*sends)
 
     async def send_barrier(self, op: Op, scope: Scope) -> None:
+        """Wait until every send is acknowledged, then a barrier request to each pserver no
+        send carried it to. In the bundled protocol, where the sends carried it to every
+        pserver, nothing waits: the round's GETs leave at once, and a pserver, which defers
+        them until the round's update is done, has taken the sends by then.
+
+        DESIGN: not waiting for the acknowledgements saves a round trip per step and lets a
+        pserver take a trainer's SEND and GET in one wake-up."""
+        if self.protocol == "bundled" and not op.attr("half_async") and not self._uncovered(op):
+            assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
+            self._unacked += self._sends
+            self._sends = []
+            self._end_round(Kind.SEND)
+            return
         await self.flush_sends()
         self._end_round(Kind.SEND)
         if op.attr("half_async"):  # only this trainer's sends must have left
@@ -404,6 +420,7 @@ class RpcOps:
 
     async def fetch_barrier(self, op: Op, scope: Scope) -> None:
         await self.wait_for(list(self.pending))
+        await self._acknowledged()
         self._end_round(Kind.GET)
         await asyncio.gather(*(self.call(ep, Kind.FETCH_BARRIER) for ep in self._uncovered(op)))
 
@@ -505,15 +522,22 @@ class RpcOps:
             scope.put(table, concat_rows([slice_rows(_dense(self._var(ep, r, wire)), 0, rows)
                                           for r, (ep, wire, rows) in zip(answers, parts)]))
 
+    async def _acknowledged(self) -> None:
+        """Wait for the acknowledgements of the sends `send_barrier` did not wait for."""
+        unacked, self._unacked = self._unacked, []
+        if unacked:
+            await asyncio.gather(*unacked)
+
     async def settle(self) -> None:
         """Wait for everything still in flight (the end of a program run)."""
         await self.flush_sends()
+        await self._acknowledged()
         await self.wait_for(list(self.pending))
 
     async def abandon(self) -> None:
         """Cancel every request in flight (a step given up) and forget what it owed."""
-        tasks = [*self._sends, *self.pending.values()]
-        self._sends, self.pending = [], {}
+        tasks = [*self._sends, *self._unacked, *self.pending.values()]
+        self._sends, self._unacked, self.pending = [], [], {}
         self._held_sends, self._held_gets = {}, {}
         self._round_first.clear()
         for task in tasks:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from transpiler.ir import Op
+
 from runtime.config.scenario import Scenario, parse_scenario
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job
+from runtime.services.trainer import barrier_plan
 from sim.simulate import SimResult, simulate
 
 TRAINERS, PSERVERS, STEPS = 2, 2, 3
@@ -61,3 +64,44 @@ def test_every_protocol_trains_exactly_as_local_training(mode: str) -> None:
         for name, value in local.items():
             np.testing.assert_allclose(results["compact"].params[name], value, rtol=1e-5,
                                        atol=1e-5, err_msg=name)
+
+
+def _send(var: str, ep: str) -> Op:
+    return Op("send", {"X": [var]}, {"Out": []}, {"epmap": [ep]})
+
+
+def _recv(var: str, ep: str) -> Op:
+    return Op("recv", {"X": []}, {"Out": [var]}, {"epmap": [ep]})
+
+
+def _barrier(kind: str) -> Op:
+    return Op(kind, {}, {}, {"endpoints": ["e0", "e1"]})
+
+
+def test_bundling_joins_each_run_of_sends_and_of_recvs_per_endpoint() -> None:
+    """A compute op between sends keeps their run (the earlier send's vars wait for the later
+    op's message); the recvs right after the barrier are one GET per endpoint."""
+    ops = [_send("a", "e0"), Op("relu", {"X": ["h"]}, {"Out": ["r"]}), _send("b", "e0"),
+           _send("c", "e1"), _barrier("send_barrier"), _recv("a", "e0"), _recv("b", "e0"),
+           _recv("c", "e1"), _barrier("fetch_barrier")]
+    plan = barrier_plan(ops, lambda op: False, bundle=True)
+    assert plan.held == {id(ops[0]): {"e0"}, id(ops[5]): {"e0"}}
+    assert plan.carriers == {id(ops[2]): {"e0": 1}, id(ops[3]): {"e1": 1},
+                             id(ops[6]): {"e0": 1}, id(ops[7]): {"e1": 1}}
+    assert plan.covered == {id(ops[4]): {"e0", "e1"}, id(ops[8]): {"e0", "e1"}}
+    unbundled = barrier_plan(ops, lambda op: False)
+    assert unbundled.held == {}
+    assert unbundled.carriers[id(ops[2])] == {"e0": 2} == unbundled.carriers[id(ops[6])]
+
+
+def test_another_rpc_op_ends_a_run_of_sends_and_any_other_op_a_run_of_recvs() -> None:
+    """A prefetch may wait for what was sent, a compute op may read what was fetched: the
+    messages on either side of them stay apart, and the barrier counts both."""
+    prefetch = Op("prefetch", {"X": ["ids"]}, {"Out": ["rows"]}, {"epmap": ["e1"]})
+    ops = [_send("a", "e0"), prefetch, _send("b", "e0"), _barrier("send_barrier"),
+           _recv("a", "e0"), Op("relu", {"X": ["a"]}, {"Out": ["r"]}), _recv("b", "e0"),
+           _barrier("fetch_barrier")]
+    plan = barrier_plan(ops, lambda op: False, bundle=True)
+    assert plan.held == {}
+    assert plan.carriers == {id(ops[2]): {"e0": 2}, id(ops[6]): {"e0": 2}}
+    assert plan.covered == {id(ops[3]): {"e0"}, id(ops[7]): {"e0"}}

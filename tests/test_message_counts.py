@@ -37,8 +37,9 @@ def test_a_2x2_sync_step_costs_exactly_the_messages_of_its_protocol() -> None:
     # compact: each trainer sends each pserver 2 SENDs a step (its weight and bias grads) and 2
     # GETs per fetch round (the startup's and each step's): 2 x 3 x 2 = 12 sends, 2 x 4 x 2 =
     # 16 gets. per_op adds a send barrier per step (6) and a fetch barrier per round (8);
-    # compact carries both on the last SEND / GET. bundled sends each pserver one SEND a step
-    # and one GET a round, carrying the barriers: 6 sends, 8 gets.
+    # compact carries both on the last SEND / GET. bundled sends each pserver one SEND a step,
+    # carrying both barriers and the step's GET, whose reply brings the values: 6 sends, and
+    # the startup's 2 gets.
     fetches = TRAINERS * (STEPS + 1)
     common = {"complete": TRAINERS, "get": 2 * fetches, "send": 2 * TRAINERS * STEPS}
     per_op = simulate(scenario("per_op"))
@@ -47,9 +48,9 @@ def test_a_2x2_sync_step_costs_exactly_the_messages_of_its_protocol() -> None:
     assert by_kind(per_op) == [{**common, "fetch_barrier": fetches,
                                 "send_barrier": TRAINERS * STEPS}] * PSERVERS
     assert by_kind(compact) == [common] * PSERVERS
-    assert by_kind(bundled) == [{"complete": TRAINERS, "get": fetches,
+    assert by_kind(bundled) == [{"complete": TRAINERS, "get": TRAINERS,
                                  "send": TRAINERS * STEPS}] * PSERVERS
-    assert (per_op.messages, compact.messages, bundled.messages) == (176, 120, 64)
+    assert (per_op.messages, compact.messages, bundled.messages) == (176, 120, 40)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "half_async", "geo"])
@@ -86,9 +87,11 @@ def test_bundling_joins_each_run_of_sends_and_of_recvs_per_endpoint() -> None:
            _recv("c", "e1"), _barrier("fetch_barrier")]
     plan = barrier_plan(ops, lambda op: False, bundle=True)
     assert plan.held == {id(ops[0]): {"e0"}, id(ops[5]): {"e0"}}
-    assert plan.carriers == {id(ops[2]): {"e0": 1}, id(ops[3]): {"e1": 1},
-                             id(ops[6]): {"e0": 1}, id(ops[7]): {"e1": 1}}
+    assert plan.carriers == {id(ops[2]): {"e0": 1}, id(ops[3]): {"e1": 1}}
     assert plan.covered == {id(ops[4]): {"e0", "e1"}, id(ops[8]): {"e0", "e1"}}
+    # both barriers carried to every endpoint: each GET rides on the SEND there
+    assert plan.fetches == {id(ops[2]): {"e0": ["a", "b"]}, id(ops[3]): {"e1": ["c"]}}
+    assert plan.fetched == {id(ops[6]): {"e0"}, id(ops[7]): {"e1"}}
     unbundled = barrier_plan(ops, lambda op: False)
     assert unbundled.held == {}
     assert unbundled.carriers[id(ops[2])] == {"e0": 2} == unbundled.carriers[id(ops[6])]
@@ -102,6 +105,6 @@ def test_another_rpc_op_ends_a_run_of_sends_and_any_other_op_a_run_of_recvs() ->
            _recv("a", "e0"), Op("relu", {"X": ["a"]}, {"Out": ["r"]}), _recv("b", "e0"),
            _barrier("fetch_barrier")]
     plan = barrier_plan(ops, lambda op: False, bundle=True)
-    assert plan.held == {}
+    assert plan.held == {} and plan.fetches == {} and plan.fetched == {}
     assert plan.carriers == {id(ops[2]): {"e0": 2}, id(ops[6]): {"e0": 2}}
     assert plan.covered == {id(ops[3]): {"e0"}, id(ops[7]): {"e0"}}

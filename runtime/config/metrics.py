@@ -266,8 +266,8 @@ class JobSummary:
     compute: str | None = None
     """sim run only: the compute model ("none": compute takes no time)."""
     protocol: str = "bundled"
-    """How requests travelled (train.protocol): bundled (one SEND and one GET per pserver and
-    round, carrying the barriers), compact (a request per op, the barriers on the round's last
+    """How requests travelled (train.protocol): bundled (one SEND per pserver and step,
+    carrying the barriers and the step's GET), compact (a request per op, the barriers on the round's last
     SEND / GET) or per_op (a message per RPC op)."""
     messages_per_step: dict[str, float] = field(default_factory=dict)
     """Job-wide: the requests every pserver received, by kind, over the trainer-steps taken

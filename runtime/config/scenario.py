@@ -301,8 +301,8 @@ class TrainSpec(_Strict):
                                    "unanswered before its node fails, naming the pserver")
     protocol: Literal["bundled", "compact", "per_op"] = Field(
         "bundled", description="how a step's requests travel: bundled sends each pserver one "
-        "SEND (when the last send op to it runs) and one GET a step, carrying send_barrier and "
-        "fetch_barrier; compact sends a SEND per send op and a GET per recv op, the barriers on "
+        "SEND a step (when the last send op to it runs) carrying send_barrier, the step's GET "
+        "and fetch_barrier, its reply the values; compact sends a SEND per send op and a GET per recv op, the barriers on "
         "the last to each pserver; per_op also sends the barriers as requests of their own, a "
         "message per RPC op, as Paddle's traces read (the same semantics in all three)")
     log_every: int = Field(10, ge=1)

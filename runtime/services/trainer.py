@@ -17,7 +17,10 @@
   reply comes, and a compute op that reads one waits for it first.
 - bundling (the ``bundled`` protocol, the default): a run of send ops (recv ops) makes one SEND
   (GET) per endpoint, which the run's last op to that endpoint sends with the vars the earlier
-  ones held back (`BarrierPlan.held`); a sync step is then one SEND and one GET per pserver.
+  ones held back (`BarrierPlan.held`); where only recvs stand between a send barrier and a
+  fetch barrier both carried to every endpoint (a sync step), the GET rides on the SEND that
+  carried the send barrier (``fetch``), whose reply brings the values (`BarrierPlan.fetches`):
+  a sync step is one request and one reply per pserver.
 - `prefetch` (distributed lookup table): one PREFETCH per pserver with the ids `split_ids` cut
   for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
 - `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
@@ -67,7 +70,8 @@ from runtime.network.compression import Codec, ErrorFeedback
 from runtime.network.rpc import RpcClient, RpcTimeout
 from runtime.network.wire import Kind, Message
 from runtime.services.collective import Collective, CollectiveOps
-from runtime.services.protocol import BARRIER_FIELD, BARRIER_FROM_FIELD, INITIAL_STEP
+from runtime.services.protocol import (BARRIER_FIELD, BARRIER_FROM_FIELD, FETCH_BARRIER_FIELD,
+                                       FETCH_FIELD, INITIAL_STEP)
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +119,16 @@ class BarrierPlan:
     whose round that op's message ends (it carries the barrier); `covered`: id of a barrier op
     -> the endpoints whose barrier a carrier took (the others still get a request of their
     own); `held`: id of a send / recv op -> the endpoints its vars go to in the message of a
-    later op of the same kind (the last of its bundle), not in one of its own."""
+    later op of the same kind (the last of its bundle), not in one of its own; `fetches`: id of
+    a send op -> {endpoint: wire names} of the round's GET that rides on its SEND there;
+    `fetched`: id of a recv op -> the endpoints whose GET rode on a SEND (it takes the values
+    from that SEND's reply)."""
 
     carriers: dict[int, dict[str, int]] = field(default_factory=dict)
     covered: dict[int, frozenset[str]] = field(default_factory=dict)
     held: dict[int, frozenset[str]] = field(default_factory=dict)
+    fetches: dict[int, dict[str, list[str]]] = field(default_factory=dict)
+    fetched: dict[int, frozenset[str]] = field(default_factory=dict)
 
 
 def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool],
@@ -138,8 +147,16 @@ def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool],
     op runs, so a gradient still leaves as soon as its send op runs (compact), or as soon as
     the last send op to its pserver in the round runs (bundled). Bundling trades that overlap
     for fewer messages: each costs a node tens of microseconds of CPU at either end, more
-    than a small gradient's transfer on one host."""
+    than a small gradient's transfer on one host.
+
+    With `bundle`, where a send barrier carried to every endpoint is followed by a run of recvs
+    and a fetch barrier carried to every endpoint, each endpoint's GET of the run rides on the
+    SEND that carried its send barrier (`BarrierPlan.fetches`): a sync step is then one
+    request and one reply per pserver."""
+    ops = list(ops)
     plan = BarrierPlan()
+    carried_by: dict[int, dict[str, Op]] = {}
+    """id of a barrier op -> the op whose message carried it to each endpoint."""
     counts: dict[Kind, dict[str, int]] = {Kind.SEND: {}, Kind.GET: {}}
     last: dict[Kind, dict[str, Op]] = {Kind.SEND: {}, Kind.GET: {}}
     opaque = {Kind.SEND: False, Kind.GET: False}
@@ -171,12 +188,45 @@ def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool],
                 for ep in op.attr("endpoints") or ():
                     if ep in counts[kind]:
                         plan.carriers.setdefault(id(last[kind][ep]), {})[ep] = counts[kind][ep]
+                        carried_by.setdefault(id(op), {})[ep] = last[kind][ep]
                         carried.add(ep)
             plan.covered[id(op)] = frozenset(carried)
             counts[kind], last[kind], opaque[kind] = {}, {}, False
         elif rpc_inside(op):
             opaque = {Kind.SEND: True, Kind.GET: True}
+    if bundle:
+        _plan_fetches(ops, plan, carried_by)
     return plan
+
+
+def _plan_fetches(ops: list[Op], plan: BarrierPlan, carried_by: dict[int, dict[str, Op]]) -> None:
+    """Put each GET of a run of recvs between a send and a fetch barrier, both carried to every
+    endpoint, on the SEND that carried the send barrier (see `barrier_plan`)."""
+    for i, op in enumerate(ops):
+        if op.type != "send_barrier" or op.attr("half_async"):
+            continue
+        j = i + 1
+        while j < len(ops) and ops[j].type == "recv" and _bundles(ops[j]):
+            j += 1
+        if j == i + 1 or j == len(ops) or ops[j].type != "fetch_barrier":
+            continue
+        sends, gets = carried_by.get(id(op), {}), carried_by.get(id(ops[j]), {})
+        if not set(op.attr("endpoints")) <= set(sends) \
+                or not set(ops[j].attr("endpoints")) <= set(gets):
+            continue
+        names: dict[str, list[str]] = defaultdict(list)
+        for recv in ops[i + 1:j]:
+            for _, wire, ep in zip(recv.output("Out"),
+                                     recv.attr("recv_varnames") or recv.output("Out"),
+                                     recv.attr("epmap")):
+                names[ep].append(wire)
+        for ep, wires in names.items():
+            carrier = gets[ep]
+            plan.fetches.setdefault(id(sends[ep]), {})[ep] = wires
+            plan.fetched[id(carrier)] = plan.fetched.get(id(carrier), frozenset()) | {ep}
+            del plan.carriers[id(carrier)][ep]
+            if not plan.carriers[id(carrier)]:
+                del plan.carriers[id(carrier)]
 
 
 def _bundles(op: Op) -> bool:
@@ -221,6 +271,8 @@ class RpcOps:
         self._sends: list[asyncio.Future[Message]] = []
         self._held_sends: dict[str, dict[str, Any]] = {}
         self._unacked: list[asyncio.Future[Message]] = []
+        self._fetch_replies: dict[str, asyncio.Future[Message]] = {}
+        """Endpoint -> the SEND whose reply answers the round's GET there (bundled)."""
         """Bundled protocol: the SENDs of a round whose send barrier they all carried; the GETs
         go out without waiting for their acknowledgements, which the fetch barrier awaits."""
         """Endpoint -> the vars of its SEND being bundled (bundled protocol)."""
@@ -249,6 +301,8 @@ class RpcOps:
         self.plan.carriers.update(found.carriers)
         self.plan.covered.update(found.covered)
         self.plan.held.update(found.held)
+        self.plan.fetches.update(found.fetches)
+        self.plan.fetched.update(found.fetched)
 
     def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
              names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
@@ -323,6 +377,7 @@ class RpcOps:
         extra = {"merge_add": True} if op.attr("merge_add") else None
         carries = self.plan.carriers.get(id(op), {})
         held = self.plan.held.get(id(op), frozenset())
+        fetches = self.plan.fetches.get(id(op), {})
         for ep, vars in by_endpoint.items():
             bundled = self._held_sends.pop(ep, None)
             if bundled is not None:
@@ -330,8 +385,13 @@ class RpcOps:
             if ep in held:
                 self._held_sends[ep] = vars
                 continue
-            self._sends.append(self.call(ep, Kind.SEND, vars, extra=extra,
-                                         closes=carries.get(ep)))
+            fetch = fetches.get(ep)
+            fields = extra if fetch is None else {**(extra or {}), FETCH_FIELD: fetch,
+                                                  FETCH_BARRIER_FIELD: 1}
+            future = self.call(ep, Kind.SEND, vars, extra=fields, closes=carries.get(ep))
+            self._sends.append(future)
+            if fetch is not None:
+                self._fetch_replies[ep] = future
 
     async def flush_sends(self) -> None:
         assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
@@ -386,12 +446,17 @@ class RpcOps:
         for name, wire, ep in zip(outs, wire_names, endpoints):
             by_endpoint[ep].append((name, wire))
         held = self.plan.held.get(id(op), frozenset())
+        fetched = self.plan.fetched.get(id(op), frozenset())
         for ep, pairs in by_endpoint.items():
             pairs = self._held_gets.pop(ep, []) + pairs
             if ep in held:  # the next recv op fetches them, before any op can read them
                 self._held_gets[ep] = pairs
                 continue
-            task = loop.create_task(self._get(ep, pairs, scope, carries.get(ep)))
+            if ep in fetched:  # the GET rode on the round's SEND
+                task = loop.create_task(self._take(ep, pairs, scope,
+                                                   self._fetch_replies.pop(ep)))
+            else:
+                task = loop.create_task(self._get(ep, pairs, scope, carries.get(ep)))
             for name, _ in pairs:
                 self.pending[name] = task
 
@@ -399,6 +464,16 @@ class RpcOps:
                    closes: int | None = None) -> None:
         reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs],
                                 closes=closes)
+        self._took(endpoint, reply, pairs, scope)
+
+    async def _take(self, endpoint: str, pairs: list[tuple[str, str]], scope: Scope,
+                    send: asyncio.Future[Message]) -> None:
+        """The values of a GET that rode on `send` (bundled), from its reply."""
+        self._took(endpoint, await send, pairs, scope)
+
+    def _took(self, endpoint: str, reply: Message, pairs: list[tuple[str, str]],
+              scope: Scope) -> None:
+        """Put the values `reply` (to a GET, or a SEND carrying one) answered into `scope`."""
         self.server_state[endpoint] = dict(reply.extra)
         for name, wire in pairs:
             scope.put(name, _owned(self._var(endpoint, reply, wire)))
@@ -538,7 +613,7 @@ class RpcOps:
         """Cancel every request in flight (a step given up) and forget what it owed."""
         tasks = [*self._sends, *self._unacked, *self.pending.values()]
         self._sends, self._unacked, self.pending = [], [], {}
-        self._held_sends, self._held_gets = {}, {}
+        self._held_sends, self._held_gets, self._fetch_replies = {}, {}, {}
         self._round_first.clear()
         for task in tasks:
             task.cancel()

@@ -196,3 +196,12 @@ def test_errors_name_the_culprit() -> None:
         D.load_dataset("ctr", size=10).shard(2, 2)
     with pytest.raises(D.DataError, match="no field 'nope'"):
         D.load_dataset("ctr", size=10).batch(0, 2, ["nope"])
+
+
+def test_a_data_sets_epoch_orders_are_kept_read_only_and_equal_to_freshly_drawn_ones() -> None:
+    data = D.synthetic_classification(seed=3, size=50)
+    orders = [data.epoch_order(e) for e in (0, 1, 0, 2, 0)]
+    for epoch, order in zip((0, 1, 0, 2, 0), orders):
+        np.testing.assert_array_equal(order, D.epoch_permutation(3, epoch, 50))
+        assert not order.flags.writeable
+    assert orders[2] is orders[0] and orders[4] is not orders[0]  # epoch 0 dropped for 2

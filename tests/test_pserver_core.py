@@ -329,3 +329,23 @@ def test_a_retry_of_a_reply_no_longer_held_gets_an_error_naming_it() -> None:
     refused = shell.send(startup)
     assert kinds(refused) == [Reject]
     assert "get id 5 from 'trainer:0' (step -1): a retry" in str(refused[0].error)
+
+
+def test_a_send_carrying_the_rounds_get_is_answered_with_the_values_after_the_update() -> None:
+    """The bundled protocol: each trainer's one SEND carries both barriers and the GET. The
+    first is deferred (its gradients taken once, a retry gets a pending notice), the second
+    closes the round; both are answered with the updated values, and the step moves on."""
+    shell = Shell("sync")
+    sends = {t: shell.message(Kind.SEND, t, 0, grad(shell, t, 1.0 + t), barrier=1,
+                              fetch=[PARAM], fetch_barrier=1) for t in (0, 1)}
+    first = shell.send(sends[0])
+    assert Reply not in kinds(first) and shell.core.round.sent == {0}
+    assert replies(shell.send(sends[0]))[0].extra["pending"] is True
+    last = shell.send(sends[1])
+    assert kinds(last).count(Optimize) == 1 and Tally("steps") in last
+    answers = {m.id: m for m in replies(last)}
+    assert set(answers) == {sends[0].id, sends[1].id}
+    for answer in answers.values():
+        np.testing.assert_array_equal(answer.vars[PARAM], shell.store.scope.get(PARAM))
+    assert (shell.core.round.step, shell.core.round.phase) == (1, Phase.GRADS)
+    assert replies(shell.send(sends[0]))[0] is answers[sends[0].id]  # a retry: the same reply

@@ -146,7 +146,8 @@ model: {name: mlp, sizes: [64, 32, 10], optimizer: {type: sgd, learning_rate: 0.
 data: {batch_size: 16}
 cluster: {pservers: 2, trainers: 2}
 transpiler: {mode: sync}
-train: {steps: 60, deadline: 90s, heartbeat_timeout: 1s, retry_after: 100ms, log_every: 20}
+# steps: enough for the restarted trainer:1 to find the job still running
+train: {steps: 200, deadline: 90s, heartbeat_timeout: 1s, retry_after: 100ms, log_every: 20}
 faults:
   - {links: ["trainer:*", "pserver:*"], drop: 0.05}
   - {at: "step 10", crash: "trainer:1", restart_after: 1500ms}
@@ -210,7 +211,7 @@ def test_a_job_of_role_processes_with_faults_ends_as_runtime_up_ends_it(tmp_path
     assert [(e.name, e.passed) for e in role_mode.expectations] == \
         [(e.name, e.passed) for e in runtime_up.expectations] == [("final_loss_below", True)]
     assert [len(t.losses) + t.first_step for t in role_mode.trainers] == \
-        [len(t.losses) + t.first_step for t in runtime_up.trainers] == [60, 60]
+        [len(t.losses) + t.first_step for t in runtime_up.trainers] == [200, 200]
     assert [(e.fault, e.kind, e.what) for e in role_mode.faults] == \
         [(e.fault, e.kind, e.what) for e in runtime_up.faults]
     assert runtime_up.proxies is not None

@@ -143,7 +143,7 @@ class PserverMetrics:
     messages_by_kind: dict[str, int] = field(default_factory=dict)
     """Of those, the requests it could read, by kind (send, send_barrier, get, fetch_barrier,
     prefetch, heartbeat, join, complete, checkpoint_notify): retries and duplicates included; a
-    SEND or GET carrying a barrier (train.protocol compact) counts as a send or get."""
+    SEND or GET carrying a barrier (train.protocol bundled or compact) counts as a send or get."""
     bytes_in: int = 0
     bytes_out: int = 0
     heartbeat_bytes: int = 0
@@ -265,9 +265,10 @@ class JobSummary:
     """sim run only: "from the scenario" or "ideal" (none given)."""
     compute: str | None = None
     """sim run only: the compute model ("none": compute takes no time)."""
-    protocol: str = "compact"
-    """How barriers travelled (train.protocol): compact (on the round's last SEND / GET) or
-    per_op (a message per RPC op)."""
+    protocol: str = "bundled"
+    """How requests travelled (train.protocol): bundled (one SEND per pserver and step,
+    carrying the barriers and the step's GET), compact (a request per op, the barriers on the round's last
+    SEND / GET) or per_op (a message per RPC op)."""
     messages_per_step: dict[str, float] = field(default_factory=dict)
     """Job-wide: the requests every pserver received, by kind, over the trainer-steps taken
     (every trainer's steps added up), so per trainer and step, summed over the pservers;

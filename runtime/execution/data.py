@@ -87,14 +87,28 @@ class Dataset:
             raise DataError(f"dataset {name!r}: columns must have one common length, got {sizes}")
         self.name, self.columns, self.seed = name, dict(columns), int(seed)
         self.size = next(iter(sizes.values()))
+        self._orders: dict[int, np.ndarray] = {}
+        """The latest epochs' orders (`ORDERS_KEPT`), read-only."""
 
     @property
     def fields(self) -> list[str]:
         return list(self.columns)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        """The permutation of example indices that epoch `epoch` visits."""
-        return epoch_permutation(self.seed, epoch, self.size)
+        """The permutation of example indices that epoch `epoch` visits (read-only).
+
+        DESIGN: kept for the latest `ORDERS_KEPT` epochs: drawing it (a seeded generator and a
+        shuffle of the whole set) cost a training step more than a small model's kernels, and
+        every step of the epoch reads it again; trainers sharing a data set in one process may
+        be an epoch apart."""
+        order = self._orders.get(epoch)
+        if order is None:
+            order = epoch_permutation(self.seed, epoch, self.size)
+            order.setflags(write=False)
+            if len(self._orders) >= ORDERS_KEPT:
+                del self._orders[min(self._orders)]
+            self._orders[epoch] = order
+        return order
 
     def positions(self, start: int, count: int) -> np.ndarray:
         """Example indices at stream positions ``[start, start + count)``."""
@@ -149,6 +163,10 @@ class Dataset:
             if isinstance(col, Ragged) != (var.lod_level > 0):
                 raise DataError(f"dataset {self.name!r} field {name!r}: model {model.name!r} "
                                 f"expects lod_level {var.lod_level}")
+
+
+ORDERS_KEPT = 2
+"""Epoch orders a `Dataset` keeps (`Dataset.epoch_order`)."""
 
 
 def epoch_permutation(seed: int, epoch: int, size: int) -> np.ndarray:

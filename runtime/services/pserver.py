@@ -5,7 +5,8 @@ It owns a `Scope` initialized by the pserver's startup program and answers the t
 - SEND: gradients (or geo deltas) are checked against this server's vars (name known, dtype and
   shape as declared, rows in range) *before* anything is stored, so a bad message gets an error
   reply that names it and leaves the state bit-identical. Sync mode stores them for the step's
-  optimize; the other modes run the gradient's optimize block at once.
+  optimize; the other modes run the gradient's optimize block at once. A SEND with ``fetch``
+  (the bundled protocol) also carries the round's GET, and is answered as that GET.
 - SEND_BARRIER / FETCH_BARRIER (sync): counted by `protocol.SyncRound`. When every live
   trainer's send barrier is in, the LR block and the optimize blocks run (the fan-in average
   divides by the trainers that actually contributed), then deferred GETs are answered.

@@ -38,7 +38,8 @@ from typing import Any, Callable
 from transpiler.distribute.contract import ServeContract
 
 from runtime.network.wire import Kind, Message
-from runtime.services.protocol import Dedupe, Event, Phase, Recall, SyncRound, Verdict
+from runtime.services.protocol import (FETCH_FIELD, Dedupe, Event, Phase, Recall, SyncRound,
+                                       Verdict)
 from runtime.services.pserver_actions import (Begin, Pay, Reject, Replay, Reply, RunBlocks,
                                               SaveCheckpoint, Stop, Tally, Work)
 from runtime.services.pserver_async import AsyncPolicy
@@ -124,8 +125,9 @@ class PserverCore:
         if recall is Recall.FORGOTTEN:
             yield Reject(peer, self._forgotten(msg), msg)
             return
-        if (yield from self._handle(peer, msg)):
-            yield from self._settle()
+        answered = yield from self._handle(peer, msg)
+        if answered or (msg.kind is Kind.SEND and FETCH_FIELD in msg.extra):
+            yield from self._settle()  # a SEND deferred as its GET may have closed the round
 
     def on_tick(self) -> Work:
         """Drop the trainers silent too long among those the policy waits for."""
@@ -174,7 +176,7 @@ class PserverCore:
         yield Pay(self.policy.update_step(msg))
         self.pending.discard((msg.src, msg.id))
         self.dedupe.remember(msg.src, msg.id, reply,
-                             values_of=msg.step if msg.kind is Kind.GET else None)
+                             values_of=msg.step if _fetches(msg) else None)
         yield Reply(peer, reply, heartbeat=msg.kind is Kind.HEARTBEAT)
         return True
 
@@ -206,15 +208,19 @@ class PserverCore:
     # -- request kinds
     # -------------------------------------------------------------------------------
     def _on_send(self, msg: Message, trainer: int, send: Send) -> Work:
+        """Take the gradients (unless stale); a SEND carrying the round's GET (`Send.fetch`)
+        is then answered as that GET: deferred until the update is done, and replayed then,
+        when its gradients are stale, so they are taken once."""
         verdict = self.policy.verdict(Event.SEND, trainer, msg)
         if verdict is Verdict.DEFER:
             return None
-        if verdict is Verdict.STALE:
+        if verdict is not Verdict.STALE:
+            names = self.store.store(send.values, send.merge_add)
+            yield from self.policy.applied(trainer, msg, names)
+            self.policy.arrived(Event.SEND, trainer, msg, send.closes)
+        if send.fetch is None:
             return self._reply(msg)
-        names = self.store.store(send.values, send.merge_add)
-        yield from self.policy.applied(trainer, msg, names)
-        self.policy.arrived(Event.SEND, trainer, msg, send.closes)
-        return self._reply(msg)
+        return (yield from self._on_get(msg, trainer, send.fetch))
 
     def _on_barrier(self, msg: Message, trainer: int, _: Payload) -> Work:
         event = Event.SEND_BARRIER if msg.kind is Kind.SEND_BARRIER else Event.FETCH_BARRIER
@@ -420,3 +426,9 @@ _HANDLERS: dict[Kind, Callable[[PserverCore, Message, int, Any], Work]] = {
     Kind.PREFETCH: PserverCore._on_prefetch, Kind.CHECKPOINT_NOTIFY: PserverCore._on_checkpoint,
     Kind.COMPLETE: PserverCore._on_complete, Kind.HEARTBEAT: PserverCore._on_heartbeat,
     Kind.JOIN: PserverCore._on_join}
+
+
+def _fetches(msg: Message) -> bool:
+    """Whether the reply to `msg` carries the values of a step: a GET's, or a SEND's that
+    carries its round's GET."""
+    return msg.kind is Kind.GET or (msg.kind is Kind.SEND and FETCH_FIELD in msg.extra)

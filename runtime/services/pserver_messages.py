@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from runtime.network.wire import MAX_DETAIL, MAX_VAR, Kind, Message, clip
-from runtime.services.protocol import BARRIER_FIELD, BARRIER_FROM_FIELD, Closes
+from runtime.services.protocol import (BARRIER_FIELD, BARRIER_FROM_FIELD, FETCH_BARRIER_FIELD,
+                                       FETCH_FIELD, Closes)
 
 
 class ProtocolViolation(ValueError):
@@ -33,6 +34,8 @@ class Send:
     merge_add: bool
     closes: Closes | None = None
     """The send barrier it carries (the compact protocol), if any."""
+    fetch: Get | None = None
+    """The round's GET riding on it (the bundled protocol), answered in its reply."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,24 @@ def parse(msg: Message) -> Payload:
 
 
 def _send(msg: Message) -> Send:
-    return Send(dict(msg.vars), msg.extra.get("merge_add") is True, closes_of(msg))
+    return Send(dict(msg.vars), msg.extra.get("merge_add") is True, closes_of(msg), _fetch(msg))
+
+
+def _fetch(msg: Message) -> Get | None:
+    """The GET a SEND carries (``fetch``: var names; ``fetch_barrier``: the count of the fetch
+    barrier it carries, from its own id), if any."""
+    names = msg.extra.get(FETCH_FIELD)
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ProtocolViolation(f"SEND: {FETCH_FIELD!r} must be a list of var names")
+    count = msg.extra.get(FETCH_BARRIER_FIELD)
+    if count is None:
+        return Get(tuple(names))
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ProtocolViolation(f"SEND: {FETCH_BARRIER_FIELD!r} must be an int >= 1, got "
+                                f"{count!r}")
+    return Get(tuple(names), Closes(count, msg.id))
 
 
 def _get(msg: Message) -> Get:

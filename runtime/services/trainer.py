@@ -8,13 +8,19 @@
   dense block with error feedback (`runtime.network.compression`: the residual of each block
   stays with this trainer, across rewinds too).
 - `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once, in the
-  ``per_op`` protocol (Paddle's: a message per op). In the ``compact`` protocol (the default)
-  the barrier travels on the round's last SEND (last GET) to each pserver instead, carrying how
-  many messages of the round it closes and the id of the first (`barrier_plan` finds the
-  carriers in the block; see docs/wire.md); a pserver with no such message still gets its own
-  barrier request.
+  ``per_op`` protocol (Paddle's: a message per op). In the ``compact`` and ``bundled``
+  protocols the barrier travels on the round's last SEND (last GET) to each pserver instead,
+  carrying how many messages of the round it closes and the id of the first (`barrier_plan`
+  finds the carriers in the block; see docs/wire.md); a pserver with no such message still
+  gets its own barrier request.
 - `recv`: one GET per endpoint for the vars placed there; the values land in the scope when the
   reply comes, and a compute op that reads one waits for it first.
+- bundling (the ``bundled`` protocol, the default): a run of send ops (recv ops) makes one SEND
+  (GET) per endpoint, which the run's last op to that endpoint sends with the vars the earlier
+  ones held back (`BarrierPlan.held`); where only recvs stand between a send barrier and a
+  fetch barrier both carried to every endpoint (a sync step), the GET rides on the SEND that
+  carried the send barrier (``fetch``), whose reply brings the values (`BarrierPlan.fetches`):
+  a sync step is one request and one reply per pserver.
 - `prefetch` (distributed lookup table): one PREFETCH per pserver with the ids `split_ids` cut
   for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
 - `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
@@ -53,7 +59,7 @@ from transpiler.distribute.lookup_table import table_sections
 from transpiler.ir import Block, Op, Program
 
 from runtime.execution.compute import Charge, ComputeModel, Tracer
-from runtime.execution.executor import Executor, check_feed, run_step
+from runtime.execution.executor import RPC_OP_TYPES, Executor, check_feed, run_step
 from runtime.execution.kernels.common import lookup_lead
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.sampling import sample_labels
@@ -64,7 +70,8 @@ from runtime.network.compression import Codec, ErrorFeedback
 from runtime.network.rpc import RpcClient, RpcTimeout
 from runtime.network.wire import Kind, Message
 from runtime.services.collective import Collective, CollectiveOps
-from runtime.services.protocol import BARRIER_FIELD, BARRIER_FROM_FIELD, INITIAL_STEP
+from runtime.services.protocol import (BARRIER_FIELD, BARRIER_FROM_FIELD, FETCH_BARRIER_FIELD,
+                                       FETCH_FIELD, INITIAL_STEP)
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +101,10 @@ class BadReply(RuntimeError):
     """A pserver's reply lacks what the request asked for (names the endpoint and what)."""
 
 
-PROTOCOLS = ("compact", "per_op")
-"""How barriers travel: on the round's last SEND / GET to each pserver, or as requests of their
-own (one message per RPC op, as Paddle's traces read)."""
+PROTOCOLS = ("bundled", "compact", "per_op")
+"""How a round's requests travel: `bundled`, one SEND and one GET per pserver and round, the
+barrier on it; `compact`, a request per RPC op and pserver, the barrier on the round's last;
+`per_op`, a request per RPC op and barriers as requests of their own (as Paddle's traces read)."""
 
 _BARRIERS = {"send_barrier": Kind.SEND, "fetch_barrier": Kind.GET}
 """Each barrier op, and the kind of the requests whose round it closes."""
@@ -104,33 +112,74 @@ _BARRIERS = {"send_barrier": Kind.SEND, "fetch_barrier": Kind.GET}
 
 @dataclass
 class BarrierPlan:
-    """Where a block's barriers travel in the compact protocol.
+    """Where a block's barriers travel (compact and bundled protocols), and which messages are
+    bundled (bundled protocol).
 
     `carriers`: id of a send / recv op -> {endpoint: messages of the round} for the endpoints
     whose round that op's message ends (it carries the barrier); `covered`: id of a barrier op
     -> the endpoints whose barrier a carrier took (the others still get a request of their
-    own)."""
+    own); `held`: id of a send / recv op -> the endpoints its vars go to in the message of a
+    later op of the same kind (the last of its bundle), not in one of its own; `fetches`: id of
+    a send op -> {endpoint: wire names} of the round's GET that rides on its SEND there;
+    `fetched`: id of a recv op -> the endpoints whose GET rode on a SEND (it takes the values
+    from that SEND's reply)."""
 
     carriers: dict[int, dict[str, int]] = field(default_factory=dict)
     covered: dict[int, frozenset[str]] = field(default_factory=dict)
+    held: dict[int, frozenset[str]] = field(default_factory=dict)
+    fetches: dict[int, dict[str, list[str]]] = field(default_factory=dict)
+    fetched: dict[int, frozenset[str]] = field(default_factory=dict)
 
 
-def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool]) -> BarrierPlan:
+def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool],
+                 bundle: bool = False) -> BarrierPlan:
     """The carriers of `ops`' barriers: for each barrier op, the last send (recv) op before it,
     since the previous barrier of its kind, with a message to each endpoint. An op that runs RPC
     ops of its own (`rpc_inside`: a conditional block) leaves the rounds it is in uncarried.
 
+    With `bundle`, the messages of a run of send (recv) ops to one endpoint are one message,
+    which the run's last op to that endpoint sends: a run of sends ends at any other RPC op (which
+    may wait for what was sent), a run of recvs at any op that is not a recv (a compute op may
+    read what they fetch); a send with ``merge_add`` and a recv fetching one var block by block
+    from several endpoints make their own messages.
+
     DESIGN: planned from the program, not by holding the last message back until the barrier
-    op runs, so a gradient still leaves as soon as its send op runs."""
+    op runs, so a gradient still leaves as soon as its send op runs (compact), or as soon as
+    the last send op to its pserver in the round runs (bundled). Bundling trades that overlap
+    for fewer messages: each costs a node tens of microseconds of CPU at either end, more
+    than a small gradient's transfer on one host.
+
+    With `bundle`, where a send barrier carried to every endpoint is followed by a run of recvs
+    and a fetch barrier carried to every endpoint, each endpoint's GET of the run rides on the
+    SEND that carried its send barrier (`BarrierPlan.fetches`): a sync step is then one
+    request and one reply per pserver."""
+    ops = list(ops)
     plan = BarrierPlan()
+    carried_by: dict[int, dict[str, Op]] = {}
+    """id of a barrier op -> the op whose message carried it to each endpoint."""
     counts: dict[Kind, dict[str, int]] = {Kind.SEND: {}, Kind.GET: {}}
     last: dict[Kind, dict[str, Op]] = {Kind.SEND: {}, Kind.GET: {}}
     opaque = {Kind.SEND: False, Kind.GET: False}
+    open_: dict[Kind, dict[str, Op]] = {Kind.SEND: {}, Kind.GET: {}}
+    """The op whose message to each endpoint is still open to bundling, by kind."""
     for op in ops:
         kind = Kind.SEND if op.type == "send" else Kind.GET if op.type == "recv" else None
+        for other in (Kind.SEND, Kind.GET):
+            if other is not kind and (other is Kind.GET or op.type in RPC_OP_TYPES
+                                      or rpc_inside(op)):
+                open_[other] = {}
         if kind is not None:
+            bundling = bundle and _bundles(op)
+            if not bundling:
+                open_[kind] = {}
             for ep, n in _messages_per_endpoint(op).items():
-                counts[kind][ep] = counts[kind].get(ep, 0) + n
+                earlier = open_[kind].get(ep) if bundling else None
+                if earlier is not None:
+                    plan.held[id(earlier)] = plan.held.get(id(earlier), frozenset()) | {ep}
+                else:
+                    counts[kind][ep] = counts[kind].get(ep, 0) + n
+                if bundling:
+                    open_[kind][ep] = op
                 last[kind][ep] = op
         elif op.type in _BARRIERS:
             kind = _BARRIERS[op.type]
@@ -139,18 +188,64 @@ def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool]) -> Barrier
                 for ep in op.attr("endpoints") or ():
                     if ep in counts[kind]:
                         plan.carriers.setdefault(id(last[kind][ep]), {})[ep] = counts[kind][ep]
+                        carried_by.setdefault(id(op), {})[ep] = last[kind][ep]
                         carried.add(ep)
             plan.covered[id(op)] = frozenset(carried)
             counts[kind], last[kind], opaque[kind] = {}, {}, False
         elif rpc_inside(op):
             opaque = {Kind.SEND: True, Kind.GET: True}
+    if bundle:
+        _plan_fetches(ops, plan, carried_by)
     return plan
+
+
+def _plan_fetches(ops: list[Op], plan: BarrierPlan, carried_by: dict[int, dict[str, Op]]) -> None:
+    """Put each GET of a run of recvs between a send and a fetch barrier, both carried to every
+    endpoint, on the SEND that carried the send barrier (see `barrier_plan`)."""
+    for i, op in enumerate(ops):
+        if op.type != "send_barrier" or op.attr("half_async"):
+            continue
+        j = i + 1
+        while j < len(ops) and ops[j].type == "recv" and _bundles(ops[j]):
+            j += 1
+        if j == i + 1 or j == len(ops) or ops[j].type != "fetch_barrier":
+            continue
+        sends, gets = carried_by.get(id(op), {}), carried_by.get(id(ops[j]), {})
+        if not set(op.attr("endpoints")) <= set(sends) \
+                or not set(ops[j].attr("endpoints")) <= set(gets):
+            continue
+        names: dict[str, list[str]] = defaultdict(list)
+        for recv in ops[i + 1:j]:
+            for _, wire, ep in zip(recv.output("Out"),
+                                     recv.attr("recv_varnames") or recv.output("Out"),
+                                     recv.attr("epmap")):
+                names[ep].append(wire)
+        for ep, wires in names.items():
+            carrier = gets[ep]
+            plan.fetches.setdefault(id(sends[ep]), {})[ep] = wires
+            plan.fetched[id(carrier)] = plan.fetched.get(id(carrier), frozenset()) | {ep}
+            del plan.carriers[id(carrier)][ep]
+            if not plan.carriers[id(carrier)]:
+                del plan.carriers[id(carrier)]
+
+
+def _bundles(op: Op) -> bool:
+    """Whether a send or recv op's messages may be bundled with its neighbours' (see
+    `barrier_plan`): one message per endpoint, with no fields of its own."""
+    if op.type == "send":
+        return not op.attr("merge_add")
+    return not _by_block(op)
+
+
+def _by_block(op: Op) -> bool:
+    """A recv of one var from several endpoints: a GET per block, joined here (async mode)."""
+    return len(op.output("Out")) == 1 and len(op.attr("epmap") or ()) > 1
 
 
 def _messages_per_endpoint(op: Op) -> dict[str, int]:
     """How many requests a send or recv op makes to each endpoint (see `RpcOps.send`, `recv`)."""
     endpoints = list(op.attr("epmap") or ())
-    if op.type == "recv" and len(op.output("Out")) == 1 and len(endpoints) > 1:
+    if op.type == "recv" and _by_block(op):
         return {ep: endpoints.count(ep) for ep in endpoints}  # a GET per block
     return dict.fromkeys(endpoints, 1)
 
@@ -159,12 +254,12 @@ class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
     def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None,
-                 protocol: str = "compact", collective: Collective | None = None) -> None:
+                 protocol: str = "bundled", collective: Collective | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         self.protocol = protocol
         self.plan = BarrierPlan()
-        """The carriers of the blocks `learn` was given (compact protocol)."""
+        """The carriers and bundles of the blocks `learn` was given (not per_op)."""
         self._learned: set[int] = set()
         self._round_first: dict[tuple[Kind, str], int] = {}
         """(SEND or GET, endpoint) -> the id of the round's first such request."""
@@ -174,6 +269,15 @@ class RpcOps:
         self.trainer_id = trainer_id
         self.step = INITIAL_STEP
         self._sends: list[asyncio.Future[Message]] = []
+        self._held_sends: dict[str, dict[str, Any]] = {}
+        self._unacked: list[asyncio.Future[Message]] = []
+        self._fetch_replies: dict[str, asyncio.Future[Message]] = {}
+        """Endpoint -> the SEND whose reply answers the round's GET there (bundled)."""
+        """Bundled protocol: the SENDs of a round whose send barrier they all carried; the GETs
+        go out without waiting for their acknowledgements, which the fetch barrier awaits."""
+        """Endpoint -> the vars of its SEND being bundled (bundled protocol)."""
+        self._held_gets: dict[str, list[tuple[str, str]]] = {}
+        """Endpoint -> the (var, wire name) pairs of its GET being bundled."""
         self.feedback = ErrorFeedback()
         """The residuals of the gradient blocks sent compressed, by wire name."""
         self.pending: dict[str, asyncio.Future[Any]] = {}
@@ -188,13 +292,17 @@ class RpcOps:
         self.handlers.update(self.collective.handlers())
 
     def learn(self, block: Block, rpc_inside: Callable[[Op], bool]) -> None:
-        """Plan where `block`'s barriers travel (once per block; compact protocol only)."""
-        if self.protocol != "compact" or id(block) in self._learned:
+        """Plan where `block`'s barriers travel and which messages are bundled (once per
+        block; not in the per_op protocol)."""
+        if self.protocol == "per_op" or id(block) in self._learned:
             return
         self._learned.add(id(block))
-        found = barrier_plan(block.ops, rpc_inside)
+        found = barrier_plan(block.ops, rpc_inside, bundle=self.protocol == "bundled")
         self.plan.carriers.update(found.carriers)
         self.plan.covered.update(found.covered)
+        self.plan.held.update(found.held)
+        self.plan.fetches.update(found.fetches)
+        self.plan.fetched.update(found.fetched)
 
     def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
              names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
@@ -268,16 +376,43 @@ class RpcOps:
             by_endpoint[ep][wire] = value
         extra = {"merge_add": True} if op.attr("merge_add") else None
         carries = self.plan.carriers.get(id(op), {})
+        held = self.plan.held.get(id(op), frozenset())
+        fetches = self.plan.fetches.get(id(op), {})
         for ep, vars in by_endpoint.items():
-            self._sends.append(self.call(ep, Kind.SEND, vars, extra=extra,
-                                         closes=carries.get(ep)))
+            bundled = self._held_sends.pop(ep, None)
+            if bundled is not None:
+                vars = {**bundled, **vars}
+            if ep in held:
+                self._held_sends[ep] = vars
+                continue
+            fetch = fetches.get(ep)
+            fields = extra if fetch is None else {**(extra or {}), FETCH_FIELD: fetch,
+                                                  FETCH_BARRIER_FIELD: 1}
+            future = self.call(ep, Kind.SEND, vars, extra=fields, closes=carries.get(ep))
+            self._sends.append(future)
+            if fetch is not None:
+                self._fetch_replies[ep] = future
 
     async def flush_sends(self) -> None:
+        assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
         sends, self._sends = self._sends, []
         if sends:
             await asyncio.gather(*sends)
 
     async def send_barrier(self, op: Op, scope: Scope) -> None:
+        """Wait until every send is acknowledged, then a barrier request to each pserver no
+        send carried it to. In the bundled protocol, where the sends carried it to every
+        pserver, nothing waits: the round's GETs leave at once, and a pserver, which defers
+        them until the round's update is done, has taken the sends by then.
+
+        DESIGN: not waiting for the acknowledgements saves a round trip per step and lets a
+        pserver take a trainer's SEND and GET in one wake-up."""
+        if self.protocol == "bundled" and not op.attr("half_async") and not self._uncovered(op):
+            assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
+            self._unacked += self._sends
+            self._sends = []
+            self._end_round(Kind.SEND)
+            return
         await self.flush_sends()
         self._end_round(Kind.SEND)
         if op.attr("half_async"):  # only this trainer's sends must have left
@@ -310,8 +445,18 @@ class RpcOps:
         by_endpoint: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for name, wire, ep in zip(outs, wire_names, endpoints):
             by_endpoint[ep].append((name, wire))
+        held = self.plan.held.get(id(op), frozenset())
+        fetched = self.plan.fetched.get(id(op), frozenset())
         for ep, pairs in by_endpoint.items():
-            task = loop.create_task(self._get(ep, pairs, scope, carries.get(ep)))
+            pairs = self._held_gets.pop(ep, []) + pairs
+            if ep in held:  # the next recv op fetches them, before any op can read them
+                self._held_gets[ep] = pairs
+                continue
+            if ep in fetched:  # the GET rode on the round's SEND
+                task = loop.create_task(self._take(ep, pairs, scope,
+                                                   self._fetch_replies.pop(ep)))
+            else:
+                task = loop.create_task(self._get(ep, pairs, scope, carries.get(ep)))
             for name, _ in pairs:
                 self.pending[name] = task
 
@@ -319,6 +464,16 @@ class RpcOps:
                    closes: int | None = None) -> None:
         reply = await self.call(endpoint, Kind.GET, names=[wire for _, wire in pairs],
                                 closes=closes)
+        self._took(endpoint, reply, pairs, scope)
+
+    async def _take(self, endpoint: str, pairs: list[tuple[str, str]], scope: Scope,
+                    send: asyncio.Future[Message]) -> None:
+        """The values of a GET that rode on `send` (bundled), from its reply."""
+        self._took(endpoint, await send, pairs, scope)
+
+    def _took(self, endpoint: str, reply: Message, pairs: list[tuple[str, str]],
+              scope: Scope) -> None:
+        """Put the values `reply` (to a GET, or a SEND carrying one) answered into `scope`."""
         self.server_state[endpoint] = dict(reply.extra)
         for name, wire in pairs:
             scope.put(name, _owned(self._var(endpoint, reply, wire)))
@@ -333,12 +488,14 @@ class RpcOps:
                                      for r, (wire, ep) in zip(replies, blocks)]))
 
     async def wait_for(self, names: Iterable[str]) -> None:
+        assert not self._held_gets, f"gets bundled for {list(self._held_gets)} never left"
         tasks = {self.pending.pop(n) for n in names if n in self.pending}
         if tasks:
             await asyncio.gather(*tasks)
 
     async def fetch_barrier(self, op: Op, scope: Scope) -> None:
         await self.wait_for(list(self.pending))
+        await self._acknowledged()
         self._end_round(Kind.GET)
         await asyncio.gather(*(self.call(ep, Kind.FETCH_BARRIER) for ep in self._uncovered(op)))
 
@@ -440,15 +597,23 @@ class RpcOps:
             scope.put(table, concat_rows([slice_rows(_dense(self._var(ep, r, wire)), 0, rows)
                                           for r, (ep, wire, rows) in zip(answers, parts)]))
 
+    async def _acknowledged(self) -> None:
+        """Wait for the acknowledgements of the sends `send_barrier` did not wait for."""
+        unacked, self._unacked = self._unacked, []
+        if unacked:
+            await asyncio.gather(*unacked)
+
     async def settle(self) -> None:
         """Wait for everything still in flight (the end of a program run)."""
         await self.flush_sends()
+        await self._acknowledged()
         await self.wait_for(list(self.pending))
 
     async def abandon(self) -> None:
         """Cancel every request in flight (a step given up) and forget what it owed."""
-        tasks = [*self._sends, *self.pending.values()]
-        self._sends, self.pending = [], {}
+        tasks = [*self._sends, *self._unacked, *self.pending.values()]
+        self._sends, self._unacked, self.pending = [], [], {}
+        self._held_sends, self._held_gets, self._fetch_replies = {}, {}, {}
         self._round_first.clear()
         for task in tasks:
             task.cancel()
@@ -589,7 +754,7 @@ class Trainer:
     def __init__(self, trainer_id: int, main: Program, startup: Program, client: RpcClient,
                  endpoints: list[str], executor: Executor | None = None,
                  heartbeat_interval: float = 2.0, compute: ComputeModel | None = None,
-                 tracer: Tracer | None = None, protocol: str = "compact",
+                 tracer: Tracer | None = None, protocol: str = "bundled",
                  collective: Collective | None = None) -> None:
         self.trainer_id = trainer_id
         self.main, self.startup = main, startup

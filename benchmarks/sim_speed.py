@@ -132,7 +132,8 @@ def _size(msg: Message) -> int:
 def run_runtime(scenario: Scenario) -> tuple[Outcome, SimResult]:
     started, cpu = time.perf_counter(), time.process_time()
     # as `sim run` does: no record per message where the scenario writes no trace (scale's)
-    result = simulate(scenario, base_dir=SCALE.parent, trace_messages=scenario.outputs.trace)
+    result = simulate(scenario, base_dir=SCALE.parent, trace_messages=scenario.outputs.trace,
+                      trace_spans=scenario.outputs.trace)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     last_step = max((t.step_ends[-1] for t in result.trainers if t.step_ends), default=0.0)
     return Outcome(result.messages, last_step, wall, cpu), result

@@ -134,9 +134,10 @@ def _wanted(scenario: Scenario, output: str, refused: bool) -> bool:
 
 def _simulate(args: argparse.Namespace, scenario: Scenario, stream: TextIO) -> SimResult:
     progress = make_progress(stream, scenario)
+    trace = _wanted(scenario, "trace", args.no_trace)
     try:
         return simulate(scenario, base_dir=Path(args.scenario).parent, on_step=progress.step,
-                        trace_messages=_wanted(scenario, "trace", args.no_trace))
+                        trace_messages=trace, trace_spans=trace)
     finally:
         progress.close()
 

@@ -34,11 +34,11 @@ from runtime.services.job import Job
 
 from .cost import runtime_costs
 from .simulate import SimResult, TrainerRun, simulate
+from .trace import BARRIER_OPS
 
 __all__ = ["check_expectations", "collect", "console_for", "fmt_bytes", "fmt_seconds",
            "new_figure", "plots_available", "print_summary", "save_png", "write_plots"]
 
-BARRIER_OPS = frozenset({"send_barrier", "recv", "fetch_barrier"})
 
 
 # -- collecting ---------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from .cpu import Cpus, hosts_of
 from .faults import FaultEvent, MessageFaults, SimTarget, Slowdowns
 from .loop import SimStats, VirtualTimeLoop, run
 from .network import LinkStats, Network, NicStats
-from .trace import TraceRecorder
+from .trace import REPORTED, TraceRecorder
 
 __all__ = ["SimResult", "TrainerRun", "simulate"]
 
@@ -105,12 +105,13 @@ class SimResult:
 
 
 def simulate(scenario: Scenario, *, base_dir: Path | None = None,
-             on_step: StepObserver | None = None, trace_messages: bool = True) -> SimResult:
+             on_step: StepObserver | None = None, trace_messages: bool = True,
+             trace_spans: bool = True) -> SimResult:
     """Run `scenario` on the virtual clock; `base_dir` is where the paths it names start (the
     scenario file's folder; default the working directory). Without `trace_messages` the
-    trace keeps the nodes' spans but no record per message (a run that writes no trace.json
-    need not hold millions of them)."""
-    trace = TraceRecorder()
+    trace keeps no record per message, without `trace_spans` only the spans the report reads
+    (`sim.trace.REPORTED`): a run that writes no trace.json need not hold millions of them."""
+    trace = TraceRecorder(None if trace_spans else REPORTED)
     network = Network.from_spec(scenario.network, scenario.seed,
                                 trace.message if trace_messages else None)
     messages = network.faults = MessageFaults(scenario.seed)

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 from runtime.config.atomic import write_atomic
 
-__all__ = ["MessageRecord", "Span", "TraceRecorder", "node_order"]
+__all__ = ["BARRIER_OPS", "MessageRecord", "REPORTED", "Span", "TraceRecorder", "node_order"]
 
 SPAN_THREADS = ("step", "compute", "rpc")
 """Span categories with a thread of their own, in display order; other categories follow."""
@@ -63,14 +63,28 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
-class TraceRecorder:
-    """Spans and messages of one simulated run (a `Tracer` and a `MessageObserver`)."""
+BARRIER_OPS = frozenset({"send_barrier", "recv", "fetch_barrier"})
+"""The RPC ops a trainer's barrier wait is made of (`sim.report`)."""
+REPORTED = {"rpc": BARRIER_OPS}
+"""The spans a run's report reads (category -> names): all a run without trace.json keeps."""
 
-    def __init__(self) -> None:
+
+class TraceRecorder:
+    """Spans and messages of one simulated run (a `Tracer` and a `MessageObserver`).
+
+    `only` (category -> span names): keep just those spans, e.g. `REPORTED` for a run that
+    writes no trace.json (a span per op a node is charged for, kept for the whole run, is
+    over a hundred megabytes at 1,000 trainers x 10 steps); None: every span."""
+
+    def __init__(self, only: dict[str, frozenset[str]] | None = None) -> None:
         self.spans: dict[str, list[Span]] = defaultdict(list)
         self.messages: list[MessageRecord] = []
+        self.only = only
 
     def span(self, node: str, name: str, start: float, end: float, category: str) -> None:
+        only = self.only
+        if only is not None and name not in only.get(category, ()):
+            return
         self.spans[node].append(Span(node, name, start, end, category))
 
     def message(self, src: str, dst: str, nbytes: int, t_send: float, t_deliver: float) -> None:

@@ -116,6 +116,26 @@ def test_the_dedupe_window_holds_exactly_the_last_replies_and_refuses_older_ids(
     assert d.lookup("t1", 1) == (Recall.NEW, None)
 
 
+def test_a_senders_replies_are_held_for_its_latest_two_steps_only() -> None:
+    d = Dedupe(window=100)
+    d.remember("t0", 1, "startup get", step=INITIAL_STEP)
+    d.remember("t0", 2, "send@0", step=0)
+    d.remember("t0", 3, "get@0", step=0)
+    d.remember("t1", 1, "send@0 (t1)", step=0)
+    d.remember("t0", 4, "send@1", step=1)
+    assert d.held("t0") == [2, 3, 4]  # the step before the latest is kept (a heartbeat)
+    d.remember("t0", 5, "send@2", step=2)
+    assert d.held("t0") == [4, 5]
+    assert [d.lookup("t0", i)[0] for i in range(1, 7)] == [
+        Recall.FORGOTTEN, Recall.FORGOTTEN, Recall.FORGOTTEN, Recall.ANSWERED, Recall.ANSWERED,
+        Recall.NEW]
+    assert d.lookup("t1", 1) == (Recall.ANSWERED, "send@0 (t1)")  # another sender's: kept
+    d.remember("t0", 6, "heartbeat@1", step=1)  # a step already held: nothing forgotten
+    assert d.held("t0") == [4, 5, 6]
+    d.remember("t0", 7, "rewound send@0", step=0)  # a rewind: later steps stay until passed
+    assert d.held("t0") == [4, 5, 6, 7]
+
+
 def test_a_senders_value_replies_are_held_for_its_latest_step_only() -> None:
     d = Dedupe(window=10)
     d.remember("t0", 1, "get a@0", values_of=0)

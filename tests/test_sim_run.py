@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -467,3 +467,19 @@ def test_the_first_difference_is_located_by_byte_and_by_key() -> None:
     assert first_json_difference({"a": 1}, {"a": 1.0}) == ("a", "1", "1.0")
     assert first_difference("t.bin", b"abc", b"abd") == Difference(
         "t.bin", 2, 1, 3, None, "b'c'", "b'd'")
+
+
+def test_a_run_without_trace_keeps_only_the_spans_its_report_reads() -> None:
+    from sim.report import collect
+    from sim.trace import BARRIER_OPS, REPORTED
+    scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["train.steps=3"])
+    full = simulate(scenario, base_dir=ROOT / "scenarios")
+    lean = simulate(scenario, base_dir=ROOT / "scenarios", trace_messages=False,
+                    trace_spans=False)
+    assert lean.trace.only is REPORTED and not lean.trace.messages and lean.trace.spans
+    kept = {node: [s for s in spans if s.category == "rpc" and s.name in BARRIER_OPS]
+            for node, spans in full.trace.spans.items()}
+    assert {node: spans for node, spans in lean.trace.spans.items()} == {
+        node: spans for node, spans in kept.items() if spans}
+    assert asdict(collect(lean)) == asdict(collect(full))
+    assert collect(lean).trainers[0].barrier_wait_seconds > 0

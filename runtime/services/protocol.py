@@ -297,6 +297,13 @@ class Dedupe:
       FORGOTTEN (a trainer asks for a step's values again only before it moves on), so the replies of a sync round pin at most the values
       the round before left, one copy of a shard beyond the live one.
 
+    - A reply to a request of step s (`remember(..., step=s)`) is held only while the
+      sender's latest request is of step s + 1 at most: a trainer moves on to a step once every
+      request of the step before is answered, so a request of step s + 2 means it will never
+      retry one of step s (the step before it is kept for a heartbeat still on its way). Without
+      this a pserver held every reply of a run of fewer than `window` steps' messages: at 1,000
+      trainers, hundreds of megabytes of acknowledgements nobody could ask for again.
+
     DESIGN: a forgotten request is answered with an error that names it, never with a guess;
     ids are only compared per sender, whose ids grow (a restarted node's too).
     """
@@ -308,6 +315,7 @@ class Dedupe:
         self._seen: dict[str, OrderedDict[int, Any]] = {}
         self._floor: dict[str, int] = {}
         self._values: dict[str, tuple[int, set[int]]] = {}  # sender -> (step, ids holding it)
+        self._steps: dict[str, dict[int, list[int]]] = {}  # sender -> step -> ids held
 
     def lookup(self, src: str, msg_id: int) -> tuple[Recall, Any]:
         seen = self._seen.get(src)
@@ -318,15 +326,33 @@ class Dedupe:
             return Recall.FORGOTTEN, None
         return Recall.NEW, None
 
-    def remember(self, src: str, msg_id: int, reply: Any, values_of: int | None = None) -> None:
+    def remember(self, src: str, msg_id: int, reply: Any, values_of: int | None = None,
+                 step: int | None = None) -> None:
         seen = self._seen.get(src)
         if seen is None:
             seen = self._seen[src] = OrderedDict()
         seen[msg_id] = reply
         if values_of is not None:
             self._hold_values(src, msg_id, values_of)
+        if step is not None:
+            self._hold_step(src, msg_id, step)
         while len(seen) > self.window:
             self._drop(src, seen.popitem(last=False)[0])
+
+    def _hold_step(self, src: str, msg_id: int, step: int) -> None:
+        """Hold `msg_id` under `step`; forget the replies of steps before `step` - 1."""
+        steps = self._steps.get(src)
+        if steps is None:
+            steps = self._steps[src] = {}
+        held = steps.get(step)
+        if held is None:
+            for old in [s for s in steps if s < step - 1]:
+                seen = self._seen[src]
+                for gone in steps.pop(old):
+                    if seen.pop(gone, None) is not None:
+                        self._drop(src, gone)
+            held = steps[step] = []
+        held.append(msg_id)
 
     def held(self, src: str) -> list[int]:
         """The ids whose replies are held for `src`, oldest first."""

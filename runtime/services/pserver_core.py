@@ -176,7 +176,7 @@ class PserverCore:
         yield Pay(self.policy.update_step(msg))
         self.pending.discard((msg.src, msg.id))
         self.dedupe.remember(msg.src, msg.id, reply,
-                             values_of=msg.step if _fetches(msg) else None)
+                             values_of=msg.step if _fetches(msg) else None, step=msg.step)
         yield Reply(peer, reply, heartbeat=msg.kind is Kind.HEARTBEAT)
         return True
 

@@ -44,7 +44,7 @@ CASES: dict[str, list[str]] = {
               "faults=[{links: [trainer:*, pserver:*], drop: 0.05, duplicate: 0.05, "
               "reorder: 0.05, delay: 0.05, delay_by: 5ms}]",
               # a request per op: several in flight on a link, so that there is something to
-              # reorder (bundled has one a step; the simulator's lossy case runs it)
+              # reorder (bundled has one a step)
               "train.protocol=compact"],
     "partition": ["train.steps=30"],             # cut at step 20 for 1 s
     "pserver_restart": ["train.steps=120"],      # crash at 45; loss 0.55 at 120, bound 0.6

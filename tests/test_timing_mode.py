@@ -502,7 +502,7 @@ def test_a_reduced_scale_run_completes_on_the_virtual_loop() -> None:
     block by block), and its COMPLETE."""
     steps, trainers = 3, 100
     scenario = load_scenario(SCALE, [f"cluster.trainers={trainers}", "cluster.pservers=10",
-                                     f"train.steps={steps}"])
+                                     f"train.steps={steps}", "train.protocol=bundled"])
     job = Job.from_scenario(scenario)
     result, end, _ = simulate(job)
     blocks = [len(job.pserver_programs(j)[0].global_block().ops[0].input("X")) for j in range(10)]

@@ -265,10 +265,10 @@ class JobSummary:
     """sim run only: "from the scenario" or "ideal" (none given)."""
     compute: str | None = None
     """sim run only: the compute model ("none": compute takes no time)."""
-    protocol: str = "bundled"
-    """How requests travelled (train.protocol): bundled (one SEND per pserver and step,
-    carrying the barriers and the step's GET), compact (a request per op, the barriers on the round's last
-    SEND / GET) or per_op (a message per RPC op)."""
+    protocol: str = "compact"
+    """How requests travelled (train.protocol): compact (a request per op, the barriers on the
+    round's last SEND / GET), bundled (one SEND per pserver and step, carrying the barriers and
+    the step's GET) or per_op (a message per RPC op)."""
     messages_per_step: dict[str, float] = field(default_factory=dict)
     """Job-wide: the requests every pserver received, by kind, over the trainer-steps taken
     (every trainer's steps added up), so per trainer and step, summed over the pservers;

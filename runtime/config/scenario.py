@@ -299,12 +299,14 @@ class TrainSpec(_Strict):
                                "sent again (then twice as long each time, up to 10 s)")
     request_timeout: float = Field(120.0, gt=0, description="seconds a request may go "
                                    "unanswered before its node fails, naming the pserver")
-    protocol: Literal["bundled", "compact", "per_op"] = Field(
-        "bundled", description="how a step's requests travel: bundled sends each pserver one "
-        "SEND a step (when the last send op to it runs) carrying send_barrier, the step's GET "
-        "and fetch_barrier, its reply the values; compact sends a SEND per send op and a GET per recv op, the barriers on "
-        "the last to each pserver; per_op also sends the barriers as requests of their own, a "
-        "message per RPC op, as Paddle's traces read (the same semantics in all three)")
+    protocol: Literal["compact", "bundled", "per_op"] = Field(
+        "compact", description="how a step's requests travel: compact sends a SEND per send op "
+        "and a GET per recv op, the barriers on the last to each pserver; bundled sends each "
+        "pserver one SEND a step (when the last send op to it runs) carrying send_barrier, the "
+        "step's GET and fetch_barrier, its reply the values (faster for real, but the "
+        "simulator over-predicts its steps: see the README); per_op also sends the barriers as "
+        "requests of their own, a message per RPC op, as Paddle's traces read (the same "
+        "semantics in all three)")
     log_every: int = Field(10, ge=1)
     """A progress line per trainer every this many steps."""
     checkpoint_every: int | None = Field(None, ge=1, description="pservers save their state "

@@ -14,6 +14,7 @@ The ratio is distributed / local; on one host the nodes share its cores, so this
 protocol's overhead (round trips per step, serialization, barriers), not a speed-up estimate.
 
 Run: python benchmarks/train_overhead.py [--steps 200] [--batch 32] [--sizes 64,128,10]
+         [--protocol compact|bundled|per_op]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ model: {{name: mlp, sizes: {sizes}, optimizer: {{type: sgd, learning_rate: 0.05}
 data: {{name: synthetic_classification, batch_size: {batch}}}
 cluster: {{pservers: 2, trainers: 2}}
 transpiler: {{mode: sync}}
-train: {{steps: {steps}, deadline: 300s, log_every: {steps}}}
+train: {{steps: {steps}, deadline: 300s, log_every: {steps}, protocol: {protocol}}}
 """
 
 
@@ -88,9 +89,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="examples per trainer per step")
     parser.add_argument("--sizes", default="64,128,10", help="mlp layer sizes")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--protocol", default="compact", choices=["compact", "bundled", "per_op"],
+                        help="train.protocol of the distributed runs (default: compact, the "
+                             "scenario default)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    text = SCENARIO.format(sizes=sizes, batch=args.batch, steps=args.steps)
+    text = SCENARIO.format(sizes=sizes, batch=args.batch, steps=args.steps,
+                           protocol=args.protocol)
     scenario = parse_scenario(text)
     best: dict[str, Rate] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +111,8 @@ def main() -> None:
                 if name not in best or rate.samples_per_second > best[name].samples_per_second:
                     best[name] = rate
     print(f"mlp {sizes}, sync SGD, 2 pservers x 2 trainers, global batch "
-          f"{2 * args.batch}, {args.steps} steps, best of {args.repeats}")
+          f"{2 * args.batch}, {args.steps} steps, protocol {args.protocol}, best of "
+          f"{args.repeats}")
     print(f"{'run':<24} {'samples/s':>10} {'ratio':>6} {'wall s':>7}")
     local = best["local (1 process)"].samples_per_second
     for name, rate in best.items():

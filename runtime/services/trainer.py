@@ -15,7 +15,7 @@
   gets its own barrier request.
 - `recv`: one GET per endpoint for the vars placed there; the values land in the scope when the
   reply comes, and a compute op that reads one waits for it first.
-- bundling (the ``bundled`` protocol, the default): a run of send ops (recv ops) makes one SEND
+- bundling (the ``bundled`` protocol; ``compact`` is the default): a run of send ops (recv ops) makes one SEND
   (GET) per endpoint, which the run's last op to that endpoint sends with the vars the earlier
   ones held back (`BarrierPlan.held`); where only recvs stand between a send barrier and a
   fetch barrier both carried to every endpoint (a sync step), the GET rides on the SEND that
@@ -254,7 +254,7 @@ class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
     def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None,
-                 protocol: str = "bundled", collective: Collective | None = None) -> None:
+                 protocol: str = "compact", collective: Collective | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         self.protocol = protocol
@@ -754,7 +754,7 @@ class Trainer:
     def __init__(self, trainer_id: int, main: Program, startup: Program, client: RpcClient,
                  endpoints: list[str], executor: Executor | None = None,
                  heartbeat_interval: float = 2.0, compute: ComputeModel | None = None,
-                 tracer: Tracer | None = None, protocol: str = "bundled",
+                 tracer: Tracer | None = None, protocol: str = "compact",
                  collective: Collective | None = None) -> None:
         self.trainer_id = trainer_id
         self.main, self.startup = main, startup

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 
 import numpy as np
 import pytest
@@ -151,6 +152,26 @@ async def test_a_frame_over_the_size_limit_is_never_delivered() -> None:
         assert (await within(server.recv()))[0] == "small"
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(server.recv(), 0.5)
+
+
+@pytest.mark.parametrize("floats", [1 << 10, 1 << 18], ids=["copied", "zero-copy"])
+async def test_zero_copy_frames_do_not_alias_the_senders_array(floats: int) -> None:
+    """Once `send` returns, a write into the sent array that the kernels' in-place rule allows
+    (nothing but its owner references it, `numpy_optim._exclusive`) never reaches the receiver:
+    a frame under the copy threshold was copied, and a zero-copy frame holds a reference to
+    the array until libzmq is done with it."""
+    assert 4 * (1 << 10) < ZmqLimits().copy_threshold <= 4 * (1 << 18)
+    async with ZmqTransport("server") as server, ZmqTransport("client") as client:
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        await client.connect(endpoint)
+        tensor = np.arange(floats, dtype=np.float32)
+        alone = sys.getrefcount(tensor)
+        await client.send(endpoint, encode(Message(Kind.SEND, 1, "client", 0, {"w": tensor})))
+        if sys.getrefcount(tensor) <= alone:
+            tensor += 1  # what an in-place optimizer kernel may then do
+        _, frames = await within(server.recv())
+        np.testing.assert_array_equal(decode(frames).vars["w"],
+                                      np.arange(floats, dtype=np.float32))
 
 
 async def test_a_received_tensor_sent_on_goes_back_by_reference() -> None:

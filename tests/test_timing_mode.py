@@ -21,7 +21,8 @@ from runtime.cli import main as runtime_main
 from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
 from runtime.execution.kernels import KernelContext, get_kernel, registered_ops
 from runtime.execution.kernels.phantom import apportion
-from runtime.execution.tensor import Phantom, Value, nbytes_of, phantom_of, shape_of
+from runtime.execution.tensor import (Phantom, Value, concat_rows, nbytes_of, phantom_of, shape_of,
+                                      shared_phantom, slice_rows)
 from runtime.network.rpc import RpcClient
 from runtime.network.wire import Kind, Message, RemoteError, charged_size, decode, encode
 from runtime.services.cluster import JobResult, run_job
@@ -347,6 +348,25 @@ def test_shape_of_and_nbytes_of_describe_every_kind_of_value() -> None:
     assert [shape_of(v) for v in values] == [(4, 3), (4, 3), (2, 3), (4, 3), (2, 3)]
     assert [nbytes_of(v) for v in values] == [48, 48, 24 + 16, 48, 24 + 16]
     assert [nbytes_of(phantom_of(v)) for v in values[:3]] == [48, 48, 40]
+
+
+def test_equal_phantoms_made_for_ops_and_blocks_are_one_object() -> None:
+    """`shared_phantom` gives the phantom `Phantom(...)` would, made once; a dense phantom is
+    its own dense form."""
+    made = shared_phantom([4, 3], "float32")
+    assert made == Phantom((4, 3), np.dtype("float32")) and type(made.shape[0]) is int
+    assert shared_phantom((4, 3), np.float32) is made is shared_phantom((4, 3), np.dtype("<f4"))
+    assert shared_phantom((4, 3), "float64") is not made
+    with_lod = shared_phantom((4, 3), "float32", ((0, 1, 4),))
+    assert with_lod.lod == ((0, 1, 4),) and with_lod is not made
+    assert shared_phantom((4, 3), "float32", [[0, 1, 4]]) == with_lod  # lists: not kept, as good
+    assert made.dense() is made and with_lod.dense() is made
+    assert Phantom((2, 3), np.float32, height=9).dense() is shared_phantom((9, 3), np.float32)
+    block = slice_rows(made, 1, 3)
+    assert block == Phantom((2, 3), np.float32) and slice_rows(made, 1, 3) is block
+    assert concat_rows([block, block]) is made
+    with pytest.raises(ValueError, match="negative"):
+        shared_phantom((-1, 3), "float32")
 
 
 @pytest.mark.parametrize("value", [np.ones((3, 4), np.float16),

@@ -50,7 +50,8 @@ from runtime.execution.kernels.registry import Kernel, get_kernel, register
 from runtime.execution.kernels.shapes import (conv_out_shape, matmul_flags, matmul_shape,
                                               norm_split, pool_window, reshaped, slice_bounds,
                                               split_sizes, transpose_perm, xshape)
-from runtime.execution.tensor import LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of
+from runtime.execution.tensor import (LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of,
+                                      shared_phantom)
 
 BACKEND = "phantom"
 Rule = Callable[[KernelContext], None]
@@ -88,7 +89,7 @@ def _lod(value: Value) -> Lod:
 
 
 def _dense(shape: Sequence[int], dtype: npt.DTypeLike, lod: Lod = ()) -> Phantom:
-    return Phantom(tuple(shape), np.dtype(dtype), lod=lod)
+    return shared_phantom(shape, dtype, lod)
 
 
 def _has_phantom_input(ctx: KernelContext) -> bool:

@@ -205,9 +205,15 @@ class SyncRound:
             raise RuntimeError(f"step {self.step}: optimized before every send barrier arrived")
         self.phase = Phase.PARAMS
 
+    @property
+    def fetched_all(self) -> bool:
+        """The round is optimized and every live trainer's fetch barrier is in: the next step
+        may begin (`take_step_done`)."""
+        return self.phase is Phase.PARAMS and self.live <= self.fetched
+
     def take_step_done(self) -> bool:
         """If every live trainer fetched, start the next step (admitting its joiners) and say so."""
-        if self.phase is not Phase.PARAMS or not self.live <= self.fetched:
+        if not self.fetched_all:
             return False
         self.step += 1
         self.phase = Phase.GRADS

@@ -469,6 +469,7 @@ def test_a_pserver_checks_phantoms_like_tensors() -> None:
         answers = []
         for value in (Phantom(grad.shape, np.float64), Phantom((3,) + grad.shape[1:], np.float32),
                       Phantom((2,) + grad.shape[1:], np.float32, height=grad.shape[0] - 1),
+                      Phantom(grad.shape, np.float32), Phantom(grad.shape, np.float64),
                       Phantom(grad.shape, np.float32)):
             try:
                 await client.call(job.endpoints[0], Kind.SEND, 0, {grad.name: value},
@@ -480,8 +481,8 @@ def test_a_pserver_checks_phantoms_like_tensors() -> None:
         serving.cancel()
         return answers
 
-    *refused, accepted = run(scenario())
-    assert accepted == "ok"
+    *refused, accepted, refused_again, accepted_again = run(scenario())
+    assert accepted == accepted_again == "ok" and refused_again == refused[0]
     assert refused == [f"mlp.fc1.w@GRAD: var 'mlp.fc1.w@GRAD': expected float32[96, 10], got "
                        f"phantom {got}" for got in ("float64[96, 10]", "float32[3, 10]",
                                                     "float32[2, 10] rows of height 95")]

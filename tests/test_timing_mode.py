@@ -8,7 +8,9 @@ Jobs run on the virtual loop (`sim.loop.run`) over a simulated `Network`, with n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -367,6 +369,17 @@ def test_equal_phantoms_made_for_ops_and_blocks_are_one_object() -> None:
     assert concat_rows([block, block]) is made
     with pytest.raises(ValueError, match="negative"):
         shared_phantom((-1, 3), "float32")
+
+
+def test_a_phantom_hashes_as_its_fields_do_however_often_and_wherever_it_goes() -> None:
+    phantom = Phantom((5, 2), np.dtype("int64"), lod=((0, 2, 5),))
+    fields = hash((phantom.shape, phantom.dtype, phantom.height, phantom.lod))
+    assert hash(phantom) == hash(phantom) == fields
+    again = pickle.loads(pickle.dumps(phantom))
+    assert again == phantom and hash(again) == fields and {phantom: 1}[again] == 1
+    assert dataclasses.asdict(again) == {"shape": (5, 2), "dtype": np.dtype("int64"),
+                                         "height": None, "lod": ((0, 2, 5),)}
+    assert hash(dataclasses.replace(phantom, lod=())) == hash(Phantom((5, 2), np.int64))
 
 
 @pytest.mark.parametrize("value", [np.ones((3, 4), np.float16),

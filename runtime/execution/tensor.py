@@ -184,6 +184,15 @@ class Phantom:
         object.__setattr__(self, "height", None if self.height is None else int(self.height))
         object.__setattr__(self, "lod", tuple(tuple(level) for level in lod))
 
+    def __hash__(self) -> int:
+        """The hash of the fields (the dataclass's), worked out once: phantoms key the caches
+        of op costs and wire entries, which hash them at every op and message."""
+        known = self.__dict__.get("_hash")
+        if known is None:
+            known = hash((self.shape, self.dtype, self.height, self.lod))
+            object.__setattr__(self, "_hash", known)
+        return known
+
     @property
     def is_rows(self) -> bool:
         """Whether it stands for a `SelectedRows`."""

@@ -861,10 +861,13 @@ def charged_size(frames: Sequence[Frame]) -> int:
     phantom var the frames it stands for, less the header bytes its kind "phantom" takes over
     its twin's "dense" or "rows". A message without phantoms, or one that does not decode,
     weighs its frames."""
+    if len(frames) == 1:  # the header alone (most messages): `_encoded_header`, inline
+        head = frames[0]
+        origin = head.obj if type(head) is memoryview else head
+        if type(origin) is _Header and _nbytes(head) == len(origin):
+            return len(origin) + origin.surcharge
     encoded = _encoded_header(frames)
     if encoded is not None:
-        if len(frames) == 1:
-            return len(encoded) + encoded.surcharge
         return sum(_nbytes(frame) for frame in frames) + encoded.surcharge
     return _charged_size(frames)
 

@@ -223,7 +223,7 @@ Value = np.ndarray | LoDTensor | SelectedRows | Phantom
 """What a scope holds for one variable."""
 
 _SHARED: dict[tuple[Any, ...], Phantom] = {}
-SHARED_MAX = 1 << 16
+SHARED_MAX = 1 << 12
 """Most phantoms `shared_phantom` keeps (later new ones are made afresh, not kept)."""
 
 

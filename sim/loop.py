@@ -698,9 +698,13 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
 
     def _jump_to_next_timer(self) -> None:
         timers, due = self._timers, self._due
-        while timers and all(timer._cancelled for timer in due[timers[0]]):  # type: ignore[attr-defined]
+        while timers:  # drop the earliest buckets whose timers are all cancelled
+            bucket = due[timers[0]]
+            if not bucket[0]._cancelled or not all(  # type: ignore[attr-defined]
+                    timer._cancelled for timer in bucket):  # type: ignore[attr-defined]
+                break
             self._drop_bucket(heapq.heappop(timers))
-        if not timers:
+        else:
             raise SimDeadlock(self._now, self.pending_waits())
         when = timers[0]
         if self._max_time is not None and when > self._max_time:

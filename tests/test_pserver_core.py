@@ -212,6 +212,45 @@ def test_a_periodic_checkpoint_is_saved_as_the_round_reaches_its_step() -> None:
     assert SaveCheckpoint(1) in closing
 
 
+def describe(actions: list[Action]) -> list[Any]:
+    """The actions, a reply as its message's fields but its values (arrays do not compare)."""
+    return [(type(a).__name__, a.peer, a.message.kind, a.message.id, a.message.step,
+             sorted(a.message.vars), a.message.extra) if isinstance(a, Reply) else a
+            for a in actions]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_idle_round_is_not_asked_to_advance_and_that_changes_nothing(mode: str) -> None:
+    """After each request the core moves the round on, asking the policy's `advance` only if
+    it is not `idle`: whenever it says so `advance` indeed does nothing, and a server that
+    always asks answers every request with the same actions."""
+    skipping, asking = Shell(mode), Shell(mode)
+    policy = asking.core.policy
+    advance, idle = policy.advance, policy.idle
+    idle_asked = []
+
+    def checked_advance() -> Work:
+        was_idle = idle()
+        moved = yield from advance()
+        assert not (was_idle and moved)
+        idle_asked.append(was_idle)
+        return moved
+
+    policy.advance, policy.idle = checked_advance, lambda: False  # type: ignore[method-assign]
+    get = {"names": [PARAM]}
+    script: list[tuple[Kind, int, int, dict[str, Any]]] = [
+        (Kind.GET, 0, 0, get), (Kind.SEND, 0, 0, {}), (Kind.SEND_BARRIER, 0, 0, {}),
+        (Kind.SEND, 1, 0, {}), (Kind.SEND, 0, 1, {}), (Kind.SEND_BARRIER, 1, 0, {}),
+        (Kind.GET, 1, 0, get), (Kind.FETCH_BARRIER, 0, 0, {}), (Kind.FETCH_BARRIER, 1, 0, {}),
+        (Kind.COMPLETE, 0, 1, {}), (Kind.COMPLETE, 1, 1, {})]
+    for kind, trainer, step, extra in script:
+        got = [shell.send(shell.message(kind, trainer, step, grad(shell, trainer, 1.0)
+                                        if kind is Kind.SEND else None, **extra))
+               for shell in (skipping, asking)]
+        assert describe(got[0]) == describe(got[1])
+    assert Stop() in got[0] and True in idle_asked and (mode == "async" or False in idle_asked)
+
+
 # -- asynchronous modes
 # ------------------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ Jobs run on the virtual loop (`sim.loop.run`) over a simulated `Network`, with n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ from runtime.cli import main as runtime_main
 from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
 from runtime.execution.kernels import KernelContext, get_kernel, registered_ops
 from runtime.execution.kernels.phantom import apportion
-from runtime.execution.tensor import Phantom, Value, nbytes_of, phantom_of, shape_of
+from runtime.execution.tensor import (Phantom, Value, concat_rows, nbytes_of, phantom_of, shape_of,
+                                      shared_phantom, slice_rows)
 from runtime.network.rpc import RpcClient
 from runtime.network.wire import Kind, Message, RemoteError, charged_size, decode, encode
 from runtime.services.cluster import JobResult, run_job
@@ -349,6 +352,36 @@ def test_shape_of_and_nbytes_of_describe_every_kind_of_value() -> None:
     assert [nbytes_of(phantom_of(v)) for v in values[:3]] == [48, 48, 40]
 
 
+def test_equal_phantoms_made_for_ops_and_blocks_are_one_object() -> None:
+    """`shared_phantom` gives the phantom `Phantom(...)` would, made once; a dense phantom is
+    its own dense form."""
+    made = shared_phantom([4, 3], "float32")
+    assert made == Phantom((4, 3), np.dtype("float32")) and type(made.shape[0]) is int
+    assert shared_phantom((4, 3), np.float32) is made is shared_phantom((4, 3), np.dtype("<f4"))
+    assert shared_phantom((4, 3), "float64") is not made
+    with_lod = shared_phantom((4, 3), "float32", ((0, 1, 4),))
+    assert with_lod.lod == ((0, 1, 4),) and with_lod is not made
+    assert shared_phantom((4, 3), "float32", [[0, 1, 4]]) == with_lod  # lists: not kept, as good
+    assert made.dense() is made and with_lod.dense() is made
+    assert Phantom((2, 3), np.float32, height=9).dense() is shared_phantom((9, 3), np.float32)
+    block = slice_rows(made, 1, 3)
+    assert block == Phantom((2, 3), np.float32) and slice_rows(made, 1, 3) is block
+    assert concat_rows([block, block]) is made
+    with pytest.raises(ValueError, match="negative"):
+        shared_phantom((-1, 3), "float32")
+
+
+def test_a_phantom_hashes_as_its_fields_do_however_often_and_wherever_it_goes() -> None:
+    phantom = Phantom((5, 2), np.dtype("int64"), lod=((0, 2, 5),))
+    fields = hash((phantom.shape, phantom.dtype, phantom.height, phantom.lod))
+    assert hash(phantom) == hash(phantom) == fields == phantom.__dict__["_hash"]  # kept
+    again = pickle.loads(pickle.dumps(phantom))
+    assert again == phantom and hash(again) == fields and {phantom: 1}[again] == 1
+    assert dataclasses.asdict(again) == {"shape": (5, 2), "dtype": np.dtype("int64"),
+                                         "height": None, "lod": ((0, 2, 5),)}
+    assert hash(dataclasses.replace(phantom, lod=())) == hash(Phantom((5, 2), np.int64))
+
+
 @pytest.mark.parametrize("value", [np.ones((3, 4), np.float16),
                                    LoDTensor(np.arange(5).reshape(5, 1), [[0, 2, 5]]),
                                    SelectedRows([4, 1, 4], np.ones((3, 2), np.float32), 6)],
@@ -449,6 +482,7 @@ def test_a_pserver_checks_phantoms_like_tensors() -> None:
         answers = []
         for value in (Phantom(grad.shape, np.float64), Phantom((3,) + grad.shape[1:], np.float32),
                       Phantom((2,) + grad.shape[1:], np.float32, height=grad.shape[0] - 1),
+                      Phantom(grad.shape, np.float32), Phantom(grad.shape, np.float64),
                       Phantom(grad.shape, np.float32)):
             try:
                 await client.call(job.endpoints[0], Kind.SEND, 0, {grad.name: value},
@@ -460,8 +494,8 @@ def test_a_pserver_checks_phantoms_like_tensors() -> None:
         serving.cancel()
         return answers
 
-    *refused, accepted = run(scenario())
-    assert accepted == "ok"
+    *refused, accepted, refused_again, accepted_again = run(scenario())
+    assert accepted == accepted_again == "ok" and refused_again == refused[0]
     assert refused == [f"mlp.fc1.w@GRAD: var 'mlp.fc1.w@GRAD': expected float32[96, 10], got "
                        f"phantom {got}" for got in ("float64[96, 10]", "float32[3, 10]",
                                                     "float32[2, 10] rows of height 95")]

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from runtime.execution.tensor import LoDTensor, SelectedRows
-from runtime.network.wire import (DTYPES, HEADER_FIELDS, DecodeError, EncodeError, Kind, Message,
-                                  Phantom, Reason, VarKind, RemoteError, charged_size, decode,
-                                  encode, error_reply, raise_for_error)
+from runtime.network.wire import (DTYPES, HEADER_FIELDS, MAX_NDIM, DecodeError, EncodeError, Kind,
+                                  Message, Phantom, Reason, VarKind, RemoteError, charged_size,
+                                  decode, encode, error_reply, raise_for_error)
 from runtime.network.wire import _decode, _decode_plain, _unpack_header  # the two decode paths
 
 Frames = list[Any]
@@ -96,6 +96,31 @@ def test_phantom_carries_shape_and_dtype_but_no_frame() -> None:
     got = decode(frames).vars["p"]
     assert got == Phantom((1000, 4096), np.dtype("float16"))
     assert got.nbytes == 1000 * 4096 * 2
+
+
+@pytest.mark.parametrize("phantom", [Phantom((1000, 4096), np.dtype("float16")),
+                                     Phantom((3, 2), np.dtype(">f4"), height=7),
+                                     Phantom((5, 2), np.dtype("int64"), lod=((0, 2, 5),)),
+                                     Phantom((1,) * 40, np.dtype("float32"))],
+                         ids=["dense", "rows", "lod", "too deep"])
+def test_a_phantom_sent_again_encodes_and_weighs_as_the_first_time(phantom: Phantom) -> None:
+    """What a phantom puts on the wire is worked out once per value: an equal phantom, a
+    second var and another message get the same header bytes and weight."""
+    def frames(value: Phantom, name: str) -> list[Any]:
+        msg = Message(Kind.SEND, 7, "t0", 1, {name: value, "b": value}, {"trainer": 0})
+        return encode(msg)
+
+    first = frames(phantom, "p")
+    again = frames(Phantom(phantom.shape, phantom.dtype, phantom.height, phantom.lod), "p")
+    assert bytes(again[0]) == bytes(first[0]) and charged_size(again) == charged_size(first)
+    assert charged_size(first) == charged_size([bytes(first[0])])
+    renamed = frames(phantom, "q")
+    assert _unpack_header(renamed[0])["vars"][0] == {**_unpack_header(first[0])["vars"][0],
+                                                     "name": "q"}
+    if len(phantom.shape) <= MAX_NDIM:
+        got = decode(again).vars
+        assert got["p"] == got["b"] == Phantom(phantom.shape, phantom.dtype.newbyteorder("="),
+                                               phantom.height, phantom.lod)
 
 
 def test_lod_tensor_round_trip() -> None:

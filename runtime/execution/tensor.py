@@ -184,6 +184,15 @@ class Phantom:
         object.__setattr__(self, "height", None if self.height is None else int(self.height))
         object.__setattr__(self, "lod", tuple(tuple(level) for level in lod))
 
+    def __hash__(self) -> int:
+        """The hash of the fields (the dataclass's), worked out once: phantoms key the caches
+        of op costs and wire entries, which hash them at every op and message."""
+        known = self.__dict__.get("_hash")
+        if known is None:
+            known = hash((self.shape, self.dtype, self.height, self.lod))
+            object.__setattr__(self, "_hash", known)
+        return known
+
     @property
     def is_rows(self) -> bool:
         """Whether it stands for a `SelectedRows`."""
@@ -196,9 +205,12 @@ class Phantom:
 
     def dense(self) -> "Phantom":
         """The phantom of its dense form (`to_dense`): rows become the whole `height` tall
-        tensor, the LoD goes."""
-        rows = self.shape[0] if self.height is None else self.height
-        return Phantom((rows,) + self.shape[1:], self.dtype)
+        tensor, the LoD goes (a dense phantom without a LoD is its own)."""
+        if self.height is None:
+            if not self.lod:
+                return self
+            return shared_phantom(self.shape, self.dtype)
+        return shared_phantom((self.height,) + self.shape[1:], self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -209,6 +221,35 @@ class Phantom:
 
 Value = np.ndarray | LoDTensor | SelectedRows | Phantom
 """What a scope holds for one variable."""
+
+_SHARED: dict[tuple[Any, ...], Phantom] = {}
+SHARED_MAX = 1 << 12
+"""Most phantoms `shared_phantom` keeps (later new ones are made afresh, not kept)."""
+
+
+def shared_phantom(shape: Sequence[int], dtype: npt.DTypeLike,
+                   lod: tuple[tuple[int, ...], ...] = ()) -> Phantom:
+    """`Phantom(shape, dtype, lod=lod)`, one object for all equal ones: the same value, made once.
+
+    DESIGN: timing mode makes a phantom for every op output and every block it sends, step
+    after step, and nearly all are of the few shapes of the program; a phantom is immutable,
+    so equal ones may be one object. That saves building and checking each (a frozen
+    dataclass's `__init__` is costly), and those who compare or hash phantoms (the compute
+    model's cache of op costs) find identical ones at once. Phantoms made by `Phantom(...)`
+    stay as good: equality, not identity, is what every reader relies on."""
+    shape = tuple(shape)
+    if not isinstance(dtype, np.dtype):
+        dtype = np.dtype(dtype)
+    key = (shape, dtype, lod)
+    try:
+        phantom = _SHARED.get(key)
+    except TypeError:  # a LoD given as lists: not a key, but a phantom all the same
+        return Phantom(shape, dtype, lod=lod)
+    if phantom is None:
+        phantom = Phantom(shape, dtype, lod=lod)
+        if len(_SHARED) < SHARED_MAX:
+            _SHARED[key] = phantom
+    return phantom
 
 
 def shape_of(value: Value) -> tuple[int, ...]:
@@ -246,7 +287,7 @@ def slice_rows(value: np.ndarray | Phantom, start: int, stop: int) -> np.ndarray
     """Rows [start, stop) of a dense array or a dense phantom."""
     if isinstance(value, Phantom):
         rows = max(0, min(stop, value.shape[0]) - start)
-        return Phantom((rows,) + value.shape[1:], value.dtype)
+        return shared_phantom((rows,) + value.shape[1:], value.dtype)
     return value[start:stop]
 
 
@@ -255,7 +296,7 @@ def concat_rows(values: Sequence[np.ndarray | Phantom]) -> np.ndarray | Phantom:
     arrays = [v for v in values if isinstance(v, np.ndarray)]
     if len(arrays) < len(values):
         rows = sum(shape_of(v)[0] for v in values)
-        return Phantom((rows,) + shape_of(values[0])[1:], values[0].dtype)
+        return shared_phantom((rows,) + shape_of(values[0])[1:], values[0].dtype)
     return np.concatenate(arrays, axis=0)
 
 
@@ -306,5 +347,5 @@ def lod_of(value: Value) -> LoD:
 
 __all__ = ["Dense", "LoD", "LoDTensor", "Phantom", "SelectedRows", "TensorError", "ToHost", "Value",
            "concat_rows", "copy_value", "host_array", "host_value", "is_native", "lod_of",
-           "nbytes_of", "phantom_of", "register_native", "shape_of", "slice_rows", "to_dense",
-           "validate_lod"]
+           "nbytes_of", "phantom_of", "register_native", "shape_of", "shared_phantom",
+           "slice_rows", "to_dense", "validate_lod"]

@@ -295,7 +295,7 @@ class RpcClient:
                 endpoint, kind, step, vars, extra, deadline, check))
         meter = self.meter
         started = 0.0 if meter is None else meter.start()
-        msg = Message(kind, self._next_id, self.name, step, vars or {}, extra or {})
+        msg = Message.of(kind, self._next_id, self.name, step, vars or {}, extra or {})
         self._next_id += 1
         call = _Call(self, endpoint, msg, self.policy.deadline if deadline is None else deadline,
                      check)

@@ -178,6 +178,20 @@ class Message:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Further header fields: plain msgpack data under keys other than the header's own."""
 
+    @classmethod
+    def of(cls, kind: Kind, id: int, src: str, step: int = 0,
+           vars: Mapping[str, Any] | None = None,
+           extra: Mapping[str, Any] | None = None) -> Message:
+        """The message `Message(kind, id, src, step, vars, extra)` makes (a map not given: a
+        new empty one), at less cost. DESIGN: a frozen dataclass's `__init__` sets each field
+        through `object.__setattr__`, which costs more than the rest of making most messages;
+        this sets the instance's fields at once, as the fields `__init__` would set."""
+        msg = object.__new__(cls)
+        object.__setattr__(msg, "__dict__", {
+            "kind": kind, "id": id, "src": src, "step": step,
+            "vars": {} if vars is None else vars, "extra": {} if extra is None else extra})
+        return msg
+
 
 @dataclass(frozen=True)
 class VarSpec:
@@ -254,7 +268,9 @@ def encode(msg: Message) -> list[Frame]:
     """The frames of `msg`: the msgpack header, then each tensor's bytes without copying."""
     _check_outgoing(msg)
     specs: list[dict[str, Any]] = []
-    phantoms: list[Phantom | Packed] = []
+    surcharge: int | None = 0  # what the plain phantoms add to its weight (None: see _header)
+    received: dict[str, Phantom] = {}  # and what they are received as
+    others: list[Phantom | Packed] = []  # the other phantom vars
     frames: list[Frame] = []
     for name, value in msg.vars.items():
         if type(value) is np.ndarray and type(name) is str and name and value.size \
@@ -265,9 +281,17 @@ def encode(msg: Message) -> list[Frame]:
                               "kind": _DENSE})
                 frames.append(value.data.cast("B"))
                 continue
+        if type(value) is Phantom:  # timing mode's var: what it puts on the wire is known
+            _check_name(name)
+            wire = _phantom_wire(value, name)
+            specs.append({"name": name, **wire.entry})
+            added = wire.surcharge
+            surcharge = None if added is None or surcharge is None else surcharge + added
+            received[name] = wire.received
+            continue
         if isinstance(value, Phantom) or (isinstance(value, Packed) and value.phantom):
             specs.append(_phantom_entry(name, value))
-            phantoms.append(value)
+            others.append(value)
             continue
         spec, var_frames = _encode_var(name, value)
         specs.append(spec.to_header())
@@ -290,7 +314,7 @@ def encode(msg: Message) -> list[Frame]:
         raise EncodeError(
             Reason.BAD_FIELD, f"header of {msg.kind} message is not msgpack data: {exc}"
         ) from exc
-    return [_header(packed, msg, kind, phantoms, bool(frames)), *frames]
+    return [_header(packed, msg, kind, surcharge, received, others, bool(frames)), *frames]
 
 
 _PACKERS = threading.local()
@@ -344,6 +368,40 @@ def _phantom_entry(name: str, value: Phantom | Packed) -> dict[str, Any]:
     if value.lod:
         entry["lod"] = [list(level) for level in value.lod]
     return entry
+
+
+class _PhantomWire(NamedTuple):
+    """What a phantom puts on the wire, whatever var it is sent as: its header entry but the
+    name, the bytes its data adds to the message's weight (`charged_size`; None: `decode`
+    refuses its shape, and the message is weighed from its frames) and what a receiver
+    decodes it as."""
+
+    entry: dict[str, Any]
+    surcharge: int | None
+    received: Phantom
+
+
+_PHANTOM_WIRES: dict[Phantom, _PhantomWire] = {}
+_PHANTOM_WIRES_MAX = 1 << 12
+"""Most phantoms whose `_PhantomWire` is kept (timing mode sends the few of its program's
+blocks, over and over)."""
+
+
+def _phantom_wire(value: Phantom, name: str) -> _PhantomWire:
+    """`value`'s `_PhantomWire`, worked out once for each phantom value. DESIGN: a phantom is
+    immutable and its entry, weight and received form depend on nothing else, so equal
+    phantoms share them; `_phantom_entry`, `_decodable` and `_received` stay the definitions
+    (and name `name` in what they raise)."""
+    wire = _PHANTOM_WIRES.get(value)
+    if wire is None:
+        entry = _phantom_entry(name, value)
+        del entry["name"]
+        rows = value.height is not None
+        surcharge = value.nbytes + _TWIN_KIND_BYTES[rows] if _decodable(value) else None
+        wire = _PhantomWire(entry, surcharge, _received(value))
+        if len(_PHANTOM_WIRES) < _PHANTOM_WIRES_MAX:
+            _PHANTOM_WIRES[value] = wire
+    return wire
 
 
 def _encode_var(name: str, value: Any) -> tuple[VarSpec, list[Frame]]:
@@ -546,10 +604,7 @@ def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
             return None
         flags.writeable = False
         values[name] = array
-    msg = object.__new__(Message)  # the fields as __init__ sets them, at less cost
-    object.__setattr__(msg, "__dict__", {"kind": kind, "id": msg_id, "src": src, "step": step,
-                                         "vars": values, "extra": {}})
-    return msg
+    return Message.of(kind, msg_id, src, step, values)
 
 
 def _unpack_header(frame: Frame) -> dict[str, Any]:
@@ -806,10 +861,13 @@ def charged_size(frames: Sequence[Frame]) -> int:
     phantom var the frames it stands for, less the header bytes its kind "phantom" takes over
     its twin's "dense" or "rows". A message without phantoms, or one that does not decode,
     weighs its frames."""
+    if len(frames) == 1:  # the header alone (most messages): `_encoded_header`, inline
+        head = frames[0]
+        origin = head.obj if type(head) is memoryview else head
+        if type(origin) is _Header and _nbytes(head) == len(origin):
+            return len(origin) + origin.surcharge
     encoded = _encoded_header(frames)
     if encoded is not None:
-        if len(frames) == 1:
-            return len(encoded) + encoded.surcharge
         return sum(_nbytes(frame) for frame in frames) + encoded.surcharge
     return _charged_size(frames)
 
@@ -859,34 +917,43 @@ class _Parsed(NamedTuple):
 
     def message(self) -> Message:
         """A new `Message` of these fields (with new maps), as `decode` would build it."""
-        msg = object.__new__(Message)  # the fields as __init__ sets them, at less cost
-        object.__setattr__(msg, "__dict__", {
-            "kind": self.kind, "id": self.id, "src": self.src, "step": self.step,
-            "vars": self.vars.copy(),
-            "extra": _fresh(self.extra) if self.nested else self.extra.copy()})
-        return msg
+        return Message.of(self.kind, self.id, self.src, self.step, self.vars.copy(),
+                          _fresh(self.extra) if self.nested else self.extra.copy())
 
 
 class _NotPlain(Exception):
     """Header data that msgpack would give back as something else (a tuple, an enum...)."""
 
 
-def _header(packed: bytes, msg: Message, kind: Kind, phantoms: list[Phantom | Packed],
+def _header(packed: bytes, msg: Message, kind: Kind, surcharge: int | None,
+            received: dict[str, Phantom], others: list[Phantom | Packed],
             has_data: bool) -> _Header:
-    """`packed` as a `_Header` of `msg` (of `kind`), whose phantom vars are `phantoms`."""
+    """`packed` as a `_Header` of `msg` (of `kind`), whose plain phantom vars add `surcharge`
+    bytes to its weight (None: one of them `decode` refuses) and are received as `received`
+    says, and whose other phantom vars are `others`."""
     header = _Header(packed)
     header.kind = kind._value_
-    surcharge = 0
-    for phantom in phantoms:  # it adds its bytes, less "phantom" over "dense" or "rows"
-        if not _decodable(phantom):  # charged_size weighs the frames alone, as it would
-            header.surcharge = _charged_size([packed]) - len(packed)
-            header.parsed = None
-            return header
-        rows = isinstance(phantom, Phantom) and phantom.height is not None
-        surcharge += phantom.nbytes + _TWIN_KIND_BYTES[rows]
+    for phantom in others:  # it adds its bytes, less "phantom" over "dense" or "rows"
+        if surcharge is None:
+            break
+        added = _surcharge(phantom)
+        surcharge = None if added is None else surcharge + added
+    if surcharge is None:  # charged_size weighs the frames alone, as it would
+        header.surcharge = _charged_size([packed]) - len(packed)
+        header.parsed = None
+        return header
     header.surcharge = surcharge
-    header.parsed = None if has_data else _parsed(msg, kind)
+    header.parsed = None if has_data else _parsed(msg, kind, received)
     return header
+
+
+def _surcharge(phantom: Phantom | Packed) -> int | None:
+    """The bytes `phantom`'s data adds to a message's weight, less "phantom" over "dense" or
+    "rows" in its entry; None if `decode` would refuse its shape."""
+    if not _decodable(phantom):
+        return None
+    rows = isinstance(phantom, Phantom) and phantom.height is not None
+    return phantom.nbytes + _TWIN_KIND_BYTES[rows]
 
 
 def _decodable(phantom: Phantom | Packed) -> bool:
@@ -900,9 +967,10 @@ def _decodable(phantom: Phantom | Packed) -> bool:
         and (height is None or height <= MAX_DIM)
 
 
-def _parsed(msg: Message, kind: Kind) -> _Parsed | None:
+def _parsed(msg: Message, kind: Kind, received: dict[str, Phantom]) -> _Parsed | None:
     """What decoding `msg`'s header would give (it has no data frames), or None if its names
-    and extra fields are not plain data."""
+    and extra fields are not plain data; `received`: what some of its phantoms are received
+    as, known already."""
     nested = False
     extra = {}
     for key, value in msg.extra.items():
@@ -919,7 +987,8 @@ def _parsed(msg: Message, kind: Kind) -> _Parsed | None:
     for name, phantom in msg.vars.items():
         if type(name) is not str:
             return None
-        phantoms[name] = _received(phantom)
+        ready = received.get(name)
+        phantoms[name] = _received(phantom) if ready is None else ready
     return _Parsed(kind, int(msg.id), str(msg.src), int(msg.step), phantoms, extra, nested)
 
 

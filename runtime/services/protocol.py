@@ -111,6 +111,11 @@ _PARAMS_RULES: dict[tuple[Event, str], Verdict] = {
     (Event.PREFETCH, "future"): Verdict.ACCEPT,   # the next step reads the table just updated
 }
 _RULES = {Phase.GRADS: _GRADS_RULES, Phase.PARAMS: _PARAMS_RULES}
+_VERDICTS = {phase: {(event._value_, relation): verdict
+                     for (event, relation), verdict in rules.items()}
+             for phase, rules in _RULES.items()}
+"""`_RULES` keyed by the events' values: strings hash in C, an enum member in Python."""
+_GRADS_VERDICTS, _PARAMS_VERDICTS = _VERDICTS[Phase.GRADS], _VERDICTS[Phase.PARAMS]
 
 
 @dataclass
@@ -145,7 +150,8 @@ class SyncRound:
         if trainer not in self.live:
             return self._classify_joiner(event, trainer, step)
         relation = "now" if step == self.step else ("past" if step < self.step else "future")
-        return _RULES[self.phase][(event, relation)]
+        rules = _GRADS_VERDICTS if self.phase is Phase.GRADS else _PARAMS_VERDICTS
+        return rules[event._value_, relation]
 
     def _classify_joiner(self, event: Event, trainer: int, step: int) -> Verdict:
         """A trainer joining at step E fetches the parameters step E-1 leaves (its fetch
@@ -205,9 +211,15 @@ class SyncRound:
             raise RuntimeError(f"step {self.step}: optimized before every send barrier arrived")
         self.phase = Phase.PARAMS
 
+    @property
+    def fetched_all(self) -> bool:
+        """The round is optimized and every live trainer's fetch barrier is in: the next step
+        may begin (`take_step_done`)."""
+        return self.phase is Phase.PARAMS and self.live <= self.fetched
+
     def take_step_done(self) -> bool:
         """If every live trainer fetched, start the next step (admitting its joiners) and say so."""
-        if self.phase is not Phase.PARAMS or not self.live <= self.fetched:
+        if not self.fetched_all:
             return False
         self.step += 1
         self.phase = Phase.GRADS

@@ -327,11 +327,12 @@ class PserverService:
             if claim is not None:
                 self.stats.refused += 1
                 return Kind.ERROR.value, self._reject(Reject(peer, ProtocolViolation(claim), msg))
+        kind = msg.kind._value_  # `.value` is a property: a Python call each time
         by_kind = self.stats.by_kind
-        by_kind[msg.kind.value] = by_kind.get(msg.kind.value, 0) + 1
+        by_kind[kind] = by_kind.get(kind, 0) + 1
         if msg.kind is Kind.HEARTBEAT:
             self.stats.heartbeat_bytes += charged_size(frames)
-        return msg.kind.value, self._drive_now(self.core.on_message(peer, msg))
+        return kind, self._drive_now(self.core.on_message(peer, msg))
 
     async def _watchdog(self) -> None:
         """Have the core drop the trainers silent too long, four times per timeout."""

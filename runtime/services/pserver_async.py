@@ -41,5 +41,8 @@ class AsyncPolicy(ModePolicy):
         return False  # nothing waits for a round
         yield
 
+    def idle(self) -> bool:
+        return True
+
     def update_step(self, msg: Message) -> int | None:
         return msg.step + 1 if msg.kind is Kind.SEND else None

@@ -68,6 +68,11 @@ def policy_name(contract: ServeContract) -> str:
     return "ssp" if contract.staleness is not None else contract.mode.name.lower()
 
 
+_BEGIN = Begin()
+_PAY = Pay()
+"""The actions most requests yield, made once (they are immutable)."""
+
+
 @dataclass
 class _Level:
     """One pass of "move the round on, replay what waited"; `replayed`: the deferred request
@@ -119,7 +124,7 @@ class PserverCore:
             yield Reply(peer, reply)
             return
         if (msg.src, msg.id) in self.pending:  # a retry of a deferred request: still waiting
-            yield Reply(peer, Message(Kind.REPLY, msg.id, self.name, self.round.step, extra={
+            yield Reply(peer, Message.of(Kind.REPLY, msg.id, self.name, self.round.step, extra={
                 "pending": True, "server_step": self.round.step}))
             return
         if recall is Recall.FORGOTTEN:
@@ -161,7 +166,7 @@ class PserverCore:
                          msg.kind, msg.step, self.round.step)
                 yield Reply(peer, self._reply(msg, rewind=self.round.step))
                 return False
-            yield Begin()
+            yield _BEGIN
             reply = yield from _HANDLERS[msg.kind](self, msg, trainer, parse(msg))
         except Exception as exc:  # one bad message must not stop the server, nor count
             self.pending.discard((msg.src, msg.id))
@@ -173,7 +178,8 @@ class PserverCore:
             self.pending.add((msg.src, msg.id))
             self.deferred.append((peer, msg))
             return False
-        yield Pay(self.policy.update_step(msg))
+        update_step = self.policy.update_step(msg)
+        yield _PAY if update_step is None else Pay(update_step)
         self.pending.discard((msg.src, msg.id))
         self.dedupe.remember(msg.src, msg.id, reply,
                              values_of=msg.step if _fetches(msg) else None, step=msg.step)
@@ -184,6 +190,10 @@ class PserverCore:
         """Move the round on while the policy can, replaying the deferred requests after each
         move (see the module's DESIGN note); Stop once every trainer is done."""
         if self.optimizing:  # a request came while the round's update is being computed
+            return
+        if self.policy.idle():  # as the loop below with nothing to replay, less its cost
+            if self.round.finished:
+                yield Stop()
             return
         levels = [_Level(None)]
         while levels:
@@ -235,8 +245,8 @@ class PserverCore:
         values = self.store.values(get.names)
         self.policy.served(trainer, values)
         self.policy.arrived(Event.GET, trainer, msg, get.closes)
-        return Message(Kind.REPLY, msg.id, self.name, self.round.step, values,
-                       self._fanin_state(trainer))
+        return Message.of(Kind.REPLY, msg.id, self.name, self.round.step, values,
+                          self._fanin_state(trainer))
 
     def _on_prefetch(self, msg: Message, trainer: int, prefetch: Prefetch) -> Work:
         if (yield from self.policy.read(Event.PREFETCH, trainer, msg)) is Verdict.DEFER:
@@ -249,8 +259,8 @@ class PserverCore:
                 self.store.scope.put(name, ids)
                 yield RunBlocks((block.block,))
                 rows[block.rows] = self.store.scope.get(block.rows)
-        return Message(Kind.REPLY, msg.id, self.name, self.round.step, rows,
-                       {"server_step": self.round.step})
+        return Message.of(Kind.REPLY, msg.id, self.name, self.round.step, rows,
+                          {"server_step": self.round.step})
 
     def _on_checkpoint(self, msg: Message, trainer: int, notify: CheckpointNotify) -> Work:
         if self.store.timing:
@@ -305,8 +315,8 @@ class PserverCore:
     # -- replies ----------------------------------------------------------------------------------
     def _reply(self, msg: Message, **extra: Any) -> Message:
         """An acknowledgement of `msg` saying where this server is, with `extra` fields."""
-        return Message(Kind.REPLY, msg.id, self.name, self.round.step,
-                       extra={"server_step": self.round.step, **extra})
+        return Message.of(Kind.REPLY, msg.id, self.name, self.round.step,
+                          extra={"server_step": self.round.step, **extra})
 
     def _fanin_state(self, trainer: int) -> dict[str, Any]:
         """What a trainer learns from a fetch: where this server is and whether it is waited for."""

@@ -70,6 +70,13 @@ class ModePolicy:
         """Move the round on as far as it can go now; returns whether it moved."""
         raise NotImplementedError
 
+    def idle(self) -> bool:
+        """Whether `advance` would do nothing now (yield nothing, change nothing, return
+        False): the core, which moves the round on after every answered request, then need
+        not ask it. False (the default) always asks; a mode overriding `advance` sees to this
+        too."""
+        return False
+
     def served(self, trainer: int, values: dict[str, object]) -> None:
         """Trainer `trainer` was sent `values` of the parameters."""
 

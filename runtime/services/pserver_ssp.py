@@ -96,6 +96,9 @@ class SspPolicy(AsyncPolicy):
                     peak=True)
         return Verdict.ACCEPT
 
+    def idle(self) -> bool:
+        return False  # `advance` notes the floor each time
+
     def advance(self) -> Work:
         """Replay the held reads when the floor has risen since they were last replayed."""
         floor = self.floor()

@@ -98,6 +98,9 @@ class SyncPolicy(ModePolicy):
             progressed = True
         return progressed
 
+    def idle(self) -> bool:
+        return not self.round.ready_to_optimize and not self.round.fetched_all
+
     def _optimize(self) -> Work:
         self.core.optimizing = True
         try:

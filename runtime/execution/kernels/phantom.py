@@ -50,7 +50,8 @@ from runtime.execution.kernels.registry import Kernel, get_kernel, register
 from runtime.execution.kernels.shapes import (conv_out_shape, matmul_flags, matmul_shape,
                                               norm_split, pool_window, reshaped, slice_bounds,
                                               split_sizes, transpose_perm, xshape)
-from runtime.execution.tensor import LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of
+from runtime.execution.tensor import (LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of,
+                                      shared_phantom)
 
 BACKEND = "phantom"
 Rule = Callable[[KernelContext], None]
@@ -88,19 +89,22 @@ def _lod(value: Value) -> Lod:
 
 
 def _dense(shape: Sequence[int], dtype: npt.DTypeLike, lod: Lod = ()) -> Phantom:
-    return Phantom(tuple(shape), np.dtype(dtype), lod=lod)
+    return shared_phantom(shape, dtype, lod)
 
 
 def _has_phantom_input(ctx: KernelContext) -> bool:
-    return any(isinstance(ctx.scope.get_tensor(name), Phantom)
-               for names in ctx.op.inputs.values() for name in names if name in ctx.scope)
+    find = ctx.scope.find  # a stored value as it is: a phantom is never a backend's tensor
+    return any(isinstance(find(name), Phantom)
+               for names in ctx.op.inputs.values() for name in names)
 
 
 def _control_values(ctx: KernelContext) -> bool:
     """Whether the op computes control values (see the module docstring): no phantom in, only
     integer or bool outputs declared."""
+    if _has_phantom_input(ctx):  # most ops in timing mode: asked first, it settles them
+        return False
     outputs = ctx.op.output_arg_names
-    if not outputs or _has_phantom_input(ctx):
+    if not outputs:
         return False
     try:
         dtypes = [np.dtype(_declared(ctx, name).dtype) for name in outputs]

@@ -14,8 +14,8 @@ The model:
   before it leaves, and its receiver the same form (with its own figures) before its handler
   runs. Requests go from trainers to pservers; a pserver answers with ``reply`` (or ``error``);
 - every op the executor runs costs ``op_overhead`` on top of its kernel;
-- every training step costs the trainer ``step_overhead``; every sync round costs the pserver
-  ``round_overhead`` on top of its optimize ops.
+- every training step costs the trainer ``step_overhead`` and ``step_residual``; every sync
+  round costs the pserver ``round_overhead`` and ``round_residual`` on top of its optimize ops.
 
 How `Meter` measures (DESIGN): the parts of the work that run as one stretch of Python are
 timed where they happen, on the node's main thread's CPU clock (`time.thread_time`: a node that
@@ -24,10 +24,33 @@ be): a request from `RpcClient.start` to its send, a reply's decode and resoluti
 pserver's handling of a message, a reply's encode and send, each op, each optimize round.
 Timers nest: an outer span is charged only the time its inner spans did not take (a pserver's
 handler does not count the reply it sends). What no timer sees on the main thread (the event
-loop waking up, pyzmq's asyncio layer, the collector) is the node's *residual*: the main
-thread's CPU time over the run less everything timed, spread evenly over the messages the
-node sent and received (a trainer sends requests and receives replies, a pserver the
-opposite), so that the model adds up to the CPU each role really used.
+loop waking up for a message and resuming the task that awaited it, the executor's loop
+between ops, the collector) is the node's *residual*: the main thread's CPU time over the run
+less everything timed, so that the model adds up to the CPU each role really used.
+
+Measuring costs CPU too, which an unmeasured run (`runtime up`, what the simulator predicts)
+does not spend. Three parts, each taken out of the model: the kernel timer's bookkeeping,
+which it times itself (`KernelTimes.bookkeeping`); a span's own clock reads and bookkeeping
+(`SpanCost.span`, of which `SpanCost.inner` lies inside the stretch the span records); and a
+timed kernel call's (`SpanCost.kernel`). `calibrate_span` measures the last two on this machine
+by running empty spans and an empty kernel through the same code; `fit_costs` takes each
+span's inner part out of the figure it recorded (a message's, an op's, a step's, a round's) and
+the rest out of the residual (a node's `measuring_seconds` in all).
+
+The residual is split (`split_residual`): each message a node *received* costs it the event
+loop's wake-up and dispatch (`loop_per_message`, calibrated on this machine by
+`runtime.launch.profile.calibrate_loop`, at most the node's even share), and the rest is per
+trainer step (``step_residual``) or per sync pserver round (``round_residual``), or, on a node
+that has neither (an asynchronous pserver), per message as before. DESIGN: most of what no
+timer sees does not grow with the messages: the executor's loop, the RPC ops' own code and
+the task switches happen once per op or step whatever the protocol, while a wake-up comes with
+each message received. Spread evenly over the messages, the residual priced a protocol that
+sends fewer, larger messages (``bundled``: a request per pserver a step where ``compact``
+sends one per variable) as if each still carried the wake-ups of the four it replaces; split,
+a profile taken in one protocol predicts the other's residual. Without `SpanCost` (or with a
+record from before spans were counted) nothing is taken out for spans; without
+`loop_per_message` the residual is spread evenly over the messages, as it was. A profile file
+from before has no ``step_residual`` or ``round_residual``: none, and it predicts as it did.
 
 The rest of the process's CPU time (`time.process_time` less the main thread's) is ZeroMQ's
 I/O thread moving the bytes (and any helper threads of the kernels'): ``io``, fitted as

@@ -47,7 +47,8 @@ the task switches happen once per op or step whatever the protocol, while a wake
 each message received. Spread evenly over the messages, the residual priced a protocol that
 sends fewer, larger messages (``bundled``: a request per pserver a step where ``compact``
 sends one per variable) as if each still carried the wake-ups of the four it replaces; split,
-a profile taken in one protocol predicts the other's residual. Without `SpanCost` (or with a
+it carries over between protocols more closely (not exactly: a step's untimed work differs
+somewhat between protocols too; the README's fidelity section says how far). Without `SpanCost` (or with a
 record from before spans were counted) nothing is taken out for spans; without
 `loop_per_message` the residual is spread evenly over the messages, as it was. A profile file
 from before has no ``step_residual`` or ``round_residual``: none, and it predicts as it did.

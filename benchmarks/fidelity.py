@@ -22,8 +22,17 @@ Each row also gives the share of the machine's CPU time its hypervisor took duri
 ("steal"): on a shared machine that time slows the real runs in a way nothing here predicts, so
 a row with much steal measures the neighbours, not the simulator.
 
+``--protocol P`` runs and simulates the jobs in protocol P (``train.protocol``: compact, the
+default, bundled or per_op); ``--profile-protocol Q`` takes the profile in Q instead: the
+cross-protocol check, whether a profile of one protocol predicts another (the runtime's costs
+are per message and per step, so it should). ``--cpu`` also prints, per node, the simulated
+CPU seconds of its main thread and of its whole process (the I/O thread's added) against a
+measured run's in protocol P (the profiling run's, or with ``--profile-protocol`` one more
+measured run in P), less what measuring itself cost there (the profile's
+``measuring_seconds``): the simulator predicts an unmeasured run.
+
 Run: python benchmarks/fidelity.py [--repeat 3] [--profile-runs 3] [--only NAME,...] [--netns]
-     [--steps N]
+     [--steps N] [--protocol P] [--profile-protocol Q] [--cpu]
 """
 
 from __future__ import annotations
@@ -35,11 +44,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runtime.config.scenario import load_scenario
+from sim.cpu import io_thread
 from sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,9 +66,10 @@ class Config:
     bandwidth: str | None = None
     """A tbf cap on every node's link (needs --netns)."""
 
-    def scenario(self, steps: int | None) -> str:
+    def scenario(self, steps: int | None, protocol: str | None = None) -> str:
         network = "" if self.bandwidth is None else \
             f"network: {{default: {{bandwidth: {self.bandwidth}}}, burst: 1ms}}\n"
+        speaks = "" if protocol is None else f", protocol: {protocol}"
         return (f"name: fidelity-{self.name}\nseed: 3\n"
                 f"model: {{name: mlp, sizes: {list(self.sizes)}, "
                 "optimizer: {type: sgd, learning_rate: 0.05}}\n"
@@ -66,9 +77,10 @@ class Config:
                 f"cluster: {{pservers: {self.pservers}, trainers: {self.trainers}}}\n"
                 f"transpiler: {{mode: {self.mode}}}\n"
                 f"train: {{steps: {steps or self.steps}, deadline: 600s, "
-                f"log_every: 1000}}\n" + network)
+                f"log_every: 1000{speaks}}}\n" + network)
 
 
+PROTOCOLS = ("compact", "bundled", "per_op")
 SMALL, MID, WIDE = (64, 256, 10), (64, 512, 128, 10), (64, 1024, 1024, 10)
 CONFIGS = [
     Config("1x1-small", SMALL, 1, 1),
@@ -96,6 +108,8 @@ class Outcome:
     bytes_predicted: list[int]
     steal: float
     """Share of the machine's CPU time the hypervisor took during the real runs."""
+    cpu: list[str] = field(default_factory=list)
+    """With --cpu: a line per node, simulated CPU against measured."""
 
     @property
     def error(self) -> float:
@@ -125,13 +139,18 @@ def _pserver_bytes(pservers: list[dict[str, Any]]) -> list[int]:
 
 
 def run_config(config: Config, work: Path, repeat: int, steps: int | None,
-               netns: bool, profile_runs: int) -> Outcome:
+               netns: bool, profile_runs: int, protocol: str | None = None,
+               profile_protocol: str | None = None, cpu: bool = False) -> Outcome:
     scenario = work / f"{config.name}.yaml"
-    scenario.write_text(config.scenario(steps))
+    scenario.write_text(config.scenario(steps, protocol))
+    profiled = scenario
+    if profile_protocol is not None and profile_protocol != protocol:
+        profiled = work / f"{config.name}.{profile_protocol}.yaml"
+        profiled.write_text(config.scenario(steps, profile_protocol))
     flags = ["--netns"] if netns and config.bandwidth else []
     runtime = [sys.executable, "-m", "runtime.cli"]
     profile = work / f"{config.name}.profile.json"
-    _run([*runtime, "profile", str(scenario), "-o", str(profile), "--runs", str(profile_runs),
+    _run([*runtime, "profile", str(profiled), "-o", str(profile), "--runs", str(profile_runs),
           "--out", str(work / f"{config.name}-profile")] + flags,
          work / f"{config.name}.profile.log")
     measured, samples, real_bytes = [], [], []
@@ -154,8 +173,32 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
     steps_time = max(sum(trainer.step_times) for trainer in sim.trainers)
     samples_sim = sum(len(t.step_times) for t in sim.trainers) * 32 / steps_time
     sim_bytes = [p.bytes_in + p.bytes_out - p.heartbeat_bytes for p in sim.pservers]
+    lines = []
+    if cpu:
+        reference = profile
+        if profiled != scenario:  # a measured run in the protocol simulated
+            reference = work / f"{config.name}.check.json"
+            _run([*runtime, "profile", str(scenario), "-o", str(reference), "--out",
+                  str(work / f"{config.name}-check")] + flags, work / f"{config.name}.check.log")
+        lines = cpu_lines(json.loads(reference.read_text())["meta"]["measured"], sim.cpu)
     return Outcome(config, measured, statistics.median(times), statistics.median(samples),
-                   samples_sim, real_bytes, sim_bytes, steal)
+                   samples_sim, real_bytes, sim_bytes, steal, lines)
+
+
+def cpu_lines(measured: dict[str, Any], simulated: dict[str, float]) -> list[str]:
+    """Per node: its main thread's and its process's CPU seconds in a measured run (less what
+    measuring cost there) against the simulation's (main thread; main and I/O thread)."""
+    lines = []
+    for node, real in sorted(measured["nodes"].items()):
+        less = real.get("measuring_seconds", 0.0)
+        main, process = real["main_seconds"] - less, real["cpu_seconds"] - less
+        sim_main = simulated.get(node, 0.0)
+        sim_process = sim_main + simulated.get(io_thread(node), 0.0)
+        lines.append(f"  {node:<12} main {main * 1e3:8.1f} ms real {sim_main * 1e3:8.1f} sim "
+                     f"{sim_main / main - 1 if main else 0.0:+7.1%}   process "
+                     f"{process * 1e3:8.1f} real {sim_process * 1e3:8.1f} sim "
+                     f"{sim_process / process - 1 if process else 0.0:+7.1%}")
+    return lines
 
 
 def row(o: Outcome) -> str:
@@ -177,11 +220,19 @@ def main() -> None:
     parser.add_argument("--netns", action="store_true",
                         help="also the tbf-shaped configurations, in network namespaces (root)")
     parser.add_argument("--keep", type=Path, help="keep scenarios, profiles and logs here")
+    parser.add_argument("--protocol", choices=PROTOCOLS,
+                        help="train.protocol of the real and simulated runs (the scenario's "
+                             "default, compact)")
+    parser.add_argument("--profile-protocol", choices=PROTOCOLS,
+                        help="profile in this protocol instead (the cross-protocol check)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also print each node's simulated CPU against a measured run's")
     args = parser.parse_args()
     chosen = [c for c in CONFIGS if (c.bandwidth is None or args.netns)
               and (not args.only or c.name in args.only.split(","))]
     print(f"{len(chosen)} configurations, {args.repeat} real run(s) each besides the profiling "
-          f"run, on {os.cpu_count()} cores", flush=True)
+          f"run, on {os.cpu_count()} cores; protocol {args.protocol or 'compact'}, profiled in "
+          f"{args.profile_protocol or args.protocol or 'compact'}", flush=True)
     print(f"{'configuration':<20} {'measured step ms (min/med/max)':>23}  {'predicted':>8} "
           f"{'error':>7}  {'samples/s':>9} {'predicted':>9}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pslab-fidelity-") as tmp:
@@ -190,9 +241,12 @@ def main() -> None:
         outcomes = []
         for config in chosen:
             outcome = run_config(config, work, args.repeat, args.steps, args.netns,
-                                 args.profile_runs)
+                                 args.profile_runs, args.protocol, args.profile_protocol,
+                                 args.cpu)
             outcomes.append(outcome)
             print(row(outcome), flush=True)
+            for line in outcome.cpu:
+                print(line, flush=True)
     errors = [abs(o.error) for o in outcomes]
     exact = sum(o.bytes_measured == o.bytes_predicted for o in outcomes)
     print(f"summary: {len(outcomes)} configurations, median |error| "

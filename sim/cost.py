@@ -473,7 +473,8 @@ class OnCpus(Ledger):
         super().__init__(model)
         self.costs = costs
         self.cpus = cpus
-        self._overheads = {"step": costs.step_overhead, "round": costs.round_overhead}
+        self._overheads = {"step": costs.step_overhead + costs.step_residual,
+                           "round": costs.round_overhead + costs.round_residual}
 
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
         return self._count(node, step,
@@ -675,6 +676,11 @@ class RuntimeSection(_Strict):
     """Seconds of a trainer's bookkeeping per step."""
     round_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Seconds of a sync pserver's bookkeeping per round, on top of its optimize ops."""
+    step_residual: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds a trainer's event loop spends per step that no timer sees (charged with
+    `step_overhead`; none in a profile from before the residual was split)."""
+    round_residual: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds a sync pserver's event loop spends per round that no timer sees."""
     machine: dict[str, Any] = {}
     """What it was measured on (cores, processor); for people."""
     curve: CurveSpec | None = None

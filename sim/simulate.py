@@ -98,6 +98,10 @@ class SimResult:
     loop: SimStats = field(default_factory=SimStats)
     faults: list[FaultEvent] = field(default_factory=list)
     base_dir: Path | None = None
+    cpu: dict[str, float] = field(default_factory=dict)
+    """Simulated CPU seconds each node's main thread, and with the runtime's costs its I/O
+    thread (`sim.cpu.io_thread`), was given over the whole run (empty: compute was not on
+    CPUs)."""
 
     @property
     def messages(self) -> int:
@@ -148,7 +152,8 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
                            r.first_step) for r in result.trainers]
     return SimResult(scenario, job.endpoints, now, trainers, result.pservers, result.params,
                      network.link_stats(), network.nic_stats(), trace,
-                     dict(compute.in_steps) if compute else {}, stats, schedule.events, base_dir)
+                     dict(compute.in_steps) if compute else {}, stats, schedule.events, base_dir,
+                     dict(compute.cpus.busy()) if isinstance(compute, OnCpus) else {})
 
 
 def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,

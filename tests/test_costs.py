@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.execution.costs import (KernelTimes, Linear, Meter, RuntimeCosts, calibrate_io,
-                                     fit_costs, fit_io, fit_linear)
+from runtime.execution.costs import (KernelTimes, Linear, Meter, Residual, RuntimeCosts,
+                                     SpanCost, calibrate_io, calibrate_span, fit_costs, fit_io,
+                                     fit_linear, measuring_seconds, split_residual)
 from runtime.execution.scope import Scope
 from transpiler.ir import Op
 
@@ -128,3 +129,118 @@ def test_the_kernel_timer_counts_its_own_bookkeeping() -> None:
     scope.put("y", np.ones(8, np.float32))
     times.record(Op("relu", {"X": ["x"]}, {"Out": ["y"]}, {}), scope, 1e-3)
     assert times.samples["relu"].elements == [8] and 0 < times.bookkeeping < 1e-3
+
+
+# -- measuring's own cost, and the residual split -------------------------------------------
+
+U = 2.0**-12
+"""Seconds; every figure below is a small multiple of a power of two, so sums are exact."""
+SPANS = SpanCost(span=U, inner=U / 4, kernel=U / 2)
+
+
+def measured_trainer() -> dict[str, Any]:
+    """16 ops in 16 spans (16 kernel calls, 16U of kernels, 8U of bookkeeping), 4 steps in 8
+    spans, 2 sends and 2 replies, 2 discarded spans: 30 spans; 256U of main-thread CPU."""
+    return {**record("trainer", main=256 * U, cpu=256 * U, ops=16, op_seconds=64 * U,
+                     kernels=16 * U, steps=4, step_seconds=8 * U, messages=[
+                         messages("send", "send", [100, 100], [4 * U, 4 * U]),
+                         messages("receive", "reply", [10, 10], [2 * U, 2 * U])]),
+            "bookkeeping_seconds": 8 * U, "spans": 30, "op_spans": 16, "step_spans": 8}
+
+
+def measured_pserver(rounds: int) -> dict[str, Any]:
+    """2 requests in, 2 replies out, `rounds` rounds of 2U each; 64U of main-thread CPU."""
+    return {**record("pserver", main=64 * U, cpu=64 * U, rounds=rounds,
+                     round_seconds=2 * U * rounds, messages=[
+                         messages("receive", "send", [100, 100], [4 * U, 4 * U]),
+                         messages("send", "reply", [10, 10], [2 * U, 2 * U])]),
+            "spans": 4 + rounds, "op_spans": 0, "step_spans": 0}
+
+
+def test_what_each_span_and_timed_kernel_cost_is_taken_out_of_the_model() -> None:
+    """Measuring: 30 spans x U + 16 kernel calls x U/2 = 38U. Each timed stretch held U/4 of
+    its span; each op's span U/2 more per kernel call. The rest of the residual is even."""
+    trainer = measured_trainer()
+    assert measuring_seconds(trainer, SPANS) == 38 * U
+    costs, (node,) = fit_costs({"trainer:0": trainer}, spans=SPANS)
+    assert costs.op_overhead == (64 - 16 - 8 - 4 - 8) * U / 16 == 1.75 * U
+    assert costs.step_overhead == (8 - 2) * U / 4
+    # timed 84U less bookkeeping 8U, inner parts 7U, kernel calls 8U: 61U; residual
+    # 256 - 8 - 38 - 61 = 149U, a quarter on each message
+    assert node.timed_seconds == 61 * U and node.measuring_seconds == 46 * U
+    assert costs.messages["send", "send"] == Linear(4 * U - U / 4 + 37.25 * U)
+    assert costs.messages["receive", "reply"] == Linear(2 * U - U / 4 + 37.25 * U)
+    modelled = (2 * costs.message("send", "send", 100) + 2 * costs.message("receive", "reply", 10)
+                + 16 * costs.op_overhead + 16 * U + 4 * costs.step_overhead)
+    assert modelled == 256 * U - 8 * U - 38 * U  # the CPU of an unmeasured run
+    assert costs.step_residual == 0.0 and costs.round_residual == 0.0
+
+
+def test_the_residual_is_the_loops_per_message_received_and_the_rest_per_step_or_round() -> None:
+    costs, nodes = fit_costs({"trainer:0": measured_trainer(), "pserver:0": measured_pserver(2)},
+                             spans=SPANS, loop_per_message=8 * U)
+    # trainer: residual 149U, 8U on each of its 2 replies, 133U over its 4 steps
+    assert costs.messages["send", "send"] == Linear(3.75 * U)
+    assert costs.messages["receive", "reply"] == Linear(1.75 * U + 8 * U)
+    assert costs.step_residual == 133 * U / 4
+    # pserver: 6 spans (6U); timed 16U less 1.5U inner; residual 64 - 6 - 14.5 = 43.5U:
+    # 8U on each of its 2 requests, 27.5U over its 2 rounds
+    assert costs.messages["receive", "send"] == Linear(3.75 * U + 8 * U)
+    assert costs.messages["send", "reply"] == Linear(1.75 * U)
+    assert costs.round_overhead == 1.75 * U and costs.round_residual == 13.75 * U
+    pserver, trainer = nodes
+    assert pserver.residual_per_step == 13.75 * U and trainer.residual_per_step == 33.25 * U
+    assert pserver.residual_per_message == 4 * U  # 16U of residual on its 4 messages
+    trainer_total = (2 * costs.message("send", "send", 100)
+                     + 2 * costs.message("receive", "reply", 10) + 16 * costs.op_overhead
+                     + 16 * U + 4 * (costs.step_overhead + costs.step_residual))
+    pserver_total = (2 * costs.message("receive", "send", 100)
+                     + 2 * costs.message("send", "reply", 10)
+                     + 2 * (costs.round_overhead + costs.round_residual))
+    assert (trainer_total, pserver_total) == (210 * U, 58 * U)
+
+
+def test_a_node_with_no_rounds_keeps_the_rest_of_its_residual_per_message() -> None:
+    """An asynchronous pserver: residual 64 - 4 - (12 - 1) = 49U, 8U on each request, the
+    other 33U over all 4 messages."""
+    costs, _ = fit_costs({"pserver:0": measured_pserver(0)}, spans=SPANS,
+                         loop_per_message=8 * U)
+    assert costs.messages["receive", "send"] == Linear(3.75 * U + 8 * U + 8.25 * U)
+    assert costs.messages["send", "reply"] == Linear(1.75 * U + 8.25 * U)
+    assert costs.round_residual == 0.0
+
+
+def test_a_residual_under_the_loops_cost_all_goes_to_the_messages_received() -> None:
+    assert split_residual(8 * U, received=4, messages=8, periods=2, loop_per_message=4 * U) == \
+        Residual(per_received=2 * U)
+    assert split_residual(8 * U, 4, 8, 2) == Residual(per_message=U)
+    assert split_residual(8 * U, 0, 0, 2, 4 * U) == Residual(per_period=4 * U)
+
+
+def test_a_record_from_before_spans_were_counted_fits_as_it_did() -> None:
+    old = record("trainer", main=0.010, cpu=0.012, ops=100, op_seconds=0.002, kernels=0.0015,
+                 steps=4, step_seconds=0.0004,
+                 messages=[messages("send", "send", [1000, 1000], [0.001, 0.001])])
+    assert measuring_seconds(old, SPANS) == 0.0
+    assert fit_costs({"trainer:0": old}, spans=SPANS) == fit_costs({"trainer:0": old})
+
+
+def test_the_meter_counts_its_spans_by_what_they_timed() -> None:
+    meter = Meter("pserver")
+    meter.stop_ops(meter.start(), 3)
+    meter.add_step_time(meter.start())
+    meter.stop_step(meter.start())
+    meter.stop_round(meter.start())
+    meter.discard(meter.start())
+    meter.stop_message(meter.start(), "receive", "send", 10)
+    meter.stop_message(meter.start(), "receive", "send", 0, again=True)
+    done = meter.record(0.0, 0)
+    assert (done["spans"], done["op_spans"], done["step_spans"], done["ops"]) == (7, 1, 2, 3)
+    assert done["messages"] == [{"side": "receive", "kind": "send", "bytes": [10],
+                                 "seconds": done["messages"][0]["seconds"],
+                                 "again": done["messages"][0]["again"], "again_spans": 1}]
+
+
+def test_a_span_costs_some_cpu_part_of_it_inside_what_it_times() -> None:
+    cost = calibrate_span(2000)
+    assert 0 < cost.inner <= cost.span < 1e-3 and 0 <= cost.kernel < 1e-3

@@ -14,7 +14,8 @@ from runtime import Executor, Scope, cli
 from runtime.config.scenario import load_scenario
 from runtime.execution.executor import timing_kernels
 from runtime.execution.kernels import get_kernel
-from runtime.launch.profile import KernelTimes, OpFit, OpSamples, fit_op, format_table
+from runtime.launch.profile import (KernelTimes, OpFit, OpSamples, calibrate_loop, fit_op,
+                                    format_table)
 from sim.cost import load_profile
 from sim.simulate import simulate
 from transpiler.ir import Op
@@ -173,6 +174,16 @@ def test_the_profile_measures_the_runtimes_own_costs_and_the_machine(
     measured = document["meta"]["measured"]
     assert measured["step_time_median"] > 0
     assert set(measured["nodes"]) == {"trainer:0", "trainer:1", "pserver:0", "pserver:1"}
+    # what measuring cost, and the calibrations the fit took it out and split the residual by
+    assert all(node["measuring_seconds"] > 0 for node in measured["nodes"].values())
+    calibration = measured["calibration"]
+    assert 0 < calibration["span"]["inner"] <= calibration["span"]["span"]
+    assert calibration["loop_per_message"] > 0 and calibration["io_per_message"] > 0
+    assert runtime["step_residual"] >= 0 and runtime["round_residual"] >= 0
+
+
+def test_waking_for_a_message_costs_the_loop_some_microseconds() -> None:
+    assert 0 < calibrate_loop(messages=100, batches=1) < 1e-3
 
 
 def test_a_simulation_with_the_profile_charges_the_runtime_and_shares_the_hosts_cores(

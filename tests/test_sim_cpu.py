@@ -19,6 +19,7 @@ from sim.cost import OnCpus, Profile, runtime_costs
 from sim.cpu import Cpus, HostSpec, io_thread
 from sim.loop import run
 from sim.network import Network
+from sim.simulate import simulate
 from transpiler.ir import Op
 
 # powers of two: every sum and product below is exact in binary floating point
@@ -160,6 +161,46 @@ def test_a_profile_with_a_runtime_section_prices_the_runtime_and_roofline_can_bo
                 "runtime": "profile.json"}
     assert runtime_costs(roofline, tmp_path) == COSTS
     assert runtime_costs({**roofline, "runtime": None}, tmp_path) is None
+
+
+
+def test_the_residual_per_step_and_round_is_charged_with_their_overheads() -> None:
+    costs = RuntimeCosts(step_overhead=4 * U, round_overhead=8 * U, step_residual=2 * U,
+                         round_residual=U)
+    model = OnCpus(Profile({}), costs, Cpus([], ["trainer:0"]))
+    assert model.overhead("trainer:0", "step", 0) == 6 * U
+    assert model.overhead("pserver:0", "round", 0) == 9 * U
+    assert RuntimeCosts.from_document(costs.document()) == costs
+
+
+def test_a_profile_from_before_the_residual_was_split_loads_and_prices_as_it_did(
+        tmp_path: Path) -> None:
+    """A runtime section without ``step_residual`` and ``round_residual``: none of either."""
+    old = {key: value for key, value in COSTS.document().items()
+           if key not in ("step_residual", "round_residual")}
+    old.update(step_overhead=4 * U, round_overhead=8 * U)
+    (tmp_path / "profile.json").write_text(json.dumps({"ops": {"relu": 1e-6}, "runtime": old}))
+    loaded = runtime_costs({"model": "profile", "path": "profile.json"}, tmp_path)
+    assert loaded is not None and (loaded.step_residual, loaded.round_residual) == (0.0, 0.0)
+    model = OnCpus(Profile({}), loaded, Cpus([], ["trainer:0"]))
+    assert model.overhead("trainer:0", "step", 0) == 4 * U
+    assert model.overhead("pserver:0", "round", 0) == 8 * U
+
+
+def test_a_simulation_reports_the_cpu_each_thread_was_given(tmp_path: Path) -> None:
+    """1x1, 2 steps: each node's main thread is charged its ops, overheads and messages, its
+    I/O thread its messages' I/O; without CPUs nothing is reported."""
+    costs = RuntimeCosts(default={"send": Linear(U), "receive": Linear(U)}, op_overhead=U,
+                         step_overhead=U, io=Linear(U))
+    (tmp_path / "profile.json").write_text(json.dumps({"ops": {}, "runtime": costs.document()}))
+    scenario = parse_scenario(BASE + "cluster: {pservers: 1, trainers: 1}\n"
+                              "train: {steps: 2}\n"
+                              f"compute: {{model: profile, path: {tmp_path / 'profile.json'}}}\n")
+    result = simulate(scenario)
+    assert set(result.cpu) == {"trainer:0", "pserver:0", io_thread("trainer:0"),
+                               io_thread("pserver:0")}
+    assert all(seconds > 0 for seconds in result.cpu.values())
+    assert simulate(parse_scenario(BASE + "train: {steps: 2}\n")).cpu == {}
 
 
 # -- hosts in the scenario ----------------------------------------------------------------------

@@ -14,8 +14,8 @@ The model:
   before it leaves, and its receiver the same form (with its own figures) before its handler
   runs. Requests go from trainers to pservers; a pserver answers with ``reply`` (or ``error``);
 - every op the executor runs costs ``op_overhead`` on top of its kernel;
-- every training step costs the trainer ``step_overhead``; every sync round costs the pserver
-  ``round_overhead`` on top of its optimize ops.
+- every training step costs the trainer ``step_overhead`` and ``step_residual``; every sync
+  round costs the pserver ``round_overhead`` and ``round_residual`` on top of its optimize ops.
 
 How `Meter` measures (DESIGN): the parts of the work that run as one stretch of Python are
 timed where they happen, on the node's main thread's CPU clock (`time.thread_time`: a node that
@@ -24,10 +24,34 @@ be): a request from `RpcClient.start` to its send, a reply's decode and resoluti
 pserver's handling of a message, a reply's encode and send, each op, each optimize round.
 Timers nest: an outer span is charged only the time its inner spans did not take (a pserver's
 handler does not count the reply it sends). What no timer sees on the main thread (the event
-loop waking up, pyzmq's asyncio layer, the collector) is the node's *residual*: the main
-thread's CPU time over the run less everything timed, spread evenly over the messages the
-node sent and received (a trainer sends requests and receives replies, a pserver the
-opposite), so that the model adds up to the CPU each role really used.
+loop waking up for a message and resuming the task that awaited it, the executor's loop
+between ops, the collector) is the node's *residual*: the main thread's CPU time over the run
+less everything timed, so that the model adds up to the CPU each role really used.
+
+Measuring costs CPU too, which an unmeasured run (`runtime up`, what the simulator predicts)
+does not spend. Three parts, each taken out of the model: the kernel timer's bookkeeping,
+which it times itself (`KernelTimes.bookkeeping`); a span's own clock reads and bookkeeping
+(`SpanCost.span`, of which `SpanCost.inner` lies inside the stretch the span records); and a
+timed kernel call's (`SpanCost.kernel`). `calibrate_span` measures the last two on this machine
+by running empty spans and an empty kernel through the same code; `fit_costs` takes each
+span's inner part out of the figure it recorded (a message's, an op's, a step's, a round's) and
+the rest out of the residual (a node's `measuring_seconds` in all).
+
+The residual is split (`split_residual`): each message a node *received* costs it the event
+loop's wake-up and dispatch (`loop_per_message`, calibrated on this machine by
+`runtime.launch.profile.calibrate_loop`, at most the node's even share), and the rest is per
+trainer step (``step_residual``) or per sync pserver round (``round_residual``), or, on a node
+that has neither (an asynchronous pserver), per message as before. DESIGN: most of what no
+timer sees does not grow with the messages: the executor's loop, the RPC ops' own code and
+the task switches happen once per op or step whatever the protocol, while a wake-up comes with
+each message received. Spread evenly over the messages, the residual priced a protocol that
+sends fewer, larger messages (``bundled``: a request per pserver a step where ``compact``
+sends one per variable) as if each still carried the wake-ups of the four it replaces; split,
+it carries over between protocols more closely (not exactly: a step's untimed work differs
+somewhat between protocols too; the README's fidelity section says how far). Without `SpanCost` (or with a
+record from before spans were counted) nothing is taken out for spans; without
+`loop_per_message` the residual is spread evenly over the messages, as it was. A profile file
+from before has no ``step_residual`` or ``round_residual``: none, and it predicts as it did.
 
 The rest of the process's CPU time (`time.process_time` less the main thread's) is ZeroMQ's
 I/O thread moving the bytes (and any helper threads of the kernels'): ``io``, fitted as
@@ -62,9 +86,10 @@ from transpiler.ir import Op
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import LoDTensor, SelectedRows, Value
 
-__all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples", "RECEIVES", "REPLY_KINDS",
-           "RuntimeCosts", "SENDS", "Side", "calibrate_io", "fit_costs", "fit_io", "fit_linear",
-           "machine", "output_elements"]
+__all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples",
+           "RECEIVES", "REPLY_KINDS", "Residual", "RuntimeCosts", "SENDS", "Side", "SpanCost",
+           "calibrate_io", "calibrate_span", "fit_costs", "fit_io", "fit_linear", "machine",
+           "measuring_seconds", "output_elements", "split_residual"]
 
 Side = Literal["send", "receive"]
 SENDS: Side = "send"
@@ -120,6 +145,10 @@ class RuntimeCosts:
     machine: Mapping[str, Any] = field(default_factory=dict)
     curve: CurveCosts | None = None
     """The job is encrypted (CurveZMQ) and this is what that costs; None: it is not."""
+    step_residual: float = 0.0
+    """What no timer sees on a trainer's main thread, per step (`split_residual`)."""
+    round_residual: float = 0.0
+    """What no timer sees on a sync pserver's main thread, per round."""
 
     def message(self, side: Side, kind: str, nbytes: int) -> float:
         cost = self.messages.get((side, kind)) or self.default.get(side)
@@ -143,7 +172,8 @@ class RuntimeCosts:
             sides[side]["*"] = cost.document()
         document = {"messages": sides, "io": self.io.document(),
                     "op_overhead": self.op_overhead, "step_overhead": self.step_overhead,
-                    "round_overhead": self.round_overhead, "machine": dict(self.machine)}
+                    "round_overhead": self.round_overhead, "step_residual": self.step_residual,
+                    "round_residual": self.round_residual, "machine": dict(self.machine)}
         if self.curve is not None:
             document["curve"] = self.curve.document()
         return document
@@ -171,7 +201,9 @@ class RuntimeCosts:
                             dict(raw.get("machine", {})),
                             None if curve is None else CurveCosts(
                                 float(curve.get("handshake", 0.0)),
-                                float(curve.get("per_byte", 0.0))))
+                                float(curve.get("per_byte", 0.0))),
+                            float(raw.get("step_residual", 0.0)),
+                            float(raw.get("round_residual", 0.0)))
 
 
 def machine() -> dict[str, Any]:
@@ -258,6 +290,11 @@ class Meter:
         self.step_seconds = 0.0
         self.rounds = 0
         self.round_seconds = 0.0
+        self.spans = 0
+        """Spans started (each costs measuring's own CPU: `calibrate_span`)."""
+        self.op_spans = 0
+        self.step_spans = 0
+        self.again_spans: dict[tuple[str, str], int] = {}
         self._stack: list[float] = []
         self._cpu_start: tuple[float, float] | None = None
         self.cpu_seconds = 0.0
@@ -267,6 +304,7 @@ class Meter:
 
     # spans: start() ... stop*(); an outer span is charged its time less its inner spans'
     def start(self) -> float:
+        self.spans += 1
         self._stack.append(0.0)
         return time.thread_time()
 
@@ -282,20 +320,27 @@ class Meter:
         seconds = self._exclusive(started)
         if again:
             self.extra[side, kind] = self.extra.get((side, kind), 0.0) + seconds
+            self.again_spans[side, kind] = self.again_spans.get((side, kind), 0) + 1
         else:
             self.samples.setdefault((side, kind), []).append((nbytes, seconds))
 
     def stop_ops(self, started: float, count: int) -> None:
+        seconds = self._exclusive(started)  # first: every span's timed stretch ends alike
+        self.op_seconds += seconds
         self.ops += count
-        self.op_seconds += self._exclusive(started)
+        self.op_spans += 1
 
     def stop_step(self, started: float) -> None:
+        seconds = self._exclusive(started)
+        self.step_seconds += seconds
         self.steps += 1
-        self.step_seconds += self._exclusive(started)
+        self.step_spans += 1
 
     def add_step_time(self, started: float) -> None:
         """More of the current step's bookkeeping (not another step)."""
-        self.step_seconds += self._exclusive(started)
+        seconds = self._exclusive(started)
+        self.step_seconds += seconds
+        self.step_spans += 1
 
     def stop_round(self, started: float) -> None:
         self.rounds += 1
@@ -325,9 +370,11 @@ class Meter:
                 "ops": self.ops, "op_seconds": self.op_seconds,
                 "steps": self.steps, "step_seconds": self.step_seconds,
                 "rounds": self.rounds, "round_seconds": self.round_seconds,
+                "spans": self.spans, "op_spans": self.op_spans, "step_spans": self.step_spans,
                 "messages": [{"side": side, "kind": kind, "bytes": [b for b, _ in samples],
                               "seconds": [s for _, s in samples],
-                              "again": self.extra.get((side, kind), 0.0)}
+                              "again": self.extra.get((side, kind), 0.0),
+                              "again_spans": self.again_spans.get((side, kind), 0)}
                              for (side, kind), samples in sorted(self.samples.items())]}
 
 
@@ -345,6 +392,12 @@ class NodeCosts:
     messages: int
     bytes: int
     residual_per_message: float
+    """What no timer saw, on each of its messages on average (`split_residual`)."""
+    measuring_seconds: float = 0.0
+    """Main-thread CPU it spent measuring (the kernel timer's bookkeeping, and
+    `measuring_seconds`), which the model leaves out."""
+    residual_per_step: float = 0.0
+    """What no timer saw, on each of its steps (a trainer) or rounds (a pserver)."""
 
 
 def fit_linear(nbytes: Iterable[int], seconds: Iterable[float], total: float | None = None) -> Linear:
@@ -462,16 +515,104 @@ def calibrate_curve(connections: int = 50, megabytes: int = 64) -> CurveCosts:
     return CurveCosts(max(handshake, 0.0), max(per_byte, 0.0))
 
 
+@dataclass(frozen=True)
+class SpanCost:
+    """What measuring costs a node's main thread, per span and per timed kernel call
+    (`calibrate_span`): `span` seconds of CPU a span costs in all, `inner` of them inside the
+    stretch it times (and so in what it records), the rest around it; `kernel` seconds a timed
+    kernel call adds to its op's span besides the kernel's own sample and the bookkeeping the
+    timer counts itself (`KernelTimes.bookkeeping`)."""
+
+    span: float = 0.0
+    inner: float = 0.0
+    kernel: float = 0.0
+
+    def document(self) -> dict[str, float]:
+        return {"span": self.span, "inner": self.inner, "kernel": self.kernel}
+
+
+def calibrate_span(spans: int = 20000) -> SpanCost:
+    """This machine's `SpanCost`: `spans` empty spans through `Meter` (the thread's CPU time
+    over them, and what they recorded), then as many spans around an empty kernel timed by
+    `KernelTimes` as the executor times one (`runtime.execution.executor.timed_binder`)."""
+    from runtime.execution.executor import timed_binder  # the executor imports this module
+    from runtime.execution.kernels import KernelContext
+
+    kind = "calibration"
+    Meter(kind).stop_message(Meter(kind).start(), SENDS, kind, 0)  # warm up the code paths
+    meter = Meter(kind)
+    started = time.thread_time()
+    for _ in range(spans):
+        meter.stop_message(meter.start(), SENDS, kind, 0)
+    span = (time.thread_time() - started) / spans
+    inner = sum(seconds for _, seconds in meter.samples[SENDS, kind]) / spans
+
+    times = KernelTimes()
+    timed = timed_binder(lambda kernel: kernel, times)(lambda ctx: None)
+    scope = Scope()
+    scope.put("out", np.zeros(1, np.float32))
+    context = KernelContext(Op(kind, {}, {"Out": ["out"]}, {}), scope)
+    ops = Meter(kind)
+    for _ in range(spans):
+        started = ops.start()
+        timed(context)
+        ops.stop_ops(started, 1)
+    kernel = (ops.op_seconds - sum(times.samples[kind].seconds) - times.bookkeeping) / spans
+    return SpanCost(span, min(inner, span), max(kernel - inner, 0.0))
+
+
+def measuring_seconds(record: Mapping[str, Any], spans: SpanCost) -> float:
+    """Main-thread CPU a node's record says it spent measuring, besides the bookkeeping it
+    counted itself: every span and every timed kernel call at `spans`' price. A record from
+    before spans were counted says none."""
+    return int(record.get("spans", 0)) * spans.span + \
+        int(record.get("kernel_calls", 0)) * spans.kernel if "spans" in record else 0.0
+
+
+@dataclass(frozen=True)
+class Residual:
+    """A node's residual (`split_residual`): seconds on each message it received, on each
+    message it sent or received, and on each of its steps (a trainer) or rounds (a pserver)."""
+
+    per_received: float = 0.0
+    per_message: float = 0.0
+    per_period: float = 0.0
+
+
+def split_residual(residual: float, received: int, messages: int, periods: int,
+                   loop_per_message: float | None = None) -> Residual:
+    """Split a node's `residual` seconds. Without `loop_per_message`, evenly over its
+    `messages`. With it (`runtime.launch.profile.calibrate_loop`: the event loop's cost to wake
+    for one message and dispatch it), each of the `received` messages costs that much (at most
+    its even share) and the rest is the node's per step or round (`periods`), or per message
+    where it has none (an asynchronous pserver)."""
+    if loop_per_message is None:
+        return Residual(per_message=residual / messages if messages else 0.0)
+    per_received = min(loop_per_message, residual / received) if received else 0.0
+    rest = max(residual - per_received * received, 0.0)
+    if periods:
+        return Residual(per_received, per_period=rest / periods)
+    return Residual(per_received, per_message=rest / messages if messages else 0.0)
+
+
 def fit_costs(records: Mapping[str, Mapping[str, Any]],
               io_per_message: float | None = None,
-              curve: CurveCosts = CURVE) -> tuple[RuntimeCosts, list[NodeCosts]]:
+              curve: CurveCosts = CURVE, spans: SpanCost | None = None,
+              loop_per_message: float | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
     """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
     `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`). A run
     whose nodes say they were ``encrypted`` gets `curve` as its `RuntimeCosts.curve`, and
     the I/O thread's figures are fitted to its time less that (each node's bytes, and a
-    handshake with each node of the other role)."""
+    handshake with each node of the other role). `spans` (`calibrate_span`): what measuring
+    cost, taken out of the spans that recorded it and out of the residual (an unmeasured run
+    does not spend it); `loop_per_message` (`calibrate_loop`): how the residual is split
+    (`split_residual`)."""
+    spans = spans or SpanCost()
+    inner = spans.inner
     ops = sum(int(r["ops"]) for r in records.values())
-    measuring = sum(r.get("bookkeeping_seconds", 0.0) for r in records.values())
+    measuring = sum(r.get("bookkeeping_seconds", 0.0)
+                    + (inner * r.get("op_spans", 0) + spans.kernel * r["kernel_calls"]
+                       if "spans" in r else 0.0) for r in records.values())
     op_overhead = max((sum(r["op_seconds"] for r in records.values())
                        - sum(r["kernel_seconds"] for r in records.values())
                        - measuring) / ops, 0.0) if ops else 0.0
@@ -479,28 +620,46 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
     pservers = [r for r in records.values() if r["role"] == "pserver"]
     steps = sum(int(r["steps"]) for r in trainers)
     rounds = sum(int(r["rounds"]) for r in pservers)
-    step_overhead = sum(r["step_seconds"] for r in trainers) / steps if steps else 0.0
-    round_overhead = sum(r["round_seconds"] for r in pservers) / rounds if rounds else 0.0
+    step_overhead = max(sum(r["step_seconds"] - inner * r.get("step_spans", 0)
+                            for r in trainers) / steps, 0.0) if steps else 0.0
+    round_overhead = max(sum(r["round_seconds"] - (inner * r["rounds"] if "spans" in r else 0.0)
+                             for r in pservers) / rounds, 0.0) if rounds else 0.0
 
     samples: dict[tuple[Side, str], tuple[list[int], list[float], float]] = {}
     residuals: dict[tuple[Side, str], float] = {}
+    per_period = {"trainer": 0.0, "pserver": 0.0}
     nodes = []
     for node, r in sorted(records.items()):
+        counted = "spans" in r
         count = sum(len(m["seconds"]) for m in r["messages"])
+        received = sum(len(m["seconds"]) for m in r["messages"] if m["side"] == RECEIVES)
         nbytes = sum(sum(m["bytes"]) for m in r["messages"])
+        timed_spans = (count + sum(m.get("again_spans", 0) for m in r["messages"])
+                       + r.get("op_spans", 0) + r.get("step_spans", 0)
+                       + r["rounds"]) if counted else 0
+        measured = measuring_seconds(r, spans)
+        bookkeeping = r.get("bookkeeping_seconds", 0.0)  # measuring's own: not the runtime's
         timed = (r["op_seconds"] + r["step_seconds"] + r["round_seconds"]
-                 + sum(sum(m["seconds"]) + m["again"] for m in r["messages"]))
-        residual = max(r["main_seconds"] - timed, 0.0) / count if count else 0.0
-        timed -= r.get("bookkeeping_seconds", 0.0)  # measuring's own: not the runtime's
+                 + sum(sum(m["seconds"]) + m["again"] for m in r["messages"])
+                 - bookkeeping - inner * timed_spans - (spans.kernel * r["kernel_calls"]
+                                                        if counted else 0.0))
+        residual = max(r["main_seconds"] - bookkeeping - measured - timed, 0.0)
+        periods = int(r["steps"]) if r["role"] == "trainer" else int(r["rounds"])
+        split = split_residual(residual, received, count, periods, loop_per_message)
+        per_period[r["role"]] = per_period.get(r["role"], 0.0) + split.per_period * periods
         nodes.append(NodeCosts(node, r["role"], r["cpu_seconds"], r["main_seconds"], timed,
-                               count, nbytes, residual))
+                               count, nbytes, (residual - split.per_period * periods) / count
+                               if count else 0.0, bookkeeping + measured, split.per_period))
         for m in r["messages"]:
             key = (m["side"], m["kind"])
             sizes, seconds, again = samples.setdefault(key, ([], [], 0.0))
             sizes.extend(m["bytes"])
             seconds.extend(m["seconds"])
-            samples[key] = (sizes, seconds, again + m["again"])
-            residuals[key] = residuals.get(key, 0.0) + residual * len(m["seconds"])
+            spent = m["again"] - (inner * m.get("again_spans", 0) if counted else 0.0)
+            samples[key] = (sizes, seconds, again + spent - (inner * len(m["seconds"])
+                                                             if counted else 0.0))
+            share = split.per_message + (split.per_received if m["side"] == RECEIVES else 0.0)
+            residuals[key] = residuals.get(key, 0.0) + share * len(m["seconds"])
     messages = {}
     for key, (sizes, seconds, again) in samples.items():
         messages[key] = fit_linear(sizes, seconds, sum(seconds) + again + residuals[key])
@@ -519,5 +678,7 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
                                                        if encrypted else 0.0), 0.0)
                  for n in nodes], io_per_message)
     costs = RuntimeCosts(messages, default, op_overhead, step_overhead, round_overhead, io,
-                         machine(), curve if encrypted else None)
+                         machine(), curve if encrypted else None,
+                         per_period["trainer"] / steps if steps else 0.0,
+                         per_period["pserver"] / rounds if rounds else 0.0)
     return costs, nodes

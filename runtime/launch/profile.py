@@ -32,8 +32,10 @@ Timing-mode scenarios (phantom kernels) compute nothing and cannot be profiled.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
+import time
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +46,10 @@ import numpy as np
 from runtime.config.atomic import write_atomic
 from runtime.config.metrics import JobMetrics, read_metrics
 from runtime.config.scenario import ExpectSpec, Scenario
-from runtime.execution.costs import (KernelTimes, NodeCosts, OpSamples, RuntimeCosts, calibrate_io,
-                                     fit_costs, machine)
+from runtime.execution.costs import (KernelTimes, NodeCosts, OpSamples, RuntimeCosts, SpanCost,
+                                     calibrate_io, calibrate_span, fit_costs, machine)
 from runtime.launch.launcher import launch
-from runtime.services.node import MEASURE_VAR
+from runtime.services.node import MEASURE_VAR, run_async
 
 PER_ELEMENT_GAIN = 0.5
 """The per-element fit must leave under this share of the per-call fit's squared error."""
@@ -111,6 +113,96 @@ def check_profilable(scenario: Scenario, source: str) -> None:
             "kernels (--set backend.kernels=numpy or torch)")
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """What measuring and the runtime's untimed work cost on this machine, measured apart from
+    the run: `spans` (`calibrate_span`), the I/O thread's per small message
+    (`calibrate_io`) and the event loop's per message received (`calibrate_loop`)."""
+
+    spans: SpanCost
+    io_per_message: float
+    loop_per_message: float
+
+    def document(self) -> dict[str, Any]:
+        return {"span": self.spans.document(), "io_per_message": self.io_per_message,
+                "loop_per_message": self.loop_per_message}
+
+
+def calibrate() -> Calibration:
+    return Calibration(calibrate_span(), calibrate_io(), calibrate_loop())
+
+
+def calibrate_loop(messages: int = 400, batches: int = 5) -> float:
+    """Seconds of main-thread CPU the event loop spends to wake for one message and hand it to
+    the task waiting in `recv`, as a node's loop does (uvloop where installed, the runtime's
+    `ZmqTransport`): `messages` round trips through a ZeroMQ proxy that echoes each message
+    back (in C, on a thread of its own, so that none of its CPU is this thread's), each sent
+    when the last came back; less what the sends cost (a node times its sends), timed apart
+    as a run of sends alone. The median of `batches` such measurements: a wake-up's cost
+    varies with what else the machine does."""
+    import threading
+
+    import zmq
+
+    from runtime.network.transport import UnknownPeerError
+    from runtime.network.zmq_transport import ZmqTransport
+
+    async def measure() -> float:
+        transport = ZmqTransport("calibration")
+        address = transport.bind_nowait("127.0.0.1:0")
+        context = zmq.Context(io_threads=1)
+        out, back = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+        control, steer = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+        control.bind("inproc://calibrate-loop")
+        steer.connect("inproc://calibrate-loop")
+        for socket, name in ((out, b"out"), (back, b"back")):
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.IDENTITY, name)
+            socket.connect(address)
+        proxy = threading.Thread(target=zmq.proxy_steerable, args=(out, back, None, steer),
+                                 name="calibrate-loop", daemon=True)
+        proxy.start()
+        payload = [b"h" * 64]
+
+        async def round_trips(count: int) -> None:
+            for _ in range(count):
+                transport.send_nowait("out", payload)
+                await transport.recv()
+
+        try:
+            for _ in range(5000):  # until both connections are up
+                try:
+                    transport.send_nowait("out", payload)
+                    break
+                except UnknownPeerError:
+                    await asyncio.sleep(0.001)
+            await transport.recv()
+            await round_trips(50)
+            costs = []
+            for _ in range(batches):
+                started = time.thread_time()
+                await round_trips(messages)
+                trips = time.thread_time() - started
+                alone = min(messages, 500)  # under the high-water mark: every send goes at once
+                started = time.thread_time()
+                for _ in range(alone):
+                    transport.send_nowait("out", payload)
+                sends = (time.thread_time() - started) * messages / alone
+                for _ in range(alone):
+                    await transport.recv()
+                costs.append(max(trips - sends, 0.0) / messages)
+        finally:
+            control.send(b"TERMINATE")
+            proxy.join(timeout=5)
+            for socket in (out, back, control, steer):
+                socket.close()
+            context.term()
+            await transport.close()
+        return float(np.median(costs))
+
+    return run_async(measure())
+
+
 @dataclass
 class ProfileRun:
     """What a measured real run gave: kernel samples, runtime costs, and the run's metrics."""
@@ -119,6 +211,7 @@ class ProfileRun:
     costs: RuntimeCosts
     nodes: list[NodeCosts]
     metrics: JobMetrics
+    calibration: Calibration | None = None
 
 
 def read_measurements(out: Path) -> tuple[KernelTimes, dict[str, dict[str, Any]]]:
@@ -157,8 +250,10 @@ def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
     if not times.samples:
         raise ProfileError(f"{scenario_path}: the run executed no compute op, so nothing was "
                            "measured")
-    costs, nodes = fit_costs(records, calibrate_io())
-    return ProfileRun(times, costs, nodes, metrics)
+    calibration = calibrate()
+    costs, nodes = fit_costs(records, calibration.io_per_message, spans=calibration.spans,
+                             loop_per_message=calibration.loop_per_message)
+    return ProfileRun(times, costs, nodes, metrics, calibration)
 
 
 def cpu_total(run: ProfileRun) -> float:
@@ -193,8 +288,11 @@ def _measured(run: ProfileRun) -> dict[str, Any]:
             "nodes": {n.node: {"cpu_seconds": n.cpu_seconds, "main_seconds": n.main_seconds,
                                "timed_seconds": n.timed_seconds, "bytes": n.bytes,
                                "messages": n.messages,
-                               "residual_per_message": n.residual_per_message}
-                      for n in run.nodes}}
+                               "residual_per_message": n.residual_per_message,
+                               "residual_per_step": n.residual_per_step,
+                               "measuring_seconds": n.measuring_seconds}
+                      for n in run.nodes},
+            "calibration": None if run.calibration is None else run.calibration.document()}
 
 
 def _meta(scenario: Scenario, source: str, fits: list[OpFit],
@@ -258,13 +356,14 @@ def format_costs(costs: RuntimeCosts) -> list[str]:
     lines.append(f"{'io thread (either side)':<32} {costs.io.per_message * 1e6:>10.1f}us "
                  f"{costs.io.per_byte * 1024 * 1e6:>8.3f}us")
     lines.append(f"op overhead {costs.op_overhead * 1e6:.2f}us, step overhead "
-                 f"{costs.step_overhead * 1e6:.1f}us, round overhead "
-                 f"{costs.round_overhead * 1e6:.1f}us; {costs.machine.get('cores')} cores "
-                 f"({costs.machine.get('cpu')})")
+                 f"{costs.step_overhead * 1e6:.1f}us (+{costs.step_residual * 1e6:.1f}us "
+                 f"untimed), round overhead {costs.round_overhead * 1e6:.1f}us "
+                 f"(+{costs.round_residual * 1e6:.1f}us untimed); "
+                 f"{costs.machine.get('cores')} cores ({costs.machine.get('cpu')})")
     return lines
 
 
-__all__ = ["KernelTimes", "OpFit", "OpSamples", "PER_ELEMENT_GAIN", "ProfileError", "ProfileRun",
-           "check_profilable", "cpu_total", "fit_all", "fit_op", "format_costs", "format_table",
+__all__ = ["Calibration", "KernelTimes", "OpFit", "OpSamples", "PER_ELEMENT_GAIN", "ProfileError", "ProfileRun",
+           "calibrate", "calibrate_loop", "check_profilable", "cpu_total", "fit_all", "fit_op", "format_costs", "format_table",
            "measure", "measure_runs",
            "profile_document", "read_measurements", "write_profile"]

@@ -1,0 +1,45 @@
+"""`benchmarks/fidelity.py`'s own pieces (no real runs): the scenarios it writes in a chosen
+protocol, and its per-node CPU comparison."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from runtime.config.scenario import parse_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fidelity() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "benchmarks" / "fidelity.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fidelity", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_configuration_is_written_in_the_protocol_asked_for_or_the_default() -> None:
+    bench = fidelity()
+    config = next(c for c in bench.CONFIGS if c.name == "1x1-small")
+    assert "protocol" not in config.scenario(None)
+    assert parse_scenario(config.scenario(None)).train.protocol == "compact"
+    bundled = parse_scenario(config.scenario(20, "bundled"))
+    assert (bundled.train.protocol, bundled.train.steps) == ("bundled", 20)
+    assert config.scenario(20, "bundled").replace(", protocol: bundled", "") == \
+        config.scenario(20)
+
+
+def test_the_cpu_lines_compare_a_measured_run_less_its_measuring_with_the_simulation() -> None:
+    measured = {"nodes": {"trainer:0": {"main_seconds": 0.5, "cpu_seconds": 0.75,
+                                        "measuring_seconds": 0.25},
+                          "pserver:0": {"main_seconds": 0.25, "cpu_seconds": 0.5}}}
+    simulated = {"trainer:0": 0.375, "trainer:0/io": 0.125, "pserver:0": 0.25}
+    pserver, trainer = fidelity().cpu_lines(measured, simulated)
+    assert trainer.split() == ["trainer:0", "main", "250.0", "ms", "real", "375.0", "sim",
+                               "+50.0%", "process", "500.0", "real", "500.0", "sim", "+0.0%"]
+    assert pserver.split()[:8] == ["pserver:0", "main", "250.0", "ms", "real", "250.0", "sim",
+                                   "+0.0%"]

@@ -6,7 +6,8 @@
   run in the background; `send_barrier` (and any `recv`) first waits until every one is
   acknowledged, so gradients travel while backward goes on. A send with ``compress`` packs each
   dense block with error feedback (`runtime.network.compression`: the residual of each block
-  stays with this trainer, across rewinds too).
+  stays with this trainer, across rewinds too). A trainer that runs another's program (sync
+  trainers in one process, `Job.programs_to_run`) sends under its own names (`RpcOps.renames`).
 - `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once, in the
   ``per_op`` protocol (Paddle's: a message per op). In the ``compact`` and ``bundled``
   protocols the barrier travels on the round's last SEND (last GET) to each pserver instead,
@@ -254,7 +255,8 @@ class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
     def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None,
-                 protocol: str = "compact", collective: Collective | None = None) -> None:
+                 protocol: str = "compact", collective: Collective | None = None,
+                 renames: Mapping[str, str] | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         self.protocol = protocol
@@ -267,6 +269,9 @@ class RpcOps:
         self.charge = charge or Charge(client.name, None)
         self.server_state: dict[str, dict[str, Any]] = {}  # endpoint -> its last fetch reply
         self.trainer_id = trainer_id
+        self.renames = renames or {}
+        """Var names of the program -> the names its sends put them on the wire under (a
+        program shared with another trainer, `Job.programs_to_run`; empty: its own)."""
         self.step = INITIAL_STEP
         self._sends: list[asyncio.Future[Message]] = []
         self._held_sends: dict[str, dict[str, Any]] = {}
@@ -358,6 +363,8 @@ class RpcOps:
         names = op.input("X")
         endpoints = op.attr("epmap")
         wire_names = op.attr("send_varnames") or names
+        if self.renames:
+            wire_names = [self.renames.get(wire, wire) for wire in wire_names]
         values: list[Any] = [scope.get_tensor(n) for n in names]
         if len(names) == 1 and len(endpoints) > 1 and not op.attr("merge_add"):
             values = _row_blocks(_dense(values[0]), op.attr("sections"), op)
@@ -755,7 +762,8 @@ class Trainer:
                  endpoints: list[str], executor: Executor | None = None,
                  heartbeat_interval: float = 2.0, compute: ComputeModel | None = None,
                  tracer: Tracer | None = None, protocol: str = "compact",
-                 collective: Collective | None = None) -> None:
+                 collective: Collective | None = None,
+                 renames: Mapping[str, str] | None = None) -> None:
         self.trainer_id = trainer_id
         self.main, self.startup = main, startup
         self.client = client
@@ -763,7 +771,7 @@ class Trainer:
         self.executor = executor or Executor()
         self.scope = Scope()
         self.rpc = RpcOps(client, trainer_id, Charge(client.name, compute, tracer), protocol,
-                          collective)
+                          collective, renames)
         self.rpc.collective.trainer_endpoints = tuple(main.attrs.get("_trainers_endpoints", ()))
         self.heartbeat_interval = heartbeat_interval
         self.report = TrainerReport(trainer_id)

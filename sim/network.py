@@ -448,8 +448,9 @@ class Network:
 
 
 def _bucket(burst: float, rate: float) -> float:
-    """Bytes of a token bucket of `burst` seconds at `rate` (0 for an unlimited rate)."""
-    return burst * rate if rate < math.inf else 0.0
+    """Bytes of a token bucket of `burst` seconds at `rate` (0 for an unlimited rate; the one
+    float 0.0 without a burst, not a new one for each of 200,000 links)."""
+    return burst * rate if burst and rate < math.inf else 0.0
 
 
 def _frozen(frame: Frame) -> memoryview:

@@ -68,6 +68,10 @@ def policy_name(contract: ServeContract) -> str:
     return "ssp" if contract.staleness is not None else contract.mode.name.lower()
 
 
+_FANIN_FIELDS = ("server_step", "in_fanin", "entry_step", "next_step", "sync")
+"""The fields of a fetch reply (`PserverCore._fanin_state`), in order."""
+
+
 @dataclass
 class _Level:
     """One pass of "move the round on, replay what waited"; `replayed`: the deferred request
@@ -103,6 +107,8 @@ class PserverCore:
         self.progress = 0  # the furthest step reached (asynchronous: by any trainer)
         self.resynced: set[int] | None = None  # recovering: trainers told to rewind, or rewound
         self.optimizing = False
+        self._last_fanin: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
+        """The fields of the latest fetch reply, and the dict made of them (`_fanin_state`)."""
         self.policy = POLICIES[policy_name(store.contract)](self)
         if recovering:
             self.resynced = set()
@@ -330,10 +336,14 @@ class PserverCore:
         return Message(Kind.REPLY, msg.id, self.name, held, extra={"server_step": held})
 
     def _fanin_state(self, trainer: int) -> dict[str, Any]:
-        """What a trainer learns from a fetch: where this server is and whether it is waited for."""
-        return {"server_step": self.round.step, "in_fanin": self.policy.in_fanin(trainer),
-                "entry_step": self.round.entry_step(),
-                "next_step": self.next_step.get(trainer, 0), "sync": self.policy.sync}
+        """What a trainer learns from a fetch: where this server is and whether it is waited for.
+        The same fields as the last fetch's are the same dict (never changed once made): a
+        sync pserver holds each trainer's latest fetch reply, mostly with equal fields."""
+        state = (self.round.step, self.policy.in_fanin(trainer), self.round.entry_step(),
+                 self.next_step.get(trainer, 0), self.policy.sync)
+        if state != self._last_fanin[0]:
+            self._last_fanin = (state, dict(zip(_FANIN_FIELDS, state)))
+        return self._last_fanin[1]
 
     def _forgotten(self, msg: Message) -> ProtocolViolation:
         """The error for a retry of `msg` whose reply is no longer held (see `Dedupe`)."""

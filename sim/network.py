@@ -478,8 +478,10 @@ class SimTransport(Transport):
         self.network = network
         self.closed = False
         self._bound: list[str] = []
-        self._held: dict[str, list[list[Frame]]] = {}
-        """Connected endpoint -> messages waiting for a node to bind it."""
+        self._held: dict[str, list[list[Frame]] | tuple[()]] = {}
+        """Connected endpoint -> messages waiting for a node to bind it (once a node did, the
+        empty tuple until one must wait again: a trainer of a 1,000-trainer job connects to
+        100 endpoints, which need no list each)."""
         self._clients: dict[str, tuple[SimTransport, str]] = {}
         """Client node name -> (its transport, the endpoint it connected to)."""
         self._inbox = Inbox()
@@ -535,6 +537,8 @@ class SimTransport(Transport):
         if held is not None:
             server = self.network._bound.get(peer)
             if server is None:
+                if not isinstance(held, list):
+                    held = self._held[peer] = []
                 held.append(message)
             else:
                 self.network._transmit(self.name, server, self.name, message)
@@ -582,7 +586,7 @@ class SimTransport(Transport):
         """`client` reached us through `endpoint`: route its name, send what it held for us."""
         self._clients[client.name] = (client, endpoint)
         held = client._held[endpoint]
-        client._held[endpoint] = []
+        client._held[endpoint] = ()
         for message in held:
             self.network._transmit(client.name, self, client.name, message)
 

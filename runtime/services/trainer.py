@@ -53,6 +53,7 @@ import logging
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import numpy as np
@@ -293,7 +294,8 @@ class RpcOps:
         """(SEND or GET, endpoint) -> the id of the round's first such request."""
         self.client = client
         self.charge = charge or Charge(client.name, None)
-        self.server_state: dict[str, dict[str, Any]] = {}  # endpoint -> its last fetch reply
+        self.server_state: dict[str, Mapping[str, Any]] = {}
+        """Endpoint -> the fields of its last fetch reply (`_server_state`: read only)."""
         self.trainer_id = trainer_id
         self.renames = renames or {}
         """Var names of the program -> the names its sends put them on the wire under (a
@@ -507,7 +509,7 @@ class RpcOps:
     def _took(self, endpoint: str, reply: Message, pairs: list[tuple[str, str]],
               scope: Scope) -> None:
         """Put the values `reply` (to a GET, or a SEND carrying one) answered into `scope`."""
-        self.server_state[endpoint] = dict(reply.extra)
+        self.server_state[endpoint] = _server_state(reply.extra)
         for name, wire in pairs:
             scope.put(name, _owned(self._var(endpoint, reply, wire)))
 
@@ -739,6 +741,27 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
             tables[op.input("Weight")[0]] = list(zip(op.attr("epmap"), op.attr("table_names"),
                                                      op.attr("height_sections")))
     return tables
+
+
+_STATES: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+"""The fields of recent fetch replies, by their keys, types and values (`_server_state`)."""
+_MAX_STATES = 256
+
+
+def _server_state(extra: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A copy of a fetch reply's fields, the same (read-only) one for the same fields: the
+    trainers of one process keep every pserver's latest, mostly equal (at 1,000 trainers x
+    100 pservers, 100,000 dicts of five fields). Fields that cannot be hashed are copied."""
+    key = tuple((k, type(v), v) for k, v in extra.items())
+    try:
+        state = _STATES.get(key)
+    except TypeError:  # a list or map among the values
+        return dict(extra)
+    if state is None:
+        if len(_STATES) >= _MAX_STATES:
+            _STATES.clear()
+        state = _STATES[key] = MappingProxyType(dict(extra))
+    return state
 
 
 def _entry(endpoint: str, reply: Message) -> int:

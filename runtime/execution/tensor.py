@@ -196,7 +196,9 @@ class Phantom:
 
     def dense(self) -> "Phantom":
         """The phantom of its dense form (`to_dense`): rows become the whole `height` tall
-        tensor, the LoD goes."""
+        tensor, the LoD goes (itself if it is dense already: phantoms never change)."""
+        if self.height is None and not self.lod:
+            return self
         rows = self.shape[0] if self.height is None else self.height
         return Phantom((rows,) + self.shape[1:], self.dtype)
 

@@ -353,7 +353,8 @@ class Dedupe:
 class _Sender:
     """What a `Dedupe` holds of one sender: its replies by id (`seen`, oldest first), the
     newest id dropped (`floor`), the ids of the replies holding values of step `values_step`
-    (`values`), and the ids held per step (`steps`)."""
+    (`values`), and the ids held under each step (`steps`: step, id, step, id, ..., flat, as
+    a sender has a few of them: two steps' worth)."""
 
     __slots__ = ("seen", "floor", "values_step", "values", "steps")
 
@@ -362,20 +363,22 @@ class _Sender:
         self.floor: int | None = None
         self.values_step: int | None = None
         self.values: list[int] = []
-        self.steps: dict[int, list[int]] = {}
+        self.steps: list[int] = []
 
     def hold_step(self, msg_id: int, step: int) -> None:
-        """Hold `msg_id` under `step`; forget the replies of steps before `step` - 1."""
+        """Hold `msg_id` under `step`; on the first of a step, forget the replies of steps
+        before `step` - 1."""
         steps = self.steps
-        held = steps.get(step)
-        if held is None:
-            for old in [s for s in steps if s < step - 1]:
+        if step not in steps[::2]:
+            gone = [steps[i + 1] for i in range(0, len(steps), 2) if steps[i] < step - 1]
+            if gone:
+                self.steps = steps = [v for i in range(0, len(steps), 2)
+                                      if steps[i] >= step - 1 for v in steps[i:i + 2]]
                 seen = self.seen
-                for gone in steps.pop(old):
-                    if seen.pop(gone, None) is not None:
-                        self.drop(gone)
-            held = steps[step] = []
-        held.append(msg_id)
+                for old in gone:
+                    if seen.pop(old, None) is not None:
+                        self.drop(old)
+        steps += (step, msg_id)
 
     def hold_values(self, msg_id: int, step: int) -> None:
         if self.values_step is not None and self.values_step != step:

@@ -124,8 +124,9 @@ class SyncRound:
     completed: set[int] = field(default_factory=set)
     sent: set[int] = field(default_factory=set)
     fetched: set[int] = field(default_factory=set)
-    arrived: dict[tuple[Event, int], set[int]] = field(default_factory=dict)
-    """(SEND or GET, trainer) -> ids of its requests of the kind taken in this step."""
+    arrived: dict[tuple[Event, int], tuple[int, ...]] = field(default_factory=dict)
+    """(SEND or GET, trainer) -> ids of its requests of the kind taken in this step (a tuple,
+    each id once: mostly one or two, for each trainer, on every pserver)."""
     closing: dict[tuple[Event, int], tuple[Closes, int]] = field(default_factory=dict)
     """(SEND or GET, trainer) -> a carried barrier not yet closed, and its carrier's id."""
 
@@ -171,7 +172,9 @@ class SyncRound:
         """A SEND or GET of this step from `trainer`, taken (call only when its barrier would be
         accepted), carrying the round's barrier or not; returns whether the barrier closed."""
         key = (event, trainer)
-        self.arrived.setdefault(key, set()).add(msg_id)
+        ids = self.arrived.get(key, ())
+        if msg_id not in ids:
+            self.arrived[key] = ids + (msg_id,)
         if closes is not None:
             self.closing[key] = (closes, msg_id)
         due = self.closing.get(key)

@@ -290,8 +290,9 @@ class RpcOps:
         self.plan = BarrierPlan()
         """The carriers and bundles of the blocks `learn` was given (not per_op)."""
         self._learned: set[int] = set()
-        self._round_first: dict[tuple[Kind, str], int] = {}
-        """(SEND or GET, endpoint) -> the id of the round's first such request."""
+        self._round_first: dict[Kind, dict[str, int]] = {Kind.SEND: {}, Kind.GET: {}}
+        """SEND or GET -> endpoint -> the id of the round's first such request (a map per
+        kind: no (kind, endpoint) key per endpoint and round)."""
         self.client = client
         self.charge = charge or Charge(client.name, None)
         self.server_state: dict[str, Mapping[str, Any]] = {}
@@ -348,7 +349,7 @@ class RpcOps:
         if names is not None:
             header["names"] = names
         if kind in (Kind.SEND, Kind.GET):
-            first = self._round_first.setdefault((kind, endpoint), self.client.next_id)
+            first = self._round_first[kind].setdefault(endpoint, self.client.next_id)
             if closes is not None:
                 header.update({BARRIER_FIELD: closes, BARRIER_FROM_FIELD: first})
         return self.client.start(endpoint, kind, self.step, vars, header, deadline,
@@ -461,8 +462,7 @@ class RpcOps:
 
     def _end_round(self, kind: Kind) -> None:
         """The round of SENDs (GETs) is over: the next such request starts the next one."""
-        for key in [k for k in self._round_first if k[0] is kind]:
-            del self._round_first[key]
+        self._round_first[kind].clear()
 
     async def recv(self, op: Op, scope: Scope) -> None:
         """One GET per endpoint; values land in the scope when the reply comes. A single Out
@@ -649,7 +649,8 @@ class RpcOps:
         tasks = [*self._sends, *self._unacked, *self.pending.values()]
         self._sends, self._unacked, self.pending = [], [], {}
         self._held_sends, self._held_gets, self._fetch_replies = {}, {}, {}
-        self._round_first.clear()
+        for firsts in self._round_first.values():
+            firsts.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -42,11 +42,13 @@ KEEP = 256
 
 class LinkLatencies:
     """The latencies of one directed link, in order: those of `latency.sample(rng)` for
-    `rng = random.Random(key)`, called again and again (see the module doc)."""
+    `rng = random.Random(str(key))`, called again and again (see the module doc). `key` is
+    the seed string, or an object whose `str` it is (a simulated link, which makes it only
+    when the generator is seeded)."""
 
     __slots__ = ("latency", "key", "_constant", "_ahead", "_drawn", "_rng")
 
-    def __init__(self, latency: Latency, key: str) -> None:
+    def __init__(self, latency: Latency, key: object) -> None:
         self.latency = latency
         self.key = key
         self._constant: float | None = (latency.value if isinstance(latency, ConstantLatency)
@@ -71,7 +73,7 @@ class LinkLatencies:
     def _refill(self) -> float:
         """Seed the generator, replay the values drawn before, draw the next batch (or keep the
         generator) and hand out the first new value."""
-        rng = random.Random(self.key)
+        rng = random.Random(str(self.key))
         sample = self.latency.sample
         for _ in range(self._drawn):
             sample(rng)

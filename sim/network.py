@@ -159,7 +159,7 @@ def _drain(tokens: float, idle: float, rate: float, bucket: float,
 class _Link:
     src: str
     dst: str
-    latencies: LinkLatencies
+    seed: int
     src_nic: _Nic
     dst_nic: _Nic
     rate_out: float
@@ -170,6 +170,12 @@ class _Link:
     last_bit: float = 0.0
     """When the last bit of the latest message on this link reaches `dst`."""
     stats: LinkStats = field(default_factory=LinkStats)
+    latencies: LinkLatencies = field(init=False)
+    """Its latencies, seeded by the link's key (`str(link)`: made when they need it, not
+    held as a string by each of 200,000 links)."""
+
+    def __str__(self) -> str:
+        return f"{self.seed}:{self.src}->{self.dst}"
 
 
 _QUIET = contextvars.Context()
@@ -207,7 +213,11 @@ class Network:
         self._bound: dict[str, SimTransport] = {}
         self._connected: dict[str, list[SimTransport]] = {}
         self._nics: dict[str, _Nic] = {}
-        self._links: dict[tuple[str, str], _Link] = {}
+        self._links: dict[str, dict[str, _Link]] = {}
+        """Sender -> receiver -> the directed link (a map per sender: no (src, dst) key of
+        its own for each of 200,000 links)."""
+        self._link_order: list[_Link] = []
+        """Every link, in the order they first carried a message."""
         self.faults: MessageFaults | None = None
         """The message faults in force (`sim.faults`); None: none."""
         self._held_back: dict[tuple[str, str], tuple[_Packet, float, int]] = {}
@@ -236,7 +246,7 @@ class Network:
 
     def link_stats(self) -> dict[tuple[str, str], LinkStats]:
         """Live counters of every directed link (src, dst) that carried a message."""
-        return {key: link.stats for key, link in self._links.items()}
+        return {(link.src, link.dst): link.stats for link in self._link_order}
 
     def nic_stats(self) -> dict[str, NicStats]:
         """Live counters of every node's NIC that sent or received a message."""
@@ -276,7 +286,9 @@ class Network:
         """Put a message on the sender's NIC; `peer` is who the receiver will see it from."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        link = self._links.get((sender, receiver.name)) or self._link(sender, receiver.name)
+        links = self._links.get(sender)
+        link = (links.get(receiver.name) if links is not None else None) \
+            or self._link(sender, receiver.name)
         nbytes = charged_size(frames)
         nic = link.src_nic
         egress_free = nic.egress_free
@@ -429,15 +441,19 @@ class Network:
             handler(packet.peer, packet.frames)
 
     def _link(self, src: str, dst: str) -> _Link:
-        link = self._links.get((src, dst))
+        links = self._links.get(src)
+        if links is None:
+            links = self._links[src] = {}
+        link = links.get(dst)
         if link is None:
             latency, bandwidth = self.spec.link(src, dst)
             src_nic, dst_nic = self._nic(src), self._nic(dst)
-            latencies = LinkLatencies(latency, f"{self.seed}:{src}->{dst}")
             rate_out, rate_in = min(bandwidth, src_nic.cap), min(bandwidth, dst_nic.cap)
-            link = _Link(src, dst, latencies, src_nic, dst_nic, rate_out, rate_in,
+            link = _Link(src, dst, self.seed, src_nic, dst_nic, rate_out, rate_in,
                          _bucket(self.spec.burst, rate_out), _bucket(self.spec.burst, rate_in))
-            self._links[src, dst] = link
+            link.latencies = LinkLatencies(latency, link)
+            links[dst] = link
+            self._link_order.append(link)
         return link
 
     def _nic(self, node: str) -> _Nic:
@@ -448,8 +464,9 @@ class Network:
 
 
 def _bucket(burst: float, rate: float) -> float:
-    """Bytes of a token bucket of `burst` seconds at `rate` (0 for an unlimited rate)."""
-    return burst * rate if rate < math.inf else 0.0
+    """Bytes of a token bucket of `burst` seconds at `rate` (0 for an unlimited rate; the one
+    float 0.0 without a burst, not a new one for each of 200,000 links)."""
+    return burst * rate if burst and rate < math.inf else 0.0
 
 
 def _frozen(frame: Frame) -> memoryview:
@@ -477,8 +494,10 @@ class SimTransport(Transport):
         self.network = network
         self.closed = False
         self._bound: list[str] = []
-        self._held: dict[str, list[list[Frame]]] = {}
-        """Connected endpoint -> messages waiting for a node to bind it."""
+        self._held: dict[str, list[list[Frame]] | tuple[()]] = {}
+        """Connected endpoint -> messages waiting for a node to bind it (once a node did, the
+        empty tuple until one must wait again: a trainer of a 1,000-trainer job connects to
+        100 endpoints, which need no list each)."""
         self._clients: dict[str, tuple[SimTransport, str]] = {}
         """Client node name -> (its transport, the endpoint it connected to)."""
         self._inbox = Inbox()
@@ -534,6 +553,8 @@ class SimTransport(Transport):
         if held is not None:
             server = self.network._bound.get(peer)
             if server is None:
+                if not isinstance(held, list):
+                    held = self._held[peer] = []
                 held.append(message)
             else:
                 self.network._transmit(self.name, server, self.name, message)
@@ -581,7 +602,7 @@ class SimTransport(Transport):
         """`client` reached us through `endpoint`: route its name, send what it held for us."""
         self._clients[client.name] = (client, endpoint)
         held = client._held[endpoint]
-        client._held[endpoint] = []
+        client._held[endpoint] = ()
         for message in held:
             self.network._transmit(client.name, self, client.name, message)
 

@@ -316,7 +316,7 @@ def assert_bounded(service: PserverService) -> None:
     """The per-sender state holds the job's trainers at most, and nothing waits."""
     core = service.core
     assert set(core.senders.values()) == {f"trainer:{i}" for i in range(TRAINERS)}
-    assert set(core.dedupe._seen) <= set(core.senders.values())
+    assert set(core.dedupe._senders) <= set(core.senders.values())
     assert set(core.last_seen) <= set(range(TRAINERS))
     assert set(core.next_step) <= set(range(TRAINERS))
     assert not core.pending and not core.deferred

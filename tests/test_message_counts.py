@@ -12,7 +12,7 @@ from transpiler.ir import Op
 from runtime.config.scenario import Scenario, parse_scenario
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job
-from runtime.services.trainer import barrier_plan
+from runtime.services.trainer import _shared_plan, barrier_plan
 from sim.simulate import SimResult, simulate
 
 TRAINERS, PSERVERS, STEPS = 2, 2, 3
@@ -108,3 +108,14 @@ def test_another_rpc_op_ends_a_run_of_sends_and_any_other_op_a_run_of_recvs() ->
     assert plan.held == {} and plan.fetches == {} and plan.fetched == {}
     assert plan.carriers == {id(ops[2]): {"e0": 2}, id(ops[6]): {"e0": 2}}
     assert plan.covered == {id(ops[3]): {"e0"}, id(ops[7]): {"e0"}}
+
+
+def test_trainers_running_one_block_share_its_barrier_plan_until_its_ops_change() -> None:
+    job = Job.from_scenario(scenario("compact"))
+    block = job.trainer_programs(1)[0].global_block()
+    no_rpc_inside = lambda op: False  # noqa: E731
+    plan = _shared_plan(block, no_rpc_inside, bundle=False)
+    assert plan.carriers and _shared_plan(block, no_rpc_inside, bundle=False) is plan
+    assert _shared_plan(block, no_rpc_inside, bundle=True) is not plan
+    block.ops = list(block.ops)[:-1]
+    assert _shared_plan(block, no_rpc_inside, bundle=False) is not plan

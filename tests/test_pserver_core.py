@@ -16,7 +16,7 @@ import pytest
 from runtime.config.scenario import parse_scenario
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
-from runtime.network.wire import Kind, Message
+from runtime.network.wire import Kind, Message, encode
 from runtime.services.job import Job
 from runtime.services.protocol import Phase
 from runtime.services.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
@@ -355,6 +355,19 @@ def test_a_carried_barrier_counts_only_the_messages_of_its_round() -> None:
     for msg in redone[:-1]:
         shell.send(msg)
     assert shell.core.round.sent == {0}
+
+
+def test_a_retried_acknowledgement_is_the_first_one_again_held_as_its_step_alone() -> None:
+    shell = Shell("sync")
+    send = shell.message(Kind.SEND, 0, 0, grad(shell, 0, 1.0))
+    (first,) = replies(shell.send(send))
+    assert shell.core.dedupe.lookup(send.src, send.id)[1] == 0  # the step, not the message
+    (again,) = replies(shell.send(send))
+    assert again == first and encode(again) == encode(first)
+    join = shell.message(Kind.JOIN, 1, 0, entry=0)
+    (joined,) = replies(shell.send(join))
+    assert shell.core.dedupe.lookup(join.src, join.id)[1] is joined  # fields of its own: as is
+    assert replies(shell.send(join))[0] is joined
 
 
 def test_a_retry_of_a_reply_no_longer_held_gets_an_error_naming_it() -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from types import MappingProxyType
+from typing import Any, Iterable, Iterator, Mapping
 
 GRAD_SUFFIX = "@GRAD"
 OP_ROLE_ATTR = "op_role"
@@ -98,6 +99,9 @@ def strip_grad_suffix(name: str) -> str:
     return name[:pos] if pos >= 0 else name
 
 
+_NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
+
+
 @dataclass
 class Var:
     name: str
@@ -111,7 +115,9 @@ class Var:
     trainable: bool = True
     # Parameter-only metadata (the front end reads it when building backward/optimizer ops).
     regularizer: WeightDecayRegularizer | None = None
-    optimize_attr: dict[str, Any] = field(default_factory=dict)
+    optimize_attr: Mapping[str, Any] = field(default_factory=lambda: _NO_ATTRS)
+    """Read only, replaced whole (none: one shared empty map; a 1,000-trainer job's pservers
+    declare hundreds of thousands of vars)."""
     # The block that declares the var; set by `Block`, not serialized.
     block: "Block | None" = field(default=None, repr=False, compare=False)
 
@@ -160,7 +166,7 @@ class Var:
             is_parameter=d.get("is_parameter", False),
             trainable=d.get("trainable", True),
             regularizer=None if reg is None else regularizer_from_dict(reg),
-            optimize_attr=dict(d.get("optimize_attr", {})),
+            optimize_attr=dict(d["optimize_attr"]) if d.get("optimize_attr") else _NO_ATTRS,
         )
 
     def __str__(self) -> str:

@@ -2,7 +2,7 @@
 
 A block is first turned into a `BlockPlan` (each op with its kernel and a "block b, op i (type)"
 label for errors), cached per program and rebuilt when the block's list of ops or their types
-change. Kernels read slot names and attributes from the op itself, so renaming an op's vars in
+change; executors whose kernels need no binding share one cache per backend. Kernels read slot names and attributes from the op itself, so renaming an op's vars in
 place needs no re-planning. A backend with devices (torch: cpu or cuda) binds each kernel of a
 plan to the executor's device.
 
@@ -181,6 +181,19 @@ class PlanCache:
         return plan
 
 
+_SHARED: dict[str, PlanCache] = {}
+
+
+def _shared_plans(backend: str) -> PlanCache:
+    """The plan cache of every executor whose `backend` kernels run unbound (no device, no
+    timer): a plan is then of the program alone, and the trainers of one process (the
+    simulator's thousand) run the same programs, whose plans are made once."""
+    plans = _SHARED.get(backend)
+    if plans is None:
+        plans = _SHARED[backend] = PlanCache(backend)
+    return plans
+
+
 def _forget(programs: dict[int, Any], key: int) -> Callable[[weakref.ref[Program]], None]:
     def drop(ref: weakref.ref[Program]) -> None:
         if key in programs and programs[key][0] is ref:
@@ -210,7 +223,7 @@ class Executor:
         bind = device_binder(backend, device, local_index)
         if self.timer is not None:
             bind = timed_binder(bind, self.timer)
-        self.plans = PlanCache(backend, bind)
+        self.plans = _shared_plans(backend) if bind is _unbound else PlanCache(backend, bind)
 
     def run(self, program: Program, feed: Mapping[str, FeedValue] | None = None,
             fetch_list: Iterable[Var | str] | None = None, scope: Scope | None = None,

@@ -205,7 +205,7 @@ class Phantom:
 
     def dense(self) -> "Phantom":
         """The phantom of its dense form (`to_dense`): rows become the whole `height` tall
-        tensor, the LoD goes (a dense phantom without a LoD is its own)."""
+        tensor, the LoD goes (itself if it is dense already: phantoms never change)."""
         if self.height is None:
             if not self.lod:
                 return self

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from transpiler.distribute.checkpoint import CheckpointConfig, append_checkpoint_notify
-from transpiler.ir import Program
 
 from runtime.config.scenario import COLLECTIVE_BACKENDS
 from runtime.execution.compute import ComputeModel, Tracer
@@ -28,7 +28,7 @@ from runtime.network.rpc import RetryPolicy, RpcClient
 from runtime.network.transport import Transport
 from runtime.services.collective import Collective
 from runtime.services.checkpoint import MANIFEST
-from runtime.services.job import Job
+from runtime.services.job import Job, RunPrograms
 from runtime.services.pserver import PserverService, ServeConfig, ServerStats
 from runtime.services.trainer import Trainer, TrainerReport
 
@@ -44,11 +44,16 @@ class JobResult:
     params: dict[str, np.ndarray]  # trainer 0's parameters after its last step (timing: none)
 
 
+@lru_cache(maxsize=1 << 16)
 def pserver_name(index: int) -> str:
+    """Node `index`'s name, one string object per index: every pserver holds every trainer's
+    name and every trainer every pserver's (100,000 each way at 1,000 x 100)."""
     return f"pserver:{index}"
 
 
+@lru_cache(maxsize=1 << 16)
 def trainer_name(index: int) -> str:
+    """Trainer `index`'s node name (one string object per index, as `pserver_name`)."""
     return f"trainer:{index}"
 
 
@@ -84,29 +89,33 @@ def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeMod
                           recovering=recovering)
 
 
-def trainer_programs(job: Job, index: int, checkpoint_dir: Path | None = None) -> tuple[Program, Program]:
+def trainer_programs(job: Job, index: int, checkpoint_dir: Path | None = None,
+                     shared: bool = False) -> RunPrograms:
     """Trainer `index`'s programs; with ``train.checkpoint_by: trainer``, trainer 0's send a
     `checkpoint_notify` every ``train.checkpoint_every`` steps, naming `checkpoint_dir` (not
-    in timing mode, whose pservers hold no values to save)."""
-    main, startup = job.trainer_programs(index)
+    in timing mode, whose pservers hold no values to save). With `shared` (every trainer in
+    this process) they may be another trainer's, with renames (`Job.programs_to_run`)."""
+    run = job.programs_to_run(index) if shared else RunPrograms(*job.trainer_programs(index), {})
     train = job.scenario.train
     if (train.checkpoint_by != "trainer" or train.checkpoint_every is None
             or checkpoint_dir is None or job.collective or job.timing or index != 0):
-        return main, startup
-    main, startup = main.clone(), startup.clone()
+        return run
+    main, startup = run.main.clone(), run.startup.clone()
     append_checkpoint_notify(main, startup, CheckpointConfig(str(checkpoint_dir),
                                                              train.checkpoint_every))
-    return main, startup
+    return RunPrograms(main, startup, run.renames)
 
 
 def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeModel | None = None,
                  tracer: Tracer | None = None, incarnation: int = 0,
-                 checkpoint_dir: Path | None = None, collective: str = "ring") -> Trainer:
+                 checkpoint_dir: Path | None = None, collective: str = "ring",
+                 shared: bool = False) -> Trainer:
     """Trainer `index` (in its `incarnation`-th restart), ready to `run(batches_for(job,
     index), ...)`. `collective`: what carries its collective ops in the nccl2 and collective
     modes, the ring over `transport` or, for a trainer in a process of its own,
-    ``job.scenario.collective.backend`` (torch.distributed with ``torch``)."""
-    main, startup = trainer_programs(job, index, checkpoint_dir)
+    ``job.scenario.collective.backend`` (torch.distributed with ``torch``). `shared`: the job's
+    trainers all run in this process and may share programs (`Job.programs_to_run`)."""
+    main, startup, renames = trainer_programs(job, index, checkpoint_dir, shared)
     train, backend = job.scenario.train, job.scenario.backend
     client = RpcClient(transport, RetryPolicy(deadline=train.request_timeout,
                                               first_retry=train.retry_after),
@@ -115,7 +124,8 @@ def make_trainer(job: Job, index: int, transport: Transport, compute: ComputeMod
     executor = Executor(backend.kernels, backend.device_for("trainer"), local_index=index)
     return Trainer(index, main, startup, client, job.endpoints, executor,
                    heartbeat_interval=train.heartbeat_timeout / 3, compute=compute, tracer=tracer,
-                   protocol=train.protocol, collective=collective_ops(job, index, collective))
+                   protocol=train.protocol, collective=collective_ops(job, index, collective),
+                   renames=renames)
 
 
 def collective_ops(job: Job, index: int, backend: str) -> Collective | None:
@@ -162,7 +172,8 @@ class LocalCluster:
     its transport closed, as if its process had died; a restarted one is built anew under the
     same name, a pserver from its last checkpoint, a trainer with a new incarnation. With
     `resume`, the whole job starts from the pservers' checkpoints in `checkpoint_dir` (the
-    trainers join at the step they were taken at)."""
+    trainers join at the step they were taken at). Its trainers share programs where they can
+    (`Job.programs_to_run`)."""
 
     def __init__(self, job: Job, transport_for: TransportFactory,
                  compute: ComputeModel | None = None, tracer: Tracer | None = None,
@@ -197,7 +208,8 @@ class LocalCluster:
     def _start_trainer(self, index: int) -> None:
         name = trainer_name(index)
         trainer = make_trainer(self.job, index, self.transport_for(name), self.compute,
-                               self.tracer, self.incarnations.get(name, 0), self.checkpoint_dir)
+                               self.tracer, self.incarnations.get(name, 0), self.checkpoint_dir,
+                               shared=True)
         self.trainers[index] = trainer
         steps, loss = self.job.scenario.train.steps, self.job.model.loss.name
         self._launch(name, trainer.run(batches_for(self.job, index), steps, loss,

@@ -26,7 +26,6 @@ The transition rules are tables (`_GRADS_RULES`, `_PARAMS_RULES`), not chains of
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,8 +129,9 @@ class SyncRound:
     completed: set[int] = field(default_factory=set)
     sent: set[int] = field(default_factory=set)
     fetched: set[int] = field(default_factory=set)
-    arrived: dict[tuple[Event, int], set[int]] = field(default_factory=dict)
-    """(SEND or GET, trainer) -> ids of its requests of the kind taken in this step."""
+    arrived: dict[tuple[Event, int], tuple[int, ...]] = field(default_factory=dict)
+    """(SEND or GET, trainer) -> ids of its requests of the kind taken in this step (a tuple,
+    each id once: mostly one or two, for each trainer, on every pserver)."""
     closing: dict[tuple[Event, int], tuple[Closes, int]] = field(default_factory=dict)
     """(SEND or GET, trainer) -> a carried barrier not yet closed, and its carrier's id."""
 
@@ -178,7 +178,9 @@ class SyncRound:
         """A SEND or GET of this step from `trainer`, taken (call only when its barrier would be
         accepted), carrying the round's barrier or not; returns whether the barrier closed."""
         key = (event, trainer)
-        self.arrived.setdefault(key, set()).add(msg_id)
+        ids = self.arrived.get(key, ())
+        if msg_id not in ids:
+            self.arrived[key] = ids + (msg_id,)
         if closes is not None:
             self.closing[key] = (closes, msg_id)
         due = self.closing.get(key)
@@ -317,72 +319,93 @@ class Dedupe:
       trainers, hundreds of megabytes of acknowledgements nobody could ask for again.
 
     DESIGN: a forgotten request is answered with an error that names it, never with a guess;
-    ids are only compared per sender, whose ids grow (a restarted node's too).
+    ids are only compared per sender, whose ids grow (a restarted node's too). What is held of
+    a sender is one `_Sender`, its replies in a plain dict (oldest first, as dicts keep keys):
+    a pserver of a 1,000-trainer job holds a thousand of them.
     """
 
     def __init__(self, window: int = DEDUPE_WINDOW) -> None:
         if window < 1:
             raise ValueError(f"Dedupe window must be >= 1, got {window}")
         self.window = window
-        self._seen: dict[str, OrderedDict[int, Any]] = {}
-        self._floor: dict[str, int] = {}
-        self._values: dict[str, tuple[int, set[int]]] = {}  # sender -> (step, ids holding it)
-        self._steps: dict[str, dict[int, list[int]]] = {}  # sender -> step -> ids held
+        self._senders: dict[str, _Sender] = {}
 
     def lookup(self, src: str, msg_id: int) -> tuple[Recall, Any]:
-        seen = self._seen.get(src)
-        if seen is not None and msg_id in seen:
+        sender = self._senders.get(src)
+        if sender is None:
+            return Recall.NEW, None
+        seen = sender.seen
+        if msg_id in seen:
             reply = seen[msg_id]
             return (Recall.FORGOTTEN, None) if reply is _DROPPED else (Recall.ANSWERED, reply)
-        if msg_id <= self._floor.get(src, -1 << 63):
+        if sender.floor is not None and msg_id <= sender.floor:
             return Recall.FORGOTTEN, None
         return Recall.NEW, None
 
     def remember(self, src: str, msg_id: int, reply: Any, values_of: int | None = None,
                  step: int | None = None) -> None:
-        seen = self._seen.get(src)
-        if seen is None:
-            seen = self._seen[src] = OrderedDict()
+        sender = self._senders.get(src)
+        if sender is None:
+            sender = self._senders[src] = _Sender()
+        seen = sender.seen
         seen[msg_id] = reply
         if values_of is not None:
-            self._hold_values(src, msg_id, values_of)
+            sender.hold_values(msg_id, values_of)
         if step is not None:
-            self._hold_step(src, msg_id, step)
+            sender.hold_step(msg_id, step)
         while len(seen) > self.window:
-            self._drop(src, seen.popitem(last=False)[0])
-
-    def _hold_step(self, src: str, msg_id: int, step: int) -> None:
-        """Hold `msg_id` under `step`; forget the replies of steps before `step` - 1."""
-        steps = self._steps.get(src)
-        if steps is None:
-            steps = self._steps[src] = {}
-        held = steps.get(step)
-        if held is None:
-            for old in [s for s in steps if s < step - 1]:
-                seen = self._seen[src]
-                for gone in steps.pop(old):
-                    if seen.pop(gone, None) is not None:
-                        self._drop(src, gone)
-            held = steps[step] = []
-        held.append(msg_id)
+            oldest = next(iter(seen))
+            del seen[oldest]
+            sender.drop(oldest)
 
     def held(self, src: str) -> list[int]:
         """The ids whose replies are held for `src`, oldest first."""
-        return [i for i, reply in self._seen.get(src, {}).items() if reply is not _DROPPED]
+        sender = self._senders.get(src)
+        return [] if sender is None else [i for i, reply in sender.seen.items()
+                                          if reply is not _DROPPED]
 
-    def _hold_values(self, src: str, msg_id: int, step: int) -> None:
-        held = self._values.get(src)
-        if held is not None and held[0] != step:
-            seen = self._seen[src]
-            for old in held[1]:
+
+class _Sender:
+    """What a `Dedupe` holds of one sender: its replies by id (`seen`, oldest first), the
+    newest id dropped (`floor`), the ids of the replies holding values of step `values_step`
+    (`values`), and the ids held under each step (`steps`: step, id, step, id, ..., flat, as
+    a sender has a few of them: two steps' worth)."""
+
+    __slots__ = ("seen", "floor", "values_step", "values", "steps")
+
+    def __init__(self) -> None:
+        self.seen: dict[int, Any] = {}
+        self.floor: int | None = None
+        self.values_step: int | None = None
+        self.values: list[int] = []
+        self.steps: list[int] = []
+
+    def hold_step(self, msg_id: int, step: int) -> None:
+        """Hold `msg_id` under `step`; on the first of a step, forget the replies of steps
+        before `step` - 1."""
+        steps = self.steps
+        if step not in steps[::2]:
+            gone = [steps[i + 1] for i in range(0, len(steps), 2) if steps[i] < step - 1]
+            if gone:
+                self.steps = steps = [v for i in range(0, len(steps), 2)
+                                      if steps[i] >= step - 1 for v in steps[i:i + 2]]
+                seen = self.seen
+                for old in gone:
+                    if seen.pop(old, None) is not None:
+                        self.drop(old)
+        steps += (step, msg_id)
+
+    def hold_values(self, msg_id: int, step: int) -> None:
+        if self.values_step is not None and self.values_step != step:
+            seen = self.seen
+            for old in self.values:
                 seen[old] = _DROPPED  # its id stays known: a retry of it is refused
-            held = None
-        if held is None:
-            held = self._values[src] = (step, set())
-        held[1].add(msg_id)
+            self.values = []
+        self.values_step = step
+        if msg_id not in self.values:
+            self.values.append(msg_id)
 
-    def _drop(self, src: str, msg_id: int) -> None:
-        self._floor[src] = max(self._floor.get(src, msg_id), msg_id)
-        held = self._values.get(src)
-        if held is not None:
-            held[1].discard(msg_id)
+    def drop(self, msg_id: int) -> None:
+        self.floor = msg_id if self.floor is None else max(self.floor, msg_id)
+        if msg_id in self.values:
+            self.values.remove(msg_id)

@@ -37,14 +37,23 @@ class SyncPolicy(ModePolicy):
 
     def __init__(self, core: PserverCore) -> None:
         super().__init__(core)
-        self.grads: dict[int, tuple[int, set[str]]] = {}
+        self.grads: dict[int, tuple[int, tuple[str, ...]]] = {}
         """Trainer -> the step of the latest gradients it sent here, and their names."""
         copies = self.contract.trainer_copies
-        self.expected = {t: frozenset(n for n, owner in copies.items() if owner == t)
-                         for t in range(self.contract.trainers)} if copies else \
-            {t: self.contract.received for t in range(self.contract.trainers)}
+        received = tuple(sorted(self.contract.received))
+        self.expected: dict[int, tuple[str, ...]] = dict.fromkeys(
+            range(self.contract.trainers), () if copies else received)
         """Trainer -> the vars it sends here each step (its copies; all received vars when
-        there are no per-trainer copies)."""
+        there are no per-trainer copies, the one tuple for all).
+
+        DESIGN: tuples, grouped in one pass over the copies: a pserver of a 1,000-trainer
+        sync job keeps a thousand of them, mostly of one or two names."""
+        by_trainer: dict[int, list[str]] = {}
+        for name, owner in copies.items():
+            by_trainer.setdefault(owner, []).append(name)
+        for trainer, names in by_trainer.items():
+            if trainer in self.expected:
+                self.expected[trainer] = tuple(names)
 
     def barrier(self, event: Event, trainer: int, msg: Message) -> Verdict:
         verdict = self.verdict(event, trainer, msg)
@@ -60,8 +69,8 @@ class SyncPolicy(ModePolicy):
         """A send barrier closes the gradients a trainer sent of its step: one that comes
         before all of them is refused, since counting it would apply whatever the missing
         grads held before (the last step's, or nothing at step 0: the optimize would fail)."""
-        step, names = self.grads.get(trainer, (None, set()))
-        missing = sorted(self.expected[trainer] - (names if step == msg.step else set()))
+        step, names = self.grads.get(trainer, (None, ()))
+        missing = sorted(set(self.expected[trainer]).difference(names if step == msg.step else ()))
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ProtocolViolation(
@@ -79,11 +88,10 @@ class SyncPolicy(ModePolicy):
         self.round.arrive(event, trainer, msg.id, closes)
 
     def applied(self, trainer: int, msg: Message, names: list[str]) -> Work:
-        step, sent = self.grads.get(trainer, (None, set()))
-        if step != msg.step:
-            sent = set()
-            self.grads[trainer] = (msg.step, sent)
-        sent.update(names)  # applied with the others' at the round's end
+        step, sent = self.grads.get(trainer, (None, ()))
+        # applied with the others' at the round's end; a tuple, as `expected` (a name sent
+        # twice is there twice, which `_check_sent` does not mind)
+        self.grads[trainer] = (msg.step, (sent if step == msg.step else ()) + tuple(names))
         return
         yield
 

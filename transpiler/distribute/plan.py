@@ -9,6 +9,7 @@ into the grad block.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -64,6 +65,13 @@ def block_name(name: str, index: int, count: int) -> str:
 
 def trainer_copy(name: str, trainer_id: int) -> str:
     return f"{name}.trainer_{trainer_id}"
+
+
+def retarget_copy(name: str, src: int, dst: int) -> str:
+    """`name` with the mark of trainer `src`'s copy (``.trainer_{src}``, as `trainer_copy`, a
+    table's grad pieces and DC-ASGD's backups write it) made trainer `dst`'s; a name without
+    that mark comes back as it is."""
+    return re.sub(rf"\.trainer_{src}(?![0-9])", f".trainer_{dst}", name)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,26 @@ def test_a_loss_not_computed_is_null_in_the_file_and_nan_in_memory(tmp_path: Pat
     metrics.trainers = [record]
     write_record(tmp_path / "m.json", metrics)
     assert_valid_metrics(tmp_path / "m.json")
+
+
+def test_a_record_is_written_as_the_indented_json_of_its_plain_copy(tmp_path: Path) -> None:
+    """Streamed, dataclass by dataclass: the bytes of `json.dumps` of `asdict` (nested
+    dataclasses, maps and lists; floats that are not finite as null)."""
+    metrics = runtime_record()
+    metrics.trainers = [TrainerMetrics.from_steps(1, [math.nan, 2.0], [0.5, 0.25])]
+
+    def finite(data: object) -> object:
+        if isinstance(data, float):
+            return data if math.isfinite(data) else None
+        if isinstance(data, dict):
+            return {key: finite(value) for key, value in data.items()}
+        if isinstance(data, list):
+            return [finite(value) for value in data]
+        return data
+
+    write_record(tmp_path / "m.json", metrics)
+    expected = json.dumps(finite(asdict(metrics)), indent=2, allow_nan=False) + "\n"
+    assert (tmp_path / "m.json").read_text() == expected
 
 
 def test_an_unknown_field_or_schema_is_an_error_naming_the_file(tmp_path: Path) -> None:

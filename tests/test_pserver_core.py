@@ -294,6 +294,17 @@ def test_async_modes_never_defer() -> None:
     assert replies(get)[0].extra["sync"] is False and replies(get)[0].extra["in_fanin"] is True
 
 
+def test_fetches_of_the_same_tensors_share_one_values_map() -> None:
+    shell = Shell("async")
+    first, second = (replies(shell.send(shell.message(Kind.GET, t, 0, names=[PARAM])))[0]
+                     for t in (0, 1))
+    assert second.vars is first.vars and list(first.vars) == [PARAM]
+    shell.send(shell.message(Kind.SEND, 0, 0, grad(shell, 0, 1.0)))  # a new value
+    third = replies(shell.send(shell.message(Kind.GET, 1, 1, names=[PARAM])))[0]
+    assert third.vars[PARAM] is shell.store.scope.get_tensor(PARAM)
+    assert (third.vars is first.vars) == (first.vars[PARAM] is third.vars[PARAM])
+
+
 # -- the contract
 # ---------------------------------------------------------------------------------------
 

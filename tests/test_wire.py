@@ -569,6 +569,21 @@ def test_each_decode_of_a_header_gets_its_own_maps_and_lists() -> None:
     assert list(again.vars) == ["p"]
 
 
+def test_a_message_of_is_the_message_its_fields_make_in_slots() -> None:
+    made = Message.of(Kind.GET, 5, "t0", 1, extra={"names": ["p"]})
+    assert made == Message(Kind.GET, 5, "t0", 1, {}, {"names": ["p"]})
+    assert not hasattr(made, "__dict__") and made.vars is not Message.of(Kind.GET, 5, "t0").vars
+
+
+def test_a_decode_gets_maps_of_its_own_when_the_sent_extra_is_held_as_it_is() -> None:
+    extra = {"trainer": 1, "names": ["p"]}
+    frames = encode(Message(Kind.GET, 5, "t0", 1, {}, extra))
+    first, again = decode(frames), decode(frames)
+    assert first.extra == again.extra == extra
+    assert first.extra is not extra and first.extra["names"] is not extra["names"]
+    assert first.vars == {} and first.vars is not again.vars
+
+
 def test_an_encoded_header_obeys_the_size_limit() -> None:
     frames = encode(Message(Kind.SEND, 1, "t0", 0, {"p": Phantom((4,), np.dtype("int8"))}))
     assert decode_error(frames, max_message_size=10).reason is Reason.TOO_LARGE

@@ -113,6 +113,8 @@ class PserverCore:
         self.optimizing = False
         self._last_fanin: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
         """The fields of the latest fetch reply, and the dict made of them (`_fanin_state`)."""
+        self._last_values: dict[str, Any] = {}
+        """The values of the latest fetch reply (`_shared_values`)."""
         self.policy = POLICIES[policy_name(store.contract)](self)
         if recovering:
             self.resynced = set()
@@ -247,7 +249,7 @@ class PserverCore:
     def _on_get(self, msg: Message, trainer: int, get: Get) -> Work:
         if (yield from self.policy.read(Event.GET, trainer, msg)) is Verdict.DEFER:
             return None
-        values = self.store.values(get.names)
+        values = self._shared_values(self.store.values(get.names))
         self.policy.served(trainer, values)
         self.policy.arrived(Event.GET, trainer, msg, get.closes)
         return Message.of(Kind.REPLY, msg.id, self.name, self.round.step, values,
@@ -343,6 +345,19 @@ class PserverCore:
         if isinstance(held, Message):
             return held
         return Message.of(Kind.REPLY, msg.id, self.name, held, extra={"server_step": held})
+
+    def _shared_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        """`values`, or the map the latest fetch was answered with if it holds the very same
+        tensors under the same names, in order (a map never changed once made). DESIGN: the
+        dedupe holds each trainer's latest fetch reply: at 1,000 trainers a sync pserver would
+        hold a thousand equal maps per round, 18 MB at 100 pservers."""
+        last = self._last_values
+        if len(last) == len(values) and all(
+                name == held and value is same
+                for (name, value), (held, same) in zip(values.items(), last.items())):
+            return last
+        self._last_values = values
+        return values
 
     def _fanin_state(self, trainer: int) -> dict[str, Any]:
         """What a trainer learns from a fetch: where this server is and whether it is waited for.

@@ -925,13 +925,13 @@ class _Parsed(NamedTuple):
     src: str
     step: int
     vars: dict[str, Phantom]
-    extra: dict[str, Any]
+    extra: Mapping[str, Any]
     nested: bool
 
     def message(self) -> Message:
         """A new `Message` of these fields (with new maps), as `decode` would build it."""
         return Message.of(self.kind, self.id, self.src, self.step, self.vars.copy(),
-                          _fresh(self.extra) if self.nested else self.extra.copy())
+                          _fresh(self.extra) if self.nested else dict(self.extra))
 
 
 class _NotPlain(Exception):

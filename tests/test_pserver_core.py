@@ -18,7 +18,7 @@ from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
 from runtime.network.wire import Kind, Message, encode
 from runtime.services.job import Job
-from runtime.services.protocol import Phase
+from runtime.services.protocol import Phase, Recall
 from runtime.services.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
                                               RunBlocks, SaveCheckpoint, Stop, Tally, Work)
 from runtime.services.pserver_core import PserverCore
@@ -392,6 +392,22 @@ def test_a_retry_of_a_reply_no_longer_held_gets_an_error_naming_it() -> None:
     refused = shell.send(startup)
     assert kinds(refused) == [Reject]
     assert "get id 5 from 'trainer:0' (step -1): a retry" in str(refused[0].error)
+
+
+def test_a_retried_heartbeat_no_longer_held_is_acknowledged_again_not_refused() -> None:
+    """A heartbeat changes nothing here, so a retry of one whose reply was forgotten (its
+    trainer has sent requests of two later steps since, as a slow link or a busy machine) is
+    answered again as it was the first time, where any other request gets an error."""
+    shell = Shell("sync")
+    beat = shell.message(Kind.HEARTBEAT, 0, 0)
+    (first,) = replies(shell.send(beat))
+    for step in (1, 2):  # its later heartbeats, of two later steps
+        shell.send(shell.message(Kind.HEARTBEAT, 0, step))
+    assert shell.core.dedupe.lookup(beat.src, beat.id)[0] is Recall.FORGOTTEN
+    again = shell.send(beat)
+    assert kinds(again) == [Reply] and again[0].heartbeat
+    assert again[0].message.kind is Kind.REPLY and again[0].message.id == beat.id
+    assert again[0].message.extra == {"server_step": shell.core.round.step}
 
 
 def test_a_send_carrying_the_rounds_get_is_answered_with_the_values_after_the_update() -> None:

@@ -135,7 +135,10 @@ class PserverCore:
                 "pending": True, "server_step": self.round.step}))
             return
         if recall is Recall.FORGOTTEN:
-            yield Reject(peer, self._forgotten(msg), msg)
+            if msg.kind is Kind.HEARTBEAT:  # it changes nothing: answered again, not an error
+                yield Reply(peer, self._reply(msg), heartbeat=True)
+            else:
+                yield Reject(peer, self._forgotten(msg), msg)
             return
         answered = yield from self._handle(peer, msg)
         if answered or (msg.kind is Kind.SEND and FETCH_FIELD in msg.extra):

@@ -403,15 +403,13 @@ blocks, over and over)."""
 def _phantom_wire(value: Phantom, name: str) -> _PhantomWire:
     """`value`'s `_PhantomWire`, worked out once for each phantom value. DESIGN: a phantom is
     immutable and its entry, weight and received form depend on nothing else, so equal
-    phantoms share them; `_phantom_entry`, `_decodable` and `_received` stay the definitions
+    phantoms share them; `_phantom_entry`, `_surcharge` and `_received` stay the definitions
     (and name `name` in what they raise)."""
     wire = _PHANTOM_WIRES.get(value)
     if wire is None:
         entry = _phantom_entry(name, value)
         del entry["name"]
-        rows = value.height is not None
-        surcharge = value.nbytes + _TWIN_KIND_BYTES[rows] if _decodable(value) else None
-        wire = _PhantomWire(entry, surcharge, _received(value))
+        wire = _PhantomWire(entry, _surcharge(value), _received(value))
         if len(_PHANTOM_WIRES) < _PHANTOM_WIRES_MAX:
             _PHANTOM_WIRES[value] = wire
     return wire

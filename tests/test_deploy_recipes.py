@@ -88,7 +88,9 @@ esac""",
 relative=
 while [[ $1 == --* ]]; do [[ $1 == --relative=* ]] && relative=${1#--relative=}; shift; done
 if [ -n "$relative" ]; then SLURM_PROCID=$relative TMPDIR=$STUB_HOSTS/$relative exec "$@"; fi
-for ((t = 0; t < SLURM_NTASKS; t++)); do SLURM_PROCID=$t TMPDIR=$STUB_HOSTS/$t "$@" < /dev/null; done""",
+for ((t = 0; t < SLURM_NTASKS; t++)); do
+  SLURM_PROCID=$t TMPDIR=$STUB_HOSTS/$t "$@" < /dev/null
+done""",
 }
 
 

@@ -135,7 +135,7 @@ def export_keys(directory: Path, stem: str, out: Path) -> list[Path]:
 
 def _private_directory(directory: Path) -> None:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)  # one made before, or by a looser umask
+    os.chmod(directory, 0o700)  # one that was there before
 
 
 def _load(path: Path) -> tuple[bytes, bytes | None]:

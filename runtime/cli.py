@@ -12,7 +12,8 @@ kernels and its runtime costs, and writes a profile file the simulator's ``compu
 profile}`` reads (`runtime.launch.profile`). ``runtime collect OUT_DIR...`` merges the records
 of a job's nodes run one per host into one metrics.json and checks the scenario's expectations
 (`runtime.launch.collect`). ``runtime keys DIR`` writes a job's CurveZMQ keys for nodes on
-several hosts (`runtime.network.curve`, SECURITY.md).
+several hosts, and ``runtime keys DIR --export NODE OUT`` copies what one of them needs, the
+public keys and its own secret (`runtime.network.curve`, SECURITY.md).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from runtime.launch.role import run_node
 from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, fit_all,
                                     format_costs, format_table, measure_runs, profile_document,
                                     write_profile)
-from runtime.network.curve import KeyFileError, write_keys
+from runtime.network.curve import KeyFileError, export_keys, write_keys
 from runtime.services.job import check_job
 from runtime.services.node import (RoleError, add_arguments, key_directory, load_for_role,
                                    node_file_stem, node_options, resolve_role)
@@ -158,12 +159,17 @@ def _add_keys(subparsers: argparse._SubParsersAction) -> None:
         description="Write a CurveZMQ keypair per pserver (pserver-J.key, public, and "
                     "pserver-J.key_secret, mode 0600) and per trainer (trainer-I.key, "
                     "trainer-I.key_secret) into DIR (mode 0700). Give every node the public "
-                    "keys and its own secret file, and --keys DIR. See SECURITY.md.")
+                    "keys and its own secret file, and --keys DIR: --export NODE OUT copies "
+                    "exactly those, for one node, into OUT. See SECURITY.md.")
     p.add_argument("directory", type=Path, metavar="DIR", help="where to write the keys")
-    p.add_argument("--pservers", type=_positive_int, required=True,
+    p.add_argument("--pservers", type=_positive_int,
                    help="pservers of the job (one keypair per endpoint)")
-    p.add_argument("--trainers", type=_positive_int, required=True, help="trainers of the job")
+    p.add_argument("--trainers", type=_positive_int, help="trainers of the job")
     p.add_argument("--force", action="store_true", help="replace keys already in DIR")
+    p.add_argument("--export", nargs=2, metavar=("NODE", "OUT"),
+                   help="instead of writing keys, copy DIR's public keys and NODE's secret "
+                        "(NODE: pserver-J or trainer-I), and no other, into OUT: that node's "
+                        "--keys directory")
     p.set_defaults(run=_keys, parser=p)
 
 
@@ -270,6 +276,23 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _keys(args: argparse.Namespace, out: TextIO) -> int:
+    parser: argparse.ArgumentParser = args.parser
+    writing = args.pservers is not None or args.trainers is not None or args.force
+    if args.export is not None:
+        if writing:
+            parser.error("--export copies keys already written: it takes no --pservers, "
+                         "--trainers or --force")
+        node, target = args.export
+        try:
+            written = export_keys(args.directory, node, Path(target))
+        except KeyFileError as err:
+            print(f"runtime keys: {err}", file=sys.stderr)
+            return 1
+        print(f"copied {len(written)} key files to {target}: the public keys and {node}'s "
+              "secret key, for --keys on its host", file=out)
+        return 0
+    if args.pservers is None or args.trainers is None:
+        parser.error("give --pservers and --trainers (the keys to write), or --export NODE OUT")
     stems = [node_file_stem("pserver", j) for j in range(args.pservers)]
     stems += [node_file_stem("trainer", i) for i in range(args.trainers)]
     try:
@@ -278,8 +301,8 @@ def _keys(args: argparse.Namespace, out: TextIO) -> int:
         print(f"runtime keys: {err}", file=sys.stderr)
         return 1
     print(f"wrote {len(written)} key files to {args.directory} (secret keys mode 0600): give "
-          "each node the *.key public keys, its own <node>.key_secret and --keys DIR",
-          file=out)
+          "each node the *.key public keys, its own <node>.key_secret and --keys DIR "
+          "(runtime keys DIR --export NODE OUT copies those)", file=out)
     return 0
 
 

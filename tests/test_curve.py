@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from runtime import cli
+from runtime.config import atomic
 from runtime.execution.costs import CurveCosts, Linear, RuntimeCosts, fit_costs
 from runtime.network.curve import KeyFileError, load_keys, secret_path, write_keys
 from runtime.network.wire import Kind, Message, charged_size, decode, encode
@@ -87,6 +88,67 @@ def test_missing_or_unsafe_key_files_are_named(tmp_path: Path) -> None:
     os.chmod(secret_path(directory, "trainer-0"), 0o644)
     with pytest.raises(KeyFileError, match="trainer-0.key_secret: secret key readable by others"):
         node_keys(directory, "trainer", 0, trainers=1, endpoints=["h:1"])
+
+
+def test_a_node_loads_its_keys_from_a_directory_with_no_other_secret(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What `runtime keys DIR --export NODE OUT` gives a host is all its node loads: the public
+    keys and its own secret; another node's keys cannot be loaded from it."""
+    directory = tmp_path / "keys"
+    assert cli.main(["keys", str(directory), "--pservers", "2", "--trainers", "2"]) == 0
+    publics = ["pserver-0.key", "pserver-1.key", "trainer-0.key", "trainer-1.key"]
+    for role, index in [("pserver", 1), ("trainer", 0)]:
+        stem = node_file_stem(role, index)
+        bundle = tmp_path / stem
+        assert cli.main(["keys", str(directory), "--export", stem, str(bundle)]) == 0
+        assert sorted(p.name for p in bundle.iterdir()) == sorted([*publics, f"{stem}.key_secret"])
+        assert stat.S_IMODE(bundle.stat().st_mode) == 0o700
+        assert stat.S_IMODE(secret_path(bundle, stem).stat().st_mode) == 0o600
+        for relay in [False, True] if role == "pserver" else [False]:
+            assert node_keys(bundle, role, index, 2, ["h:1", "h:2"], relay=relay) == \
+                node_keys(directory, role, index, 2, ["h:1", "h:2"], relay=relay)
+        other = "trainer" if role == "pserver" else "pserver"
+        with pytest.raises(KeyFileError, match=f"{bundle}/{other}-0.key_secret: no such key"):
+            node_keys(bundle, other, 0, 2, ["h:1", "h:2"])
+    # an export names what it misses, and adds no node's keys to another's
+    assert cli.main(["keys", str(directory), "--export", "trainer-7", str(tmp_path / "t7")]) == 1
+    assert f"{directory}/trainer-7.key_secret: no such key file" in capsys.readouterr().err
+    assert cli.main(["keys", str(directory), "--export", "trainer-1",
+                     str(tmp_path / "trainer-0")]) == 1
+    assert "holds another node's secret key (trainer-0.key_secret)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["keys", str(directory), "--export", "trainer-1", "x", "--trainers", "1"])
+
+
+def test_key_files_are_replaced_whole_and_a_secret_is_never_readable_by_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--force writes each key file beside its old one and renames it over; a secret file is
+    created mode 0600, whatever the umask, and holds no byte before it is."""
+    directory = tmp_path / "keys"
+    write_keys(directory, ["trainer-0"])
+    old = (directory / "trainer-0.key_secret").stat().st_ino
+    created: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def watched(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        fd = real_open(path, flags, mode, **kw)
+        if flags & os.O_CREAT:
+            created.append((Path(path).name, stat.S_IMODE(os.fstat(fd).st_mode)))
+        return fd
+
+    monkeypatch.setattr(atomic.os, "open", watched)
+    umask = os.umask(0)
+    try:
+        write_keys(directory, ["trainer-0"], force=True)
+    finally:
+        os.umask(umask)
+    assert [(name.split(".")[1], mode) for name, mode in created] == \
+        [("trainer-0", 0o644), ("trainer-0", 0o600)]
+    assert all(name.startswith(".") and name.endswith(".tmp") for name, _ in created)
+    secret = directory / "trainer-0.key_secret"
+    assert secret.stat().st_ino != old and stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert sorted(p.name for p in directory.iterdir()) == ["trainer-0.key", "trainer-0.key_secret"]
+    load_keys(directory, "trainer-0")
 
 
 def test_a_node_without_keys_refuses_to_start_unless_insecure(tmp_path: Path) -> None:

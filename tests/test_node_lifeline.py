@@ -1,6 +1,6 @@
-"""No orphans: the nodes of `runtime up` die with it even when it is SIGKILLed, and a pserver on
-its own (role mode) whose trainers are gone stops, naming why, instead of serving until its
-deadline."""
+"""No orphans: the nodes of `runtime up` die with it even when it is SIGKILLed or hung up on,
+and a pserver on its own (role mode) whose trainers are gone stops, naming why, instead of
+serving until its deadline."""
 
 from __future__ import annotations
 
@@ -32,7 +32,11 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(90)
-def test_sigkill_of_the_launcher_takes_every_node_with_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
+def test_the_launcher_killed_or_hung_up_on_takes_every_node_with_it(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGKILL: the nodes see their launcher gone (`runtime.services.lifeline`); SIGHUP (its
+    terminal closed): the launcher stops them as for SIGTERM and exits 128 + SIGHUP."""
     scenario, out = scenario_file(tmp_path, steps=100000, expect="{}"), tmp_path / "out"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "up", str(scenario), "--out", str(out)],
@@ -43,8 +47,9 @@ def test_sigkill_of_the_launcher_takes_every_node_with_it(tmp_path: Path) -> Non
         wait_for(lambda: log.exists() and " loss " in log.read_text(), 45, "trainer 1's first step")
         kids = children_of(launcher.pid)
         assert len(kids) == 4
-        launcher.kill()
-        launcher.wait(timeout=10)
+        launcher.send_signal(sig)
+        code = launcher.wait(timeout=30)
+        assert code == (-sig if sig == signal.SIGKILL else 128 + sig)
         wait_for(lambda: not any(alive(pid) for pid in kids), 10,
                  "the nodes to die with their launcher")
     finally:

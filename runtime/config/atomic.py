@@ -9,7 +9,9 @@ then fsynced so that the rename itself survives a power cut. On any error the te
 removed and the error propagates (an `OSError` with ``errno.ENOSPC`` for a full disk).
 
 DESIGN: the temporary file is created with ``O_EXCL`` and mode 0o666 (the umask applies), not
-with `tempfile.mkstemp`, whose 0o600 would make every output readable by its owner only.
+with `tempfile.mkstemp`, whose 0o600 would make every output readable by its owner only. A
+caller that needs another mode (a secret key's 0o600) gives it: the temporary file is created
+with it, so it is never wider, not even for a moment, and then set to exactly it.
 The logs ``runtime up`` writes are the exception: they are streamed as the nodes run.
 """
 
@@ -23,15 +25,18 @@ from typing import IO, Any, Iterator
 
 
 @contextmanager
-def atomic_open(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
+def atomic_open(path: Path, binary: bool = False, mode: int | None = None) -> Iterator[IO[Any]]:
     """A file to write `path`'s new content to; it replaces `path` when the block ends without
-    an error, and is removed otherwise. Makes `path`'s directory if needed."""
+    an error, and is removed otherwise. Makes `path`'s directory if needed. The new file's mode
+    is 0o666 less the umask, or exactly `mode` when given."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)  # the umask may have narrowed it
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -42,9 +47,9 @@ def atomic_open(path: Path, binary: bool = False) -> Iterator[IO[Any]]:
     fsync_dir(path.parent)
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
+def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None:
     """Write `data` (text or bytes) to `path` whole or not at all (see `atomic_open`)."""
-    with atomic_open(path, binary=isinstance(data, bytes)) as f:
+    with atomic_open(path, binary=isinstance(data, bytes), mode=mode) as f:
         f.write(data)
 
 

@@ -4,7 +4,11 @@ Every job has one CURVE keypair per node: a pserver's (one per endpoint) and a t
 key directory holds them as ZeroMQ certificate files (`zmq.auth.load_certificate` reads them):
 ``<node>.key`` the public key, ``<node>.key_secret`` the keypair, where ``<node>`` is the node's
 file stem (``pserver-0``, ``trainer-3``). Secret files are written mode 0600 in a directory of
-mode 0700, and a secret file that others may read is refused, as ssh refuses such a key.
+mode 0700, and a secret file that others may read is refused, as ssh refuses such a key. Each
+file is written whole (`runtime.config.atomic`), a secret one mode 0600 from its creation.
+
+A host is given only what its node needs: `export_keys` copies every public key and that
+node's own secret file into a directory of its own, for one host, container or pod.
 
 A node loads only what it needs (`load_keys`): its own keypair and the public keys of its peers:
 a pserver those of every trainer of the job, each bound to the trainer's name; a trainer those
@@ -35,6 +39,8 @@ from typing import Any, cast
 import zmq
 import zmq.auth
 import zmq.utils.z85
+
+from runtime.config.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -87,30 +93,49 @@ def _certificate(public: bytes, secret: bytes | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, text: str, mode: int, force: bool) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
-    try:
-        fd = os.open(path, flags, mode)
-    except FileExistsError:
-        raise KeyFileError(f"{path}: already exists (keys are not replaced without --force)") \
-            from None
-    with os.fdopen(fd, "w") as file:
-        file.write(text)
-    os.chmod(path, mode)  # the umask, or an earlier file's mode, must not widen it
-
-
 def write_keys(directory: Path, stems: list[str], force: bool = False) -> list[Path]:
     """Write a fresh keypair for each node file stem into `directory` (made mode 0700): the
-    public ``<stem>.key`` (0644) and the secret ``<stem>.key_secret`` (0600); the paths."""
-    directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
-    written = []
+    public ``<stem>.key`` (0644) and the secret ``<stem>.key_secret`` (0600, from the moment it
+    exists: `write_atomic` creates it so); the paths. Keys already there are an error, before
+    anything is written, unless `force`."""
+    paths = [path for stem in stems
+             for path in (public_path(directory, stem), secret_path(directory, stem))]
+    if not force:
+        for path in paths:
+            if path.exists():
+                raise KeyFileError(f"{path}: already exists (keys are not replaced without "
+                                   "--force)")
+    _private_directory(directory)
     for stem in stems:
         public, secret = zmq.curve_keypair()
-        _write(public_path(directory, stem), _certificate(public, None), 0o644, force)
-        _write(secret_path(directory, stem), _certificate(public, secret), 0o600, force)
-        written += [public_path(directory, stem), secret_path(directory, stem)]
+        write_atomic(public_path(directory, stem), _certificate(public, None), mode=0o644)
+        write_atomic(secret_path(directory, stem), _certificate(public, secret), mode=0o600)
+    return paths
+
+
+def export_keys(directory: Path, stem: str, out: Path) -> list[Path]:
+    """Copy into `out` (made mode 0700) what the node with file stem `stem` needs and nothing
+    more: every public key of `directory` and its own secret file, not another node's; the
+    paths. What a node's host is given when the job's keys are made elsewhere."""
+    secret = secret_path(directory, stem)
+    read_keypair(secret)  # the node's own, present and safe
+    others = sorted(p.name for p in out.glob(f"*{SECRET_SUFFIX}") if p.name != secret.name)
+    if others:
+        raise KeyFileError(f"{out}: holds another node's secret key ({others[0]}); export "
+                           f"{stem}'s keys into a directory of its own")
+    _private_directory(out)
+    written = []
+    for public in sorted(directory.glob(f"*{PUBLIC_SUFFIX}")):
+        written.append(out / public.name)
+        write_atomic(written[-1], public.read_bytes(), mode=0o644)
+    written.append(out / secret.name)
+    write_atomic(written[-1], secret.read_bytes(), mode=0o600)
     return written
+
+
+def _private_directory(directory: Path) -> None:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)  # one that was there before
 
 
 def _load(path: Path) -> tuple[bytes, bytes | None]:

@@ -122,6 +122,7 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
     model = compute_model(scenario.compute, scenario.seed, base_dir or Path.cwd())
     slowdowns = None if model is None else Slowdowns(model)
     job = Job.from_scenario(scenario)
+    job.check_timing()  # a sweep's point, or a caller that skipped `check_job`
     compute = None if slowdowns is None else _ledger(scenario, job, slowdowns, network,
                                                      base_dir or Path.cwd())
     ends: dict[int, list[float]] = {i: [] for i in range(job.trainers)}

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from runtime.config.scenario import ScenarioError, parse_scenario
+from runtime import Executor
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import Phantom, SelectedRows
 from runtime.network.rpc import RpcClient
@@ -362,5 +363,31 @@ def test_geo_sparse_table_trains(kernels: str) -> None:
 def test_geo_sparse_with_one_trainer_equals_local_training() -> None:
     job = geo_job(1, 2, 16)
     result = run(job)
+    _, local = train_locally(job)
+    assert_params_close(result.params, local)
+
+
+@pytest.mark.timeout(60)
+def test_geo_sparse_table_trains_simulated() -> None:
+    """The same job on the simulator (`sim run`'s `simulate`): both trainers' losses fall, the
+    pservers count no error, and the table moved."""
+    job = geo_job(2, 2, 80)
+    result = simulate(job.scenario)
+    for report in result.trainers:
+        assert len(report.losses) == 80
+        assert np.mean(report.losses[-10:]) < 0.9 * np.mean(report.losses[:10])
+    assert all(s.errors == 0 for s in result.pservers)
+    start = Scope()
+    Executor("numpy").run(job.model.startup, scope=start)
+    table = "ctr.emb.title_ids"
+    assert result.params[table].shape == (2000, 8)
+    assert not np.array_equal(result.params[table], start.get(table))
+
+
+@pytest.mark.timeout(60)
+def test_geo_sparse_with_one_trainer_equals_local_training_simulated() -> None:
+    job = geo_job(1, 2, 16)
+    result = simulate(job.scenario)
+    assert all(s.errors == 0 for s in result.pservers)
     _, local = train_locally(job)
     assert_params_close(result.params, local)

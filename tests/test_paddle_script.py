@@ -22,9 +22,11 @@ from transpiler.ir import Program
 from runtime.execution.executor import Executor as KernelExecutor
 from runtime.execution.scope import Scope
 from runtime.launch.launcher import free_endpoints
+from runtime.network.ports import PortsNotReady
 from runtime.paddle import batch, dataset, fluid
 from runtime.services.paddle_compat import (INSECURE_VAR, SecurityRefused, is_step,
                                             key_directory, rpc_ops)
+from runtime.services.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "paddle_ps_script.py"
@@ -102,6 +104,47 @@ def test_a_pserver_program_needs_its_startup_run_first() -> None:
     with pytest.raises(RuntimeError, match="127.0.0.1:6174: run its startup program first"):
         exe.run(t.get_pserver_program("127.0.0.1:6174"), scope=Scope())
     exe.close()
+
+
+class Started(Exception):
+    """The trainer reached `Trainer.start`: it did not wait for its pservers' ports."""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("wait_port", [True, False])
+def test_the_executor_waits_for_the_pservers_as_get_trainer_program_asked(
+        wait_port: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing listening at the pservers' ports, a trainer whose script asked
+    ``get_trainer_program()`` (wait_port True, the default) gives up on its first RPC program,
+    the startup, after the executor's ``startup_timeout``, naming the endpoints; with
+    ``wait_port=False`` it does not wait and goes straight on to start (stopped here)."""
+    endpoints = free_endpoints("127.0.0.1", 2)
+    main, startup, _ = build(load_script())
+    t = T.DistributeTranspiler()
+    t.transpile(0, program=main, startup_program=startup, pservers=",".join(endpoints),
+                trainers=2)
+    assert t.get_trainer_program(wait_port=wait_port).attrs["_wait_port"] is wait_port
+    assert startup.attrs["_wait_port"] is wait_port  # the program the script runs first
+
+    async def start(self: Trainer) -> int:
+        raise Started
+
+    async def finish(self: Trainer) -> None:  # no pserver to tell
+        pass
+
+    monkeypatch.setattr(Trainer, "start", start)
+    monkeypatch.setattr(Trainer, "finish", finish)
+    exe = fluid.Executor(fluid.CPUPlace(), startup_timeout=0.3)
+    try:
+        if wait_port:
+            with pytest.raises(PortsNotReady, match=f"trainer:0: no pserver listening at "
+                                                    f"{', '.join(endpoints)} after 0.3s"):
+                exe.run(startup, scope=Scope())
+        else:
+            with pytest.raises(Started):
+                exe.run(startup, scope=Scope())
+    finally:
+        exe.close()
 
 
 # -- the script, as processes ------------------------------------------------------------------

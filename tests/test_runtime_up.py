@@ -169,6 +169,36 @@ def test_collective_processes_start_only_trainers_and_equal_local_training(
     assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
 
 
+GEO_SPARSE = """\
+name: geo-sparse
+seed: 3
+model: {name: ctr_dnn, vocab: 2000, embed_dim: 8, hidden: [16],
+        optimizer: {type: sgd, learning_rate: 0.5}}
+data: {name: ctr, batch_size: 32}
+cluster: {pservers: 2, trainers: 1}
+transpiler: {mode: geo, geo_push_every: 4}
+train: {steps: 40, deadline: 60s, heartbeat_timeout: 10s, retry_after: 100ms}
+"""
+
+
+@pytest.mark.timeout(90)
+def test_geo_sgd_on_a_sparse_table_as_processes_equals_local_training(tmp_path: Path) -> None:
+    """Geo-SGD with a sparse embedding table (pushing the deltas of the rows that moved every 4
+    steps), one trainer and two pservers as processes: the loss falls, no pserver counts an
+    error, and the trainer ends with local training's parameters."""
+    scenario, out = tmp_path / "geo.yaml", tmp_path / "out"
+    scenario.write_text(GEO_SPARSE)
+    code, lines = up(str(scenario), "--out", str(out))
+    assert code == 0, "\n".join(lines)
+    metrics = read_metrics(out / "metrics.json")
+    assert metrics.job.mode == "geo" and metrics.job.success
+    (trainer,) = metrics.trainers
+    assert len(trainer.losses) == 40
+    assert np.mean(trainer.losses[-10:]) < 0.9 * np.mean(trainer.losses[:10])
+    assert [(p.errors, p.exit_code) for p in metrics.pservers] == [(0, 0), (0, 0)]
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+
+
 @pytest.mark.timeout(60)
 def test_an_expectation_that_cannot_hold_fails_the_run_naming_it(tmp_path: Path) -> None:
     scenario, out = scenario_file(tmp_path, steps=5), tmp_path / "out"

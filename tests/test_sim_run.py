@@ -378,6 +378,41 @@ def test_sweep_runs_every_point_and_tabulates_the_outcomes(tmp_path: Path) -> No
         assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
 
 
+ALLREDUCE = ROOT / "scenarios" / "allreduce.yaml"
+
+
+@pytest.mark.timeout(120)
+def test_sweep_compares_pservers_with_all_reduce(tmp_path: Path) -> None:
+    """The README's "pservers or all-reduce?" sweep, small: sync mode with 2 pservers and
+    collective grad_allreduce with none, 2 trainers, 4 steps. Both rows run, train the local
+    parameters (the scenario's `params_equal_to: local`) and so end at the same loss; only the
+    sync row has pservers, each receiving at least its half of every trainer's gradients."""
+    steps, trainers = 4, 2
+    code, output = sim("sweep", str(ALLREDUCE), "--vary", "transpiler.mode=sync,collective",
+                       "--set", f"train.steps={steps}", "--set", f"cluster.trainers={trainers}",
+                       "--out", str(tmp_path), "--no-plots")
+    assert code == 0, output
+    sync, ring = json.loads((tmp_path / "sweep.json").read_text())["points"]
+    assert (sync["settings"], ring["settings"]) == \
+        ({"transpiler.mode": "sync"}, {"transpiler.mode": "collective"})
+    for point in (sync, ring):
+        assert point["error"] is None and point["passed"] and point["failed"] == [], point
+        assert 0 < point["step_time_mean"] <= point["step_time_p99"]
+        assert point["samples_per_second"] > 0 and np.isfinite(point["final_loss"])
+    assert ring["final_loss"] == pytest.approx(sync["final_loss"], rel=1e-4)
+    grad_bytes = 4 * (784 * 512 + 512 + 512 * 10 + 10)  # float32 gradients of the MLP
+    assert sync["pserver_bytes_in"] >= steps * trainers * grad_bytes / 2
+    assert ring["pserver_bytes_in"] is None
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[1:-1]]
+            for line in output.splitlines() if line.startswith("│")}
+    header = next(line for line in output.splitlines() if line.startswith("┃"))
+    columns = [cell.strip() for cell in header.split("┃")[1:-1]]
+    assert "MB/pserver" in columns and set(rows) == {"sync", "collective"}
+    mb = columns.index("MB/pserver")
+    assert float(rows["sync"][mb]) == pytest.approx(sync["pserver_bytes_in"] / 1e6, abs=0.01)
+    assert rows["collective"][mb] == "-"
+
+
 def test_a_bad_vary_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         sim("sweep", str(QUICKSTART), "--vary", "cluster.pservers")

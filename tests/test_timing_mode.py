@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import math
 import pickle
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,12 @@ from runtime.execution.tensor import (Phantom, Value, concat_rows, nbytes_of, ph
 from runtime.network.rpc import RpcClient
 from runtime.network.wire import Kind, Message, RemoteError, charged_size, decode, encode
 from runtime.services.cluster import JobResult, run_job
-from runtime.services.job import Job
+from runtime.services.job import Job, JobError, check_job
 from runtime.services.pserver import PserverService
 from sim.loop import run
+from sim.cli import main as sim_main
 from sim.network import Network
+from sim.simulate import simulate as sim_simulate
 from transpiler.distribute.edit import append_every_k_steps
 from transpiler.ir import Op, OpRole, Program
 from transpiler.models import build_model
@@ -509,6 +512,43 @@ def test_timing_mode_is_for_the_simulator_only(capsys: pytest.CaptureFixture[str
     assert "backend.kernels phantom is timing mode" in capsys.readouterr().err
     with pytest.raises(ScenarioError, match="expect.final_loss_below needs numbers"):
         parse_scenario(job_text(MLP, "sync", "phantom") + "expect: {final_loss_below: 0.5}")
+
+
+W2V_PREFETCH = ("{name: word2vec, vocab: 500, embed_dim: 8, nce: true, is_sparse: true, "
+                "remote_prefetch: true}")
+
+
+def test_a_remote_prefetch_in_timing_mode_is_refused_before_the_job_starts(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An nce or a lookup marked remote_prefetch fetches the rows of real ids (sampled classes)
+    from the pservers; phantom kernels draw none, so `check_job` (which `sim run`, `sim sweep`
+    and `runtime up` call first) and `simulate` refuse the job, naming the op and the table."""
+    refused = "has remote_prefetch, which timing mode (backend.kernels: phantom) cannot run"
+    scenario = parse_scenario(job_text(W2V_PREFETCH, "sync", "phantom"))
+    with pytest.raises(JobError, match=f"nce of 'w2v.nce.w' {re.escape(refused)}.*"
+                                       "use backend.kernels numpy or torch"):
+        check_job(scenario)
+    with pytest.raises(JobError, match="nce of 'w2v.nce.w'"):
+        sim_simulate(scenario)
+    path = tmp_path / "w2v.yaml"
+    path.write_text(job_text(W2V_PREFETCH, "sync", "phantom"))
+    with pytest.raises(SystemExit) as exit:
+        sim_main(["run", str(path), "--out", str(tmp_path / "out")])
+    assert exit.value.code == 2 and refused in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+    table = Job.from_scenario(parse_scenario(job_text(
+        "{name: ctr_dnn, vocab: 500, embed_dim: 8, hidden: [16], shared_table: true}", "async",
+        "phantom")))
+    for op in table.model.main.global_block().ops:
+        if op.type == "lookup_table":
+            op.attrs["remote_prefetch"] = True
+    with pytest.raises(JobError, match=f"lookup_table of 'ctr.emb' {re.escape(refused)}"):
+        table.check_timing()
+
+    # numeric kernels fetch real rows; geo mode and the collective modes prefetch nothing
+    check_job(parse_scenario(job_text(W2V_PREFETCH, "sync", "numpy")))
+    check_job(parse_scenario(job_text(W2V_PREFETCH, "geo", "phantom")))
 
 
 @pytest.mark.timeout(120)

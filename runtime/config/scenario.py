@@ -332,7 +332,9 @@ DEVICE_PATTERN = r"^(cpu|cuda|cuda:[0-9]+|cuda:local)$"
 
 class BackendSpec(_Strict):
     """`kernels`: numpy or torch compute (numeric mode), or phantom: shapes only, no arithmetic
-    (timing mode, for the simulator at scale; `runtime up` refuses it). With torch, `device`
+    (timing mode, for the simulator at scale; `runtime up` refuses it, and so does the simulator
+    for a job with a remote prefetch, a lookup or `nce` marked ``remote_prefetch`` in a
+    pserver mode but geo: its trainer needs real ids to fetch rows for). With torch, `device`
     places the trainers' kernels and `pserver_device` the pservers': ``cpu``, ``cuda`` (the
     first visible GPU), ``cuda:N``, or ``cuda:local``: GPU ``local rank % visible GPUs``, where
     a node's local rank is ``LOCAL_RANK`` if its environment sets it, else its index among its

@@ -3,7 +3,9 @@
 The original's `get_trainer_program(wait_port=True)` blocked until every pserver endpoint
 accepted a TCP connection, so a trainer started before its pservers would not time out on its
 first requests. A trainer program records that wish as its ``_wait_port`` attribute; a real
-trainer node (`runtime.services.node`) honours it with `wait_for_ports`. Only plain
+trainer node (`runtime.services.node`) and a Paddle script's executor
+(`runtime.services.paddle_compat`, which reads it from the trainer's startup program, the first
+it runs) honour it with `wait_for_ports`. Only plain
 ``host:port`` (TCP) endpoints can be probed; others are taken as ready. The simulator needs no
 wait: its network queues a message until the server binds.
 """

@@ -53,6 +53,7 @@ from typing import Any, NamedTuple
 from transpiler.distribute.collective import nccl2_executable
 from transpiler.distribute.from_spec import (TRAINER_RING_MODES, TranspileArgs, transpile_args,
                                              transpile_from_spec)
+from transpiler.distribute.lookup_table import remote_prefetch_ops
 from transpiler.distribute.plan import retarget_copy
 from transpiler.distribute.transpiler import DistributeTranspiler
 from transpiler.ir import Program
@@ -139,6 +140,22 @@ class Job:
         if data:
             self.dataset  # noqa: B018
         check_devices(self.scenario)
+        self.check_timing()
+
+    def check_timing(self) -> None:
+        """A `JobError` where timing mode meets a remote prefetch: a lookup or `nce` marked
+        ``remote_prefetch`` (in the pserver modes but geo) makes its trainer ask the pservers
+        for the rows of the ids it reads (`distributed_lookup_table`) or of the classes it
+        samples (`nce`), and phantom kernels have no ids to ask for."""
+        if not self.timing or self.collective or self.scenario.transpiler.mode == "geo":
+            return
+        for op, table in remote_prefetch_ops(self.model.main):
+            raise JobError(
+                f"{self.scenario.source}: {op.type} of {table!r} has remote_prefetch, which "
+                "timing mode (backend.kernels: phantom) cannot run: its trainer fetches the "
+                "table's rows for the ids it reads (nce: the classes it samples), and phantom "
+                "kernels draw no real ids; use backend.kernels numpy or torch, or no "
+                "remote_prefetch")
 
     @property
     def endpoints(self) -> list[str]:

@@ -14,11 +14,14 @@ programs, so that a classic parameter-server script runs with only its imports c
   first such run makes the trainer (`runtime.services.trainer.Trainer`, its `RpcOps` and an
   `RpcClient` over `ZmqTransport`) from the program: the pserver endpoints are the program's
   ``_endpoints`` (else the ``endpoints``/``epmap`` of its RPC ops), the trainer id the ops'
-  ``trainer_id``. It waits until the pservers accept connections, and `Trainer.start` runs that
-  first program as the startup (parameters fetched from the pservers) and joins the job. A
-  program with sends is one training step (send the gradients, barriers, receive the
-  parameters) at the next step number; one with only receives (a startup run again) fetches
-  the parameters as the last step left them;
+  ``trainer_id``. Unless the program says ``_wait_port`` False
+  (``t.get_trainer_program(wait_port=False)``, which marks the trainer's startup program too)
+  it waits until the pservers accept connections (`PortsNotReady`, naming them, after
+  ``startup_timeout``; without the wait a request to a pserver not yet up is queued and
+  resent), and `Trainer.start` runs that first program as the startup (parameters fetched from
+  the pservers) and joins the job. A program with sends is one training step (send the
+  gradients, barriers, receive the parameters) at the next step number; one with only receives
+  (a startup run again) fetches the parameters as the last step left them;
 - no RPC op: the kernels run it, as `runtime.execution.executor.Executor` does (local
   training, startup programs).
 
@@ -299,7 +302,10 @@ class Executor:
                            labels={ep: pserver_name(j) for j, ep in enumerate(endpoints)})
         trainer = Trainer(trainer_id, program, program, client, endpoints, self.kernels)
         trainer.scope = scope
-        await wait_for_ports(name, endpoints, self.startup_timeout)
+        # the program's wish (`get_trainer_program(wait_port=...)`, recorded on the trainer's
+        # startup program too); a program that states none waits, as the original's default did
+        if program.attrs.get("_wait_port", True):
+            await wait_for_ports(name, endpoints, self.startup_timeout)
         return trainer
 
     # -- pserver ---------------------------------------------------------------------------------

@@ -76,16 +76,21 @@ def find_distributed_table(program: Program) -> str | None:
     return tables[0]
 
 
+def remote_prefetch_ops(program: Program) -> list[tuple[Op, str]]:
+    """The ops of `program` marked ``remote_prefetch``, each with its table: in the pserver
+    modes but geo, a trainer fetches the rows they read from the pservers."""
+    return [(op, op.input(REMOTE_PREFETCH_SLOTS[op.type])[0])
+            for op in program.global_block().ops
+            if op.type in REMOTE_PREFETCH_SLOTS and op.attr("remote_prefetch")]
+
+
 def remote_sparse_params(program: Program, section: OptimizeSection) -> set[str]:
     """Params whose lookups are marked ``remote_prefetch``; they must be sparse, not
     distributed, and trained."""
     trained = {pg.param for pg in section.params_grads}
     table = find_distributed_table(program)
     params = set()
-    for op in program.global_block().ops:
-        if op.type not in REMOTE_PREFETCH_SLOTS or not op.attr("remote_prefetch"):
-            continue
-        w = op.input(REMOTE_PREFETCH_SLOTS[op.type])[0]
+    for op, w in remote_prefetch_ops(program):
         if not op.attr("is_sparse") or op.attr("is_distributed") or w not in trained \
                 or w == table:
             raise ValueError(f"program: {op.type} of {w!r} has remote_prefetch, which needs "

@@ -175,9 +175,13 @@ class DistributeTranspiler:
         object, as in the original), or a fresh copy after ``in_place=False``. ``wait_port``
         (default True, as in the original) is recorded as the program attribute
         ``_wait_port``: a real trainer waits for the pservers' ports before its first step
-        (`runtime.network.ports`)."""
+        (`runtime.network.ports`). The original waited inside this call, before the script
+        ran its startup program, so the wish is recorded on the trainer's startup program too
+        (in place: the caller's; after ``in_place=False``, the copies taken from now on): a
+        Paddle script's executor runs that program first (`runtime.services.paddle_compat`)."""
         trainer = self._own(self._trainer)
         trainer.attrs["_wait_port"] = bool(wait_port)
+        self._require(self._trainer_startup).attrs["_wait_port"] = bool(wait_port)
         return trainer
 
     def get_trainer_startup_program(self) -> Program:

@@ -6,7 +6,9 @@ as it does in a run: the piece's global ids made rows of the shard and averaged
 (`sgd`, `adagrad`, and `adam` with `lazy_mode`), with the table and its accumulators updated in
 the scope. Each figure is the median time of one such update over many, for tables of 10k to
 10M rows of 8 float32; the ratio is each size's time over the 10k table's (1.0: flat, the
-cost of the rows touched only). For scale, the last column is what copying the table once
+cost of the rows touched only). Each optimizer is measured with the numpy kernels and, when
+torch is installed, with the torch kernels on the CPU (torch's intra-op threads capped at 1, a
+pserver's share of a small host). For scale, the last row is what copying the table once
 costs, which is what every update cost before.
 
 Run: python benchmarks/sparse_update.py [--quick]
@@ -15,6 +17,7 @@ Run: python benchmarks/sparse_update.py [--quick]
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 
@@ -46,9 +49,14 @@ def _program(op_type: str, rows: int) -> Program:
     return program
 
 
-def update_seconds(op_type: str, rows: int, repeats: int) -> float:
+def backends() -> list[str]:
+    """numpy, and torch where it is installed."""
+    return ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+
+
+def update_seconds(op_type: str, rows: int, repeats: int, backend: str = "numpy") -> float:
     """The median time of one sparse update of a `rows`-row table shard."""
-    program, scope, exe = _program(op_type, rows), Scope(), Executor()
+    program, scope, exe = _program(op_type, rows), Scope(), Executor(backend)
     rng = np.random.default_rng(0)
     for name in ["table", *STATES[op_type]]:
         scope.put(name, rng.uniform(0.1, 1.0, (rows, WIDTH)).astype("float32"))
@@ -83,14 +91,19 @@ def main() -> None:
     repeats = 50 if args.quick else 300
     print(f"one update of {TOUCHED} rows of a table of N rows x {WIDTH} float32 "
           "(median; ratio to N = 10k)")
-    print(f"{'optimizer':<14}" + "".join(f"{n:>22,}" for n in SIZES))
-    for op_type in STATES:
-        figures = [update_seconds(op_type, n, repeats) for n in SIZES]
-        cells = [f"{t * 1e3:9.3f} ms ({t / figures[0]:5.2f}x)" for t in figures]
-        label = op_type + (" (lazy)" if op_type == "adam" else "")
-        print(f"{label:<14}" + "".join(f"{c:>22}" for c in cells))
+    names = backends()
+    if "torch" in names:
+        from runtime.execution.kernels.torch_common import set_threads
+        set_threads(1)
+    print(f"{'optimizer':<22}" + "".join(f"{n:>22,}" for n in SIZES))
+    for backend in names:
+        for op_type in STATES:
+            figures = [update_seconds(op_type, n, repeats, backend) for n in SIZES]
+            cells = [f"{t * 1e3:9.3f} ms ({t / figures[0]:5.2f}x)" for t in figures]
+            label = f"{op_type}{' (lazy)' if op_type == 'adam' else ''}, {backend}"
+            print(f"{label:<22}" + "".join(f"{c:>22}" for c in cells))
     copies = [copy_seconds(n) for n in SIZES]
-    print(f"{'table copy':<14}" + "".join(f"{t * 1e3:19.3f} ms" for t in copies))
+    print(f"{'table copy':<22}" + "".join(f"{t * 1e3:19.3f} ms" for t in copies))
 
 
 if __name__ == "__main__":

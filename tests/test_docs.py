@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config.scenario import parse_scenario
+from runtime.config.scenario import ModelSpec, parse_scenario
 from sim import schemadoc
+from transpiler.models import MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -119,6 +120,11 @@ def test_scenario_reference_is_up_to_date() -> None:
     text = path.read_text()
     assert schemadoc.updated(text, schemadoc.schema_markdown()) == text, \
         f"docs/scenarios.md is out of date with the models; run: {schemadoc.REGENERATE}"
+
+
+def test_model_name_reference_lists_every_built_in_model() -> None:
+    words = set(re.findall(r"\w+", schemadoc._field_docstrings(ModelSpec)["name"]))
+    assert sorted(set(MODELS) - words) == []
 
 
 def test_scenario_reference_examples_are_valid_scenarios() -> None:

@@ -114,3 +114,49 @@ def test_without_lazy_mode_untouched_rows_move_as_in_dense_training(op_type: str
     run_in_scope(_op(op_type), dense)
     for name, value in _values(dense, op_type).items():
         np.testing.assert_array_equal(_values(sparse, op_type)[name], value, err_msg=name)
+
+
+# -- the torch backend: the same rule for writing in place ---------------------------------------
+def _run_torch(op: Op, scope: Scope) -> None:
+    pytest.importorskip("torch")
+    from runtime.execution.executor import device_binder
+    from runtime.execution.kernels import KernelContext, get_kernel
+    device_binder("torch", "cpu")(get_kernel(op.type, "torch"))(KernelContext(op, scope, "", None))
+
+
+TORCH_SPARSE = [("sgd", False), ("adagrad", False), ("adam", True)]
+
+
+@pytest.mark.parametrize("op_type,lazy", TORCH_SPARSE, ids=[o for o, _ in TORCH_SPARSE])
+def test_torch_sparse_updates_write_the_scopes_tensors_in_place(op_type: str, lazy: bool) -> None:
+    """The first update copies the tables once (their memory is a numpy array's, which others
+    may hold); from then on the scope's own tensors are written, whatever the table's size."""
+    scope = _scope(op_type, ROWS)
+    _run_torch(_op(op_type, lazy), scope)
+    names = ["p", *STATES[op_type]]
+    before = {n: weakref.ref(scope.raw(n)) for n in names}  # a weak reference leaves it unshared
+    pointers = {n: scope.raw(n).data_ptr() for n in names}
+    kept = _values(scope, op_type)
+    _run_torch(_op(op_type, lazy), scope)
+    for name in names:
+        assert scope.raw(name) is before[name](), f"{name}: an unshared tensor is updated in place"
+        assert scope.raw(name).data_ptr() == pointers[name], name
+    after = _values(scope, op_type)
+    assert not np.array_equal(after["p"][TOUCHED], kept["p"][TOUCHED])
+    untouched = np.setdiff1d(np.arange(8), TOUCHED)
+    np.testing.assert_array_equal(after["p"][untouched], kept["p"][untouched])
+
+
+@pytest.mark.parametrize("op_type,lazy", TORCH_SPARSE, ids=[o for o, _ in TORCH_SPARSE])
+def test_torch_a_shared_param_is_copied_not_written(op_type: str, lazy: bool) -> None:
+    """A numpy view of the scope's tensor (what `Scope.get` hands the wire) or the tensor itself
+    held elsewhere keeps it unwritten."""
+    scope = _scope(op_type, ROWS)
+    _run_torch(_op(op_type, lazy), scope)
+    for holder in (lambda: scope.get("p"), lambda: scope.raw("p")):
+        kept = scope.get("p").copy()
+        held = holder()
+        _run_torch(_op(op_type, lazy), scope)
+        np.testing.assert_array_equal(held if isinstance(held, np.ndarray) else held.numpy(), kept)
+        assert not np.array_equal(scope.get("p")[TOUCHED], kept[TOUCHED])
+        del held

@@ -323,9 +323,12 @@ OPTIMIZER_ATTRS = [("lars_momentum", {"mu": 0.5, "lars_coeff": 0.01, "lars_weigh
 def optimizer_cases() -> list[Case]:
     cases = []
     for op, outputs in OPTIMIZER_OUTPUTS.items():
-        for name, grad in [("dense", normal(4, 3)), ("rows", rows(4, [3, 0, 3]))]:
+        # lazy: the rule on rows 0 and 3 only, rows 1 and 2 left alone (sgd has no lazy mode)
+        grads = [("dense", normal(4, 3), {}), ("rows", rows(4, [3, 0, 3]), {})]
+        grads += [("lazy", rows(4, [3, 0, 3]), {"lazy_mode": True})] if op != "sgd" else []
+        for name, grad, attrs in grads:
             build = (lambda o, g: lambda rng: optimizer_slots(o, rng, g(rng)))(op, grad)
-            cases.append(Case(op, build, outputs=outputs, id=name))
+            cases.append(Case(op, build, outputs=outputs, attrs=attrs, id=name))
     for op, attrs, name in OPTIMIZER_ATTRS:
         build = (lambda o: lambda rng: optimizer_slots(o, rng, rng.standard_normal((4, 3))))(op)
         cases.append(Case(op, build, outputs=OPTIMIZER_OUTPUTS[op], attrs=attrs, id=name))

@@ -62,7 +62,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: str
-    """A model of `transpiler.models.MODELS` (linear, mlp, ctr_dnn, word2vec) or a builder of
+    """A model of `transpiler.models.MODELS` (linear, mlp, ctr_dnn, word2vec, cnn) or a builder of
     one's own, ``module:function``, the module looked up in the scenario file's folder first
     (no PYTHONPATH needed); the builder contract is in the README."""
     optimizer: OptimizerSpec = OptimizerSpec()

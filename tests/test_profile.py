@@ -179,6 +179,9 @@ def test_the_profile_measures_the_runtimes_own_costs_and_the_machine(
     calibration = measured["calibration"]
     assert 0 < calibration["span"]["inner"] <= calibration["span"]["span"]
     assert calibration["loop_per_message"] > 0 and calibration["io_per_message"] > 0
+    # the run was encrypted (runtime up's default): CURVE priced at this machine's figures
+    assert calibration["curve"]["handshake"] > 0 and calibration["curve"]["per_byte"] >= 0
+    assert runtime["curve"] == calibration["curve"]
     assert runtime["step_residual"] >= 0 and runtime["round_residual"] >= 0
 
 

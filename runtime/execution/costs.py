@@ -63,11 +63,12 @@ part, and is handled after the receiver's I/O thread and then its main thread ha
 
 CurveZMQ (`runtime.network.curve`) adds I/O-thread work too: `CurveCosts`, a handshake per
 connection on each side and a per-byte cost of encrypting (sender) or decrypting (receiver)
-each message. They are calibrated constants (`CURVE`, measured by `calibrate_curve` as its
-docstring says) rather than fitted from a run: a profile's ``curve`` section says the job was
-encrypted, and its ``io`` is then what ZeroMQ costs besides CURVE (`fit_costs` takes the
-encryption out), so the same profile predicts an encrypted job with the section and an
-``--insecure`` one without it.
+each message. `runtime profile` measures them on its machine (`calibrate_curve`, beside the
+run) rather than fitting them from the run; `CURVE` is the development machine's figures, the
+default where none were measured. A profile's ``curve`` section says the job was encrypted, and
+its ``io`` is then what ZeroMQ costs besides CURVE (`fit_costs` takes the encryption out), so
+the same profile predicts an encrypted job with the section and an ``--insecure`` one without
+it.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ from runtime.execution.tensor import LoDTensor, SelectedRows, Value
 
 __all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples",
            "RECEIVES", "REPLY_KINDS", "Residual", "RuntimeCosts", "SENDS", "Side", "SpanCost",
-           "calibrate_io", "calibrate_span", "fit_costs", "fit_io", "fit_linear", "machine",
-           "measuring_seconds", "output_elements", "split_residual"]
+           "calibrate_curve", "calibrate_io", "calibrate_span", "fit_costs", "fit_io",
+           "fit_linear", "machine", "measuring_seconds", "output_elements", "split_residual"]
 
 Side = Literal["send", "receive"]
 SENDS: Side = "send"

@@ -46,8 +46,9 @@ import numpy as np
 from runtime.config.atomic import write_atomic
 from runtime.config.metrics import JobMetrics, read_metrics
 from runtime.config.scenario import ExpectSpec, Scenario
-from runtime.execution.costs import (KernelTimes, NodeCosts, OpSamples, RuntimeCosts, SpanCost,
-                                     calibrate_io, calibrate_span, fit_costs, machine)
+from runtime.execution.costs import (CurveCosts, KernelTimes, NodeCosts, OpSamples, RuntimeCosts,
+                                     SpanCost, calibrate_curve, calibrate_io, calibrate_span,
+                                     fit_costs, machine)
 from runtime.launch.launcher import launch
 from runtime.services.node import MEASURE_VAR, run_async
 
@@ -117,19 +118,22 @@ def check_profilable(scenario: Scenario, source: str) -> None:
 class Calibration:
     """What measuring and the runtime's untimed work cost on this machine, measured apart from
     the run: `spans` (`calibrate_span`), the I/O thread's per small message
-    (`calibrate_io`) and the event loop's per message received (`calibrate_loop`)."""
+    (`calibrate_io`), the event loop's per message received (`calibrate_loop`) and what
+    CurveZMQ costs the I/O thread (`calibrate_curve`: an encrypted job's profile prices
+    encryption at this machine's figures, as every other runtime cost)."""
 
     spans: SpanCost
     io_per_message: float
     loop_per_message: float
+    curve: CurveCosts
 
     def document(self) -> dict[str, Any]:
         return {"span": self.spans.document(), "io_per_message": self.io_per_message,
-                "loop_per_message": self.loop_per_message}
+                "loop_per_message": self.loop_per_message, "curve": self.curve.document()}
 
 
 def calibrate() -> Calibration:
-    return Calibration(calibrate_span(), calibrate_io(), calibrate_loop())
+    return Calibration(calibrate_span(), calibrate_io(), calibrate_loop(), calibrate_curve())
 
 
 def calibrate_loop(messages: int = 400, batches: int = 5) -> float:
@@ -251,7 +255,8 @@ def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
         raise ProfileError(f"{scenario_path}: the run executed no compute op, so nothing was "
                            "measured")
     calibration = calibrate()
-    costs, nodes = fit_costs(records, calibration.io_per_message, spans=calibration.spans,
+    costs, nodes = fit_costs(records, calibration.io_per_message, curve=calibration.curve,
+                             spans=calibration.spans,
                              loop_per_message=calibration.loop_per_message)
     return ProfileRun(times, costs, nodes, metrics, calibration)
 

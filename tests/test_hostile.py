@@ -14,7 +14,10 @@ holding no state for senders that are not the job's trainers.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import time
+import tracemalloc
 from dataclasses import replace
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -390,6 +393,56 @@ def test_many_distinct_senders_leave_no_state(shell: LiveShell) -> None:
         name = f"sender-{i}"
         assert shell.exchange(name, request("heartbeat", src=name)).kind is Kind.ERROR
     shell.check_unharmed()
+
+
+LEAK_BYTES = 16
+"""Bytes an input may leave allocated on average: less than the smallest state a pserver
+could keep per input (a set entry and a tuple of a name and an id, about 100 bytes), many
+times what a burst leaves without a leak (a few bytes an input, the loop's and allocators'
+bookkeeping)."""
+
+
+def test_a_burst_of_hostile_input_leaves_no_memory_behind() -> None:
+    """The memory Python has allocated (tracemalloc), after a warm-up: before and after
+    thousands of hostile inputs from distinct unknown senders (a heartbeat, a gradient, a
+    header over the limit each; every named input between), it grows by less than
+    `LEAK_BYTES` an input. Logging is off meanwhile: the test's log capture keeps every
+    record, which is the test's memory, not the pserver's."""
+    live = LiveShell()
+
+    def burst(tag: str, senders: int) -> int:
+        count = 0
+        for i in range(senders):
+            name = f"{tag}-{i}"
+            for frames in (request("heartbeat", src=name), WIRE_CASES["header_over_64k"],
+                           request("send", src=name, vars=[spec()], frames=[GRAD_BYTES])):
+                assert live.exchange(name, frames).kind is Kind.ERROR
+            count += 3
+            if i % 500 == 0:
+                for case, frames in HOSTILE.items():
+                    peer = TRAINER if case in INSIDER_CASES else name
+                    assert live.exchange(peer, frames).kind is Kind.ERROR, case
+                count += len(HOSTILE)
+        return count
+
+    logging.disable(logging.CRITICAL)
+    try:
+        burst("warm-up", 100)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            count = burst("sender", 1500)
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        live.check_unharmed()
+    finally:
+        logging.disable(logging.NOTSET)
+        live.close()
+    assert count > 4500
+    assert grown < LEAK_BYTES * count, f"{grown} bytes left after {count} hostile inputs"
 
 
 # --------------------------------------------------------------- over ZeroMQ, then a real job

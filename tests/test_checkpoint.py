@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from runtime.services.checkpoint import MANIFEST, CheckpointError, Staging
 from runtime.services.cluster import LocalCluster, make_trainer, pserver_name, run_job, trainer_name
 from runtime.services.job import Job
 from runtime.services.pserver import PserverService, ServeConfig
-from runtime.services.trainer import run_program
+from runtime.services.trainer import StepMismatch, run_program
 from transpiler.ir import Program
 
 from cluster_helpers import FAST_DRAIN, make_job
@@ -85,6 +86,35 @@ def test_a_job_resumed_from_its_checkpoints_ends_as_if_never_stopped(tmp_path: P
     assert resumed.params.keys() == uninterrupted.keys()
     for name, value in uninterrupted.items():
         np.testing.assert_array_equal(resumed.params[name], value, err_msg=name)
+
+
+@pytest.mark.timeout(60)
+def test_a_job_resumed_from_checkpoints_of_different_steps_fails_naming_the_step_mismatch(
+        tmp_path: Path) -> None:
+    """pserver:0's checkpoint is of step 20, pserver:1's of step 10 (an older one, as when the
+    newer is lost): resumed, the trainers join pserver:0 at step 20, and pserver:1, at step
+    10, holds their fetch of the parameters for a step it can never reach. The trainer fails
+    with `StepMismatch` naming both steps as soon as pserver:1 says it holds the request,
+    long before its deadline (an hour, past this test's timeout)."""
+    job = make_job("{name: mlp, sizes: [8, 4, 2]}", trainers=2, pservers=2,
+                   retry_after=FAST_DRAIN)
+    for steps in (10, 20):
+        asyncio.run(LocalCluster(with_steps(job, steps), ZmqTransport,
+                                 checkpoint_dir=tmp_path / str(steps)).run())
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copytree(tmp_path / "20" / pserver_name(0), mixed / pserver_name(0))
+    shutil.copytree(tmp_path / "10" / pserver_name(1), mixed / pserver_name(1))
+    resumed = with_steps(job, 30)
+    train = resumed.scenario.train.model_copy(update={"deadline": 3600.0})
+    resumed = Job(resumed.scenario.model_copy(update={"train": train}), resumed.args)
+    cluster = LocalCluster(resumed, ZmqTransport, checkpoint_dir=mixed, resume=True)
+    with pytest.raises(StepMismatch, match=r"at step 19: pserver:1 is at step 10 and holds the "
+                       r"request; the pservers disagree on the step") as raised:
+        asyncio.run(cluster.run())
+    assert (raised.value.endpoint, raised.value.step, raised.value.server_step) == (
+        pserver_name(1), 19, 10)
+    assert [s.round.step for s in cluster.servers.values()] == [20, 10]
 
 
 @pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from runtime.network.transport import EndpointError, Transport
+from runtime.network.transport import EndpointError, Frame, Transport
 from runtime.network.wire import Kind, Message, decode, encode
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport, _received
 from transport_contract import TransportContract, numbered, recv_number, within
@@ -193,3 +193,48 @@ async def test_a_received_tensor_sent_on_goes_back_by_reference() -> None:
         await server.send(peer, reply)
         _, echoed = await within(client.recv())
         np.testing.assert_array_equal(decode(echoed).vars["w"], tensor)
+
+
+@pytest.mark.timeout(60)
+async def test_the_inbox_holds_at_most_its_byte_limit_and_one_message_then_reads_on() -> None:
+    """Several clients each send large messages to a server that does not read: the bytes its
+    inbox holds stay under `inbox_bytes` plus one message (the message read while under the
+    limit), receiving pauses there (the rest waits in libzmq), and resumes as `recv` takes
+    messages, until every message has arrived once, in each client's order."""
+    size, clients, each = 300_000, 4, 8
+    limit = 1 << 20  # about 3.5 messages
+    limits = ZmqLimits(inbox=1000, inbox_bytes=limit)  # the message count never binds
+    async with ZmqTransport("server", limits) as server:
+        held: list[int] = []  # the bytes in the inbox after each message put in
+        inbox = server._inbox
+        put = inbox.put_nowait
+
+        def put_counting(item: tuple[str, list[Frame]]) -> None:
+            put(item)
+            held.append(sum(memoryview(f).nbytes for _, frames in inbox._items for f in frames))
+
+        inbox.put_nowait = put_counting  # type: ignore[method-assign]
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        senders = [ZmqTransport(f"c{k}") for k in range(clients)]
+        try:
+            for sender in senders:
+                await sender.connect(endpoint)
+            block = np.zeros(size - 4, np.uint8)
+            for i in range(each):
+                for sender in senders:
+                    await within(sender.send(endpoint, [*numbered(i), block.data]))
+            while not server._paused:  # until the server has read what it may (this test's
+                await asyncio.sleep(0.01)  # timeout bounds a transport that never pauses)
+            full = len(held)
+            assert limit <= held[-1] < limit + size
+            await asyncio.sleep(0.2)
+            assert len(held) == full  # paused: nothing more read while nothing is taken
+            order = [await recv_number(server) for _ in range(clients * each)]
+        finally:
+            for sender in senders:
+                await sender.close()
+    assert len(held) == clients * each
+    assert max(held) < limit + size
+    assert sorted(order) == sorted((f"c{k}", i) for k in range(clients) for i in range(each))
+    for k in range(clients):
+        assert [i for peer, i in order if peer == f"c{k}"] == list(range(each))

@@ -169,6 +169,36 @@ def test_batch_norm_on_rows_normalizes_per_column(backend: str) -> None:
                backend=backend)
 
 
+def test_batch_norm_layer_keeps_running_stats_in_persistable_vars_not_parameters() -> None:
+    """The running mean and variance persist across steps (and in checkpoints), are filled with
+    0 and 1 at startup and written in place by the op; no gradient or optimizer touches them."""
+    import transpiler as T
+    from transpiler.framework import program_guard, unique_name
+    from transpiler.ir import Program
+
+    main, startup = Program(), Program()
+    with program_guard(main, startup), unique_name.guard():
+        x = T.layers.data("x", shape=[2, 3, 3])
+        y = T.layers.batch_norm(x, param_attr="bn.w", bias_attr="bn.b", moving_mean_name="bn.mean",
+                                moving_variance_name="bn.var")
+        T.optimizer.SGD(0.1).minimize(T.layers.mean(y))
+    block = main.global_block()
+    for name, value in (("bn.mean", 0.0), ("bn.var", 1.0)):
+        var = block.var(name)
+        assert var.persistable and not var.is_parameter and var.stop_gradient, name
+        assert startup.global_block().var(name).persistable
+        (init,) = [op for op in startup.global_block().ops if op.output_arg_names == [name]]
+        assert (init.type, init.attr("value"), init.attr("shape")) == \
+            ("fill_constant", value, [2])
+    assert {p.name for p in block.all_parameters()} == {"bn.w", "bn.b"}
+    (bn,) = [op for op in block.ops if op.type == "batch_norm"]
+    assert (bn.input("Mean"), bn.output("MeanOut")) == (["bn.mean"], ["bn.mean"])
+    assert (bn.input("Variance"), bn.output("VarianceOut")) == (["bn.var"], ["bn.var"])
+    assert not any(n.startswith(("bn.mean@", "bn.var@")) for n in block.vars)
+    assert all(op.type in ("batch_norm", "batch_norm_grad") for op in block.ops
+               if {"bn.mean", "bn.var"} & set(op.output_arg_names))
+
+
 # -- layer_norm, dropout ------------------------------------------------------------------------
 @pytest.mark.parametrize("axis", [1, 2])
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,12 +1,14 @@
-"""numpy kernels of the image, normalization, product and shaping ops: forward values against
-direct (loop or reference) computations, every gradient against central finite differences on
-tiny float64 shapes, and the errors that name a bad attribute."""
+"""Kernels of the image, normalization, product and shaping ops: forward values against direct
+(loop or reference) computations, every gradient against central finite differences on tiny
+float64 shapes, and the errors that name a bad attribute. Each check runs on both backends, numpy
+and torch (skipped without torch): torch's gradients are checked against torch's own forward
+kernel, not against numpy's."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gradcheck import check_grad, run_op
+from gradcheck import BACKENDS, check_grad, run_op
 
 RNG = np.random.default_rng(7)
 
@@ -51,28 +53,34 @@ CONVS = [  # (input, filter, strides, paddings, dilations, groups)
 
 
 @pytest.mark.parametrize("xs,ws,stride,pad,dil,groups", CONVS)
-def test_conv2d_equals_the_loop_and_its_gradients_check(xs, ws, stride, pad, dil, groups) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv2d_equals_the_loop_and_its_gradients_check(xs, ws, stride, pad, dil, groups,
+                                                        backend: str) -> None:
     x, w = normal(*xs), normal(*ws)
     attrs = {"strides": list(stride), "paddings": list(pad), "dilations": list(dil),
              "groups": groups}
-    out = run_op("conv2d", {"Input": x, "Filter": w}, ("Output",), attrs)["Output"]
+    out = run_op("conv2d", {"Input": x, "Filter": w}, ("Output",), attrs, backend=backend)["Output"]
     np.testing.assert_allclose(out, conv_reference(x, w, stride, pad, dil, groups), rtol=1e-12,
                                atol=1e-12)
-    check_grad("conv2d", {"Input": x, "Filter": w}, ["Input", "Filter"], attrs, ("Output",))
+    check_grad("conv2d", {"Input": x, "Filter": w}, ["Input", "Filter"], attrs, ("Output",),
+               backend=backend)
 
 
-def test_conv2d_asymmetric_paddings_and_errors() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv2d_asymmetric_paddings_and_errors(backend: str) -> None:
     x, w = normal(1, 1, 4, 4), normal(1, 1, 2, 2)
     out = run_op("conv2d", {"Input": x, "Filter": w}, ("Output",),
-                 {"paddings": [0, 1, 1, 0]})["Output"]
+                 {"paddings": [0, 1, 1, 0]}, backend=backend)["Output"]
     padded = np.pad(x, ((0, 0), (0, 0), (0, 1), (1, 0)))
     np.testing.assert_allclose(out, conv_reference(padded, w, (1, 1), (0, 0), (1, 1), 1))
     check_grad("conv2d", {"Input": x, "Filter": w}, ["Input", "Filter"],
-               {"paddings": [0, 1, 1, 0], "strides": [2, 1]}, ("Output",))
+               {"paddings": [0, 1, 1, 0], "strides": [2, 1]}, ("Output",), backend=backend)
     with pytest.raises(ValueError, match="Input has 1 channels, Filter .* groups 2"):
-        run_op("conv2d", {"Input": x, "Filter": w}, ("Output",), {"groups": 2})
+        run_op("conv2d", {"Input": x, "Filter": w}, ("Output",), {"groups": 2},
+               backend=backend)
     with pytest.raises(ValueError, match="data_format 'NHWC' is not supported"):
-        run_op("conv2d", {"Input": x, "Filter": w}, ("Output",), {"data_format": "NHWC"})
+        run_op("conv2d", {"Input": x, "Filter": w}, ("Output",), {"data_format": "NHWC"},
+               backend=backend)
 
 
 # -- pool2d -------------------------------------------------------------------------------------
@@ -106,8 +114,9 @@ POOLS = [
 
 
 @pytest.mark.parametrize("attrs", POOLS, ids=lambda a: f"{a['pooling_type']}-{a['ksize']}")
-def test_pool2d_gradients_check(attrs: dict) -> None:
-    check_grad("pool2d", {"X": distinct(2, 2, 5, 5)}, ["X"], attrs)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pool2d_gradients_check(attrs: dict, backend: str) -> None:
+    check_grad("pool2d", {"X": distinct(2, 2, 5, 5)}, ["X"], attrs, backend=backend)
 
 
 # -- batch_norm ---------------------------------------------------------------------------------
@@ -146,50 +155,86 @@ def test_batch_norm_is_test_uses_the_running_stats_and_keeps_them() -> None:
 
 @pytest.mark.parametrize("attrs", [{}, {"is_test": True}, {"use_global_stats": True}],
                          ids=["train", "is_test", "global_stats"])
-def test_batch_norm_gradients_check(attrs: dict) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_norm_gradients_check(attrs: dict, backend: str) -> None:
     check_grad("batch_norm", bn_inputs(2), ["X", "Scale", "Bias"], attrs, BN_OUTS, ("Y",),
-               rtol=1e-5, atol=1e-6)
+               rtol=1e-5, atol=1e-6, backend=backend)
 
 
-def test_batch_norm_on_rows_normalizes_per_column() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_norm_on_rows_normalizes_per_column(backend: str) -> None:
     inputs = {"X": normal(5, 3), "Scale": normal(3), "Bias": normal(3), "Mean": np.zeros(3),
               "Variance": np.ones(3)}
-    check_grad("batch_norm", inputs, ["X", "Scale", "Bias"], {}, BN_OUTS, ("Y",), atol=1e-6)
+    check_grad("batch_norm", inputs, ["X", "Scale", "Bias"], {}, BN_OUTS, ("Y",), atol=1e-6,
+               backend=backend)
+
+
+def test_batch_norm_layer_keeps_running_stats_in_persistable_vars_not_parameters() -> None:
+    """The running mean and variance persist across steps (and in checkpoints), are filled with
+    0 and 1 at startup and written in place by the op; no gradient or optimizer touches them."""
+    import transpiler as T
+    from transpiler.framework import program_guard, unique_name
+    from transpiler.ir import Program
+
+    main, startup = Program(), Program()
+    with program_guard(main, startup), unique_name.guard():
+        x = T.layers.data("x", shape=[2, 3, 3])
+        y = T.layers.batch_norm(x, param_attr="bn.w", bias_attr="bn.b", moving_mean_name="bn.mean",
+                                moving_variance_name="bn.var")
+        T.optimizer.SGD(0.1).minimize(T.layers.mean(y))
+    block = main.global_block()
+    for name, value in (("bn.mean", 0.0), ("bn.var", 1.0)):
+        var = block.var(name)
+        assert var.persistable and not var.is_parameter and var.stop_gradient, name
+        assert startup.global_block().var(name).persistable
+        (init,) = [op for op in startup.global_block().ops if op.output_arg_names == [name]]
+        assert (init.type, init.attr("value"), init.attr("shape")) == \
+            ("fill_constant", value, [2])
+    assert {p.name for p in block.all_parameters()} == {"bn.w", "bn.b"}
+    (bn,) = [op for op in block.ops if op.type == "batch_norm"]
+    assert (bn.input("Mean"), bn.output("MeanOut")) == (["bn.mean"], ["bn.mean"])
+    assert (bn.input("Variance"), bn.output("VarianceOut")) == (["bn.var"], ["bn.var"])
+    assert not any(n.startswith(("bn.mean@", "bn.var@")) for n in block.vars)
+    assert all(op.type in ("batch_norm", "batch_norm_grad") for op in block.ops
+               if {"bn.mean", "bn.var"} & set(op.output_arg_names))
 
 
 # -- layer_norm, dropout ------------------------------------------------------------------------
 @pytest.mark.parametrize("axis", [1, 2])
-def test_layer_norm_values_and_gradients(axis: int) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_values_and_gradients(axis: int, backend: str) -> None:
     x = normal(2, 3, 4)
     right = int(np.prod(x.shape[axis:]))
     inputs = {"X": x, "Scale": normal(right), "Bias": normal(right)}
     out = run_op("layer_norm", inputs, ("Y", "Mean", "Variance"),
-                 {"begin_norm_axis": axis, "epsilon": 1e-5})
+                 {"begin_norm_axis": axis, "epsilon": 1e-5}, backend=backend)
     x2 = x.reshape(-1, right)
     want = ((x2 - x2.mean(1, keepdims=True)) / np.sqrt(x2.var(1, keepdims=True) + 1e-5)
             * inputs["Scale"] + inputs["Bias"])
     np.testing.assert_allclose(out["Y"], want.reshape(x.shape), rtol=1e-12)
     check_grad("layer_norm", inputs, ["X", "Scale", "Bias"], {"begin_norm_axis": axis},
-               ("Y", "Mean", "Variance"), ("Y",), atol=1e-6)
+               ("Y", "Mean", "Variance"), ("Y",), atol=1e-6, backend=backend)
 
 
-def test_layer_norm_without_scale_and_bias() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_without_scale_and_bias(backend: str) -> None:
     check_grad("layer_norm", {"X": normal(3, 4)}, ["X"], {}, ("Y", "Mean", "Variance"), ("Y",),
-               atol=1e-6)
+               atol=1e-6, backend=backend)
 
 
 @pytest.mark.parametrize("impl", ["downgrade_in_infer", "upscale_in_train"])
-def test_dropout_is_seeded_scales_per_implementation_and_checks(impl: str) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropout_is_seeded_scales_per_implementation_and_checks(impl: str, backend: str) -> None:
     x = normal(20, 30)
     attrs = {"dropout_prob": 0.25, "fix_seed": True, "seed": 5, "dropout_implementation": impl}
-    one = run_op("dropout", {"X": x}, ("Out", "Mask"), attrs)
-    two = run_op("dropout", {"X": x}, ("Out", "Mask"), attrs)
+    one = run_op("dropout", {"X": x}, ("Out", "Mask"), attrs, backend=backend)
+    two = run_op("dropout", {"X": x}, ("Out", "Mask"), attrs, backend=backend)
     np.testing.assert_array_equal(one["Mask"], two["Mask"])
     assert one["Mask"].dtype == np.uint8 and 0.65 < one["Mask"].mean() < 0.85
     scale = 1 / 0.75 if impl == "upscale_in_train" else 1.0
     np.testing.assert_allclose(one["Out"], x * one["Mask"] * scale, rtol=1e-15)
-    check_grad("dropout", {"X": normal(3, 4)}, ["X"], attrs, ("Out", "Mask"))
-    test = run_op("dropout", {"X": x}, ("Out", "Mask"), {**attrs, "is_test": True})
+    check_grad("dropout", {"X": normal(3, 4)}, ["X"], attrs, ("Out", "Mask"), backend=backend)
+    test = run_op("dropout", {"X": x}, ("Out", "Mask"), {**attrs, "is_test": True}, backend=backend)
     np.testing.assert_allclose(test["Out"], x * (1.0 if impl == "upscale_in_train" else 0.75))
     assert test["Mask"] is None
 
@@ -216,16 +261,17 @@ MATMULS = [  # (x, y, transpose x, transpose y)
 
 @pytest.mark.parametrize("op", ["matmul", "matmul_v2"])
 @pytest.mark.parametrize("xs,ys,tx,ty", MATMULS)
-def test_matmul_values_and_gradients(op: str, xs, ys, tx: bool, ty: bool) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matmul_values_and_gradients(op: str, xs, ys, tx: bool, ty: bool, backend: str) -> None:
     x, y = normal(*xs), normal(*ys)
     attrs = ({"transpose_X": tx, "transpose_Y": ty, "alpha": 0.5} if op == "matmul"
              else {"trans_x": tx, "trans_y": ty})
     t = lambda a, f: np.swapaxes(a, -1, -2) if f else a  # noqa: E731
     want = np.matmul(t(x, tx), t(y, ty)) * (0.5 if op == "matmul" else 1.0)
-    out = run_op(op, {"X": x, "Y": y}, attrs=attrs)["Out"]
+    out = run_op(op, {"X": x, "Y": y}, attrs=attrs, backend=backend)["Out"]
     assert out.shape == np.shape(want)
     np.testing.assert_allclose(out, want, rtol=1e-12)
-    check_grad(op, {"X": x, "Y": y}, ["X", "Y"], attrs)
+    check_grad(op, {"X": x, "Y": y}, ["X", "Y"], attrs, backend=backend)
 
 
 def test_matmul_names_mismatched_dims() -> None:
@@ -244,26 +290,28 @@ SHAPING = [  # (op, attrs, input shape, output shape)
 
 
 @pytest.mark.parametrize("op,attrs,shape,out_shape", SHAPING, ids=lambda v: str(v))
-def test_shaping_ops_write_out_and_xshape_and_their_gradients_check(op, attrs, shape,
-                                                                    out_shape) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shaping_ops_write_out_and_xshape_and_their_gradients_check(op, attrs, shape, out_shape,
+                                                                    backend: str) -> None:
     x = normal(*shape)
-    out = run_op(op, {"X": x}, ("Out", "XShape"), attrs)
+    out = run_op(op, {"X": x}, ("Out", "XShape"), attrs, backend=backend)
     assert out["Out"].shape == out_shape and out["XShape"].shape == (0,) + shape
     if op == "transpose2":
         np.testing.assert_array_equal(out["Out"], x.transpose(attrs["axis"]))
     else:
         np.testing.assert_array_equal(out["Out"].reshape(-1), x.reshape(-1))
-    check_grad(op, {"X": x}, ["X"], attrs, ("Out", "XShape"))
+    check_grad(op, {"X": x}, ["X"], attrs, ("Out", "XShape"), backend=backend)
 
 
 @pytest.mark.parametrize("attrs,sizes", [({"num": 3, "axis": 1}, [2, 2, 2]),
                                          ({"sections": [1, -1, 2], "axis": -1}, [1, 3, 2])])
-def test_split_values_and_gradient(attrs: dict, sizes: list[int]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_split_values_and_gradient(attrs: dict, sizes: list[int], backend: str) -> None:
     x = normal(2, 6)
-    out = run_op("split", {"X": x}, {"Out": len(sizes)}, attrs)["Out"]
+    out = run_op("split", {"X": x}, {"Out": len(sizes)}, attrs, backend=backend)["Out"]
     assert [o.shape[1] for o in out] == sizes
     np.testing.assert_array_equal(np.concatenate(out, axis=1), x)
-    check_grad("split", {"X": x}, ["X"], attrs, {"Out": len(sizes)}, ("Out",))
+    check_grad("split", {"X": x}, ["X"], attrs, {"Out": len(sizes)}, ("Out",), backend=backend)
 
 
 def test_split_grad_treats_a_missing_output_gradient_as_zero() -> None:
@@ -286,41 +334,46 @@ def test_split_grad_treats_a_missing_output_gradient_as_zero() -> None:
     ({"axes": [1], "starts": [1], "ends": [3]}, (3, 2, 4)),
     ({"axes": [0, 2], "starts": [-2, 0], "ends": [100, 1], "decrease_axis": [2]}, (2, 5)),
 ])
-def test_slice_values_and_gradient(attrs: dict, want: tuple) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slice_values_and_gradient(attrs: dict, want: tuple, backend: str) -> None:
     x = normal(3, 5, 4)
-    out = run_op("slice", {"Input": x}, attrs=attrs)["Out"]
+    out = run_op("slice", {"Input": x}, attrs=attrs, backend=backend)["Out"]
     assert out.shape == want
-    check_grad("slice", {"Input": x}, ["Input"], attrs)
+    check_grad("slice", {"Input": x}, ["Input"], attrs, backend=backend)
 
 
-def test_gather_values_and_gradients() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_values_and_gradients(backend: str) -> None:
     x = normal(5, 3)
     ids = np.array([[4], [0], [4], [2]], dtype=np.int64)
-    np.testing.assert_array_equal(run_op("gather", {"X": x, "Index": ids})["Out"],
+    np.testing.assert_array_equal(run_op("gather", {"X": x, "Index": ids}, backend=backend)["Out"],
                                   x[[4, 0, 4, 2]])
-    check_grad("gather", {"X": x, "Index": ids}, ["X"], {"overwrite": False})
-    check_grad("gather", {"X": x, "Index": np.array([3, 1, 0])}, ["X"])
+    check_grad("gather", {"X": x, "Index": ids}, ["X"], {"overwrite": False}, backend=backend)
+    check_grad("gather", {"X": x, "Index": np.array([3, 1, 0])}, ["X"], backend=backend)
     g = np.arange(12.0).reshape(4, 3)
     dx = run_op("gather_grad", {"X": x, "Index": ids, "Out": x[[4, 0, 4, 2]], "Out@GRAD": g},
-                ("X@GRAD",), {"overwrite": True})["X@GRAD"]
+                ("X@GRAD",), {"overwrite": True}, backend=backend)["X@GRAD"]
     np.testing.assert_array_equal(dx[4], g[2])  # the last of the repeated id wins
     with pytest.raises(IndexError, match="Index 0..5 outside X's 5 rows"):
-        run_op("gather", {"X": x, "Index": np.array([0, 5])})
+        run_op("gather", {"X": x, "Index": np.array([0, 5])}, backend=backend)
 
 
 @pytest.mark.parametrize("attrs", [{}, {"normalize": True, "ignore_index": -1}])
-def test_sigmoid_cross_entropy_with_logits(attrs: dict) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigmoid_cross_entropy_with_logits(attrs: dict, backend: str) -> None:
     x = normal(3, 4) * 3
     label = RNG.uniform(0, 1, (3, 4))
     label[0, 1] = -1
-    out = run_op("sigmoid_cross_entropy_with_logits", {"X": x, "Label": label}, attrs=attrs)["Out"]
+    out = run_op("sigmoid_cross_entropy_with_logits", {"X": x, "Label": label}, attrs=attrs,
+                 backend=backend)["Out"]
     p = 1 / (1 + np.exp(-x))
     want = -(label * np.log(p) + (1 - label) * np.log(1 - p))
     if attrs:
         want[0, 1] = 0
         want /= 11
     np.testing.assert_allclose(out, want, rtol=1e-10)
-    check_grad("sigmoid_cross_entropy_with_logits", {"X": x, "Label": label}, ["X"], attrs)
+    check_grad("sigmoid_cross_entropy_with_logits", {"X": x, "Label": label}, ["X"], attrs,
+               backend=backend)
 
 
 # -- the layers and the cost rules ------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Numpy kernels: elementwise ops with Paddle broadcasting, unary math, reductions, concat,
-clipping; forward values and finite-difference gradient checks."""
+clipping; forward values and finite-difference gradient checks (concat on torch too)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gradcheck import check_grad, run_in_scope, run_op
+from gradcheck import BACKENDS, check_grad, run_in_scope, run_op
 
 from runtime import Scope, SelectedRows
 from runtime.execution.kernels.numpy_elementwise import align
@@ -188,12 +188,14 @@ def test_sum_in_place_output_aliases_an_input() -> None:
     assert scope.get("decay").tolist() == [0.5, 0.5]
 
 
-def test_concat_forward_and_gradient_over_three_inputs() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_concat_forward_and_gradient_over_three_inputs(backend: str) -> None:
     xs = [RNG.standard_normal((2, n)) for n in (1, 3, 2)]
-    out = run_op("concat", {"X": xs}, attrs={"axis": 1})["Out"]
+    out = run_op("concat", {"X": xs}, attrs={"axis": 1}, backend=backend)["Out"]
     np.testing.assert_array_equal(out, np.hstack(xs))
-    check_grad("concat", {"X": xs}, ["X"], {"axis": 1})
-    check_grad("concat", {"X": [RNG.standard_normal((n, 2)) for n in (2, 1)]}, ["X"], {"axis": -2})
+    check_grad("concat", {"X": xs}, ["X"], {"axis": 1}, backend=backend)
+    check_grad("concat", {"X": [RNG.standard_normal((n, 2)) for n in (2, 1)]}, ["X"], {"axis": -2},
+               backend=backend)
 
 
 def test_concat_grad_matches_gradients_to_inputs_by_name() -> None:

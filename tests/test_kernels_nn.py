@@ -1,11 +1,12 @@
 """Numpy kernels: mul, softmax, cross-entropy losses, lookup_table (dense and sparse gradient)
-and sequence_pool over ragged LoD batches; forward values and finite-difference gradients."""
+and sequence_pool over ragged LoD batches; forward values and finite-difference gradients
+(softmax_with_cross_entropy on torch too)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gradcheck import check_grad, run_in_scope, run_op
+from gradcheck import BACKENDS, check_grad, run_in_scope, run_op
 
 from runtime import LoDTensor, Scope, SelectedRows
 from runtime.execution.tensor import lod_of
@@ -88,11 +89,13 @@ def test_softmax_with_cross_entropy_is_stable_and_correct() -> None:
 
 
 @pytest.mark.parametrize("soft", [False, True])
-def test_softmax_with_cross_entropy_gradient(soft: bool) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_softmax_with_cross_entropy_gradient(soft: bool, backend: str) -> None:
     logits = RNG.standard_normal((4, 5))
     label = probs(4, 5) if soft else np.array([[0], [4], [-100], [2]], np.int64)
     check_grad("softmax_with_cross_entropy", {"Logits": logits, "Label": label}, ["Logits"],
-               {"soft_label": soft}, outputs=["Softmax", "Loss"], loss_outputs=["Loss"])
+               {"soft_label": soft}, outputs=["Softmax", "Loss"], loss_outputs=["Loss"],
+               backend=backend)
 
 
 # -- lookup_table -------------------------------------------------------------------------------

@@ -70,10 +70,11 @@ def load_params(path: Path) -> dict[str, np.ndarray]:
         return {name: data[name] for name in data.files}
 
 
-def assert_params_equal(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+def assert_params_equal(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray],
+                        atol: float = 1e-5) -> None:
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
-        np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=atol, err_msg=name)
 
 
 def children_of(pid: int) -> list[int]:
@@ -197,6 +198,35 @@ def test_geo_sgd_on_a_sparse_table_as_processes_equals_local_training(tmp_path: 
     assert np.mean(trainer.losses[-10:]) < 0.9 * np.mean(trainer.losses[:10])
     assert [(p.errors, p.exit_code) for p in metrics.pservers] == [(0, 0), (0, 0)]
     assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+
+
+CNN = """\
+name: cnn-up
+seed: 5
+model: {{name: cnn, image: 8, channels: [4, 8], batch_norm: {batch_norm}}}
+data: {{batch_size: 8}}
+cluster: {{pservers: 2, trainers: {trainers}}}
+transpiler: {{mode: sync}}
+train: {{steps: 10, deadline: 60s, heartbeat_timeout: 10s, retry_after: 100ms}}
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("batch_norm,trainers", [("false", 2), ("true", 1)],
+                         ids=["2x2", "batch_norm-1x2"])
+def test_cnn_sync_processes_equal_local_training(tmp_path: Path, batch_norm: str,
+                                                 trainers: int) -> None:
+    """The `cnn` model (conv2d, pool2d, fc, softmax_with_cross_entropy) trained sync by pservers
+    and trainers as processes ends with local training's parameters. Without batch_norm every op
+    is per example, so two trainers' mean gradient is local training's; batch_norm normalizes by
+    the trainer's own batch, so it equals local training with one trainer (the whole batch)."""
+    scenario, out = tmp_path / "cnn.yaml", tmp_path / "out"
+    scenario.write_text(CNN.format(batch_norm=batch_norm, trainers=trainers))
+    code, lines = up(str(scenario), "--out", str(out))
+    assert code == 0, "\n".join(lines)
+    metrics = read_metrics(out / "metrics.json")
+    assert [len(t.losses) for t in metrics.trainers] == [10] * trainers
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario), atol=1e-6)
 
 
 @pytest.mark.timeout(60)

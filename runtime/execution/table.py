@@ -45,7 +45,7 @@ from transpiler.ir import Op, Program, Var, VarType
 
 from runtime.execution.kernels.numpy_optim import ROW_LOCAL
 from runtime.execution.scope import Scope
-from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows
+from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, host_value
 
 class TableRequestError(ValueError):
     """Ids or rows that this pserver cannot serve or store; names the var."""
@@ -184,6 +184,8 @@ class TouchedRows:
 
     def mark_block(self, ops: list[Op], scope: Scope) -> None:
         """Mark what `ops`, just run in `scope` (their block's vars still there), wrote."""
+        if not self.tracked:
+            return
         for op in ops:
             written = [n for n in op.output_arg_names if n in self._rows]
             if not written:
@@ -211,8 +213,8 @@ def rows_written(op: Op, scope: Scope) -> np.ndarray | None:
     if op.type not in ROW_LOCAL and not op.attr("lazy_mode", False):
         return None
     grads = op.input("Grad")
-    grad = scope.get_tensor(grads[0]) if len(grads) == 1 and scope.has(grads[0]) else None
-    return grad.rows if isinstance(grad, SelectedRows) else None
+    grad = scope.raw(grads[0]) if len(grads) == 1 and scope.has(grads[0]) else None
+    return host_value(grad.rows) if isinstance(grad, SelectedRows) else None
 
 
 def remote_tables(program: Program, lsv: Op) -> frozenset[str]:

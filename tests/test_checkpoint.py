@@ -362,3 +362,44 @@ def test_a_pservers_table_checkpoints_are_deltas_and_restore_it_exactly(tmp_path
         assert 0 < sum(d["rows"] for d in entry["deltas"]) < 2500
         assert state_bytes(new) == state_bytes(old)
         assert new.round.step == 12
+
+
+def test_a_sparse_checkpoint_falls_back_to_a_full_base_where_links_fail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another file system (EXDEV): the new checkpoint holds a full base, no half-linked files."""
+    import errno
+    import os
+    from runtime.services.checkpoint import load
+    target = tmp_path / "ps"
+    table = np.arange(200.0).reshape(100, 2)
+    since, _ = save_sparse(target, table, None, None, 0)
+    since, _ = save_sparse(target, table, np.arange(5), since, 1)  # a base and one delta
+    calls: list[str] = []
+
+    def cross_device(src: Path, dst: Path) -> None:
+        if calls:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        calls.append(str(src))
+        os.link(src, dst)
+
+    monkeypatch.setattr(os, "link", cross_device)
+    table[7] = -1
+    since, delta = save_sparse(target, table, np.array([7]), since, 2)
+    assert not delta and len(calls) == 1  # the base linked, its delta refused: undone
+    assert sorted(p.name for p in target.iterdir()) == [MANIFEST, "t.npy", "w.npy"]
+    np.testing.assert_array_equal(load(target, declared(table)).values["t"], table)
+
+
+def test_a_sparse_checkpoint_with_no_rows_written_adds_no_delta_and_deltas_are_bounded(
+        tmp_path: Path) -> None:
+    from runtime.services.checkpoint import MAX_DELTAS
+    target = tmp_path / "ps"
+    table = np.zeros((10_000, 2), np.float32)
+    since, _ = save_sparse(target, table, None, None, 0)
+    since, delta = save_sparse(target, table, np.zeros(0, np.int64), since, 1)
+    assert delta and table_entry(target).get("deltas") == []
+    for step in range(MAX_DELTAS):
+        since, delta = save_sparse(target, table, np.array([step]), since, 2 + step)
+        assert delta
+    assert len(table_entry(target)["deltas"]) == MAX_DELTAS
+    assert not save_sparse(target, table, np.array([0]), since, 99)[1]

@@ -34,7 +34,8 @@ before) and writes only the changed rows as a new delta. It writes a full base i
 (compaction) when the previous checkpoint is not the one the rows are counted from (another
 ``id``, or none), holds the var with another shape or dtype, cannot be linked (another file
 system, a file gone), or when its deltas and the new one would hold more than `COMPACT_AT` of
-the var's rows. Version 1 manifests (no ids, no deltas) still load.
+the var's rows or be more than `MAX_DELTAS` files. Version 1 manifests (no ids, no deltas) still
+load.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ FORMAT, VERSION = "pslab-checkpoint", 2
 READABLE = (1, VERSION)
 COMPACT_AT = 0.5
 """A var's deltas may hold at most this fraction of its rows; beyond, a full base is written."""
+MAX_DELTAS = 32
+"""And at most this many delta files (loading reads them all)."""
 
 
 class CheckpointError(ValueError):
@@ -120,7 +123,8 @@ class Staging:
                 or previous["dtype"] != value.dtype.name:
             return False
         deltas = list(previous.get("deltas", []))
-        if sum(d["rows"] for d in deltas) + len(rows) > COMPACT_AT * value.shape[0]:
+        if sum(d["rows"] for d in deltas) + len(rows) > COMPACT_AT * value.shape[0] \
+                or len(deltas) + (len(rows) > 0) > MAX_DELTAS:
             return False
         linked: list[Path] = []
         try:
@@ -131,11 +135,13 @@ class Staging:
             for path in linked:
                 path.unlink()
             return False
-        rows = np.asarray(rows, np.int64)
-        file = delta_name(name, len(deltas))
-        with atomic_open(self.dir / file, binary=True) as f:
-            np.savez(f, rows=rows, values=np.ascontiguousarray(value[rows]))
-        self._entries[name] = {**previous, "deltas": deltas + [{"file": file, "rows": len(rows)}]}
+        if len(rows):  # no rows written: the previous files are the var
+            rows = np.asarray(rows, np.int64)
+            file = delta_name(name, len(deltas))
+            with atomic_open(self.dir / file, binary=True) as f:
+                np.savez(f, rows=rows, values=np.ascontiguousarray(value[rows]))
+            deltas.append({"file": file, "rows": len(rows)})
+        self._entries[name] = {**previous, "deltas": deltas}
         return True
 
     def _previous_entry(self, name: str, since: str | None) -> dict[str, Any] | None:

@@ -345,11 +345,16 @@ def test_loading_refuses_a_bad_or_missing_delta_naming_it(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(60)
-def test_a_pservers_table_checkpoints_are_deltas_and_restore_it_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernels", ["numpy", "torch"])
+def test_a_pservers_table_checkpoints_are_deltas_and_restore_it_exactly(
+        tmp_path: Path, kernels: str) -> None:
     """Sync SGD on a 10000-id table, a checkpoint every 3 steps: after the first, each writes
     the table as the rows the steps since wrote, and the last restores the live state."""
+    if kernels == "torch":
+        pytest.importorskip("torch")
     job = make_job(MODEL.format(hidden=8, opt="sgd").replace("vocab: 100", "vocab: 10000"),
-                   trainers=2, pservers=2, batch=8, retry_after=FAST_DRAIN)
+                   trainers=2, pservers=2, batch=8, retry_after=FAST_DRAIN,
+                   extra=f"backend: {{kernels: {kernels}}}")
     train = job.scenario.train.model_copy(update={"steps": 12, "checkpoint_every": 3})
     job = Job(job.scenario.model_copy(update={"train": train}), job.args)
     cluster = LocalCluster(job, ZmqTransport, checkpoint_dir=tmp_path)
@@ -357,6 +362,7 @@ def test_a_pservers_table_checkpoints_are_deltas_and_restore_it_exactly(tmp_path
     restored = services(job, load_from=tmp_path)
     for old, new in zip(cluster.servers.values(), restored):
         assert old.stats.checkpoints == [3, 6, 9, 12]
+        assert type(old.scope.raw("ctr.emb")).__module__.split(".")[0] == kernels
         entry = table_entry(tmp_path / old.name, "ctr.emb")
         assert entry["shape"] == [5000, 4] and len(entry["deltas"]) == 3
         assert 0 < sum(d["rows"] for d in entry["deltas"]) < 2500

@@ -11,6 +11,11 @@ torch is installed, with the torch kernels on the CPU (torch's intra-op threads 
 pserver's share of a small host). For scale, the last row is what copying the table once
 costs, which is what every update cost before.
 
+The checkpoint rows are what a pserver's checkpoint of the table costs after an update of 100
+rows (`runtime.services.checkpoint`, the table alone): the median time of writing it as a delta
+over the previous checkpoint's linked base, and the bytes written (delta and manifest), against
+the bytes of the full base every checkpoint wrote before.
+
 Run: python benchmarks/sparse_update.py [--quick]
 """
 
@@ -19,12 +24,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 from runtime import Executor, Scope, SelectedRows
 from runtime.execution.table import TableShard
+from runtime.services.checkpoint import Staging
 from transpiler.ir import Program
 
 WIDTH, TOUCHED = 8, 100
@@ -84,6 +92,31 @@ def copy_seconds(rows: int) -> float:
     return time.perf_counter() - start
 
 
+def checkpoint_cost(rows: int, repeats: int) -> tuple[float, int, int]:
+    """Median seconds and bytes of a table checkpoint after 100 rows were written; full bytes."""
+    rng = np.random.default_rng(0)
+    table = np.ones((rows, WIDTH), "float32")
+    times, written = [], []
+    with tempfile.TemporaryDirectory(prefix="pslab-bench-ckpt-") as tmp:
+        target = Path(tmp) / "pserver:0"
+        with Staging(target) as stage:
+            stage.commit({"table": table}, 0)
+        since, full = stage.id, (target / "table.npy").stat().st_size
+        for step in range(1, repeats + 1):
+            touched = np.unique(rng.integers(0, rows, TOUCHED))
+            table[touched] += 1
+            before = {p.name for p in target.iterdir()}
+            start = time.perf_counter()
+            with Staging(target) as stage:
+                assert stage.write_delta("table", table, touched, since)
+                stage.commit({"table": table}, step)
+            times.append(time.perf_counter() - start)
+            since = stage.id
+            written.append(sum(p.stat().st_size for p in target.iterdir()
+                               if p.name not in before or p.name == "manifest.json"))
+    return statistics.median(times), int(statistics.median(written)), full
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -104,6 +137,10 @@ def main() -> None:
             print(f"{label:<22}" + "".join(f"{c:>22}" for c in cells))
     copies = [copy_seconds(n) for n in SIZES]
     print(f"{'table copy':<22}" + "".join(f"{t * 1e3:19.3f} ms" for t in copies))
+    costs = [checkpoint_cost(n, 5 if args.quick else 20) for n in SIZES]
+    print(f"{'checkpoint (delta)':<22}" + "".join(f"{t * 1e3:19.3f} ms" for t, _, _ in costs))
+    print(f"{'  bytes written':<22}" + "".join(f"{b:>22,}" for _, b, _ in costs))
+    print(f"{'  full base, bytes':<22}" + "".join(f"{f:>22,}" for _, _, f in costs))
 
 
 if __name__ == "__main__":

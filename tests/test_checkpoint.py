@@ -214,3 +214,198 @@ def test_a_checkpoint_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["ps"]
     assert json.loads((target / MANIFEST).read_text())["step"] == 5
     assert np.load(target / "w.npy", allow_pickle=False).tolist() == [1, 2, 3, 4]
+
+
+# -- sparse checkpoints: the rows written since the previous one, over a linked base
+# ------------------------------------------------------------------------------------------------
+
+def table_entry(target: Path, name: str = "t") -> dict:
+    manifest = json.loads((target / MANIFEST).read_text())
+    return next(e for e in manifest["vars"] if e["name"] == name)
+
+
+def save_sparse(target: Path, table: np.ndarray, rows: np.ndarray | None, since: str | None,
+                step: int) -> tuple[str, bool]:
+    """Checkpoint var "t" as a delta of `rows` where one is possible; the new id, and whether
+    it was a delta."""
+    with Staging(target) as stage:
+        delta = stage.write_delta("t", table, rows, since)
+        stage.commit({"t": table, "w": np.arange(3.0)}, step)
+    return stage.id, delta
+
+
+def declared(table: np.ndarray) -> dict:
+    from transpiler.ir import Var
+    return {"t": Var("t", shape=table.shape, dtype=table.dtype.name, persistable=True),
+            "w": Var("w", shape=(3,), dtype="float64", persistable=True)}
+
+
+def test_a_sparse_checkpoint_writes_the_rows_written_over_the_previous_base(tmp_path: Path) -> None:
+    from runtime.services.checkpoint import load
+    target, rng = tmp_path / "ps", np.random.default_rng(0)
+    table = rng.standard_normal((10_000, 8)).astype(np.float32)
+    since, delta = save_sparse(target, table, None, None, 0)
+    assert not delta
+    base = table_entry(target)["file"]
+    inode = (target / base).stat().st_ino
+    for step in range(1, 5):
+        rows = np.unique(rng.integers(0, 10_000, 100))
+        table[rows] += np.float32(step)
+        since, delta = save_sparse(target, table, rows, since, step)
+        entry = table_entry(target)
+        assert delta and entry["file"] == base and len(entry["deltas"]) == step
+        assert (target / base).stat().st_ino == inode  # linked, not rewritten
+        newest = (target / entry["deltas"][-1]["file"]).stat().st_size
+        assert newest < len(rows) * (8 * 4 + 8) + 1024 < table.nbytes // 50
+        saved = load(target, declared(table))
+        np.testing.assert_array_equal(saved.values["t"], table)
+        assert saved.step == step and saved.id == since
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps"]
+
+
+def test_sparse_checkpoints_compact_into_a_new_base(tmp_path: Path) -> None:
+    """Past half the rows in deltas, or rows counted from another checkpoint, or any row
+    written: a full base, a new file."""
+    target = tmp_path / "ps"
+    table = np.zeros((100, 2), np.float64)
+    since, _ = save_sparse(target, table, None, None, 0)
+    first = (target / table_entry(target)["file"]).stat().st_ino
+    rows = np.arange(20)
+    since, delta = save_sparse(target, table, rows, since, 1)
+    assert delta
+    since, delta = save_sparse(target, table, rows + 20, since, 2)
+    assert delta and [d["rows"] for d in table_entry(target)["deltas"]] == [20, 20]
+    since, delta = save_sparse(target, table, rows + 40, since, 3)  # 60 > 50 rows
+    entry = table_entry(target)
+    assert not delta and "deltas" not in entry
+    assert (target / entry["file"]).stat().st_ino != first
+    assert sorted(p.name for p in target.iterdir()) == [MANIFEST, "t.npy", "w.npy"]
+    assert not save_sparse(target, table, rows, "another", 4)[1]
+    assert not save_sparse(target, table.astype(np.float32), rows, since, 5)[1]
+
+
+def test_a_failed_sparse_checkpoint_leaves_the_previous_one_whole(tmp_path: Path) -> None:
+    from runtime.services.checkpoint import load
+    target = tmp_path / "ps"
+    table = np.arange(200.0).reshape(100, 2)
+    since, _ = save_sparse(target, table, None, None, 0)
+    since, _ = save_sparse(target, table, np.arange(5), since, 1)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    changed = table.copy()
+    changed[:10] = -1
+    with pytest.raises(RuntimeError, match="crashed"):
+        with Staging(target) as stage:
+            assert stage.write_delta("t", changed, np.arange(10), since)
+            raise RuntimeError("crashed before the commit")
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert all(p.stat().st_nlink == 1 for p in target.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps"]
+    np.testing.assert_array_equal(load(target, declared(table)).values["t"], table)
+    assert save_sparse(target, changed, np.arange(10), since, 2)[1]  # still counted from it
+    np.testing.assert_array_equal(load(target, declared(table)).values["t"], changed)
+
+
+def test_a_version_1_checkpoint_still_loads(tmp_path: Path) -> None:
+    from runtime.services.checkpoint import load
+    target, table = tmp_path / "ps", np.ones((4, 2), np.float32)
+    target.mkdir()
+    np.save(target / "t.npy", table)
+    np.save(target / "w.npy", np.arange(3.0))
+    (target / MANIFEST).write_text(json.dumps({"format": "pslab-checkpoint", "version": 1,
+                                               "step": 7, "vars": [
+        {"name": "t", "file": "t.npy", "shape": [4, 2], "dtype": "float32"},
+        {"name": "w", "file": "w.npy", "shape": [3], "dtype": "float64"}]}))
+    saved = load(target, declared(table))
+    assert saved.step == 7 and saved.id is None
+    np.testing.assert_array_equal(saved.values["t"], table)
+    assert not save_sparse(target, table, np.arange(2), None, 8)[1]  # no id: a full base
+
+
+def test_loading_refuses_a_bad_or_missing_delta_naming_it(tmp_path: Path) -> None:
+    from runtime.services.checkpoint import load
+    target = tmp_path / "ps"
+    table = np.zeros((100, 2), np.float32)
+    since, _ = save_sparse(target, table, None, None, 0)
+    save_sparse(target, table, np.array([3, 7]), since, 1)
+    delta = target / table_entry(target)["deltas"][0]["file"]
+    delta.unlink()
+    with pytest.raises(CheckpointError, match=r"var 't': cannot read delta .*t\.0\.npz"):
+        load(target, declared(table))
+    np.savez(delta, rows=np.array([3, 700]), values=np.zeros((2, 2), np.float32))
+    with pytest.raises(CheckpointError, match=r"t\.0\.npz holds rows outside the var's 100 rows"):
+        load(target, declared(table))
+    np.savez(delta, rows=np.array([3]), values=np.zeros((1, 2), np.float32))
+    with pytest.raises(CheckpointError, match=r"the manifest says 2 rows of float32\[2\]"):
+        load(target, declared(table))
+    manifest = json.loads((target / MANIFEST).read_text())
+    manifest["vars"][0]["deltas"][0]["file"] = "../t.0.npz"
+    (target / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="plain .npz name"):
+        load(target, declared(table))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kernels", ["numpy", "torch"])
+def test_a_pservers_table_checkpoints_are_deltas_and_restore_it_exactly(
+        tmp_path: Path, kernels: str) -> None:
+    """Sync SGD on a 10000-id table, a checkpoint every 3 steps: after the first, each writes
+    the table as the rows the steps since wrote, and the last restores the live state."""
+    if kernels == "torch":
+        pytest.importorskip("torch")
+    job = make_job(MODEL.format(hidden=8, opt="sgd").replace("vocab: 100", "vocab: 10000"),
+                   trainers=2, pservers=2, batch=8, retry_after=FAST_DRAIN,
+                   extra=f"backend: {{kernels: {kernels}}}")
+    train = job.scenario.train.model_copy(update={"steps": 12, "checkpoint_every": 3})
+    job = Job(job.scenario.model_copy(update={"train": train}), job.args)
+    cluster = LocalCluster(job, ZmqTransport, checkpoint_dir=tmp_path)
+    asyncio.run(cluster.run())
+    restored = services(job, load_from=tmp_path)
+    for old, new in zip(cluster.servers.values(), restored):
+        assert old.stats.checkpoints == [3, 6, 9, 12]
+        assert type(old.scope.raw("ctr.emb")).__module__.split(".")[0] == kernels
+        entry = table_entry(tmp_path / old.name, "ctr.emb")
+        assert entry["shape"] == [5000, 4] and len(entry["deltas"]) == 3
+        assert 0 < sum(d["rows"] for d in entry["deltas"]) < 2500
+        assert state_bytes(new) == state_bytes(old)
+        assert new.round.step == 12
+
+
+def test_a_sparse_checkpoint_falls_back_to_a_full_base_where_links_fail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another file system (EXDEV): the new checkpoint holds a full base, no half-linked files."""
+    import errno
+    import os
+    from runtime.services.checkpoint import load
+    target = tmp_path / "ps"
+    table = np.arange(200.0).reshape(100, 2)
+    since, _ = save_sparse(target, table, None, None, 0)
+    since, _ = save_sparse(target, table, np.arange(5), since, 1)  # a base and one delta
+    calls: list[str] = []
+
+    def cross_device(src: Path, dst: Path) -> None:
+        if calls:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        calls.append(str(src))
+        os.link(src, dst)
+
+    monkeypatch.setattr(os, "link", cross_device)
+    table[7] = -1
+    since, delta = save_sparse(target, table, np.array([7]), since, 2)
+    assert not delta and len(calls) == 1  # the base linked, its delta refused: undone
+    assert sorted(p.name for p in target.iterdir()) == [MANIFEST, "t.npy", "w.npy"]
+    np.testing.assert_array_equal(load(target, declared(table)).values["t"], table)
+
+
+def test_a_sparse_checkpoint_with_no_rows_written_adds_no_delta_and_deltas_are_bounded(
+        tmp_path: Path) -> None:
+    from runtime.services.checkpoint import MAX_DELTAS
+    target = tmp_path / "ps"
+    table = np.zeros((10_000, 2), np.float32)
+    since, _ = save_sparse(target, table, None, None, 0)
+    since, delta = save_sparse(target, table, np.zeros(0, np.int64), since, 1)
+    assert delta and table_entry(target).get("deltas") == []
+    for step in range(MAX_DELTAS):
+        since, delta = save_sparse(target, table, np.array([step]), since, 2 + step)
+        assert delta
+    assert len(table_entry(target)["deltas"]) == MAX_DELTAS
+    assert not save_sparse(target, table, np.array([0]), since, 99)[1]

@@ -23,6 +23,12 @@ Remote sparse update needs no conversion: the trainer asks for rows of a param b
 (`lookup_rows`). Anything out of range, and a PREFETCH of a var that is no prefetch block's ids,
 gets a `TableRequestError` naming the var, raised before anything is stored.
 
+Rows written since the last checkpoint (`TouchedRows`): the pserver marks, after each block it
+runs, the rows each op wrote of the shard's row-aligned state vars (the table and its optimizer
+accumulators): a sparse optimizer update the rows of its grad where its rule writes those only
+(`rows_written`), any other write to such a var every row; so does any other writer (a SEND
+storing one, a restore). A checkpoint then writes only those rows (`runtime.services.checkpoint`).
+
 Timing mode: phantom prefetch ids and grad pieces are checked by shape (which ids they hold is
 unknown, so ownership is not), re-based by taking the shard's height, and not scaled.
 """
@@ -35,10 +41,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from transpiler.distribute.contract import parse_pairs
-from transpiler.ir import Op, Program, VarType
+from transpiler.ir import Op, Program, Var, VarType
 
+from runtime.execution.kernels.numpy_optim import ROW_LOCAL
 from runtime.execution.scope import Scope
-from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows
+from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, host_value
 
 class TableRequestError(ValueError):
     """Ids or rows that this pserver cannot serve or store; names the var."""
@@ -140,6 +147,74 @@ class TableShard:
             else:
                 scope.put(name, SelectedRows(np.zeros(0, np.int64),
                                              np.zeros((0,) + self.width, self.dtype), self.rows))
+
+
+class TouchedRows:
+    """The rows of each tracked var written since checkpoint `since` (None: no checkpoint, so
+    every row counts as written). A var whose written rows pass `limit` of its rows counts as
+    wholly written: a checkpoint writes it whole then anyway, and the set stays bounded."""
+
+    def __init__(self, tracked: Mapping[str, int], limit: float) -> None:
+        self.tracked = dict(tracked)  # var -> its rows
+        self.limit = limit
+        self.since: str | None = None
+        self._rows: dict[str, set[int] | None] = dict.fromkeys(self.tracked)
+
+    def mark(self, name: str, rows: np.ndarray) -> None:
+        held = self._rows.get(name)
+        if held is None:  # untracked, or already wholly written
+            return
+        held.update(np.asarray(rows).reshape(-1).tolist())
+        if len(held) > self.limit * self.tracked[name]:
+            self._rows[name] = None
+
+    def mark_all(self, name: str) -> None:
+        if name in self._rows:
+            self._rows[name] = None
+
+    def rows(self, name: str) -> np.ndarray | None:
+        """The sorted rows of `name` written since `since`; None: any may have been."""
+        held = self._rows[name]
+        return None if held is None else np.array(sorted(held), np.int64)
+
+    def reset(self, since: str | None) -> None:
+        """Nothing written since checkpoint `since` (just saved or loaded)."""
+        self.since = since
+        self._rows = {name: (set() if since is not None else None) for name in self.tracked}
+
+    def mark_block(self, ops: list[Op], scope: Scope) -> None:
+        """Mark what `ops`, just run in `scope` (their block's vars still there), wrote."""
+        if not self.tracked:
+            return
+        for op in ops:
+            written = [n for n in op.output_arg_names if n in self._rows]
+            if not written:
+                continue
+            rows = rows_written(op, scope)
+            for name in written:
+                if rows is None:
+                    self.mark_all(name)
+                else:
+                    self.mark(name, rows)
+
+
+def tracked_rows(table: TableShard | None, state: Mapping[str, Var]) -> dict[str, int]:
+    """The state vars whose rows are the table shard's: the table and its row-aligned
+    accumulators (vars of the shard's height), each with its rows."""
+    if table is None:
+        return {}
+    return {name: table.rows for name, var in state.items()
+            if len(var.shape) >= 1 and var.shape[0] == table.rows}
+
+
+def rows_written(op: Op, scope: Scope) -> np.ndarray | None:
+    """The rows `op`, just run, wrote of its outputs: those of its sparse `Grad` where it is an
+    optimizer that writes no others (`numpy_optim.ROW_LOCAL`, or `lazy_mode`); None: any."""
+    if op.type not in ROW_LOCAL and not op.attr("lazy_mode", False):
+        return None
+    grads = op.input("Grad")
+    grad = scope.raw(grads[0]) if len(grads) == 1 and scope.has(grads[0]) else None
+    return host_value(grad.rows) if isinstance(grad, SelectedRows) else None
 
 
 def remote_tables(program: Program, lsv: Op) -> frozenset[str]:

@@ -8,10 +8,13 @@ every step makes them anew.
 
 A checkpoint directory holds::
 
-    manifest.json   {"format": "pslab-checkpoint", "version": 1, "step": 10,
-                     "vars": [{"name": ..., "file": ..., "shape": [...], "dtype": ...}, ...]}
+    manifest.json   {"format": "pslab-checkpoint", "version": 2, "step": 10, "id": "<hex>",
+                     "vars": [{"name": ..., "file": ..., "shape": [...], "dtype": ...,
+                               "deltas": [{"file": ..., "rows": 100}, ...]}, ...]}
     <var>.npy       one numpy file per var, written and read with allow_pickle=False; the var's
                     name %-escaped where a file name could not hold it
+    <var>.<k>.npz   delta k of a row-tracked var (optional): ``rows`` (int64 row ids) and
+                    ``values`` (those rows), applied in order over the .npy base, later rows winning
 
 `Staging` writes one: files go into a fresh hidden directory beside the target (a file that
 something else wrote there, such as the table a pserver's checkpoint block saves, is checked and
@@ -21,13 +24,27 @@ of the way first. A reader finds the old checkpoint or the new one, never part o
 that fails (a full disk: ``OSError`` ENOSPC) removes the staging directory and leaves the older
 checkpoint as it was. `load` checks the manifest against the vars a
 program declares, naming every missing, extra or mismatched var before it reads any data.
+
+Sparse checkpoints cost O(rows written since the last one), not O(table): for a var whose
+writer tracks the rows it changed since checkpoint ``id`` (the distributed table's shard, see
+`runtime.execution.table.TouchedRows`), `Staging.write_delta` hard-links the previous
+checkpoint's base and deltas of that var into the staging directory (``os.link``: no bytes
+copied; the previous checkpoint's files stay as they are, so the swap above is as atomic as
+before) and writes only the changed rows as a new delta. It writes a full base instead
+(compaction) when the previous checkpoint is not the one the rows are counted from (another
+``id``, or none), holds the var with another shape or dtype, cannot be linked (another file
+system, a file gone), or when its deltas and the new one would hold more than `COMPACT_AT` of
+the var's rows or be more than `MAX_DELTAS` files. Version 1 manifests (no ids, no deltas) still
+load.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,7 +58,12 @@ from transpiler.ir import Program, Var
 from runtime.config.atomic import atomic_open, fsync_dir, write_atomic
 
 MANIFEST = "manifest.json"
-FORMAT, VERSION = "pslab-checkpoint", 1
+FORMAT, VERSION = "pslab-checkpoint", 2
+READABLE = (1, VERSION)
+COMPACT_AT = 0.5
+"""A var's deltas may hold at most this fraction of its rows; beyond, a full base is written."""
+MAX_DELTAS = 32
+"""And at most this many delta files (loading reads them all)."""
 
 
 class CheckpointError(ValueError):
@@ -59,6 +81,10 @@ def file_name(var: str) -> str:
     return quote(var, safe="@.-_+") + ".npy"
 
 
+def delta_name(var: str, index: int) -> str:
+    return f"{quote(var, safe='@.-_+')}.{index}.npz"
+
+
 class Staging:
     """A checkpoint being written to `target`; use as a context manager, then `commit`. Left
     without a commit (an error), the partial checkpoint is removed and `target` is untouched."""
@@ -67,7 +93,11 @@ class Staging:
         self.target = target
         target.parent.mkdir(parents=True, exist_ok=True)
         self.dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        self.id = uuid.uuid4().hex
+        """This checkpoint's identity in its manifest: what rows written later are counted from."""
         self._committed = False
+        self._entries: dict[str, dict[str, Any]] = {}
+        """Vars already written as deltas (`write_delta`), by name."""
 
     def __enter__(self) -> Staging:
         return self
@@ -81,10 +111,57 @@ class Staging:
         """Where var `var` goes (for a writer of its own, such as a `save` op)."""
         return self.dir / file_name(var)
 
+    def write_delta(self, name: str, value: np.ndarray, rows: np.ndarray | None,
+                    since: str | None) -> bool:
+        """Write var `name` as the previous checkpoint's base and deltas (linked) plus a delta of
+        its `rows` (sorted unique row ids written since checkpoint `since`; None: any row may
+        have changed). False, with nothing written, where a full base is due instead (see the
+        module docstring); `commit` then writes it."""
+        previous = self._previous_entry(name, since)
+        if rows is None or previous is None or not isinstance(value, np.ndarray) \
+                or value.ndim == 0 or previous["shape"] != list(value.shape) \
+                or previous["dtype"] != value.dtype.name:
+            return False
+        deltas = list(previous.get("deltas", []))
+        if sum(d["rows"] for d in deltas) + len(rows) > COMPACT_AT * value.shape[0] \
+                or len(deltas) + (len(rows) > 0) > MAX_DELTAS:
+            return False
+        linked: list[Path] = []
+        try:
+            for file in [previous["file"], *(d["file"] for d in deltas)]:
+                os.link(self.target / file, self.dir / file)
+                linked.append(self.dir / file)
+        except OSError:  # another file system, links refused, a file gone: a full base
+            for path in linked:
+                path.unlink()
+            return False
+        if len(rows):  # no rows written: the previous files are the var
+            rows = np.asarray(rows, np.int64)
+            file = delta_name(name, len(deltas))
+            with atomic_open(self.dir / file, binary=True) as f:
+                np.savez(f, rows=rows, values=np.ascontiguousarray(value[rows]))
+            deltas.append({"file": file, "rows": len(rows)})
+        self._entries[name] = {**previous, "deltas": deltas}
+        return True
+
+    def _previous_entry(self, name: str, since: str | None) -> dict[str, Any] | None:
+        """Var `name`'s entry in the checkpoint now at the target if that is checkpoint `since`."""
+        if since is None or not (self.target / MANIFEST).exists():
+            return None
+        try:
+            manifest = _read_manifest(self.target)
+        except CheckpointError:
+            return None
+        if manifest.get("id") != since:
+            return None
+        return next((e for e in manifest["vars"] if e["name"] == name), None)
+
     def commit(self, state: Mapping[str, np.ndarray], step: int) -> None:
         """Write every var of `state` not written yet, the manifest, and move into place."""
-        entries = [self._write(name, value) for name, value in state.items()]
-        manifest = {"format": FORMAT, "version": VERSION, "step": int(step), "vars": entries}
+        entries = [self._entries.get(name) or self._write(name, value)
+                   for name, value in state.items()]
+        manifest = {"format": FORMAT, "version": VERSION, "step": int(step), "id": self.id,
+                    "vars": entries}
         write_atomic(self.dir / MANIFEST, json.dumps(manifest, indent=1))
         _swap_in(self.dir, self.target)
         fsync_dir(self.target.parent)
@@ -123,6 +200,8 @@ def _swap_in(stage: Path, target: Path) -> None:
 class Checkpoint:
     values: dict[str, np.ndarray]
     step: int
+    id: str | None = None
+    """The manifest's id (none in version 1): what rows written after loading are counted from."""
 
 
 def load(directory: Path, declared: Mapping[str, Var]) -> Checkpoint:
@@ -143,7 +222,7 @@ def load(directory: Path, declared: Mapping[str, Var]) -> Checkpoint:
         raise CheckpointError(f"{directory}: the checkpoint does not fit the program: "
                               + "; ".join(problems))
     return Checkpoint({name: _read_var(directory, entries[name]) for name in declared},
-                      manifest["step"])
+                      manifest["step"], manifest.get("id"))
 
 
 def _read_manifest(directory: Path) -> dict[str, Any]:
@@ -153,12 +232,15 @@ def _read_manifest(directory: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: no readable checkpoint manifest: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
-            or manifest.get("version") != VERSION:
-        raise CheckpointError(f"{path}: not a {FORMAT} manifest of version {VERSION}")
+            or manifest.get("version") not in READABLE:
+        raise CheckpointError(f"{path}: not a {FORMAT} manifest of version "
+                              f"{' or '.join(map(str, READABLE))}")
     if not isinstance(manifest.get("step"), int) or not isinstance(manifest.get("vars"), list) \
+            or not isinstance(manifest.get("id"), (str, type(None))) \
             or not all(_valid_entry(e) for e in manifest["vars"]):
         raise CheckpointError(f"{path}: needs an int 'step' and a list 'vars' of "
-                              "{name, file, shape, dtype} entries, each file a plain .npy name")
+                              "{name, file, shape, dtype} entries, each file a plain .npy name "
+                              "and each delta {file, rows} a plain .npz name")
     return manifest
 
 
@@ -166,8 +248,16 @@ def _valid_entry(entry: Any) -> bool:
     return isinstance(entry, dict) and isinstance(entry.get("name"), str) \
         and isinstance(entry.get("dtype"), str) and entry["dtype"] in np.sctypeDict \
         and isinstance(entry.get("shape"), list) and all(isinstance(d, int) for d in entry["shape"]) \
-        and isinstance(entry.get("file"), str) and entry["file"].endswith(".npy") \
-        and "/" not in entry["file"]
+        and _plain(entry.get("file"), ".npy") \
+        and isinstance(entry.get("deltas", []), list) \
+        and all(isinstance(d, dict) and _plain(d.get("file"), ".npz")
+                and isinstance(d.get("rows"), int) for d in entry.get("deltas", []))
+
+
+def _plain(file: Any, suffix: str) -> bool:
+    """A file name in the checkpoint directory itself, ending with `suffix`."""
+    return isinstance(file, str) and file.endswith(suffix) and "/" not in file \
+        and "\\" not in file and file not in (suffix, "." + suffix)
 
 
 def _read_var(directory: Path, entry: dict[str, Any]) -> np.ndarray:
@@ -179,7 +269,27 @@ def _read_var(directory: Path, entry: dict[str, Any]) -> np.ndarray:
     if list(value.shape) != entry["shape"] or value.dtype != np.dtype(entry["dtype"]):
         raise CheckpointError(f"var {entry['name']!r}: {path.name} holds {_spec(value)}, the "
                               f"manifest says {entry['dtype']}{entry['shape']}")
+    for delta in entry.get("deltas", []):
+        _apply_delta(value, entry["name"], directory / delta["file"], delta["rows"])
     return value
+
+
+def _apply_delta(value: np.ndarray, name: str, path: Path, count: int) -> None:
+    """Write delta file `path`'s rows into `value` (later rows win), checked first."""
+    try:
+        with np.load(path, allow_pickle=False) as delta:
+            rows, rows_of = delta["rows"], delta["values"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"var {name!r}: cannot read delta {path}: {exc}") from None
+    if rows.ndim != 1 or rows.dtype != np.int64 or len(rows) != count \
+            or rows_of.dtype != value.dtype or rows_of.shape != (count,) + value.shape[1:]:
+        raise CheckpointError(f"var {name!r}: delta {path.name} holds rows {_spec(rows)} and "
+                              f"values {_spec(rows_of)}, the manifest says {count} rows of "
+                              f"{value.dtype}{list(value.shape[1:])}")
+    if count and (rows.min() < 0 or rows.max() >= value.shape[0]):
+        raise CheckpointError(f"var {name!r}: delta {path.name} holds rows outside the var's "
+                              f"{value.shape[0]} rows")
+    value[rows] = rows_of
 
 
 def _spec(value: np.ndarray) -> str:

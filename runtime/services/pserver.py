@@ -86,6 +86,7 @@ from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.costs import RECEIVES, SENDS, Meter
 from runtime.execution.executor import AttrOverrides, Executor, block_locals
 from runtime.execution.scope import Scope
+from runtime.execution.table import TouchedRows, tracked_rows
 from runtime.network.transport import Frame, Transport, TransportClosed
 from runtime.network.wire import (DEFAULT_MAX_HEADER_SIZE, MAX_DETAIL, DecodeError, Kind,
                                   Message, WireError, charged_size, clip, decode, encode,
@@ -216,6 +217,8 @@ class PserverService:
         self.contract = ServeContract.of(program)
         self.store = Store(program, self.contract, self.scope, self.executor.backend == "phantom")
         self.state = checkpoint.state_vars(program, startup)
+        self.store.touched = TouchedRows(tracked_rows(self.store.table, self.state),
+                                         checkpoint.COMPACT_AT)
         self.stats = ServerStats()
         self.name = transport.name
         self.charge = Charge(self.name, compute, tracer)
@@ -529,6 +532,7 @@ class PserverService:
         self.charge.step = self.core.round.step
         for op in block.ops:  # priced by the values they wrote, the block's own vars included
             self.charge.add(op, self.scope)
+        self.store.touched.mark_block(block.ops, self.scope)
         if block_idx != 0:
             self.scope.drop(block_locals(block))
 
@@ -545,15 +549,21 @@ class PserverService:
     # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self, directory: Path, step: int | None = None) -> Path:
         """Save the whole state to ``directory/<name>/`` (see `runtime.services.checkpoint`), as the
-        state before `step` (default: the sync round's first step not applied)."""
-        table = self.store.table
+        state before `step` (default: the sync round's first step not applied). The table's
+        state is written as the rows written since the previous checkpoint where it can be;
+        else whole, the table by the program's checkpoint block."""
+        table, touched = self.store.table, self.store.touched
         with checkpoint.Staging(directory / self.name) as stage:
-            if table is not None and table.checkpoint_block >= 0:
+            deltas = {name for name in touched.tracked
+                      if stage.write_delta(name, self.scope.get(name), touched.rows(name),
+                                           touched.since)}
+            if table is not None and table.checkpoint_block >= 0 and table.table not in deltas:
                 path = stage.file_of(table.table)
                 self.scope.put(CHECKPOINT_PATH_VAR, np.array(str(path)))
                 self._run(table.checkpoint_block)
             stage.commit({name: self.scope.get(name) for name in self.state},
                          self.core.steps_applied() if step is None else step)
+        touched.reset(stage.id)
         return stage.target
 
     def _periodic_checkpoint(self, step: int) -> Path | None:
@@ -579,6 +589,7 @@ class PserverService:
         saved = checkpoint.load(directory / self.name, self.state)
         for name, value in saved.values.items():
             self.scope.put(name, value)
+        self.store.touched.reset(saved.id)
         log.info("%s: restored the state before step %d from %s", self.name, saved.step,
                  directory / self.name)
         return saved.step

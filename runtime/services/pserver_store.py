@@ -19,7 +19,8 @@ from transpiler.distribute.contract import TRAINER_ID_VAR, ServeContract, bak_na
 from transpiler.ir import Program, Var, VarType
 
 from runtime.execution.scope import Scope
-from runtime.execution.table import Prefetch, TableShard, lookup_rows, remote_tables
+from runtime.execution.table import (Prefetch, TableShard, TouchedRows, lookup_rows,
+                                     remote_tables)
 from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, to_dense
 from runtime.services.pserver_messages import ProtocolViolation
 
@@ -36,6 +37,9 @@ class Store:
         """Timing mode (phantom kernels): there are no values to checkpoint."""
         self.table = TableShard.of(program, contract.op)
         self.remote_tables = remote_tables(program, contract.op)
+        self.touched = TouchedRows({}, 1.0)
+        """Rows of the table's state written since the last checkpoint (its owner sets which
+        vars it tracks); a value stored here counts as wholly written."""
         self._fitting: set[tuple[str, Phantom]] = set()
         """(name, phantom) pairs received and found to fit, which fit again: neither the
         program's declarations nor a phantom change (timing mode sends the same ones every
@@ -51,6 +55,7 @@ class Store:
             if merge_add and self.scope.has(name) and not isinstance(value, Phantom):
                 value = to_dense(self.scope.get_tensor(name)) + to_dense(value)
             self.scope.put(name, value)
+            self.touched.mark_all(name)
         return list(checked)
 
     def _checked(self, name: str, value: Any) -> Any:
@@ -159,6 +164,7 @@ class Store:
             bak = bak_name(name, trainer)
             if bak in block.vars:
                 self.scope.put(bak, value)
+                self.touched.mark_all(bak)
 
 
 _FITTING_MAX = 1 << 14

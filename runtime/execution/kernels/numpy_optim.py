@@ -101,6 +101,11 @@ def _apply(ctx: KernelContext, rule: Rule, states: dict[str, str], exact_sparse:
         _store(ctx, out_slot, values, p)
 
 
+ROW_LOCAL = frozenset({"sgd", "adagrad"})
+"""Optimizers whose update with a sparse grad writes the grad's rows only, `lazy_mode` or not
+(others do so only under `lazy_mode`). `runtime.execution.table.rows_written` relies on it."""
+
+
 @register("sgd")
 def sgd(ctx: KernelContext) -> None:
     p, g = ctx.input("Param"), ctx.input("Grad")

@@ -26,16 +26,23 @@ def scalar(value: np.ndarray) -> Any:
     return flat[0]
 
 
+def check_height(value: SelectedRows, rows: int, what: str, of: str = "") -> None:
+    """A `ValueError` naming input `what` unless the SelectedRows `value` has `rows` as its
+    height (the rows of input `of`, where given)."""
+    if value.height != rows:
+        raise ValueError(f"{what}: SelectedRows height {value.height} != {rows} rows"
+                         + (f" of {of}" if of else ""))
+
+
 def dense_like(value: np.ndarray | SelectedRows, rows: int, what: str) -> np.ndarray:
     """`value` as a dense array; a SelectedRows must have `rows` as its height."""
     if isinstance(value, SelectedRows):
-        if value.height != rows:
-            raise ValueError(f"{what}: SelectedRows height {value.height} != {rows} rows")
+        check_height(value, rows, what)
         return value.to_dense()
     return value
 
 
-__all__ = ["dense_like", "out_grad", "scalar"]
+__all__ = ["check_height", "dense_like", "out_grad", "scalar"]
 
 
 Array = np.ndarray

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from runtime.execution.kernels.common import dense_like, scalar
+from runtime.execution.kernels.common import check_height, dense_like, scalar
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
 from runtime.execution.tensor import SelectedRows
@@ -84,8 +84,7 @@ def _apply(ctx: KernelContext, rule: Rule, states: dict[str, str], exact_sparse:
     lr = scalar(ctx.input("LearningRate"))
     present = {s: o for s, o in states.items() if ctx.has_input(s)}
     if isinstance(g, SelectedRows) and (exact_sparse or ctx.attr("lazy_mode", False)):
-        if g.height != p.shape[0]:
-            raise ValueError(f"Grad: SelectedRows height {g.height} != {p.shape[0]} rows of Param")
+        check_height(g, p.shape[0], "Grad", "Param")
         merged, dtype = g.merged(), p.dtype
         rows = merged.rows
         new = rule(ctx, p[rows], merged.values, lr, {s: ctx.input(s)[rows] for s in present})
@@ -111,8 +110,7 @@ def sgd(ctx: KernelContext) -> None:
     p, g = ctx.input("Param"), ctx.input("Grad")
     lr = scalar(ctx.input("LearningRate"))
     if isinstance(g, SelectedRows):
-        if g.height != p.shape[0]:
-            raise ValueError(f"Grad: SelectedRows height {g.height} != {p.shape[0]} rows of Param")
+        check_height(g, p.shape[0], "Grad", "Param")
         del p
         out = _target(ctx, "Param", "ParamOut")
         np.subtract.at(out, g.rows, (lr * g.values).astype(out.dtype, copy=False))

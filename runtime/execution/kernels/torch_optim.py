@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from runtime.execution.kernels.common import check_height
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_optim import lars_local_lr
 from runtime.execution.kernels.torch_common import (Tensor, densify, host_scalar, kernel,
@@ -137,7 +138,8 @@ def _merged(grad: SelectedRows) -> tuple[Tensor, Tensor]:
     return tensor(unique), summed.index_add_(0, tensor(inverse.reshape(-1)), values)
 
 
-def _apply(ctx: KernelContext, rule: Rule, states: dict[str, str], exact_sparse: bool = False) -> None:
+def _apply(ctx: KernelContext, rule: Rule, states: dict[str, str],
+           exact_sparse: bool = False) -> None:
     """Run `rule` (`states`: accumulator input slot -> its output slot) on the whole tensors,
     or, for a sparse grad when that is exact or `lazy_mode` asks for it, on the touched rows."""
     u = _Update(ctx)
@@ -149,11 +151,11 @@ def _apply(ctx: KernelContext, rule: Rule, states: dict[str, str], exact_sparse:
         for out_slot, value in new.items():
             put(ctx, out_slot, value, dtype=u.dtype)
         return
-    if grad.height != param.shape[0]:
-        raise ValueError(f"Grad: SelectedRows height {grad.height} != {param.shape[0]} rows of Param")
+    check_height(grad, param.shape[0], "Grad", "Param")
     rows, values = _merged(grad)
-    gathered = {s: tensor(u.values[s])[rows].to(torch_dtype(u.compute)) for s in ["Param", *present]}
-    new = rule(u, gathered.pop("Param"), values.to(torch_dtype(u.compute)), gathered)
+    compute = torch_dtype(u.compute)
+    gathered = {s: tensor(u.values[s])[rows].to(compute) for s in ["Param", *present]}
+    new = rule(u, gathered.pop("Param"), values.to(compute), gathered)
     del param, grad, gathered
     u.release()
     slots = {"ParamOut": "Param", **{o: s for s, o in present.items()}}
@@ -166,8 +168,7 @@ def _apply(ctx: KernelContext, rule: Rule, states: dict[str, str], exact_sparse:
 def _dense_grad(g: Any, height: int, compute: np.dtype) -> Tensor:
     if not isinstance(g, SelectedRows):
         return tensor(g, compute)
-    if g.height != height:
-        raise ValueError(f"Grad: SelectedRows height {g.height} != {height} rows")
+    check_height(g, height, "Grad")
     return densify(g).to(torch_dtype(compute))
 
 
@@ -182,8 +183,7 @@ def sgd(ctx: KernelContext) -> None:
         step = torch.add(tensor(p, compute), tensor(g, compute), alpha=-float(lr))
         put(ctx, "ParamOut", step, dtype=p.dtype)
         return
-    if g.height != p.shape[0]:
-        raise ValueError(f"Grad: SelectedRows height {g.height} != {p.shape[0]} rows of Param")
+    check_height(g, p.shape[0], "Grad", "Param")
     del p
     step = float(lr) * tensor(g.values, result_dtype(g.dtype, lr.dtype))
     out = _target(ctx, "Param", "ParamOut")

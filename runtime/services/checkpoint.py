@@ -40,6 +40,7 @@ load.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -146,15 +147,21 @@ class Staging:
 
     def _previous_entry(self, name: str, since: str | None) -> dict[str, Any] | None:
         """Var `name`'s entry in the checkpoint now at the target if that is checkpoint `since`."""
-        if since is None or not (self.target / MANIFEST).exists():
-            return None
-        try:
-            manifest = _read_manifest(self.target)
-        except CheckpointError:
-            return None
-        if manifest.get("id") != since:
+        manifest = self._previous
+        if since is None or manifest is None or manifest.get("id") != since:
             return None
         return next((e for e in manifest["vars"] if e["name"] == name), None)
+
+    @functools.cached_property
+    def _previous(self) -> dict[str, Any] | None:
+        """The manifest of the checkpoint now at the target (None: none, or unreadable), read
+        once for every var written as a delta."""
+        if not (self.target / MANIFEST).exists():
+            return None
+        try:
+            return _read_manifest(self.target)
+        except CheckpointError:
+            return None
 
     def commit(self, state: Mapping[str, np.ndarray], step: int) -> None:
         """Write every var of `state` not written yet, the manifest, and move into place."""

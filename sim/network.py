@@ -415,7 +415,7 @@ class Network:
         if cpus is not None and costs is not None:
             cpus.run(io_thread(receiver.name),
                      self.io_cost(costs, receiver.name, packet.link.src, packet.nbytes),
-                     self._take, packet)
+                     self._take, packet, lane="<" + packet.link.src)
         else:
             self._take(packet)
         on_message = self.on_message
@@ -542,7 +542,7 @@ class SimTransport(Transport):
         cpus, costs = self.network.cpus, self.network.costs
         assert cpus is not None and costs is not None
         cpus.run(io_thread(self.name), self.network.io_cost(costs, self.name, peer, nbytes),
-                 self._route, peer, message, True)
+                 self._route, peer, message, True, lane=">" + peer)
 
     def _route(self, peer: str, message: list[Frame], later: bool = False) -> bool:
         """Put `message` on its way to `peer` (or hold it until its endpoint is bound); after

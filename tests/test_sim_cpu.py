@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -79,6 +80,37 @@ def test_a_nodes_io_thread_shares_its_host() -> None:
         {"a": [2 * U], io_thread("a"): [2 * U]}
 
 
+def test_lanes_are_first_in_first_out_each_and_share_their_processor_evenly() -> None:
+    """An I/O thread with work for two peers serves them in turn: lane x's first 2U and lane
+    y's 2U run at 1/2 each and finish together at 4U; x's next U follows alone. On a host of
+    one core beside a busy main thread, the thread gets 1/2 and each lane 1/4."""
+    done: dict[str, list[float]] = {}
+
+    def finished(what: str) -> None:
+        done.setdefault(what, []).append(asyncio.get_running_loop().time())
+
+    def lanes(cpus: Cpus, main: float) -> dict[str, list[float]]:
+        async def go() -> None:
+            io = io_thread("a")
+            cpus.run(io, 2 * U, finished, "x", lane="x")
+            cpus.run(io, U, finished, "x", lane="x")
+            cpus.run(io, 2 * U, finished, "y", lane="y")
+            if main:
+                cpus.run("a", main, finished, "main")
+            await asyncio.sleep(1000 * U)
+
+        done.clear()
+        run(go())
+        return dict(done)
+
+    assert lanes(Cpus([], ["a"], io=True), 0) == {"x": [4 * U, 5 * U], "y": [4 * U]}
+    # 0..8U: main and the I/O thread at 1/2 each, the lanes at 1/4: x's first and y done at 8U,
+    # main has done 4U of 6U; then main and x's second piece at 1/2 each: x done at 10U, main
+    # alone for its last U
+    assert lanes(Cpus([HostSpec("box", ("a",), 1.0)], ["a"], io=True), 6 * U) == \
+        {"x": [8 * U, 10 * U], "y": [8 * U], "main": [11 * U]}
+
+
 def test_work_of_no_duration_on_an_idle_node_is_done_at_once() -> None:
     calls: list[float] = []
 
@@ -137,6 +169,40 @@ def test_a_message_waits_for_the_work_its_node_is_busy_with() -> None:
         return asyncio.get_running_loop().time()
 
     assert run(main()) == 17 * U
+
+
+def test_replies_to_two_peers_at_once_share_the_io_thread_and_arrive_together() -> None:
+    """A pserver sends a reply to each of two trainers, 2U of its main thread apart; each costs
+    c on an I/O thread. Its I/O thread serves the two in turn (a lane per peer): the first is
+    out at 2c, the second 2U later, not at 2U + c and 2U + 2c one after the other. Each
+    trainer's I/O thread then takes c and its main thread U."""
+    network = Network.from_spec(None, seed=0)
+    network.cpus = Cpus([], ["trainer:0", "trainer:1", "pserver:0"], io=True)
+    network.costs = COSTS
+    reply = encode(Message(Kind.REPLY, 1, "pserver:0", 0, {"w": np.ones(4096, np.float32)}))
+    c = U + charged_size(reply) * 2.0**-22
+
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        server = network.transport("pserver:0")
+        await server.bind("ps")
+        clients = [network.transport(f"trainer:{i}") for i in range(2)]
+        for i, client in enumerate(clients):
+            await client.connect("ps")
+            client.send_nowait("ps", encode(Message(Kind.HEARTBEAT, i + 1, client.name)))
+        peers = [(await server.recv())[0] for _ in clients]
+        await asyncio.sleep(64 * U)  # every I/O thread idle again
+        start = loop.time()
+        for peer in peers:
+            server.send_nowait(peer, reply)
+
+        async def arrival(client: Any) -> float:
+            await client.recv()
+            return loop.time() - start
+
+        return list(await asyncio.gather(*(arrival(client) for client in clients)))
+
+    assert run(main()) == pytest.approx([3 * c + U, 3 * c + 3 * U], rel=1e-12)
 
 
 def test_op_step_and_round_overheads_are_charged_on_top_of_the_kernels() -> None:

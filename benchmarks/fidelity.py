@@ -4,15 +4,16 @@ For every configuration of a matrix (cluster sizes 1x1 to 4x2 oversubscribed on 
 machine's cores, sync and async, small and wide models; with ``--netns`` and root, links capped
 by tc tbf in network namespaces), in one run of this script:
 
-1. `runtime profile --runs 3` runs the job for real three times, every node measuring its
-   kernels and runtime costs, and writes the profile of the run that used the median CPU (this
-   machine's speed drifts: one run can take 30% more CPU than another for the same work);
-2. `runtime up` runs the same job for real ``--repeat`` times more (not measuring): the measured
-   median step time (min/median/max over the runs), samples/s and per-pserver bytes;
-3. the simulator runs it with that profile, every node on one host with this machine's cores
-   (``cluster.hosts``), and the same network: the predicted figures. The shaped configurations
-   say ``network.burst: 1ms``, the least bucket `runtime up --netns` gives tbf, so that the
-   simulator models the bucket the real links have.
+1. in turn, ``--profile-runs`` times a `runtime profile` run (the job run for real, every node
+   measuring its kernels and runtime costs) and ``--repeat`` times a plain `runtime up` run (not
+   measuring): the measured median step time (min/median/max over the real runs), samples/s and
+   per-pserver bytes. Taking them in turn matters on a machine whose speed drifts (one run can
+   take 30% more CPU than another for the same work): a profile is compared with real runs of
+   the same minutes, not with runs taken after all the profiles;
+2. the simulator runs the job with each profile, every node on one host with this machine's
+   cores (``cluster.hosts``), and the same network; the prediction is the median of those
+   (the lower of two). The shaped configurations say ``network.burst: 1ms``, the least bucket
+   `runtime up --netns` gives tbf, so that the simulator models the bucket the real links have.
 
 It prints a row per configuration and one summary line: the median and worst |error| of the
 predicted median step time, and whether the per-pserver bytes matched exactly (the heartbeats,
@@ -50,7 +51,7 @@ from typing import Any
 
 from runtime.config.scenario import load_scenario
 from sim.cpu import io_thread
-from sim.simulate import simulate
+from sim.simulate import SimResult, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,27 +150,27 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
         profiled.write_text(config.scenario(steps, profile_protocol))
     flags = ["--netns"] if netns and config.bandwidth else []
     runtime = [sys.executable, "-m", "runtime.cli"]
-    profile = work / f"{config.name}.profile.json"
-    _run([*runtime, "profile", str(profiled), "-o", str(profile), "--runs", str(profile_runs),
-          "--out", str(work / f"{config.name}-profile")] + flags,
-         work / f"{config.name}.profile.log")
-    measured, samples, real_bytes = [], [], []
+    measured, samples, real_bytes, predictions = [], [], [], []
     stolen, total = _steal()
-    for r in range(repeat):
-        out = work / f"{config.name}-up{r}"
-        _run([*runtime, "up", str(scenario), "--out", str(out)] + flags,
-             work / f"{config.name}.up{r}.log")
-        metrics = json.loads((out / "metrics.json").read_text())
-        measured.append(_median_step(metrics))
-        samples.append(metrics["job"]["samples_per_second"] or 0.0)
-        real_bytes = _pserver_bytes(metrics["pservers"])
+    for r in range(max(repeat, profile_runs)):  # a profile, then a real run, in turn
+        if r < profile_runs:
+            profile = work / f"{config.name}.profile{r}.json"
+            _run([*runtime, "profile", str(profiled), "-o", str(profile), "--out",
+                  str(work / f"{config.name}-profile{r}")] + flags,
+                 work / f"{config.name}.profile{r}.log")
+            predictions.append((_simulate(scenario, profile), profile))
+        if r < repeat:
+            out = work / f"{config.name}-up{r}"
+            _run([*runtime, "up", str(scenario), "--out", str(out)] + flags,
+                 work / f"{config.name}.up{r}.log")
+            metrics = json.loads((out / "metrics.json").read_text())
+            measured.append(_median_step(metrics))
+            samples.append(metrics["job"]["samples_per_second"] or 0.0)
+            real_bytes = _pserver_bytes(metrics["pservers"])
     stolen_after, total_after = _steal()
     steal = (stolen_after - stolen) / max(total_after - total, 1)
-    cores = json.loads(profile.read_text())["runtime"]["machine"]["cores"]
-    sim = simulate(load_scenario(scenario, [
-        f"compute={{model: profile, path: {profile}}}",
-        f"cluster.hosts=[{{nodes: '*', cores: {cores}}}]"]), trace_messages=False)
-    times = [t for trainer in sim.trainers for t in trainer.step_times]
+    predictions.sort(key=lambda prediction: statistics.median(_step_times(prediction[0])))
+    sim, profile = predictions[(len(predictions) - 1) // 2]  # the median (the lower of two)
     steps_time = max(sum(trainer.step_times) for trainer in sim.trainers)
     samples_sim = sum(len(t.step_times) for t in sim.trainers) * 32 / steps_time
     sim_bytes = [p.bytes_in + p.bytes_out - p.heartbeat_bytes for p in sim.pservers]
@@ -181,8 +182,22 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
             _run([*runtime, "profile", str(scenario), "-o", str(reference), "--out",
                   str(work / f"{config.name}-check")] + flags, work / f"{config.name}.check.log")
         lines = cpu_lines(json.loads(reference.read_text())["meta"]["measured"], sim.cpu)
-    return Outcome(config, measured, statistics.median(times), statistics.median(samples),
+    return Outcome(config, measured, statistics.median(_step_times(sim)),
+                   statistics.median(samples),
                    samples_sim, real_bytes, sim_bytes, steal, lines)
+
+
+def _simulate(scenario: Path, profile: Path) -> SimResult:
+    """The simulation of `scenario` priced by `profile`, every node on one host of the
+    profiling machine's cores."""
+    cores = json.loads(profile.read_text())["runtime"]["machine"]["cores"]
+    return simulate(load_scenario(scenario, [
+        f"compute={{model: profile, path: {profile}}}",
+        f"cluster.hosts=[{{nodes: '*', cores: {cores}}}]"]), trace_messages=False)
+
+
+def _step_times(sim: SimResult) -> list[float]:
+    return [t for trainer in sim.trainers for t in trainer.step_times]
 
 
 def cpu_lines(measured: dict[str, Any], simulated: dict[str, float]) -> list[str]:
@@ -214,7 +229,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="real runs per configuration (3)")
     parser.add_argument("--profile-runs", type=int, default=3,
-                        help="measured runs of runtime profile, which keeps the median (3)")
+                        help="runtime profile runs, each predicting the job; the median "
+                             "prediction counts (3)")
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--steps", type=int, help="steps per run (default: per configuration)")
     parser.add_argument("--netns", action="store_true",
@@ -230,8 +246,8 @@ def main() -> None:
     args = parser.parse_args()
     chosen = [c for c in CONFIGS if (c.bandwidth is None or args.netns)
               and (not args.only or c.name in args.only.split(","))]
-    print(f"{len(chosen)} configurations, {args.repeat} real run(s) each besides the profiling "
-          f"run, on {os.cpu_count()} cores; protocol {args.protocol or 'compact'}, profiled in "
+    print(f"{len(chosen)} configurations, {args.profile_runs} profiling and {args.repeat} real "
+          f"run(s) each, in turn, on {os.cpu_count()} cores; protocol {args.protocol or 'compact'}, profiled in "
           f"{args.profile_protocol or args.protocol or 'compact'}", flush=True)
     print(f"{'configuration':<20} {'measured step ms (min/med/max)':>23}  {'predicted':>8} "
           f"{'error':>7}  {'samples/s':>9} {'predicted':>9}", flush=True)

@@ -7,7 +7,9 @@
    encoding at all. Throughput counts both directions; the ratio is runtime / raw (goal >= 0.9
    from 4 MiB up). Beside it, the client process's CPU per message (all its threads, libzmq's
    I/O thread included; the least of the repeats), which a busy machine disturbs far less
-   than the throughput.
+   than the throughput, and the part of it spent in the client's own thread (encode, decode,
+   the event loop and pyzmq's calls; the rest is libzmq's I/O thread moving the bytes through
+   the kernel, the same work for both).
 2. Small-message round trips per second: one header-only HEARTBEAT at a time, the same way, plus
    a pyzmq asyncio client against the raw server, which shows what the event loop alone costs.
 
@@ -106,10 +108,12 @@ def start(target: Callable[..., None], *args: object) -> tuple[mp.process.BasePr
 
 
 class Timing(NamedTuple):
-    """What a client's exchanges took: wall-clock seconds, and CPU seconds of its process."""
+    """What a client's exchanges took: wall-clock seconds, CPU seconds of its process and of
+    the thread that ran them."""
 
     seconds: float
     cpu: float
+    main: float
 
 
 async def runtime_client(
@@ -119,9 +123,9 @@ async def runtime_client(
     async with ZmqTransport("bench-client") as client:
         await client.connect(endpoint)
         await runtime_exchange(client, endpoint, tensor, WARMUP, 1)
-        began, cpu = time.perf_counter(), time.process_time()
+        began = clocks()
         await runtime_exchange(client, endpoint, tensor, count, window)
-        return Timing(time.perf_counter() - began, time.process_time() - cpu)
+        return since(began)
 
 
 async def runtime_exchange(
@@ -134,7 +138,22 @@ async def runtime_exchange(
             sent += 1
         reply = decode((await client.recv())[1])
         assert reply.id == received and (tensor is None or reply.vars["w"].shape == tensor.shape)
+        # let it go before waiting for the next, as the raw client does: a large reply still held
+        # when the next arrives makes glibc trim its heap on free and libzmq fault the pages in
+        # again (16 MiB: hundreds of page faults a message), a cost of the lifetime, not the wire
+        del reply
         received += 1
+
+
+def clocks() -> Timing:
+    """The clocks a `Timing` reads, now."""
+    return Timing(time.perf_counter(), time.process_time(), time.thread_time())
+
+
+def since(began: Timing) -> Timing:
+    """What the clocks advanced since `began`."""
+    now = clocks()
+    return Timing(now.seconds - began.seconds, now.cpu - began.cpu, now.main - began.main)
 
 
 def raw_client(endpoint: str, frames: list[Frame], count: int, window: int) -> Timing:
@@ -143,9 +162,9 @@ def raw_client(endpoint: str, frames: list[Frame], count: int, window: int) -> T
     dealer = context.socket(zmq.DEALER)
     dealer.connect(endpoint)
     raw_exchange(dealer, frames, WARMUP, 1)
-    began, cpu = time.perf_counter(), time.process_time()
+    began = clocks()
     raw_exchange(dealer, frames, count, window)
-    elapsed = Timing(time.perf_counter() - began, time.process_time() - cpu)
+    elapsed = since(began)
     dealer.close(linger=0)
     context.term()
     return elapsed
@@ -219,13 +238,14 @@ class Servers:
 def best(timings: Iterable[Timing]) -> Timing:
     """The shortest time and the least CPU of some repeats (not necessarily the same one)."""
     listed = list(timings)
-    return Timing(min(t.seconds for t in listed), min(t.cpu for t in listed))
+    return Timing(*(min(column) for column in zip(*listed)))
 
 
 def throughput_table(servers: Servers, plan: Plan, use_uvloop: bool) -> None:
     print(f"push+pull throughput, float32 tensors, {plan.window} in flight, best of {plan.repeats}")
     print(f"{'size':>8} {'messages':>9} {'raw pyzmq GB/s':>15} {'ZmqTransport GB/s':>18}", end="")
-    print(f" {'ratio':>6} {'client CPU us/msg: raw':>23} {'ZmqTransport':>13}")
+    print(f" {'ratio':>6} {'client CPU us/msg: raw':>23} {'ZmqTransport':>13}", end="")
+    print(f" {'its thread: raw':>16} {'ZmqTransport':>13}")
     for mib in plan.sizes_mib:
         tensor = np.random.default_rng(0).standard_normal(mib * MIB // 4).astype(np.float32)
         count = max(8, plan.bytes_per_run // (mib * MIB))
@@ -233,7 +253,8 @@ def throughput_table(servers: Servers, plan: Plan, use_uvloop: bool) -> None:
         moved = 2 * count * tensor.nbytes / 1e9
         print(f"{mib:>5}MiB {count:>9} {moved / raw.seconds:>15.2f}", end="")
         print(f" {moved / runtime.seconds:>18.2f} {raw.seconds / runtime.seconds:>6.2f}", end="")
-        print(f" {raw.cpu / count * 1e6:>23.0f} {runtime.cpu / count * 1e6:>13.0f}")
+        print(f" {raw.cpu / count * 1e6:>23.0f} {runtime.cpu / count * 1e6:>13.0f}", end="")
+        print(f" {raw.main / count * 1e6:>16.0f} {runtime.main / count * 1e6:>13.0f}")
 
 
 def round_trip_table(servers: Servers, plan: Plan, use_uvloop: bool) -> None:

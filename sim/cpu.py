@@ -34,8 +34,9 @@ cost of a context switch, or the scheduler's granularity: a thread woken on a sa
 may wait for the running one's slice (about a millisecond) where processor sharing serves it at
 once, so on oversubscribed hosts with short pieces of work it predicts somewhat fast.
 
-A node on no host has a machine of its own, with a core for each of its threads: its queues
-are then served at full speed with one timer per piece of work.
+A node on no host has a machine of its own, with a core for each of its threads: its main
+thread's queue is then served at full speed with one timer per piece of work, and its I/O
+thread's lanes share a core of their own.
 
 Determinism: work that finishes at the same instant completes in the order its nodes became
 busy; every timer is on the loop's clock.

@@ -100,6 +100,10 @@ def strip_grad_suffix(name: str) -> str:
 
 
 _NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
+_SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
+"""Each shape a var was declared with, as the one tuple its vars share: a sync 1,000-trainer
+job's pservers declare a var per trainer's copy of every gradient block, nearly all of one
+shape."""
 
 
 @dataclass
@@ -122,7 +126,8 @@ class Var:
     block: "Block | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.shape = tuple(int(d) for d in self.shape)
+        shape = tuple(int(d) for d in self.shape)
+        self.shape = _SHAPES.setdefault(shape, shape)
         self.type = VarType(self.type)
         if self.dtype not in DTYPES:
             raise IRError(f"var {self.name!r}: unknown dtype {self.dtype!r} (one of {DTYPES})")

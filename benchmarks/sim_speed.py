@@ -25,12 +25,13 @@
    pservers, async, 10 steps, about 4.7 million messages) and of its sync variant, each in a
    process of its own, against the goals of 120 s and 1 GiB. ``--scale-trainers`` runs a
    smaller cluster for a quick look; ``--skip-scale`` skips both, ``--scale-modes async`` runs
-   one.
+   one. ``--scale-simpy`` also times the SimPy model of each of those jobs: what simulating
+   the protocol alone costs at that size.
 
 SimPy is needed for part 1 only (``pip install 'pslab[bench]'``); without it part 1 says so.
 
 Run: python benchmarks/sim_speed.py [--trainers 100 --pservers 10 --steps 10 --mode sync]
-         [--repeat 3] [--skip-scale]
+         [--repeat 3] [--skip-scale] [--scale-simpy] [--scale-trainers N]
 """
 
 from __future__ import annotations
@@ -321,13 +322,30 @@ def compare_with_simpy(work: Workload, repeat: int) -> None:
 def scale_run(trainers: int, mode: str) -> None:
     """One scale run in this process (the child of `scale_wall`): a JSON line of what it took."""
     scenario = load_scenario(SCALE, [f"cluster.trainers={trainers}", f"transpiler.mode={mode}"])
-    ours, _ = run_runtime(scenario)
+    ours, result = run_runtime(scenario)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    step_compute, update = compute_times(result, _scale_workload(scenario))
     print(json.dumps({"messages": ours.messages, "wall": ours.wall, "cpu": ours.cpu,
-                      "rss": rss}))
+                      "rss": rss, "step_compute": step_compute, "update": update}))
 
 
-def scale_wall(trainers: int, mode: str) -> None:
+def _scale_workload(scenario: Scenario) -> Workload:
+    return Workload(scenario.cluster.trainers, scenario.cluster.pservers, scenario.train.steps,
+                    scenario.transpiler.mode)
+
+
+def scale_simpy(scenario: Scenario, step_compute: float, update: float) -> None:
+    """The SimPy model of a scale run's job, with that run's compute times: how long the
+    protocol alone takes to simulate at that size, with none of the runtime's work."""
+    work = _scale_workload(scenario)
+    block = Phantom((FIRST_WEIGHT // work.pservers,), np.dtype("float32"))
+    theirs = run_simpy(work, NetworkSpec.parse(scenario.network), scenario.seed, Sizes.of(block),
+                       step_compute, update)
+    print(f"  SimPy model of the same job: {theirs.messages:,} messages, wall {theirs.wall:.1f} s "
+          f"(CPU {theirs.cpu:.1f} s)")
+
+
+def scale_wall(trainers: int, mode: str, simpy: bool = False) -> None:
     """The scale scenario in `mode`, in a process of its own (so its peak memory is its own)."""
     child = subprocess.run([sys.executable, __file__, "--scale-child", mode,
                             "--scale-trainers", str(trainers)],
@@ -343,6 +361,10 @@ def scale_wall(trainers: int, mode: str) -> None:
               f"{MEMORY_GOAL / run['rss']:.2f} (>= 1.0 meets it)")
     else:
         print("  goals at 1,000 trainers: run with --scale-trainers 1000 to measure them")
+    if simpy:
+        scale_simpy(load_scenario(SCALE, [f"cluster.trainers={trainers}",
+                                          f"transpiler.mode={mode}"]),
+                    run["step_compute"], run["update"])
 
 
 def main() -> None:
@@ -357,6 +379,8 @@ def main() -> None:
     parser.add_argument("--scale-modes", default="async,sync",
                         help="modes of the scale runs, comma-separated")
     parser.add_argument("--skip-scale", action="store_true", help="skip the scale runs")
+    parser.add_argument("--scale-simpy", action="store_true",
+                        help="after each scale run, the SimPy model of the same job (minutes)")
     parser.add_argument("--scale-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scale_child:
@@ -366,7 +390,7 @@ def main() -> None:
                        args.repeat)
     if not args.skip_scale:
         for mode in args.scale_modes.split(","):
-            scale_wall(args.scale_trainers, mode)
+            scale_wall(args.scale_trainers, mode, args.scale_simpy)
 
 
 if __name__ == "__main__":

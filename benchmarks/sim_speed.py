@@ -321,12 +321,17 @@ def compare_with_simpy(work: Workload, repeat: int) -> None:
 
 def scale_run(trainers: int, mode: str) -> None:
     """One scale run in this process (the child of `scale_wall`): a JSON line of what it took."""
-    scenario = load_scenario(SCALE, [f"cluster.trainers={trainers}", f"transpiler.mode={mode}"])
+    scenario = scale_scenario(trainers, mode)
     ours, result = run_runtime(scenario)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     step_compute, update = compute_times(result, _scale_workload(scenario))
     print(json.dumps({"messages": ours.messages, "wall": ours.wall, "cpu": ours.cpu,
                       "rss": rss, "step_compute": step_compute, "update": update}))
+
+
+def scale_scenario(trainers: int, mode: str) -> Scenario:
+    """The scale scenario with `trainers` trainers, in `mode`."""
+    return load_scenario(SCALE, [f"cluster.trainers={trainers}", f"transpiler.mode={mode}"])
 
 
 def _scale_workload(scenario: Scenario) -> Workload:
@@ -351,8 +356,9 @@ def scale_wall(trainers: int, mode: str, simpy: bool = False) -> None:
                             "--scale-trainers", str(trainers)],
                            check=True, capture_output=True, text=True)
     run = json.loads(child.stdout.splitlines()[-1])
-    c = load_scenario(SCALE, [f"cluster.trainers={trainers}"]).cluster
-    print(f"scale scenario, {mode}, {c.trainers} trainers x {c.pservers} pservers x 10 steps: "
+    scenario = scale_scenario(trainers, mode)
+    c, steps = scenario.cluster, scenario.train.steps
+    print(f"scale scenario, {mode}, {c.trainers} trainers x {c.pservers} pservers x {steps} steps: "
           f"{run['messages']:,} messages, wall {run['wall']:.1f} s (CPU {run['cpu']:.1f} s), "
           f"{run['messages'] / run['wall']:,.0f} messages/s, peak RSS {run['rss'] / 2**20:,.0f} MiB")
     if trainers == 1000:
@@ -362,9 +368,7 @@ def scale_wall(trainers: int, mode: str, simpy: bool = False) -> None:
     else:
         print("  goals at 1,000 trainers: run with --scale-trainers 1000 to measure them")
     if simpy:
-        scale_simpy(load_scenario(SCALE, [f"cluster.trainers={trainers}",
-                                          f"transpiler.mode={mode}"]),
-                    run["step_compute"], run["update"])
+        scale_simpy(scenario, run["step_compute"], run["update"])
 
 
 def main() -> None:

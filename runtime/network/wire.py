@@ -590,7 +590,7 @@ def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
     first = frames[0]
     size = first.nbytes if type(first) is memoryview else len(first)
     values: dict[str, Any] = {}
-    position = 0
+    position = 0  # a counter, not zip(entries, frames[1:]) or enumerate: cheaper on this path
     for entry in entries:
         position += 1
         frame = frames[position]

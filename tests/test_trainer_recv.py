@@ -43,11 +43,18 @@ def _reply(**vars: Any) -> Message:
     return Message(Kind.REPLY, 1, "pserver:1", 0, vars, {"server_step": 0})
 
 
+async def _recv(scope: Scope) -> tuple[_Client, RpcOps]:
+    """A trainer's RPC ops that have run `RECV` into `scope`, and its client."""
+    client = _Client()
+    ops = RpcOps(client, 0)  # type: ignore[arg-type]
+    await ops.recv(RECV, scope)
+    return client, ops
+
+
 def test_the_values_of_a_get_land_when_its_reply_comes() -> None:
     async def go() -> None:
-        client, scope = _Client(), Scope()
-        ops = RpcOps(client, 0)  # type: ignore[arg-type]
-        await ops.recv(RECV, scope)
+        scope = Scope()
+        client, ops = await _recv(scope)
         ((kind, names, reply),) = client.started  # one GET for both vars, sent at once
         assert (kind, names) == (Kind.GET, ["w", "b"])
         assert not ops.pending["w"].done()
@@ -60,9 +67,7 @@ def test_the_values_of_a_get_land_when_its_reply_comes() -> None:
 
 def test_a_reply_lacking_a_var_fails_the_wait_naming_it() -> None:
     async def go() -> None:
-        client = _Client()
-        ops = RpcOps(client, 0)  # type: ignore[arg-type]
-        await ops.recv(RECV, Scope())
+        client, ops = await _recv(Scope())
         client.started[0][2].set_result(_reply(w=np.ones(2)))
         with pytest.raises(BadReply, match="pserver:1 .* lacks var 'b'"):
             await ops.wait_for(["w", "b"])
@@ -72,9 +77,7 @@ def test_a_reply_lacking_a_var_fails_the_wait_naming_it() -> None:
 
 def test_a_failed_get_fails_the_wait_with_its_error() -> None:
     async def go() -> None:
-        client = _Client()
-        ops = RpcOps(client, 0)  # type: ignore[arg-type]
-        await ops.recv(RECV, Scope())
+        client, ops = await _recv(Scope())
         client.started[0][2].set_exception(TimeoutError("pserver:1 did not answer"))
         with pytest.raises(TimeoutError, match="did not answer"):
             await ops.wait_for(["w"])
@@ -84,9 +87,7 @@ def test_a_failed_get_fails_the_wait_with_its_error() -> None:
 
 def test_abandoning_the_step_cancels_the_get_in_flight() -> None:
     async def go() -> None:
-        client = _Client()
-        ops = RpcOps(client, 0)  # type: ignore[arg-type]
-        await ops.recv(RECV, Scope())
+        client, ops = await _recv(Scope())
         await ops.abandon()
         assert client.started[0][2].cancelled()
         assert not ops.pending

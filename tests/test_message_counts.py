@@ -12,18 +12,19 @@ from transpiler.ir import Op
 from runtime.config.scenario import Scenario, parse_scenario
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job
-from runtime.services.trainer import _shared_plan, barrier_plan
+from runtime.services.trainer import Fetch, _shared_plan, barrier_plan
 from sim.simulate import SimResult, simulate
 
 TRAINERS, PSERVERS, STEPS = 2, 2, 3
 
 
-def scenario(protocol: str, mode: str = "sync") -> Scenario:
+def scenario(protocol: str, mode: str = "sync", trainers: int = TRAINERS,
+             hidden: int = 16) -> Scenario:
     return parse_scenario(f"""
 name: counts
-model: {{name: mlp, sizes: [64, 16, 10], optimizer: {{type: sgd, learning_rate: 0.5}}}}
+model: {{name: mlp, sizes: [64, {hidden}, 10], optimizer: {{type: sgd, learning_rate: 0.5}}}}
 data: {{name: digits, batch_size: 8}}
-cluster: {{pservers: {PSERVERS}, trainers: {TRAINERS}}}
+cluster: {{pservers: {PSERVERS}, trainers: {trainers}}}
 transpiler: {{mode: {mode}}}
 train: {{steps: {STEPS}, protocol: {protocol}}}
 """)
@@ -53,15 +54,64 @@ def test_a_2x2_sync_step_costs_exactly_the_messages_of_its_protocol() -> None:
     assert (per_op.messages, compact.messages, bundled.messages) == (176, 120, 40)
 
 
+WIDE = 256
+"""A hidden layer whose weight, 64 x 256, is cut across both pservers (two blocks of the
+smallest size, 8,192): async mode fetches it block by block."""
+
+
+def test_a_bundled_async_step_is_one_request_and_one_reply_per_pserver() -> None:
+    """Each trainer's GET of the step rides on its SEND to each pserver, the GET of the var
+    fetched block by block included; the startup's GETs stay (nothing was sent)."""
+    bundled_async = scenario("bundled", "async", hidden=WIDE)
+    main = Job.from_scenario(bundled_async).trainer_programs(0)[0]
+    assert any(op.type == "recv" and len(op.attr("epmap")) > 1  # fc0.w, block by block
+               for op in main.global_block().ops)
+    bundled = simulate(bundled_async)
+    assert by_kind(bundled) == [{"complete": TRAINERS, "get": TRAINERS,
+                                 "send": TRAINERS * STEPS}] * PSERVERS
+
+
+def test_an_async_run_of_recvs_rides_on_the_run_of_sends_before_it() -> None:
+    """Each endpoint's GETs ride on the SEND there that ends the run of sends: a var fetched
+    block by block and the vars bundled around it take their values from the one reply
+    (``takers``); an endpoint no send reached keeps its GET, as does a recv after a compute op
+    (which may read what the recvs before it fetched)."""
+    by_row = Op("send", {"X": ["w@GRAD"]}, {"Out": []}, {"epmap": ["e0", "e1"], "sections": [2, 2]})
+    by_block = Op("recv", {"X": []}, {"Out": ["w"]},
+                  {"epmap": ["e1", "e0"], "recv_varnames": ["w.block0", "w.block1"]})
+    ops = [_send("a", "e0"), by_row, _recv("a", "e0"), by_block, _recv("c", "e1"),
+           _recv("d", "e2"), Op("relu", {"X": ["a"]}, {"Out": ["r"]}), _recv("e", "e0")]
+    plan = barrier_plan(ops, lambda op: False, bundle=True)
+    assert plan.held == {id(ops[0]): {"e0"}}
+    assert plan.fetches == {id(by_row): {"e0": Fetch(["a", "w.block1"], False, 2),
+                                         "e1": Fetch(["w.block0", "c"], False, 2)}}
+    assert plan.fetched == {id(ops[2]): {"e0"}, id(by_block): {"e0", "e1"}, id(ops[4]): {"e1"}}
+    prefetch = Op("prefetch", {"X": ["ids"]}, {"Out": ["rows"]}, {"epmap": ["e1"]})
+    apart = barrier_plan([*ops[:2], prefetch, *ops[2:]], lambda op: False, bundle=True)
+    assert apart.fetches == {} and apart.fetched == {}
+    assert barrier_plan(ops, lambda op: False).fetches == {}  # compact: no bundling
+
+
 @pytest.mark.parametrize("mode", ["sync", "async", "half_async", "geo"])
 def test_every_protocol_trains_exactly_as_local_training(mode: str) -> None:
-    results = {p: simulate(scenario(p, mode)) for p in ("bundled", "compact", "per_op")}
+    """Bit for bit the same parameters in every protocol, but for bundled async steps with
+    more than one trainer: their GET rides on the SEND, so a pserver reads the values at
+    another moment, with other trainers' gradients in or not (async's nature); with one
+    trainer those too are the same bit for bit."""
+    results = {p: simulate(scenario(p, mode, hidden=WIDE))
+               for p in ("bundled", "compact", "per_op")}
+    if mode in ("async", "half_async"):
+        del results["bundled"]
+        alone = {p: simulate(scenario(p, mode, trainers=1, hidden=WIDE))
+                 for p in ("bundled", "per_op")}
+        for name, value in alone["per_op"].params.items():
+            np.testing.assert_array_equal(alone["bundled"].params[name], value, err_msg=name)
     for name, value in results["per_op"].params.items():
-        for protocol in ("bundled", "compact"):
+        for protocol in set(results) - {"per_op"}:
             np.testing.assert_array_equal(results[protocol].params[name], value,
                                           err_msg=f"{protocol}: {name}")
     if mode == "sync":  # float32 sums in another order: per-trainer means, then their mean
-        _, local = train_locally(Job.from_scenario(scenario("compact")), "numpy")
+        _, local = train_locally(Job.from_scenario(scenario("compact", hidden=WIDE)), "numpy")
         for name, value in local.items():
             np.testing.assert_allclose(results["compact"].params[name], value, rtol=1e-5,
                                        atol=1e-5, err_msg=name)
@@ -90,7 +140,7 @@ def test_bundling_joins_each_run_of_sends_and_of_recvs_per_endpoint() -> None:
     assert plan.carriers == {id(ops[2]): {"e0": 1}, id(ops[3]): {"e1": 1}}
     assert plan.covered == {id(ops[4]): {"e0", "e1"}, id(ops[8]): {"e0", "e1"}}
     # both barriers carried to every endpoint: each GET rides on the SEND there
-    assert plan.fetches == {id(ops[2]): {"e0": ["a", "b"]}, id(ops[3]): {"e1": ["c"]}}
+    assert plan.fetches == {id(ops[2]): {"e0": Fetch(["a", "b"])}, id(ops[3]): {"e1": Fetch(["c"])}}
     assert plan.fetched == {id(ops[6]): {"e0"}, id(ops[7]): {"e1"}}
     unbundled = barrier_plan(ops, lambda op: False)
     assert unbundled.held == {}

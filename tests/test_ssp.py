@@ -131,6 +131,29 @@ def test_a_prefetch_is_a_read_for_its_own_step() -> None:
     assert shell.send(prefetch) == [Begin()]
 
 
+def test_a_held_read_riding_on_a_send_applies_the_send_once() -> None:
+    """The bundled protocol's async step is one SEND carrying its GET (``fetch``). The bound
+    holds the read with the gradients already in; replayed, it is answered as the read and its
+    gradients are not applied again: the parameters and the values read are those of a SEND
+    and a GET apart."""
+    apart, riding = ssp(0), ssp(0)
+    read_apart, read_riding = {}, {}
+    for trainer in (0, 1):
+        actions, get = step(apart, trainer, 0)
+        read_apart.update({m.id: m for m in replies(actions)})
+        carrier = riding.message(Kind.SEND, trainer, 0, grad(riding, trainer, 1.0),
+                                 fetch=[PARAM])
+        actions = riding.send(carrier)
+        read_riding.update({m.id: m for m in replies(actions)})
+        if trainer == 0:
+            assert answered(actions) == []  # held, its gradients in
+    assert kinds(actions)[-6:] == [Begin, Tally, Tally, Pay, Reply, Replay]  # no RunBlocks
+    np.testing.assert_array_equal(riding.store.scope.get(PARAM), apart.store.scope.get(PARAM))
+    firsts = [min(read_apart), min(read_riding)]  # trainer 0's read, released by trainer 1
+    np.testing.assert_array_equal(read_riding[firsts[1]].vars[PARAM],
+                                  read_apart[firsts[0]].vars[PARAM])
+
+
 def test_a_trainer_that_completes_no_longer_holds_the_others() -> None:
     shell = ssp(0)
     held, get = step(shell, 0, 0)

@@ -303,10 +303,10 @@ class TrainSpec(_Strict):
         "compact", description="how a step's requests travel: compact sends a SEND per send op "
         "and a GET per recv op, the barriers on the last to each pserver; bundled sends each "
         "pserver one SEND a step (when the last send op to it runs) carrying send_barrier, the "
-        "step's GET and fetch_barrier, its reply the values (faster for real, but the "
-        "simulator over-predicts its steps: see the README); per_op also sends the barriers as "
-        "requests of their own, a message per RPC op, as Paddle's traces read (the same "
-        "semantics in all three)")
+        "step's GET and fetch_barrier, its reply the values (async: the GET alone; faster for "
+        "real, but the simulator over-predicts its steps: see the README); per_op also sends "
+        "the barriers as requests of their own, a message per RPC op, as Paddle's traces read "
+        "(the same semantics in all three)")
     log_every: int = Field(10, ge=1)
     """A progress line per trainer every this many steps."""
     checkpoint_every: int | None = Field(None, ge=1, description="pservers save their state "

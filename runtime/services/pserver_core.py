@@ -102,6 +102,9 @@ class PserverCore:
         self.round = SyncRound(store.contract.trainers, step=start_step)
         self.dedupe = Dedupe()
         self.deferred: list[tuple[str, Message]] = []
+        self.taken: set[tuple[str, int]] = set()
+        """The deferred SENDs whose gradients are in, held for the GET they carry: replayed,
+        they are answered as that GET and not applied again, whatever the mode's verdict."""
         self.pending: set[tuple[str, int]] = set()
         self.last_seen: dict[int, float] = {}
         self.senders: dict[int, str] = dict(enumerate(trainer_names or ()))
@@ -180,6 +183,7 @@ class PserverCore:
             reply = yield from _HANDLERS[msg.kind](self, msg, trainer, parse(msg))
         except Exception as exc:  # one bad message must not stop the server, nor count
             self.pending.discard((msg.src, msg.id))
+            self.taken.discard((msg.src, msg.id))
             if trainer_known:
                 _restore(self.next_step, trainer, before)
             yield Reject(peer, exc, msg)
@@ -229,18 +233,25 @@ class PserverCore:
     # -------------------------------------------------------------------------------
     def _on_send(self, msg: Message, trainer: int, send: Send) -> Work:
         """Take the gradients (unless stale); a SEND carrying the round's GET (`Send.fetch`)
-        is then answered as that GET: deferred until the update is done, and replayed then,
-        when its gradients are stale, so they are taken once."""
-        verdict = self.policy.verdict(Event.SEND, trainer, msg)
-        if verdict is Verdict.DEFER:
-            return None
-        if verdict is not Verdict.STALE:
-            names = self.store.store(send.values, send.merge_add)
-            yield from self.policy.applied(trainer, msg, names)
-            self.policy.arrived(Event.SEND, trainer, msg, send.closes)
+        is then answered as that GET: deferred while the mode holds the read (a sync round's
+        update, ssp's bound), and replayed then without taking its gradients again (`taken`)."""
+        key = (msg.src, msg.id)
+        if key not in self.taken:
+            verdict = self.policy.verdict(Event.SEND, trainer, msg)
+            if verdict is Verdict.DEFER:
+                return None
+            if verdict is not Verdict.STALE:
+                names = self.store.store(send.values, send.merge_add)
+                yield from self.policy.applied(trainer, msg, names)
+                self.policy.arrived(Event.SEND, trainer, msg, send.closes)
         if send.fetch is None:
             return self._reply(msg)
-        return (yield from self._on_get(msg, trainer, send.fetch))
+        reply = yield from self._on_get(msg, trainer, send.fetch)
+        if reply is None:
+            self.taken.add(key)
+        else:
+            self.taken.discard(key)
+        return reply
 
     def _on_barrier(self, msg: Message, trainer: int, _: Payload) -> Work:
         event = Event.SEND_BARRIER if msg.kind is Kind.SEND_BARRIER else Event.FETCH_BARRIER

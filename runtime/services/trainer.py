@@ -21,7 +21,9 @@
   ones held back (`BarrierPlan.held`); where only recvs stand between a send barrier and a
   fetch barrier both carried to every endpoint (a sync step), the GET rides on the SEND that
   carried the send barrier (``fetch``), whose reply brings the values (`BarrierPlan.fetches`):
-  a sync step is one request and one reply per pserver.
+  a sync step is one request and one reply per pserver. Where a run of recvs follows a run of
+  sends with no barrier between (an async step), each endpoint's GETs ride on the run's SEND
+  there in the same way, without the fetch barrier (`_plan_async_fetches`).
 - `prefetch` (distributed lookup table): one PREFETCH per pserver with the ids `split_ids` cut
   for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
 - `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
@@ -130,8 +132,21 @@ class BarrierPlan:
     carriers: dict[int, dict[str, int]] = field(default_factory=dict)
     covered: dict[int, frozenset[str]] = field(default_factory=dict)
     held: dict[int, frozenset[str]] = field(default_factory=dict)
-    fetches: dict[int, dict[str, list[str]]] = field(default_factory=dict)
+    fetches: dict[int, dict[str, Fetch]] = field(default_factory=dict)
     fetched: dict[int, frozenset[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """The GET that rides on a SEND to one endpoint (bundled protocol): the wire `names` it
+    asks for, whether it carries the round's fetch barrier (`barrier`: a sync step), and how
+    many of the recv ops' messages to that endpoint take their values from its reply
+    (`takers`: one in a sync step; in an async step a var fetched block by block takes its
+    block apart from the vars bundled around it)."""
+
+    names: list[str]
+    barrier: bool = True
+    takers: int = 1
 
 
 def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool],
@@ -199,6 +214,7 @@ def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool],
             opaque = {Kind.SEND: True, Kind.GET: True}
     if bundle:
         _plan_fetches(ops, plan, carried_by)
+        _plan_async_fetches(ops, plan, rpc_inside)
     return plan
 
 
@@ -225,11 +241,70 @@ def _plan_fetches(ops: list[Op], plan: BarrierPlan, carried_by: dict[int, dict[s
                 names[ep].append(wire)
         for ep, wires in names.items():
             carrier = gets[ep]
-            plan.fetches.setdefault(id(sends[ep]), {})[ep] = wires
+            plan.fetches.setdefault(id(sends[ep]), {})[ep] = Fetch(wires)
             plan.fetched[id(carrier)] = plan.fetched.get(id(carrier), frozenset()) | {ep}
             del plan.carriers[id(carrier)][ep]
             if not plan.carriers[id(carrier)]:
                 del plan.carriers[id(carrier)]
+
+
+def _plan_async_fetches(ops: list[Op], plan: BarrierPlan,
+                        rpc_inside: Callable[[Op], bool]) -> None:
+    """Put the GETs of a run of recvs that follows a run of sends with no barrier between (an
+    async step) on the SEND to each endpoint, whose reply then brings the values: an async step
+    is one request and one reply per pserver, as a sync one. An endpoint whose GET carries a
+    barrier, or that the run of sends did not reach, keeps its own GET.
+
+    DESIGN: the pserver reads the values right after it applies the SEND, where a GET of its
+    own would have read them once every SEND of the step was acknowledged, a little later: in
+    async mode either is a read of the parameters as they happen to be, with this trainer's
+    gradients in. The values still land only when the recv op runs (`_Landed`)."""
+    senders: dict[str, Op] = {}
+    """Endpoint -> the op whose SEND there ends the run of sends (it holds the earlier ones')."""
+    run: list[tuple[Op, str, list[str], int]] = []
+    """The run of recvs: (op, endpoint, wire names, messages) for each endpoint of each op."""
+    for op in [*ops, None]:
+        if op is not None and op.type == "recv" and senders:
+            for ep, wires, count in _gets_of(op, plan):
+                run.append((op, ep, wires, count))
+            continue
+        if run:
+            _ride(run, senders, plan)
+            run, senders = [], {}
+        if op is None:
+            break
+        if op.type == "send" and _bundles(op):
+            senders.update(dict.fromkeys(op.attr("epmap") or (), op))
+        elif op.type in RPC_OP_TYPES or rpc_inside(op):
+            senders = {}
+
+
+def _gets_of(op: Op, plan: BarrierPlan) -> list[tuple[str, list[str], int]]:
+    """(endpoint, wire names, GET messages there) of recv `op`: its vars bundled into a later
+    op's GET count no message of their own."""
+    wires = op.attr("recv_varnames") or op.output("Out")
+    messages = _messages_per_endpoint(op)
+    held = plan.held.get(id(op), frozenset())
+    names: dict[str, list[str]] = defaultdict(list)
+    for wire, ep in zip(wires, op.attr("epmap")):
+        names[ep].append(wire)
+    return [(ep, names[ep], 0 if ep in held else messages[ep]) for ep in names]
+
+
+def _ride(run: list[tuple[Op, str, list[str], int]], senders: Mapping[str, Op],
+          plan: BarrierPlan) -> None:
+    """Put the GETs of `run` (see `_plan_async_fetches`) on the SENDs of `senders`."""
+    barred = {ep for op, ep, _, _ in run if ep in plan.carriers.get(id(op), {})}
+    names: dict[str, list[str]] = defaultdict(list)
+    takers: dict[str, int] = defaultdict(int)
+    for op, ep, wires, count in run:
+        if ep in senders and ep not in barred:
+            names[ep] += wires
+            takers[ep] += count
+            if count:
+                plan.fetched[id(op)] = plan.fetched.get(id(op), frozenset()) | {ep}
+    for ep, wires in names.items():
+        plan.fetches.setdefault(id(senders[ep]), {})[ep] = Fetch(wires, False, takers[ep])
 
 
 _PLANS: weakref.WeakKeyDictionary[Block, dict[tuple[bool, tuple[int, ...]], BarrierPlan]] = \
@@ -304,12 +379,13 @@ class RpcOps:
         self.step = INITIAL_STEP
         self._sends: list[asyncio.Future[Message]] = []
         self._held_sends: dict[str, dict[str, Any]] = {}
+        """Endpoint -> the vars of its SEND being bundled (bundled protocol)."""
         self._unacked: list[asyncio.Future[Message]] = []
-        self._fetch_replies: dict[str, asyncio.Future[Message]] = {}
-        """Endpoint -> the SEND whose reply answers the round's GET there (bundled)."""
         """Bundled protocol: the SENDs of a round whose send barrier they all carried; the GETs
         go out without waiting for their acknowledgements, which the fetch barrier awaits."""
-        """Endpoint -> the vars of its SEND being bundled (bundled protocol)."""
+        self._fetch_replies: dict[str, tuple[asyncio.Future[Message], int]] = {}
+        """Endpoint -> the SEND whose reply answers the round's GET there, and how many recv
+        messages are still to take their values from it (bundled; `Fetch.takers`)."""
         self._held_gets: dict[str, list[tuple[str, str]]] = {}
         """Endpoint -> the (var, wire name) pairs of its GET being bundled."""
         self.feedback = ErrorFeedback()
@@ -422,12 +498,13 @@ class RpcOps:
                 self._held_sends[ep] = vars
                 continue
             fetch = fetches.get(ep)
-            fields = extra if fetch is None else {**(extra or {}), FETCH_FIELD: fetch,
-                                                  FETCH_BARRIER_FIELD: 1}
+            fields = extra if fetch is None else {
+                **(extra or {}), FETCH_FIELD: fetch.names,
+                **({FETCH_BARRIER_FIELD: 1} if fetch.barrier else {})}
             future = self.call(ep, Kind.SEND, vars, extra=fields, closes=carries.get(ep))
             self._sends.append(future)
             if fetch is not None:
-                self._fetch_replies[ep] = future
+                self._fetch_replies[ep] = (future, fetch.takers)
 
     async def flush_sends(self) -> None:
         assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
@@ -473,22 +550,25 @@ class RpcOps:
         wire_names = op.attr("recv_varnames") or outs
         loop = asyncio.get_running_loop()
         carries = self.plan.carriers.get(id(op), {})
+        fetched = self.plan.fetched.get(id(op), frozenset())
         if len(outs) == 1 and len(endpoints) > 1:
+            blocks = list(zip(wire_names, endpoints))
+            rode = {i: self._fetched_reply(ep) for i, (_, ep) in enumerate(blocks)
+                    if ep in fetched}
             self.pending[outs[0]] = loop.create_task(
-                self._get_blocks(outs[0], list(zip(wire_names, endpoints)), scope, carries))
+                self._get_blocks(outs[0], blocks, scope, carries, rode))
             return
         by_endpoint: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for name, wire, ep in zip(outs, wire_names, endpoints):
             by_endpoint[ep].append((name, wire))
         held = self.plan.held.get(id(op), frozenset())
-        fetched = self.plan.fetched.get(id(op), frozenset())
         for ep, pairs in by_endpoint.items():
             pairs = self._held_gets.pop(ep, []) + pairs
             if ep in held:  # the next recv op fetches them, before any op can read them
                 self._held_gets[ep] = pairs
                 continue
             if ep in fetched:  # the GET rode on the round's SEND
-                reply = self._fetch_replies.pop(ep)
+                reply = self._fetched_reply(ep)
             else:
                 reply = self.call(ep, Kind.GET, names=[wire for _, wire in pairs],
                                   closes=carries.get(ep))
@@ -503,10 +583,24 @@ class RpcOps:
         for name, wire in pairs:
             scope.put(name, _owned(self._var(endpoint, reply, wire)))
 
+    def _fetched_reply(self, endpoint: str) -> asyncio.Future[Message]:
+        """The reply of the SEND to `endpoint` that the round's GET there rode on, for one of
+        the recv messages it answers (forgotten once the last has taken it)."""
+        future, takers = self._fetch_replies[endpoint]
+        if takers > 1:
+            self._fetch_replies[endpoint] = (future, takers - 1)
+        else:
+            del self._fetch_replies[endpoint]
+        return future
+
     async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope,
-                          carries: Mapping[str, int]) -> None:
+                          carries: Mapping[str, int],
+                          rode: Mapping[int, asyncio.Future[Message]]) -> None:
+        """Fetch var `name` block by block ((wire name, endpoint) each) and join it: a GET per
+        block, but for the blocks whose GET rode on a SEND (`rode`, by index)."""
         last = {ep: i for i, (_, ep) in enumerate(blocks)}  # each endpoint's last block
         replies = await asyncio.gather(*(
+            rode[i] if i in rode else
             self.call(ep, Kind.GET, names=[wire], closes=carries.get(ep) if last[ep] == i else None)
             for i, (wire, ep) in enumerate(blocks)))
         scope.put(name, concat_rows([_dense(self._var(ep, r, wire))

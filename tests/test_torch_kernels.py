@@ -231,7 +231,9 @@ def nn_cases() -> list[Case]:
     cases = [Case("mul", slots(X=normal(*xs), Y=normal(*ys)), wrt=("X", "Y"), id=f"{xs}x{ys}",
                   attrs={"x_num_col_dims": xd, "y_num_col_dims": yd})
              for xs, ys, xd, yd in [((3, 4), (4, 2), 1, 1), ((2, 3, 4), (4, 5), 2, 1),
-                                    ((2, 3, 4), (12, 2), 1, 1), ((2, 3, 4), (2, 2, 3), 2, 2)]]
+                                    ((2, 3, 4), (12, 2), 1, 1), ((2, 3, 4), (2, 2, 3), 2, 2),
+                                    # narrow products, computed transposed on the CPU
+                                    ((20, 24), (24, 3), 1, 1), ((40, 8), (8, 3), 1, 1)]]
     cases += [Case("mul", slots(X=sequences([2, 1], 4), Y=normal(4, 2)), wrt=("X", "Y"), id="lod"),
               Case("softmax", slots(X=normal(3, 4)), wrt=("X",)),
               Case("softmax", slots(X=normal(3, 4)), attrs={"axis": 0}, wrt=("X",), id="axis0"),

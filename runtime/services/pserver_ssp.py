@@ -13,7 +13,8 @@ A trainer's clock is what its messages show (the trainer sends nothing more than
 
 - a SEND or PREFETCH of step s: it is in step s, so it completed s steps;
 - a GET of step s: it completed s + 1, since a trainer fetches only once every SEND of its step
-  is acknowledged (`trainer.RpcOps.recv`), on every pserver; its startup fetch (step -1) shows 0.
+  is acknowledged (`trainer.RpcOps.recv`), on every pserver, or (bundled protocol) the GET
+  rides on its SEND of the step here; its startup fetch (step -1) shows 0.
 
 Trainers that complete or are dropped (silent for the heartbeat timeout, as in async) leave the
 floor, and the reads that waited only for them are released; a dropped trainer that speaks again

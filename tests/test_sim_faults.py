@@ -231,6 +231,23 @@ def test_sync_under_message_faults_ends_exactly_as_without_them(name: str, seed:
     assert [p.steps for p in faulty.pservers] == [faulty.scenario.train.steps] * 2
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(3))
+def test_a_bundled_async_step_under_message_faults_applies_each_update_once(seed: int) -> None:
+    """An async step's GET rides on its SEND (bundled protocol): a lost, duplicated or
+    reordered SEND, or its lost reply, is retried and answered from the pserver's dedupe, its
+    gradients applied once. One trainer, so the run is plain SGD whatever the timing: bit for
+    bit the fault-free run's."""
+    lossy = ROOT / "scenarios" / "faults" / "lossy.yaml"
+    settings = [f"seed={seed}", "train.steps=20", "transpiler.mode=async", "cluster.trainers=1",
+                "train.protocol=bundled", "expect={}"]
+    faulty, clean = sim(lossy, *settings), sim(lossy, *settings, "faults=[]")
+    assert sum(link.lost for link in faulty.links.values()) > 0
+    assert all(p.by_kind.get("get", 0) == 1 for p in faulty.pservers)  # the startup's only
+    for pname, value in clean.params.items():
+        np.testing.assert_array_equal(faulty.params[pname], value, err_msg=pname)
+
+
 SHORT = {"lossy": ["train.steps=10"], "partition": ["train.steps=25"],
          "pserver_restart": ["train.steps=50"], "slow_node": ["train.steps=30"],
          "trainer_crash": ["train.steps=150",

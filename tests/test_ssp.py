@@ -270,16 +270,19 @@ def test_sim_run_bounds_the_staleness_and_a_straggler_holds_the_others() -> None
 
 
 @pytest.mark.timeout(90)
-def test_runtime_up_runs_ssp_and_reports_the_bound(tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", ["compact", "bundled"])
+def test_runtime_up_runs_ssp_and_reports_the_bound(tmp_path: Path, protocol: str) -> None:
+    """As processes, in either protocol (bundled: a read the bound holds rides on its SEND)."""
     scenario = tmp_path / "ssp.yaml"
-    scenario.write_text("""\
+    scenario.write_text(f"""\
 name: ssp-up
 seed: 3
-model: {name: mlp, sizes: [16, 8, 4], optimizer: {type: sgd, learning_rate: 0.1}}
-data: {batch_size: 8}
-cluster: {pservers: 2, trainers: 3}
-transpiler: {mode: ssp, staleness: 1}
-train: {steps: 12, deadline: 60s, heartbeat_timeout: 10s, retry_after: 100ms}
+model: {{name: mlp, sizes: [16, 8, 4], optimizer: {{type: sgd, learning_rate: 0.1}}}}
+data: {{batch_size: 8}}
+cluster: {{pservers: 2, trainers: 3}}
+transpiler: {{mode: ssp, staleness: 1}}
+train: {{steps: 12, deadline: 60s, heartbeat_timeout: 10s, retry_after: 100ms,
+         protocol: {protocol}}}
 """)
     out = tmp_path / "out"
     code = runtime_main(["up", str(scenario), "--out", str(out)], out=io.StringIO())
@@ -291,6 +294,8 @@ train: {steps: 12, deadline: 60s, heartbeat_timeout: 10s, retry_after: 100ms}
     assert all(p.read_staleness_max is not None and p.blocked_seconds is not None
                for p in metrics.pservers)
     assert all(len(t.losses) == 12 for t in metrics.trainers)
+    if protocol == "bundled":  # the startup's GETs (3, more if resent), none a step (36)
+        assert all(p.messages_by_kind.get("get", 0) < 12 for p in metrics.pservers)
 
 
 # -- the sweep's time to loss ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""What distributing costs: samples/s of a 2-pserver x 2-trainer sync run against single-process
-training of the same model on the same global batches, measured in the same run.
+"""What distributing costs: samples/s of a 2-pserver x 2-trainer run (sync by default) against
+single-process training of the same model on the same global batches, measured in the same run.
 
 1. local: `train_locally` (one process, global batch = batch x trainers per step);
 2. in-process: `run_job`, every node a task of one event loop, over loopback ZeroMQ;
@@ -14,7 +14,7 @@ The ratio is distributed / local; on one host the nodes share its cores, so this
 protocol's overhead (round trips per step, serialization, barriers), not a speed-up estimate.
 
 Run: python benchmarks/train_overhead.py [--steps 200] [--batch 32] [--sizes 64,128,10]
-         [--protocol compact|bundled|per_op]
+         [--protocol compact|bundled|per_op] [--mode sync|async]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ seed: 1
 model: {{name: mlp, sizes: {sizes}, optimizer: {{type: sgd, learning_rate: 0.05}}}}
 data: {{name: synthetic_classification, batch_size: {batch}}}
 cluster: {{pservers: 2, trainers: 2}}
-transpiler: {{mode: sync}}
+transpiler: {{mode: {mode}}}
 train: {{steps: {steps}, deadline: 300s, log_every: {steps}, protocol: {protocol}}}
 """
 
@@ -92,10 +92,13 @@ def main() -> None:
     parser.add_argument("--protocol", default="compact", choices=["compact", "bundled", "per_op"],
                         help="train.protocol of the distributed runs (default: compact, the "
                              "scenario default)")
+    parser.add_argument("--mode", default="sync", choices=["sync", "async"],
+                        help="transpiler.mode of the distributed runs (async: no barriers, "
+                             "so its samples/s is not that of the same training)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     text = SCENARIO.format(sizes=sizes, batch=args.batch, steps=args.steps,
-                           protocol=args.protocol)
+                           protocol=args.protocol, mode=args.mode)
     scenario = parse_scenario(text)
     best: dict[str, Rate] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,7 +113,7 @@ def main() -> None:
                 rate = measure()
                 if name not in best or rate.samples_per_second > best[name].samples_per_second:
                     best[name] = rate
-    print(f"mlp {sizes}, sync SGD, 2 pservers x 2 trainers, global batch "
+    print(f"mlp {sizes}, {args.mode} SGD, 2 pservers x 2 trainers, global batch "
           f"{2 * args.batch}, {args.steps} steps, protocol {args.protocol}, best of "
           f"{args.repeats}")
     print(f"{'run':<24} {'samples/s':>10} {'ratio':>6} {'wall s':>7}")

@@ -211,6 +211,27 @@ def test_a_trainer_due_back_after_the_job_ended_is_not_restarted(tmp_path: Path)
     assert "restarting" not in (tmp_path / "logs" / "trainer-1.log").read_text()
 
 
+@pytest.mark.timeout(120)
+def test_a_trainer_restarted_as_the_job_ends_does_not_fail_it(tmp_path: Path) -> None:
+    """trainer_crash in bundled async steps (about 1 ms each): the others finish their 1,500
+    steps about as trainer 1 is due back, 2 s after its crash at step 50. Restarted while the
+    pservers, which dropped it, are exiting, it would wait for their ports until its own
+    deadline and fail the run; it is stopped instead, or not restarted at all, and the run
+    ends with the others. Where it comes back in time (a slower machine, or a quick start) it
+    rejoins and trains to the last step."""
+    path = FAULTS / "trainer_crash.yaml"
+    code, lines = up(str(path), "--out", str(tmp_path), "--set", "transpiler.mode=async",
+                     "--set", "train.protocol=bundled")
+    assert code == 0 and lines[-1].startswith("OK: trainer_crash"), "\n".join(lines)
+    assert children_of(os.getpid()) == []
+    metrics = read_metrics(tmp_path / "metrics.json")
+    assert [len(t.losses) for t in metrics.trainers][::2] == [1500, 1500]
+    log = (tmp_path / "logs" / "trainer-1.log").read_text()
+    ended_without = ("every pserver finished the job while it was down" in log
+                     or "after the job ended without it" in log)
+    assert ended_without or "step 1500/1500" in log, log[-2000:]  # back in time: to the end
+
+
 # -- the injector without processes --------------------------------------------------------------
 
 def test_link_rules_combine_as_independent_chances_and_added_delays() -> None:

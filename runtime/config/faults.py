@@ -153,7 +153,9 @@ class Crash(_Fault):
     joining the fan-in afresh. A node that is not running (already crashed, or done) is left
     alone. A trainer due back after every pserver has finished the job is not started again:
     the run ends without it and the crash's event lasts to the end (`end` null; role mode's
-    supervisor of that trainer, which cannot see the pservers, does restart it)."""
+    supervisor of that trainer, which cannot see the pservers, does restart it). Under
+    `runtime up`, one restarted while the pservers were exiting, with no job left to join
+    either, is stopped a second after they have: its exit is not the run's failure."""
 
     kind: ClassVar[str] = "crash"
     example: ClassVar[str] = '{at: "step 45", crash: "pserver:1", restart_after: 1s}'

@@ -138,6 +138,8 @@ class Life:
     exit_code: int | None = None
     killed: bool = False
     """Killed by fault injection."""
+    moot: bool = False
+    """A trainer's life after a crash that the job ended without (`Launcher._moot`)."""
     checked: bool = False
     """The supervisor has judged its exit."""
     first_seen: int = 0
@@ -179,6 +181,11 @@ class NodeRun:
     def killed(self) -> bool:
         """Its last process was killed by fault injection."""
         return bool(self.lives) and self.lives[-1].killed
+
+    @property
+    def moot(self) -> bool:
+        """Its last process was a trainer's life that the job ended without."""
+        return bool(self.lives) and self.lives[-1].moot
 
     @property
     def progress(self) -> Progress | None:
@@ -418,6 +425,8 @@ class Launcher:
     """Flags every node gets: ``--keys DIR`` (`secure`), or ``--insecure``."""
     _comebacks: dict[str, asyncio.Future[None]] = field(default_factory=dict, init=False)
     """node -> set when the fault schedule restarts that crashed node."""
+    _stopping: set[int] = field(default_factory=set, init=False)
+    """Ids of the restarted trainers' lives `_stop_moot` stops."""
 
     def __post_init__(self) -> None:
         cluster = self.scenario.cluster
@@ -564,10 +573,13 @@ class Launcher:
     async def _supervise(self, stop: asyncio.Future[int]) -> Failure | None:
         """Wait until every node is done and no restart is pending (a trainer's is moot once
         every process has ended: `restart_is_moot`); the first failure, the deadline or a
-        signal ends it early."""
+        signal ends it early. A trainer restarted after a crash that is still running when
+        every pserver has finished the job is stopped (`_stop_moot`), its exit no failure."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.scenario.train.deadline
         while True:
+            if self._job_over():
+                self._stop_moot(loop)
             waiting: dict[asyncio.Future[Any], NodeRun] = {}
             for node in self.nodes:
                 life = node.life
@@ -605,7 +617,47 @@ class Launcher:
                 assert life is not None
                 life.checked = True
                 if life.exit_code != 0 and not life.killed:
+                    if self._moot(node, life):
+                        node.log.write(f"[runtime up] {node.name} exited "
+                                       f"{life.exit_code} after the job ended without it\n")
+                        continue
                     return await self._settle(node, stop)
+
+    def _job_over(self) -> bool:
+        """Every pserver has finished the job: exited 0, none due back."""
+        pservers = [n for n in self.nodes if n.role == "pserver"]
+        return bool(pservers) and all(n.lives and n.restart is None and n.exit_code == 0
+                                      for n in pservers)
+
+    def _moot(self, node: NodeRun, life: Life) -> bool:
+        """Whether `node`'s `life` had no job left (and mark it so): a trainer restarted after
+        a crash (the pservers dropped it) once every pserver has finished."""
+        life.moot = life.moot or (node.role == "trainer" and life.number > 0
+                                  and self._job_over())
+        return life.moot
+
+    def _stop_moot(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stop, after `SETTLE_SECONDS` (time for one that completed to exit by itself), each
+        trainer restarted after a crash that is still running now that the job is over.
+
+        DESIGN: it cannot train any more: the pservers dropped it, and while it was down
+        finished with the others and exited, so it would wait for their ports or replies
+        until its own deadline. Its restart came too late, as one due after every process
+        has ended (never made, `restart_is_moot`), but while the pservers were exiting."""
+        for node in self.nodes:
+            life = node.life
+            if node.role == "trainer" and node.running and life is not None \
+                    and life.number > 0 and id(life) not in self._stopping:
+                self._stopping.add(id(life))
+                loop.call_later(SETTLE_SECONDS, self._stop_life, node, life)
+
+    def _stop_life(self, node: NodeRun, life: Life) -> None:
+        if node.life is life and node.running:
+            life.moot = True
+            node.log.write(f"[runtime up] stopping {node.name}: every pserver finished the job "
+                           f"while it was down\n")
+            _signal_group(life.process.pid, signal.SIGTERM)
+            _signal_group(life.process.pid, signal.SIGCONT)
 
     async def _settle(self, failed: NodeRun, stop: asyncio.Future[int]) -> Failure:
         """The failure of `failed`, and of every other node that fails within
@@ -659,6 +711,10 @@ class Launcher:
         if life is not None and life.watcher is not None:
             await asyncio.wait([life.watcher])
         await back
+        if node.role == "trainer" and self._job_over():  # the job ended while it was down
+            node.log.write(f"[runtime up] not restarting {node.name}: every pserver finished "
+                           f"the job while it was down\n")
+            return
         how = "--recover" if node.role == "pserver" else f"--incarnation {len(node.lives)}"
         node.log.write(f"[runtime up] restarting {node.name} ({how})\n")
         if self._display is not None:
@@ -713,7 +769,7 @@ def gather_metrics(launcher: Launcher, wall: float, failure: Failure | None,
                                                                                        endpoint)
             p.exit_code, p.log = node.exit_code, log
             pservers.append(p)
-        if failure is None and not path.exists() and not node.killed:
+        if failure is None and not path.exists() and not node.killed and not node.moot:
             failure = Failure(f"{node.name} exited with status 0 but wrote no {path}", node.name)
     served = launcher.endpoints if scenario.cluster.pservers else []  # else the trainers'
     summary = JobSummary.for_run("runtime up", scenario, served, trainers, pservers)

@@ -194,21 +194,26 @@ def test_a_fault_scenario_on_real_processes_ends_as_in_the_simulator(name: str,
     assert real_outcome(scenario, metrics) == sim_outcome(path, overrides)
 
 
+def trainer_crash_up(out: Path, *settings: str) -> tuple[JobMetrics, str]:
+    """`runtime up` of trainer_crash with `settings`, which must succeed and leave no process
+    behind: its metrics and trainer 1's log."""
+    args = [arg for setting in settings for arg in ("--set", setting)]
+    code, lines = up(str(FAULTS / "trainer_crash.yaml"), "--out", str(out), *args)
+    assert code == 0 and lines[-1].startswith("OK: trainer_crash"), "\n".join(lines)
+    assert children_of(os.getpid()) == []
+    return read_metrics(out / "metrics.json"), (out / "logs" / "trainer-1.log").read_text()
+
+
 @pytest.mark.timeout(120)
 def test_a_trainer_due_back_after_the_job_ended_is_not_restarted(tmp_path: Path) -> None:
     """trainer_crash cut to 60 steps: trainer 1 is killed at step 50 to come back 2 s later,
     but the others and the pservers (which drop it after 0.5 s of silence) end first; the run
     ends with them, as in the simulator, without starting it again."""
-    path = FAULTS / "trainer_crash.yaml"
-    code, lines = up(str(path), "--out", str(tmp_path), "--set", "train.steps=60",
-                     "--set", "expect={}")
-    assert code == 0 and lines[-1].startswith("OK: trainer_crash"), "\n".join(lines)
-    assert children_of(os.getpid()) == []
-    metrics = read_metrics(tmp_path / "metrics.json")
+    metrics, log = trainer_crash_up(tmp_path, "train.steps=60", "expect={}")
     [crash] = metrics.faults
     assert crash.end is None and "the run ended at " in crash.detail
     assert [len(t.losses) for t in metrics.trainers][::2] == [60, 60]
-    assert "restarting" not in (tmp_path / "logs" / "trainer-1.log").read_text()
+    assert "restarting" not in log
 
 
 @pytest.mark.timeout(120)
@@ -219,14 +224,8 @@ def test_a_trainer_restarted_as_the_job_ends_does_not_fail_it(tmp_path: Path) ->
     deadline and fail the run; it is stopped instead, or not restarted at all, and the run
     ends with the others. Where it comes back in time (a slower machine, or a quick start) it
     rejoins and trains to the last step."""
-    path = FAULTS / "trainer_crash.yaml"
-    code, lines = up(str(path), "--out", str(tmp_path), "--set", "transpiler.mode=async",
-                     "--set", "train.protocol=bundled")
-    assert code == 0 and lines[-1].startswith("OK: trainer_crash"), "\n".join(lines)
-    assert children_of(os.getpid()) == []
-    metrics = read_metrics(tmp_path / "metrics.json")
+    metrics, log = trainer_crash_up(tmp_path, "transpiler.mode=async", "train.protocol=bundled")
     assert [len(t.losses) for t in metrics.trainers][::2] == [1500, 1500]
-    log = (tmp_path / "logs" / "trainer-1.log").read_text()
     ended_without = ("every pserver finished the job while it was down" in log
                      or "after the job ended without it" in log)
     assert ended_without or "step 1500/1500" in log, log[-2000:]  # back in time: to the end

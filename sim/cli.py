@@ -48,7 +48,7 @@ from .cost import ComputeConfigError
 from .determinism import Difference, first_difference
 from .network import NetworkConfigError
 from .report import collect, console_for, fmt_seconds, plots_available, print_summary, write_plots
-from .simulate import SimResult, simulate
+from .simulate import SimResult, cyclic_gc_paused, simulate
 from .sweep import Axis, SweepError, SweepPoint, SweepRecord, plot_sweep, run_sweep, sweep_table
 
 OUTPUTS = ("metrics.json", "trace.json", "loss.png", "step_times.png")
@@ -192,12 +192,13 @@ def _run(args: argparse.Namespace, stream: TextIO) -> int:
         print(f"FAILED: the simulation stopped: {type(exc).__name__}: {exc}", file=stream)
         return 1
     wall = time.perf_counter() - start
-    metrics = collect(result)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in OUTPUTS:
-        (out / name).unlink(missing_ok=True)
-    files = _write_outputs(args, result, metrics, out)
-    print_summary(metrics, stream)
+    with cyclic_gc_paused():
+        metrics = collect(result)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUTS:
+            (out / name).unlink(missing_ok=True)
+        files = _write_outputs(args, result, metrics, out)
+        print_summary(metrics, stream)
     for line in files:
         print(line, file=stream)
     print(f"wall {wall:.2f}s: {result.messages:,} messages simulated, "
@@ -221,7 +222,8 @@ def _check_determinism(args: argparse.Namespace, scenario: Scenario, out: Path,
     with tempfile.TemporaryDirectory(prefix="pslab-sim-determinism-") as tmp:
         again = Path(tmp)
         result = _simulate(args, scenario, io.StringIO())
-        names = _write_data(args, result, collect(result), again)
+        with cyclic_gc_paused():
+            names = _write_data(args, result, collect(result), again)
         for name in names:
             difference = first_difference(name, (out / name).read_bytes(),
                                           (again / name).read_bytes())

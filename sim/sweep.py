@@ -38,7 +38,7 @@ from runtime.config.metrics import JobMetrics
 from runtime.config.scenario import load_scenario
 
 from .report import collect, fmt_seconds, new_figure, save_png
-from .simulate import simulate
+from .simulate import cyclic_gc_paused, simulate
 
 __all__ = ["Axis", "SweepError", "SweepPoint", "SweepRecord", "plot_sweep", "run_sweep",
            "sweep_table", "time_to_loss"]
@@ -132,7 +132,9 @@ def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str
     try:
         scenario = load_scenario(scenario_path,
                                  overrides + [f"{k}={v}" for k, v in settings.items()])
-        metrics = collect(simulate(scenario, base_dir=scenario_path.parent))
+        result = simulate(scenario, base_dir=scenario_path.parent)
+        with cyclic_gc_paused():
+            metrics = collect(result)
     except Exception as exc:  # a point that cannot run is an outcome of the sweep
         verdict = None if scenario is None else expect.outcome(scenario, exc)
         if verdict is not None:  # the scenario expects this run to fail

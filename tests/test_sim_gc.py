@@ -1,15 +1,19 @@
 """`simulate` runs with the cyclic garbage collector off (what the job was built from frozen
-out of its sight) and leaves it as it found it; the results do not depend on it."""
+out of its sight) and leaves it as it found it; the results do not depend on it. `sim run`
+keeps it off while it reports on the run (`cyclic_gc_paused`)."""
 
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import pytest
 
+import sim.cli
+from runtime.config.metrics import JobMetrics
 from runtime.config.scenario import parse_scenario
 from sim.loop import SimTimeLimit
-from sim.simulate import simulate
+from sim.simulate import cyclic_gc_paused, simulate
 
 SMALL = """
 name: gc_check
@@ -59,3 +63,35 @@ def test_the_steps_do_not_depend_on_the_collector() -> None:
     gc.collect()
     _, second = run_and_watch()
     assert first == second and len(first) == 6
+
+
+def test_sim_run_reports_with_the_collector_off(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+    collect = sim.cli.collect
+
+    def watched(result: object) -> JobMetrics:
+        seen.append(gc.isenabled())
+        return collect(result)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sim.cli, "collect", watched)
+    scenario = tmp_path / "small.yaml"
+    scenario.write_text(SMALL)
+    assert sim.cli.main(["run", str(scenario), "--out", str(tmp_path / "out"),
+                         "--no-plots"]) == 0
+    assert seen == [False]
+    assert gc.isenabled() and (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_a_paused_collector_comes_back_after_an_error() -> None:
+    with pytest.raises(RuntimeError), cyclic_gc_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("report failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -12,7 +12,10 @@
    that pserver has every trainer's barrier and has run its update) and sends a fetch barrier to
    every pserver (the next step's requests wait until every trainer's is in); in async mode it
    asks for the parameter blocks at once, a pserver spending its update time on each gradient.
-   A pserver serves one message at a time; messages cross the same network model (FIFO egress
+   With ``--protocol bundled`` (the simulator's too) each step is one message to every pserver
+   carrying the gradient and asking for the parameter, answered with it: in async mode after
+   the update of that gradient, in sync mode once every trainer's has come in and the round's
+   update has run. A pserver serves one message at a time; messages cross the same network model (FIFO egress
    and ingress per NIC, a latency drawn per message from the scenario's distribution with one
    seeded generator per link, no overtaking on a link) with the same sizes. The compute times
    come from the simulator's run (its modelled seconds per trainer step and per pserver update),
@@ -31,6 +34,7 @@
 SimPy is needed for part 1 only (``pip install 'pslab[bench]'``); without it part 1 says so.
 
 Run: python benchmarks/sim_speed.py [--trainers 100 --pservers 10 --steps 10 --mode sync]
+         [--protocol compact|bundled]
          [--repeat 3] [--skip-scale] [--scale-simpy] [--scale-trainers N]
 """
 
@@ -54,6 +58,8 @@ import numpy as np
 from runtime.config.scenario import Scenario, load_scenario
 from runtime.execution.tensor import Phantom
 from runtime.network.wire import Kind, Message, charged_size, encode
+from runtime.services.protocol import (BARRIER_FIELD, BARRIER_FROM_FIELD, FETCH_BARRIER_FIELD,
+                                       FETCH_FIELD)
 from sim.network import Latency, NetworkSpec
 from sim.simulate import SimResult, simulate
 
@@ -62,6 +68,9 @@ SCALE_GOAL = 120.0
 """Seconds of wall time the whole scale scenario (and its sync variant) should take."""
 MEMORY_GOAL = 1 << 30
 """Bytes of peak resident memory the same runs should stay under."""
+BUNDLE = "bundle"
+"""The SimPy model's request of the bundled protocol: a gradient that asks for the parameter
+(and, in sync mode, carries both barriers)."""
 RATIO_GOAL = 0.25
 """SimPy model's wall time / the simulator's, for the sync 100 x 10 x 10 job."""
 FIRST_WEIGHT = 1600 * 512
@@ -75,10 +84,12 @@ class Workload:
     pservers: int
     steps: int
     mode: str = "sync"
+    protocol: str = "compact"
 
     def overrides(self) -> list[str]:
         return [f"cluster.trainers={self.trainers}", f"cluster.pservers={self.pservers}",
-                f"train.steps={self.steps}", f"transpiler.mode={self.mode}"]
+                f"train.steps={self.steps}", f"transpiler.mode={self.mode}",
+                f"train.protocol={self.protocol}"]
 
 
 @dataclass(frozen=True)
@@ -98,30 +109,37 @@ class Outcome:
 @dataclass(frozen=True)
 class Sizes:
     """Bytes of the messages of one block's round: a gradient and its acknowledgement, a
-    request for the parameter and its reply, a barrier (as the simulator charges them)."""
+    request for the parameter and its reply, a barrier, and the bundled protocol's gradient
+    that asks for the parameter (with a sync round's barriers), as the simulator charges them."""
 
     send: int
     ack: int
     get: int
     reply: int
     barrier: int
+    bundle: int
 
     @classmethod
-    def of(cls, block: Phantom) -> Sizes:
+    def of(cls, block: Phantom, sync: bool = True) -> Sizes:
         name, src = "fc_0.w_0.block0", "trainer:0"
+        barriers = ({BARRIER_FIELD: 1, BARRIER_FROM_FIELD: 1, FETCH_BARRIER_FIELD: 1} if sync
+                    else {})
         return cls(
             send=_size(Message(Kind.SEND, 1, src, 0, {f"{name}@GRAD": block}, {"trainer": 0})),
             ack=_size(Message(Kind.REPLY, 1, "pserver:0", 0, extra={"server_step": 0})),
             get=_size(Message(Kind.GET, 1, src, 0, extra={"trainer": 0, "names": [name]})),
             reply=_size(Message(Kind.REPLY, 1, "pserver:0", 0, {name: block},
                                 {"server_step": 0, "in_fanin": True, "entry_step": 0})),
-            barrier=_size(Message(Kind.SEND_BARRIER, 1, src, 0, extra={"trainer": 0})))
+            barrier=_size(Message(Kind.SEND_BARRIER, 1, src, 0, extra={"trainer": 0})),
+            bundle=_size(Message(Kind.SEND, 1, src, 0, {f"{name}@GRAD": block},
+                                 {"trainer": 0, FETCH_FIELD: [name], **barriers})))
 
-    def request(self, kind: Kind) -> int:
-        return {Kind.SEND: self.send, Kind.GET: self.get}.get(kind, self.barrier)
+    def request(self, kind: Kind | str) -> int:
+        return {Kind.SEND: self.send, Kind.GET: self.get, BUNDLE: self.bundle}.get(kind,
+                                                                                  self.barrier)
 
-    def answer(self, kind: Kind) -> int:
-        return self.reply if kind is Kind.GET else self.ack
+    def answer(self, kind: Kind | str) -> int:
+        return self.reply if kind in (Kind.GET, BUNDLE) else self.ack
 
 
 def _size(msg: Message) -> int:
@@ -226,8 +244,16 @@ def run_simpy(work: Workload, spec: NetworkSpec, seed: int, sizes: Sizes, step_c
         while True:
             request = yield inboxes[index].get()
             kind, step = request[2], request[3]
-            if not sync:
-                if kind is Kind.SEND:
+            if kind == BUNDLE and sync:  # the round moves on with its last trainer's bundle
+                waiting.append(request)
+                if len(waiting) == work.trainers:
+                    yield env.timeout(update)
+                    ready, waiting = waiting, []
+                    for r in ready:
+                        answer(r)
+                continue
+            if kind == BUNDLE or not sync:
+                if kind in (Kind.SEND, BUNDLE):
                     yield env.timeout(update)
                 answer(request)
                 continue
@@ -256,8 +282,10 @@ def run_simpy(work: Workload, spec: NetworkSpec, seed: int, sizes: Sizes, step_c
 
     def trainer(index: int) -> Generator[Any, Any, None]:
         name, replies = f"trainer:{index}", simpy.Store(env)
-        kinds = ((Kind.SEND, Kind.SEND_BARRIER, Kind.GET, Kind.FETCH_BARRIER) if sync
-                 else (Kind.SEND, Kind.GET))
+        kinds: tuple[Kind | str, ...] = (
+            (BUNDLE,) if work.protocol == "bundled"
+            else (Kind.SEND, Kind.SEND_BARRIER, Kind.GET, Kind.FETCH_BARRIER) if sync
+            else (Kind.SEND, Kind.GET))
         for step in range(work.steps):
             yield env.timeout(step_compute)
             for kind in kinds:
@@ -303,7 +331,8 @@ def compare_with_simpy(work: Workload, repeat: int) -> None:
         if simpy is None:
             continue
         step_compute, update = compute_times(result, work)
-        theirs = run_simpy(work, spec, scenario.seed, Sizes.of(block), step_compute, update)
+        theirs = run_simpy(work, spec, scenario.seed, Sizes.of(block, work.mode == "sync"),
+                           step_compute, update)
         their_walls.append(theirs.wall)
         ratios.append(theirs.wall / ours.wall)
         cpu_ratios.append(theirs.cpu / ours.cpu)
@@ -319,9 +348,9 @@ def compare_with_simpy(work: Workload, repeat: int) -> None:
     print(f"  ratio SimPy / simulator, CPU:  {_spread(cpu_ratios)}")
 
 
-def scale_run(trainers: int, mode: str) -> None:
+def scale_run(trainers: int, mode: str, protocol: str) -> None:
     """One scale run in this process (the child of `scale_wall`): a JSON line of what it took."""
-    scenario = scale_scenario(trainers, mode)
+    scenario = scale_scenario(trainers, mode, protocol)
     ours, result = run_runtime(scenario)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     step_compute, update = compute_times(result, _scale_workload(scenario))
@@ -329,14 +358,15 @@ def scale_run(trainers: int, mode: str) -> None:
                       "rss": rss, "step_compute": step_compute, "update": update}))
 
 
-def scale_scenario(trainers: int, mode: str) -> Scenario:
-    """The scale scenario with `trainers` trainers, in `mode`."""
-    return load_scenario(SCALE, [f"cluster.trainers={trainers}", f"transpiler.mode={mode}"])
+def scale_scenario(trainers: int, mode: str, protocol: str) -> Scenario:
+    """The scale scenario with `trainers` trainers, in `mode` and `protocol`."""
+    return load_scenario(SCALE, [f"cluster.trainers={trainers}", f"transpiler.mode={mode}",
+                                 f"train.protocol={protocol}"])
 
 
 def _scale_workload(scenario: Scenario) -> Workload:
     return Workload(scenario.cluster.trainers, scenario.cluster.pservers, scenario.train.steps,
-                    scenario.transpiler.mode)
+                    scenario.transpiler.mode, scenario.train.protocol)
 
 
 def scale_simpy(scenario: Scenario, step_compute: float, update: float) -> None:
@@ -344,21 +374,21 @@ def scale_simpy(scenario: Scenario, step_compute: float, update: float) -> None:
     protocol alone takes to simulate at that size, with none of the runtime's work."""
     work = _scale_workload(scenario)
     block = Phantom((FIRST_WEIGHT // work.pservers,), np.dtype("float32"))
-    theirs = run_simpy(work, NetworkSpec.parse(scenario.network), scenario.seed, Sizes.of(block),
-                       step_compute, update)
+    theirs = run_simpy(work, NetworkSpec.parse(scenario.network), scenario.seed,
+                       Sizes.of(block, work.mode == "sync"), step_compute, update)
     print(f"  SimPy model of the same job: {theirs.messages:,} messages, wall {theirs.wall:.1f} s "
           f"(CPU {theirs.cpu:.1f} s)")
 
 
-def scale_wall(trainers: int, mode: str, simpy: bool = False) -> None:
+def scale_wall(trainers: int, mode: str, protocol: str, simpy: bool = False) -> None:
     """The scale scenario in `mode`, in a process of its own (so its peak memory is its own)."""
     child = subprocess.run([sys.executable, __file__, "--scale-child", mode,
-                            "--scale-trainers", str(trainers)],
+                            "--scale-trainers", str(trainers), "--protocol", protocol],
                            check=True, capture_output=True, text=True)
     run = json.loads(child.stdout.splitlines()[-1])
-    scenario = scale_scenario(trainers, mode)
+    scenario = scale_scenario(trainers, mode, protocol)
     c, steps = scenario.cluster, scenario.train.steps
-    print(f"scale scenario, {mode}, {c.trainers} trainers x {c.pservers} pservers x {steps} steps: "
+    print(f"scale scenario, {mode}, {protocol}, {c.trainers} trainers x {c.pservers} pservers x {steps} steps: "
           f"{run['messages']:,} messages, wall {run['wall']:.1f} s (CPU {run['cpu']:.1f} s), "
           f"{run['messages'] / run['wall']:,.0f} messages/s, peak RSS {run['rss'] / 2**20:,.0f} MiB")
     if trainers == 1000:
@@ -377,6 +407,8 @@ def main() -> None:
     parser.add_argument("--pservers", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--mode", choices=("sync", "async"), default="sync")
+    parser.add_argument("--protocol", choices=("compact", "bundled"), default="compact",
+                        help="train.protocol of every run, the SimPy model's too")
     parser.add_argument("--repeat", type=int, default=3, help="runs of the SimPy comparison")
     parser.add_argument("--scale-trainers", type=int, default=1000,
                         help="trainers of the scale runs (default: the scenario's 1,000)")
@@ -388,13 +420,13 @@ def main() -> None:
     parser.add_argument("--scale-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scale_child:
-        scale_run(args.scale_trainers, args.scale_child)
+        scale_run(args.scale_trainers, args.scale_child, args.protocol)
         return
-    compare_with_simpy(Workload(args.trainers, args.pservers, args.steps, args.mode),
-                       args.repeat)
+    compare_with_simpy(Workload(args.trainers, args.pservers, args.steps, args.mode,
+                                args.protocol), args.repeat)
     if not args.skip_scale:
         for mode in args.scale_modes.split(","):
-            scale_wall(args.scale_trainers, mode, args.scale_simpy)
+            scale_wall(args.scale_trainers, mode, args.protocol, args.scale_simpy)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import transpiler as T  # noqa: E402
 from runtime import Executor, LoDTensor, Scope, SelectedRows  # noqa: E402
 from runtime.execution.executor import device_binder  # noqa: E402
 from runtime.execution.kernels import KernelContext, get_kernel, registered_ops  # noqa: E402
+from runtime.execution.kernels import torch_nn  # noqa: E402
 from runtime.execution.kernels.torch_common import DeviceError, resolve_device  # noqa: E402
 from transpiler.ir import BlockRef, Op, Program  # noqa: E402
 
@@ -478,6 +479,21 @@ def test_gradient_agrees(case: Case, dtype: type) -> None:
     forward = run_kernel("numpy", case.op, inputs, dict.fromkeys(case.outputs, 1), case.attrs)
     values = grad_inputs(case, inputs, forward, np.random.default_rng(1))
     assert_backends_agree(case.op + "_grad", values, grad_outputs(case, inputs), case.attrs)
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["direct", "transposed"])
+@pytest.mark.parametrize("shapes", [((20, 24), (24, 3)), ((40, 8), (8, 3)), ((3, 4), (4, 2))],
+                         ids=str)
+def test_narrow_products_agree_either_way(shapes: tuple[tuple[int, int], tuple[int, int]],
+                                          transpose: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_mm` computes narrow CPU products transposed where MKL runs on AMD: both ways, on any
+    machine, give numpy's product, contiguous."""
+    monkeypatch.setattr(torch_nn, "TRANSPOSE_NARROW", transpose)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(shapes[0]), rng.standard_normal(shapes[1])
+    out = torch_nn._mm(torch.from_numpy(a), torch.from_numpy(b))
+    assert out.is_contiguous()
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("case", [c for c in GRAD_CASES if c.id in ("", "MAX", "sparse", "hard")],

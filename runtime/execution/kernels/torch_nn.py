@@ -35,8 +35,23 @@ def _flatten2(a: Tensor, num_col_dims: int) -> Tensor:
 
 
 NARROW = 16
-"""At most this many output columns, and more rows than that, a CPU product is computed
+"""At most this many output columns, and more rows than that, a CPU product may be computed
 transposed (`_mm`)."""
+
+
+def _mkl_on_amd() -> bool:
+    """Whether torch's CPU BLAS is MKL running on an AMD processor (Linux's /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            amd = any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
+    except OSError:
+        return False
+    return amd and bool(torch.backends.mkl.is_available())
+
+
+TRANSPOSE_NARROW = _mkl_on_amd()
+"""Whether `_mm` computes a narrow CPU product transposed. Decided by the processor, never by
+timing, so every process on a machine computes the same bits."""
 
 
 def _matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -48,14 +63,15 @@ def _matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _mm(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b; on the CPU, a product with few columns and many rows as (b^T a^T)^T, copied
-    into rows (the scope holds contiguous values; the copy is of the narrow result).
+    """a @ b; with MKL on an AMD CPU, a product with few columns and many rows as
+    (b^T a^T)^T, copied into rows (the scope holds contiguous values; the copy is of the
+    narrow result).
 
-    DESIGN: torch's CPU BLAS (MKL) takes a slow path for a narrow product: a [64, 1024] x
-    [1024, 10] logits layer took 90 us against 20 us in numpy's OpenBLAS on a 2-core AMD EPYC,
-    its weight gradient [1024, 64] x [64, 10] 200 us; transposed, the same products take 33
-    and 46 us (`benchmarks/torch_backend.py`'s wide MLP: 0.2 ms of a 7 ms step)."""
-    if b.shape[1] <= NARROW < a.shape[0] and a.device.type == "cpu":
+    DESIGN: MKL takes a slow path for a narrow product on AMD: a [64, 1024] x [1024, 10]
+    logits layer took 90 us against 20 us in numpy's OpenBLAS on a 2-core AMD EPYC, its weight
+    gradient [1024, 64] x [64, 10] 200 us; transposed, 33 and 46 us. On an Intel Xeon the
+    direct products take 17 and 18 us and the transposed ones 41 and 29, hence the switch."""
+    if TRANSPOSE_NARROW and b.shape[1] <= NARROW < a.shape[0] and a.device.type == "cpu":
         return torch.mm(b.t(), a.t()).t().contiguous()
     return torch.mm(a, b)
 

@@ -33,7 +33,8 @@ trainer completes, 0.3 s instead of the default 3 s. The fault scenarios set the
 
 def make_job(model: str, trainers: int, pservers: int, steps: int = 20, batch: int = 16,
              mode: str = "sync", data: str | None = None, extra: str = "",
-             transpiler: str = "", retry_after: str | None = None) -> Job:
+             transpiler: str = "", retry_after: str | None = None,
+             heartbeat_timeout: str = "10s") -> Job:
     """A job over loopback endpoints; `retry_after` (e.g. FAST_DRAIN) sets `train.retry_after`
     (default 1 s). Loopback loses nothing, and a request resent sooner than that is answered
     from the pserver's deduplication (or with a ``pending`` notice), so it changes no number."""
@@ -47,7 +48,7 @@ model: {model}
 {data_line}
 cluster: {{pservers: {pservers}, trainers: {trainers}, endpoints: {{pservers: {eps}}}}}
 transpiler: {{mode: {mode}{", " + transpiler if transpiler else ""}}}
-train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: 10s{retry}}}
+train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: {heartbeat_timeout}{retry}}}
 {extra}
 """
     return Job.from_scenario(parse_scenario(text))

@@ -1,21 +1,26 @@
 """Fan-in changes in sync mode, on the virtual clock: a trainer that starts late is dropped
 after the start-up timeout (and the event logged), the others go on, and the late one joins
-at the next step all pservers can admit; a trainer that finishes early leaves the fan-in."""
+at the next step all pservers can admit; a trainer that finishes early leaves the fan-in. Over
+loopback ZeroMQ: a pause of the whole job drops nobody."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import numpy as np
 import pytest
 
 from runtime.config.scenario import parse_scenario
+from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
-                                      trainer_name)
+                                      run_job, trainer_name)
 from runtime.services.job import Job
 from sim.loop import run as run_virtual
 from sim.network import Network
+
+from cluster_helpers import FAST_DRAIN, make_job
 
 SCENARIO = """
 name: fanin
@@ -74,3 +79,21 @@ def test_trainer_with_fewer_steps_leaves_the_fan_in() -> None:
     assert all(s.steps == 12 and s.dropped == [] for s in stats)
     assert now < 12 * 0.5  # nobody waited for a heartbeat timeout
     assert np.isfinite(reports[0].losses[-1])
+
+
+@pytest.mark.timeout(60)
+def test_a_pause_of_the_whole_job_longer_than_the_heartbeat_timeout_drops_nobody() -> None:
+    """Every node stops at once for three heartbeat timeouts (a suspended machine, an
+    overloaded host): here the one process they share blocks at trainer 0's step 4. On waking,
+    each pserver's watchdog runs before the heartbeats that waited are read; the pause was its
+    own, not the trainers' silence, so nobody is dropped and both train every step."""
+    job = make_job("{name: mlp, sizes: [8, 4, 2]}", trainers=2, pservers=2, steps=8,
+                   retry_after=FAST_DRAIN, heartbeat_timeout="200ms")
+
+    def pause(trainer: int, step: int, loss: float, seconds: float) -> None:
+        if (trainer, step) == (0, 4):
+            time.sleep(0.6)  # the fault itself: the process stops, nothing is awaited
+
+    result = asyncio.run(run_job(job, ZmqTransport, on_step=pause))
+    assert [len(t.losses) for t in result.trainers] == [8, 8]
+    assert [s.dropped for s in result.pservers] == [[], []]

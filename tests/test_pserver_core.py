@@ -159,6 +159,53 @@ def test_a_dropped_trainer_leaves_the_round_and_its_copy_counts_as_zero() -> Non
     assert scale_op.type == "scale" and scale_op.attr("scale") == 0.5  # the program is as written
 
 
+def test_a_pause_of_the_server_itself_is_not_counted_as_the_trainers_silence() -> None:
+    """A server that was not running (the machine paused or overloaded: its watchdog woke
+    `paused` seconds late) could not hear the heartbeats sent meanwhile; they wait unread.
+    Silence is counted in time it was listening, so nobody is dropped for its own pause, and a
+    trainer silent for the timeout on top of the pause still is."""
+    shell = Shell("sync")
+    for trainer in (0, 1):
+        shell.send(shell.message(Kind.HEARTBEAT, trainer, 0))
+    shell.now = 30.0  # 30 s later, 25 of them paused
+    assert shell.drive(shell.core.on_tick(paused=25.0)) == []
+    shell.send(shell.message(Kind.HEARTBEAT, 0, 0))  # what waited unread
+    shell.now = 36.0  # trainer 1 silent 11 s of the server's running time
+    assert shell.drive(shell.core.on_tick())[0] == Tally("dropped", 1)
+    assert shell.core.round.live == {0}
+
+
+def test_a_dropped_trainer_that_speaks_again_is_told_to_join_not_refused() -> None:
+    """Dropped for its silence, a trainer that was only paused (or cut off) sends on: it gets
+    a notice to join again at the first step it can, where a trainer that completed, or one
+    of another job, gets an error."""
+    shell = Shell("sync")
+    shell.send(shell.message(Kind.HEARTBEAT, 1, 0))
+    shell.now = 11.0  # trainer 1 silent for longer than the heartbeat timeout
+    shell.send(shell.message(Kind.HEARTBEAT, 0, 0))
+    assert Tally("dropped", 1) in shell.drive(shell.core.on_tick())
+    (notice,) = replies(shell.send(shell.message(Kind.SEND, 1, 0, grad(shell, 1, 1.0))))
+    assert notice.kind is Kind.REPLY and notice.extra["rejoin"] == shell.core.round.entry_step()
+    shell.send(shell.message(Kind.COMPLETE, 0, 0))
+    refused = shell.send(shell.message(Kind.SEND, 0, 1, grad(shell, 0, 1.0)))
+    assert kinds(refused) == [Begin, Reject] and "already completed" in str(refused[1].error)
+
+
+def test_a_retry_proves_its_trainer_alive() -> None:
+    """A retry of a deferred request (answered `pending`) or of one already answered reaches
+    the server from a live trainer as surely as a heartbeat does."""
+    shell = Shell("sync")
+    get = shell.message(Kind.GET, 0, 0, names=[PARAM])
+    shell.send(get)  # deferred until the round's update
+    beat = shell.message(Kind.HEARTBEAT, 1, 0)
+    shell.send(beat)
+    shell.now = 8.0
+    assert replies(shell.send(get))[0].extra["pending"] is True
+    assert replies(shell.send(beat))  # answered again from the cache
+    shell.now = 16.0  # 16 s after the first messages, 8 s after the retries
+    assert shell.drive(shell.core.on_tick()) == []
+
+
 def test_a_get_of_the_running_step_is_deferred_then_replayed_after_the_update() -> None:
     shell = Shell("sync")
     get = shell.message(Kind.GET, 0, 0, names=[PARAM])

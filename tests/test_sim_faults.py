@@ -298,6 +298,25 @@ def test_a_trainer_that_dies_for_good_is_dropped_and_the_others_finish() -> None
 
 
 @pytest.mark.timeout(60)
+def test_a_trainer_cut_off_longer_than_the_heartbeat_timeout_joins_again() -> None:
+    """Trainer 0 is cut off for 0.3 s at step 20 with a heartbeat timeout of 0.1 s: both
+    pservers drop it and the other goes on alone. When the partition heals its retried SEND
+    is answered with a notice to join again, not an error: it joins at the next step every
+    pserver admits and trains to the end."""
+    result = sim(ROOT / "scenarios" / "faults" / "partition.yaml", "expect={}",
+                 "train.heartbeat_timeout=100ms", "network.default.latency=5ms",
+                 'faults=[{at: "step 20", partition: [["trainer:0"], ["pserver:*"]],'
+                 ' heal_after: 300ms}]')
+    cut, other = (len(t.losses) for t in result.trainers)
+    assert other == 60 and 20 < cut < 60
+    assert all(p.dropped == [0] and p.errors == 0 for p in result.pservers)
+    [partition] = result.faults
+    rejoined_at = 60 - (cut - 20)  # it finished the 20 steps before the cut, then the rest
+    assert result.trainers[0].step_ends[20] > partition.end  # its first step after it joined
+    assert rejoined_at > 21
+
+
+@pytest.mark.timeout(60)
 def test_a_trainer_due_back_after_the_job_ended_is_not_waited_for() -> None:
     """Trainer 1 crashes at step 50 of 60 to come back 2 s later; the others finish in well
     under a second and the pservers, having dropped it, with them: the run ends then (not with

@@ -252,6 +252,12 @@ class SyncRound:
         self._admit()
         return actual
 
+    def dropped(self, trainer: int) -> bool:
+        """`trainer` is of this job and has not completed, but is neither in the fan-in nor
+        joining it: it was dropped (silent for too long) and has not asked to join again."""
+        return (0 <= trainer < self.trainers and trainer not in self.completed
+                and trainer not in self.live and trainer not in self.joining)
+
     def _admit(self) -> None:
         due = [t for t, entry in self.joining.items() if entry == self.step]
         for t in due:

@@ -34,8 +34,10 @@ It owns a `Scope` initialized by the pserver's startup program and answers the t
   stale), so no update is applied twice on any server and at most k steps are redone.
 - COMPLETE: the trainer leaves the fan-in; the server stops when every trainer has completed.
 - HEARTBEAT: proof of life. A trainer that has been silent for `heartbeat_timeout` (in sync
-  mode, one the round waits for) is dropped from the fan-in and the event is logged; the
-  server stops once every trainer has completed or been dropped (and one at least completed).
+  mode, one the round waits for) is dropped from the fan-in and the event is logged; the time
+  the server itself was not running (its watchdog woke late) is nobody's silence. A dropped sync
+  trainer that speaks again is told to join again (``rejoin: <step>``). The server stops once
+  every trainer has completed or been dropped (and one at least completed).
   A server on its own (`ServeConfig.give_up_without_trainers`) also stops, raising
   `TrainersGone`, when no trainer has been heard from for `heartbeat_timeout` and none
   completed: nobody is left to restart them.
@@ -338,10 +340,15 @@ class PserverService:
         return kind, self._drive_now(self.core.on_message(peer, msg))
 
     async def _watchdog(self) -> None:
-        """Have the core drop the trainers silent too long, four times per timeout."""
+        """Have the core drop the trainers silent too long, four times per timeout. A wake-up
+        later than asked is time this server was not running (the machine paused or
+        overloaded): the core does not count it as the trainers' silence."""
+        period = min(self.config.heartbeat_timeout, self.config.startup_grace) / 4
+        clock = asyncio.get_running_loop().time
         while True:
-            await asyncio.sleep(min(self.config.heartbeat_timeout, self.config.startup_grace) / 4)
-            await self._drive(self.core.on_tick())
+            due = clock() + period
+            await asyncio.sleep(period)
+            await self._drive(self.core.on_tick(paused=max(0.0, clock() - due)))
             if self.config.give_up_without_trainers and (why := self.core.trainers_gone()):
                 raise TrainersGone(self.name, why)
 

@@ -46,8 +46,9 @@ from runtime.services.pserver_async import AsyncPolicy
 from runtime.services.pserver_dc_asgd import DcAsgdPolicy
 from runtime.services.pserver_geo import GeoPolicy
 from runtime.services.pserver_half_async import HalfAsyncPolicy
-from runtime.services.pserver_messages import (CheckpointNotify, Get, Join, Payload, Prefetch,
-                                               ProtocolViolation, Send, parse, trainer_of)
+from runtime.services.pserver_messages import (CheckpointNotify, Get, Join, NotInFanIn, Payload,
+                                               Prefetch, ProtocolViolation, Send, parse,
+                                               trainer_of)
 from runtime.services.pserver_policy import ModePolicy
 from runtime.services.pserver_ssp import SspPolicy
 from runtime.services.pserver_store import Store
@@ -131,9 +132,11 @@ class PserverCore:
     def on_message(self, peer: str, msg: Message) -> Work:
         recall, held = self.dedupe.lookup(msg.src, msg.id)
         if recall is Recall.ANSWERED:  # a retry: the first reply again
+            self._heard(msg)
             yield Reply(peer, self._recalled(msg, held))
             return
         if (msg.src, msg.id) in self.pending:  # a retry of a deferred request: still waiting
+            self._heard(msg)
             yield Reply(peer, Message.of(Kind.REPLY, msg.id, self.name, self.round.step, extra={
                 "pending": True, "server_step": self.round.step}))
             return
@@ -147,8 +150,16 @@ class PserverCore:
         if answered or (msg.kind is Kind.SEND and FETCH_FIELD in msg.extra):
             yield from self._settle()  # a SEND deferred as its GET may have closed the round
 
-    def on_tick(self) -> Work:
-        """Drop the trainers silent too long among those the policy waits for."""
+    def on_tick(self, paused: float = 0.0) -> Work:
+        """Drop the trainers silent too long among those the policy waits for. `paused`: how
+        long since the previous tick this server was itself not running (its watchdog woke
+        that late: the machine paused or overloaded).
+
+        DESIGN: silence is counted in time the server was listening. What a trainer sent while
+        the server was paused waits unread, so that time is no evidence against it; a server
+        that counted it would drop every trainer after a pause longer than the timeout."""
+        if paused > 0:
+            self._excuse(paused)
         now = self.clock()
         silent = [(t, why) for t in sorted(self.policy.waited_for())
                   for why in [self._silence(t, now)] if why]
@@ -186,7 +197,12 @@ class PserverCore:
             self.taken.discard((msg.src, msg.id))
             if trainer_known:
                 _restore(self.next_step, trainer, before)
-            yield Reject(peer, exc, msg)
+            if isinstance(exc, NotInFanIn):  # dropped, yet alive: it is to join again
+                log.info("%s: trainer %d, dropped, is alive: %s at step %d answered with a "
+                         "notice to join again", self.name, trainer, msg.kind, msg.step)
+                yield Reply(peer, self._reply(msg, rejoin=self.round.entry_step()))
+            else:
+                yield Reject(peer, exc, msg)
             return False
         if reply is None:  # deferred: answered after the next phase change
             self.pending.add((msg.src, msg.id))
@@ -396,7 +412,7 @@ class PserverCore:
         if not 0 <= trainer < self.round.trainers:
             return f"trainer {trainer} is not one of the {self.round.trainers} trainers of this job"
         return (f"trainer {trainer} is not in the fan-in at step {self.round.step} "
-                f"(dropped after {self.heartbeat_timeout}s of silence?); {msg.kind} refused")
+                f"(dropped after {self.heartbeat_timeout:g}s of silence?); {msg.kind} refused")
 
     # -- checkpoints and recovery
     # -------------------------------------------------------------------
@@ -468,6 +484,20 @@ class PserverCore:
         return (f"every trainer silent for more than {self.heartbeat_timeout:g}s (the last "
                 f"heard from, trainer {trainer}, {now - seen:.1f}s ago), none completed, at "
                 f"step {self.round.step}")
+
+    def _excuse(self, paused: float) -> None:
+        """Move every trainer's last message (and the start, for those never heard from)
+        `paused` seconds later: the time this server was not running is nobody's silence."""
+        self.serving_since += paused
+        for trainer in self.last_seen:
+            self.last_seen[trainer] += paused
+
+    def _heard(self, msg: Message) -> None:
+        """A retry proves its trainer alive as any message does (it passed `_check_sender`
+        the first time, under the same name)."""
+        trainer = msg.extra.get("trainer")
+        if type(trainer) is int and self.senders.get(trainer) == msg.src:
+            self.last_seen[trainer] = self.clock()
 
     def _silence(self, trainer: int, now: float) -> str | None:
         """Why `trainer` counts as gone (None: it does not): silent for longer than the

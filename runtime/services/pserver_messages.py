@@ -26,6 +26,12 @@ class ProtocolViolation(ValueError):
         self.var = None if var is None else clip(var, MAX_VAR)
 
 
+class NotInFanIn(ProtocolViolation):
+    """A sync request from a trainer that was dropped from the fan-in (silent for longer than
+    the heartbeat timeout) and is alive after all: answered with a notice to join again
+    (``rejoin``: the first step it can), not with an error."""
+
+
 @dataclass(frozen=True)
 class Send:
     """SEND: gradients, deltas or counters; `merge_add` adds them to what is held (a counter)."""

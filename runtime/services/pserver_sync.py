@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from runtime.network.wire import Message
 from runtime.services.protocol import INITIAL_STEP, Closes, Event, Phase, Verdict
 from runtime.services.pserver_actions import Optimize, Tally, Work
-from runtime.services.pserver_messages import ProtocolViolation
+from runtime.services.pserver_messages import NotInFanIn, ProtocolViolation
 from runtime.services.pserver_policy import ModePolicy
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ class SyncPolicy(ModePolicy):
     def verdict(self, event: Event, trainer: int, msg: Message) -> Verdict:
         verdict = self.round.classify(event, trainer, msg.step)
         if verdict is Verdict.REJECT:
-            raise ProtocolViolation(self.core.reject_reason(trainer, msg))
+            reason = self.core.reject_reason(trainer, msg)
+            raise (NotInFanIn if self.round.dropped(trainer) else ProtocolViolation)(reason)
         return verdict
 
     def __init__(self, core: PserverCore) -> None:

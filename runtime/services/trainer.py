@@ -90,6 +90,18 @@ class Rewind(Exception):
         self.step = step
 
 
+class Dropped(Exception):
+    """A sync pserver dropped this trainer from its fan-in (it heard nothing from it for
+    longer than the heartbeat timeout: a pause, a partition, an overloaded machine): it joins
+    again, from `step` on at the earliest."""
+
+    def __init__(self, endpoint: str, step: int) -> None:
+        super().__init__(f"{endpoint} dropped this trainer from its fan-in; it can join again "
+                         f"at step {step}")
+        self.endpoint = endpoint
+        self.step = step
+
+
 class StepMismatch(RuntimeError):
     """A sync pserver holds this trainer's request at a step it can never reach: the pservers
     (or a pserver and this trainer) disagree on the step, and waiting would hang."""
@@ -439,6 +451,9 @@ class RpcOps:
         rewind = reply.extra.get("rewind")
         if isinstance(rewind, int) and not isinstance(rewind, bool):
             raise Rewind(self.client.labels.get(endpoint, endpoint), rewind)
+        rejoin = reply.extra.get("rejoin")
+        if type(rejoin) is int:
+            raise Dropped(self.client.labels.get(endpoint, endpoint), rejoin)
         server_step = reply.extra.get("server_step")
         if reply.extra.get("pending") is True and isinstance(server_step, int) \
                 and self.server_state.get(endpoint, {}).get("sync") \
@@ -1003,6 +1018,9 @@ class Trainer:
                     report.redone += step - rewind.step
                     step = await self._rewind(rewind)
                     continue
+                except Dropped as dropped:
+                    step = await self._rejoin(dropped)
+                    continue
                 elapsed = charge.clock() - start
                 started = 0.0 if meter is None else meter.start()
                 report.losses.append(_loss(value))
@@ -1048,6 +1066,22 @@ class Trainer:
                 and all(int(state.get("server_step", 0)) == 0 for state in states):
             return 0
         entry = max(int(state.get("entry_step", 0)) for state in states)
+        return await self._join(entry)
+
+    async def _rejoin(self, dropped: Dropped) -> int:
+        """Give up the step in flight and join every pserver again (see `Dropped`); the step
+        to go on from. The steps in between went on without this trainer's gradients."""
+        while True:
+            log.warning("trainer %d: %s", self.trainer_id, dropped)
+            await self.rpc.abandon()
+            try:
+                return await self._join(dropped.step)
+            except Dropped as again:  # dropped again while it joined
+                dropped = again
+
+    async def _join(self, entry: int) -> int:
+        """Join every pserver's fan-in at step `entry`, or the first later step all of them
+        can admit, and fetch the parameters the step before leaves; that step."""
         while True:  # servers that moved on admit later; then all are asked for the latest
             replies = await asyncio.gather(*(self.rpc.call(ep, Kind.JOIN, extra={"entry": entry})
                                              for ep in self.endpoints))
@@ -1077,10 +1111,20 @@ class Trainer:
                 raise result
 
     async def _heartbeat(self) -> None:
+        """Prove this trainer alive to every pserver each interval, to all of them at once: a
+        pserver slow to answer (paused, overloaded, gone) holds back its own heartbeats only,
+        never the others', which would drop this trainer for a silence not its own. A
+        heartbeat still being retried is not sent again beside itself."""
+        beating: dict[str, asyncio.Future[Message]] = {}
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             for ep in self.endpoints:
-                try:
-                    await self.rpc.call(ep, Kind.HEARTBEAT)
-                except Exception as exc:  # a missed heartbeat is the server's business
-                    log.debug("trainer %d: heartbeat to %s failed: %s", self.trainer_id, ep, exc)
+                last = beating.get(ep)
+                if last is None or last.done():
+                    beat = beating[ep] = self.rpc.call(ep, Kind.HEARTBEAT)
+                    beat.add_done_callback(self._beaten)
+
+    def _beaten(self, beat: asyncio.Future[Message]) -> None:
+        """A heartbeat's end: a missed one is the server's business, logged only."""
+        if not beat.cancelled() and (exc := beat.exception()) is not None:
+            log.debug("trainer %d: a heartbeat failed: %s", self.trainer_id, exc)

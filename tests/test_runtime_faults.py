@@ -35,7 +35,7 @@ from sim.loop import run
 
 from fault_contract import NODES, SCENARIO, FaultTargetContract, Harness, Look, faults_of, look
 from test_runtime_up import children_of, up
-from test_sim_faults import simulated
+from test_sim_faults import CUT_TOO_LONG, simulated
 
 FAULTS = Path(__file__).resolve().parents[1] / "scenarios" / "faults"
 
@@ -214,6 +214,24 @@ def test_a_trainer_due_back_after_the_job_ended_is_not_restarted(tmp_path: Path)
     assert crash.end is None and "the run ended at " in crash.detail
     assert [len(t.losses) for t in metrics.trainers][::2] == [60, 60]
     assert "restarting" not in log
+
+
+@pytest.mark.timeout(120)
+def test_a_trainer_dropped_and_cut_off_past_the_jobs_end_is_stopped(tmp_path: Path) -> None:
+    """partition.yaml with trainer 0 cut off for 3 s at step 20 and dropped after 0.3 s: the
+    pservers finish with trainer 1 and exit, and trainer 0, alive but with nobody left to
+    train with, is stopped rather than left to time out; the run succeeds, as the
+    simulator's does (tests/test_sim_faults.py)."""
+    args = [arg for setting in CUT_TOO_LONG for arg in ("--set", setting)]
+    code, lines = up(str(FAULTS / "partition.yaml"), "--out", str(tmp_path), *args)
+    assert code == 0 and lines[-1].startswith("OK: partition"), "\n".join(lines)
+    assert children_of(os.getpid()) == []
+    metrics = read_metrics(tmp_path / "metrics.json")
+    assert [len(t.losses) for t in metrics.trainers][1] == 60
+    assert 19 <= len(metrics.trainers[0].losses) <= 21  # where the cut found it
+    assert all(p.dropped == [0] for p in metrics.pservers)
+    log = (tmp_path / "logs" / "trainer-0.log").read_text()
+    assert "stopping trainer:0: every pserver finished the job without it" in log
 
 
 @pytest.mark.timeout(120)

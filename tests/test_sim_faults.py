@@ -316,6 +316,25 @@ def test_a_trainer_cut_off_longer_than_the_heartbeat_timeout_joins_again() -> No
     assert rejoined_at > 21
 
 
+CUT_TOO_LONG = ("expect={}", "train.heartbeat_timeout=300ms",
+                'faults=[{at: "step 20", partition: [["trainer:0"], ["pserver:*"]],'
+                ' heal_after: 3s}]')
+"""partition.yaml with trainer 0 cut off for 3 s and dropped after 0.3 s: the other trainer
+and the pservers finish before it is heard from again (tests/test_runtime_faults.py too)."""
+
+
+@pytest.mark.timeout(60)
+def test_a_trainer_dropped_and_back_after_the_job_ended_is_not_waited_for() -> None:
+    """Trainer 0, cut off at step 20 for longer than the rest of the job takes, is dropped;
+    the pservers finish with the other trainer. It has nobody left to train with, and would
+    wait for replies until its deadline (120 s): the run ends without it instead."""
+    result = sim(ROOT / "scenarios" / "faults" / "partition.yaml", *CUT_TOO_LONG)
+    assert [len(t.losses) for t in result.trainers] == [20, 60]
+    assert all(p.dropped == [0] and p.errors == 0 for p in result.pservers)
+    [partition] = result.faults
+    assert result.simulated_seconds < partition.start + 3.0
+
+
 @pytest.mark.timeout(60)
 def test_a_trainer_due_back_after_the_job_ended_is_not_waited_for() -> None:
     """Trainer 1 crashes at step 50 of 60 to come back 2 s later; the others finish in well

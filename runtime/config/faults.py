@@ -207,7 +207,11 @@ class Crash(_Fault):
 class Partition(_Fault):
     """Every message between a node of the first group and one of the second (either way) is
     lost, as over a cut cable under live connections, until it heals. A message already on its
-    way when the cut begins still arrives."""
+    way when the cut begins still arrives. A trainer cut off from the pservers for longer than
+    `train.heartbeat_timeout` is dropped from the fan-in; heard from again, it joins again (in
+    sync mode its next request is answered with a notice to), and if every pserver has
+    finished the job meanwhile the run ends without it (`runtime up` stops it a second after
+    they have; its exit is not the run's failure)."""
 
     kind: ClassVar[str] = "partition"
     example: ClassVar[str] = \

@@ -573,8 +573,9 @@ class Launcher:
     async def _supervise(self, stop: asyncio.Future[int]) -> Failure | None:
         """Wait until every node is done and no restart is pending (a trainer's is moot once
         every process has ended: `restart_is_moot`); the first failure, the deadline or a
-        signal ends it early. A trainer restarted after a crash that is still running when
-        every pserver has finished the job is stopped (`_stop_moot`), its exit no failure."""
+        signal ends it early. A trainer restarted after a crash, or one still training, that
+        is still running when every pserver has finished the job is stopped (`_stop_moot`),
+        its exit no failure."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.scenario.train.deadline
         while True:
@@ -631,31 +632,35 @@ class Launcher:
 
     def _moot(self, node: NodeRun, life: Life) -> bool:
         """Whether `node`'s `life` had no job left (and mark it so): a trainer restarted after
-        a crash (the pservers dropped it) once every pserver has finished."""
-        life.moot = life.moot or (node.role == "trainer" and life.number > 0
+        a crash, or one still training, once every pserver has finished (they dropped it)."""
+        life.moot = life.moot or (node.role == "trainer" and _left_behind(node, life)
                                   and self._job_over())
         return life.moot
 
     def _stop_moot(self, loop: asyncio.AbstractEventLoop) -> None:
         """Stop, after `SETTLE_SECONDS` (time for one that completed to exit by itself), each
-        trainer restarted after a crash that is still running now that the job is over.
+        trainer restarted after a crash, or still training, that is still running now that
+        the job is over.
 
-        DESIGN: it cannot train any more: the pservers dropped it, and while it was down
-        finished with the others and exited, so it would wait for their ports or replies
-        until its own deadline. Its restart came too late, as one due after every process
-        has ended (never made, `restart_is_moot`), but while the pservers were exiting."""
+        DESIGN: it cannot train any more: the pservers dropped it (it crashed, or was paused
+        or cut off for longer than the heartbeat timeout), and finished with the others and
+        exited, so it would wait for their ports or replies until its own deadline. Its
+        return came too late, as a restart due after every process has ended (never made,
+        `restart_is_moot`). The simulator ends the run without it the same way
+        (`LocalCluster._left_behind`)."""
         for node in self.nodes:
             life = node.life
             if node.role == "trainer" and node.running and life is not None \
-                    and life.number > 0 and id(life) not in self._stopping:
+                    and _left_behind(node, life) and id(life) not in self._stopping:
                 self._stopping.add(id(life))
                 loop.call_later(SETTLE_SECONDS, self._stop_life, node, life)
 
     def _stop_life(self, node: NodeRun, life: Life) -> None:
         if node.life is life and node.running:
             life.moot = True
+            how = "while it was down" if life.number > 0 else "without it (they dropped it)"
             node.log.write(f"[runtime up] stopping {node.name}: every pserver finished the job "
-                           f"while it was down\n")
+                           f"{how}\n")
             _signal_group(life.process.pid, signal.SIGTERM)
             _signal_group(life.process.pid, signal.SIGCONT)
 
@@ -741,6 +746,16 @@ class Launcher:
                 assert node.process is not None
                 _signal_group(node.process.pid, signal.SIGKILL)
         await asyncio.gather(*watchers, return_exceptions=True)
+
+
+def _left_behind(node: NodeRun, life: Life) -> bool:
+    """Whether trainer `node`'s `life` has no job left once every pserver has finished: it is
+    a restart after a crash, or it has not reported its last step (one that has is exiting by
+    itself)."""
+    if life.number > 0:
+        return True
+    last = node.seen[-1] if len(node.seen) > life.first_seen else None
+    return last is None or last.step < last.steps
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -11,6 +11,7 @@ NaN losses and no parameters.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +36,9 @@ from runtime.services.trainer import Trainer, TrainerReport
 TransportFactory = Callable[[str], Transport]
 StepObserver = Callable[[int, int, float, float], None]
 """`on_step(trainer_id, step, loss, seconds)`, called as each trainer finishes a step."""
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -272,14 +276,33 @@ class LocalCluster:
     async def _until_done(self) -> None:
         """Wait until every node's work has ended and no crashed node is due back; the first
         failure ends the job with it. A trainer due back once every pserver has finished has
-        no job left to join: the run ends without it (`restart_is_moot`)."""
+        no job left to join: the run ends without it (`restart_is_moot`), as it does without
+        one still training then (`_left_behind`)."""
         while True:
             self._changed.clear()
             self._collect()
             if all(task.done() for task in self._tasks.values()) and \
                     restart_is_moot(self._restarting):
                 return
+            if left := self._left_behind():
+                for name in left:
+                    log.warning("%s: every pserver finished the job without it (they dropped "
+                                "it); the run ends without it", name)
+                return
             await self._changed.wait()
+
+    def _left_behind(self) -> list[str]:
+        """The trainers still training once every pserver has finished the job (none crashed
+        or due back). The pservers finish when every trainer has completed or been dropped, so
+        these were dropped (paused, cut off) and came back too late: nobody is left to train
+        with, and they would wait for replies until their deadline. `runtime up` stops them
+        the same way."""
+        pservers = [self._tasks.get(pserver_name(j)) for j in range(len(self.job.endpoints))]
+        if not pservers or not all(task is not None and task.done() for task in pservers):
+            return []
+        running = {name for name, task in self._tasks.items() if not task.done()}
+        return [trainer_name(i) for i, trainer in self.trainers.items()
+                if trainer.training and trainer_name(i) in running]
 
     def _collect(self) -> None:
         for name, task in list(self._tasks.items()):

@@ -963,6 +963,9 @@ class Trainer:
         self.report = TrainerReport(trainer_id)
         """What it has done so far (all of it once `run` returns)."""
         self._beat: asyncio.Task[None] | None = None
+        self.training = False
+        """In `run`'s steps: started and not yet finishing. One still training once every
+        pserver has finished the job was dropped by them and has nobody left to train with."""
 
     async def start(self) -> int:
         """Connect to the pservers, start the heartbeat, run the startup program and join the
@@ -1003,6 +1006,7 @@ class Trainer:
         try:
             step = report.first_step = await self.start()
             charge, meter = self.rpc.charge, self.client.meter
+            self.training = True
             while step < steps:
                 self.rpc.step = charge.step = step
                 start = charge.clock()
@@ -1030,6 +1034,7 @@ class Trainer:
                 if meter is not None:
                     meter.stop_step(started)
                 step += 1
+            self.training = False
             await self.finish()
         finally:
             await self.stop()

@@ -74,7 +74,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Protocol, TextIO
+from typing import IO, Any, Callable, Mapping, Protocol, TextIO, cast
 
 import numpy as np
 from rich.console import Console
@@ -97,6 +97,7 @@ from runtime.faults.proxy import FaultProxy, Faults
 from runtime.faults.schedule import FaultSchedule
 from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latencies,
                                   network_notes, sigterm_interrupts)
+from runtime.launch.output import DetachedOutput
 from runtime.network.curve import KeyFileError, write_keys
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import pserver_name, restart_is_moot, run_job, train_locally
@@ -1069,11 +1070,13 @@ def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
                   file=stream)
     for note in notes:
         print(f"note: {note}", file=stream)
-    display = make_display(stream, launcher.nodes, train.log_every)
+    output = DetachedOutput(stream)  # the run never waits for the reader of its display
+    display = make_display(cast(TextIO, output), launcher.nodes, train.log_every)  # a text stream
     try:
         wall, failure = run_async(launcher.run(display))
     finally:
         display.close()
+        output.close()
     netns = fabric.metrics() if fabric is not None else None
     metrics = gather_metrics(launcher, wall, failure, notes, netns)
     interrupted = failure is not None and failure.signal is not None

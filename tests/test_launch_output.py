@@ -13,7 +13,7 @@ from typing import TextIO, cast
 import pytest
 
 from runtime.launch.launcher import LiveDisplay, NodeRun, PlainDisplay, make_display
-from runtime.launch.output import DetachedOutput
+from runtime.services.output import DetachedOutput
 from runtime.services.progress import Progress
 
 LINE = "x" * 99 + "\n"
@@ -41,7 +41,7 @@ def test_writes_never_wait_for_a_reader_that_is_not_reading() -> None:
     assert numbers[0] == 0 and numbers == sorted(set(numbers))  # in order, none twice
     assert len(numbers) + output.dropped == 10_000
     assert notices and sum(map(int, notices)) == output.dropped
-    assert lines[-1].endswith(" write(s) of progress not shown: the output was not being read")
+    assert lines[-1].endswith(" write(s) of output not shown: it was not being read")
 
 
 def _read_all(fd: int, chunks: list[bytes]) -> None:

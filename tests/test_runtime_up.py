@@ -4,6 +4,7 @@ expectations, failures that name the node, and no process left behind (also on C
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import signal
@@ -456,6 +457,8 @@ async def test_progress_crosses_the_pipe_and_ends_when_the_trainer_closes_it() -
     channel.started()
     sent = [Progress(1, 3, 2.5, 0.125, first_step=0), Progress(2, 3, float("nan"), 0.25, 0, 1)]
     reporter.report(sent[0])
+    assert reporter._out is not None
+    reporter._out.drain()  # reports are written by a thread of their own: this line after
     os.write(reporter.fd or -1, b"step 2/3 loss 1\n")
     reporter.report(sent[1])
     reporter.close()
@@ -464,6 +467,22 @@ async def test_progress_crosses_the_pipe_and_ends_when_the_trainer_closes_it() -
     assert isinstance(got[2], Progress) and np.isnan(got[2].loss)
     assert (got[2].step, got[2].steps, got[2].step_time, got[2].redone) == (2, 3, 0.25, 1)
     assert len(got) == 3
+
+
+@pytest.mark.timeout(30)
+async def test_a_trainer_never_waits_for_a_launcher_that_is_not_reading() -> None:
+    """20,000 reports (2 MiB, the pipe holds 64 KiB) to a launcher stopped with Ctrl-Z: none
+    blocks the trainer; once the launcher reads, it gets them in order, up to the 1 MiB held."""
+    channel = Channel()
+    reporter = Reporter(os.dup(channel.write_fd))
+    channel.started()
+    for step in range(1, 20_001):  # a blocking write would hang the test until its timeout
+        reporter.report(Progress(step, 20_000, 0.5, 0.001))
+    closing = asyncio.get_running_loop().run_in_executor(None, reporter.close)
+    got = [p async for p in read_progress(channel.read_fd, 1 << 16)]
+    await closing
+    steps = [p.step for p in got if isinstance(p, Progress)]
+    assert len(steps) == len(got) > 5_000 and steps == sorted(set(steps)) and steps[0] == 1
 
 
 def test_a_progress_channel_that_is_not_an_open_fd_is_named() -> None:

@@ -97,7 +97,6 @@ from runtime.faults.proxy import FaultProxy, Faults
 from runtime.faults.schedule import FaultSchedule
 from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latencies,
                                   network_notes, sigterm_interrupts)
-from runtime.launch.output import DetachedOutput
 from runtime.network.curve import KeyFileError, write_keys
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import pserver_name, restart_is_moot, run_job, train_locally
@@ -105,6 +104,7 @@ from runtime.services.job import Job
 from runtime.services.lifeline import launcher_environment
 from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_file_stem,
                                    node_keys, node_name, run_async)
+from runtime.services.output import DetachedOutput
 from runtime.services.progress import Channel, Progress, read_progress
 
 GRACE_SECONDS = 5.0

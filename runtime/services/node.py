@@ -64,7 +64,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Coroutine, Literal, Mapping, NoReturn, Sequence, TypeVar
+from typing import Any, Coroutine, Literal, Mapping, NoReturn, Sequence, TextIO, TypeVar, cast
 
 import numpy as np
 
@@ -83,6 +83,7 @@ from runtime.services.cluster import (batches_for, make_pserver, make_trainer, p
                                       trainer_name)
 from runtime.services.job import Job, check_job
 from runtime.services.lifeline import die_with_launcher, launcher_pid
+from runtime.services.output import DetachedOutput
 from runtime.services.progress import Progress, Reporter
 from runtime.services.pserver import ServerStats, TrainersGone
 from runtime.services.trainer import TrainerReport
@@ -565,10 +566,27 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
     """Run `role`'s node of `scenario` (from `load_for_role`) in the foreground; its exit
     status: 0 done, 1 failed, 130 interrupted, `EXIT_TRAINERS_GONE` a pserver on its own whose
     trainers are gone, `EXIT_LAUNCHER_GONE` started by a `runtime up` that is gone. Started by
-    `runtime up` (`runtime.services.lifeline`), the node dies with it."""
+    `runtime up` (`runtime.services.lifeline`), the node dies with it, and writes its output
+    through a `DetachedOutput`: a launcher stopped (Ctrl-Z) or slow to read its pipe never
+    blocks the node's loop; all of it is out when this returns."""
+    launcher = launcher_pid(os.environ)
+    if launcher is None:
+        return _run_role(scenario, role, out, options, launcher)
+    detached = DetachedOutput(sys.stdout)
+    streams = sys.stdout, sys.stderr
+    # one queue for both: the launcher reads them from one pipe, in the order they are written
+    sys.stdout = sys.stderr = cast(TextIO, detached)
+    try:
+        return _run_role(scenario, role, out, options, launcher)
+    finally:
+        detached.close()
+        sys.stdout, sys.stderr = streams
+
+
+def _run_role(scenario: Scenario, role: Role, out: Path | None, options: NodeOptions,
+              launcher: int | None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    launcher = launcher_pid(os.environ)
     if launcher is not None and not die_with_launcher(launcher):
         print(f"{role.name} failed: runtime up (pid {launcher}) that started it is gone",
               file=sys.stderr, flush=True)

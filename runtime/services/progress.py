@@ -12,7 +12,10 @@ DESIGN: an inherited pipe rather than a socket: it needs no address (under ``run
 is), nothing to clean up, and the end of the process is the end of the stream (EOF), SIGKILL
 included, so the launcher knows it has read everything a process reported once it has read
 to the end. Each line is far below ``PIPE_BUF``, so a write is atomic. A trainer whose launcher
-went away (the pipe broken) stops reporting and trains on; its stdout says the same.
+went away (the pipe broken) stops reporting and trains on; its stdout says the same. One whose
+launcher is stopped (Ctrl-Z) or slow to read trains on too: its reports wait in memory
+(`runtime.services.output.DetachedOutput`, up to 1 MiB) instead of blocking its loop once the
+pipe is full, which froze it until the pservers dropped it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import math
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, fields
+
+from runtime.services.output import DetachedOutput, quiet
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +75,13 @@ class Progress:
 
 
 class Reporter:
-    """A trainer's end of its channel: `report` writes each step's progress to it."""
+    """A trainer's end of its channel: `report` writes each step's progress to it, through a
+    `DetachedOutput`: a launcher stopped (Ctrl-Z) or slow to read never blocks the trainer."""
 
     def __init__(self, fd: int) -> None:
         self.fd: int | None = fd
+        self._out: DetachedOutput | None = DetachedOutput(
+            open(fd, "w", encoding="utf-8", closefd=False), notice=quiet, broken=self._broken)
 
     @staticmethod
     def from_environment(env: Mapping[str, str]) -> Reporter | None:
@@ -90,16 +98,19 @@ class Reporter:
         return Reporter(fd)
 
     def report(self, progress: Progress) -> None:
-        if self.fd is None:
-            return
-        try:
-            os.write(self.fd, progress.to_line())
-        except BrokenPipeError:
-            log.warning("the progress channel (fd %d) is closed: no more progress reported",
-                        self.fd)
-            self.close()
+        if self._out is not None:
+            self._out.write(progress.to_line().decode())
+
+    def _broken(self, error: Exception) -> None:
+        log.warning("the progress channel (fd %s) is closed: no more progress reported (%s)",
+                    self.fd, error)
 
     def close(self) -> None:
+        """Write out what is held (however long the launcher takes to read it), then close."""
+        out, self._out = self._out, None
+        if out is not None:
+            out.close()
+            out.stream.close()
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

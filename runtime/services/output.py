@@ -1,13 +1,15 @@
-"""The launcher's output to the user, written without ever blocking the launcher.
+"""Output that never blocks the event loop that writes it.
 
 `runtime up`'s event loop reads every node's output and each trainer's progress from pipes.
 Blocked writing its own display to a terminal that is not being read (paused with Ctrl-S, piped
 into a pager nobody scrolls), it stopped reading them; the trainers then blocked writing their
-progress, froze, and the pservers dropped them for their silence. `DetachedOutput` takes what
-the display writes into memory and writes it to the real stream from a thread of its own, so the
-loop goes on whatever the reader does. Past `limit` characters waiting, writes are dropped and
-counted, and a line says how many once the stream takes text again: progress not shown is lost,
-the run is not.
+progress and their log lines, froze, and the pservers dropped them for their silence. A node's
+own writes block the same way while its launcher is stopped (Ctrl-Z). `DetachedOutput` takes
+what is written into memory and writes it to the real stream from a thread of its own, so the
+loop goes on whatever the reader does: the launcher's display, a node's stdout and stderr, a
+trainer's progress channel. Past `limit` characters waiting, writes are dropped and counted
+(and, where the stream is for people, a line says how many once it takes text again): output
+not shown is lost, the run is not.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import io
 import threading
 from collections import deque
-from typing import TextIO
+from typing import Callable, TextIO
 
 LIMIT = 1 << 20
 """Characters held for a stream that is not being read before writes are dropped."""
@@ -25,14 +27,22 @@ class DetachedOutput(io.TextIOBase):
     """A text stream over `stream` whose `write` never blocks (see the module docstring).
     `close` waits until everything held is written; `stream` itself stays open."""
 
-    def __init__(self, stream: TextIO, limit: int = LIMIT) -> None:
+    def __init__(self, stream: TextIO, limit: int = LIMIT,
+                 notice: Callable[[int], str] | None = None,
+                 broken: Callable[[Exception], None] | None = None) -> None:
         super().__init__()
         self.stream, self.limit = stream, limit
+        self.notice = shown_dropped if notice is None else notice
+        """The line written after `n` dropped writes (`quiet`: none, for a machine's reader)."""
+        self.broken = broken
+        """Called (from the thread) once the stream fails, its reader gone; later writes are
+        dropped."""
         self.dropped = 0
         """Writes dropped because `limit` characters were already waiting."""
         self._held: deque[str] = deque()
         self._size = 0
         self._unreported = 0
+        self._writing = False
         self._done = False
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._pump, name="runtime up output", daemon=True)
@@ -67,13 +77,19 @@ class DetachedOutput(io.TextIOBase):
     def flush(self) -> None:
         """Nothing to do here: the thread flushes the stream after each batch it writes."""
 
+    def drain(self) -> None:
+        """Wait until everything written so far is out (however long its reader takes)."""
+        with self._changed:
+            while self._held or self._unreported or self._writing:
+                self._changed.wait()
+
     def close(self) -> None:
         """Write out what is held, then stop the thread."""
         if self.closed:
             return
         with self._changed:
             self._done = True
-            self._changed.notify()
+            self._changed.notify_all()
         self._thread.join()
         super().close()
 
@@ -81,6 +97,8 @@ class DetachedOutput(io.TextIOBase):
         broken = False
         while True:
             with self._changed:
+                self._writing = False
+                self._changed.notify_all()  # a `drain` may be waiting
                 while not self._held and not self._unreported and not self._done:
                     self._changed.wait()
                 if not self._held and not self._unreported:
@@ -89,13 +107,25 @@ class DetachedOutput(io.TextIOBase):
                 self._held.clear()
                 self._size = 0
                 dropped, self._unreported = self._unreported, 0
+                self._writing = True
             if dropped:
-                text += (f"[runtime up] {dropped} write(s) of progress not shown: the output "
-                         f"was not being read\n")
-            if broken:
+                text += self.notice(dropped)
+            if broken or not text:
                 continue
             try:
                 self.stream.write(text)
                 self.stream.flush()
-            except (OSError, ValueError):  # the reader went away (a closed pipe): drop it all
+            except (OSError, ValueError) as exc:  # the reader went away: drop it all
                 broken = True
+                if self.broken is not None:
+                    self.broken(exc)
+
+
+def shown_dropped(dropped: int) -> str:
+    """The line a person reads after `dropped` writes were dropped."""
+    return f"[runtime up] {dropped} write(s) of output not shown: it was not being read\n"
+
+
+def quiet(dropped: int) -> str:
+    """No line for dropped writes: the stream's reader is a program that parses each line."""
+    return ""

@@ -89,6 +89,7 @@ NOT_OUTPUTS = {
     ("runtime/config/faults.py", "readme.write_text("),
     ("sim/schemadoc.py", "args.path.write_text("),
     ("runtime/launch/launcher.py", '.log").open("w")'),
+    ("runtime/services/progress.py", 'open(fd, "w", encoding="utf-8", closefd=False)'),  # a pipe
 }
 WRITES = re.compile(r"\.write_text\(|\.write_bytes\(|\bopen\([^)]*[\"'][wax]b?[\"']|"
                     r"np\.savez?(_compressed)?\(|\.savefig\(|json\.dump\(|"

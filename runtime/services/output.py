@@ -77,6 +77,13 @@ class DetachedOutput(io.TextIOBase):
     def flush(self) -> None:
         """Nothing to do here: the thread flushes the stream after each batch it writes."""
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is held or being written: a write straight to the stream now keeps the
+        order (for a caller that can tell it would not block)."""
+        with self._changed:
+            return not (self._held or self._unreported or self._writing)
+
     def drain(self) -> None:
         """Wait until everything written so far is out (however long its reader takes)."""
         with self._changed:

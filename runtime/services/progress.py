@@ -15,7 +15,8 @@ to the end. Each line is far below ``PIPE_BUF``, so a write is atomic. A trainer
 went away (the pipe broken) stops reporting and trains on; its stdout says the same. One whose
 launcher is stopped (Ctrl-Z) or slow to read trains on too: its reports wait in memory
 (`runtime.services.output.DetachedOutput`, up to 1 MiB) instead of blocking its loop once the
-pipe is full, which froze it until the pservers dropped it.
+pipe is full, which froze it until the pservers dropped it. While the pipe has room they go
+straight in, so the launcher sees everything a trainer killed right after had reported.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import logging
 import math
 import os
+import select
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, fields
 
@@ -98,8 +100,19 @@ class Reporter:
         return Reporter(fd)
 
     def report(self, progress: Progress) -> None:
-        if self._out is not None:
-            self._out.write(progress.to_line().decode())
+        """Write `progress` to the pipe now where it has room (the launcher sees what a
+        trainer killed right after reported), else have it wait in memory."""
+        out = self._out
+        if out is None:
+            return
+        line = progress.to_line()
+        if out.idle and self.fd is not None and select.select([], [self.fd], [], 0)[1]:
+            try:  # a free page in the pipe: a line under PIPE_BUF goes in whole, at once
+                os.write(self.fd, line)
+                return
+            except OSError:
+                pass  # the launcher is gone: the detached write says so, once
+        out.write(line.decode())
 
     def _broken(self, error: Exception) -> None:
         log.warning("the progress channel (fd %s) is closed: no more progress reported (%s)",

@@ -191,6 +191,29 @@ def test_a_dropped_trainer_that_speaks_again_is_told_to_join_not_refused() -> No
     assert kinds(refused) == [Begin, Reject] and "already completed" in str(refused[1].error)
 
 
+def test_a_step_nobody_can_take_part_in_passes_with_no_update() -> None:
+    """Every trainer dropped here, and each joins again at step 1, where another pserver
+    already is (joining, a trainer asks every pserver for the latest step any can admit it at).
+    Nobody is left to send this server's step 0, so it passes with no update rather than hang
+    the job; step 1 waits for both trainers again. Servers further apart than a step (as
+    resumed from checkpoints of different steps) still wait: test_checkpoint.py."""
+    shell = Shell("sync")
+    before = shell.store.scope.get(PARAM).copy()
+    shell.now = 61.0  # neither heard from within the start-up grace
+    assert [a for a in shell.drive(shell.core.on_tick()) if isinstance(a, Tally)] == [
+        Tally("dropped", 0), Tally("dropped", 1)]
+    for trainer in (0, 1):
+        (reply,) = replies(shell.send(shell.message(Kind.JOIN, trainer, 0, entry=1)))
+        assert reply.extra["entry"] == 1
+    assert (shell.core.round.step, shell.core.round.live) == (1, {0, 1})
+    np.testing.assert_array_equal(shell.store.scope.get(PARAM), before)
+    for trainer in (0, 1):
+        shell.send(shell.message(Kind.SEND, trainer, 1, grad(shell, trainer, 1.0)))
+    last = shell.send(shell.message(Kind.SEND_BARRIER, 0, 1))
+    assert not any(isinstance(a, Optimize) for a in last)  # trainer 1's barrier is awaited
+    assert any(isinstance(a, Optimize) for a in shell.send(shell.message(Kind.SEND_BARRIER, 1, 1)))
+
+
 def test_a_retry_proves_its_trainer_alive() -> None:
     """A retry of a deferred request (answered `pending`) or of one already answered reaches
     the server from a live trainer as surely as a heartbeat does."""

@@ -219,9 +219,19 @@ class SyncRound:
         may begin (`take_step_done`)."""
         return self.phase is Phase.PARAMS and self.live <= self.fetched
 
-    def take_step_done(self) -> bool:
-        """If every live trainer fetched, start the next step (admitting its joiners) and say so."""
-        if not self.fetched_all:
+    @property
+    def passes_unused(self) -> bool:
+        """Nobody can take part in this step: no trainer is live, and those joining enter at
+        the next one, where another pserver already is (the servers of a sync job are at
+        most a step apart). Nobody will send this step's gradients, so waiting for them would
+        hang; the step may pass with no update here (`take_step_done(unused=True)`)."""
+        return (self.phase is Phase.GRADS and not self.live and not self.sent
+                and bool(self.joining) and min(self.joining.values()) == self.step + 1)
+
+    def take_step_done(self, unused: bool = False) -> bool:
+        """If every live trainer fetched (or, with `unused`, nobody can take part in this
+        step: `passes_unused`), start the next step (admitting its joiners) and say so."""
+        if not (self.fetched_all or (unused and self.passes_unused)):
             return False
         self.step += 1
         self.phase = Phase.GRADS

@@ -12,6 +12,7 @@ optimize blocks run, the fan-in `scale` ops with 1/contributors (the program's a
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, ClassVar
 
 from runtime.network.wire import Message
@@ -22,6 +23,8 @@ from runtime.services.pserver_policy import ModePolicy
 
 if TYPE_CHECKING:
     from runtime.services.pserver_core import PserverCore
+
+log = logging.getLogger("runtime.services.pserver")
 
 
 class SyncPolicy(ModePolicy):
@@ -101,14 +104,25 @@ class SyncPolicy(ModePolicy):
         if self.round.ready_to_optimize:
             yield from self._optimize()
             progressed = True
-        if self.round.take_step_done():
+        unused = self._passes_unused()
+        if unused:
+            log.warning("%s: step %d passes with no update: no trainer is in the fan-in, and "
+                        "those joining enter at the next", self.core.name, self.round.step)
+        if self.round.take_step_done(unused):
             yield Tally("steps")
             yield from self.core.checkpoint_at(self.round.step)
             progressed = True
         return progressed
 
     def idle(self) -> bool:
-        return not self.round.ready_to_optimize and not self.round.fetched_all
+        return not (self.round.ready_to_optimize or self.round.fetched_all
+                    or self._passes_unused())
+
+    def _passes_unused(self) -> bool:
+        """`SyncRound.passes_unused`, in a running job: a server recovering from a checkpoint
+        (restarted, or the job resumed) a step behind the others keeps waiting, and its trainers
+        fail naming the mismatch (`StepMismatch`) rather than lose its update silently."""
+        return self.core.resynced is None and self.round.passes_unused
 
     def _optimize(self) -> Work:
         self.core.optimizing = True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import signal
 import subprocess
@@ -483,6 +484,19 @@ async def test_a_trainer_never_waits_for_a_launcher_that_is_not_reading() -> Non
     await closing
     steps = [p.step for p in got if isinstance(p, Progress)]
     assert len(steps) == len(got) > 5_000 and steps == sorted(set(steps)) and steps[0] == 1
+
+
+def test_a_trainer_whose_launcher_is_gone_stops_reporting_and_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the launcher is gone
+    reporter = Reporter(write_fd)
+    with caplog.at_level(logging.WARNING, logger="runtime.services.progress"):
+        for step in range(1, 4):
+            reporter.report(Progress(step, 3, 0.5, 0.001))
+        reporter.close()
+    assert [r.getMessage().split(": no more")[0] for r in caplog.records] == [
+        f"the progress channel (fd {write_fd}) is closed"]
 
 
 def test_a_progress_channel_that_is_not_an_open_fd_is_named() -> None:

@@ -82,13 +82,17 @@ class DetachedOutput(io.TextIOBase):
         """Nothing is held or being written: a write straight to the stream now keeps the
         order (for a caller that can tell it would not block)."""
         with self._changed:
-            return not (self._held or self._unreported or self._writing)
+            return not self._busy()
 
     def drain(self) -> None:
         """Wait until everything written so far is out (however long its reader takes)."""
         with self._changed:
-            while self._held or self._unreported or self._writing:
-                self._changed.wait()
+            self._changed.wait_for(lambda: not self._busy())
+
+    def _busy(self) -> bool:
+        """Something is held, a drop not yet reported, or a batch being written (call with
+        `_changed` held)."""
+        return bool(self._held or self._unreported or self._writing)
 
     def close(self) -> None:
         """Write out what is held, then stop the thread."""

@@ -82,6 +82,8 @@ class Reporter:
 
     def __init__(self, fd: int) -> None:
         self.fd: int | None = fd
+        self._gone = False
+        """The launcher is gone (the pipe broken): nothing more is reported."""
         self._out: DetachedOutput | None = DetachedOutput(
             open(fd, "w", encoding="utf-8", closefd=False), notice=quiet, broken=self._broken)
 
@@ -102,21 +104,25 @@ class Reporter:
     def report(self, progress: Progress) -> None:
         """Write `progress` to the pipe now where it has room (the launcher sees what a
         trainer killed right after reported), else have it wait in memory."""
-        out = self._out
-        if out is None:
+        out, fd = self._out, self.fd
+        if out is None or fd is None or self._gone:
             return
         line = progress.to_line()
-        if out.idle and self.fd is not None and select.select([], [self.fd], [], 0)[1]:
+        if out.idle and select.select([], [fd], [], 0)[1]:
             try:  # a free page in the pipe: a line under PIPE_BUF goes in whole, at once
-                os.write(self.fd, line)
-                return
-            except OSError:
-                pass  # the launcher is gone: the detached write says so, once
+                os.write(fd, line)
+            except BrokenPipeError as exc:
+                self._broken(exc)
+            return
         out.write(line.decode())
 
     def _broken(self, error: Exception) -> None:
-        log.warning("the progress channel (fd %s) is closed: no more progress reported (%s)",
-                    self.fd, error)
+        """The launcher is gone: said once, whichever write finds it first (this thread's,
+        or the detached output's)."""
+        if not self._gone:
+            self._gone = True
+            log.warning("the progress channel (fd %s) is closed: no more progress reported "
+                        "(%s)", self.fd, error)
 
     def close(self) -> None:
         """Write out what is held (however long the launcher takes to read it), then close."""

@@ -25,10 +25,9 @@ def free_endpoints(count: int) -> list[str]:
 
 
 FAST_DRAIN = "100ms"
-"""A `train.retry_after` for jobs on loopback: each pserver drains 3 x retry_after after the last
-trainer completes, 0.3 s instead of the default 3 s. The fault scenarios set the same, and
-`runtime up` shortens the drain of its fault-free reference run likewise
-(`runtime.launch.launcher.fault_free_params`): timing does not change a job's numbers."""
+"""A `train.retry_after` for jobs on loopback. A pserver stops once every trainer has said BYE;
+should a BYE be lost, it drains 3 x retry_after: 0.3 s with this instead of the default 3 s.
+Timing does not change a job's numbers."""
 
 
 def make_job(model: str, trainers: int, pservers: int, steps: int = 20, batch: int = 16,

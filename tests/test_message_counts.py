@@ -40,18 +40,18 @@ def test_a_2x2_sync_step_costs_exactly_the_messages_of_its_protocol() -> None:
     # 16 gets. per_op adds a send barrier per step (6) and a fetch barrier per round (8);
     # compact carries both on the last SEND / GET. bundled sends each pserver one SEND a step,
     # carrying both barriers and the step's GET, whose reply brings the values: 6 sends, and
-    # the startup's 2 gets.
+    # the startup's 2 gets. Each trainer ends with a COMPLETE and a BYE (no reply) to each.
     fetches = TRAINERS * (STEPS + 1)
-    common = {"complete": TRAINERS, "get": 2 * fetches, "send": 2 * TRAINERS * STEPS}
+    common = {"bye": TRAINERS, "complete": TRAINERS, "get": 2 * fetches, "send": 2 * TRAINERS * STEPS}
     per_op = simulate(scenario("per_op"))
     compact = simulate(scenario("compact"))
     bundled = simulate(scenario("bundled"))
     assert by_kind(per_op) == [{**common, "fetch_barrier": fetches,
                                 "send_barrier": TRAINERS * STEPS}] * PSERVERS
     assert by_kind(compact) == [common] * PSERVERS
-    assert by_kind(bundled) == [{"complete": TRAINERS, "get": TRAINERS,
+    assert by_kind(bundled) == [{"bye": TRAINERS, "complete": TRAINERS, "get": TRAINERS,
                                  "send": TRAINERS * STEPS}] * PSERVERS
-    assert (per_op.messages, compact.messages, bundled.messages) == (176, 120, 40)
+    assert (per_op.messages, compact.messages, bundled.messages) == (180, 124, 44)
 
 
 WIDE = 256
@@ -67,7 +67,7 @@ def test_a_bundled_async_step_is_one_request_and_one_reply_per_pserver() -> None
     assert any(op.type == "recv" and len(op.attr("epmap")) > 1  # fc0.w, block by block
                for op in main.global_block().ops)
     bundled = simulate(bundled_async)
-    assert by_kind(bundled) == [{"complete": TRAINERS, "get": TRAINERS,
+    assert by_kind(bundled) == [{"bye": TRAINERS, "complete": TRAINERS, "get": TRAINERS,
                                  "send": TRAINERS * STEPS}] * PSERVERS
 
 

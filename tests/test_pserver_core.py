@@ -274,6 +274,37 @@ def test_the_round_stops_once_every_trainer_completed() -> None:
     assert Stop() in shell.send(shell.message(Kind.COMPLETE, 1, 0))
 
 
+def test_the_server_stops_without_draining_once_every_completed_trainer_said_bye() -> None:
+    shell = Shell("sync")
+    shell.send(shell.message(Kind.COMPLETE, 0, 0))
+    assert shell.send(shell.message(Kind.BYE, 0, 0)) == []  # trainer 1 still trains
+    assert shell.send(shell.message(Kind.COMPLETE, 1, 0))[-1] == Stop(drain=True)
+    assert shell.send(shell.message(Kind.BYE, 1, 0)) == [Stop(drain=False)]
+
+
+def test_a_round_finished_by_a_drop_after_the_others_said_bye_stops_without_draining() -> None:
+    shell = Shell("sync")
+    shell.send(shell.message(Kind.HEARTBEAT, 1, 0))
+    shell.send(shell.message(Kind.COMPLETE, 0, 0))
+    shell.send(shell.message(Kind.BYE, 0, 0))
+    shell.now += 11.0  # trainer 1 silent past the heartbeat timeout
+    assert shell.drive(shell.core.on_tick())[-1] == Stop(drain=False)
+
+
+def test_a_bye_is_neither_answered_nor_remembered_and_only_a_completed_trainers_counts() -> None:
+    shell = Shell("sync", trainers=1)
+    not_completed = shell.message(Kind.BYE, 0, 0)
+    assert shell.send(not_completed) == []
+    assert shell.core.departed == set()
+    shell.send(shell.message(Kind.COMPLETE, 0, 0))
+    impostor = Message(Kind.BYE, 99, "trainer:7", 0, {}, {"trainer": 0})
+    no_trainer = Message(Kind.BYE, 98, "trainer:0", 0, {}, {})
+    assert shell.send(impostor) == [] and shell.send(no_trainer) == []
+    assert shell.core.departed == set()
+    assert shell.send(not_completed) == [Stop(drain=False)]  # its id, not remembered, again
+    assert shell.core.dedupe.lookup("trainer:0", not_completed.id)[0] is Recall.NEW
+
+
 def test_a_periodic_checkpoint_is_saved_as_the_round_reaches_its_step() -> None:
     shell = Shell("sync", trainers=1, checkpoint_every=1)
     shell.send(shell.message(Kind.SEND, 0, 0, grad(shell, 0, 1.0)))

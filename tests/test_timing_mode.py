@@ -573,14 +573,14 @@ def test_a_reduced_scale_run_completes_on_the_virtual_loop() -> None:
     """The scale scenario with 100 trainers, 10 pservers and 3 steps: every pserver answers
     each trainer's startup GET of its blocks (one, carrying the fetch barrier: protocol
     bundled), a SEND of its blocks each step, which carries the step's GET (async mode fetches
-    a var block by block: each block's GET rides on the SEND to its pserver), and its
-    COMPLETE."""
+    a var block by block: each block's GET rides on the SEND to its pserver), its COMPLETE
+    and its BYE."""
     steps, trainers = 3, 100
     scenario = load_scenario(SCALE, [f"cluster.trainers={trainers}", "cluster.pservers=10",
                                      f"train.steps={steps}", "train.protocol=bundled"])
     job = Job.from_scenario(scenario)
     result, end, _ = simulate(job)
-    assert [s.messages for s in result.pservers] == [trainers * (1 + steps + 1)] * 10
+    assert [s.messages for s in result.pservers] == [trainers * (1 + steps + 2)] * 10
     assert all(s.errors == 0 for s in result.pservers)
     assert all(len(r.losses) == steps and all(math.isnan(x) for x in r.losses)
                for r in result.trainers)

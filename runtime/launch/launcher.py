@@ -113,8 +113,6 @@ SETTLE_SECONDS = 1.0
 """How long the other nodes may go on after one failed, to fail as well (and say why)."""
 READ_LIMIT = 1 << 20
 """Longest line read from a node's output or progress channel."""
-FAULT_FREE_RETRY = 0.1
-"""Seconds before a request is resent in the fault-free reference run (at most)."""
 
 
 @dataclass
@@ -810,11 +808,8 @@ def proxy_metrics(proxies: Mapping[int, FaultProxy]) -> list[ProxyMetrics]:
 def fault_free_params(scenario: Scenario) -> dict[str, np.ndarray]:
     """Trainer 0's final parameters in the same job without its faults: every node a task of
     this process over loopback ZeroMQ, which in sync mode computes the same numbers, bit for
-    bit, as separate processes. Timing does not change those numbers, so the pservers' final
-    drain (three retry intervals) is kept short."""
-    train = scenario.train.model_copy(update={"retry_after": min(scenario.train.retry_after,
-                                                                 FAULT_FREE_RETRY)})
-    clean = scenario.model_copy(update={"faults": [], "train": train})
+    bit, as separate processes."""
+    clean = scenario.model_copy(update={"faults": []})
     job = Job.from_scenario(clean, free_endpoints(scenario.cluster.host, scenario.cluster.pservers))
     result = run_async(asyncio.wait_for(run_job(job, ZmqTransport), scenario.train.deadline))
     return result.params

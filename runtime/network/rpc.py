@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from runtime.execution.costs import RECEIVES, SENDS, Meter
-from runtime.network.transport import Frame, Transport, TransportClosed
+from runtime.network.transport import Frame, Transport, TransportClosed, TransportError
 from runtime.network.wire import (DecodeError, Kind, Message, charged_size, decode, encode,
                                   raise_for_error)
 
@@ -304,6 +304,21 @@ class RpcClient:
         if meter is not None:
             meter.stop_message(started, SENDS, kind.value, charged_size(call.frames))
         return call.future
+
+    async def tell(self, endpoint: str, kind: Kind, step: int = 0,
+                   extra: Mapping[str, Any] | None = None) -> None:
+        """Send a message that wants no reply (`Kind.BYE`) once, never retried: its loss costs
+        the receiver time, not correctness. A transport that cannot send it is logged."""
+        msg = Message.of(kind, self._next_id, self.name, step, {}, extra or {})
+        self._next_id += 1
+        frames = encode(msg)
+        try:
+            if endpoint not in self._connected:
+                await self.connect([endpoint])
+            if not self.transport.send_nowait(endpoint, frames):
+                await self.transport.send(endpoint, frames)
+        except TransportError as exc:
+            log.info("%s: %s to %s not sent: %s", self.name, kind, endpoint, exc)
 
     async def _connect_then_start(self, endpoint: str, kind: Kind, step: int,
                                   vars: Mapping[str, Any] | None,

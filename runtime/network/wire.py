@@ -81,8 +81,10 @@ Tensor = np.ndarray | LoDTensor | SelectedRows | Phantom | Packed
 
 
 class Kind(enum.StrEnum):
-    """What a message asks or answers in the PS protocol; `COLLECTIVE` is a trainer's piece of a
-    collective op to its ring neighbour (no reply, `runtime.services.collective`)."""
+    """What a message asks or answers in the PS protocol. Two kinds want no reply: `BYE`, a
+    trainer's word to a pserver that it has its reply to COMPLETE and will send nothing more,
+    and `COLLECTIVE`, a trainer's piece of a collective op to its ring neighbour
+    (`runtime.services.collective`)."""
 
     SEND = "send"
     GET = "get"
@@ -91,6 +93,7 @@ class Kind(enum.StrEnum):
     PREFETCH = "prefetch"
     CHECKPOINT_NOTIFY = "checkpoint_notify"
     COMPLETE = "complete"
+    BYE = "bye"
     HEARTBEAT = "heartbeat"
     JOIN = "join"
     REPLY = "reply"

@@ -27,7 +27,7 @@ Every queue is bounded: the send and receive high-water marks (messages per peer
 (messages and bytes), the largest frame a peer may send (`MAXMSGSIZE`; libzmq drops a
 connection that exceeds it before allocating the frame), and a message's frame count and total
 size, summed as its frames are read: libzmq only bounds frames, so a message over either limit
-is read to its end and dropped (logged, counted in `dropped`), never handed on. Close uses LINGER `linger_ms` (0 by default) and terminates the
+is read to its end and dropped (logged, counted in `dropped`), never handed on. Close uses LINGER `linger_ms` (100 by default) and terminates the
 context if this transport created it.
 
 Security (`runtime.network.curve`): with `CurveKeys`, the ROUTER is a CURVE server that admits
@@ -131,8 +131,10 @@ class ZmqLimits:
     (124 against 169 us copied)."""
     io_threads: int = 1
     """libzmq IO threads of a context this transport creates."""
-    linger_ms: int = 0
-    """How long `close` lets queued messages go out (ms); a server's last replies need some."""
+    linger_ms: int = 100
+    """How long `close` lets queued messages go out (ms): a trainer's last message (BYE) is
+    sent just before it closes, a server's last replies need more. It waits only while a
+    message is still queued (a peer gone, or a slow link)."""
 
     def __post_init__(self) -> None:
         for field, value in vars(self).items():

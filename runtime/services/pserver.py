@@ -32,7 +32,10 @@ It owns a `Scope` initialized by the pserver's startup program and answers the t
   ``rewind: <step>``; the trainer abandons its step, fetches the parameters again and redoes the
   steps from there (the other pservers, already past them, acknowledge the redone sends as
   stale), so no update is applied twice on any server and at most k steps are redone.
-- COMPLETE: the trainer leaves the fan-in; the server stops when every trainer has completed.
+- COMPLETE: the trainer leaves the fan-in; the server stops when every trainer has completed,
+  after answering retries of lost acknowledgements for `ServeConfig.drain` seconds of quiet,
+  or at once when every completed trainer has said BYE (it has its acknowledgement and sends
+  nothing more).
 - HEARTBEAT: proof of life. A trainer that has been silent for `heartbeat_timeout` (in sync
   mode, one the round waits for) is dropped from the fan-in and the event is logged; the time
   the server itself was not running (its watchdog woke late) is nobody's silence. A dropped sync
@@ -72,6 +75,7 @@ counted in `ServerStats.refused`: a trainer's key speaks for that trainer only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +241,8 @@ class PserverService:
         if recovering:
             self.stats.restored_step = self.core.round.step
         self._done = asyncio.Event()
+        self._departed = asyncio.Event()
+        """Every completed trainer said BYE: nothing to drain."""
         self._last_message = 0.0
         self._began = 0.0  # when the request being handled began (its update's start)
         self._replays: list[float] = []  # meter starts of the replays under way
@@ -284,13 +290,15 @@ class PserverService:
 
     async def _drain(self) -> None:
         """Keep answering (retried requests get their first replies again) until no message
-        has come for `drain` seconds."""
+        has come for `drain` seconds, or every completed trainer has said BYE."""
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._departed.is_set():
             until = self._last_message + self.config.drain  # a message moves it later
             if loop.time() >= until:
                 return
-            await asyncio.sleep(until - loop.time())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(until):
+                    await self._departed.wait()
 
     async def _receive(self) -> None:
         loop = asyncio.get_running_loop()
@@ -462,8 +470,10 @@ class PserverService:
                 self.stats.tally(stat, value, key, peak)
             case Replay():
                 self._meter_replay(action)
-            case Stop():
+            case Stop(drain=drain):
                 self._done.set()
+                if not drain:
+                    self._departed.set()
 
     def _encode_reply(self, peer: str, reply: Message) -> list[Frame] | None:
         """The frames of `reply`; None (logged) if it cannot be encoded."""

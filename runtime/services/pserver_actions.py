@@ -94,7 +94,10 @@ class Replay:
 
 @dataclass(frozen=True)
 class Stop:
-    """Every trainer has completed or been dropped: the server may stop."""
+    """Every trainer has completed or been dropped: the server may stop, once retries of lost
+    replies have had time to come (`drain`), or at once (every completed trainer said BYE)."""
+
+    drain: bool = True
 
 
 Action = Reply | Reject | Begin | RunBlocks | Pay | Optimize | SaveCheckpoint | Tally | Replay | Stop

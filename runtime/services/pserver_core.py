@@ -71,6 +71,8 @@ def policy_name(contract: ServeContract) -> str:
 
 _BEGIN = Begin()
 _PAY = Pay()
+_DRAIN = Stop(drain=True)
+_NOW = Stop(drain=False)
 """The actions most requests yield, made once (they are immutable)."""
 
 _FANIN_FIELDS = ("server_step", "in_fanin", "entry_step", "next_step", "sync")
@@ -111,6 +113,8 @@ class PserverCore:
         self.senders: dict[int, str] = dict(enumerate(trainer_names or ()))
         """Trainer -> the node name it speaks under (the job's, or its first request's)."""
         self.serving_since = 0.0
+        self.departed: set[int] = set()
+        """Completed trainers that said BYE: they will send nothing more."""
         self.next_step: dict[int, int] = {}  # trainer -> the step after its latest message
         self.progress = 0  # the furthest step reached (asynchronous: by any trainer)
         self.resynced: set[int] | None = None  # recovering: trainers told to rewind, or rewound
@@ -130,6 +134,9 @@ class PserverCore:
         self.serving_since = self.clock()
 
     def on_message(self, peer: str, msg: Message) -> Work:
+        if msg.kind is Kind.BYE:  # wants no reply: neither remembered nor answered
+            yield from self._on_bye(msg)
+            return
         recall, held = self.dedupe.lookup(msg.src, msg.id)
         if recall is Recall.ANSWERED:  # a retry: the first reply again
             self._heard(msg)
@@ -223,7 +230,7 @@ class PserverCore:
             return
         if self.policy.idle():  # as the loop below with nothing to replay, less its cost
             if self.round.finished:
-                yield Stop()
+                yield self._stop()
             return
         levels = [_Level(None)]
         while levels:
@@ -241,7 +248,7 @@ class PserverCore:
             else:
                 levels.pop()
                 if self.round.finished:
-                    yield Stop()
+                    yield self._stop()
                 if level.replayed is not None:
                     yield Replay(level.replayed, done=True)
 
@@ -314,6 +321,25 @@ class PserverCore:
             log.info("%s: trainer %d completed at step %d", self.name, trainer, self.round.step)
         return self._reply(msg)
         yield
+
+    def _on_bye(self, msg: Message) -> Work:
+        """A completed trainer has its reply to COMPLETE and will send nothing more. Once every
+        completed trainer has said so, no retry can come: the server stops without draining
+        (`Stop(drain=False)`). A BYE from anyone else (a trainer whose COMPLETE never came
+        here, a stranger) changes nothing and, wanting no reply, gets no error either."""
+        trainer = msg.extra.get("trainer")
+        if type(trainer) is not int or self.senders.get(trainer) != msg.src \
+                or trainer not in self.round.completed:
+            log.info("%s: BYE from %r as trainer %r ignored: not a completed trainer of this "
+                     "job under that name", self.name, msg.src, trainer)
+            return
+        self.departed.add(trainer)
+        if self.round.finished and self.round.completed <= self.departed:
+            yield _NOW
+
+    def _stop(self) -> Stop:
+        """The round is finished: stop, draining unless every completed trainer said BYE."""
+        return _NOW if self.round.completed <= self.departed else _DRAIN
 
     def _on_heartbeat(self, msg: Message, trainer: int, _: Payload) -> Work:
         return self._reply(msg)

@@ -45,7 +45,7 @@ from it. In timing mode (phantom kernels) the values sent and received are `Phan
 joined by shape alone, and the loss reported is NaN; remote sparse update needs real ids and
 is refused there. `run_program` runs a block with compute ops through the executor's kernels and RPC
 ops awaited; `Trainer.run` is the loop: startup, then `steps` steps on this trainer's shard of each
-global batch, reporting loss and step time, then COMPLETE to every pserver.
+global batch, reporting loss and step time, then COMPLETE to every pserver and, once answered, BYE.
 """
 
 from __future__ import annotations
@@ -442,6 +442,10 @@ class RpcOps:
                 header.update({BARRIER_FIELD: closes, BARRIER_FROM_FIELD: first})
         return self.client.start(endpoint, kind, self.step, vars, header, deadline,
                                  self._check_reply)
+
+    async def tell(self, endpoint: str, kind: Kind) -> None:
+        """A message of this trainer at its current step that wants no reply (`Kind.BYE`)."""
+        await self.client.tell(endpoint, kind, self.step, {"trainer": self.trainer_id})
 
     def _check_reply(self, endpoint: str, reply: Message) -> None:
         """`Rewind` if the pserver asks for it; `StepMismatch` for a sync pserver that holds a
@@ -991,10 +995,7 @@ class Trainer:
     async def stop(self) -> None:
         """Stop the heartbeat and abandon whatever is still in flight (after `finish`, or on a
         failure)."""
-        beat, self._beat = self._beat, None
-        if beat is not None:
-            beat.cancel()
-            await asyncio.gather(beat, return_exceptions=True)
+        await self._stop_heartbeat()
         await self.rpc.abandon()
         self.rpc.collective.close()
 
@@ -1100,9 +1101,11 @@ class Trainer:
         return entry
 
     async def _complete(self) -> None:
-        """Tell every pserver this trainer is done. The work is finished either way: a
-        pserver whose acknowledgement never comes (lost, or it stopped once every trainer had
-        completed) is reported, not treated as a failure."""
+        """Tell every pserver this trainer is done (COMPLETE), then that it has the
+        acknowledgements and will send nothing more (BYE), so a pserver whose trainers have all
+        said so stops at once rather than waiting for retries. The work is finished either
+        way: a pserver whose acknowledgement never comes (lost, or it stopped once every
+        trainer had completed) is reported, not treated as a failure."""
         policy = self.client.policy
         deadline = min(policy.deadline, 7 * policy.first_retry)  # three sends, with backoff
         results = await asyncio.gather(
@@ -1114,6 +1117,14 @@ class Trainer:
                             "have stopped already", self.trainer_id, ep, deadline)
             elif isinstance(result, BaseException):
                 raise result
+        await self._stop_heartbeat()
+        await asyncio.gather(*(self.rpc.tell(ep, Kind.BYE) for ep in self.endpoints))
+
+    async def _stop_heartbeat(self) -> None:
+        beat, self._beat = self._beat, None
+        if beat is not None:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
 
     async def _heartbeat(self) -> None:
         """Prove this trainer alive to every pserver each interval, to all of them at once: a

@@ -191,7 +191,7 @@ def summary_table(m: JobMetrics) -> Table:
     loss = f"{s.final_loss:.4f}" if s.final_loss is not None else "-"
     rows = [("simulated time of the steps", fmt_seconds(s.steps_span_seconds)),
             ("simulated time of the job", f"{fmt_seconds(s.simulated_seconds)} (with startup "
-                                          "and the pservers' final drain)"),
+                                          "and the pservers' exit)"),
             ("time in steps (slowest trainer)", fmt_seconds(s.train_seconds)),
             ("step time, trainer 0", _stats(s.step_time)),
             ("step time, all trainers", _stats(s.step_time_all)),

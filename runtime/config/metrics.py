@@ -256,9 +256,9 @@ class JobSummary:
     wall_seconds: float | None = None
     """runtime up only: wall-clock time from starting the first node until every node ended."""
     simulated_seconds: float | None = None
-    """sim run only: simulated time from the start until the last node finished (startup and
-    the pservers' final drain, the quiet time they wait to answer a retried request,
-    included)."""
+    """sim run only: simulated time from the start until the last node finished (startup
+    included, and the pservers' final drain, the quiet time they wait to answer a retried
+    request, where a trainer's BYE was lost)."""
     steps_span_seconds: float | None = None
     """sim run only: from the first step's start to the last step's end, over all trainers."""
     network: str | None = None

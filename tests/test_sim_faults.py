@@ -316,6 +316,27 @@ def test_a_trainer_cut_off_longer_than_the_heartbeat_timeout_joins_again() -> No
     assert rejoined_at > 21
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("faults,first", [
+    ('[{at: "step 44", partition: [["trainer:0"], ["pserver:*"]], heal_after: 300ms},'
+     ' {at: "step 45", crash: "pserver:1", restart_after: 1s}]', "dropped"),
+    ('[{at: "step 44", partition: [["trainer:0"], ["pserver:0"]], heal_after: 400ms},'
+     ' {at: "step 44", crash: "pserver:1", restart_after: 100ms}]', "rewound"),
+], ids=["dropped-then-rewound", "rewound-then-dropped"])
+def test_a_trainer_dropped_while_a_pserver_restarts_rejoins_and_the_others_redo(
+        faults: str, first: str) -> None:
+    """Trainer 0 is cut off past the heartbeat timeout (0.1 s) while pserver 1 restarts from
+    its step-40 checkpoint: one pserver tells it to join again and the other to redo the steps
+    from 40, the second notice coming while it follows the first. It does both: it joins at a
+    later step everyone admits, and trainer 1 redoes the steps from 40 (to 43 or 44)."""
+    result = sim(RESTART, "train.steps=80", "expect={}", "train.heartbeat_timeout=100ms",
+                 "network.default.latency=5ms", f"faults={faults}")
+    cut, other = result.trainers
+    assert 0 in result.pservers[0].dropped and result.pservers[1].restored_step == 40
+    assert other.redone in (4, 5) and len(other.losses) == 80 + other.redone
+    assert 44 <= len(cut.losses) < 80 and cut.losses[-1] < 1.0  # it trained to the end
+
+
 CUT_TOO_LONG = ("expect={}", "train.heartbeat_timeout=300ms",
                 'faults=[{at: "step 20", partition: [["trainer:0"], ["pserver:*"]],'
                 ' heal_after: 3s}]')

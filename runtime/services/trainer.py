@@ -1019,12 +1019,10 @@ class Trainer:
                 try:
                     (value,) = await run_program(self.executor, self.main, self.scope, self.rpc,
                                                  feed, [loss])
-                except Rewind as rewind:
-                    report.redone += step - rewind.step
-                    step = await self._rewind(rewind)
-                    continue
-                except Dropped as dropped:
-                    step = await self._rejoin(dropped)
+                except (Rewind, Dropped) as notice:
+                    if isinstance(notice, Rewind):
+                        report.redone += step - notice.step
+                    step = await self._recover(notice)
                     continue
                 elapsed = charge.clock() - start
                 started = 0.0 if meter is None else meter.start()
@@ -1043,20 +1041,38 @@ class Trainer:
                 self.client.meter.end_run()
         return report
 
-    async def _rewind(self, rewind: Rewind) -> int:
-        """Give up the step in flight and fetch the parameters the step before `rewind.step`
-        left (again, if another pserver asks for an earlier step meanwhile); the step to go on
-        from."""
-        step = rewind.step
+    async def _recover(self, notice: Rewind | Dropped) -> int:
+        """Give up the step in flight and go on where the pservers can take this trainer; the
+        step to go on from. `Rewind`: a pserver restarted from the state before that step, so
+        the parameters that step needs are fetched again and the steps from there redone (the
+        earliest, if several pservers ask). `Dropped`: this trainer joins every pserver again,
+        at the first step all of them admit; the steps in between went on without it.
+
+        Either notice may come while recovering from the other (a pserver restarted while
+        this trainer was cut off) and is followed. A rewound trainer's messages carry a step
+        before the restored one, which tells the restarted pserver it redoes the lost steps
+        (else it would ask for the rewind again); a dropped one joins at a step all admit."""
+        rewind_to: int | None = None
+        entry: int | None = None
         while True:
-            log.warning("trainer %d: %s; redoing from step %d", self.trainer_id, rewind, step)
+            if isinstance(notice, Rewind):
+                rewind_to = notice.step if rewind_to is None else min(rewind_to, notice.step)
+                log.warning("trainer %d: %s; redoing from step %d", self.trainer_id, notice,
+                            rewind_to)
+            else:
+                entry = notice.step if entry is None else max(entry, notice.step)
+                log.warning("trainer %d: %s", self.trainer_id, notice)
             await self.rpc.abandon()
-            self.rpc.step = step - 1
+            if rewind_to is not None:
+                self.rpc.step = rewind_to - 1
             try:
+                if entry is not None:
+                    return await self._join(max(entry, rewind_to or 0))
+                assert rewind_to is not None  # no Dropped: a Rewind came
                 await run_program(self.executor, self.startup, self.scope, self.rpc)
-                return step
-            except Rewind as again:
-                rewind, step = again, min(step, again.step)
+                return rewind_to
+            except (Rewind, Dropped) as other:
+                notice = other
 
     async def _join_if_late(self) -> int:
         """The first step this trainer takes part in: 0 when every pserver is at step 0,
@@ -1073,17 +1089,6 @@ class Trainer:
             return 0
         entry = max(int(state.get("entry_step", 0)) for state in states)
         return await self._join(entry)
-
-    async def _rejoin(self, dropped: Dropped) -> int:
-        """Give up the step in flight and join every pserver again (see `Dropped`); the step
-        to go on from. The steps in between went on without this trainer's gradients."""
-        while True:
-            log.warning("trainer %d: %s", self.trainer_id, dropped)
-            await self.rpc.abandon()
-            try:
-                return await self._join(dropped.step)
-            except Dropped as again:  # dropped again while it joined
-                dropped = again
 
     async def _join(self, entry: int) -> int:
         """Join every pserver's fan-in at step `entry`, or the first later step all of them

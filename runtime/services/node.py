@@ -63,6 +63,7 @@ import os
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Coroutine, Literal, Mapping, NoReturn, Sequence, TextIO, TypeVar, cast
 
@@ -83,7 +84,7 @@ from runtime.services.cluster import (batches_for, make_pserver, make_trainer, p
                                       trainer_name)
 from runtime.services.job import Job, check_job
 from runtime.services.lifeline import die_with_launcher, launcher_pid
-from runtime.services.output import DetachedOutput
+from runtime.services.output import DetachedOutput, shown_dropped
 from runtime.services.progress import Progress, Reporter
 from runtime.services.pserver import ServerStats, TrainersGone
 from runtime.services.trainer import TrainerReport
@@ -572,7 +573,7 @@ def run_role(scenario: Scenario, role: Role, out: Path | None,
     launcher = launcher_pid(os.environ)
     if launcher is None:
         return _run_role(scenario, role, out, options, launcher)
-    detached = DetachedOutput(sys.stdout)
+    detached = DetachedOutput(sys.stdout, notice=partial(shown_dropped, who=role.name))
     streams = sys.stdout, sys.stderr
     # one queue for both: the launcher reads them from one pipe, in the order they are written
     sys.stdout = sys.stderr = cast(TextIO, detached)

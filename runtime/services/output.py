@@ -132,9 +132,10 @@ class DetachedOutput(io.TextIOBase):
                     self.broken(exc)
 
 
-def shown_dropped(dropped: int) -> str:
-    """The line a person reads after `dropped` writes were dropped."""
-    return f"[runtime up] {dropped} write(s) of output not shown: it was not being read\n"
+def shown_dropped(dropped: int, who: str = "runtime up") -> str:
+    """The line a person reads after `dropped` writes of `who` (the launcher, or a node) were
+    dropped."""
+    return f"[{who}] {dropped} write(s) of output not shown: it was not being read\n"
 
 
 def quiet(dropped: int) -> str:

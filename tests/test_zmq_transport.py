@@ -4,6 +4,7 @@ options, wildcard ports, bounded queues, the frame size limit and clean release 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import socket
 import sys
@@ -196,6 +197,60 @@ async def test_a_received_tensor_sent_on_goes_back_by_reference() -> None:
 
 
 @pytest.mark.timeout(60)
+async def stall(server: ZmqTransport, endpoint: str, peer: str, block: np.ndarray) -> ZmqTransport:
+    """A client `peer` of `server` that reads one message and no more, and the server's sends to
+    it past what libzmq and the kernel buffer (about 10 MiB on loopback), waiting in the
+    server's queue for `peer` until it is full and then dropped."""
+    slow = ZmqTransport(peer, ZmqLimits(recv_hwm=1, inbox=1))
+    await slow.connect(endpoint)
+    await slow.send(endpoint, numbered(0))
+    assert (await recv_number(server)) == (peer, 0)
+    for i in itertools.count():  # until its queue was full 8 times (the test's timeout
+        server.send_nowait(peer, [*numbered(i), block.data])  # bounds one never full)
+        if server.unsent >= 8:
+            return slow  # at once: the queue is still full
+        await asyncio.sleep(0)
+    raise AssertionError("unreachable")
+
+
+async def test_a_peer_that_stops_reading_holds_back_only_its_own_messages() -> None:
+    """A server's messages to a client that stopped reading wait in its queue for that client;
+    a message to another client still leaves at once (a trainer that stops reading its
+    replies must not stall a pserver's replies to every trainer)."""
+    limits = ZmqLimits(send_hwm=2)
+    async with ZmqTransport("server", limits) as server, ZmqTransport("fast") as fast:
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        slow = await stall(server, endpoint, "slow", np.zeros(1 << 20, np.uint8))
+        try:
+            await fast.connect(endpoint)
+            await fast.send(endpoint, numbered(7))
+            assert (await recv_number(server)) == ("fast", 7)
+            server.send_nowait("fast", numbered(8))
+            assert (await recv_number(fast)) == (endpoint, 8)
+        finally:
+            await slow.close()
+
+
+async def test_sends_waiting_for_a_peer_are_bounded_and_the_rest_dropped() -> None:
+    """At most `send_hwm` messages wait for one peer that does not read (besides what libzmq
+    holds); `send_nowait` drops the rest and counts them (the RPC layer resends what is not
+    answered): a client that never reads cannot grow a server's memory without bound."""
+    limits = ZmqLimits(send_hwm=2)
+    async with ZmqTransport("server", limits) as server:
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        slow = await stall(server, endpoint, "slow", np.zeros(1 << 20, np.uint8))
+        try:
+            router = server._router
+            assert router is not None
+            dropped = server.unsent
+            for i in range(10):
+                server.send_nowait("slow", numbered(i))
+            assert len(router.waiting["slow"]) == limits.send_hwm
+            assert server.unsent == dropped + 10
+        finally:
+            await slow.close()
+
+
 async def test_the_inbox_holds_at_most_its_byte_limit_and_one_message_then_reads_on() -> None:
     """Several clients each send large messages to a server that does not read: the bytes its
     inbox holds stay under `inbox_bytes` plus one message (the message read while under the

@@ -12,23 +12,26 @@ registered with `loop.add_reader`; when it fires, the transport reads the socket
 receives with NOBLOCK until the socket is empty, handing each message to the `deliver_to`
 handler or into one bounded inbox that `recv` takes from (so a node that both serves and
 connects receives from all its sockets through one call). A send goes to libzmq at once, from
-the caller, when the socket can take it; otherwise it waits in a per-socket queue that the next
-readiness event flushes, in order. Frames are sent with `copy=False`: pyzmq copies those under
-the socket's copy threshold and hands larger ones to libzmq as they are (zero-copy); received
-frames are zero-copy memoryviews, and a received frame sent on (a tensor decoded from it, unchanged)
-goes back to libzmq by reference (`_received`).
+the caller, when libzmq can take it; otherwise it waits in a queue for its peer that the next
+readiness event flushes, in order. A ROUTER's peers queue apart (libzmq refuses a message to a
+peer whose queue is full while the others take theirs): a client that stops reading holds back
+its own replies only, never those to every other client. Frames are sent with `copy=False`:
+pyzmq copies those under the socket's copy threshold and hands larger ones to libzmq as they
+are (zero-copy); received frames are zero-copy memoryviews, and a received frame sent on (a
+tensor decoded from it, unchanged) goes back to libzmq by reference (`_received`).
 
 DESIGN: this replaces `zmq.asyncio`, whose per-call futures, poller bookkeeping and enum flag
 arithmetic cost more CPU per small message than pslab's whole encode/decode. ZeroMQ's FD is
 edge-triggered and a send may consume the edge that announced incoming messages, so after
 every send the socket's events are read again and a drain scheduled if input is waiting.
 
-Every queue is bounded: the send and receive high-water marks (messages per peer), the inbox
-(messages and bytes), the largest frame a peer may send (`MAXMSGSIZE`; libzmq drops a
+Every queue is bounded: the send and receive high-water marks (messages per peer), the sends
+waiting for a peer (`send_hwm` more; `send_nowait` drops and counts the rest in `unsent`), the
+inbox (messages and bytes), the largest frame a peer may send (`MAXMSGSIZE`; libzmq drops a
 connection that exceeds it before allocating the frame), and a message's frame count and total
 size, summed as its frames are read: libzmq only bounds frames, so a message over either limit
-is read to its end and dropped (logged, counted in `dropped`), never handed on. Close uses LINGER `linger_ms` (100 by default) and terminates the
-context if this transport created it.
+is read to its end and dropped (logged, counted in `dropped`), never handed on. Close uses
+LINGER `linger_ms` (100 by default) and terminates the context if this transport created it.
 
 Security (`runtime.network.curve`): with `CurveKeys`, the ROUTER is a CURVE server that admits
 only the job's client keys (a `ZapHandler` on the loop answers its context's ZAP requests), and
@@ -143,8 +146,12 @@ class ZmqLimits:
                 raise ValueError(f"ZmqLimits.{field} must be an int >= {minimum}, got {value!r}")
 
 
+_Waiting = deque[tuple[list[Any], "asyncio.Future[None] | None"]]
+"""Messages to one peer (each with the future of an awaiting `send`) waiting for room."""
+
+
 class _Socket:
-    """One ZeroMQ socket the transport drives: its FD, its queue of sends waiting for room."""
+    """One ZeroMQ socket the transport drives: its FD, its sends waiting for room by peer."""
 
     __slots__ = ("zmq", "endpoint", "fd", "waiting", "paused", "scheduled", "input", "either")
 
@@ -153,8 +160,10 @@ class _Socket:
         self.endpoint = endpoint
         """The connected endpoint (the peer of every message received); None for the ROUTER."""
         self.fd = cast(int, socket.getsockopt(zmq.FD))
-        self.waiting: deque[tuple[list[Any], str, asyncio.Future[None] | None]] = deque()
-        """Messages (with their peer and the future of an awaiting `send`) waiting for room."""
+        self.waiting: dict[str, _Waiting] = {}
+        """Peer -> its messages waiting for room, in order (no entry: none waits). A ROUTER's
+        peers wait apart: libzmq refuses a message to a peer whose queue is full (EAGAIN)
+        while others still take theirs, so a peer that stops reading holds back only its own."""
         self.paused = False
         """The inbox is full: receiving waits until `recv` takes something."""
         self.scheduled = False
@@ -249,6 +258,8 @@ class ZmqTransport(Transport):
         """Sockets whose receiving waits for room in the inbox."""
         self.dropped = 0
         """Messages dropped for breaking `max_frames` or `max_message_size`."""
+        self.unsent = 0
+        """Messages `send_nowait` dropped: `send_hwm` messages already waited for the peer."""
 
     @property
     def unauthenticated(self) -> int:
@@ -301,26 +312,44 @@ class ZmqTransport(Transport):
 
     async def send(self, peer: str, frames: Sequence[Frame]) -> None:
         socket, parts = self._route(peer, frames)
-        if not socket.waiting and self._send_now(socket, peer, parts):
+        if peer not in socket.waiting and self._send_now(socket, peer, parts):
             return
         waiter = self._running_loop().create_future()
-        socket.waiting.append((parts, peer, waiter))
-        self._schedule(socket)
+        self._wait(socket, peer, parts, waiter)
         await waiter
 
     def send_nowait(self, peer: str, frames: Sequence[Frame]) -> bool:
         """Send now, from the caller, without a coroutine: the message goes to libzmq at once
-        when the socket can take it (its high-water mark not reached, no earlier send waiting),
-        and else waits behind the earlier ones, in order; a waiting send that later fails is
-        logged (the RPC layer resends what is not answered). Sending from the caller, rather
-        than from a task that runs when the caller next yields, lets a trainer's gradients
-        leave while it goes on computing."""
+        when it can take it (the peer's high-water mark not reached, no earlier send to the
+        peer waiting), and else waits behind the earlier ones, in order; a waiting send that
+        later fails is logged. With `send_hwm` messages already waiting for the peer (it does
+        not read), the message is dropped and counted in `unsent`: the RPC layer resends what
+        is not answered, and a server's memory does not grow with a peer that never reads.
+        Sending from the caller, rather than from a task that runs when the caller next
+        yields, lets a trainer's gradients leave while it goes on computing."""
         socket, parts = self._route(peer, frames)
-        if not socket.waiting and self._send_now(socket, peer, parts):
+        waiting = socket.waiting.get(peer)
+        if waiting is None:
+            if self._send_now(socket, peer, parts):
+                return True
+        elif len(waiting) >= self.limits.send_hwm:
+            self.unsent += 1
+            if self.unsent & (self.unsent - 1) == 0:  # the 1st, 2nd, 4th, ...: no log flood
+                log.warning("%s: dropped a message to %s, which is not reading: %d messages "
+                            "wait for it (%d dropped so far)", self.name, peer, len(waiting),
+                            self.unsent)
             return True
-        socket.waiting.append((parts, peer, None))
-        self._schedule(socket)
+        self._wait(socket, peer, parts, None)
         return True
+
+    def _wait(self, socket: _Socket, peer: str, parts: list[Any],
+              waiter: asyncio.Future[None] | None) -> None:
+        """Queue a message to `peer` until the socket has room for it."""
+        waiting = socket.waiting.get(peer)
+        if waiting is None:
+            waiting = socket.waiting[peer] = deque()
+        waiting.append((parts, waiter))
+        self._schedule(socket)
 
     def deliver_to(self, handler: Callable[[str, list[Frame]], None]) -> bool:
         self._check_open("deliver")
@@ -345,9 +374,10 @@ class ZmqTransport(Transport):
         for socket in self._all():
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(socket.fd)
-            for _, _, waiter in socket.waiting:
-                if waiter is not None and not waiter.done():
-                    waiter.set_exception(closed)
+            for waiting in socket.waiting.values():
+                for _, waiter in waiting:
+                    if waiter is not None and not waiter.done():
+                        waiter.set_exception(closed)
             socket.waiting.clear()
             socket.zmq.close(linger=self.limits.linger_ms)
         if self._zap is not None:
@@ -377,22 +407,25 @@ class ZmqTransport(Transport):
         return True
 
     def _flush(self, socket: _Socket) -> None:
-        """Send what waits for room, in order, while the socket takes it."""
-        while socket.waiting:
-            parts, peer, waiter = socket.waiting[0]
-            if waiter is not None and waiter.done():  # its `send` was cancelled
-                socket.waiting.popleft()
-                continue
-            try:
-                if not self._send_now(socket, peer, parts):
-                    return
-            except TransportError as exc:
-                socket.waiting.popleft()
-                self._send_failed(peer, waiter, exc)
-                continue
-            socket.waiting.popleft()
-            if waiter is not None:
-                waiter.set_result(None)
+        """Send what waits for room, each peer's in order, while libzmq takes the peer's."""
+        for peer, waiting in list(socket.waiting.items()):
+            while waiting:
+                parts, waiter = waiting[0]
+                if waiter is not None and waiter.done():  # its `send` was cancelled
+                    waiting.popleft()
+                    continue
+                try:
+                    if not self._send_now(socket, peer, parts):
+                        break
+                except TransportError as exc:
+                    waiting.popleft()
+                    self._send_failed(peer, waiter, exc)
+                    continue
+                waiting.popleft()
+                if waiter is not None:
+                    waiter.set_result(None)
+            if not waiting:
+                del socket.waiting[peer]
 
     def _send_failed(self, peer: str, waiter: asyncio.Future[None] | None,
                      exc: BaseException) -> None:

@@ -7,6 +7,7 @@ reads what the core asked for, in order.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from runtime.services.job import Job
 from runtime.services.protocol import Phase, Recall
 from runtime.services.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
                                               RunBlocks, SaveCheckpoint, Stop, Tally, Work)
-from runtime.services.pserver_core import PserverCore
+from runtime.services.pserver_core import DROPS_SUSPECT, PserverCore
 from runtime.services.pserver_store import Store
 from transpiler.distribute.contract import TRAINER_ID_VAR, ServeContract, bak_name
 from transpiler.ir import Program
@@ -189,6 +190,22 @@ def test_a_dropped_trainer_that_speaks_again_is_told_to_join_not_refused() -> No
     shell.send(shell.message(Kind.COMPLETE, 0, 0))
     refused = shell.send(shell.message(Kind.SEND, 0, 1, grad(shell, 0, 1.0)))
     assert kinds(refused) == [Begin, Reject] and "already completed" in str(refused[1].error)
+
+
+def test_a_trainer_dropped_again_and_again_makes_the_server_say_the_timeout_is_short(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Each drop but the first follows a return, so the trainer was alive: the third time the
+    server says, once, that the heartbeat timeout is shorter than a live trainer's silences
+    (a sync job whose timeout is below a round trip mostly drops and rejoins)."""
+    shell = Shell("sync")
+    with caplog.at_level(logging.WARNING, "runtime.services.pserver"):
+        for _ in range(DROPS_SUSPECT + 2):
+            shell.core._count_drop(1)
+        shell.core._count_drop(0)
+    said = [r.getMessage() for r in caplog.records if "heartbeat timeout" in r.getMessage()]
+    assert said == [f"pserver:0: trainer 1 dropped {DROPS_SUSPECT} times, back each time: the "
+                    "heartbeat timeout (10s, train.heartbeat_timeout) is shorter than a live "
+                    "trainer's silences here; raise it"]
 
 
 def test_a_step_nobody_can_take_part_in_passes_with_no_update() -> None:

@@ -69,6 +69,9 @@ def policy_name(contract: ServeContract) -> str:
     return "ssp" if contract.staleness is not None else contract.mode.name.lower()
 
 
+DROPS_SUSPECT = 3
+"""Drops of one trainer after which the heartbeat timeout is suspected too short."""
+
 _BEGIN = Begin()
 _PAY = Pay()
 _DRAIN = Stop(drain=True)
@@ -113,6 +116,9 @@ class PserverCore:
         self.senders: dict[int, str] = dict(enumerate(trainer_names or ()))
         """Trainer -> the node name it speaks under (the job's, or its first request's)."""
         self.serving_since = 0.0
+        self.drops: dict[int, int] = {}
+        """Trainer -> how often it was dropped (`_count_drop`)."""
+        self._said_timeout = False
         self.departed: set[int] = set()
         """Completed trainers that said BYE: they will send nothing more."""
         self.next_step: dict[int, int] = {}  # trainer -> the step after its latest message
@@ -175,6 +181,7 @@ class PserverCore:
             yield Tally("dropped", trainer)
             log.warning("%s: dropped trainer %d from the fan-in at step %d: %s", self.name,
                         trainer, self.round.step, why)
+            self._count_drop(trainer)
         if silent:
             yield from self._settle()
 
@@ -510,6 +517,18 @@ class PserverCore:
         return (f"every trainer silent for more than {self.heartbeat_timeout:g}s (the last "
                 f"heard from, trainer {trainer}, {now - seen:.1f}s ago), none completed, at "
                 f"step {self.round.step}")
+
+    def _count_drop(self, trainer: int) -> None:
+        """Say once when a trainer is dropped for the `DROPS_SUSPECT`th time: each time it came
+        back, so it was alive, and the timeout is shorter than a live trainer's silences here
+        (a round trip on a loaded machine, a pause): a sync job then mostly drops and rejoins."""
+        drops = self.drops[trainer] = self.drops.get(trainer, 0) + 1
+        if drops == DROPS_SUSPECT and not self._said_timeout:
+            self._said_timeout = True
+            log.warning("%s: trainer %d dropped %d times, back each time: the heartbeat timeout "
+                        "(%gs, train.heartbeat_timeout) is shorter than a live trainer's "
+                        "silences here; raise it", self.name, trainer, drops,
+                        self.heartbeat_timeout)
 
     def _excuse(self, paused: float) -> None:
         """Move every trainer's last message (and the start, for those never heard from)

@@ -45,6 +45,7 @@ busy; every timer is on the loop's clock.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -137,7 +138,9 @@ class _Host:
             return
         soonest = min(queue[0].left * len(node.active)
                       for node in self.active for queue in node.active)
-        self.timer = loop.call_at(self.updated + max(soonest, 0.0) / self.rate(), self.tick)
+        # the host's clock, in no node's context: a paused node's pause must not hold it
+        self.timer = loop.call_at(self.updated + max(soonest, 0.0) / self.rate(), self.tick,
+                                  context=_HOST)
 
     def tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -153,6 +156,10 @@ class _Host:
         self.reschedule(loop)
         for work in finished:
             work.callback(*work.args)
+
+
+_HOST = contextvars.Context()
+"""The context of a host's scheduling timer (of no node)."""
 
 
 def io_thread(node: str) -> str:

@@ -17,21 +17,31 @@ Three parts:
 - `Slowdowns` multiplies the compute model's cost of each slowed node by its factors in force.
 - `SimTarget` is the `runtime.faults.schedule.FaultTarget` of a simulated run: crash and restart
   through `runtime.services.cluster.LocalCluster`, partitions and link rules into `MessageFaults`,
-  slowdowns into `Slowdowns`; each fault is drawn on the trace as a span of category ``fault``
+  slowdowns into `Slowdowns`, pauses into the loop (`VirtualTimeLoop.hold`: the node's timers)
+  and the `Network` (the messages reaching it); each fault is drawn on the trace as a span of category ``fault``
   on each node it hits (``fault`` track of `sim.trace`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import random
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from runtime.config.faults import REORDER_WAIT, LinkFaults, Partition
 from runtime.execution.compute import ComputeModel, Tracer
 from runtime.execution.scope import Scope
 from runtime.faults.schedule import FaultEvent
-from runtime.services.cluster import LocalCluster
+from runtime.services.cluster import NODE, LocalCluster
+from sim.loop import VirtualTimeLoop
 from transpiler.ir import Op
+
+if TYPE_CHECKING:
+    from sim.network import Network
+
+_NO_NODE = contextvars.Context()
+"""A context of no node: what the network does when a paused node resumes is nobody's."""
 
 __all__ = ["Fate", "FaultEvent", "MessageFaults", "REORDER_WAIT", "SimTarget", "Slowdowns"]
 
@@ -101,11 +111,14 @@ class SimTarget:
     trace."""
 
     def __init__(self, cluster: LocalCluster, messages: MessageFaults,
-                 slowdowns: Slowdowns | None, tracer: Tracer | None = None) -> None:
+                 slowdowns: Slowdowns | None, tracer: Tracer | None = None,
+                 network: Network | None = None) -> None:
         self.cluster = cluster
         self.messages = messages
         self.slowdowns = slowdowns
         self.tracer = tracer
+        self.network = network
+        self.paused: set[str] = set()
 
     def crash(self, node: str, returning: bool) -> str | None:
         return "" if self.cluster.crash(node, returning) else None
@@ -131,6 +144,27 @@ class SimTarget:
             if not factors:
                 del self.slowdowns.factors[node]
         return ""
+
+    def pause(self, node: str) -> str:
+        """Hold the node's timers on the virtual loop (what it runs is its own: `NODE`) and
+        the messages that reach it, until `resume`."""
+        loop = asyncio.get_running_loop()
+        if isinstance(loop, VirtualTimeLoop):
+            loop.hold(NODE, node)
+        if self.network is not None:
+            self.network.pause(node)
+        self.paused.add(node)
+        return ""
+
+    def resume(self, node: str) -> None:
+        """Its timers due meanwhile run now, late, then the messages that waited reach it: a
+        process resumed finds its late timers due before it reads its sockets."""
+        loop = asyncio.get_running_loop()
+        if isinstance(loop, VirtualTimeLoop):
+            loop.release(node)
+        if self.network is not None:
+            loop.call_soon(self.network.resume, node, context=_NO_NODE)
+        self.paused.discard(node)
 
     def fired(self, event: FaultEvent) -> None:
         """Draw the fault on the trace of each node it hits, until its end (a mark at its

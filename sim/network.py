@@ -228,6 +228,19 @@ class Network:
         """The runtime's own costs per message, charged on the nodes' `cpus` (None: free)."""
         self._shaken: set[tuple[str, str]] = set()
         """(node, peer) pairs whose connection's handshake the node's I/O thread has paid."""
+        self._paused: dict[str, list[_Packet]] = {}
+        """Paused node -> the messages that reached its NIC meanwhile, taken when it resumes."""
+
+    def pause(self, node: str) -> None:
+        """`node` stops taking messages: those that reach its NIC wait there (its kernel's
+        buffers), in order, until `resume`."""
+        self._paused.setdefault(node, [])
+
+    def resume(self, node: str) -> None:
+        """`node` takes the messages that waited for it, in the order they came, then the rest
+        as they come."""
+        for packet in self._paused.pop(node, ()):
+            self._hand_over(packet)
 
     @classmethod
     def from_spec(
@@ -410,6 +423,9 @@ class Network:
         receiver = packet.receiver
         if receiver.closed:
             packet.link.stats.dropped += 1
+            return
+        if self._paused and (waiting := self._paused.get(receiver.name)) is not None:
+            waiting.append(packet)
             return
         cpus, costs = self.cpus, self.costs
         if cpus is not None and costs is not None:

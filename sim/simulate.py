@@ -148,7 +148,7 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
     with _checkpoint_dir(scenario) as checkpoints:
         cluster = LocalCluster(job, network.transport, compute, trace, observe, checkpoints)
         schedule = FaultSchedule(list(scenario.faults),
-                                 SimTarget(cluster, messages, slowdowns, trace),
+                                 SimTarget(cluster, messages, slowdowns, trace, network),
                                  nodes_of(len(job.endpoints), job.trainers))
         with _without_cyclic_gc():
             result, now, stats = run(main(cluster), max_time=scenario.train.deadline)

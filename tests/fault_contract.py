@@ -67,17 +67,18 @@ class Look:
     """(trainer, pserver) -> (drop, duplicate, reorder) chances, for links with any."""
     slow: tuple[tuple[str, float], ...] = ()
     """node -> the factor it is slowed by, for slowed nodes."""
+    paused: frozenset[str] = frozenset()
 
 
 def look(down: set[str], cut: Callable[[str, str], bool],
          link: Callable[[str, str], tuple[float, float, float]],
-         slowdown: Callable[[str], float]) -> Look:
+         slowdown: Callable[[str], float], paused: set[str]) -> Look:
     """A `Look` from probes of a target's state."""
     links = [(pair, tuple(round(c, 12) for c in link(*pair))) for pair in LINKS]
     slowed = [(node, round(slowdown(node), 12)) for node in NODES]
     return Look(frozenset(down), frozenset(pair for pair in LINKS if cut(*pair)),
                 tuple((pair, c) for pair, c in links if any(c)),
-                tuple((node, f) for node, f in slowed if f != 1.0))
+                tuple((node, f) for node, f in slowed if f != 1.0), frozenset(paused))
 
 
 class Harness(Protocol):
@@ -134,6 +135,14 @@ class Recorder:
         self._record("unslow", node, factor)
         return self.inner.unslow(node, factor)
 
+    def pause(self, node: str) -> str:
+        self._record("pause", node)
+        return self.inner.pause(node)
+
+    def resume(self, node: str) -> None:
+        self._record("resume", node)
+        self.inner.resume(node)
+
     def fired(self, event: FaultEvent) -> None:
         self._record("fired", event)
         self.inner.fired(event)
@@ -151,6 +160,7 @@ class ModelTarget:
     partitions: tuple[Partition, ...] = ()
     rules: tuple[LinkFaults, ...] = ()
     factors: dict[str, list[float]] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
 
     def crash(self, node: str, returning: bool) -> str | None:
         if node not in self.running:
@@ -175,6 +185,13 @@ class ModelTarget:
         self.factors[node].remove(factor)
         return ""
 
+    def pause(self, node: str) -> str:
+        self.paused.add(node)
+        return ""
+
+    def resume(self, node: str) -> None:
+        self.paused.discard(node)
+
     def fired(self, event: FaultEvent) -> None:
         pass
 
@@ -191,7 +208,7 @@ class ModelHarness:
         return look(set(NODES) - t.running,
                     lambda a, b: any(p.cuts(a, b) for p in t.partitions),
                     lambda a, b: chances([r for r in t.rules if r.matches(a, b)]),
-                    lambda node: math.prod(t.factors.get(node, [])))
+                    lambda node: math.prod(t.factors.get(node, [])), t.paused)
 
     async def close(self) -> None:
         pass
@@ -255,6 +272,14 @@ CASES: dict[str, Case] = {
          1.125: Look(slow=(("trainer:0", 4.0), ("trainer:1", 8.0))),
          1.5: Look(slow=(("trainer:1", 2.0),)), 2.5: Look()},
         ((0, "slow trainer:* x4 for 1s", 0.25, 1.25), (1, "slow trainer:1 x2 for 1s", 1.0, 2.0))),
+    "a pause stops a pattern's nodes for its time": Case(
+        '[{at: "step 2", pause: "pserver:*", for: 500ms}]',
+        ((0.5, "progress", 1, 2), (0.75, "look"), (1.25, "look")),
+        ((0.5, "pause", ("pserver:0",)), (0.5, "pause", ("pserver:1",)), (0.5, "fired", (0,)),
+         (1.0, "resume", ("pserver:0",)), (1.0, "resume", ("pserver:1",)),
+         (1.0, "ended", (0,))),
+        {0.75: Look(paused=frozenset({"pserver:0", "pserver:1"})), 1.25: Look()},
+        ((0, "pause pserver:* for 0.5s", 0.5, 1.0),)),
     "a crash of a node that is down does nothing": Case(
         '[{at: 1s, crash: "trainer:1"}, {at: 2s, crash: "trainer:1"}]',
         ((1.5, "look"), (2.5, "look")),
@@ -263,21 +288,25 @@ CASES: dict[str, Case] = {
         {1.5: Look(down=frozenset({"trainer:1"})), 2.5: Look(down=frozenset({"trainer:1"}))},
         ((0, "crash trainer:1", 1.0, None),
          (1, "crash trainer:1 (not running: nothing to crash)", 2.0, 2.0))),
-    "the end of the run ends slowdowns and cuts, not crashes, and what is due": Case(
+    "the end of the run ends slowdowns, cuts and pauses, not crashes, and what is due": Case(
         '[{at: 1s, slow: "trainer:0", slowdown: 2}, '
         '{at: 1s, crash: "pserver:0", restart_after: 5s}, '
-        '{at: 1s, partition: [["trainer:1"], ["pserver:1"]]}, {at: 10s, crash: "pserver:1"}]',
+        '{at: 1s, partition: [["trainer:1"], ["pserver:1"]]}, {at: 10s, crash: "pserver:1"}, '
+        '{at: 1s, pause: "trainer:1", for: 5s}]',
         ((1.5, "look"), (2.0, "close"), (2.5, "look"), (11.0, "look")),
         ((1.0, "slow", ("trainer:0", 2.0)), (1.0, "fired", (0,)),
          (1.0, "crash", ("pserver:0", True)), (1.0, "fired", (1,)),
          (1.0, "set_partitions", (2,)), (1.0, "fired", (2,)),
-         (2.0, "unslow", ("trainer:0", 2.0)), (2.0, "set_partitions", ())),
+         (1.0, "pause", ("trainer:1",)), (1.0, "fired", (4,)),
+         (2.0, "unslow", ("trainer:0", 2.0)), (2.0, "set_partitions", ()),
+         (2.0, "resume", ("trainer:1",))),
         {1.5: Look(down=frozenset({"pserver:0"}), cut=frozenset({T1P1}),
-                   slow=(("trainer:0", 2.0),)),
+                   slow=(("trainer:0", 2.0),), paused=frozenset({"trainer:1"})),
          2.5: Look(down=frozenset({"pserver:0"})), 11.0: Look(down=frozenset({"pserver:0"}))},
         ((0, "slow trainer:0 x2", 1.0, None),  # the crash lasted to the end: no restart came
          (1, "crash pserver:0, restarted 5s later", 1.0, None),
-         (2, "partition (trainer:1) from (pserver:1)", 1.0, None))),
+         (2, "partition (trainer:1) from (pserver:1)", 1.0, None),
+         (4, "pause trainer:1 for 5s", 1.0, 6.0))),
 }
 
 

@@ -65,6 +65,13 @@ class Fanout:
     def unslow(self, node: str, factor: float) -> str:
         return {n: t.unslow(node, factor) for n, t in self.targets.items()}[node]
 
+    def pause(self, node: str) -> str:
+        return {n: t.pause(node) for n, t in self.targets.items()}[node]
+
+    def resume(self, node: str) -> None:
+        for target in self.targets.values():
+            target.resume(node)
+
     def fired(self, event: ScheduleEvent) -> None:
         pass
 
@@ -89,6 +96,7 @@ class RoleHarness:
     def look(self) -> Look:
         down = {node for node, fake in self.nodes.items() if node not in fake.running}
         assert all(len(fake.running) <= 1 for fake in self.nodes.values())
+        assert all(target.paused <= {node} for node, target in self.own.items())
 
         def link(trainer: str, pserver: str) -> tuple[float, float, float]:
             faults = self.proxies[int(pserver[-1])].faults_for(trainer, Direction.UP)
@@ -96,7 +104,8 @@ class RoleHarness:
 
         return look(down,
                     lambda t, p: self.proxies[int(p[-1])].partition_of(t) == "drop", link,
-                    lambda node: self.own[node].slowdown(node))
+                    lambda node: self.own[node].slowdown(node),
+                    {node for node, target in self.own.items() if node in target.paused})
 
     async def close(self) -> None:
         for target in self.own.values():

@@ -49,8 +49,8 @@ CASES: dict[str, list[str]] = {
     "partition": ["train.steps=30"],             # cut at step 20 for 1 s
     "pserver_restart": ["train.steps=120"],      # crash at 45; loss 0.55 at 120, bound 0.6
     "pserver_lost": [],
-    "slow_node": ["train.steps=60",              # slowed from step 20 for 2 s
-                  "train.retry_after=100ms"],    # drain 0.3 s, not 3 s, as the others
+    "slow_node": ["train.steps=60"],             # slowed from step 20 for 2 s
+    "pause": [],                                 # pserver 1 stopped at step 20 for 1 s
     "trainer_crash": [],  # its length lets the restarted trainer find the job still running
 }
 """Each shipped fault scenario and the overrides that shorten it without losing its point."""
@@ -167,9 +167,17 @@ def trainer_crash(metrics: JobMetrics, out: Path) -> None:
         (out / "logs" / "trainer-1.log").read_text()
 
 
+def pause(metrics: JobMetrics, out: Path) -> None:
+    (event,) = metrics.faults
+    assert event.end is not None and event.end - event.start == pytest.approx(1.0)
+    assert reported_step(event.detail) >= 20 and event.detail.endswith("SIGSTOP")
+    assert [(p.steps, p.errors, p.dropped) for p in metrics.pservers] == [(60, 0, [])] * 2
+
+
 EVIDENCE: dict[str, Callable[[JobMetrics, Path], None]] = {
     "lossy": lossy, "partition": partition, "pserver_restart": pserver_restart,
-    "pserver_lost": pserver_lost, "slow_node": slow_node, "trainer_crash": trainer_crash}
+    "pserver_lost": pserver_lost, "slow_node": slow_node, "trainer_crash": trainer_crash,
+    "pause": pause}
 
 
 def test_every_shipped_fault_scenario_is_replayed() -> None:
@@ -310,7 +318,8 @@ class RuntimeHarness:
             assert up == down and (up == Faults() or up.reorder_wait == REORDER_WAIT)
             return up.drop, up.duplicate, up.reorder
 
-        return look(set(NODES) - self.nodes.running, cut, link, self.target.slowdown)
+        return look(set(NODES) - self.nodes.running, cut, link, self.target.slowdown,
+                    self.target.paused)
 
     async def close(self) -> None:
         await self.target.close()

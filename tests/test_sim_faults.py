@@ -191,7 +191,8 @@ def test_a_delayed_message_arrives_delay_by_later() -> None:
 
 def test_the_fault_scenarios_are_shipped() -> None:
     assert {p.stem for p in FAULT_SCENARIOS} >= {"lossy", "partition", "pserver_restart",
-                                                 "pserver_lost", "trainer_crash", "slow_node"}
+                                                 "pserver_lost", "trainer_crash", "slow_node",
+                                                 "pause"}
 
 
 @pytest.mark.timeout(120)
@@ -250,6 +251,7 @@ def test_a_bundled_async_step_under_message_faults_applies_each_update_once(seed
 
 SHORT = {"lossy": ["train.steps=10"], "partition": ["train.steps=25"],
          "pserver_restart": ["train.steps=50"], "slow_node": ["train.steps=30"],
+         "pause": ["train.steps=30"],
          "trainer_crash": ["train.steps=150",
                            'faults=[{at: "step 50", crash: "trainer:1", restart_after: 100ms}]']}
 
@@ -335,6 +337,39 @@ def test_a_trainer_dropped_while_a_pserver_restarts_rejoins_and_the_others_redo(
     assert 0 in result.pservers[0].dropped and result.pservers[1].restored_step == 40
     assert other.redone in (4, 5) and len(other.losses) == 80 + other.redone
     assert 44 <= len(cut.losses) < 80 and cut.losses[-1] < 1.0  # it trained to the end
+
+
+@pytest.mark.timeout(60)
+def test_a_paused_pserver_holds_up_the_job_and_drops_nobody() -> None:
+    """pause.yaml: stopped for longer than the heartbeat timeout, pserver 1 neither answers
+    nor hears; the trainers wait for it, and once it goes on it finds their messages waiting
+    and drops nobody for its own pause. The run ends exactly as without the pause, a second
+    later."""
+    path = ROOT / "scenarios" / "faults" / "pause.yaml"
+    paused, clean = sim(path), sim(path, "faults=[]")
+    assert [len(t.losses) for t in paused.trainers] == [60, 60]
+    assert all(p.dropped == [] and p.errors == 0 for p in paused.pservers)
+    assert all(max(t.step_times) > 0.99 for t in paused.trainers)  # the step it held up
+    assert paused.simulated_seconds > clean.simulated_seconds + 0.99
+    assert paused.params.keys() == clean.params.keys()
+    for name, value in clean.params.items():
+        assert np.array_equal(paused.params[name], value), name
+
+
+@pytest.mark.timeout(60)
+def test_a_paused_trainer_is_dropped_and_joins_again_when_it_goes_on() -> None:
+    """Trainer 1, stopped for 0.3 s at step 20 with a heartbeat timeout of 0.1 s, is dropped
+    by both pservers; trainer 0 trains on alone (about 0.3 ms a step). When it goes on, its
+    late retries are answered with a notice to join again, and it trains to the end from a
+    later step."""
+    path = ROOT / "scenarios" / "faults" / "partition.yaml"
+    result = sim(path, 'faults=[{at: "step 20", pause: "trainer:1", for: 300ms}]',
+                 "train.heartbeat_timeout=100ms", "train.steps=1000", "expect={}")
+    alone, paused = result.trainers
+    assert len(alone.losses) == 1000 and 20 < len(paused.losses) < 1000
+    assert all(p.dropped == [1] and p.errors == 0 for p in result.pservers)
+    [pause] = result.faults
+    assert paused.step_ends[20] > pause.end  # its step after the pause ended after it
 
 
 CUT_TOO_LONG = ("expect={}", "train.heartbeat_timeout=300ms",
@@ -450,7 +485,9 @@ class SimHarness:
         self.cluster = IdleCluster()
         self.messages = MessageFaults(seed=0)
         self.slowdowns = Slowdowns(UnitCost())  # type: ignore[arg-type]
-        self.target = SimTarget(self.cluster, self.messages, self.slowdowns, TraceRecorder())
+        self.network = Network()
+        self.target = SimTarget(self.cluster, self.messages, self.slowdowns, TraceRecorder(),
+                                self.network)
 
     def look(self) -> Look:
         def cut(a: str, b: str) -> bool:
@@ -462,7 +499,8 @@ class SimHarness:
             return chances([r for r in self.messages.rules if r.matches(a, b)])
 
         return look(set(self.cluster.down), cut, link,
-                    lambda node: self.slowdowns.cost(node, None, None, 0))  # type: ignore[arg-type]
+                    lambda node: self.slowdowns.cost(node, None, None, 0),  # type: ignore[arg-type]
+                    self.target.paused)
 
     async def close(self) -> None:
         tasks = list(self.cluster._tasks.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import platform
 import random
 import time
@@ -62,6 +63,39 @@ def test_sleeps_finish_at_exact_virtual_times() -> None:
         (1.5, "a", "wake"),
         (3.0, "b", "wake"),
     ]
+
+
+WHO: contextvars.ContextVar[str | None] = contextvars.ContextVar("who", default=None)
+
+
+def test_a_held_contexts_timers_wait_for_release_and_then_run_late_in_order() -> None:
+    """Tasks of node "a" are held from t=1 to t=5: its timer due meanwhile (at 2) runs at 5,
+    one due at 2.5 and cancelled while held never runs, and "b"'s run on time throughout."""
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def node(name: str, naps: list[float]) -> None:
+        WHO.set(name)
+        for nap in naps:
+            await asyncio.sleep(nap)
+            log(name, "wake")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualTimeLoop)
+        tasks = [asyncio.create_task(node("a", [2, 1, 4])), asyncio.create_task(node("b", [2, 2]))]
+        doomed = asyncio.create_task(node("a", [2.5]))
+        await asyncio.sleep(1)
+        loop.hold(WHO, "a")
+        await asyncio.sleep(1.75)
+        doomed.cancel()
+        await asyncio.sleep(2.25)
+        loop.release("a")
+        await asyncio.gather(*tasks, doomed, return_exceptions=True)
+
+    run(main())
+    assert trace == [(2.0, "b", "wake"), (4.0, "b", "wake"), (5.0, "a", "wake"),
+                     (6.0, "a", "wake"), (10.0, "a", "wake")]
 
 
 def test_clock_starts_at_zero_and_returns_float() -> None:

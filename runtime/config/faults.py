@@ -2,7 +2,7 @@
 how it acts on a `FaultTarget`; the single description of every fault.
 
 Each entry of the list is one fault, of the kind its key names (`FAULT_TYPES`): ``crash``,
-``partition``, ``links`` or ``slow``. A fault class holds, in one place:
+``partition``, ``links``, ``slow`` or ``pause``. A fault class holds, in one place:
 
 - its fields (the schema, with units: ``1.5s``, ``300ms``) and their descriptions;
 - what it means (the class docstring) and an example;
@@ -359,10 +359,52 @@ class Slow(_Fault):
         return f"slow {self.slow} x{self.slowdown:g}{lasting}"
 
 
-FAULT_TYPES: tuple[type[_Fault], ...] = (Crash, Partition, LinkFaults, Slow)
+class Pause(_Fault):
+    """The node (every node the pattern matches) stops for `for`, as a process stopped (Ctrl-Z,
+    SIGSTOP) or a machine suspended or stalled, then goes on where it was: nothing of it runs
+    meanwhile, neither its compute nor its replies nor its heartbeats, and what is sent to it
+    waits unread (nothing is lost). A paused pserver holds up the job without dropping a
+    trainer (its watchdog counts only the time it was running); a paused trainer is dropped
+    from the fan-in once silent for `train.heartbeat_timeout`, and joins again when it
+    resumes."""
+
+    kind: ClassVar[str] = "pause"
+    example: ClassVar[str] = '{at: "step 20", pause: "pserver:1", for: 1s}'
+    in_simulator: ClassVar[str] = (
+        "the node's timers due meanwhile (its sleeps, compute, retries, watchdog) and the "
+        "messages reaching it wait until it resumes, then run late, in order")
+    in_runtime_up: ClassVar[str] = (
+        "SIGSTOP to the node's process group, SIGCONT after `for`")
+    in_role_mode: ClassVar[str] = (
+        "the paused node's own `runtime up --role` pauses it as `runtime up` does")
+
+    at: At = Field(description=AT)
+    pause: str = Field(description="the node (a pattern)")
+    duration: Duration = Field(alias="for", gt=0, description="how long it stays stopped")
+
+    def patterns(self) -> list[str]:
+        return [self.pause]
+
+    def lasting(self) -> float | None:
+        return self.duration
+
+    def begin(self, firing: Firing) -> bool:
+        for node in firing.nodes:
+            firing.note(firing.target.pause(node))
+        return True
+
+    def end(self, firing: Firing) -> None:
+        for node in firing.nodes:
+            firing.target.resume(node)
+
+    def describe(self) -> str:
+        return f"pause {self.pause} for {self.duration:g}s"
+
+
+FAULT_TYPES: tuple[type[_Fault], ...] = (Crash, Partition, LinkFaults, Slow, Pause)
 """Every kind of fault, in the order the docs list them."""
 FAULT_KINDS = tuple(t.kind for t in FAULT_TYPES)
-AnyFault = Crash | Partition | LinkFaults | Slow
+AnyFault = Crash | Partition | LinkFaults | Slow | Pause
 _NODE = re.compile(r"(pserver|trainer):\d+")
 
 

@@ -22,6 +22,8 @@ begins and ends; this target does it with what the operating system and a proxy 
   scenario's seed, the trainer and the pserver's name. Under ``runtime up --netns`` the proxies also
   hold every message for the network's latency of its link (`RuntimeTarget.base`); a rule's delays
   add to it.
+- pause: SIGSTOP to the node's process group, SIGCONT when it ends (a slowdown's duty cycle
+  leaves it stopped meanwhile).
 - slow: the node's process group is paused (SIGSTOP) for ``1 - 1/slowdown`` of every
   `SLOW_PERIOD` and resumed (SIGCONT) for the rest (the slowdowns of a node in force
   multiplied), until it ends: on average the whole node, its replies as much as its compute,
@@ -145,6 +147,8 @@ class RuntimeTarget:
     _rules: tuple[LinkFaults, ...] = ()
     _cut: dict[int, set[str]] = field(default_factory=dict)
     _slowed: dict[str, _Slowed] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
+    """The nodes a pause fault holds stopped (SIGSTOP) now."""
 
     # -- processes ---------------------------------------------------------------------------
     def _elsewhere(self, node: str) -> bool:
@@ -182,6 +186,24 @@ class RuntimeTarget:
         self._cycle(node, slowed)
         return f"{node} paused {pauses} times"
 
+    def pause(self, node: str) -> str:
+        if self._elsewhere(node):
+            return f"{node} by its own host"
+        if not self.nodes.send_signal(node, signal.SIGSTOP):
+            return f"{node} not running"
+        self.paused.add(node)
+        return "SIGSTOP"
+
+    def resume(self, node: str) -> None:
+        if node in self.paused:
+            self.paused.discard(node)
+            self.nodes.send_signal(node, signal.SIGCONT)
+
+    def _run_on(self, node: str) -> None:
+        """SIGCONT to `node` unless a pause holds it stopped (a slowdown's duty cycle)."""
+        if node not in self.paused:
+            self.nodes.send_signal(node, signal.SIGCONT)
+
     def slowdown(self, node: str) -> float:
         """The factor `node` is slowed by now (1: not slowed)."""
         slowed = self._slowed.get(node)
@@ -204,13 +226,15 @@ class RuntimeTarget:
             while self.nodes.send_signal(node, signal.SIGSTOP):
                 slowed.pauses += 1
                 await asyncio.sleep(stopped)
-                self.nodes.send_signal(node, signal.SIGCONT)
+                self._run_on(node)
                 await asyncio.sleep(SLOW_PERIOD - stopped)
         finally:
-            self.nodes.send_signal(node, signal.SIGCONT)
+            self._run_on(node)
 
     async def close(self) -> None:
         """Resume every paused node and wait for the duty cycles to end."""
+        for node in list(self.paused):
+            self.resume(node)
         tasks = [s.task for s in self._slowed.values() if s.task is not None]
         for slowed in self._slowed.values():
             slowed.task = None

@@ -62,6 +62,12 @@ class FaultTarget(Protocol):
     def unslow(self, node: str, factor: float) -> str:
         """End one slowdown of `node` by `factor`."""
 
+    def pause(self, node: str) -> str:
+        """Stop `node` where it is: nothing of it runs, what is sent to it waits."""
+
+    def resume(self, node: str) -> None:
+        """Let the paused `node` go on."""
+
     def fired(self, event: FaultEvent) -> None:
         """`event` has just begun (its `end` is when it is due to end)."""
 

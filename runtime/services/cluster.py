@@ -11,6 +11,7 @@ NaN losses and no parameters.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
@@ -34,6 +35,9 @@ from runtime.services.pserver import PserverService, ServeConfig, ServerStats
 from runtime.services.trainer import Trainer, TrainerReport
 
 TransportFactory = Callable[[str], Transport]
+NODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("pslab_node", default=None)
+"""The node whose work runs in the current context (an in-process cluster's node tasks set it;
+the simulator's pause fault holds that node's timers, `sim.loop.VirtualTimeLoop.hold`)."""
 StepObserver = Callable[[int, int, float, float], None]
 """`on_step(trainer_id, step, loss, seconds)`, called as each trainer finishes a step."""
 
@@ -220,7 +224,9 @@ class LocalCluster:
                                        _observer(self.on_step, index)))
 
     def _launch(self, name: str, work: Any) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=f"{name} main")
+        context = contextvars.copy_context()
+        context.run(NODE.set, name)  # what the node runs, and schedules, is known as its own
+        task = asyncio.get_running_loop().create_task(work, name=f"{name} main", context=context)
         task.add_done_callback(lambda _: self._changed.set())
         self._tasks[name] = task
 

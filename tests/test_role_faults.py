@@ -155,8 +155,9 @@ model: {name: mlp, sizes: [64, 32, 10], optimizer: {type: sgd, learning_rate: 0.
 data: {batch_size: 16}
 cluster: {pservers: 2, trainers: 2}
 transpiler: {mode: sync}
-# steps: enough for the restarted trainer:1 to find the job still running
-train: {steps: 200, deadline: 90s, heartbeat_timeout: 1s, retry_after: 100ms, log_every: 20}
+# steps: enough for the restarted trainer:1 to find the job still running; retry_after: a
+# lost message (1 in 20) costs a sync step that long (at 100 ms the test took a minute)
+train: {steps: 200, deadline: 90s, heartbeat_timeout: 1s, retry_after: 30ms, log_every: 20}
 faults:
   - {links: ["trainer:*", "pserver:*"], drop: 0.05}
   - {at: "step 10", crash: "trainer:1", restart_after: 1500ms}

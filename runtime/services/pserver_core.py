@@ -74,9 +74,10 @@ DROPS_SUSPECT = 3
 
 _BEGIN = Begin()
 _PAY = Pay()
+"""The actions most requests yield, made once (they are immutable)."""
 _DRAIN = Stop(drain=True)
 _NOW = Stop(drain=False)
-"""The actions most requests yield, made once (they are immutable)."""
+"""The stops: after answering late retries, or at once (every completed trainer said BYE)."""
 
 _FANIN_FIELDS = ("server_step", "in_fanin", "entry_step", "next_step", "sync")
 """The fields of a fetch reply (`PserverCore._fanin_state`), in order."""

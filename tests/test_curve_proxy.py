@@ -93,9 +93,11 @@ def test_a_job_behind_a_curve_proxy_stays_exact_and_refuses_outsiders(tmp_path: 
         assert np.array_equal(value, result["params"][name]), name
 
 
+# drop 0.1: at 0.2 a round trip fails 1 time in 3, and now and then a run of failed retries
+# held a step for 22.7 s of backoff (0.1 s doubling, capped at 10 s): the test took 4 to 29 s
 SCENARIO = CURVE_UP.replace("name: curve-up", "name: curve-lossy").replace(
     "expect: {params_equal_to: local}",
-    "faults: [{links: [trainer:*, pserver:*], drop: 0.2, duplicate: 0.1, reorder: 0.1}]\n"
+    "faults: [{links: [trainer:*, pserver:*], drop: 0.1, duplicate: 0.1, reorder: 0.1}]\n"
     "expect: {params_equal_to: fault_free, no_lost_updates: true}")
 
 

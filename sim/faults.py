@@ -146,8 +146,8 @@ class SimTarget:
         return ""
 
     def pause(self, node: str) -> str:
-        """Hold the node's timers on the virtual loop (what it runs is its own: `NODE`) and
-        the messages that reach it, until `resume`."""
+        """Hold what the node would run on the virtual loop (what it runs is its own: `NODE`)
+        and the messages that reach it, until `resume`."""
         loop = asyncio.get_running_loop()
         if isinstance(loop, VirtualTimeLoop):
             loop.hold(NODE, node)
@@ -157,8 +157,8 @@ class SimTarget:
         return ""
 
     def resume(self, node: str) -> None:
-        """Its timers due meanwhile run now, late, then the messages that waited reach it: a
-        process resumed finds its late timers due before it reads its sockets."""
+        """What it would have run meanwhile runs now, late, then the messages that waited
+        reach it: a process resumed finds its late timers due before it reads its sockets."""
         loop = asyncio.get_running_loop()
         if isinstance(loop, VirtualTimeLoop):
             loop.release(node)

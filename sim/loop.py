@@ -32,10 +32,11 @@ time, and chains the original exception, traceback included, as its `__cause__`.
 is not an error: a cancelled task is never a lost one. Contexts without an exception ("Task was
 destroyed but it is pending!") still go to the exception handler.
 
-Holding. `hold(var, value)` makes every timer scheduled in a context where the context
-variable `var` is `value` wait, once due, until `release(value)`, then run late in the order
-they came due: the pause fault stops one node of a simulated cluster this way (its tasks run in
-a context naming it). Without a hold the check costs one comparison per timer.
+Holding. `hold(var, value)` makes every callback of a context where the context variable
+`var` is `value` (a timer come due, a task's step, a future's callback) wait, when its turn
+comes, until `release(value)`, then run late in the order they came: the pause fault stops one
+node of a simulated cluster this way (its tasks, and what they schedule, run in a context
+naming it). Without a hold the check costs one comparison per callback.
 
 No real I/O. There is no selector: sockets, pipes, subprocesses and signals raise
 `SimUnsupportedError` (the simulator's network is a `Transport`, not a socket).
@@ -480,27 +481,29 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         self._lost: SimLostError | None = None
         """The first exception found unretrieved, raised at the end of the batch."""
         self._holding: contextvars.ContextVar[Any] | None = None
-        self._held: dict[Any, list[asyncio.TimerHandle]] = {}
-        """Value of `_holding` -> the timers of contexts with that value, due while held."""
+        self._held: dict[Any, list[asyncio.Handle]] = {}
+        """Value of `_holding` -> the callbacks of contexts with that value (timers come due,
+        task steps, future callbacks) that came to run while held, in that order."""
         self.stats = SimStats()
 
     def hold(self, var: contextvars.ContextVar[Any], value: Any) -> None:
-        """From now on, a timer scheduled in a context where `var` is `value` waits, once due,
-        until `release(value)`: what runs for a paused node (its sleeps, retries, watchdog)
-        stops with it. One variable for every hold at a time."""
+        """From the next batch on, a callback of a context where `var` is `value` (a timer come
+        due, a task's step, a future's callback) waits, when its turn comes, until
+        `release(value)`: whatever a paused node would run (its sleeps, compute, retries,
+        watchdog, the steps of its tasks) stops with it. One variable for every hold at a
+        time."""
         if self._holding is not None and self._holding is not var:
             raise ValueError(f"holding by {self._holding.name} already, not {var.name}")
         self._holding = var
         self._held.setdefault(value, [])
 
     def release(self, value: Any) -> None:
-        """End `hold(var, value)`: the timers it held run now (late), in the order they were
-        due."""
-        timers = self._held.pop(value, None)
-        if timers is None:
+        """End `hold(var, value)`: the callbacks it held run now (late), in the order they came
+        to run."""
+        handles = self._held.pop(value, None)
+        if handles is None:
             return
-        ready = self._ready  # type: ignore[attr-defined]
-        ready.extend(timer for timer in timers if not timer._cancelled)  # type: ignore[attr-defined]
+        self._ready.extend(handles)  # type: ignore[attr-defined]
         if not self._held:
             self._holding = None
 
@@ -700,9 +703,15 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
             ntodo = min(len(ready), self._steps_left)
             self._steps_left -= ntodo
             stats.callbacks += ntodo
+            holding, held = self._holding, self._held
             for _ in range(ntodo):
                 handle = popleft()
                 if handle._cancelled:
+                    stats.callbacks -= 1
+                    continue
+                if holding is not None and (
+                        waiting := held.get(handle._context.get(holding))) is not None:
+                    waiting.append(handle)  # its node is paused: it runs at `release`
                     stats.callbacks -= 1
                     continue
                 try:
@@ -754,7 +763,6 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         now = self._now
         heappop = heapq.heappop
         fired = moved = 0
-        holding, held = self._holding, self._held
         while timers and timers[0] <= now:
             bucket = due.pop(heappop(timers))
             moved += len(bucket)
@@ -762,9 +770,6 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
                 timer._scheduled = False  # type: ignore[attr-defined]
                 if timer._cancelled:  # type: ignore[attr-defined]
                     self._timer_cancelled_count -= 1
-                elif holding is not None and (waiting := held.get(
-                        timer._context.get(holding))) is not None:  # type: ignore[attr-defined]
-                    waiting.append(timer)  # its node is paused: it runs at `release`
                 else:
                     ready.append(timer)
                     fired += 1

@@ -98,6 +98,34 @@ def test_a_held_contexts_timers_wait_for_release_and_then_run_late_in_order() ->
                      (6.0, "a", "wake"), (10.0, "a", "wake")]
 
 
+def test_a_held_task_woken_from_another_context_waits_for_release() -> None:
+    """A future node "a" awaits is resolved at t=2 by a callback of no node (a shared CPU's
+    work done, a message handed over): "a"'s step waits until the release at t=3."""
+    trace: Trace = []
+    log = recorder(trace)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualTimeLoop)
+        done = loop.create_future()
+
+        async def node() -> None:
+            WHO.set("a")
+            await done
+            log("a", "woken")
+
+        task = asyncio.create_task(node())
+        await asyncio.sleep(1)
+        loop.hold(WHO, "a")
+        loop.call_later(1, done.set_result, None, context=contextvars.Context())
+        await asyncio.sleep(2)
+        loop.release("a")
+        await task
+
+    run(main())
+    assert trace == [(3.0, "a", "woken")]
+
+
 def test_clock_starts_at_zero_and_returns_float() -> None:
     loop = VirtualTimeLoop()
     assert loop.time() == 0.0

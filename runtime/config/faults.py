@@ -371,7 +371,7 @@ class Pause(_Fault):
     kind: ClassVar[str] = "pause"
     example: ClassVar[str] = '{at: "step 20", pause: "pserver:1", for: 1s}'
     in_simulator: ClassVar[str] = (
-        "the node's timers due meanwhile (its sleeps, compute, retries, watchdog) and the "
+        "what the node would run meanwhile (its sleeps, compute, retries, watchdog) and the "
         "messages reaching it wait until it resumes, then run late, in order")
     in_runtime_up: ClassVar[str] = (
         "SIGSTOP to the node's process group, SIGCONT after `for`")

@@ -357,6 +357,25 @@ def test_a_paused_pserver_holds_up_the_job_and_drops_nobody() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("node,timeout", [("*", "300ms"), ("trainer:0", "10s")])
+def test_a_pause_of_the_whole_job_or_of_the_trainer_that_set_it_off_ends_as_without_it(
+        node: str, timeout: str) -> None:
+    """Every node stopped for 1 s (a suspended machine), three heartbeat timeouts: each
+    pserver counts only the time it ran, so nobody is dropped. Trainer 0, whose report of step
+    20 fires the pause, stopped itself: the pause still ends (the schedule's timers are no
+    node's). Both end bit for bit as without the pause, a second later."""
+    path = ROOT / "scenarios" / "faults" / "pause.yaml"
+    paused = sim(path, f'faults=[{{at: "step 20", pause: "{node}", for: 1s}}]',
+                 f"train.heartbeat_timeout={timeout}")
+    clean = sim(path, "faults=[]")
+    assert [len(t.losses) for t in paused.trainers] == [60, 60]
+    assert all(p.dropped == [] and p.errors == 0 for p in paused.pservers)
+    assert paused.simulated_seconds > clean.simulated_seconds + 0.99
+    for name, value in clean.params.items():
+        assert np.array_equal(paused.params[name], value), name
+
+
+@pytest.mark.timeout(60)
 def test_a_paused_trainer_is_dropped_and_joins_again_when_it_goes_on() -> None:
     """Trainer 1, stopped for 0.3 s at step 20 with a heartbeat timeout of 0.1 s, is dropped
     by both pservers; trainer 0 trains on alone (about 0.3 ms a step). When it goes on, its

@@ -243,6 +243,23 @@ def test_a_trainer_dropped_and_cut_off_past_the_jobs_end_is_stopped(tmp_path: Pa
 
 
 @pytest.mark.timeout(120)
+def test_a_pause_of_every_process_of_the_job_drops_nobody(tmp_path: Path) -> None:
+    """pause.yaml with every node stopped (SIGSTOP) for 1 s, three heartbeat timeouts, as a
+    suspended machine stops them: each pserver's watchdog wakes late and counts none of it as
+    the trainers' silence. The run ends bit for bit as without the pause, as in the simulator
+    (tests/test_sim_faults.py)."""
+    code, lines = up(str(FAULTS / "pause.yaml"), "--out", str(tmp_path),
+                     '--set=faults=[{at: "step 20", pause: "*", for: 1s}]')
+    assert code == 0 and lines[-1].startswith("OK: pause"), "\n".join(lines)
+    assert children_of(os.getpid()) == []
+    metrics = read_metrics(tmp_path / "metrics.json")
+    assert [(p.steps, p.errors, p.dropped) for p in metrics.pservers] == [(60, 0, [])] * 2
+    [pause] = metrics.faults
+    assert pause.end is not None and pause.end - pause.start == pytest.approx(1.0)
+    assert all(e.passed for e in metrics.expectations)
+
+
+@pytest.mark.timeout(120)
 def test_a_trainer_restarted_as_the_job_ends_does_not_fail_it(tmp_path: Path) -> None:
     """trainer_crash in bundled async steps (about 1 ms each): the others finish their 1,500
     steps about as trainer 1 is due back, 2 s after its crash at step 50. Restarted while the

@@ -17,9 +17,9 @@ Three parts:
 - `Slowdowns` multiplies the compute model's cost of each slowed node by its factors in force.
 - `SimTarget` is the `runtime.faults.schedule.FaultTarget` of a simulated run: crash and restart
   through `runtime.services.cluster.LocalCluster`, partitions and link rules into `MessageFaults`,
-  slowdowns into `Slowdowns`, pauses into the loop (`VirtualTimeLoop.hold`: the node's timers)
-  and the `Network` (the messages reaching it); each fault is drawn on the trace as a span of category ``fault``
-  on each node it hits (``fault`` track of `sim.trace`).
+  slowdowns into `Slowdowns`, pauses into the loop (`VirtualTimeLoop.hold`: what the node
+  runs) and the `Network` (the messages reaching it); each fault is drawn on the trace as a
+  span of category ``fault`` on each node it hits (``fault`` track of `sim.trace`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,6 @@ from transpiler.ir import Op
 
 if TYPE_CHECKING:
     from sim.network import Network
-
-_NO_NODE = contextvars.Context()
-"""A context of no node: what the network does when a paused node resumes is nobody's."""
 
 __all__ = ["Fate", "FaultEvent", "MessageFaults", "REORDER_WAIT", "SimTarget", "Slowdowns"]
 
@@ -163,7 +160,8 @@ class SimTarget:
         if isinstance(loop, VirtualTimeLoop):
             loop.release(node)
         if self.network is not None:
-            loop.call_soon(self.network.resume, node, context=_NO_NODE)
+            # in no node's context: handing the messages over is the network's work
+            loop.call_soon(self.network.resume, node, context=contextvars.Context())
         self.paused.discard(node)
 
     def fired(self, event: FaultEvent) -> None:

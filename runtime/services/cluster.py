@@ -37,7 +37,8 @@ from runtime.services.trainer import Trainer, TrainerReport
 TransportFactory = Callable[[str], Transport]
 NODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("pslab_node", default=None)
 """The node whose work runs in the current context (an in-process cluster's node tasks set it;
-the simulator's pause fault holds that node's timers, `sim.loop.VirtualTimeLoop.hold`)."""
+the simulator's pause fault holds whatever runs in a paused node's context,
+`sim.loop.VirtualTimeLoop.hold`)."""
 StepObserver = Callable[[int, int, float, float], None]
 """`on_step(trainer_id, step, loss, seconds)`, called as each trainer finishes a step."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import select
 import socket
 import sys
 
@@ -14,7 +15,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from runtime.network.transport import EndpointError, Frame, Transport
+from runtime.network.transport import EndpointError, Frame, Transport, UnknownPeerError
 from runtime.network.wire import Kind, Message, decode, encode
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport, _received
 from transport_contract import TransportContract, numbered, recv_number, within
@@ -229,6 +230,33 @@ async def test_a_peer_that_stops_reading_holds_back_only_its_own_messages() -> N
             assert (await recv_number(fast)) == (endpoint, 8)
         finally:
             await slow.close()
+
+
+async def test_a_send_that_fails_still_lets_waiting_input_be_read() -> None:
+    """A message arrives (the socket's FD signalled, not yet read), then a send to a peer
+    that is gone fails. libzmq's send took the FD's signal as it failed; input must still be
+    read, not wait for the next message to signal again (a pserver whose reply to a killed
+    trainer failed heard nothing from the other trainers and dropped them)."""
+    async with ZmqTransport("server") as server:
+        endpoint = await server.bind("tcp://127.0.0.1:*")
+        context = zmq.Context()
+        client = context.socket(zmq.DEALER)
+        client.setsockopt(zmq.ROUTING_ID, b"client")
+        client.connect(endpoint)
+        try:
+            client.send(b"first")
+            assert (await within(server.recv()))[0] == "client"
+            client.send(b"second")
+            router = server._router
+            assert router is not None
+            assert select.select([router.fd], [], [], 30)[0]  # it arrived; the loop not told
+            with pytest.raises(UnknownPeerError):
+                server.send_nowait("gone", [b"reply"])
+            peer, frames = await within(server.recv())
+            assert (peer, bytes(frames[0])) == ("client", b"second")
+        finally:
+            client.close(linger=0)
+            context.term()
 
 
 async def test_sends_waiting_for_a_peer_are_bounded_and_the_rest_dropped() -> None:

@@ -397,6 +397,8 @@ class ZmqTransport(Transport):
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
+            # failed or not, the send may have consumed the FD's edge for waiting input
+            self._schedule(socket)
             raise self._send_error(peer, exc) from exc
         for i in range(1, last):
             _send_part(sock, parts[i], _MORE_NOBLOCK, False)

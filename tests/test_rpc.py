@@ -5,6 +5,8 @@ out with an error that names the node."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -68,3 +70,120 @@ def test_a_restarted_node_numbers_its_messages_apart_from_its_earlier_life(incar
     net = Network.from_spec(None, seed=0)
     client = RpcClient(net.transport("trainer:0"), incarnation=incarnation)
     assert client.next_id == (incarnation << 32) + 1
+
+
+# -- when a call is asked again: backoff only for a server that is silent about it -------------
+
+Script = Callable[[Message, int], "dict[str, Any] | None"]
+"""(request, how many times its id arrived before) -> the reply's step and extra fields, or
+None: the reply is lost."""
+
+POLICY = RetryPolicy(deadline=60.0, first_retry=0.1, max_interval=10.0)
+
+
+async def scripted_server(net: Network, script: Script, seen: list[tuple[float, Kind]]) -> None:
+    server = net.transport("pserver:0")
+    await server.bind("ps0")
+    loop = asyncio.get_running_loop()
+    arrivals: dict[int, int] = {}
+    while True:
+        peer, frames = await server.recv()
+        msg = decode(frames)
+        seen.append((round(loop.time(), 3), msg.kind))
+        reply = script(msg, arrivals.get(msg.id, 0))
+        arrivals[msg.id] = arrivals.get(msg.id, 0) + 1
+        if reply is not None:
+            step, extra = reply.pop("step"), reply
+            await server.send(peer, encode(Message(Kind.REPLY, msg.id, "pserver:0", step,
+                                                   extra=extra)))
+
+
+def get_beside_heartbeats(script: Script, beats: list[float], cancel_at: float | None = None,
+                          ) -> tuple[float | None, list[float]]:
+    """A GET from t=0 and a HEARTBEAT call at each of `beats`: when the GET's reply came (None:
+    its caller cancelled it at `cancel_at`), and when the server saw each of its attempts (1 ms
+    links)."""
+    net = Network.from_spec({"default": {"latency": "1ms"}}, seed=0)
+    seen: list[tuple[float, Kind]] = []
+
+    async def main() -> float | None:
+        loop = asyncio.get_running_loop()
+        server = loop.create_task(scripted_server(net, script, seen))
+        client = RpcClient(net.transport("trainer:0"), POLICY)
+        await client.connect(["ps0"])
+        for at in beats:
+            loop.call_later(at, lambda: client.start("ps0", Kind.HEARTBEAT))
+        get = client.start("ps0", Kind.GET, step=3)
+        if cancel_at is not None:
+            loop.call_later(cancel_at, get.cancel)
+        try:
+            await get
+            return round(loop.time(), 3)
+        except asyncio.CancelledError:
+            await asyncio.sleep(max(beats, default=0) + 1 - loop.time())  # the beats' replies
+            return None
+        finally:
+            await client.close()
+            server.cancel()
+
+    answered = run(main())
+    return answered, [at for at, kind in seen if kind is Kind.GET]
+
+
+def test_a_held_request_is_asked_again_as_soon_as_the_server_moves_past_its_step() -> None:
+    """Four pending notices at step 3, then the answer is lost; a heartbeat's reply at step 4
+    shows the server moved on, and the GET is asked again at once, not after the backoff."""
+    def script(msg: Message, before: int) -> dict[str, Any] | None:
+        if msg.kind is Kind.HEARTBEAT:
+            return {"step": 4}
+        if before < 4:
+            return {"step": 3, "pending": True}
+        return None if before == 4 else {"step": 4}
+
+    answered, attempts = get_beside_heartbeats(script, beats=[2.0])
+    assert attempts == [0.001, 0.101, 0.301, 0.701, 1.501, 2.003]
+    assert answered == 2.004  # the backoff alone would have asked again at 3.101 s
+
+
+def test_a_held_request_backs_off_while_the_server_stays_at_its_step() -> None:
+    """The server answers heartbeats but has not moved on: the GET is still waiting there, and
+    its resends back off (no polling load while a long round lasts)."""
+    def script(msg: Message, before: int) -> dict[str, Any] | None:
+        if msg.kind is Kind.HEARTBEAT:
+            return {"step": 3}
+        return {"step": 3, "pending": True} if before < 5 else {"step": 4}
+
+    answered, attempts = get_beside_heartbeats(script, beats=[0.05 * i for i in range(1, 40)])
+    assert attempts == [0.001, 0.101, 0.301, 0.701, 1.501, 3.101]
+    assert answered == 3.102
+
+
+def test_a_lost_request_is_asked_again_at_the_first_interval_while_the_server_answers_later_ones(
+        ) -> None:
+    """Each attempt is lost, but the server answers heartbeats started after it: it is alive
+    and was not held up by this request, so the resends keep the first interval."""
+    def script(msg: Message, before: int) -> dict[str, Any] | None:
+        if msg.kind is Kind.HEARTBEAT:
+            return {"step": 3}
+        return None if before < 4 else {"step": 3}
+
+    answered, attempts = get_beside_heartbeats(script, beats=[0.05 * i for i in range(1, 40)])
+    assert attempts == [0.001, 0.101, 0.201, 0.301, 0.401]
+    assert answered == 0.402
+
+
+def test_a_lost_request_backs_off_when_the_server_answers_nothing_newer() -> None:
+    def script(msg: Message, before: int) -> dict[str, Any] | None:
+        return None if before < 4 else {"step": 3}
+
+    answered, attempts = get_beside_heartbeats(script, beats=[])
+    assert attempts == [0.001, 0.101, 0.301, 0.701, 1.501]
+    assert answered == 1.502
+
+
+def test_a_held_request_its_caller_gave_up_is_not_asked_again() -> None:
+    def script(msg: Message, before: int) -> dict[str, Any] | None:
+        return {"step": 4} if msg.kind is Kind.HEARTBEAT else {"step": 3, "pending": True}
+
+    answered, attempts = get_beside_heartbeats(script, beats=[0.6], cancel_at=0.5)
+    assert answered is None and attempts == [0.001, 0.101, 0.301]

@@ -296,7 +296,8 @@ class TrainSpec(_Strict):
     startup_timeout: float = Field(60.0, gt=0, description="a pserver drops a trainer it has "
                                    "never heard from this long after it started serving")
     retry_after: float = Field(1.0, gt=0, description="seconds before an unanswered request is "
-                               "sent again (then twice as long each time, up to 10 s)")
+                               "sent again (then twice as long each time, up to 10 s, unless "
+                               "the pserver shows the answer was lost)")
     request_timeout: float = Field(120.0, gt=0, description="seconds a request may go "
                                    "unanswered before its node fails, naming the pserver")
     protocol: Literal["compact", "bundled", "per_op"] = Field(

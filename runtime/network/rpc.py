@@ -2,12 +2,23 @@
 
 `RpcClient.call(endpoint, kind, ...)` sends a request with a fresh message id and waits for the
 reply carrying the same id. If none comes within the retry interval the same message (same id)
-is sent again, with exponential backoff, until the call's deadline, which counts from the last
-sign of life: a server holding the request until other trainers catch up answers a retry with a
-``pending`` notice, and the wait starts over, so only a silent server makes a call time out; the
-server deduplicates by (sender, id), so a retried gradient is applied once. A reply of kind ERROR
+is sent again until the call's deadline, which counts from the last sign of life: a server
+holding the request until other trainers catch up answers a retry with a ``pending`` notice,
+and the wait starts over, so only a silent server makes a call time out; the server
+deduplicates by (sender, id), so a retried gradient is applied once. A reply of kind ERROR
 raises `RemoteError`; a deadline that passes raises `RpcTimeout` naming the endpoint, the request
 and the wait.
+
+The interval doubles (up to `RetryPolicy.max_interval`) only while the server gives no sign
+that the answer is simply lost, so that neither a busy server nor a long round is polled hard:
+- a server that has answered a request started after this one's latest attempt (messages
+  from one client are served in order) has passed this attempt by: the attempt or its reply
+  was lost, and the next resend comes after `first_retry` again;
+- a request held with a pending notice at the server's step s is asked again as soon as any
+  message from that server carries a later step (`_Call.hurry`): the round it waited for is
+  over, so its answer was lost or it waits anew. Until then its resends back off.
+Under heavy message loss a step then waits about `first_retry` per lost message, or until the
+next message from that server (a heartbeat), not the grown backoff (up to 10 s each).
 
 A node that restarts passes its `incarnation` (how many times it started before) so that its
 message ids do not repeat its earlier life's. Replies reach the client from one reader task, or
@@ -30,7 +41,7 @@ import itertools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 from runtime.execution.costs import RECEIVES, SENDS, Meter
 from runtime.network.transport import Frame, Transport, TransportClosed, TransportError
@@ -140,7 +151,7 @@ class _Call:
     task of its own: a simulation makes millions of calls."""
 
     __slots__ = ("client", "endpoint", "msg", "frames", "limit", "start", "heard", "interval",
-                 "attempts", "future", "entry", "check")
+                 "attempts", "future", "entry", "check", "held_at", "after")
 
     def __init__(self, client: RpcClient, endpoint: str, msg: Message, limit: float,
                  check: Callable[[str, Message], None] | None) -> None:
@@ -157,11 +168,16 @@ class _Call:
         self.future: asyncio.Future[Message] = loop.create_future()
         self.entry: list[Any] | None = None
         self.check = check
+        self.held_at: int | None = None
+        """The server's step in its latest pending notice (None: no notice, or asked again)."""
+        self.after = 0
+        """The id of the first request started after this one's latest attempt."""
 
     def attempt(self) -> None:
         """Send the request (again) and wait for its reply until the retry interval or the
         deadline, whichever comes first."""
         self.attempts += 1
+        self.after = self.client._next_id
         self.client._send(self)
         now = self.future.get_loop().time()  # not get_running_loop(): that one costs a getpid
         left = self.heard + self.limit - now
@@ -174,7 +190,7 @@ class _Call:
         """The current attempt's wait ran out: resend with backoff, or time out."""
         self.entry = None
         if self.future.done():  # cancelled by its caller meanwhile
-            self.client._waiting.pop(self.msg.id, None)
+            self.settle()
             return
         now = self.future.get_loop().time()
         if now - self.heard >= self.limit:
@@ -182,8 +198,11 @@ class _Call:
             return
         log.debug("%s: resending %s id %d to %s", self.client.name, self.msg.kind, self.msg.id,
                   self.endpoint)
-        self.interval = min(self.interval * self.client.policy.backoff,
-                            self.client.policy.max_interval)
+        policy = self.client.policy
+        if self.held_at is None and self.client._latest.get(self.endpoint, -1) >= self.after:
+            self.interval = policy.first_retry  # answering a later request: this one was lost
+        else:
+            self.interval = min(self.interval * policy.backoff, policy.max_interval)
         self.attempt()
 
     def answer(self, reply: Message) -> None:
@@ -203,12 +222,38 @@ class _Call:
 
     def notice(self, pending: Message) -> None:
         """A pending notice came: the call goes on waiting, unless `check` refuses it."""
+        self.heard = self.future.get_loop().time()  # alive, still busy
+        if self.held_at is None:
+            self.client._held.setdefault(self.endpoint, {})[self.msg.id] = self
+        self.held_at = pending.step
         if self.check is None:
             return
         try:
             self.check(self.endpoint, pending)
         except Exception as exc:
             self.fail(exc)
+
+    def hurry(self) -> None:
+        """The server has moved past the step it held the request at, and no answer came: it
+        was lost on the way, or the request waits again. Ask now, and from then on as a fresh
+        request does (`first_retry`, then backoff): the long wait the backoff grew for is over."""
+        if self.future.done():  # cancelled by its caller meanwhile
+            self.settle()
+            return
+        self.unhold()
+        if self.entry is not None:
+            self.client._timeouts.drop(self.entry)
+            self.entry = None
+        self.interval = self.client.policy.first_retry
+        self.attempt()
+
+    def unhold(self) -> None:
+        """A held call (`held_at` set) is no longer held as far as the client knows."""
+        self.held_at = None
+        held = self.client._held[self.endpoint]
+        del held[self.msg.id]
+        if not held:
+            del self.client._held[self.endpoint]
 
     def fail(self, exc: BaseException) -> None:
         self.settle()
@@ -221,6 +266,8 @@ class _Call:
         if self.entry is not None:
             self.client._timeouts.drop(self.entry)
             self.entry = None
+        if self.held_at is not None:
+            self.unhold()
 
     def timeout(self, now: float) -> RpcTimeout:
         client = self.client
@@ -245,6 +292,10 @@ class RpcClient:
         self._waiting: dict[int, _Call] = {}
         """Request id -> its call, until it is answered, fails or is cancelled."""
         self._timeouts = _Timeouts()
+        self._latest: dict[str, int] = {}
+        """Endpoint -> the highest request id it has answered (or sent a pending notice for)."""
+        self._held: dict[str, dict[int, _Call]] = {}
+        """Endpoint -> its calls that a pending notice said the server holds (`_Call.held_at`)."""
         self._connected: set[str] = set()
         self._reader: asyncio.Task[None] | None = None
         self._pushed = False
@@ -379,16 +430,20 @@ class RpcClient:
         is dropped. A pending notice goes through the call's `check` too (which may fail it:
         a server that says it holds the request but can never answer it)."""
         call = self._waiting.get(msg.id)
-        if call is None or call.endpoint != peer:
-            return
-        if call.future.done():  # cancelled by its caller
-            call.settle()
-            return
-        if msg.kind is Kind.REPLY and msg.extra.get("pending") is True:
-            call.heard = call.future.get_loop().time()  # alive, still busy
-            call.notice(msg)
-            return
-        call.answer(msg)
+        if call is not None and call.endpoint == peer:
+            if msg.id > self._latest.get(peer, -1):
+                self._latest[peer] = msg.id
+            if call.future.done():  # cancelled by its caller
+                call.settle()
+            elif msg.kind is Kind.REPLY and msg.extra.get("pending") is True:
+                call.notice(msg)
+            else:
+                call.answer(msg)
+        held = self._held.get(peer)
+        if held is not None:
+            step = msg.step
+            for waiting in [c for c in held.values() if cast(int, c.held_at) < step]:
+                waiting.hurry()
 
     async def close(self) -> None:
         if self._reader is not None:

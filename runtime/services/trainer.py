@@ -1135,15 +1135,20 @@ class Trainer:
         """Prove this trainer alive to every pserver each interval, to all of them at once: a
         pserver slow to answer (paused, overloaded, gone) holds back its own heartbeats only,
         never the others', which would drop this trainer for a silence not its own. A
-        heartbeat still being retried is not sent again beside itself."""
+        heartbeat still being retried is not sent again beside itself. Stopped, it cancels
+        the heartbeats still waiting, so that none is resent after this trainer's BYE."""
         beating: dict[str, asyncio.Future[Message]] = {}
-        while True:
-            await asyncio.sleep(self.heartbeat_interval)
-            for ep in self.endpoints:
-                last = beating.get(ep)
-                if last is None or last.done():
-                    beat = beating[ep] = self.rpc.call(ep, Kind.HEARTBEAT)
-                    beat.add_done_callback(self._beaten)
+        try:
+            while True:
+                await asyncio.sleep(self.heartbeat_interval)
+                for ep in self.endpoints:
+                    last = beating.get(ep)
+                    if last is None or last.done():
+                        beat = beating[ep] = self.rpc.call(ep, Kind.HEARTBEAT)
+                        beat.add_done_callback(self._beaten)
+        finally:
+            for beat in beating.values():
+                beat.cancel()
 
     def _beaten(self, beat: asyncio.Future[Message]) -> None:
         """A heartbeat's end: a missed one is the server's business, logged only."""

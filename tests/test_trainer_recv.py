@@ -18,7 +18,7 @@ from transpiler.ir import Op
 pytestmark = pytest.mark.timeout(30)
 
 
-class _Client:
+class FutureClient:
     """Hands out a future per request; the test answers them."""
 
     name = "trainer:0"
@@ -43,9 +43,9 @@ def _reply(**vars: Any) -> Message:
     return Message(Kind.REPLY, 1, "pserver:1", 0, vars, {"server_step": 0})
 
 
-async def _recv(scope: Scope) -> tuple[_Client, RpcOps]:
+async def _recv(scope: Scope) -> tuple[FutureClient, RpcOps]:
     """A trainer's RPC ops that have run `RECV` into `scope`, and its client."""
-    client = _Client()
+    client = FutureClient()
     ops = RpcOps(client, 0)  # type: ignore[arg-type]
     await ops.recv(RECV, scope)
     return client, ops

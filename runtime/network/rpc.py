@@ -428,7 +428,8 @@ class RpcClient:
         """Hand a reply to the call waiting for it, or note a pending notice; a reply to a call
         that is over (answered, timed out, cancelled), or from another peer than the call's,
         is dropped. A pending notice goes through the call's `check` too (which may fail it:
-        a server that says it holds the request but can never answer it)."""
+        a server that says it holds the request but can never answer it). Any message from the
+        server at a later step than one of its held calls was held at hurries that call."""
         call = self._waiting.get(msg.id)
         if call is not None and call.endpoint == peer:
             if msg.id > self._latest.get(peer, -1):

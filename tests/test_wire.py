@@ -605,18 +605,23 @@ def test_a_header_with_keys_msgpack_refuses_to_decode_still_fails() -> None:
     np.array(3, np.float32), np.zeros((0, 4)), np.arange(12, dtype=np.int16).reshape(3, 4),
     np.arange(5, dtype=">i4"), np.ones((2, 6), np.float16)[:, ::2], np.array([True, False]),
 ])
-def test_the_one_pass_decode_gives_what_the_checked_one_does(array: np.ndarray) -> None:
+@pytest.mark.parametrize("extra", [{}, {"server_step": 3, "names": ["x"], "sync": True}])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_the_one_pass_decode_gives_what_the_checked_one_does(
+        array: np.ndarray, extra: dict[str, Any], offset: int) -> None:
     """Plain dense messages take `_decode_plain`; others (a bool here) fall back to `_decode`:
-    either way the same kinds, fields and read-only arrays."""
-    msg = Message(Kind.GET, 5, "trainer-0", -3, {"x": array, "y": np.arange(3.0)})
-    frames = [memoryview(bytes(frame)) for frame in encode(msg)]
+    either way the same kinds, fields and read-only arrays, also with further header fields
+    and with frames at unaligned addresses (libzmq packs small frames into its receive
+    buffer), which both copy into aligned arrays."""
+    msg = Message(Kind.GET, 5, "trainer-0", -3, {"x": array, "y": np.arange(3.0)}, extra)
+    frames = [memoryview(b"-" * offset + bytes(frame))[offset:] for frame in encode(msg)]
     header = _unpack_header(frames[0])
     fast, checked = _decode_plain(header, frames, 1 << 30), _decode(header, frames, 1 << 30)
     assert (fast is None) == (array.dtype == np.bool_)
     for decoded in [checked] if fast is None else [fast, checked]:
         assert (decoded.kind, decoded.id, decoded.src, decoded.step, decoded.extra) == \
-            (Kind.GET, 5, "trainer-0", -3, {})
+            (Kind.GET, 5, "trainer-0", -3, extra)
         for name, value in msg.vars.items():
             got = decoded.vars[name]
-            assert got.shape == value.shape and not got.flags.writeable
+            assert got.shape == value.shape and not got.flags.writeable and got.flags.aligned
             np.testing.assert_array_equal(got, value)

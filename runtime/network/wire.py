@@ -572,14 +572,15 @@ _PLAIN_DTYPES = {name: dtype for name, dtype in DTYPES.items() if name != "bool"
 
 def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
                   max_message_size: int) -> Message | None:
-    """`_decode` of the common message, read in one pass: the header's own fields valid and
-    each var a dense tensor of a non-bool dtype whose frame has exactly its bytes. None for
-    anything else (an error, a phantom, rows, lod, a bool): `_decode` then checks it field by
-    field and names what is wrong. DESIGN: every condition is one `_decode` also checks, so
-    the fast path accepts nothing `_decode` refuses and builds the same `Message`; it only
-    skips building `VarSpec`s and the generic checks' calls, which cost more than the
-    zero-copy arrays for most messages."""
-    if len(header) != 6 or header.keys() != HEADER_FIELDS:
+    """`_decode` of the common message, read in one pass: the header's own fields valid (any
+    further fields are the message's `extra`, as there) and each var a dense tensor of a
+    non-bool dtype whose frame has exactly its bytes. None for anything else (an error, a
+    phantom, rows, lod, a bool): `_decode` then checks it field by field and names what is
+    wrong. DESIGN: every condition is one `_decode` also checks, so the fast path accepts
+    nothing `_decode` refuses and builds the same `Message`; it only skips building
+    `VarSpec`s and the generic checks' calls, which cost more than the zero-copy arrays for
+    most messages."""
+    if not header.keys() >= HEADER_FIELDS:
         return None
     carried_kind, msg_id, step, src, entries = (
         header["kind"], header["id"], header["step"], header["src"], header["vars"])
@@ -619,11 +620,15 @@ def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
         if len(shape) != 1:  # a vector has its shape already (a reshape costs a fifth of this)
             array = array.reshape(shape)
         flags = array.flags  # a new object at each reading
-        if not flags.aligned:
-            return None
+        if not flags.aligned:  # libzmq packs small frames into its receive buffer: as `_view`
+            array = array.copy()
+            flags = array.flags
         flags.writeable = False
         values[name] = array
-    return Message.of(kind, msg_id, src, step, values)
+    if len(header) == len(HEADER_FIELDS):
+        return Message.of(kind, msg_id, src, step, values)
+    return Message.of(kind, msg_id, src, step, values,
+                      {key: value for key, value in header.items() if key not in HEADER_FIELDS})
 
 
 def _unpack_header(frame: Frame) -> dict[str, Any]:

@@ -45,12 +45,13 @@ busy; every timer is on the loop's clock.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
+
+from runtime.services.cluster import no_node
 
 __all__ = ["Cpus", "HostSpec", "IO_SUFFIX", "hosts_of", "io_thread"]
 
@@ -140,7 +141,7 @@ class _Host:
                       for node in self.active for queue in node.active)
         # the host's clock, in no node's context: a paused node's pause must not hold it
         self.timer = loop.call_at(self.updated + max(soonest, 0.0) / self.rate(), self.tick,
-                                  context=_HOST)
+                                  context=no_node())
 
     def tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -156,10 +157,6 @@ class _Host:
         self.reschedule(loop)
         for work in finished:
             work.callback(*work.args)
-
-
-_HOST = contextvars.Context()
-"""The context of a host's scheduling timer (of no node)."""
 
 
 def io_thread(node: str) -> str:

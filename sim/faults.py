@@ -25,7 +25,6 @@ Three parts:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import random
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -33,7 +32,7 @@ from runtime.config.faults import REORDER_WAIT, LinkFaults, Partition
 from runtime.execution.compute import ComputeModel, Tracer
 from runtime.execution.scope import Scope
 from runtime.faults.schedule import FaultEvent
-from runtime.services.cluster import NODE, LocalCluster
+from runtime.services.cluster import NODE, LocalCluster, no_node
 from sim.loop import VirtualTimeLoop
 from transpiler.ir import Op
 
@@ -161,7 +160,7 @@ class SimTarget:
             loop.release(node)
         if self.network is not None:
             # in no node's context: handing the messages over is the network's work
-            loop.call_soon(self.network.resume, node, context=contextvars.Context())
+            loop.call_soon(self.network.resume, node, context=no_node())
         self.paused.discard(node)
 
     def fired(self, event: FaultEvent) -> None:

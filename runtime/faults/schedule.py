@@ -28,23 +28,15 @@ a simulated run draws its fates the same way every time.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from runtime.config.faults import AnyFault, LinkFaults, Partition, _Fault
 from runtime.config.metrics import FaultEvent as MetricsEvent
+from runtime.services.cluster import no_node
 
 F = TypeVar("F", bound=_Fault)
-
-
-def _nobody() -> contextvars.Context:
-    """A context of no node, for what the schedule does. DESIGN: a fault fired by a trainer's
-    progress report would otherwise run, and time its end, in that trainer's context; the
-    simulator's pause holds whatever runs in a paused node's context, so a pause of that very
-    trainer would hold its own end forever."""
-    return contextvars.Context()
 
 
 class FaultTarget(Protocol):
@@ -167,7 +159,7 @@ class FaultSchedule:
             else:
                 seconds = at.seconds or 0.0
                 self._timers.append(loop.call_at(self._origin + seconds, self._fire, index,
-                                                 f"at {seconds:g}s", context=_nobody()))
+                                                 f"at {seconds:g}s", context=no_node()))
 
     def on_progress(self, trainer: int, done: int, who: str | None = None) -> None:
         """Trainer `trainer` reports `done` steps finished (or the node `who`, a pserver
@@ -176,8 +168,9 @@ class FaultSchedule:
         if not due:
             return
         self._by_step = [(step, index) for step, index in self._by_step if done < step]
-        for index in due:
-            _nobody().run(self._fire, index, f"{who or f'trainer:{trainer}'} reported step {done}")
+        for index in due:  # not in the reporting trainer's context: a pause of that very
+            # trainer would hold its own end (the simulator holds what a paused node runs)
+            no_node().run(self._fire, index, f"{who or f'trainer:{trainer}'} reported step {done}")
 
     def close(self) -> None:
         """The run is ending: cancel what has not happened yet, and end the faults in force
@@ -220,7 +213,7 @@ class FaultSchedule:
             if lasting is not None:
                 event.end = event.start + lasting
                 self._timers.append(asyncio.get_running_loop().call_later(
-                    lasting, self._end, event, fault, context=_nobody()))
+                    lasting, self._end, event, fault, context=no_node()))
         self.target.fired(event)
 
     def _end(self, event: FaultEvent, fault: AnyFault) -> None:

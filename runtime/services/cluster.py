@@ -39,6 +39,14 @@ NODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("pslab_node", 
 """The node whose work runs in the current context (an in-process cluster's node tasks set it;
 the simulator's pause fault holds whatever runs in a paused node's context,
 `sim.loop.VirtualTimeLoop.hold`)."""
+
+
+def no_node() -> contextvars.Context:
+    """A fresh context in which no node's work runs, for what belongs to none (the fault
+    schedule, a simulated host's clock, the network handing over messages): a pause of a
+    node must not hold it. Fresh each time, so nothing one sets in it leaks into another."""
+    return contextvars.Context()
+
 StepObserver = Callable[[int, int, float, float], None]
 """`on_step(trainer_id, step, loss, seconds)`, called as each trainer finishes a step."""
 

@@ -16,26 +16,40 @@ A checkpoint directory holds::
     <var>.<k>.npz   delta k of a row-tracked var (optional): ``rows`` (int64 row ids) and
                     ``values`` (those rows), applied in order over the .npy base, later rows winning
 
-`Staging` writes one: files go into a fresh hidden directory beside the target (a file that
-something else wrote there, such as the table a pserver's checkpoint block saves, is checked and
-kept); `commit` adds the missing files and the manifest (each written and synced to disk by
-`runtime.config.atomic`) and renames the directory into place, moving an older checkpoint out
-of the way first. A reader finds the old checkpoint or the new one, never part of one; a write
-that fails (a full disk: ``OSError`` ENOSPC) removes the staging directory and leaves the older
-checkpoint as it was. `load` checks the manifest against the vars a
-program declares, naming every missing, extra or mismatched var before it reads any data.
+`Staging` writes one: files go into a fresh hidden staging directory ``.<name>.<8 chars>``
+beside the target (a file that something else wrote there, such as the table a pserver's
+checkpoint block saves, is checked and kept); `commit` adds the missing files and the manifest
+(each written and synced to disk by `runtime.config.atomic`, the manifest last) and swaps the
+directory in: the checkpoint at the target is renamed to ``.<name>.old``, the staging directory
+to the target (the commit point), the directory entries synced after each rename, and the old
+checkpoint removed. A write that fails (a full disk: ``OSError`` ENOSPC) removes the staging
+directory and leaves the older checkpoint as it was.
+
+A process killed at any point of this leaves the last committed checkpoint recoverable:
+before the commit point it is at the target, or (killed between the two renames) whole at
+``.<name>.old`` with no target; after it, the new one is at the target. `recover` puts it back:
+with no target it renames ``.<name>.old`` into place (the commit had not happened: the old
+checkpoint is the last committed one), and it removes every staging directory and ``.old``
+left beside the target. A pserver recovers its target before it starts (`make_pserver` in
+`runtime.services.cluster`) and `Staging` before each write, so what killed writes leave is
+removed then, not left forever; `load` also moves an ``.old`` back where it finds no target.
+DESIGN: two renames and a reader that rolls back, rather than versioned directories behind a
+pointer: the checkpoint stays at ``<dir>/<server name>/`` where every reader (and the hard
+links below) expects it, and checkpoints written before keep loading as they are. `load`
+checks the manifest against the vars a program declares, naming every missing, extra or
+mismatched var before it reads any data.
 
 Sparse checkpoints cost O(rows written since the last one), not O(table): for a var whose
 writer tracks the rows it changed since checkpoint ``id`` (the distributed table's shard, see
 `runtime.execution.table.TouchedRows`), `Staging.write_delta` hard-links the previous
 checkpoint's base and deltas of that var into the staging directory (``os.link``: no bytes
-copied; the previous checkpoint's files stay as they are, so the swap above is as atomic as
-before) and writes only the changed rows as a new delta. It writes a full base instead
-(compaction) when the previous checkpoint is not the one the rows are counted from (another
-``id``, or none), holds the var with another shape or dtype, cannot be linked (another file
-system, a file gone), or when its deltas and the new one would hold more than `COMPACT_AT` of
-the var's rows or be more than `MAX_DELTAS` files. Version 1 manifests (no ids, no deltas) still
-load.
+copied; the previous checkpoint's files stay as they are, so the swap and its recovery above
+hold as for a full checkpoint) and writes only the changed rows as a new delta. It writes a full
+base instead (compaction) when the previous checkpoint is not the one the rows are counted from
+(another ``id``, or none), holds the var with another shape or dtype, cannot be linked (another
+file system, a file gone), or when its deltas and the new one would hold more than `COMPACT_AT`
+of the var's rows or be more than `MAX_DELTAS` files. Version 1 manifests (no ids, no deltas)
+still load.
 """
 
 from __future__ import annotations
@@ -43,8 +57,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +108,9 @@ class Staging:
     def __init__(self, target: Path) -> None:
         self.target = target
         target.parent.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        recover(target)  # the checkpoint a killed write moved out back, its leftovers gone
+        self.dir = target.with_name(f".{target.name}.{secrets.token_hex(4)}")
+        self.dir.mkdir(mode=0o700)
         self.id = uuid.uuid4().hex
         """This checkpoint's identity in its manifest: what rows written later are counted from."""
         self._committed = False
@@ -192,13 +209,62 @@ class Staging:
 
 
 def _swap_in(stage: Path, target: Path) -> None:
-    if not target.exists():
-        stage.rename(target)
+    """Move the complete checkpoint `stage` to `target` (see the module docstring: the rename
+    of `stage` is the commit point; a kill before it leaves the old checkpoint for `recover`)."""
+    previous = previous_of(target)
+    if target.exists():
+        os.rename(target, previous)
+        fsync_dir(target.parent)
+    os.rename(stage, target)
+    fsync_dir(target.parent)
+    shutil.rmtree(previous, ignore_errors=True)  # committed: what is left, `recover` removes
+
+
+# -- recovery from a killed write ------------------------------------------------------------------
+
+def previous_of(target: Path) -> Path:
+    """Where a commit moves the checkpoint at `target` while it moves the new one in."""
+    return target.with_name(f".{target.name}.old")
+
+
+def leftovers(target: Path) -> list[Path]:
+    """What killed writes of `target` left beside it: staging directories ``.<name>.<8 chars>``
+    and moved-out checkpoints ``.<name>.old`` (also ``.<name>.<8 chars>.old``, the name an
+    earlier version of this module moved them to)."""
+    name = re.escape(target.name)
+    pattern = re.compile(rf"\.{name}\.(old|[a-z0-9_]{{8}}(\.old)?)")
+    if not target.parent.is_dir():
+        return []
+    return sorted(p for p in target.parent.iterdir() if pattern.fullmatch(p.name))
+
+
+def recover(target: Path) -> bool:
+    """Make `target` hold its last committed checkpoint again and remove what killed writes left
+    beside it (see the module docstring); whether there is a checkpoint. Only the checkpoint's
+    writer calls it: a staging directory it removes may be a write under way."""
+    roll_back(target)
+    for path in leftovers(target):
+        shutil.rmtree(path, ignore_errors=True)
+    return (target / MANIFEST).exists()
+
+
+def roll_back(target: Path) -> None:
+    """Where a write was killed between moving the checkpoint at `target` out and the new one
+    in, move the old one back: with no `target`, the moved-out checkpoint with the latest step."""
+    if target.exists():
         return
-    old = stage.with_name(stage.name + ".old")
-    target.rename(old)
-    stage.rename(target)
-    shutil.rmtree(old)
+    moved = [path for path in leftovers(target)
+             if path.name.endswith(".old") and (path / MANIFEST).is_file()]
+    if moved:
+        os.rename(max(moved, key=_step_of), target)
+        fsync_dir(target.parent)
+
+
+def _step_of(directory: Path) -> int:
+    try:
+        return _read_manifest(directory)["step"]
+    except CheckpointError:
+        return -1
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -213,7 +279,9 @@ class Checkpoint:
 
 def load(directory: Path, declared: Mapping[str, Var]) -> Checkpoint:
     """The checkpoint in `directory`, which must hold exactly the `declared` vars, each with
-    its declared shape and dtype."""
+    its declared shape and dtype. Where a write was killed between its two renames, the old
+    checkpoint is moved back first (`roll_back`)."""
+    roll_back(directory)
     manifest = _read_manifest(directory)
     entries = {e["name"]: e for e in manifest["vars"]}
     problems = [f"var {n!r} is missing" for n in sorted(set(declared) - set(entries))]

@@ -29,7 +29,7 @@ from runtime.execution.scope import Scope
 from runtime.network.rpc import RetryPolicy, RpcClient
 from runtime.network.transport import Transport
 from runtime.services.collective import Collective
-from runtime.services.checkpoint import MANIFEST
+from runtime.services.checkpoint import recover
 from runtime.services.job import Job, RunPrograms
 from runtime.services.pserver import PserverService, ServeConfig, ServerStats
 from runtime.services.trainer import Trainer, TrainerReport
@@ -94,11 +94,13 @@ def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeMod
     """The pserver service of node `index`, ready to `serve(job.endpoints[index])`. With
     `recovering` it replaces one that crashed: it starts from its last checkpoint in
     `checkpoint_dir` if there is one (else from its startup state) and has the trainers redo
-    the steps it lost."""
+    the steps it lost. Either way its checkpoint directory is recovered first: a write killed
+    midway leaves the last committed checkpoint in place and nothing else
+    (`runtime.services.checkpoint.recover`)."""
     main, startup = job.pserver_programs(index)
     backend = job.scenario.backend
     name = pserver_name(index)
-    saved = checkpoint_dir is not None and (checkpoint_dir / name / MANIFEST).exists()
+    saved = checkpoint_dir is not None and recover(checkpoint_dir / name)
     executor = Executor(backend.kernels, backend.device_for("pserver"), local_index=index)
     return PserverService(main, startup, transport, executor,
                           serve_config(job, checkpoint_dir), compute, tracer,

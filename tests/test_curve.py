@@ -144,7 +144,9 @@ def test_key_files_are_replaced_whole_and_a_secret_is_never_readable_by_others(
         os.umask(umask)
     assert [(name.split(".")[1], mode) for name, mode in created] == \
         [("trainer-0", 0o644), ("trainer-0", 0o600)]
-    assert all(name.startswith(".") and name.endswith(".tmp") for name, _ in created)
+    (public_tmp, _), (secret_tmp, _) = created
+    assert public_tmp.startswith(".") and public_tmp.endswith(".tmp")
+    assert secret_tmp.startswith(".") and secret_tmp.endswith(".tmp.key_secret")  # *.key_secret
     secret = directory / "trainer-0.key_secret"
     assert secret.stat().st_ino != old and stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert sorted(p.name for p in directory.iterdir()) == ["trainer-0.key", "trainer-0.key_secret"]

@@ -5,7 +5,12 @@ key directory holds them as ZeroMQ certificate files (`zmq.auth.load_certificate
 ``<node>.key`` the public key, ``<node>.key_secret`` the keypair, where ``<node>`` is the node's
 file stem (``pserver-0``, ``trainer-3``). Secret files are written mode 0600 in a directory of
 mode 0700, and a secret file that others may read is refused, as ssh refuses such a key. Each
-file is written whole (`runtime.config.atomic`), a secret one mode 0600 from its creation.
+file is written whole (`runtime.config.atomic`), a secret one mode 0600 from its creation, its
+temporary file named ``.<stem>.<8 hex>.tmp.key_secret``: every file that holds a secret matches
+``*.key_secret``, also one a killed ``runtime keys`` left. Hidden names are never key files:
+`write_keys` and `export_keys` remove such leftovers from the directory they write, and no glob
+here takes one for a key. A directory that cannot be written (a full disk) is a `KeyFileError`
+naming the file.
 
 A host is given only what its node needs: `export_keys` copies every public key and that
 node's own secret file into a directory of its own, for one host, container or pod.
@@ -40,7 +45,7 @@ import zmq
 import zmq.auth
 import zmq.utils.z85
 
-from runtime.config.atomic import write_atomic
+from runtime.config.atomic import stale_temporaries, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +113,8 @@ def write_keys(directory: Path, stems: list[str], force: bool = False) -> list[P
     _private_directory(directory)
     for stem in stems:
         public, secret = zmq.curve_keypair()
-        write_atomic(public_path(directory, stem), _certificate(public, None), mode=0o644)
-        write_atomic(secret_path(directory, stem), _certificate(public, secret), mode=0o600)
+        _write(public_path(directory, stem), _certificate(public, None), 0o644)
+        _write(secret_path(directory, stem), _certificate(public, secret), 0o600)
     return paths
 
 
@@ -119,23 +124,44 @@ def export_keys(directory: Path, stem: str, out: Path) -> list[Path]:
     paths. What a node's host is given when the job's keys are made elsewhere."""
     secret = secret_path(directory, stem)
     read_keypair(secret)  # the node's own, present and safe
-    others = sorted(p.name for p in out.glob(f"*{SECRET_SUFFIX}") if p.name != secret.name)
+    _private_directory(out)
+    others = [p.name for p in key_files(out, SECRET_SUFFIX) if p.name != secret.name]
     if others:
         raise KeyFileError(f"{out}: holds another node's secret key ({others[0]}); export "
                            f"{stem}'s keys into a directory of its own")
-    _private_directory(out)
     written = []
-    for public in sorted(directory.glob(f"*{PUBLIC_SUFFIX}")):
+    for public in key_files(directory, PUBLIC_SUFFIX):
         written.append(out / public.name)
-        write_atomic(written[-1], public.read_bytes(), mode=0o644)
+        _write(written[-1], public.read_bytes(), 0o644)
     written.append(out / secret.name)
-    write_atomic(written[-1], secret.read_bytes(), mode=0o600)
+    _write(written[-1], secret.read_bytes(), 0o600)
     return written
 
 
+def key_files(directory: Path, suffix: str) -> list[Path]:
+    """The key files of `directory` whose names end in `suffix`: not the hidden temporary files
+    of a write (`pathlib`'s glob takes hidden names too)."""
+    return sorted(p for p in directory.glob(f"*{suffix}") if not p.name.startswith("."))
+
+
 def _private_directory(directory: Path) -> None:
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)  # one that was there before
+    """Make `directory` mode 0700, and remove the temporary files killed writes left in it."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)  # one that was there before
+        for leftover in stale_temporaries(directory):
+            leftover.unlink(missing_ok=True)
+    except OSError as exc:
+        raise KeyFileError(f"{directory}: cannot write keys there: {exc.strerror or exc}") \
+            from None
+
+
+def _write(path: Path, content: str | bytes, mode: int) -> None:
+    """Write key file `path` whole; a full disk (any `OSError`) is a `KeyFileError` naming it."""
+    try:
+        write_atomic(path, content, mode=mode)
+    except OSError as exc:
+        raise KeyFileError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
 def _load(path: Path) -> tuple[bytes, bytes | None]:

@@ -7,10 +7,12 @@ namespace of the run's own: nodes talk real TCP between distinct addresses, as a
 and nothing of it touches the host's network. A run owns the subnet ``10.147.X.0/24``: the
 launcher claims X by an exclusive lock on ``/run/pslab-netns/X.lock`` (held for the whole run;
 the kernel releases it if the launcher dies), so two runs never share a subnet or a namespace
-name, and namespaces named for X that a killed run left behind are deleted when the next run
-claims X. Namespaces are ``pslab-nX-hub``, ``pslab-nX-ps0``, ``pslab-nX-t3``...; addresses are
-``10.147.X.1`` up, pservers first; a pserver's endpoint is its address and ``cluster.base_port``
-(else 6174), the same port in every namespace. The namespaces (and with them the veths and the
+name; the lock file records the launcher's pid, for a person to read. A run killed with
+SIGKILL deletes nothing, so each run starts by deleting the namespaces of every run that is over
+(`remove_dead_runs`): those of its own X, and those of any X whose lock it can take, the lock
+held meanwhile. Namespaces are ``pslab-nX-hub``, ``pslab-nX-ps0``, ``pslab-nX-t3``...;
+addresses are ``10.147.X.1`` up, pservers first; a pserver's endpoint is its address and
+``cluster.base_port`` (else 6174), the same port in every namespace. The namespaces (and with them the veths and the
 bridge) are always deleted at the end, on failure and interruption too (`Fabric.delete` runs in
 ``finally`` with SIGINT and SIGTERM held back until it is done).
 
@@ -54,6 +56,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -71,7 +74,7 @@ from runtime.launch.shaping import BUCKET_SECONDS, ShapingError, shape
 from runtime.services.cluster import pserver_name, trainer_name
 
 __all__ = ["Fabric", "NetnsError", "Sockets", "check_netns", "entered", "link_latencies",
-           "network_notes", "node_rates", "tbf_rates"]
+           "network_notes", "node_rates", "remove_dead_runs", "tbf_rates"]
 
 NETNS_DIR = Path("/run/netns")
 LOCK_DIR = Path("/run/pslab-netns")
@@ -86,6 +89,8 @@ BRIDGE = "br0"
 CLONE_NEWNET = 0x40000000
 TIMEOUT = 30.0
 """Seconds one ip or tc command may take."""
+NAMESPACE = re.compile(rf"{PREFIX}(\d+)-.+")
+"""A namespace of a run, and its subnet index X."""
 
 
 class NetnsError(RuntimeError):
@@ -249,20 +254,71 @@ def namespaces() -> list[str]:
 
 
 def _claim() -> tuple[int, int]:
-    """A free subnet index X and the open file whose lock holds it for this run."""
+    """A free subnet index X and the open file whose lock holds it for this run (the file then
+    records this process's pid)."""
     LOCK_DIR.mkdir(parents=True, exist_ok=True)
     start = os.getpid() % SUBNETS
     for k in range(SUBNETS):
         index = (start + k) % SUBNETS
-        fd = os.open(LOCK_DIR / f"{index}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        fd = _lock_file(index)
+        if not _try_lock(fd):
             os.close(fd)
             continue
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return index, fd
     raise NetnsError(f"all {SUBNETS} subnets 10.147.X.0/24 are held by running "
                      "`runtime up --netns` launchers")
+
+
+def _lock_file(index: int) -> int:
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    return os.open(LOCK_DIR / f"{index}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def _try_lock(fd: int) -> bool:
+    """Whether this process now holds the lock of `fd` (False: another open file holds it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def remove_dead_runs(own: int | None = None) -> list[str]:
+    """Delete the namespaces of the runs that are over, and say which: those of subnet `own`
+    (this run's, claimed: an earlier run left them) and those of every other subnet that no
+    launcher holds. DESIGN: a run is alive while its lock is held, not while a recorded pid
+    exists: the kernel releases a flock however its holder dies, and a pid may be reused. The
+    lock of a dead run's subnet is held while its namespaces go, so no run claims the subnet
+    and makes namespaces there meanwhile; a live run's namespaces are never touched."""
+    runs: dict[int, list[str]] = {}
+    for name in namespaces():
+        match = NAMESPACE.fullmatch(name)
+        if match:
+            runs.setdefault(int(match.group(1)), []).append(name)
+    removed: list[str] = []
+    for index, names in sorted(runs.items()):
+        with _held_if_free(index, own) as dead:
+            if dead:
+                for name in names:
+                    run_command(["ip", "netns", "del", name])
+                removed += names
+    return removed
+
+
+@contextlib.contextmanager
+def _held_if_free(index: int, own: int | None) -> Iterator[bool]:
+    """Whether subnet `index` belongs to no live run: it is `own`, or its lock was free (and is
+    then held for the block)."""
+    if index == own:
+        yield True
+        return
+    fd = _lock_file(index)
+    try:
+        yield _try_lock(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -361,7 +417,7 @@ class Fabric:
     lock: int | None
     """The open lock file that holds subnet `index` (None once released)."""
     removed_stale: list[str] = field(default_factory=list)
-    """Namespaces of an earlier run on this subnet that ended without deleting them."""
+    """Namespaces of earlier runs that ended without deleting them (`remove_dead_runs`)."""
     burst: float = 0.0
     """The scenario's ``network.burst`` (seconds), each tbf's bucket."""
 
@@ -386,7 +442,7 @@ class Fabric:
                                       f"v-{short}", rates[node])
         try:
             with signals_held():
-                fabric.removed_stale = fabric._remove_stale()
+                fabric.removed_stale = remove_dead_runs(index)
             fabric._build()
             fabric._shape()
         except BaseException:
@@ -396,12 +452,6 @@ class Fabric:
 
     def _names(self) -> list[str]:
         return [host.namespace for host in self.hosts.values()] + [self.hub]
-
-    def _remove_stale(self) -> list[str]:
-        stale = [ns for ns in namespaces() if ns.startswith(f"{PREFIX}{self.index}-")]
-        for ns in stale:
-            run_command(["ip", "netns", "del", ns])
-        return stale
 
     def _build(self) -> None:
         ip_batch([f"netns add {ns}" for ns in self._names()])

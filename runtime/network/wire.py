@@ -63,6 +63,8 @@ MAX_VAR = 256
 """Characters of a culprit var's name (or a peer's) an error carries."""
 MAX_NDIM = 32
 MAX_DIM = 1 << 62
+"""Largest dimension a shape may have; the product of a shape's nonzero dimensions times its
+item size may not exceed it either (so an empty tensor cannot claim an unshapeable span)."""
 ID_RANGE = (0, (1 << 64) - 1)
 STEP_RANGE = (-(1 << 63), (1 << 63) - 1)
 HEADER_FIELDS = frozenset({"v", "kind", "id", "src", "step", "vars"})
@@ -509,16 +511,19 @@ def decode(frames: Sequence[Frame], max_message_size: int = DEFAULT_MAX_MESSAGE_
         return encoded.parsed.message()
     _check_envelope_size(frames, max_message_size, max_header_size)
     header = _unpack_header(frames[0])
-    fast = _decode_plain(header, frames, max_message_size)
-    if fast is not None:
-        return fast
     carried: Any = header.get("id")
     msg_id = carried if _is_int(carried) and ID_RANGE[0] <= carried <= ID_RANGE[1] else None
     try:
+        fast = _decode_plain(header, frames, max_message_size)
+        if fast is not None:
+            return fast
         return _decode(header, frames, max_message_size)
     except DecodeError as exc:
         exc.msg_id = msg_id
         raise
+    except Exception as exc:  # untrusted input: whatever a check missed is the peer's error too
+        raise DecodeError(Reason.BAD_VALUE, f"undecodable message: {type(exc).__name__}: {exc}",
+                          msg_id=msg_id) from exc
 
 
 def _check_envelope_size(frames: Sequence[Frame], max_message_size: int,
@@ -562,8 +567,25 @@ def _decode(header: dict[str, Any], frames: Sequence[Frame], max_message_size: i
     for spec in specs:
         values[spec.name] = _decode_var(spec, frames[position : position + spec.frame_count])
         position += spec.frame_count
+    return Message(kind, msg_id, src, step, values, _extra(header))
+
+
+def _extra(header: dict[str, Any]) -> dict[str, Any]:
+    """The header's fields beyond `HEADER_FIELDS`, which must hold plain data: msgpack's
+    Timestamp is an extension type that the unpacker builds itself (`ext_hook` never sees it),
+    so it is refused here, as every other extension type is by `_reject_ext`."""
     extra = {key: value for key, value in header.items() if key not in HEADER_FIELDS}
-    return Message(kind, msg_id, src, step, values, extra)
+    stack: list[Any] = list(extra.values())
+    while stack:
+        value = stack.pop()
+        if type(value) is msgpack.Timestamp:
+            raise DecodeError(Reason.BAD_HEADER, "msgpack extension type -1 (Timestamp) is not "
+                              "allowed")
+        if type(value) is list:
+            stack.extend(value)
+        elif type(value) is dict:
+            stack.extend(value.values())
+    return extra
 
 
 _PLAIN_VAR_FIELDS = frozenset({"name", "dtype", "shape", "kind"})
@@ -614,7 +636,7 @@ def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
         nbytes = count * dtype.itemsize
         size += nbytes
         if (frame.nbytes if type(frame) is memoryview else len(frame)) != nbytes \
-                or size > max_message_size:
+                or size > max_message_size or (not count and _span(shape, dtype) > MAX_DIM):
             return None
         array = np.frombuffer(frame, dtype, count)
         if len(shape) != 1:  # a vector has its shape already (a reshape costs a fifth of this)
@@ -627,8 +649,7 @@ def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
         values[name] = array
     if len(header) == len(HEADER_FIELDS):
         return Message.of(kind, msg_id, src, step, values)
-    return Message.of(kind, msg_id, src, step, values,
-                      {key: value for key, value in header.items() if key not in HEADER_FIELDS})
+    return Message.of(kind, msg_id, src, step, values, _extra(header))
 
 
 def _unpack_header(frame: Frame) -> dict[str, Any]:
@@ -722,6 +743,9 @@ def _check_var(entry: Any) -> VarSpec:
         raise DecodeError(Reason.MISSING_FIELD, "rows var lacks height", var=name)
     dtype = _header_dtype(entry["dtype"], name)
     shape = _header_shape(entry["shape"], kind is VarKind.ROWS or "height" in entry, name)
+    if _span(shape, dtype) > MAX_DIM:
+        raise DecodeError(Reason.BAD_SHAPE, f"shape {list(shape)} of {dtype} spans more than "
+                          f"{MAX_DIM} bytes (its nonzero dimensions' product)", var=name)
     height = _field(entry, "height", 0, MAX_DIM, var=name) if "height" in entry else None
     lod = _header_lod(entry["lod"], name) if "lod" in entry else None
     if "codec" not in entry:
@@ -1107,6 +1131,15 @@ def _check_rows(rows: np.ndarray, height: int, name: str, error: type[WireError]
         )
 
 
+def _span(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
+    """Bytes the nonzero dimensions of `shape` multiply to: what numpy must be able to index
+    even for an empty array (it refuses to shape one whose span overflows its index type)."""
+    result = dtype.itemsize
+    for dim in shape:
+        result *= dim or 1
+    return result
+
+
 def _product(shape: Sequence[int]) -> int:
     result = 1
     for dim in shape:
@@ -1139,7 +1172,8 @@ def error_reply(
 ) -> Message:
     """An ERROR message from `src` answering request `request_id` with what `error` says.
 
-    The reason is a `WireError`'s reason or else the exception's class name; the culprit var is
+    The reason is the error's `reason` (a `WireError`'s, or a refusal's that names one) or else
+    the exception's class name; the culprit var is
     the error's `var` attribute where it has one. The id defaults to the one the malformed
     request carried, or 0 when even that was unreadable.
     """
@@ -1150,7 +1184,8 @@ def error_reply(
         request_id = 0  # an id the reply could not carry (the request's was readable but bad)
     if not _is_int(step) or not STEP_RANGE[0] <= step <= STEP_RANGE[1]:
         step = 0
-    reason = str(error.reason) if isinstance(error, WireError) else type(error).__name__
+    named = getattr(error, "reason", None)
+    reason = str(named) if isinstance(named, str) and named else type(error).__name__
     detail = error.detail if isinstance(error, WireError) else str(error)
     culprit = getattr(error, "var", None)
     var = clip(culprit, MAX_VAR) if isinstance(culprit, str) else None

@@ -21,9 +21,11 @@ class ProtocolViolation(ValueError):
     """A well-formed message that this server cannot accept; sent back as an error reply. Its
     text and var are clipped: what it quotes of the message stays small."""
 
-    def __init__(self, detail: str, var: str | None = None) -> None:
+    def __init__(self, detail: str, var: str | None = None, reason: str | None = None) -> None:
         super().__init__(clip(detail, MAX_DETAIL))
         self.var = None if var is None else clip(var, MAX_VAR)
+        self.reason = reason
+        """The error reply's reason (`wire.error_reply`); None: the class's name."""
 
 
 class NotInFanIn(ProtocolViolation):

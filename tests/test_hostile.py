@@ -78,6 +78,18 @@ def spec(name: str = GRAD, shape: Sequence[int] = (4, 2), dtype: str = "float32"
 
 
 GRAD_BYTES = np.zeros((4, 2), np.float32).tobytes()
+OWN = "mlp.fc1.w@GRAD.trainer_0"
+"""A gradient trainer 0 sends (sync mode: its own copy of the sum)."""
+OTHERS = "mlp.fc1.w@GRAD.trainer_1"
+"""The same gradient, trainer 1's copy: trainer 0 may not write it."""
+
+
+def filled(value: float, nan_at: int | None = None) -> bytes:
+    """A (4, 2) float32 gradient of `value`, with a NaN at flat index `nan_at`."""
+    array = np.full((4, 2), value, np.float32)
+    if nan_at is not None:
+        array.reshape(-1)[nan_at] = np.nan
+    return array.tobytes()
 
 
 # name -> frames. Every one is refused by decoding or by the protocol (never accepted): an
@@ -130,6 +142,11 @@ WIRE_CASES: dict[str, list[bytes]] = {
     "total_over_limit": [header(), *[b"\0" * (LIMIT // 2)] * 3],
     "frames_over_limit": [header(), *[b""] * MAX_FRAMES],
     "header_of_2mb": [header(pad="x" * (2 * LIMIT))],
+    "empty_of_2_124_elements": [header(vars=[spec(shape=[1 << 62, 1 << 62, 0])]), b""],
+    "empty_of_2_62_rows": [header(vars=[spec(shape=[1 << 62, 0])]), b""],
+    "phantom_of_2_64_elements": [header(vars=[spec(kind="phantom", shape=[1 << 62, 4])])],
+    "timestamp_extension": [header(when=msgpack.Timestamp(1, 0))],
+    "timestamp_nested": [header(fetch=[{"at": msgpack.Timestamp(0, 5)}])],
 }
 """Messages the decoder refuses."""
 
@@ -193,12 +210,44 @@ INSIDER_CASES: dict[str, list[bytes]] = {
     "checkpoint_without_dir": request("checkpoint_notify", TRAINER),
     "checkpoint_dir_with_nul": request("checkpoint_notify", TRAINER, dir="/tmp/\0x"),
     "another_trainers_id": request("heartbeat", TRAINER, trainer=1),
+    "another_trainers_gradient": request("send", TRAINER, vars=[spec(OTHERS)],
+                                         frames=[GRAD_BYTES]),
+    "misshapen_own_gradient": request("send", TRAINER, vars=[spec(OWN, shape=[2, 4, 1])],
+                                      frames=[GRAD_BYTES]),
+    "nan_gradient": request("send", TRAINER, vars=[spec(OWN)], frames=[filled(np.nan)]),
+    "inf_gradient": request("send", TRAINER, vars=[spec(OWN)], frames=[filled(np.inf)]),
+    "minus_inf_gradient": request("send", TRAINER, vars=[spec(OWN)], frames=[filled(-np.inf)]),
+    "gradient_of_3e38": request("send", TRAINER, vars=[spec(OWN)], frames=[filled(3e38)]),
+    "one_nan_among_zeros": request("send", TRAINER, vars=[spec(OWN)],
+                                   frames=[filled(0.0, nan_at=5)]),
+    "barrier_before_own_gradients": request("send", TRAINER, vars=[spec(OWN)],
+                                            frames=[GRAD_BYTES], barrier=1),
+    "send_far_ahead": request("send", TRAINER, step=1 << 40, vars=[spec(OWN)],
+                              frames=[GRAD_BYTES]),
+    "get_far_ahead": request("get", TRAINER, step=1 << 40, names=["mlp.fc1.w"]),
+    "barrier_far_ahead": request("send_barrier", TRAINER, step=2),
+    "a_reply": request("reply", TRAINER),
+    "an_error": request("error", TRAINER),
+    "a_collective": request("collective", TRAINER),
 }
 """Messages from the job's own trainer name that the pserver must refuse (sent before that
 trainer runs; the transport's identity is not authenticated here, so a peer speaking as a
 trainer is that trainer as far as the pserver can tell)."""
 
 HOSTILE = {**WIRE_CASES, **OUTSIDER_CASES, **INSIDER_CASES}
+
+REASONS = {
+    "empty_of_2_124_elements": "bad_shape", "empty_of_2_62_rows": "bad_shape",
+    "phantom_of_2_64_elements": "bad_shape", "timestamp_extension": "bad_header",
+    "timestamp_nested": "bad_header", "another_trainers_gradient": "not_own_var",
+    "nan_gradient": "nonfinite", "inf_gradient": "nonfinite", "minus_inf_gradient": "nonfinite",
+    "gradient_of_3e38": "nonfinite", "one_nan_among_zeros": "nonfinite",
+    "barrier_before_own_gradients": "barrier_early", "send_far_ahead": "step_ahead",
+    "get_far_ahead": "step_ahead", "barrier_far_ahead": "step_ahead",
+    "a_reply": "not_a_request", "an_error": "not_a_request", "a_collective": "not_a_request",
+}
+"""The reason the error reply names, for the inputs an insider's message once killed, poisoned
+or bloated a pserver with (and those like them)."""
 
 
 def test_there_are_at_least_fifty_named_hostile_inputs() -> None:
@@ -382,6 +431,13 @@ def test_each_hostile_input_gets_a_small_error_reply_and_changes_nothing(
     assert reply.kind is Kind.ERROR, (name, reply)
     error = reply.extra["error"]
     assert len(error["detail"]) <= MAX_DETAIL and error["reason"]
+    shell.check_unharmed()
+
+
+@pytest.mark.parametrize("name", sorted(REASONS))
+def test_each_insider_refusal_names_its_reason(shell: LiveShell, name: str) -> None:
+    reply = shell.exchange(TRAINER if name in INSIDER_CASES else OUTSIDER, HOSTILE[name])
+    assert reply.kind is Kind.ERROR and reply.extra["error"]["reason"] == REASONS[name], reply
     shell.check_unharmed()
 
 

@@ -155,6 +155,16 @@ class PserverMetrics:
     """Steps it completed."""
     errors: int = 0
     """Requests it answered with an error."""
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Requests it refused, by reason: those answered with an error (a wire reason such as
+    too_large, or the pserver's: nonfinite, not_own_var, step_ahead, held_too_much,
+    not_a_request, ProtocolViolation), and BYEs that change nothing (bye_ignored, no reply).
+    Its log names each peer's first refusal in a 10 s window and sums up the rest."""
+    refused: int = 0
+    """Of those, requests refused for their sender: a header naming another node than the one
+    whose key it came with."""
+    unauthenticated: int = 0
+    """Connections refused at the CurveZMQ handshake: a key that is not one of the job's."""
     dropped: list[int] = field(default_factory=list)
     """Trainers it dropped for missing heartbeats."""
     checkpoints: list[int] = field(default_factory=list)
@@ -169,6 +179,11 @@ class PserverMetrics:
     blocked_seconds: dict[int, float] | None = None
     """ssp mode only: per trainer (by index), the time its reads were held here waiting for
     the slowest trainer."""
+    nonfinite: dict[int, int] = field(default_factory=dict)
+    """Per trainer (by index), its SENDs holding NaN, infinities or out-of-range values
+    (train.on_nonfinite): refused, or their step's update skipped."""
+    skipped_steps: int = 0
+    """Sync steps whose update it skipped for such values (train.on_nonfinite: skip_step)."""
     busy_seconds: float | None = None
     """sim run only: its modelled compute (optimize blocks, and in the asynchronous modes the
     update each message runs)."""
@@ -191,10 +206,13 @@ class PserverMetrics:
             bytes_in=stats.bytes_in,
             bytes_out=stats.bytes_out, heartbeat_bytes=stats.heartbeat_bytes,
             optimize_seconds=stats.optimize_seconds, steps=stats.steps, errors=stats.errors,
+            refusals=dict(sorted(stats.refusals.items())), refused=stats.refused,
+            unauthenticated=stats.unauthenticated,
             dropped=list(stats.dropped), checkpoints=list(stats.checkpoints),
             restored_step=stats.restored_step, rewinds=stats.rewinds,
             read_staleness_max=stats.read_staleness_max,
-            blocked_seconds=_blocked(stats))
+            blocked_seconds=_blocked(stats), nonfinite=dict(sorted((stats.nonfinite or {}).items())),
+            skipped_steps=stats.skipped_steps)
 
 
 def _blocked(stats: ServerStats) -> dict[int, float] | None:

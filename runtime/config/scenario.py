@@ -308,6 +308,12 @@ class TrainSpec(_Strict):
         "real, but the simulator over-predicts its steps: see the README); per_op also sends "
         "the barriers as requests of their own, a message per RPC op, as Paddle's traces read "
         "(the same semantics in all three)")
+    on_nonfinite: Literal["refuse", "skip_step", "allow"] = Field(
+        "refuse", description="what a pserver does with a gradient holding NaN, an infinity or "
+        "a magnitude beyond the square root of its dtype's largest value (1.8e19 in float32): "
+        "refuse (an error reply naming the var; the trainer fails, and the run's verdict names "
+        "it), skip_step (the update of that step is left out; sync: the whole step's on that "
+        "pserver) or allow; counted per trainer in metrics.json (pservers' nonfinite)")
     log_every: int = Field(10, ge=1)
     """A progress line per trainer every this many steps."""
     checkpoint_every: int | None = Field(None, ge=1, description="pservers save their state "

@@ -881,6 +881,18 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
         redone = f"  redid {t.steps_redone}" if t.steps_redone else ""
         lines.append(f"trainer:{t.index:<4} {len(t.losses)} steps{joined}{redone}  {loss}  "
                      f"{mean}  (exit {t.exit_code})")
+def nonfinite_lines(pservers: list[PserverMetrics]) -> list[str]:
+    """One line per trainer whose gradients a pserver found NaN, infinite or out of range."""
+    by_trainer: dict[int, list[str]] = {}
+    for p in pservers:
+        for trainer, count in sorted(p.nonfinite.items()):
+            by_trainer.setdefault(trainer, []).append(f"{count} at pserver:{p.index}")
+    skipped = sum(p.skipped_steps for p in pservers)
+    what = f"; {skipped} step update(s) skipped" if skipped else ""
+    return [f"trainer:{trainer} sent NaN, infinite or out-of-range gradients: SENDs "
+            f"{', '.join(where)}{what}" for trainer, where in sorted(by_trainer.items())]
+
+
     for p in metrics.pservers:
         lines.append(f"pserver:{p.index:<4} {p.steps} steps  {p.messages} messages  "
                      f"{p.bytes_in / 1e6:.2f} MB in  {p.bytes_out / 1e6:.2f} MB out  optimize "
@@ -896,6 +908,7 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
         lines.append(f"proxy pserver:{x.pserver} {x.address} -> {x.upstream}: {counted}")
     lines += netns_lines(metrics.netns)
     for e in metrics.expectations:
+    lines += nonfinite_lines(metrics.pservers)
         lines.append(f"expect {e.name}: {'PASS' if e.passed else 'FAIL'}: {e.detail}")
     job = metrics.job
     rate = f", {job.samples_per_second:.0f} samples/s in steps" if job.samples_per_second else ""

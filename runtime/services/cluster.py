@@ -84,7 +84,7 @@ def serve_config(job: Job, checkpoint_dir: Path | None = None) -> ServeConfig:
              if checkpoint_dir is not None and train.checkpoint_by == "pserver" else None)
     return ServeConfig(heartbeat_timeout=train.heartbeat_timeout, drain=3 * train.retry_after,
                        startup_grace=train.startup_timeout, checkpoint_every=every,
-                       checkpoint_dir=checkpoint_dir,
+                       checkpoint_dir=checkpoint_dir, on_nonfinite=train.on_nonfinite,
                        trainer_names=tuple(trainer_name(i) for i in range(job.trainers)))
 
 

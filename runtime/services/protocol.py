@@ -197,6 +197,17 @@ class SyncRound:
             self.fetch_barrier(trainer, self.step)
         return True
 
+    def would_close(self, event: Event, trainer: int, msg_id: int,
+                    closes: Closes | None) -> bool:
+        """Whether `arrive` of these would close `trainer`'s barrier (changing nothing)."""
+        key = (event, trainer)
+        due = (closes, msg_id) if closes is not None else self.closing.get(key)
+        if due is None:
+            return False
+        wanted, last = due
+        ids = set(self.arrived.get(key, ())) | {msg_id}
+        return sum(1 for i in ids if wanted.first <= i <= last) >= wanted.count
+
     def _forget_arrivals(self, trainer: int | None = None) -> None:
         """Forget the requests counted toward carried barriers (of `trainer`; None: all)."""
         for table in (self.arrived, self.closing):

@@ -93,6 +93,7 @@ from runtime.execution.costs import RECEIVES, SENDS, Meter
 from runtime.execution.executor import AttrOverrides, Executor, block_locals
 from runtime.execution.scope import Scope
 from runtime.execution.table import TouchedRows, tracked_rows
+from runtime.network.refusals import RefusalLog
 from runtime.network.transport import Frame, Transport, TransportClosed
 from runtime.network.wire import (DEFAULT_MAX_HEADER_SIZE, MAX_DETAIL, DecodeError, Kind,
                                   Message, WireError, charged_size, clip, decode, encode,
@@ -150,6 +151,13 @@ class ServerStats:
     with, or (added by the node from its transport) a routing id not its key's owner."""
     unauthenticated: int = 0
     """Connections refused at the handshake: a key that is not one of the job's."""
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Requests refused, by reason: those answered with an error (`errors`), and BYEs that
+    change nothing (``bye_ignored``: no reply)."""
+    nonfinite: dict[int, int] | None = None
+    """Trainer -> its SENDs holding NaN, infinities or out-of-range values (None: none)."""
+    skipped_steps: int = 0
+    """Sync steps whose update was skipped for such values (``on_nonfinite: skip_step``)."""
     read_staleness_max: int | None = None
     """SSP: the most steps a read served ran ahead of the slowest live trainer (None: none
     served, or not SSP)."""
@@ -194,6 +202,9 @@ class ServeConfig:
     # whose trainers are all gone (`PserverCore.trainers_gone`) stops with `TrainersGone`
     # instead of waiting for them until its deadline.
     give_up_without_trainers: bool = False
+    on_nonfinite: str = "refuse"
+    """What a SEND holding NaN, infinities or out-of-range values gets: an error reply
+    (``refuse``), its step's update skipped (``skip_step``), or applied (``allow``)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every is not None and (self.checkpoint_every < 1
@@ -227,6 +238,8 @@ class PserverService:
                                          checkpoint.COMPACT_AT)
         self.stats = ServerStats()
         self.name = transport.name
+        self.refusals = RefusalLog(log, self.name)
+        """The refused requests, logged so that no peer can flood the log."""
         self.charge = Charge(self.name, compute, tracer)
         self.meter: Meter | None = None
         """Measures what each message, round and op costs this node (`runtime profile`)."""
@@ -237,7 +250,8 @@ class PserverService:
             startup_grace=self.config.startup_grace, checkpoint_every=every,
             start_step=0 if load_from is None else self._restore(Path(load_from)),
             recovering=recovering, checkpoint_dir=self.config.checkpoint_dir,
-            trainer_names=self.config.trainer_names)
+            trainer_names=self.config.trainer_names, on_nonfinite=self.config.on_nonfinite,
+            held_bytes=2 * self.config.max_message_size)
         if recovering:
             self.stats.restored_step = self.core.round.step
         self._done = asyncio.Event()
@@ -266,6 +280,7 @@ class PserverService:
         loop = asyncio.get_running_loop()
         self.charge.bind(loop)
         self.core.clock = loop.time  # the loop's own clock, not asked for at every request
+        self.refusals.clock = loop.time
         self.core.start()
         tasks: list[asyncio.Task[Any]] = [
             loop.create_task(self._receive(), name=f"{self.name} receive")]
@@ -279,6 +294,7 @@ class PserverService:
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
+            self.refusals.flush()
             if self.meter is not None:
                 self.meter.end_run()
         failures = [r for r in results if isinstance(r, Exception)]
@@ -515,12 +531,16 @@ class PserverService:
         self.stats.heartbeat_bytes += heartbeat_bytes
 
     async def _reject(self, action: Reject) -> None:
-        self.stats.errors += 1
-        log.warning("%s: rejected a message from %s: %s", self.name, clip(action.peer, 256),
-                    clip(str(action.error), MAX_DETAIL))
         msg = action.request
         reply = error_reply(self.name, action.error, request_id=None if msg is None else msg.id,
                             step=0 if msg is None else msg.step)
+        reason = reply.extra["error"]["reason"]
+        self.refusals.refused(action.peer, reason, f"rejected a message from "
+                              f"{clip(action.peer, 256)}: {clip(str(action.error), MAX_DETAIL)}")
+        self.stats.refusals = self.refusals.counts
+        if not action.answered:
+            return
+        self.stats.errors += 1
         rest = self._perform_now(Reply(action.peer, reply))  # sent as every reply is
         if rest is not None:
             await rest

@@ -27,11 +27,13 @@ class Reply:
 
 @dataclass(frozen=True)
 class Reject:
-    """`request` (None: it could not be decoded) is refused for `error`: an error reply."""
+    """`request` (None: it could not be decoded) is refused for `error`: an error reply, unless
+    it wants none (`answered` False: a BYE that changes nothing), then only counted."""
 
     peer: str
     error: Exception
     request: Message | None
+    answered: bool = True
 
 
 @dataclass(frozen=True)

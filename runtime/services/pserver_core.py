@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from transpiler.distribute.contract import ServeContract
 
+from runtime.execution.tensor import Phantom, nbytes_of
 from runtime.network.wire import Kind, Message
 from runtime.services.protocol import (FETCH_FIELD, Dedupe, Event, Phase, Recall, SyncRound,
                                        Verdict)
@@ -97,8 +98,16 @@ class PserverCore:
                  heartbeat_timeout: float, startup_grace: float,
                  checkpoint_every: int | None = None, start_step: int = 0,
                  recovering: bool = False, checkpoint_dir: Path | None = None,
-                 trainer_names: tuple[str, ...] | None = None) -> None:
+                 trainer_names: tuple[str, ...] | None = None,
+                 on_nonfinite: str = "refuse", held_bytes: int = 1 << 30) -> None:
         self.store = store
+        self.on_nonfinite = on_nonfinite
+        """What a SEND holding NaN, infinities or out-of-range values gets (`_sound`)."""
+        self.held_budget = (held_messages(store.contract), held_bytes)
+        """The most requests, and bytes of values, one sender may have deferred here
+        (`_check_budget`)."""
+        self.holding: dict[str, tuple[int, int]] = {}
+        """Sender -> the requests and bytes of values it has deferred here now."""
         self.name = name
         self.clock = clock
         self.heartbeat_timeout = heartbeat_timeout
@@ -192,6 +201,11 @@ class PserverCore:
         """Handle `msg`; returns whether it was answered (not deferred, refused or rewound)."""
         trainer_known = False
         try:
+            handler = _HANDLERS.get(msg.kind)
+            if handler is None:
+                raise ProtocolViolation(f"{msg.kind} is not a request a pserver serves (a reply, "
+                                        "an error or a trainer-to-trainer message)",
+                                        reason="not_a_request")
             trainer = trainer_of(msg)
             self._check_sender(trainer, msg)
             trainer_known = True
@@ -206,7 +220,9 @@ class PserverCore:
                 yield Reply(peer, self._reply(msg, rewind=self.round.step))
                 return False
             yield _BEGIN
-            reply = yield from _HANDLERS[msg.kind](self, msg, trainer, parse(msg))
+            reply = yield from handler(self, msg, trainer, parse(msg))
+            if reply is None:
+                self._check_budget(msg)
         except Exception as exc:  # one bad message must not stop the server, nor count
             self.pending.discard((msg.src, msg.id))
             self.taken.discard((msg.src, msg.id))
@@ -222,6 +238,7 @@ class PserverCore:
         if reply is None:  # deferred: answered after the next phase change
             self.pending.add((msg.src, msg.id))
             self.deferred.append((peer, msg))
+            self._count_held(msg.src, msg, 1)
             return False
         update_step = self.policy.update_step(msg)
         yield _PAY if update_step is None else Pay(update_step)
@@ -245,6 +262,7 @@ class PserverCore:
             level = levels[-1]
             if level.batch:
                 peer, msg = level.batch.popleft()
+                self._count_held(msg.src, msg, -1)
                 self.pending.discard((msg.src, msg.id))
                 yield Replay(msg.kind.value, done=False)
                 if (yield from self._handle(peer, msg)) and not self.optimizing:
@@ -260,6 +278,29 @@ class PserverCore:
                 if level.replayed is not None:
                     yield Replay(level.replayed, done=True)
 
+    def _check_budget(self, msg: Message) -> None:
+        """Refuse to defer `msg` if its sender would then hold more requests or bytes here than
+        `held_budget` allows: a trainer defers at most a step's requests (those of the step
+        ahead, or reads waiting for the round), so more is a sender that does not follow the
+        protocol, and holding it would cost memory without bound."""
+        count, nbytes = self.holding.get(msg.src, (0, 0))
+        most, budget = self.held_budget
+        size = _values_nbytes(msg)
+        if count + 1 > most or nbytes + size > budget:
+            raise ProtocolViolation(
+                f"{msg.kind} of step {msg.step} from {msg.src!r} not held: it would hold "
+                f"{count + 1} requests ({nbytes + size} bytes) here waiting for later steps, "
+                f"more than a step's {most} ({budget} bytes)", reason="held_too_much")
+
+    def _count_held(self, sender: str, msg: Message, sign: int) -> None:
+        """Count `msg` in (`sign` 1) or out of (-1) what `sender` has deferred here."""
+        count, nbytes = self.holding.get(sender, (0, 0))
+        count, nbytes = count + sign, nbytes + sign * _values_nbytes(msg)
+        if count:
+            self.holding[sender] = (count, nbytes)
+        else:
+            self.holding.pop(sender, None)
+
     # -- request kinds
     # -------------------------------------------------------------------------------
     def _on_send(self, msg: Message, trainer: int, send: Send) -> Work:
@@ -270,10 +311,16 @@ class PserverCore:
         if key not in self.taken:
             verdict = self.policy.verdict(Event.SEND, trainer, msg)
             if verdict is Verdict.DEFER:
+                self.store.check(send.values, trainer)
                 return None
             if verdict is not Verdict.STALE:
-                names = self.store.store(send.values, send.merge_add)
-                yield from self.policy.applied(trainer, msg, names)
+                checked = self.store.checked(send.values, trainer)
+                self.policy.check_send(trainer, msg, list(checked), send.closes)
+                if (yield from self._sound(msg, trainer, checked)):
+                    names = self.store.put(checked, send.merge_add)
+                    yield from self.policy.applied(trainer, msg, names)
+                else:
+                    self.policy.skipped(trainer, msg, list(checked))
                 self.policy.arrived(Event.SEND, trainer, msg, send.closes)
         if send.fetch is None:
             return self._reply(msg)
@@ -283,6 +330,27 @@ class PserverCore:
         else:
             self.taken.discard(key)
         return reply
+
+    def _sound(self, msg: Message, trainer: int, checked: dict[str, Any]) -> Work:
+        """Whether `checked` values may be applied: True unless one holds NaN, an infinity or
+        an out-of-range magnitude (`Store.nonfinite`), which is counted and then refused (an
+        error reply naming the var) or, with ``on_nonfinite: skip_step``, acknowledged and
+        left out (False: the policy skips the update it belonged to)."""
+        if self.on_nonfinite == "allow":
+            return True
+        bad = self.store.nonfinite(checked)
+        if not bad:
+            return True
+        yield Tally("nonfinite", key=trainer)
+        name, (count, bound) = next(iter(bad.items()))
+        what = (f"{msg.kind} of step {msg.step} from trainer {trainer}: {count} NaN, infinite or "
+                f"out-of-range (beyond {bound:.3g}) value(s) in {name!r}")
+        if self.on_nonfinite == "refuse":
+            raise ProtocolViolation(f"{what}; refused (train.on_nonfinite: refuse)", var=name,
+                                    reason="nonfinite")
+        log.warning("%s: %s; the update it belongs to is skipped (train.on_nonfinite: "
+                    "skip_step)", self.name, what)
+        return False
 
     def _on_barrier(self, msg: Message, trainer: int, _: Payload) -> Work:
         event = Event.SEND_BARRIER if msg.kind is Kind.SEND_BARRIER else Event.FETCH_BARRIER
@@ -338,8 +406,9 @@ class PserverCore:
         trainer = msg.extra.get("trainer")
         if type(trainer) is not int or self.senders.get(trainer) != msg.src \
                 or trainer not in self.round.completed:
-            log.info("%s: BYE from %r as trainer %r ignored: not a completed trainer of this "
-                     "job under that name", self.name, msg.src, trainer)
+            yield Reject(msg.src, ProtocolViolation(
+                f"BYE as trainer {trainer!r} ignored: not a completed trainer of this job under "
+                "that name", reason="bye_ignored"), msg, answered=False)
             return
         self.departed.add(trainer)
         if self.round.finished and self.round.completed <= self.departed:
@@ -571,6 +640,28 @@ _HANDLERS: dict[Kind, Callable[[PserverCore, Message, int, Any], Work]] = {
     Kind.PREFETCH: PserverCore._on_prefetch, Kind.CHECKPOINT_NOTIFY: PserverCore._on_checkpoint,
     Kind.COMPLETE: PserverCore._on_complete, Kind.HEARTBEAT: PserverCore._on_heartbeat,
     Kind.JOIN: PserverCore._on_join}
+
+
+HELD_SLACK = 8
+"""Requests a sender may have deferred beyond the vars it exchanges with a server: barriers,
+a COMPLETE, a checkpoint notice, retries."""
+
+
+def held_messages(contract: ServeContract) -> int:
+    """The most requests one sender may have deferred at a server of `contract`: one per var
+    it sends there (the compact protocol's SEND per grad: the received vars, every trainer's
+    copies counted) or reads (a GET per param block: one optimize block each), and
+    `HELD_SLACK`, twice (a step's requests, and the next step's that wait behind them)."""
+    return 2 * (len(contract.received) + len(contract.optimize_blocks) + HELD_SLACK)
+
+
+def _values_nbytes(msg: Message) -> int:
+    """Bytes the values `msg` carries hold in memory (a phantom: none)."""
+    total = 0
+    for value in msg.vars.values():
+        if type(value) is not Phantom:
+            total += nbytes_of(value)
+    return total
 
 
 def _fetches(msg: Message) -> bool:

@@ -8,7 +8,7 @@ modes differ it asks the server's policy, one object per mode, each in a module 
 - `read`: the same for a GET or PREFETCH, where a mode may hold reads back (SSP);
 - `arrived`: a SEND or GET taken, which may carry the round's barrier (compact protocol);
 - `applied`: what follows storing a trainer's values (run the grad's blocks at once, or wait
-  for the round);
+  for the round); `skipped`: what follows values left out (non-finite);
 - `advance`: move a round on when its barriers are in (the sync round's optimize);
 - `served`: what follows serving a trainer the parameters (DC-ASGD keeps its backups);
 - `join`, `in_fanin`, `waited_for`, `checkpoint_step`, `update_step`, `rewinds`: the fan-in's
@@ -61,6 +61,16 @@ class ModePolicy:
     def applied(self, trainer: int, msg: Message, names: list[str]) -> Work:
         """Trainer `trainer`'s values `names` were stored: what follows."""
         raise NotImplementedError
+
+    def check_send(self, trainer: int, msg: Message, names: list[str],
+                   closes: Closes | None) -> None:
+        """Raise if a SEND of `names` must be refused before anything of it is stored (a
+        barrier it would close too early); by default nothing is."""
+
+    def skipped(self, trainer: int, msg: Message, names: list[str]) -> None:
+        """Trainer `trainer`'s values `names` were not stored (non-finite, with
+        ``on_nonfinite: skip_step``): the update they belong to is left out. By default
+        nothing follows: an asynchronous update is its SEND's alone."""
 
     def arrived(self, event: Event, trainer: int, msg: Message, closes: Closes | None) -> None:
         """A SEND or GET of `trainer` was taken, carrying the round's barrier (`closes`) or not

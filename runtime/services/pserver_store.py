@@ -46,11 +46,29 @@ class Store:
         step)."""
 
     # -- sends --------------------------------------------------------------------------------------
-    def store(self, values: dict[str, Any], merge_add: bool) -> list[str]:
-        """Check every value, then store them all (`merge_add`: added to what is held, as a
-        counter); the names stored."""
-        checked = {name: self._to_shard(name, self._checked(name, value))
-                   for name, value in values.items()}
+    def store(self, values: dict[str, Any], merge_add: bool, trainer: int | None = None) -> list[str]:
+        """Check every value (`checked`), then store them all (`put`); the names stored."""
+        return self.put(self.checked(values, trainer), merge_add)
+
+    def checked(self, values: dict[str, Any], trainer: int | None = None) -> dict[str, Any]:
+        """`values` checked against the program's declarations and copied out of the receive
+        buffer, as they would be stored. A var that is one trainer's own copy (sync mode's
+        ``grad.trainer_N``) may come from that trainer only (`trainer`; None: not checked)."""
+        if trainer is not None:
+            self._check_owner(values, trainer)
+        return {name: self._to_shard(name, self._checked(name, value))
+                for name, value in values.items()}
+
+    def check(self, values: dict[str, Any], trainer: int) -> None:
+        """Raise as `checked` would, copying nothing (a request held for later: refused now
+        rather than held, if it could never be stored)."""
+        self._check_owner(values, trainer)
+        for name, value in values.items():
+            self._checked(name, value, copy=False)
+
+    def put(self, checked: dict[str, Any], merge_add: bool) -> list[str]:
+        """Store `checked` values (`merge_add`: added to what is held, as a counter); the names
+        stored."""
         for name, value in checked.items():
             if merge_add and self.scope.has(name) and not isinstance(value, Phantom):
                 value = to_dense(self.scope.get_tensor(name)) + to_dense(value)
@@ -58,7 +76,35 @@ class Store:
             self.touched.mark_all(name)
         return list(checked)
 
-    def _checked(self, name: str, value: Any) -> Any:
+    def _check_owner(self, values: dict[str, Any], trainer: int) -> None:
+        copies = self.contract.trainer_copies
+        for name in values:
+            owner = copies.get(name)
+            if owner is not None and owner != trainer:
+                raise ProtocolViolation(f"trainer {trainer} sent {name!r}, trainer {owner}'s "
+                                        "own copy: a trainer writes only its own gradients",
+                                        var=name, reason="not_own_var")
+
+    def nonfinite(self, checked: dict[str, Any]) -> dict[str, tuple[int, float]]:
+        """The float values among `checked` holding NaN, an infinity or a magnitude beyond
+        `out_of_range`: name -> how many such elements, and that bound (empty: every value is
+        sound).
+
+        DESIGN: the sound case, nearly every message, costs a min and a max per tensor (no
+        temporary array); only an unsound tensor is counted element by element."""
+        bad: dict[str, tuple[int, float]] = {}
+        for name, value in checked.items():
+            array = _float_data(value)
+            if array is None or not array.size:
+                continue
+            bound = out_of_range(array.dtype)
+            low, high = array.min(), array.max()
+            if -bound <= low and high <= bound:  # False for a NaN
+                continue
+            bad[name] = (int(np.count_nonzero(~(np.abs(array) <= bound))), bound)
+        return bad
+
+    def _checked(self, name: str, value: Any, copy: bool = True) -> Any:
         if type(value) is Phantom and (name, value) in self._fitting:
             return value
         var = self.program.global_block().vars.get(name)
@@ -79,12 +125,13 @@ class Store:
                     f"var {name!r}: expected rows of {var.dtype}{list(var.shape[1:])} with height "
                     f"{var.shape[0]}, got {value.values.dtype}{list(value.values.shape[1:])} "
                     f"with height {value.height}", var=name)
-            return SelectedRows(np.array(value.rows), np.array(value.values), value.height)
+            return SelectedRows(np.array(value.rows, copy=copy), np.array(value.values, copy=copy),
+                                value.height)
         array = value.data if isinstance(value, LoDTensor) else value
         if array.dtype != np.dtype(var.dtype) or not _shape_matches(var.shape, array.shape):
             raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got "
                                     f"{array.dtype}{list(array.shape)}", var=name)
-        return np.array(array)
+        return np.array(array, copy=copy)
 
     def _to_shard(self, name: str, value: Any) -> Any:
         """A received table grad piece as rows of this server's shard; other values as they are."""
@@ -165,6 +212,26 @@ class Store:
             if bak in block.vars:
                 self.scope.put(bak, value)
                 self.touched.mark_all(bak)
+
+
+def out_of_range(dtype: np.dtype[Any]) -> float:
+    """The largest gradient magnitude a pserver takes in `dtype`: the square root of the
+    dtype's largest value (1.8e19 in float32), since optimizers square gradients (Adam's second
+    moment) and a larger one would overflow to infinity; float16, whose root is 255, only
+    refuses infinities and NaN."""
+    info = np.finfo(dtype)
+    return float(info.max) if info.bits < 32 else float(np.sqrt(info.max))
+
+
+def _float_data(value: Any) -> np.ndarray | None:
+    """The float array a received value carries (a phantom or an int tensor: none)."""
+    if isinstance(value, SelectedRows):
+        value = value.values
+    elif isinstance(value, LoDTensor):
+        value = value.data
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+        return None
+    return value
 
 
 _FITTING_MAX = 1 << 14

@@ -33,6 +33,12 @@ class SyncPolicy(ModePolicy):
     rewinds: ClassVar[bool] = True
 
     def verdict(self, event: Event, trainer: int, msg: Message) -> Verdict:
+        if msg.step > self.round.step + 1 and trainer in self.round.live:
+            raise ProtocolViolation(
+                f"{msg.kind} of step {msg.step} from trainer {trainer}, which this server at "
+                f"step {self.round.step} has not served the parameters of step "
+                f"{msg.step - 2} (a sync trainer is at most one step ahead of it)",
+                reason="step_ahead")
         verdict = self.round.classify(event, trainer, msg.step)
         if verdict is Verdict.REJECT:
             reason = self.core.reject_reason(trainer, msg)
@@ -43,6 +49,9 @@ class SyncPolicy(ModePolicy):
         super().__init__(core)
         self.grads: dict[int, tuple[int, tuple[str, ...]]] = {}
         """Trainer -> the step of the latest gradients it sent here, and their names."""
+        self.skipping: int | None = None
+        """The step whose update is skipped (a trainer's values were non-finite, and
+        ``on_nonfinite: skip_step``); None: none."""
         copies = self.contract.trainer_copies
         received = tuple(sorted(self.contract.received))
         self.expected: dict[int, tuple[str, ...]] = dict.fromkeys(
@@ -69,35 +78,62 @@ class SyncPolicy(ModePolicy):
                 self.round.fetch_barrier(trainer, msg.step)
         return verdict
 
-    def _check_sent(self, trainer: int, msg: Message) -> None:
-        """A send barrier closes the gradients a trainer sent of its step: one that comes
-        before all of them is refused, since counting it would apply whatever the missing
-        grads held before (the last step's, or nothing at step 0: the optimize would fail)."""
-        step, names = self.grads.get(trainer, (None, ()))
-        missing = sorted(set(self.expected[trainer]).difference(names if step == msg.step else ()))
+    def _check_sent(self, trainer: int, msg: Message, names: tuple[str, ...] | None = None) -> None:
+        """A send barrier closes the gradients a trainer sent of its step (`names`; None: those
+        recorded): one that comes before all of them is refused, since counting it would apply
+        whatever the missing grads held before (the last step's, or nothing at step 0: the
+        optimize would fail)."""
+        if names is None:
+            step, sent = self.grads.get(trainer, (None, ()))
+            names = sent if step == msg.step else ()
+        missing = sorted(set(self.expected[trainer]).difference(names))
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ProtocolViolation(
                 f"send_barrier of step {msg.step} from trainer {trainer} before its gradients "
-                f"{missing[:3]}{more} of that step", var=missing[0])
+                f"{missing[:3]}{more} of that step", var=missing[0], reason="barrier_early")
 
     def arrived(self, event: Event, trainer: int, msg: Message, closes: Closes | None) -> None:
         """Count a SEND or GET toward the trainer's barrier of this step, which it may carry;
         a message whose barrier would not count (a retry of a finished step, a joiner's fetch,
         the startup fetch) counts toward nothing."""
-        barrier = Event.SEND_BARRIER if event is Event.SEND else Event.FETCH_BARRIER
-        if msg.step == INITIAL_STEP or msg.step != self.round.step \
-                or self.round.classify(barrier, trainer, msg.step) is not Verdict.ACCEPT:
+        if self._counts(event, trainer, msg):
+            self.round.arrive(event, trainer, msg.id, closes)
+
+    def check_send(self, trainer: int, msg: Message, names: list[str],
+                   closes: Closes | None) -> None:
+        """Refuse a SEND of `names` that would close its trainer's send barrier (the one it
+        carries, or one carried before) before every gradient the trainer owes this step is
+        in (`_check_sent`), however many messages the barrier says it counts."""
+        if not self._counts(Event.SEND, trainer, msg) \
+                or not self.round.would_close(Event.SEND, trainer, msg.id, closes):
             return
-        self.round.arrive(event, trainer, msg.id, closes)
+        step, sent = self.grads.get(trainer, (None, ()))
+        self._check_sent(trainer, msg, (sent if step == msg.step else ()) + tuple(names))
+
+    def _counts(self, event: Event, trainer: int, msg: Message) -> bool:
+        """Whether a SEND or GET counts toward its trainer's barrier of this step."""
+        barrier = Event.SEND_BARRIER if event is Event.SEND else Event.FETCH_BARRIER
+        return msg.step != INITIAL_STEP and msg.step == self.round.step \
+            and self.round.classify(barrier, trainer, msg.step) is Verdict.ACCEPT
+
+    def skipped(self, trainer: int, msg: Message, names: list[str]) -> None:
+        """The values count as sent (the barrier is not held up), and the step's update is
+        skipped: applying the others' gradients alone would be another step than the one the
+        trainers computed."""
+        self._record(trainer, msg, names)
+        self.skipping = msg.step
 
     def applied(self, trainer: int, msg: Message, names: list[str]) -> Work:
-        step, sent = self.grads.get(trainer, (None, ()))
-        # applied with the others' at the round's end; a tuple, as `expected` (a name sent
-        # twice is there twice, which `_check_sent` does not mind)
-        self.grads[trainer] = (msg.step, (sent if step == msg.step else ()) + tuple(names))
+        self._record(trainer, msg, names)  # applied with the others' at the round's end
         return
         yield
+
+    def _record(self, trainer: int, msg: Message, names: list[str]) -> None:
+        """`names` of trainer `trainer` are in for `msg.step`; a tuple, as `expected` (a name
+        sent twice is there twice, which `_check_sent` does not mind)."""
+        step, sent = self.grads.get(trainer, (None, ()))
+        self.grads[trainer] = (msg.step, (sent if step == msg.step else ()) + tuple(names))
 
     def advance(self) -> Work:
         progressed = False
@@ -125,6 +161,12 @@ class SyncPolicy(ModePolicy):
         return self.core.resynced is None and self.round.passes_unused
 
     def _optimize(self) -> Work:
+        if self.skipping == self.round.step:
+            log.warning("%s: step %d's update skipped: a trainer's gradients held NaN, "
+                        "infinities or out-of-range values", self.core.name, self.round.step)
+            yield Tally("skipped_steps")
+            self.round.optimized()
+            return
         self.core.optimizing = True
         try:
             contributors = self.round.contributors

@@ -46,6 +46,7 @@ import zmq.auth
 import zmq.utils.z85
 
 from runtime.config.atomic import stale_temporaries, write_atomic
+from runtime.network.refusals import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +246,9 @@ class ZapHandler:
         self.clients = {zmq.utils.z85.decode(key): name for key, name in clients.items()}
         self.admitted = 0
         self.refused = 0
+        self.refusals = RefusalLog(log, node)
+        """Refused handshakes, logged so that a flood of them writes a line per address and
+        window (`runtime.network.refusals`)."""
         self._socket = context.socket(zmq.REP)
         self._socket.setsockopt(zmq.LINGER, 0)
         try:
@@ -273,9 +277,10 @@ class ZapHandler:
                  and len(credentials) == 1 else None)
         if owner is None:
             self.refused += 1
-            log.warning("%s: refused a %s connection from %s: not a key of this job",
-                        self.node, mechanism.decode(errors="replace"),
-                        address.decode(errors="replace"))
+            where = address.decode(errors="replace")
+            self.refusals.refused(where, "key_not_admitted", f"refused a "
+                                  f"{mechanism.decode(errors='replace')} connection from "
+                                  f"{where}: not a key of this job")
             return [b"1.0", request_id, b"400", b"key not admitted", b"", b""]
         self.admitted += 1
         return [b"1.0", request_id, b"200", b"OK", owner.encode(), b""]
@@ -288,6 +293,7 @@ class ZapHandler:
             socket.send_multipart(self.answer(socket.recv_multipart(_NOBLOCK)), _NOBLOCK)
 
     def close(self) -> None:
+        self.refusals.flush()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._fd)
         self._socket.close(linger=0)

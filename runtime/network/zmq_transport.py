@@ -68,6 +68,7 @@ import numpy as np
 import zmq
 
 from runtime.network.curve import RELAY, CurveKeys, ZapHandler, make_client, make_server
+from runtime.network.refusals import RefusalLog
 from runtime.network.transport import (MAX_NAME_BYTES, Inbound, Inbox, EndpointError, Frame,
                                        Transport, TransportClosed, TransportError,
                                        UnknownPeerError, check_node_name)
@@ -258,6 +259,8 @@ class ZmqTransport(Transport):
         """Sockets whose receiving waits for room in the inbox."""
         self.dropped = 0
         """Messages dropped for breaking `max_frames` or `max_message_size`."""
+        self.refusals = RefusalLog(log, name)
+        """Those drops, logged so that no peer floods the log."""
         self.unsent = 0
         """Messages `send_nowait` dropped: `send_hwm` messages already waited for the peer."""
 
@@ -370,6 +373,7 @@ class ZmqTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        self.refusals.flush()
         closed = TransportClosed(self.name, "send")
         for socket in self._all():
             if self._loop is not None and not self._loop.is_closed():
@@ -543,9 +547,10 @@ class ZmqTransport(Transport):
 
     def _dropped(self, peer: str, size: int, count: int) -> None:
         self.dropped += 1
-        log.warning("%s: dropped a message of %d bytes in %d frames from %r (limits: %d bytes, "
-                    "%d frames)", self.name, size, count, peer[:64], self.limits.max_message_size,
-                    self.limits.max_frames)
+        self.refusals.refused(peer, "too_large", f"dropped a message of {size} bytes in {count} "
+                              f"frames from {peer[:64]!r} (limits: "
+                              f"{self.limits.max_message_size} bytes, "
+                              f"{self.limits.max_frames} frames)")
 
     def _resume_paused(self) -> None:
         for socket in self._paused:

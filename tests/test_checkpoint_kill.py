@@ -56,7 +56,7 @@ class Killer:
         return killable
 
 
-def killed_at(at: int, action: Callable[[], None]) -> bool:
+def killed_at(at: int, action: Callable[[], object]) -> bool:
     """Run `action` with its `at`-th file-system step killed; whether the kill came (False: it
     completed first)."""
     killer = Killer(at)

@@ -86,9 +86,9 @@ class RefusalLog:
             if seen.more:
                 reasons = ", ".join(f"{reason} {count:,}" for reason, count in
                                     sorted(seen.reasons.items(), key=lambda item: -item[1]))
-                self.logger.warning("%s: %s more refusals from %s in the last %gs: %s",
-                                    self.node, f"{seen.more:,}", clip(peer, MAX_VAR), span,
-                                    reasons)
+                self.logger.warning("%s: %s more refusal%s from %s in the last %gs: %s",
+                                    self.node, f"{seen.more:,}", "s"[:seen.more - 1],
+                                    clip(peer, MAX_VAR), span, reasons)
         if self._unnamed:
             self.logger.warning("%s: %s refusals from further peers in the last %gs (only the "
                                 "first %d peers of a window are named)", self.node,

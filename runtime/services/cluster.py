@@ -29,6 +29,7 @@ from runtime.execution.scope import Scope
 from runtime.network.rpc import RetryPolicy, RpcClient
 from runtime.network.transport import Transport
 from runtime.services.collective import Collective
+from runtime.services.inbound import InboundLimits, inbound_limits
 from runtime.services.checkpoint import recover
 from runtime.services.job import Job, RunPrograms
 from runtime.services.pserver import PserverService, ServeConfig, ServerStats
@@ -74,15 +75,20 @@ def trainer_name(index: int) -> str:
     return f"trainer:{index}"
 
 
-def serve_config(job: Job, checkpoint_dir: Path | None = None) -> ServeConfig:
+def serve_config(job: Job, checkpoint_dir: Path | None = None,
+                 inbound: InboundLimits | None = None) -> ServeConfig:
     """A pserver's timing: the heartbeat timeout, a drain long enough to answer a trainer's
     first two retries of a request whose reply was lost (e.g. the last COMPLETE), and the
     periodic checkpoints (`train.checkpoint_every`, into `checkpoint_dir`; none of its own
-    when trainer 0 notifies them, ``train.checkpoint_by: trainer``)."""
+    when trainer 0 notifies them, ``train.checkpoint_by: trainer``); with `inbound` (its
+    program's, `runtime.services.inbound`), it decodes no message larger than its trainers
+    legitimately send."""
     train = job.scenario.train
     every = (train.checkpoint_every
              if checkpoint_dir is not None and train.checkpoint_by == "pserver" else None)
+    largest = ServeConfig.max_message_size if inbound is None else inbound.largest_message
     return ServeConfig(heartbeat_timeout=train.heartbeat_timeout, drain=3 * train.retry_after,
+                       max_message_size=largest,
                        startup_grace=train.startup_timeout, checkpoint_every=every,
                        checkpoint_dir=checkpoint_dir, on_nonfinite=train.on_nonfinite,
                        trainer_names=tuple(trainer_name(i) for i in range(job.trainers)))
@@ -102,8 +108,8 @@ def make_pserver(job: Job, index: int, transport: Transport, compute: ComputeMod
     name = pserver_name(index)
     saved = checkpoint_dir is not None and recover(checkpoint_dir / name)
     executor = Executor(backend.kernels, backend.device_for("pserver"), local_index=index)
-    return PserverService(main, startup, transport, executor,
-                          serve_config(job, checkpoint_dir), compute, tracer,
+    config = serve_config(job, checkpoint_dir, inbound_limits(job, main))
+    return PserverService(main, startup, transport, executor, config, compute, tracer,
                           load_from=checkpoint_dir if recovering and saved else None,
                           recovering=recovering)
 

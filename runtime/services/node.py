@@ -49,7 +49,9 @@ Security (`runtime.network.curve`, SECURITY.md): a node talks CurveZMQ with the 
 ``--keys DIR`` (or ``PSLAB_KEYS``), written by ``runtime keys DIR``: a pserver admits only the
 trainers' keys and takes a trainer's key as its identity, a trainer checks each pserver's key.
 Without keys a node refuses to start unless ``--insecure`` says so, and then warns that anyone
-reaching its endpoints can read, change and end the job.
+reaching its endpoints can read, change and end the job. Either way a pserver takes no frame or
+message larger than its trainers legitimately send it, and holds a bounded budget of received
+bytes (`runtime.services.inbound`).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
                                       trainer_name)
+from runtime.services.inbound import pserver_inbound_limits
 from runtime.services.job import Job, check_job
 from runtime.services.lifeline import die_with_launcher, launcher_pid
 from runtime.services.output import DetachedOutput, shown_dropped
@@ -414,7 +417,8 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     keys = (None if options.keys is None
             else node_keys(options.keys, "pserver", index, job.trainers, job.endpoints,
                            relay=options.bind is not None))
-    transport = ZmqTransport(pserver_name(index), ZmqLimits(linger_ms=2000), curve=keys)
+    limits = pserver_inbound_limits(job, index).zmq_limits(linger_ms=2000)
+    transport = ZmqTransport(pserver_name(index), limits, curve=keys)
     times = KernelTimes()
     with timing_kernels(times) if measuring() else nullcontext():
         service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(

@@ -55,7 +55,9 @@ At the end it gathers the nodes' records into ``OUT/metrics.json`` (`runtime.con
 run record `sim run` writes too, schema in ``runtime/config/metrics.schema.json``), checks
 the scenario's `expect` (`runtime.config.expect`) when every node succeeded, and prints a summary
 whose last line says OK or why not. ``params_equal_to: fault_free`` is checked against the same job
-without its faults, run here in one process over loopback ZeroMQ (`fault_free_params`). A
+without its faults, run here in one process over loopback ZeroMQ (`fault_free_params`), under
+CurveZMQ with keys of its own made in memory unless the job runs ``--insecure``
+(`runtime.services.local_zmq`): no other user of the host can talk to its pservers. A
 scenario whose ``expect.error`` says the run must fail is OK when it failed with that text. The
 exit status is 0 on success (a failure as expected included), 1 on a failure, and 128 + the
 signal number when interrupted.
@@ -98,10 +100,10 @@ from runtime.faults.schedule import FaultSchedule
 from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latencies,
                                   network_notes, sigterm_interrupts)
 from runtime.network.curve import KeyFileError, write_keys
-from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import pserver_name, restart_is_moot, run_job, train_locally
 from runtime.services.job import Job
 from runtime.services.lifeline import launcher_environment
+from runtime.services.local_zmq import fresh_keys, zmq_transports
 from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_file_stem,
                                    node_keys, node_name, run_async)
 from runtime.services.output import DetachedOutput
@@ -805,24 +807,32 @@ def proxy_metrics(proxies: Mapping[int, FaultProxy]) -> list[ProxyMetrics]:
             for j, proxy in sorted(proxies.items())]
 
 
-def fault_free_params(scenario: Scenario) -> dict[str, np.ndarray]:
+def fault_free_params(scenario: Scenario, secure: bool = True) -> dict[str, np.ndarray]:
     """Trainer 0's final parameters in the same job without its faults: every node a task of
     this process over loopback ZeroMQ, which in sync mode computes the same numbers, bit for
-    bit, as separate processes."""
+    bit, as separate processes. With `secure` its nodes speak CurveZMQ with fresh keys held in
+    memory (`runtime.services.local_zmq`): its listening sockets admit none but its own
+    trainers."""
     clean = scenario.model_copy(update={"faults": []})
-    job = Job.from_scenario(clean, free_endpoints(scenario.cluster.host, scenario.cluster.pservers))
-    result = run_async(asyncio.wait_for(run_job(job, ZmqTransport), scenario.train.deadline))
+    cluster = scenario.cluster
+    listeners = cluster.trainers if scenario.transpiler.mode in TRAINER_RING_MODES \
+        else cluster.pservers
+    job = Job.from_scenario(clean, free_endpoints(cluster.host, listeners))
+    transports = zmq_transports(job, fresh_keys(job) if secure else None)
+    result = run_async(asyncio.wait_for(run_job(job, transports), scenario.train.deadline))
     return result.params
 
 
 def check_expectations(launcher: Launcher, metrics: JobMetrics) -> list[ExpectationResult]:
-    return check_run(launcher.scenario, launcher.endpoints, launcher.out / "params.npz", metrics)
+    return check_run(launcher.scenario, launcher.endpoints, launcher.out / "params.npz", metrics,
+                     secure=launcher.security[0] != "--insecure")
 
 
 def check_run(scenario: Scenario, endpoints: list[str], params: Path,
-              metrics: JobMetrics) -> list[ExpectationResult]:
+              metrics: JobMetrics, secure: bool = True) -> list[ExpectationResult]:
     """`scenario`'s expectations of a run whose records are `metrics` and whose trainer 0 left
-    its final parameters in `params`."""
+    its final parameters in `params`; `secure`: its fault-free reference run speaks CurveZMQ
+    (`fault_free_params`)."""
 
     def local() -> dict[str, np.ndarray]:
         job = Job.from_scenario(scenario, endpoints)
@@ -830,7 +840,7 @@ def check_run(scenario: Scenario, endpoints: list[str], params: Path,
 
     losses = metrics.trainers[0].losses if metrics.trainers else []
     return expect.check(scenario, losses, _load_params(params), metrics.pservers, local,
-                        fault_free_params=lambda: fault_free_params(scenario),
+                        fault_free_params=lambda: fault_free_params(scenario, secure),
                         redone=[t.steps_redone for t in metrics.trainers])
 
 

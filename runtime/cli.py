@@ -9,7 +9,9 @@ this host, injecting its faults (`runtime.launch.launcher`, `runtime.faults.inje
 ``--role``/``TRAINING_ROLE`` one of them in the foreground (`runtime.services.node`). ``runtime
 profile SCENARIO`` runs a scenario's job as ``runtime up`` does with every node measuring its
 kernels and its runtime costs, and writes a profile file the simulator's ``compute: {model:
-profile}`` reads (`runtime.launch.profile`). ``runtime collect OUT_DIR...`` merges the records
+profile}`` reads (`runtime.launch.profile`). ``runtime calibrate`` measures this machine (kernels
+over a grid of shapes, the runtime's costs on a reference job) into the machine file that
+``compute: {model: calibrated}`` prices any job from (`runtime.launch.calibrate`). ``runtime collect OUT_DIR...`` merges the records
 of a job's nodes run one per host into one metrics.json and checks the scenario's expectations
 (`runtime.launch.collect`). ``runtime keys DIR`` writes a job's CurveZMQ keys for nodes on
 several hosts, and ``runtime keys DIR --export NODE OUT`` copies what one of them needs, the
@@ -19,6 +21,7 @@ public keys and its own secret (`runtime.network.curve`, SECURITY.md).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -134,6 +137,30 @@ def _add_profile(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_profile, parser=p)
 
 
+def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure this machine (kernels over shapes, the runtime's costs), so "
+                          "that the simulator prices any job",
+        description="Measure this machine, not a job: each op type's kernel time over a grid "
+                    "of shapes (reference models from tiny to beyond the caches, numpy and torch "
+                    "kernels), and the runtime's costs (messages by kind and size, encryption, "
+                    "dispatch, per-step work) on a reference job run for real. Writes the "
+                    "machine file that `compute: {model: calibrated, path: FILE}` makes the "
+                    "simulator use for any scenario.")
+    p.add_argument("-o", "--output", type=Path, default=Path("machine.json"),
+                   help="the machine file to write (machine.json)")
+    p.add_argument("--kernels", default=None, metavar="BACKENDS",
+                   help="kernel backends to calibrate, comma-separated (default: numpy, and "
+                        "torch where installed)")
+    p.add_argument("--budget", type=float, default=120.0, metavar="SECONDS",
+                   help="time the kernel grid may take; references past it are skipped and "
+                        "named (120)")
+    p.add_argument("--quick", action="store_true", help="a coarser grid (about half the time)")
+    p.add_argument("--no-runtime", dest="runtime", action="store_false",
+                   help="kernels only: skip the reference job that measures the runtime's costs")
+    p.set_defaults(run=_calibrate, parser=p)
+
+
 def _add_collect(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "collect", help="merge the records of a job's nodes run across hosts into metrics.json",
@@ -180,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(subparsers)
     _add_up(subparsers)
     _add_profile(subparsers)
+    _add_calibrate(subparsers)
     _add_collect(subparsers)
     _add_keys(subparsers)
     return parser
@@ -303,6 +331,37 @@ def _keys(args: argparse.Namespace, out: TextIO) -> int:
     print(f"wrote {len(written)} key files to {args.directory} (secret keys mode 0600): give "
           "each node the *.key public keys, its own <node>.key_secret and --keys DIR "
           "(runtime keys DIR --export NODE OUT copies those)", file=out)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, out: TextIO) -> int:
+    from runtime.launch.calibrate import CalibrationError, calibrate, summary, write_machine
+    from runtime.launch.profile import ProfileError
+
+    parser: argparse.ArgumentParser = args.parser
+    backends = None if args.kernels is None else [b.strip() for b in args.kernels.split(",")]
+    for backend in backends or ():
+        if backend not in ("numpy", "torch"):
+            parser.error(f"--kernels: {backend!r} is not numpy or torch")
+    if backends and "torch" in backends and importlib.util.find_spec("torch") is None:
+        parser.error("--kernels torch: torch is not installed (pip install -e '.[torch]')")
+    try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"-o {args.output}: {err.strerror}")
+    print(f"calibrating this machine into {args.output}: kernels over a grid of shapes, "
+          f"then the runtime's costs (a budget of {args.budget:g}s for the kernels)",
+          file=out, flush=True)
+    try:
+        document = calibrate(out, backends, args.quick, args.budget, args.runtime)
+    except (CalibrationError, ProfileError) as err:
+        print(f"runtime calibrate: {err}", file=sys.stderr)
+        return 1
+    write_machine(args.output, document)
+    for line in summary(document):
+        print(line, file=out)
+    print(f"wrote {args.output} in {document['meta']['seconds']:g}s; use it with "
+          f"compute: {{model: calibrated, path: {args.output}}}", file=out)
     return 0
 
 

@@ -59,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from runtime.config import units
 from runtime.execution.compute import ComputeModel
 from runtime.execution.costs import RuntimeCosts
+from runtime.execution.curves import Curve
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import Phantom
 from runtime.execution.work import COST_RULES, Work, op_work, out_elements
@@ -68,7 +69,8 @@ from .cpu import Cpus
 
 __all__ = [
     "COST_RULES", "ComputeConfigError", "Device", "Ledger", "OnCpus", "OpTime", "Profile",
-    "Roofline", "Straggler", "Stragglers", "Work", "compute_model", "load_profile",
+    "Roofline", "Straggler", "Stragglers", "Work", "Calibrated", "compute_model",
+    "load_calibrated", "load_profile", "model_notes",
     "load_runtime_costs", "op_work", "parse_compute", "runtime_costs",
 ]
 
@@ -171,6 +173,49 @@ class Profile:
         if not time.per_element:
             return time.per_call
         return time.per_call + time.per_element * out_elements(op, scope)
+
+
+class Calibrated:
+    """Each op priced from its type's measured curve on this machine (`runtime calibrate`): the
+    curve's feature (FLOPs or bytes) of the op's work (`op_work`) read off the curve
+    (`runtime.execution.curves.Curve`). An op type the machine file lacks is priced by its
+    fallback curve (elementwise ops, by bytes), an op beyond a curve's sizes by the curve's
+    nearest end; each such op type is named once in `notes`."""
+
+    def __init__(self, curves: Mapping[str, Curve], fallback: Curve | None,
+                 source: str = "the machine file") -> None:
+        self.curves = dict(curves)
+        self.fallback = fallback
+        self.source = source
+        self.notes: list[str] = []
+        """What was priced by an approximation, once per op type and kind (the run's notes)."""
+        self._noted: set[tuple[str, str]] = set()
+        self._works = WorkCache()
+
+    def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
+        curve = self.curves.get(op.type)
+        if curve is None:
+            curve = self._fallback(op.type)
+            if curve is None:
+                return 0.0
+        work = self._works.work(op, scope)
+        x = work.flops if curve.feature == "flops" else work.bytes
+        if x > 0 and not curve.covers(x):
+            self._note(op.type, "range", f"compute: {op.type} of {x:.3g} {curve.feature} lies "
+                       f"outside the sizes {self.source} measured ({curve.points[0][0]:.3g} to "
+                       f"{curve.points[-1][0]:.3g}); priced from the nearest end of its curve")
+        return curve.seconds(x)
+
+    def _fallback(self, op_type: str) -> Curve | None:
+        self._note(op_type, "type", f"compute: op type {op_type} was not calibrated in "
+                   f"{self.source}; " + ("priced as an elementwise op of the bytes it moves"
+                                         if self.fallback is not None else "it costs nothing"))
+        return self.fallback
+
+    def _note(self, op_type: str, kind: str, text: str) -> None:
+        if (op_type, kind) not in self._noted:
+            self._noted.add((op_type, kind))
+            self.notes.append(text)
 
 
 @dataclass(frozen=True)
@@ -411,6 +456,22 @@ class ProfileSpec(_Strict):
         return self
 
 
+class CalibratedSpec(_Strict):
+    """Each op priced from this machine's measured curves (`runtime calibrate`)."""
+
+    model: Literal["calibrated"]
+    """Picks this model."""
+    path: str
+    """The machine file `runtime calibrate` wrote, relative to the scenario's folder."""
+    kernels: Literal["numpy", "torch"] | None = None
+    """Whose kernels' curves price the ops (none: the scenario's backend.kernels; timing mode
+    (phantom) uses numpy's)."""
+    stragglers: list[StragglerSpec] = []
+    """Slowdowns on top."""
+    runtime: bool = True
+    """Charge the runtime costs the machine file has (false: its kernels only)."""
+
+
 class LinearSpec(_Strict):
     """A message of S bytes costs ``per_message + per_byte * S`` seconds of CPU."""
 
@@ -455,6 +516,35 @@ class RuntimeSection(_Strict):
     (remove the section to predict a job run with `--insecure`)."""
 
 
+class CurveDoc(_Strict):
+    """A curve as the machine file holds it (`runtime.execution.curves.Curve`)."""
+
+    feature: Literal["flops", "bytes"]
+    """What of an op's work its time follows."""
+    points: list[tuple[float, float]]
+    """(size, seconds) at rising sizes, seconds non-decreasing."""
+
+    @model_validator(mode="after")
+    def _a_curve(self) -> CurveDoc:
+        Curve.of(self.model_dump())  # raises naming what is wrong
+        return self
+
+
+class MachineFile(_Strict):
+    """A machine's calibration (`runtime.launch.calibrate`)."""
+
+    format: Literal["pslab-machine"]
+    version: Literal[1]
+    kernels: dict[str, dict[str, CurveDoc]]
+    """Backend -> op type -> its curve: ``{"feature": "flops" | "bytes", "points": [[size,
+    seconds], ...]}``."""
+    fallback: dict[str, CurveDoc] = {}
+    """Backend -> the curve of an op type it lacks (elementwise ops pooled, by bytes)."""
+    runtime: RuntimeSection | None = None
+    """The runtime's own costs, as a profile's."""
+    meta: dict[str, Any] = {}
+
+
 class ProfileFile(_Strict):
     """A profile: measured op times and the runtime's own costs (`runtime.launch.profile`)."""
 
@@ -468,8 +558,9 @@ class ProfileFile(_Strict):
     """Free-form, for people: what was run, where, and each op type's calls and fit; not read."""
 
 
-_SPECS: dict[str, type[RooflineSpec] | type[ProfileSpec]] = {
-    "roofline": RooflineSpec, "profile": ProfileSpec,
+ComputeSpec = RooflineSpec | ProfileSpec | CalibratedSpec
+_SPECS: dict[str, type[RooflineSpec] | type[ProfileSpec] | type[CalibratedSpec]] = {
+    "roofline": RooflineSpec, "profile": ProfileSpec, "calibrated": CalibratedSpec,
 }
 S = TypeVar("S", bound=BaseModel)
 
@@ -486,7 +577,7 @@ def _validated(kind: type[S], raw: Any, where: str) -> S:
         raise ComputeConfigError(field, error["msg"].removeprefix("Value error, ")) from None
 
 
-def parse_compute(section: Any) -> RooflineSpec | ProfileSpec:
+def parse_compute(section: Any) -> ComputeSpec:
     """Validate a scenario's `compute` section."""
     if not isinstance(section, Mapping):
         raise ComputeConfigError("compute", f"must be a mapping, got {section!r}")
@@ -497,23 +588,48 @@ def parse_compute(section: Any) -> RooflineSpec | ProfileSpec:
     return _validated(kind, section, "compute")
 
 
-def _profile_file(path: Path, field: str = "compute.path") -> ProfileFile:
+def _json_file(path: Path, kind: type[S], what: str, field: str, missing: str = "") -> S:
+    """The `kind` document in the JSON file `path` (a `what`); any problem a
+    `ComputeConfigError` on `field` naming the file (`missing`: a hint when it is absent)."""
     try:
         raw = json.loads(path.read_text())
     except OSError as exc:
-        raise ComputeConfigError(field, f"cannot read profile {path}: {exc.strerror}") from None
+        raise ComputeConfigError(field, f"cannot read {what} {path}: {exc.strerror}{missing}"
+                                 ) from None
     except json.JSONDecodeError as exc:
-        raise ComputeConfigError(field, f"profile {path} is not JSON: {exc}") from None
+        raise ComputeConfigError(field, f"{what} {path} is not JSON: {exc}") from None
     try:
-        return _validated(ProfileFile, raw, "profile")
+        return _validated(kind, raw, what.split()[0])
     except ComputeConfigError as exc:
         raise ComputeConfigError(field, f"{path}: {exc}") from None
+
+
+def _profile_file(path: Path, field: str = "compute.path") -> ProfileFile:
+    return _json_file(path, ProfileFile, "profile", field)
 
 
 def load_profile(path: Path) -> Profile:
     """A profile file: ``{"ops": {op_type: seconds or {"per_element": seconds}}, "default": s}``."""
     data = _profile_file(path)
     return Profile(data.ops, data.default)
+
+
+def _machine_file(path: Path, field: str = "compute.path") -> MachineFile:
+    return _json_file(path, MachineFile, "machine file", field,
+                      "; `runtime calibrate -o FILE` writes one")
+
+
+def load_calibrated(path: Path, kernels: str) -> Calibrated:
+    """The model a machine file gives for `kernels` (numpy or torch)."""
+    data = _machine_file(path)
+    curves = data.kernels.get(kernels)
+    if curves is None:
+        raise ComputeConfigError("compute.kernels", f"{path} holds no calibration of {kernels} "
+                                 f"kernels, only of {', '.join(sorted(data.kernels)) or 'none'}")
+    fallback = data.fallback.get(kernels)
+    return Calibrated({op: Curve.of(doc.model_dump()) for op, doc in curves.items()},
+                      None if fallback is None else Curve.of(fallback.model_dump()),
+                      path.name)
 
 
 def load_runtime_costs(path: Path, field: str = "compute.path") -> RuntimeCosts | None:
@@ -535,10 +651,15 @@ def runtime_costs(section: Mapping[str, Any] | None,
         return load_runtime_costs(base_dir / spec.runtime, "compute.runtime")
     if not spec.runtime or spec.path is None:
         return None
+    if isinstance(spec, CalibratedSpec):
+        measured = _machine_file(base_dir / spec.path).runtime
+        return None if measured is None else RuntimeCosts.from_document(measured.model_dump())
     return load_runtime_costs(base_dir / spec.path)
 
 
-def _base_model(spec: RooflineSpec | ProfileSpec, base_dir: Path) -> ComputeModel:
+def _base_model(spec: ComputeSpec, base_dir: Path, kernels: str) -> ComputeModel:
+    if isinstance(spec, CalibratedSpec):
+        return load_calibrated(base_dir / spec.path, spec.kernels or kernels)
     if isinstance(spec, RooflineSpec):
         overrides = [(o.nodes, o.device.model_dump(exclude_none=True)) for o in spec.overrides]
         return Roofline(Device(**spec.device.model_dump()), overrides)
@@ -547,14 +668,25 @@ def _base_model(spec: RooflineSpec | ProfileSpec, base_dir: Path) -> ComputeMode
     return Profile(spec.ops or {}, spec.default)
 
 
+def model_notes(model: ComputeModel | None) -> list[str]:
+    """What `model` (or the model it wraps) priced by an approximation (`Calibrated.notes`)."""
+    while model is not None:
+        notes = getattr(model, "notes", None)
+        if isinstance(notes, list):
+            return list(notes)
+        model = getattr(model, "base", None) or getattr(model, "inner", None)
+    return []
+
+
 def compute_model(section: Mapping[str, Any] | None, seed: int,
-                  base_dir: Path = Path(".")) -> ComputeModel | None:
+                  base_dir: Path = Path("."), kernels: str = "numpy") -> ComputeModel | None:
     """The model a scenario's `compute` section describes (None: compute takes no time);
-    `base_dir` is where a profile's relative path starts (the scenario file's folder)."""
+    `base_dir` is where a profile's relative path starts (the scenario file's folder);
+    `kernels`: the scenario's backend, whose curves a calibrated model reads (phantom: numpy's)."""
     if section is None:
         return None
     spec = parse_compute(section)
-    base = _base_model(spec, base_dir)
+    base = _base_model(spec, base_dir, "numpy" if kernels == "phantom" else kernels)
     if not spec.stragglers:
         return base
     return Stragglers(base, [s.rule() for s in spec.stragglers], seed)

@@ -105,14 +105,15 @@ def notes_for(result: SimResult) -> list[str]:
     if s.compute is not None:
         if runtime_costs(s.compute, result.base_dir or Path.cwd()) is None:
             notes.append("compute: only kernels are priced, not the runtime's own work "
-                         "(messages, dispatch); a profile from `runtime profile` prices it")
+                         "(messages, dispatch); a machine file from `runtime calibrate` (or "
+                         "a profile from `runtime profile`) prices it")
         elif not s.cluster.hosts:
             notes.append("cluster.hosts: none given, so every node has a machine of its own")
     if s.collective.backend == "torch" and s.cluster.pservers == 0:
         notes.append("collective.backend: torch is a real-run backend (runtime up, role mode); "
                      "simulated as the ring all-reduce (its messages and sums: the same sums "
                      "within float rounding, not torch.distributed's algorithm or timing)")
-    return notes
+    return notes + result.compute_notes
 
 
 def check_expectations(result: SimResult) -> list[ExpectationResult]:

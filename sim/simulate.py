@@ -51,7 +51,7 @@ from runtime.services.cluster import JobResult, LocalCluster, pserver_name, trai
 from runtime.services.job import Job
 from runtime.services.pserver import ServerStats
 
-from .cost import Ledger, OnCpus, compute_model, runtime_costs
+from .cost import Ledger, OnCpus, compute_model, model_notes, runtime_costs
 from .cpu import Cpus, hosts_of
 from .faults import FaultEvent, MessageFaults, SimTarget, Slowdowns
 from .loop import SimStats, VirtualTimeLoop, run
@@ -105,6 +105,8 @@ class SimResult:
     """Simulated CPU seconds each node's main thread, and with the runtime's costs its I/O
     thread (`sim.cpu.io_thread`), was given over the whole run (empty: compute was not on
     CPUs)."""
+    compute_notes: list[str] = field(default_factory=list)
+    """What the compute model priced by an approximation (`sim.cost.model_notes`)."""
 
     @property
     def messages(self) -> int:
@@ -122,7 +124,8 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
     network = Network.from_spec(scenario.network, scenario.seed,
                                 trace.message if trace_messages else None)
     messages = network.faults = MessageFaults(scenario.seed)
-    model = compute_model(scenario.compute, scenario.seed, base_dir or Path.cwd())
+    model = compute_model(scenario.compute, scenario.seed, base_dir or Path.cwd(),
+                          scenario.backend.kernels)
     slowdowns = None if model is None else Slowdowns(model)
     job = Job.from_scenario(scenario)
     job.check_timing()  # a sweep's point, or a caller that skipped `check_job`
@@ -157,7 +160,8 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
     return SimResult(scenario, job.endpoints, now, trainers, result.pservers, result.params,
                      network.link_stats(), network.nic_stats(), trace,
                      dict(compute.in_steps) if compute else {}, stats, schedule.events, base_dir,
-                     dict(compute.cpus.busy()) if isinstance(compute, OnCpus) else {})
+                     dict(compute.cpus.busy()) if isinstance(compute, OnCpus) else {},
+                     model_notes(model))
 
 
 def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,

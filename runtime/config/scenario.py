@@ -474,8 +474,9 @@ class Scenario(_Strict):
     network: NetworkSection | None = None
     """Latency and bandwidth of the links (none: an ideal network)."""
     compute: dict[str, Any] | None = None
-    """The simulator's compute model: `roofline` or `profile`, see below (none:
-    compute takes no simulated time). `runtime up` ignores it."""
+    """The simulator's compute model: `roofline`, `profile` (one job measured) or
+    `calibrated` (this machine measured, any job priced), see below (none: compute takes no
+    simulated time). `runtime up` ignores it."""
     faults: list[Fault] = []
     """What goes wrong, where and when."""
     expect: ExpectSpec = ExpectSpec()

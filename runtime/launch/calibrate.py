@@ -1,0 +1,310 @@
+"""`runtime calibrate`: measure this machine, not a job, so that the simulator prices any job.
+
+A profile (`runtime.launch.profile`) measures one job: its op types at its shapes, its messages
+at its sizes. Priced from it, another job (a wider model, more trainers, another mode) comes out
+tens of percent off, since a constant per call or per element does not follow shape. A
+calibration measures what a job is made of instead, over ranges wide enough for jobs never run:
+
+- **kernels**: the training programs of reference models (the MLP at widths 16 to 2,048 and
+  batches 8 to 256, two hidden layers, the CNN at three image sizes, ctr_dnn's embedding tables
+  from 1,000 to 100,000 rows), run in this process on each kernel backend (numpy, and torch
+  where installed), and a sync pserver's optimize blocks of the MLPs (their ``sum``, ``scale``
+  and optimizer ops, SGD, momentum and Adam); every kernel call's CPU time against its work
+  (`runtime.execution.work.op_work`). Each op type gets a `Curve` of seconds against FLOPs
+  (the matrix products, convolutions, nce) or bytes moved (everything else), and the bytes
+  curve of all elementwise op types together prices an op type none of the programs ran.
+- **runtime**: a reference job (2 pservers x 2 trainers, an MLP whose messages range from 40
+  bytes to 128 KiB, CurveZMQ on, the compact protocol) run for real as `runtime profile` runs
+  one: each message's cost by kind and size on both sides, the I/O thread's and CurveZMQ's, the
+  executor's dispatch per op, a trainer's per-step and a pserver's per-round work, fitted as a
+  profile's are (`runtime.execution.costs.fit_costs`).
+
+The machine file (``machine.json``)::
+
+    {"format": "pslab-machine", "version": 1,
+     "kernels": {"numpy": {"mul": {"feature": "flops", "points": [[flops, seconds], ...]}, ...},
+                 "torch": {...}},
+     "fallback": {"numpy": {"feature": "bytes", "points": [...]}, ...},
+     "runtime": {...a profile's runtime section...},
+     "meta": {"machine": ..., "seconds": ..., "grid": [...], "samples": {...}}}
+
+A scenario's ``compute: {model: calibrated, path: machine.json}`` prices its job from it
+(`sim.cost.Calibrated`). Calibration takes about two minutes on two cores (`--quick`: a
+coarser grid, about half); a grid point that would pass the time budget is skipped and named.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from runtime.config.atomic import write_atomic
+from runtime.config.scenario import Scenario, parse_scenario
+from runtime.execution.costs import machine
+from runtime.execution.curves import Curve, Feature, fit_curve
+from runtime.execution.executor import Executor
+from runtime.execution.scope import Scope
+from runtime.execution.tensor import SelectedRows
+from runtime.execution.work import op_work
+from runtime.services.job import Job
+from transpiler.distribute.contract import ServeContract
+from transpiler.ir import Op, VarType
+from transpiler.opcatalog import OPS
+
+FORMAT = "pslab-machine"
+VERSION = 1
+BY_FLOPS = frozenset({"matmul", "matmul_grad", "batched_matmul", "batched_matmul_grad",
+                      "conv2d", "conv2d_grad", "nce"})
+"""The cost rules whose time follows FLOPs; every other op's follows the bytes it moves."""
+FALLBACK_RULES = frozenset({"elementwise", "reduction", "sum", "softmax"})
+"""The cost rules whose samples, pooled by bytes, price an op type that was not calibrated."""
+
+
+class CalibrationError(RuntimeError):
+    """Calibrating failed: the reason, naming the reference that failed."""
+
+
+def feature_of(op_type: str) -> Feature:
+    """What an op type's time follows: FLOPs or bytes moved (see `BY_FLOPS`)."""
+    entry = OPS.get(op_type)
+    rule = entry.cost.rule if entry is not None and entry.cost is not None else None
+    return "flops" if rule in BY_FLOPS else "bytes"
+
+
+def pooled(op_type: str) -> bool:
+    """Whether an op type's samples go into the fallback curve."""
+    entry = OPS.get(op_type)
+    return entry is not None and entry.cost is not None and entry.cost.rule in FALLBACK_RULES
+
+
+# -- measuring kernels ---------------------------------------------------------------------------
+
+@dataclass
+class WorkTimes:
+    """A `KernelTimer` keeping each call's work and CPU seconds, per op type."""
+
+    samples: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
+    clock: Callable[[], float] = time.thread_time
+
+    def record(self, op: Op, scope: Scope, seconds: float) -> None:
+        work = op_work(op, scope)
+        self.samples.setdefault(op.type, []).append((work.flops, work.bytes, seconds))
+
+    @property
+    def calls(self) -> int:
+        return sum(len(s) for s in self.samples.values())
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference program of the grid: a job's text; `pserver`: its pserver's optimize blocks
+    too (a sync job of one pserver and two trainers)."""
+
+    name: str
+    model: str
+    batch: int
+    steps: int = 6
+    pserver: bool = True
+
+    def scenario(self) -> Scenario:
+        return parse_scenario(
+            f"name: calibrate-{self.name}\nseed: 1\nmodel: {self.model}\n"
+            f"data: {{batch_size: {self.batch}}}\n"
+            "cluster: {pservers: 1, trainers: 2, endpoints: {pservers: [127.0.0.1:7001]}}\n"
+            f"transpiler: {{mode: sync}}\ntrain: {{steps: {self.steps}}}\n",
+            f"<calibration {self.name}>")
+
+
+def _mlp(sizes: list[int], optimizer: str = "sgd") -> str:
+    return f"{{name: mlp, sizes: {sizes}, optimizer: {{type: {optimizer}, learning_rate: 0.01}}}}"
+
+
+def grid(quick: bool = False) -> list[Reference]:
+    """The reference programs, cheapest first (so a budget cut drops the largest)."""
+    widths = (16, 128, 1024, 4096) if quick else (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+    batches = (1, 16, 128, 512) if quick else (1, 8, 16, 32, 64, 128, 256, 512)
+    refs = [Reference(f"mlp-{w}-b{b}", _mlp([64, w, 10]), b) for w in widths for b in batches]
+    deep = (256, 1024) if quick else (64, 128, 256, 512, 1024, 2048)
+    refs += [Reference(f"mlp2-{w}-b{b}", _mlp([64, w, w, 10]), b)
+             for w in deep for b in ((32, 256) if quick else (8, 32, 128, 256))]
+    refs += [Reference(f"mlp-{opt}-{w}-b{b}", _mlp([64, w, w, 10], opt), b)
+             for opt in ("momentum", "adam") for w in (64, 512, 2048) for b in (8, 64)]
+    images = (8, 16) if quick else (8, 16, 28, 32)
+    refs += [Reference(f"cnn-{image}-{c}-b{b}",
+                       f"{{name: cnn, image: {image}, channels: [{c}, {2 * c}]}}", b, steps=4)
+             for image in images for c in (8, 16) for b in (8, 32, 64)]
+    tables = ((1000, 8), (100_000, 16)) if quick else \
+        ((1000, 8), (10_000, 16), (100_000, 16), (100_000, 64), (1_000_000, 16))
+    refs += [Reference(f"ctr-{vocab}-{dim}-b{b}",
+                       f"{{name: ctr_dnn, vocab: {vocab}, embed_dim: {dim}}}", b, pserver=False)
+             for vocab, dim in tables for b in (32, 256)]
+    return sorted(refs, key=_cost_rank)
+
+
+def _cost_rank(ref: Reference) -> int:
+    """A reference's rough cost: its model's text length stands for nothing, so batch size
+    and the widths it names (bigger runs later, where a budget cut drops them)."""
+    numbers = [int(n) for n in re.findall(r"\d+", ref.model)]
+    return ref.batch * max(numbers, default=1) * (4 if "cnn" in ref.model else 1)
+
+
+def measure_kernels(backend: str, refs: list[Reference], budget: float, stream: TextIO
+                    ) -> tuple[WorkTimes, list[str]]:
+    """Run every reference on `backend` until `budget` seconds are spent; the samples and the
+    references skipped."""
+    times = WorkTimes()
+    skipped: list[str] = []
+    started = time.monotonic()
+    for k, ref in enumerate(refs):
+        if k and time.monotonic() - started > budget:  # the first runs whatever the budget
+            skipped += [r.name for r in refs[k:]]
+            break
+        try:
+            job = Job.from_scenario(ref.scenario())
+            _train(job, backend, times, ref.steps)
+            if ref.pserver:
+                _optimize(job, backend, times, ref.steps)
+        except Exception as exc:
+            raise CalibrationError(f"reference {ref.name} on {backend}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        print(f"  {backend:<6} {ref.name:<22} {times.calls:>7} calls  "
+              f"{time.monotonic() - started:6.1f}s", file=stream, flush=True)
+    return times, skipped
+
+
+def _train(job: Job, backend: str, times: WorkTimes, steps: int) -> None:
+    """Local training steps of `job`'s program: forward, backward and optimizer kernels."""
+    model = job.model
+    executor, scope = Executor(backend, timer=times), Scope()
+    Executor(backend).run(model.startup, scope=scope)
+    batch = job.scenario.data.batch_size
+    for step in range(steps):
+        executor.run(model.main, feed=job.dataset.batch(step, batch, model.feeds),
+                     fetch_list=[model.loss], scope=scope)
+
+
+def _optimize(job: Job, backend: str, times: WorkTimes, steps: int) -> None:
+    """A sync pserver's optimize blocks over random gradients: its fan-in and update ops."""
+    main, startup = job.pserver_programs(0)
+    scope = Scope()
+    Executor(backend).run(startup, scope=scope)
+    contract = ServeContract.of(main)
+    block = main.global_block()
+    rng = np.random.default_rng(0)
+    for name in sorted(contract.received):
+        var = block.var(name)
+        if var.type is VarType.SELECTED_ROWS:
+            return  # sparse gradients: their ops are calibrated by the trainers' programs
+        shape = tuple(d if d > 0 else 1 for d in var.shape)
+        scope.put(name, rng.standard_normal(shape).astype(var.dtype))
+    executor = Executor(backend, timer=times)
+    for _ in range(steps):
+        for idx in contract.sync_blocks:
+            executor.run_block(main, idx, scope, keep_locals=True)
+
+
+# -- fitting -------------------------------------------------------------------------------------
+
+def fit_kernels(times: WorkTimes) -> tuple[dict[str, Curve], Curve | None]:
+    """Each op type's curve, and the fallback curve (elementwise-like types by bytes)."""
+    curves: dict[str, Curve] = {}
+    pool_x: list[float] = []
+    pool_s: list[float] = []
+    for op_type, samples in sorted(times.samples.items()):
+        feature = feature_of(op_type)
+        xs = [flops if feature == "flops" else nbytes for flops, nbytes, _ in samples]
+        seconds = [s for _, _, s in samples]
+        curves[op_type] = fit_curve(feature, xs, seconds)
+        if pooled(op_type):
+            pool_x += [nbytes for _, nbytes, _ in samples]
+            pool_s += seconds
+    fallback = fit_curve("bytes", pool_x, pool_s) if pool_x else None
+    return curves, fallback
+
+
+# -- the runtime's own costs ---------------------------------------------------------------------
+
+RUNTIME_REFERENCE = """name: calibrate-runtime
+seed: 1
+model: {name: mlp, sizes: [64, 512, 64, 10], optimizer: {type: sgd, learning_rate: 0.05}}
+data: {name: digits, batch_size: 32}
+cluster: {pservers: 2, trainers: 2}
+transpiler: {mode: sync}
+train: {steps: 80, deadline: 300s}
+"""
+"""The job whose real run measures the runtime's costs: messages from 40 bytes (a bias's
+gradient) to 128 KiB (the 64 x 512 weights), both protocol sides, two of each role."""
+
+
+def measure_runtime(stream: TextIO) -> dict[str, Any]:
+    """The runtime section of a profile of `RUNTIME_REFERENCE`, run for real."""
+    from runtime.launch.profile import measure_runs  # the launcher: imported when needed
+
+    with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
+        path = Path(tmp) / "reference.yaml"
+        path.write_text(RUNTIME_REFERENCE)
+        scenario = parse_scenario(RUNTIME_REFERENCE, str(path))
+        run, _ = measure_runs(path, [], scenario, Path(tmp) / "out", stream)
+    return run.costs.document()
+
+
+# -- the file --------------------------------------------------------------------------------------
+
+def calibrate(stream: TextIO, backends: list[str] | None = None, quick: bool = False,
+              budget: float = 120.0, runtime: bool = True) -> dict[str, Any]:
+    """The machine document (see the module): kernels on each backend, then the runtime."""
+    started = time.monotonic()
+    backends = backends or ["numpy"] + (["torch"] if find_spec("torch") else [])
+    refs = grid(quick)
+    share = budget * (0.8 if runtime else 1.0) / len(backends)
+    kernels: dict[str, Any] = {}
+    fallback: dict[str, Any] = {}
+    samples: dict[str, dict[str, int]] = {}
+    skipped: dict[str, list[str]] = {}
+    for backend in backends:
+        times, skipped[backend] = measure_kernels(backend, refs, share, stream)
+        curves, pooled_curve = fit_kernels(times)
+        kernels[backend] = {op: curve.document() for op, curve in curves.items()}
+        if pooled_curve is not None:
+            fallback[backend] = pooled_curve.document()
+        samples[backend] = {op: len(s) for op, s in sorted(times.samples.items())}
+    document: dict[str, Any] = {"format": FORMAT, "version": VERSION, "kernels": kernels,
+                                "fallback": fallback}
+    if runtime:
+        print("  runtime: a 2 x 2 reference job, run for real", file=stream, flush=True)
+        document["runtime"] = measure_runtime(stream)
+    document["meta"] = {
+        "machine": machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "seconds": round(time.monotonic() - started, 1), "quick": quick,
+        "grid": [r.name for r in refs], "skipped": skipped, "samples": samples}
+    return document
+
+
+def write_machine(path: Path, document: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(document, indent=1) + "\n")
+
+
+def summary(document: dict[str, Any]) -> Iterator[str]:
+    """What a calibration holds, for people: op types per backend and their range."""
+    for backend, curves in document["kernels"].items():
+        yield f"{backend}: {len(curves)} op types"
+        for op, curve in sorted(curves.items()):
+            points = curve["points"]
+            yield (f"  {op:<28} {len(points):>3} sizes  {curve['feature']:<5} "
+                   f"{points[0][0]:.3g} .. {points[-1][0]:.3g}  "
+                   f"{points[0][1] * 1e6:.1f} .. {points[-1][1] * 1e6:.1f} us")
+    if "runtime" in document:
+        yield "runtime: measured on a 2 x 2 reference job"
+    skipped = {b: s for b, s in document["meta"].get("skipped", {}).items() if s}
+    for backend, names in skipped.items():
+        yield f"{backend}: over the time budget, skipped {', '.join(names)}"

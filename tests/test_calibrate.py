@@ -1,0 +1,200 @@
+"""A machine's calibration: curves that follow shape, the file, and the simulator pricing from it.
+
+The accounting is checked exactly: a curve evaluated at a size costs what its points say (a
+power law between two points, the floor below, the last throughput above); a calibrated model
+prices an op from its type's curve at the op's work; an op type or size the file lacks is
+priced by the fallback or the nearest end and named once in the run's notes; a sim run of a
+scenario with ``compute: {model: calibrated}`` charges exactly those prices. The calibration
+itself runs on a small grid (kernels only), and its curves are checked against the samples.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.config.scenario import parse_scenario
+from runtime.execution.curves import Curve, fit_curve
+from runtime.execution.scope import Scope
+from runtime.execution.work import op_work
+from runtime.launch.calibrate import (FORMAT, Reference, WorkTimes, calibrate, feature_of,
+                                      fit_kernels, grid, measure_kernels)
+from sim.cost import Calibrated, ComputeConfigError, compute_model
+from sim.report import notes_for
+from sim.simulate import simulate
+from transpiler.ir import Program
+
+
+def test_a_curve_is_a_power_law_between_points_a_floor_below_and_a_throughput_above() -> None:
+    curve = Curve("flops", ((1e3, 1e-6), (1e6, 1e-4), (1e9, 1e-1)))
+    assert curve.seconds(1e3) == 1e-6 and curve.seconds(1e6) == pytest.approx(1e-4)
+    # halfway in log-size between 1e3 and 1e6 is halfway in log-seconds between 1e-6 and 1e-4
+    assert curve.seconds(10 ** 4.5) == pytest.approx(1e-5)
+    assert curve.seconds(10) == 1e-6 and not curve.covers(10)  # the floor
+    assert curve.seconds(4e9) == pytest.approx(4e-1) and not curve.covers(4e9)  # last rate
+    assert curve.covers(5e5)
+
+
+def test_fitting_takes_each_sizes_median_and_never_lets_a_larger_op_cost_less() -> None:
+    xs = [100, 100, 100, 200, 200, 400, 0]
+    seconds = [1.0, 9.0, 2.0, 1.0, 1.0, 5.0, 3.0]  # the 0-size op counts at 100, the floor
+    curve = fit_curve("bytes", xs, seconds)
+    # medians: 100 -> 2.5 (1, 2, 3, 9), 200 -> 1; pooled (4 calls and 2): (2.5*4 + 1*2)/6 = 2
+    assert curve.points == ((100.0, 2.0), (200.0, 2.0), (400.0, 5.0))
+
+
+def test_bad_curves_are_refused() -> None:
+    with pytest.raises(ValueError, match="rising"):
+        Curve("bytes", ((2.0, 1.0), (1.0, 2.0)))
+    with pytest.raises(ValueError, match="at least one"):
+        Curve("bytes", ())
+
+
+def mul_program(m: int, k: int, n: int) -> tuple[Program, Scope]:
+    from transpiler import layers
+    from transpiler.framework import program_guard
+
+    main, startup = Program(), Program()
+    with program_guard(main, startup):
+        x = layers.data("x", [k])
+        layers.fc(x, n, bias_attr=False)
+    scope = Scope()
+    scope.put("x", np.zeros((m, k), np.float32))
+    for var in main.global_block().vars.values():
+        if var.persistable:
+            scope.put(var.name, np.zeros(var.shape, np.float32))
+    out = [op for op in main.global_block().ops if op.type == "mul"][0]
+    scope.put(out.output("Out")[0], np.zeros((m, n), np.float32))
+    return main, scope
+
+
+def test_a_calibrated_model_prices_an_op_from_its_types_curve_at_its_work() -> None:
+    main, scope = mul_program(8, 64, 32)
+    op = [op for op in main.global_block().ops if op.type == "mul"][0]
+    flops = op_work(op, scope).flops
+    assert flops == 2 * 8 * 64 * 32
+    curve = Curve("flops", ((1e3, 2e-6), (1e5, 5e-5)))
+    model = Calibrated({"mul": curve}, None)
+    assert model.cost("trainer:0", op, scope, 0) == curve.seconds(flops)
+    assert model.notes == []
+
+
+def test_an_op_type_or_size_the_file_lacks_is_priced_approximately_and_named_once() -> None:
+    main, scope = mul_program(8, 64, 32)
+    op = [op for op in main.global_block().ops if op.type == "mul"][0]
+    fallback = Curve("bytes", ((10.0, 1e-6), (1e6, 1e-3)))
+    model = Calibrated({}, fallback, "machine.json")
+    nbytes = op_work(op, scope).bytes
+    for _ in range(3):
+        assert model.cost("trainer:0", op, scope, 0) == fallback.seconds(nbytes)
+    assert model.notes == ["compute: op type mul was not calibrated in machine.json; priced as "
+                           "an elementwise op of the bytes it moves"]
+    small = Calibrated({"mul": Curve("flops", ((1e6, 1e-4), (1e7, 1e-3)))}, None, "m.json")
+    assert small.cost("trainer:0", op, scope, 0) == 1e-4  # below the range: its floor
+    small.cost("trainer:0", op, scope, 0)
+    assert len(small.notes) == 1 and "outside the sizes m.json measured" in small.notes[0]
+
+
+def test_feature_follows_the_op_catalogs_cost_rule() -> None:
+    assert feature_of("mul") == "flops" and feature_of("conv2d_grad") == "flops"
+    assert feature_of("relu") == "bytes" and feature_of("sgd") == "bytes"
+    assert feature_of("no_such_op") == "bytes"
+
+
+def test_the_grid_spans_tiny_to_beyond_the_caches_and_runs_cheapest_first() -> None:
+    refs = grid()
+    names = [r.name for r in refs]
+    assert "mlp-16-b1" in names and "mlp-4096-b512" in names
+    assert any(n.startswith("cnn-") for n in names) and any(n.startswith("ctr-") for n in names)
+    assert names.index("mlp-16-b1") < names.index("mlp-4096-b512")
+    # the largest MLP's weights alone (64 x 4096 floats, and its activations at batch 512:
+    # 8 MiB) are beyond the caches of the machines this runs on
+    assert 512 * 4096 * 4 >= 8 << 20
+
+
+SMALL = [Reference("mlp-16-b8", "{name: mlp, sizes: [64, 16, 10]}", 8, steps=3),
+         Reference("mlp-64-b32", "{name: mlp, sizes: [64, 64, 10]}", 32, steps=3)]
+
+
+def test_measuring_a_small_grid_gives_a_curve_per_op_type_through_its_samples() -> None:
+    times, skipped = measure_kernels("numpy", SMALL, budget=300, stream=io.StringIO())
+    assert skipped == []
+    curves, fallback = fit_kernels(times)
+    assert {"mul", "mul_grad", "elementwise_add", "relu", "sgd", "sum", "scale"} <= set(curves)
+    assert fallback is not None and fallback.feature == "bytes"
+    for op_type, samples in times.samples.items():
+        curve = curves[op_type]
+        xs = {(f if curve.feature == "flops" else b) for f, b, _ in samples}
+        assert {x for x, _ in curve.points} == {x for x in xs if x > 0} or min(xs) == 0
+
+
+def test_a_budget_of_nothing_skips_all_but_the_first_and_says_so() -> None:
+    times, skipped = measure_kernels("numpy", SMALL, budget=0.0, stream=io.StringIO())
+    assert skipped == ["mlp-64-b32"] and times.calls > 0
+
+
+def machine_file(tmp_path: Path, curves: dict[str, Curve], fallback: Curve | None = None) -> Path:
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps({
+        "format": FORMAT, "version": 1,
+        "kernels": {"numpy": {op: c.document() for op, c in curves.items()}},
+        "fallback": {} if fallback is None else {"numpy": fallback.document()}}))
+    return path
+
+
+SCENARIO = """name: priced
+seed: 1
+model: {name: mlp, sizes: [64, 16, 10]}
+data: {batch_size: 8}
+cluster: {pservers: 1, trainers: 1}
+train: {steps: 3}
+compute: {model: calibrated, path: machine.json}
+"""
+
+
+def test_a_sim_run_charges_the_calibrated_prices_and_notes_what_it_approximated(
+        tmp_path: Path) -> None:
+    """One-point curves at a size beyond every op's price each op at their floor: mul 2 ms,
+    anything else (the fallback) 1 ms. The same prices given as a profile make the very same run."""
+    beyond = 1e30  # every op is below the one size measured: priced at its floor
+    machine_file(tmp_path, {"mul": Curve("flops", ((beyond, 2e-3),))},
+                 fallback=Curve("bytes", ((beyond, 1e-3),)))
+    calibrated = simulate(parse_scenario(SCENARIO), base_dir=tmp_path)
+    profiled = simulate(parse_scenario(SCENARIO.replace(
+        "{model: calibrated, path: machine.json}",
+        "{model: profile, ops: {mul: 2ms}, default: 1ms}")), base_dir=tmp_path)
+    assert calibrated.trainers[0].step_times == profiled.trainers[0].step_times
+    assert calibrated.simulated_seconds == profiled.simulated_seconds > 3 * 2e-3
+    notes = notes_for(calibrated)
+    assert sum("op type relu was not calibrated in machine.json" in n for n in notes) == 1
+    assert sum("compute: mul of" in n and "outside the sizes" in n for n in notes) == 1
+
+
+def test_a_machine_file_missing_or_without_the_backend_is_a_named_error(tmp_path: Path) -> None:
+    section = {"model": "calibrated", "path": "nope.json"}
+    with pytest.raises(ComputeConfigError, match=r"compute.path: cannot read machine file .*"
+                                                 r"runtime calibrate -o FILE"):
+        compute_model(section, 1, tmp_path)
+    machine_file(tmp_path, {"mul": Curve("flops", ((1.0, 1e-3),))})
+    with pytest.raises(ComputeConfigError, match="holds no calibration of torch kernels, only "
+                                                 "of numpy"):
+        compute_model({"model": "calibrated", "path": "machine.json", "kernels": "torch"}, 1,
+                      tmp_path)
+    (tmp_path / "machine.json").write_text(json.dumps({
+        "format": FORMAT, "version": 1,
+        "kernels": {"numpy": {"mul": {"feature": "flops", "points": [[2, 1e-3], [1, 1e-3]]}}}}))
+    with pytest.raises(ComputeConfigError, match="rising"):
+        compute_model(section | {"path": "machine.json"}, 1, tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_calibrate_writes_a_file_the_simulator_reads(tmp_path: Path) -> None:
+    document = calibrate(io.StringIO(), ["numpy"], quick=True, budget=2.0, runtime=False)
+    assert document["format"] == FORMAT and "numpy" in document["kernels"]
+    (tmp_path / "machine.json").write_text(json.dumps(document))
+    model = compute_model({"model": "calibrated", "path": "machine.json"}, 1, tmp_path)
+    assert isinstance(model, Calibrated) and "mul" in model.curves

@@ -35,7 +35,7 @@ import numpy as np
 
 from runtime.execution.kernels.common import check_height
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.numpy_optim import lars_local_lr
+from runtime.execution.kernels.optim_rules import lars_local_lr
 from runtime.execution.kernels.torch_common import (Tensor, densify, host_scalar, kernel,
                                                     put, result_dtype, tensor, torch, torch_dtype,
                                                     zeros)

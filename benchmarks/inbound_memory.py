@@ -210,7 +210,8 @@ def main() -> None:
                         help="the checkout the pserver runs from (default: this one)")
     args = parser.parse_args()
     print(f"pserver from {args.source}; {args.connections} connections x {args.megabytes} MB "
-          f"of garbage each; {args.runs} runs; MiB, min / median / max")
+          f"of garbage each; {args.runs} runs; MiB, min / median / max; budget: this "
+          "checkout's limits for the pserver")
     for secure in (True, False):
         for frames in args.frames.split(","):
             runs = []

@@ -141,7 +141,9 @@ def run_keys() -> list[str]:
 
 
 def test_every_optimizer_is_covered() -> None:
+    from runtime.execution.kernels.optim_rules import RULES
     assert {op_type for op_type, _ in CASES.values()} == set(optimizer_types(runs="kernel"))
+    assert set(RULES) == set(optimizer_types(runs="kernel"))
     assert set(json.loads(GOLDEN.read_text())) == set(run_keys())
 
 

@@ -33,7 +33,8 @@ import numpy as np
 
 from runtime.execution.kernels.common import check_height, dense_like, scalar
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.optim_rules import ROW_LOCAL, RULES, Ops, Rule, Step, state_slots
+from runtime.execution.kernels.optim_rules import (ROW_LOCAL, Ops, Rule, Step, on_rows,
+                                                   register_rules, state_slots, written_slots)
 from runtime.execution.kernels.registry import register
 from runtime.execution.tensor import SelectedRows
 
@@ -100,7 +101,7 @@ def _apply(ctx: KernelContext, rule: Rule) -> None:
     """Run `rule` on the whole arrays, or on a sparse grad's rows as `rule.sparse` says."""
     p, g = ctx.input("Param"), ctx.input("Grad")
     lr = scalar(ctx.input("LearningRate"))
-    if isinstance(g, SelectedRows) and (rule.sparse != "lazy" or ctx.attr("lazy_mode", False)):
+    if on_rows(ctx, rule, g):
         check_height(g, p.shape[0], "Grad", "Param")
         del p  # written in place where nothing else holds it (`_target`)
         (_scatter if rule.sparse == "scatter" else _update_rows)(ctx, rule, g, lr)
@@ -126,22 +127,13 @@ def _update_rows(ctx: KernelContext, rule: Rule, g: SelectedRows, lr: Any) -> No
     acc = {s: ctx.input(s)[rows] for s in present}
     new = rule.formula(_step(ctx, lr), p[rows], merged.values, acc)
     del p, acc
-    slots = {"ParamOut": "Param", **{o: s for s, o in present.items()}}
+    slots = written_slots(present)
     for out_slot, values in new.items():
         target = _target(ctx, slots[out_slot], out_slot)
         target[rows] = np.asarray(values).astype(dtype, copy=False)
         ctx.set_output(out_slot, target)
 
 
-def _kernel(op_type: str, rule: Rule) -> None:
-    """Register `rule` as the numpy kernel of `op_type`."""
-    def kernel(ctx: KernelContext) -> None:
-        _apply(ctx, rule)
-    kernel.__name__ = kernel.__qualname__ = op_type
-    register(op_type)(kernel)
-
-
-for _op_type, _rule in RULES.items():
-    _kernel(_op_type, _rule)
+register_rules(_apply, register)
 
 __all__ = ["OPS", "ROW_LOCAL"]

@@ -10,7 +10,9 @@ backends read them so); their scalar math (Adam's bias correction) is numpy's in
 is the op catalog's (`transpiler.opcatalog`): `state_slots` reads them there.
 
 The backends keep what differs between them: reading and placing arrays, the dtype the update
-is computed in, a sparse grad's rows, and writing the scope's own arrays in place.
+is computed in, a sparse grad's rows, and writing the scope's own arrays in place. Each hands
+its `apply` (op context and rule: one update) to `register_rules`, which makes every rule of
+`RULES` a kernel; `on_rows`, `state_slots` and `written_slots` are the decisions they share.
 
 DESIGN: each rule keeps the exact sequence of operations both backends had, since floating
 point results depend on it (tests/test_optim_rules.py holds them to the bit). They differed in
@@ -29,6 +31,8 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from runtime.execution.kernels.context import KernelContext
+from runtime.execution.kernels.registry import Kernel
+from runtime.execution.tensor import SelectedRows
 from transpiler.opcatalog import op_def, optimizer_types
 
 Array = Any
@@ -118,6 +122,32 @@ def state_slots(ctx: KernelContext, rule: Rule) -> dict[str, str]:
     return {s.slot: s.out for s in update.state
             if s.out is not None and ctx.has_input(s.slot)
             and (s.slot not in rule.only_if or ctx.attr(rule.only_if[s.slot], False))}
+
+
+def on_rows(ctx: KernelContext, rule: Rule, grad: Any) -> bool:
+    """Whether `rule` updates only the rows of `grad` (scattered or merged, `rule.sparse`) rather
+    than whole arrays (a dense grad, or a sparse one densified)."""
+    return isinstance(grad, SelectedRows) and (rule.sparse != "lazy"
+                                               or bool(ctx.attr("lazy_mode", False)))
+
+
+def written_slots(states: dict[str, str]) -> dict[str, str]:
+    """Output slot -> the input slot it updates, for the param and `states` (`state_slots`)."""
+    return {"ParamOut": "Param", **{out: slot for slot, out in states.items()}}
+
+
+def register_rules(apply: Callable[[KernelContext, Rule], None],
+                   register: Callable[[str], Callable[[Kernel], Kernel]]) -> None:
+    """Register, for every rule of `RULES`, a kernel that runs `apply` (a backend's) on it."""
+    for op_type, rule in RULES.items():
+        register(op_type)(_kernel(op_type, rule, apply))
+
+
+def _kernel(op_type: str, rule: Rule, apply: Callable[[KernelContext, Rule], None]) -> Kernel:
+    def run(ctx: KernelContext) -> None:
+        apply(ctx, rule)
+    run.__name__ = run.__qualname__ = op_type
+    return run
 
 
 # -- the rules ----------------------------------------------------------------------------------
@@ -232,4 +262,4 @@ ROW_LOCAL = frozenset(t for t, rule in RULES.items() if rule.sparse != "lazy")
 (others do so only under `lazy_mode`). `runtime.execution.table.rows_written` relies on it."""
 
 __all__ = ["RULES", "ROW_LOCAL", "SCALAR_SLOTS", "Formula", "Ops", "Rule", "Sparse", "Step",
-           "lars_local_lr", "state_slots"]
+           "lars_local_lr", "on_rows", "register_rules", "state_slots", "written_slots"]

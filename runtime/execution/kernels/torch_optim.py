@@ -1,18 +1,18 @@
-"""Torch kernels of the optimizer update ops: `numpy_optim` op for op, expression for expression.
+"""The torch kernels of the optimizer update ops: `optim_rules`' rules on tensors, with torch's
+functions (`OPS`), as `numpy_optim` applies them on ndarrays.
 
 `LearningRate`, `Beta1Pow` and `Beta2Pow` are read on the host as numpy scalars (`host_input`,
 `host_scalar`: one initialized as numpy stays numpy, so a step on a GPU neither uploads it nor
 waits to read it back), and the scalar math (Adam's bias correction, say) is done there exactly
-as the numpy kernel does it. The arrays
-are converted in the dtype numpy computes the update in (the promotion of every input, so a
-float64 learning rate makes float32 math float64 as under NEP 50) and the scalars enter torch as
-Python numbers, which torch applies without a broadcast. Each update keeps the numpy kernel's
-order of operations. Outputs keep the parameter's dtype.
+as the numpy kernel does it. The arrays are converted in the dtype numpy computes the update in
+(the promotion of every input, so a float64 learning rate makes float32 math float64 as under
+NEP 50) and the scalars enter torch as Python numbers (`OPS.operand`), which torch applies
+without a broadcast. Outputs keep the parameter's dtype.
 
 A `SelectedRows` grad is handled as `numpy_optim` handles it: `sgd` scatter-adds its rows
 (repeated rows accumulate), `adagrad` always and every other optimizer under `lazy_mode`
-applies its rule (`Rule`) to the merged rows only, and otherwise the grad is densified on the
-device (non-lazy momentum and moments move every row, as in dense training).
+applies its rule to the merged rows only, and otherwise the grad is densified on the device
+(non-lazy momentum and moments move every row, as in dense training).
 
 DESIGN: as in `numpy_optim`, a sparse update costs O(rows touched): the rows are written into
 the scope's own tensor (`index_add_`, `index_copy_`), which is then the output, only where
@@ -22,29 +22,42 @@ of the output var, nothing but the scope references it (CPython's reference coun
 baseline measured at import) and it owns its memory alone: it is such a copy (`_OWN`; a tensor
 made from a numpy array views the array's memory, which others may hold, and torch cannot
 tell) and no other tensor shares its storage (a view, or the numpy view `Scope.get` hands the
-wire: torch's storage use count).
+wire: torch's storage use count). So no function here may hold the param or an accumulator
+while it asks `_target` for it (`_Update.release` lets go of the inputs).
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from runtime.execution.kernels.common import check_height
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.optim_rules import lars_local_lr
+from runtime.execution.kernels.optim_rules import (SCALAR_SLOTS, Ops, Rule, Step, on_rows,
+                                                   register_rules, state_slots, written_slots)
 from runtime.execution.kernels.torch_common import (Tensor, densify, host_scalar, kernel,
                                                     put, result_dtype, tensor, torch, torch_dtype,
                                                     zeros)
 from runtime.execution.tensor import SelectedRows
 
 
-HOST_SLOTS = frozenset({"LearningRate", "Beta1Pow", "Beta2Pow"})
+HOST_SLOTS = SCALAR_SLOTS
 """Scalars read on the host, in numpy form (`KernelContext.host_input`): never uploaded to the
 device, never read back from it."""
+
+
+def _descend(p: Tensor, lr: Any, g: Tensor) -> Tensor:
+    """numpy's ``p - lr * g`` as one fused op and one new tensor (the parameter is a value of the
+    scope, never updated in place); rounding may differ from numpy's by an ulp."""
+    return torch.add(p, g, alpha=-float(lr))
+
+
+OPS = Ops(sqrt=torch.sqrt, square=torch.square, sum=torch.sum, abs=torch.abs, sign=torch.sign,
+          maximum=torch.maximum, where=torch.where, operand=float, descend=_descend)
+"""torch's functions; a host scalar enters tensor math as a Python float."""
 
 
 # -- writing in place ---------------------------------------------------------------------------
@@ -96,9 +109,9 @@ def _target(ctx: KernelContext, in_slot: str, out_slot: str) -> Tensor:
     return copy
 
 
-# -- the update rules ---------------------------------------------------------------------------
+# -- applying the rules -------------------------------------------------------------------------
 class _Update:
-    """An optimizer op's scalars and attributes: the learning rate (and `scalar`'s) as numpy
+    """An optimizer op's inputs and dtypes: the learning rate (and `scalar`'s) as numpy
     scalars, numpy's dtype for the update (`compute`) and the parameter's dtype for the
     outputs. Each input is read from the scope once; `release` lets go of them, so that the
     scope's tensors may be written in place."""
@@ -118,15 +131,11 @@ class _Update:
     def scalar(self, slot: str) -> Any:
         return host_scalar(self.values.get(slot))
 
-    def attr(self, name: str, default: float) -> float:
-        return float(self.ctx.attr(name, default))
+    def step(self) -> Step:
+        return Step(self.ctx, OPS, self.lr, self.scalar)
 
     def release(self) -> None:
         self.values = {s: v for s, v in self.values.items() if s in HOST_SLOTS}
-
-
-Rule = Callable[[_Update, Tensor, Tensor, dict[str, Tensor]], dict[str, Tensor]]
-"""(update, param, grad, accumulators by input slot) -> tensors by output slot."""
 
 
 def _merged(grad: SelectedRows) -> tuple[Tensor, Tensor]:
@@ -138,27 +147,41 @@ def _merged(grad: SelectedRows) -> tuple[Tensor, Tensor]:
     return tensor(unique), summed.index_add_(0, tensor(inverse.reshape(-1)), values)
 
 
-def _apply(ctx: KernelContext, rule: Rule, states: dict[str, str],
-           exact_sparse: bool = False) -> None:
-    """Run `rule` (`states`: accumulator input slot -> its output slot) on the whole tensors,
-    or, for a sparse grad when that is exact or `lazy_mode` asks for it, on the touched rows."""
+def _apply(ctx: KernelContext, rule: Rule) -> None:
+    """Run `rule` on the whole tensors, or on a sparse grad's rows as `rule.sparse` says."""
     u = _Update(ctx)
     param, grad = u.values["Param"], u.values["Grad"]
-    present = {s: o for s, o in states.items() if u.values.get(s) is not None}
-    if not (isinstance(grad, SelectedRows) and (exact_sparse or ctx.attr("lazy_mode", False))):
-        g = _dense_grad(grad, param.shape[0], u.compute)
-        new = rule(u, u.state("Param"), g, {s: u.state(s) for s in present})
-        for out_slot, value in new.items():
-            put(ctx, out_slot, value, dtype=u.dtype)
+    if on_rows(ctx, rule, grad):
+        check_height(grad, param.shape[0], "Grad", "Param")
+        del param  # written in place where nothing else holds it (`_target`)
+        (_scatter if rule.sparse == "scatter" else _update_rows)(u, rule, grad)
         return
-    check_height(grad, param.shape[0], "Grad", "Param")
+    g = _dense_grad(grad, param.shape[0], u.compute)
+    acc = {s: u.state(s) for s in state_slots(ctx, rule)}
+    for out_slot, value in rule.formula(u.step(), u.state("Param"), g, acc).items():
+        put(ctx, out_slot, value, dtype=u.dtype)
+
+
+def _scatter(u: _Update, rule: Rule, grad: SelectedRows) -> None:
+    """Subtract each of the grad's rows, times the learning rate, from its param row (sgd)."""
+    lr = u.lr
+    u.release()
+    step = float(lr) * tensor(grad.values, result_dtype(grad.dtype, lr.dtype))
+    out = _target(u.ctx, "Param", "ParamOut")
+    put(u.ctx, "ParamOut", out.index_add_(0, tensor(grad.rows), step.to(out.dtype), alpha=-1))
+
+
+def _update_rows(u: _Update, rule: Rule, grad: SelectedRows) -> None:
+    """Apply `rule` to the merged rows of the grad, and write them into the param and its
+    accumulators."""
+    ctx, present = u.ctx, state_slots(u.ctx, rule)
     rows, values = _merged(grad)
     compute = torch_dtype(u.compute)
     gathered = {s: tensor(u.values[s])[rows].to(compute) for s in ["Param", *present]}
-    new = rule(u, gathered.pop("Param"), values.to(compute), gathered)
-    del param, grad, gathered
+    new = rule.formula(u.step(), gathered.pop("Param"), values.to(compute), gathered)
+    del gathered
     u.release()
-    slots = {"ParamOut": "Param", **{o: s for s, o in present.items()}}
+    slots = written_slots(present)
     for out_slot, value in new.items():
         target = _target(ctx, slots[out_slot], out_slot)
         target.index_copy_(0, rows, value.to(torch_dtype(u.dtype)).to(target.dtype))
@@ -172,140 +195,6 @@ def _dense_grad(g: Any, height: int, compute: np.dtype) -> Tensor:
     return densify(g).to(torch_dtype(compute))
 
 
-@kernel("sgd")
-def sgd(ctx: KernelContext) -> None:
-    p, g = ctx.input("Param"), ctx.input("Grad")
-    lr = host_scalar(ctx.host_input("LearningRate"))
-    if not isinstance(g, SelectedRows):
-        compute = result_dtype(p.dtype, g.dtype, lr.dtype)
-        # numpy's p - lr * g as one fused op and one new tensor (the parameter is a value of the
-        # scope, never updated in place); rounding may differ from numpy's by an ulp
-        step = torch.add(tensor(p, compute), tensor(g, compute), alpha=-float(lr))
-        put(ctx, "ParamOut", step, dtype=p.dtype)
-        return
-    check_height(g, p.shape[0], "Grad", "Param")
-    del p
-    step = float(lr) * tensor(g.values, result_dtype(g.dtype, lr.dtype))
-    out = _target(ctx, "Param", "ParamOut")
-    put(ctx, "ParamOut", out.index_add_(0, tensor(g.rows), step.to(out.dtype), alpha=-1))
+register_rules(_apply, kernel)
 
-
-def _momentum(u: _Update, p: Tensor, g: Tensor, acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    mu = u.attr("mu", 0.9)
-    v = mu * acc["Velocity"] + g
-    step = g + mu * v if u.ctx.attr("use_nesterov", False) else v
-    return {"ParamOut": p - float(u.lr) * step, "VelocityOut": v}
-
-
-@kernel("momentum")
-def momentum(ctx: KernelContext) -> None:
-    _apply(ctx, _momentum, {"Velocity": "VelocityOut"})
-
-
-def _lars_momentum(u: _Update, p: Tensor, g: Tensor, acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    mu, coeff = u.attr("mu", 0.9), u.attr("lars_coeff", 0.001)
-    decay = u.attr("lars_weight_decay", 0.0005)
-    p_norm = float(torch.sqrt(torch.sum(torch.square(p))))
-    g_norm = float(torch.sqrt(torch.sum(torch.square(g))))
-    local_lr = lars_local_lr(float(u.lr), p_norm, g_norm, coeff, decay)
-    v = mu * acc["Velocity"] + local_lr * (g + decay * p)
-    return {"ParamOut": p - v, "VelocityOut": v}
-
-
-@kernel("lars_momentum")
-def lars_momentum(ctx: KernelContext) -> None:
-    """`numpy_optim.lars_momentum`: the norms are read back to the host, where the layer-wise
-    rate is computed as the numpy kernel computes it."""
-    _apply(ctx, _lars_momentum, {"Velocity": "VelocityOut"})
-
-
-def _adam(u: _Update, p: Tensor, g: Tensor, acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    b1, b2, eps = u.attr("beta1", 0.9), u.attr("beta2", 0.999), u.attr("epsilon", 1e-8)
-    m1 = b1 * acc["Moment1"] + (1 - b1) * g
-    m2 = b2 * acc["Moment2"] + (1 - b2) * g * g
-    correction = np.sqrt(1 - u.scalar("Beta2Pow"))
-    lr_t = u.lr * correction / (1 - u.scalar("Beta1Pow"))
-    return {"ParamOut": p - float(lr_t) * m1 / (torch.sqrt(m2) + float(eps * correction)),
-            "Moment1Out": m1, "Moment2Out": m2}
-
-
-@kernel("adam")
-def adam(ctx: KernelContext) -> None:
-    _apply(ctx, _adam, {"Moment1": "Moment1Out", "Moment2": "Moment2Out"})
-
-
-def _adagrad(u: _Update, p: Tensor, g: Tensor, acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    m = acc["Moment"] + g * g
-    return {"ParamOut": p - float(u.lr) * g / (torch.sqrt(m) + u.attr("epsilon", 1e-6)),
-            "MomentOut": m}
-
-
-@kernel("adagrad")
-def adagrad(ctx: KernelContext) -> None:
-    _apply(ctx, _adagrad, {"Moment": "MomentOut"}, exact_sparse=True)
-
-
-def _decayed_adagrad(u: _Update, p: Tensor, g: Tensor, acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    decay = u.attr("decay", 0.95)
-    m = decay * acc["Moment"] + (1 - decay) * g * g
-    return {"ParamOut": p - float(u.lr) * g / (torch.sqrt(m) + u.attr("epsilon", 1e-6)),
-            "MomentOut": m}
-
-
-@kernel("decayed_adagrad")
-def decayed_adagrad(ctx: KernelContext) -> None:
-    _apply(ctx, _decayed_adagrad, {"Moment": "MomentOut"})
-
-
-def _adamax(u: _Update, p: Tensor, g: Tensor, acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    b1, b2, eps = u.attr("beta1", 0.9), u.attr("beta2", 0.999), u.attr("epsilon", 1e-8)
-    m = b1 * acc["Moment"] + (1 - b1) * g
-    inf_norm = torch.maximum(b2 * acc["InfNorm"] + eps, torch.abs(g))
-    return {"ParamOut": p - float(u.lr / (1 - u.scalar("Beta1Pow"))) * m / inf_norm,
-            "MomentOut": m, "InfNormOut": inf_norm}
-
-
-@kernel("adamax")
-def adamax(ctx: KernelContext) -> None:
-    _apply(ctx, _adamax, {"Moment": "MomentOut", "InfNorm": "InfNormOut"})
-
-
-def _rmsprop(u: _Update, p: Tensor, g: Tensor, acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    rho, eps, mu = u.attr("decay", 0.95), u.attr("epsilon", 1e-6), u.attr("momentum", 0.0)
-    ms = rho * acc["MeanSquare"] + (1 - rho) * g * g
-    out: dict[str, Tensor] = {}
-    if u.ctx.attr("centered", False):
-        mg = rho * acc["MeanGrad"] + (1 - rho) * g
-        denom = torch.sqrt(ms - mg * mg + eps)
-        out["MeanGradOut"] = mg
-    else:
-        denom = torch.sqrt(ms + eps)
-    mom = mu * acc["Moment"] + float(u.lr) * g / denom
-    return {"ParamOut": p - mom, "MomentOut": mom, "MeanSquareOut": ms, **out}
-
-
-@kernel("rmsprop")
-def rmsprop(ctx: KernelContext) -> None:
-    centered = {"MeanGrad": "MeanGradOut"} if ctx.attr("centered", False) else {}
-    _apply(ctx, _rmsprop, {"MeanSquare": "MeanSquareOut", "Moment": "MomentOut", **centered})
-
-
-def _ftrl(u: _Update, p: Tensor, g: Tensor, acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    l1, l2, power = u.attr("l1", 0.0), u.attr("l2", 0.0), u.attr("lr_power", -0.5)
-    lr = float(u.lr)
-    n = acc["SquaredAccumulator"]
-    n_new = n + g * g
-    if power == -0.5:
-        root_new, root_old = torch.sqrt(n_new), torch.sqrt(n)
-    else:
-        root_new, root_old = n_new ** -power, n ** -power
-    z = acc["LinearAccumulator"] + g - (root_new - root_old) / lr * p
-    shrunk = (l1 * torch.sign(z) - z) / (root_new / lr + 2 * l2)
-    return {"ParamOut": torch.where(torch.abs(z) > l1, shrunk, 0), "SquaredAccumOut": n_new,
-            "LinearAccumOut": z}
-
-
-@kernel("ftrl")
-def ftrl(ctx: KernelContext) -> None:
-    _apply(ctx, _ftrl, {"SquaredAccumulator": "SquaredAccumOut",
-                        "LinearAccumulator": "LinearAccumOut"})
+__all__ = ["HOST_SLOTS", "OPS"]

@@ -170,13 +170,17 @@ def lars_local_lr(lr: float, p_norm: float, g_norm: float, coeff: float, decay: 
     return lr
 
 
+def _norm(ops: Ops, x: Array) -> float:
+    """The L2 norm of the whole array, on the host."""
+    return float(ops.sqrt(ops.sum(ops.square(x))))
+
+
 def _lars_momentum(s: Step, p: Array, g: Array, acc: dict[str, Array]) -> dict[str, Array]:
     """Layer-wise adaptive rate scaling (You et al., 2017) on momentum: the norms are over the
     whole parameter and gradient, read back to the host (a sparse grad is densified first)."""
     mu, coeff = s.attr("mu", 0.9), s.attr("lars_coeff", 0.001)
     decay = s.attr("lars_weight_decay", 0.0005)
-    ops = s.ops
-    p_norm, g_norm = float(ops.sqrt(ops.sum(ops.square(p)))), float(ops.sqrt(ops.sum(ops.square(g))))
+    p_norm, g_norm = _norm(s.ops, p), _norm(s.ops, g)
     local_lr = lars_local_lr(float(s.lr), p_norm, g_norm, coeff, decay)
     v = mu * acc["Velocity"] + local_lr * (g + decay * p)
     return {"ParamOut": p - v, "VelocityOut": v}

@@ -881,16 +881,6 @@ def _load_params(path: Path) -> dict[str, np.ndarray] | None:
 COUNTED = ("messages", "dropped", "duplicated", "reordered", "delayed", "cut")
 
 
-def summary_lines(metrics: JobMetrics) -> list[str]:
-    lines = []
-    for t in metrics.trainers:
-        loss = (f"loss {t.losses[0]:.4f} -> {t.losses[-1]:.4f}" if t.losses else "no steps")
-        mean = f"mean step {1e3 * sum(t.step_times) / len(t.step_times):.1f}ms" \
-            if t.step_times else ""
-        joined = f"  from step {t.first_step}" if t.first_step else ""
-        redone = f"  redid {t.steps_redone}" if t.steps_redone else ""
-        lines.append(f"trainer:{t.index:<4} {len(t.losses)} steps{joined}{redone}  {loss}  "
-                     f"{mean}  (exit {t.exit_code})")
 def nonfinite_lines(pservers: list[PserverMetrics]) -> list[str]:
     """One line per trainer whose gradients a pserver found NaN, infinite or out of range."""
     by_trainer: dict[int, list[str]] = {}
@@ -903,11 +893,22 @@ def nonfinite_lines(pservers: list[PserverMetrics]) -> list[str]:
             f"{', '.join(where)}{what}" for trainer, where in sorted(by_trainer.items())]
 
 
+def summary_lines(metrics: JobMetrics) -> list[str]:
+    lines = []
+    for t in metrics.trainers:
+        loss = (f"loss {t.losses[0]:.4f} -> {t.losses[-1]:.4f}" if t.losses else "no steps")
+        mean = f"mean step {1e3 * sum(t.step_times) / len(t.step_times):.1f}ms" \
+            if t.step_times else ""
+        joined = f"  from step {t.first_step}" if t.first_step else ""
+        redone = f"  redid {t.steps_redone}" if t.steps_redone else ""
+        lines.append(f"trainer:{t.index:<4} {len(t.losses)} steps{joined}{redone}  {loss}  "
+                     f"{mean}  (exit {t.exit_code})")
     for p in metrics.pservers:
         lines.append(f"pserver:{p.index:<4} {p.steps} steps  {p.messages} messages  "
                      f"{p.bytes_in / 1e6:.2f} MB in  {p.bytes_out / 1e6:.2f} MB out  optimize "
                      f"{p.optimize_seconds:.3f}s  errors {p.errors}  dropped {p.dropped or '-'}  "
                      f"(exit {p.exit_code})")
+    lines += nonfinite_lines(metrics.pservers)
     for f in metrics.faults:
         span = f"{f.start:.2f}s" + (f" -> {f.end:.2f}s" if f.end is not None else "")
         lines.append(f"fault {f.fault} {f.what}: {span} ({f.detail})")
@@ -918,7 +919,6 @@ def nonfinite_lines(pservers: list[PserverMetrics]) -> list[str]:
         lines.append(f"proxy pserver:{x.pserver} {x.address} -> {x.upstream}: {counted}")
     lines += netns_lines(metrics.netns)
     for e in metrics.expectations:
-    lines += nonfinite_lines(metrics.pservers)
         lines.append(f"expect {e.name}: {'PASS' if e.passed else 'FAIL'}: {e.detail}")
     job = metrics.job
     rate = f", {job.samples_per_second:.0f} samples/s in steps" if job.samples_per_second else ""

@@ -16,10 +16,19 @@ byte: it prints a line saying they are equal, or ends with ``FAILED: not determi
 the first differing file, byte (line, column) and JSON key, and exits 1.
 
 ``sim sweep SCENARIO --vary path=v1,v2,... [--vary ...] [--loss-target X]`` simulates every
-combination (`sim.sweep`), prints a table of outcomes (with ``--loss-target``, the time each
-took to reach that loss), and writes ``OUT/sweep.json`` and ``OUT/sweep.png``
-(OUT: ``--out``, else ``<outputs.dir or out/NAME>/sweep``). Exit status 0 when every point ran,
-whether or not it met its expectations (the table says), 1 when some point could not run.
+combination (`sim.sweep`), prints a line per point as it finishes and then a table of outcomes
+(with ``--loss-target``, the time each took to reach that loss), and writes ``OUT/sweep.json``
+and ``OUT/sweep.png`` (OUT: ``--out``, else ``<outputs.dir or out/NAME>/sweep``). Every point's
+scenario is built first: one that cannot be is exit status 2, naming its ``--vary`` values and
+the field, before anything runs. ``--jobs N`` runs N points at a time in worker processes (0 or
+``auto``: one per CPU), ``--ray ADDRESS`` runs them as tasks on a Ray cluster
+(`sim.sweep_runners`); either way sweep.json and the table are a sequential sweep's, byte for
+byte. Each finished point is saved in ``OUT/sweep.points.jsonl`` at once (`sim.sweep_journal`):
+``--resume`` reruns an interrupted sweep's missing points only. A sweep refuses to overwrite an
+earlier one's results in OUT (exit status 2) unless ``--force`` or ``--resume`` says what to do
+with them. Exit status 0 when every point ran, whether or not it met its expectations (the table
+says: a sweep maps where they hold), 1 when some point could not run or the runner failed, 130
+when interrupted (the finished points stay saved).
 
 Wall-clock figures (how long the simulation took, simulated messages per second) are printed,
 never written to the files, so that the same scenario and seed give the same bytes.
@@ -29,11 +38,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Protocol, Sequence, TextIO
+from typing import NoReturn, Protocol, Sequence, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -49,7 +59,10 @@ from .determinism import Difference, first_difference
 from .network import NetworkConfigError
 from .report import collect, console_for, fmt_seconds, plots_available, print_summary, write_plots
 from .simulate import SimResult, cyclic_gc_paused, simulate
-from .sweep import Axis, SweepError, SweepPoint, SweepRecord, plot_sweep, run_sweep, sweep_table
+from .sweep import (Axis, Runner, Settings, SweepError, SweepPoint, SweepRecord, SweepSpec,
+                    check_points, in_this_process, plan, plot_sweep, run_sweep, sweep_table)
+from .sweep_journal import JOURNAL, Journal, JournalMismatch, done_by_index, load_points
+from .sweep_runners import RunnerError, in_processes, on_ray
 
 OUTPUTS = ("metrics.json", "trace.json", "loss.png", "step_times.png")
 """What `sim run` writes; an earlier run's copies are removed first."""
@@ -249,25 +262,116 @@ def _axes(args: argparse.Namespace) -> list[Axis]:
     return axes
 
 
+def _refuse(args: argparse.Namespace, message: str) -> NoReturn:
+    """End the command with exit status 2 and one line, without the usage text: the command
+    line is well formed, what it asks for is not possible."""
+    parser: argparse.ArgumentParser = args.parser
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def _runner(args: argparse.Namespace) -> tuple[Runner, str]:
+    """The runner of the points, and how the header line says it runs them."""
+    try:
+        if args.ray:
+            return on_ray(args.ray), f"; as Ray tasks ({args.ray})"
+    except RunnerError as err:
+        _refuse(args, str(err))
+    jobs = args.jobs or os.cpu_count() or 1
+    if jobs == 1:
+        return in_this_process, ""
+    return in_processes(jobs), f"; {jobs} worker processes"
+
+
+EARLIER = ("sweep.json", JOURNAL)
+"""What an earlier sweep left in the output folder that a new one would overwrite."""
+
+
+def _refuse_to_overwrite(args: argparse.Namespace, out: Path) -> None:
+    """Refuse to overwrite an earlier sweep's results unless ``--force`` (overwrite them) or
+    ``--resume`` (keep the points its journal saved) says what to do with them."""
+    earlier = [out / name for name in EARLIER if (out / name).exists()]
+    if earlier and not (args.force or args.resume):
+        _refuse(args, f"{earlier[0]} exists, from an earlier sweep; pass --resume to run only "
+                      "the points it lacks, or --force to overwrite it")
+
+
+def _saved_points(args: argparse.Namespace, spec: SweepSpec, out: Path) -> list[SweepPoint]:
+    """With ``--resume``, the points the journal holds; with ``--force``, none, and the
+    earlier sweep's files are removed."""
+    if args.force:
+        for name in (*EARLIER, "sweep.png"):
+            (out / name).unlink(missing_ok=True)
+    if not args.resume:
+        return []
+    try:
+        return load_points(out / JOURNAL, spec.key)
+    except JournalMismatch as err:
+        _refuse(args, str(err))
+
+
+def _checked_spec(args: argparse.Namespace, scenario: Scenario,
+                  points: list[Settings]) -> SweepSpec:
+    """What the points share, once every point's scenario is known to build."""
+    target = args.loss_target if args.loss_target is not None \
+        else scenario.expect.final_loss_below
+    spec = SweepSpec.read(Path(args.scenario), _overrides(args), target)
+    try:
+        check_points(spec, points)
+    except SweepError as err:
+        _refuse(args, str(err))
+    return spec
+
+
 def _sweep(args: argparse.Namespace, stream: TextIO) -> int:
     axes = _axes(args)
     scenario = _load(args)
+    runner, how = _runner(args)
     out = _out_dir(args, scenario, "sweep")
-    total = 1
-    for axis in axes:
-        total *= len(axis.values)
-    print(f"sim sweep {scenario.name}: {total} point(s) over "
-          f"{', '.join(a.path for a in axes)}; output in {out}", file=stream, flush=True)
+    _refuse_to_overwrite(args, out)
+    points = plan(axes)
+    spec = _checked_spec(args, scenario, points)
+    saved = _saved_points(args, spec, out)
+    done = done_by_index(points, saved)
+    resumed = f" ({len(done)} done, saved in {out / JOURNAL})" if args.resume else ""
+    print(f"sim sweep {scenario.name}: {len(points)} point(s){resumed} over "
+          f"{', '.join(a.path for a in axes)}; output in {out}{how}", file=stream, flush=True)
+    with Journal(out / JOURNAL, spec.key, saved) as journal:
+        progress = SweepProgress(stream, len(points), len(done), journal, parallel=bool(how))
+        try:
+            record = run_sweep(spec, scenario.name, axes, runner, done, progress.point)
+        except (KeyboardInterrupt, RunnerError) as err:
+            return progress.stopped(err)
+    return _sweep_outputs(args, record, out, stream)
 
-    def report(number: int, count: int, point: SweepPoint) -> None:
+
+class SweepProgress:
+    """Saves each finished point in the journal and prints a line for it: ``[k/N]`` (``[k/N
+    done]`` when points run in parallel, so finish out of order), its settings and outcome."""
+
+    def __init__(self, stream: TextIO, total: int, done: int, journal: Journal,
+                 parallel: bool) -> None:
+        self.stream, self.total, self.done, self.journal = stream, total, done, journal
+        self.suffix = " done" if parallel else ""
+
+    def point(self, index: int, point: SweepPoint) -> None:
+        self.journal.add(point)
+        self.done += 1
         settings = ", ".join(f"{k}={v}" for k, v in point.settings.items())
-        print(f"[{number}/{count}] {settings}: {point.outcome}", file=stream, flush=True)
+        print(f"[{self.done}/{self.total}{self.suffix}] {settings}: {point.outcome}",
+              file=self.stream, flush=True)
 
-    target = args.loss_target if args.loss_target is not None \
-        else scenario.expect.final_loss_below
-    record = run_sweep(Path(args.scenario), scenario.name, _overrides(args), axes, report,
-                       target)
-    out.mkdir(parents=True, exist_ok=True)
+    def stopped(self, error: BaseException) -> int:
+        """The last line of a sweep that stopped before its end, and the exit status: 130 for
+        Ctrl-C, 1 when the runner failed."""
+        why = "interrupted" if isinstance(error, KeyboardInterrupt) else f"FAILED: {error}"
+        print(f"{why}: {self.done} of {self.total} point(s) saved in {self.journal.path}; "
+              "--resume runs the others", file=self.stream, flush=True)
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+
+def _sweep_outputs(args: argparse.Namespace, record: SweepRecord, out: Path,
+                   stream: TextIO) -> int:
+    """Write sweep.json and the plot, print the table; the exit status."""
     write_record(out / "sweep.json", record)
     console_for(stream).print(sweep_table(record))
     print(f"sweep: {out / 'sweep.json'}", file=stream)
@@ -301,6 +405,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
 
 
+def _jobs(text: str) -> int:
+    """``--jobs``: a count of processes, 0 or ``auto`` for one per CPU (0 here)."""
+    if text == "auto":
+        return 0
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number of processes or auto, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sim", description="Simulate pslab scenarios: the real runtime on a virtual clock "
@@ -328,6 +441,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also tabulate the simulated time until trainer 0's mean loss over "
                             "its last 10 steps is at most LOSS (default: the scenario's "
                             "expect.final_loss_below)")
+    how = sweep.add_mutually_exclusive_group()
+    how.add_argument("--jobs", "-j", type=_jobs, default=1, metavar="N",
+                     help="simulate N points at a time, in worker processes (default 1: one "
+                          "after the other here; 0 or auto: one per CPU)")
+    how.add_argument("--ray", metavar="ADDRESS",
+                     help="simulate the points as tasks on a Ray cluster: auto, local (a new "
+                          "one on this machine), ray://HOST:PORT or HOST:PORT (the 'ray' extra)")
+    again = sweep.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="keep the points an earlier run of this sweep saved in OUT and "
+                            "simulate only the others")
+    again.add_argument("--force", action="store_true",
+                       help="overwrite an earlier sweep's results in OUT")
     sweep.set_defaults(handler=_sweep, parser=sweep)
     return parser
 

@@ -21,33 +21,54 @@ start until trainer 0's mean loss over its last 10 steps (fewer at first; the wi
 ``expect.final_loss_below``) is at most ``loss_target`` (`sim sweep --loss-target`, else the
 scenario's `expect.final_loss_below`); null when it never gets there or there is no target. In
 ssp mode, ``read_staleness_max`` and ``blocked_seconds`` are the run's (metrics.json's ``job``).
+
+What the points share is a `SweepSpec`: the scenario's text, read once, the sweep's own
+overrides and the loss target. `check_points` builds every point's scenario (and its job,
+network and compute model, what `sim run` refuses with exit status 2) before any runs, so a bad
+``--vary`` value stops the sweep at once, not hours in. `run_sweep` hands the points still to do
+to a runner (`sim.sweep_runners`: in this process, in worker processes, or as Ray tasks) and
+puts each result back at its point's index, whatever order they finish in: a point's simulation
+is deterministic given its scenario and seed, so every runner gives the same `SweepRecord`, and
+the same sweep.json bytes. Points already done (`sim.sweep_journal`, ``--resume``) are not run
+again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from rich.table import Table
 
 from runtime.config import expect
 from runtime.config.metrics import JobMetrics
-from runtime.config.scenario import load_scenario
+from runtime.config.scenario import Scenario, ScenarioError, parse_scenario
+from runtime.services.job import check_job
 
+from .cost import ComputeConfigError, compute_model, runtime_costs
+from .network import Network, NetworkConfigError
 from .report import collect, fmt_seconds, new_figure, save_png
 from .simulate import cyclic_gc_paused, simulate
 
-__all__ = ["Axis", "SweepError", "SweepPoint", "SweepRecord", "plot_sweep", "run_sweep",
+__all__ = ["Axis", "Runner", "Settings", "SweepError", "SweepPoint", "SweepRecord", "SweepSpec",
+           "check_points", "in_this_process", "plan", "plot_sweep", "run_point", "run_sweep",
            "sweep_table", "time_to_loss"]
 
 SCHEMA_VERSION = 2
 
+Settings = dict[str, str]
+"""A point: the value of each varied path, in the order of the axes."""
+
 
 class SweepError(ValueError):
-    """A `--vary` argument that is not ``path=value,value...``."""
+    """A `--vary` argument that is not ``path=value,value...``, or a point whose scenario
+    cannot be built (`check_points`)."""
 
 
 @dataclass(frozen=True)
@@ -123,16 +144,82 @@ def time_to_loss(metrics: JobMetrics, target: float) -> float | None:
     return None
 
 
-def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str],
-              loss_target: float | None = None) -> SweepPoint:
-    """Simulate the scenario with `settings` on top of `overrides`; errors are recorded.
-    `loss_target`: the loss whose time `time_to_loss` records (None: none is recorded)."""
+@dataclass(frozen=True)
+class SweepSpec:
+    """What every point of a sweep shares, sent whole to each worker: the scenario's `text`,
+    read once (every worker runs the same bytes, wherever it is), `source` (the path as given,
+    which error messages name), `folder` (absolute: where the scenario's relative paths start,
+    from any working directory), the sweep's `overrides` (``--set``, ``--seed``) and the
+    `loss_target` of `time_to_loss`."""
+
+    text: str
+    source: str
+    folder: Path
+    overrides: tuple[str, ...] = ()
+    loss_target: float | None = None
+
+    @staticmethod
+    def read(path: Path, overrides: Iterable[str] = (),
+             loss_target: float | None = None) -> SweepSpec:
+        return SweepSpec(path.read_text(), str(path), path.resolve().parent, tuple(overrides),
+                         loss_target)
+
+    def scenario(self, settings: Settings) -> Scenario:
+        """The point's scenario, as `load_scenario` would read it with the overrides and then
+        `settings` (the later wins)."""
+        overrides = list(self.overrides) + [f"{k}={v}" for k, v in settings.items()]
+        return parse_scenario(self.text, self.source, overrides).located(self.source,
+                                                                         self.folder)
+
+    @property
+    def key(self) -> str:
+        """A hash of what decides every point's result but its settings: the points of two
+        sweeps with the same key and settings are the same (`sim.sweep_journal`)."""
+        what = [SCHEMA_VERSION, self.text, list(self.overrides), self.loss_target]
+        return hashlib.sha256(json.dumps(what).encode()).hexdigest()
+
+
+def plan(axes: Sequence[Axis]) -> list[Settings]:
+    """Every combination of the axes' values, in order (the last axis varies fastest)."""
+    return [{axis.path: value for axis, value in zip(axes, values)}
+            for values in itertools.product(*(axis.values for axis in axes))]
+
+
+def check_point(spec: SweepSpec, settings: Settings) -> None:
+    """Build what `sim run` builds before it runs (the scenario, its job, network and compute
+    model); raise what it would refuse with exit status 2."""
+    scenario = spec.scenario(settings)
+    check_job(scenario)
+    Network.from_spec(scenario.network, scenario.seed)
+    compute_model(scenario.compute, scenario.seed, spec.folder)
+    runtime_costs(scenario.compute, spec.folder)
+
+
+def check_points(spec: SweepSpec, points: Sequence[Settings]) -> None:
+    """Raise `SweepError` naming the first point that cannot be built, the ``--vary`` values
+    the error is about (all the point's, if it names none) and how many more fail."""
+    bad = []
+    for settings in points:
+        try:
+            check_point(spec, settings)
+        except (ScenarioError, NetworkConfigError, ComputeConfigError) as err:
+            bad.append((settings, str(err).splitlines()[0]))
+    if not bad:
+        return
+    settings, error = bad[0]
+    named = {k: v for k, v in settings.items() if k in error} or settings
+    more = f" (and {len(bad) - 1} more point(s))" if len(bad) > 1 else ""
+    raise SweepError(f"--vary {', '.join(f'{k}={v}' for k, v in named.items())}: "
+                     f"{error}{more}")
+
+
+def run_point(spec: SweepSpec, settings: Settings) -> SweepPoint:
+    """Simulate the spec's scenario with `settings`; errors are recorded."""
     point = SweepPoint(settings)
     scenario = None
     try:
-        scenario = load_scenario(scenario_path,
-                                 overrides + [f"{k}={v}" for k, v in settings.items()])
-        result = simulate(scenario, base_dir=scenario_path.parent)
+        scenario = spec.scenario(settings)
+        result = simulate(scenario, base_dir=spec.folder)
         with cyclic_gc_paused():
             metrics = collect(result)
     except Exception as exc:  # a point that cannot run is an outcome of the sweep
@@ -142,6 +229,11 @@ def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str
             return point
         point.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         return point
+    _measure(point, metrics, spec.loss_target)
+    return point
+
+
+def _measure(point: SweepPoint, metrics: JobMetrics, loss_target: float | None) -> None:
     s = metrics.job
     point.steps_span_seconds = s.steps_span_seconds
     point.step_time_mean = s.step_time_all.mean if s.step_time_all else None
@@ -154,23 +246,40 @@ def run_point(scenario_path: Path, overrides: list[str], settings: dict[str, str
         point.time_to_loss = time_to_loss(metrics, loss_target)
     point.failed = [e.name for e in metrics.expectations if not e.passed]
     point.passed = not point.failed
-    return point
 
 
-def run_sweep(scenario_path: Path, name: str, overrides: list[str], axes: list[Axis],
-              on_point: Callable[[int, int, SweepPoint], None] | None = None,
-              loss_target: float | None = None) -> SweepRecord:
-    """Every combination of the axes' values, in order (the last axis varies fastest)."""
-    combos = list(itertools.product(*(axis.values for axis in axes)))
-    points = []
-    for number, values in enumerate(combos, start=1):
-        point = run_point(scenario_path, overrides,
-                          {axis.path: value for axis, value in zip(axes, values)}, loss_target)
-        points.append(point)
+class Runner(Protocol):
+    """Runs points: yields each (index, result) of `todo` as it finishes, in any order."""
+
+    def __call__(self, spec: SweepSpec,
+                 todo: Sequence[tuple[int, Settings]]) -> Iterator[tuple[int, SweepPoint]]: ...
+
+
+def in_this_process(spec: SweepSpec,
+                    todo: Sequence[tuple[int, Settings]]) -> Iterator[tuple[int, SweepPoint]]:
+    """The sequential runner: one point after the other, in order."""
+    for index, settings in todo:
+        yield index, run_point(spec, settings)
+
+
+def run_sweep(spec: SweepSpec, name: str, axes: Sequence[Axis],
+              runner: Runner = in_this_process, done: Mapping[int, SweepPoint] | None = None,
+              on_point: Callable[[int, SweepPoint], None] | None = None) -> SweepRecord:
+    """Every point of `plan(axes)` but those `done` (by index), run by `runner`; `on_point`
+    is told each (index, result) as it finishes. The record lists the points in plan order."""
+    settings = plan(axes)
+    points: list[SweepPoint | None] = [(done or {}).get(i) for i in range(len(settings))]
+    todo = [(i, settings[i]) for i, point in enumerate(points) if point is None]
+    for index, point in runner(spec, todo):
+        points[index] = point
         if on_point is not None:
-            on_point(number, len(combos), point)
-    return SweepRecord(name, {axis.path: list(axis.values) for axis in axes}, points,
-                       loss_target=loss_target)
+            on_point(index, point)
+    missing = [i for i, point in enumerate(points) if point is None]
+    if missing:
+        raise RuntimeError(f"the runner left point(s) {missing} unrun")
+    return SweepRecord(name, {axis.path: list(axis.values) for axis in axes},
+                       [point for point in points if point is not None],
+                       loss_target=spec.loss_target)
 
 
 def sweep_table(record: SweepRecord) -> Table:

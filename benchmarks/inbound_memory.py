@@ -39,13 +39,14 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from runtime.config.nodes import node_file_stem
 from runtime.config.scenario import parse_scenario
 from runtime.network.curve import CurveKeys, make_client, write_keys
 from runtime.network.wire import Kind, Message, decode, encode
 from runtime.network.zmq_transport import own_routing_id
 from runtime.services.inbound import pserver_inbound_limits
 from runtime.services.job import Job
-from runtime.services.node import node_file_stem, node_keys
+from runtime.services.node import node_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20

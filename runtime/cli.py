@@ -34,6 +34,7 @@ from transpiler.models import DEFAULT_OPTIMIZERS, MODELS, Model, ModelError, bui
 from transpiler.optimizer import OPTIMIZERS
 
 from runtime import Executor, Scope
+from runtime.config.nodes import node_file_stem
 from runtime.config.scenario import ScenarioError, load_scenario
 from runtime.execution.data import DATASETS, DataError, Dataset, dataset_for
 from runtime.launch.collect import collect
@@ -46,7 +47,7 @@ from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, f
 from runtime.network.curve import KeyFileError, export_keys, write_keys
 from runtime.services.job import check_job
 from runtime.services.node import (RoleError, add_arguments, key_directory, load_for_role,
-                                   node_file_stem, node_options, resolve_role)
+                                   node_options, resolve_role)
 
 
 def _positive_int(text: str) -> int:

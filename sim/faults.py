@@ -29,10 +29,11 @@ import random
 from typing import TYPE_CHECKING, NamedTuple
 
 from runtime.config.faults import REORDER_WAIT, LinkFaults, Partition
+from runtime.config.nodes import NODE, no_node
 from runtime.execution.compute import ComputeModel, Tracer
 from runtime.execution.scope import Scope
 from runtime.faults.schedule import FaultEvent
-from runtime.services.cluster import NODE, LocalCluster, no_node
+from runtime.services.cluster import LocalCluster
 from sim.loop import VirtualTimeLoop
 from transpiler.ir import Op
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from runtime.config.atomic import write_atomic
+from runtime.config.nodes import ROLES
 
 __all__ = ["BARRIER_OPS", "MessageRecord", "REPORTED", "Span", "TraceRecorder", "node_order"]
 
@@ -55,7 +56,7 @@ class MessageRecord:
 def node_order(node: str) -> tuple[int, str, int, str]:
     """Sort key: pservers, then trainers, then anything else; by numeric index within a role."""
     role, _, index = node.partition(":")
-    rank = {"pserver": 0, "trainer": 1}.get(role, 2)
+    rank = ROLES.index(role) if role in ROLES else len(ROLES)
     return (rank, role, int(index) if index.isdigit() else -1, index)
 
 

@@ -17,10 +17,10 @@ import pytest
 
 from runtime.config import atomic
 from runtime.config.atomic import atomic_open, write_atomic
+from runtime.config.nodes import pserver_name
 from runtime.network.wire import Kind
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services import checkpoint
-from runtime.services.cluster import pserver_name
 from runtime.services.pserver import PserverService, ServeConfig
 from runtime.services.pserver_actions import Reject, SaveCheckpoint
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from runtime.config.nodes import pserver_name, trainer_name
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.checkpoint import MANIFEST, CheckpointError, Staging
-from runtime.services.cluster import LocalCluster, make_trainer, pserver_name, run_job, trainer_name
+from runtime.services.cluster import LocalCluster, make_trainer, run_job
 from runtime.services.job import Job
 from runtime.services.pserver import PserverService, ServeConfig
 from runtime.services.trainer import StepMismatch, run_program

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from runtime.config.nodes import pserver_name
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services import checkpoint
 from runtime.services.checkpoint import MANIFEST, Staging, load, previous_of, recover
-from runtime.services.cluster import make_pserver, pserver_name
+from runtime.services.cluster import make_pserver
 from transpiler.ir import Var
 
 from test_checkpoint import ctr_job

@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 
+from runtime.config.nodes import pserver_name, trainer_name
 from runtime.config.scenario import parse_scenario
 from runtime.network.zmq_transport import ZmqTransport
-from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
-                                      run_job, trainer_name)
+from runtime.services.cluster import batches_for, make_pserver, make_trainer, run_job
 from runtime.services.job import Job
 from sim.loop import run as run_virtual
 from sim.network import Network

@@ -17,14 +17,14 @@ import zmq
 
 from runtime import cli
 from runtime.config import atomic
+from runtime.config.nodes import node_file_stem, pserver_name, trainer_name
 from runtime.execution.costs import CurveCosts, Linear, RuntimeCosts, fit_costs
 from runtime.network.curve import KeyFileError, load_keys, secret_path, write_keys
 from runtime.network.wire import Kind, Message, charged_size, decode, encode
 from runtime.network.zmq_transport import ZmqTransport
-from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
-                                      run_job, trainer_name)
+from runtime.services.cluster import batches_for, make_pserver, make_trainer, run_job
 from runtime.services.job import Job
-from runtime.services.node import node_file_stem, node_keys
+from runtime.services.node import node_keys
 from sim.cost import runtime_costs
 from sim.cpu import Cpus
 from sim.loop import run as sim_run

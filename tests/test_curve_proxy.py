@@ -20,13 +20,13 @@ import zmq
 
 from runtime.config.faults import LinkFaults
 from runtime.config.metrics import read_metrics
+from runtime.config.nodes import pserver_name, trainer_name
 from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.faults.inject import link_faults
 from runtime.faults.proxy import Direction
 from runtime.network.curve import RELAY, load_keys
 from runtime.network.zmq_transport import ZmqTransport
-from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
-                                      run_job, trainer_name)
+from runtime.services.cluster import batches_for, make_pserver, make_trainer, run_job
 from runtime.services.node import node_keys
 
 from cluster_helpers import FAST_DRAIN, free_endpoints, make_job

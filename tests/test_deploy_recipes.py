@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 from runtime import cli
+from runtime.config.nodes import node_file_stem
 from runtime.network.curve import KEYS_VAR
 from runtime.network.curve import SECRET_SUFFIX
-from runtime.services.node import ENV_VARS, node_file_stem, resolve_role
+from runtime.services.node import ENV_VARS, resolve_role
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -30,6 +30,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from runtime.config.metrics import ExpectationResult, PserverMetrics
+from runtime.config.nodes import pserver_name
 from runtime.config.scenario import Scenario
 
 LOSS_WINDOW = 10
@@ -130,11 +131,11 @@ def no_lost_updates(pservers: list[PserverMetrics], steps: int, sync: bool) -> E
     problems = []
     for p in pservers:
         if sync and p.steps != steps:
-            problems.append(f"pserver:{p.index} ran {p.steps} of {steps} steps")
+            problems.append(f"{pserver_name(p.index)} ran {p.steps} of {steps} steps")
         if p.errors:
-            problems.append(f"pserver:{p.index} rejected {p.errors} message(s)")
+            problems.append(f"{pserver_name(p.index)} rejected {p.errors} message(s)")
         if p.dropped:
-            problems.append(f"pserver:{p.index} dropped trainer(s) {p.dropped}")
+            problems.append(f"{pserver_name(p.index)} dropped trainer(s) {p.dropped}")
     what = f"every pserver ran {steps} steps with" if sync else "every pserver had"
     detail = "; ".join(problems) if problems else f"{what} no rejected message or dropped trainer"
     return ExpectationResult(name, True, not problems, not problems, detail)

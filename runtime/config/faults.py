@@ -36,6 +36,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
                       Tag, field_validator)
 
 from runtime.config import units
+from runtime.config.nodes import NODE_NAME, is_trainer, node_names
 
 if TYPE_CHECKING:
     from runtime.faults.schedule import Firing
@@ -178,7 +179,7 @@ class Crash(_Fault):
     @field_validator("crash")
     @classmethod
     def _one_node(cls, v: str) -> str:
-        if not _NODE.fullmatch(v):
+        if not NODE_NAME.fullmatch(v):
             raise ValueError(f"crash names one node, pserver:<i> or trainer:<i>, not {v!r}")
         return v
 
@@ -405,7 +406,6 @@ FAULT_TYPES: tuple[type[_Fault], ...] = (Crash, Partition, LinkFaults, Slow, Pau
 """Every kind of fault, in the order the docs list them."""
 FAULT_KINDS = tuple(t.kind for t in FAULT_TYPES)
 AnyFault = Crash | Partition | LinkFaults | Slow | Pause
-_NODE = re.compile(r"(pserver|trainer):\d+")
 
 
 def _shape_of(raw: Any) -> str | None:
@@ -434,22 +434,22 @@ def _any(patterns: tuple[str, ...], node: str) -> bool:
     return any(fnmatchcase(node, p) for p in patterns)
 
 
-def nodes_of(pservers: int, trainers: int) -> list[str]:
-    return [f"pserver:{j}" for j in range(pservers)] + [f"trainer:{i}" for i in range(trainers)]
+nodes_of = node_names
+"""`runtime.config.nodes.node_names` by its old name, which sim/simulate.py imports from here."""
 
 
 def check_against(faults: Sequence[AnyFault], pservers: int, trainers: int, *,
                   mode: str) -> None:
     """Raise ValueError naming the fault (``faults[i]``) whose nodes are not in the cluster, or
     that the mode cannot recover from."""
-    nodes = nodes_of(pservers, trainers)
+    nodes = node_names(pservers, trainers)
     for i, fault in enumerate(faults):
         where = f"faults[{i}]"
         if isinstance(fault, Crash):
             if fault.crash not in nodes:
                 raise ValueError(f"{where}: crash {fault.crash!r}: no such node in a cluster of "
                                  f"{pservers} pserver(s) and {trainers} trainer(s)")
-            if fault.crash.startswith("trainer:") and \
+            if is_trainer(fault.crash) and \
                     mode not in ("sync", "async", "ssp", "half_async"):
                 raise ValueError(f"{where}: a trainer crash is supported in sync, async, ssp "
                                  f"and half_async modes, not {mode}")

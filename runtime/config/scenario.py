@@ -28,6 +28,7 @@ from transpiler.opcatalog import optimizer_types
 from runtime.config import units
 from runtime.config.faults import FAULT_KINDS, Fault, check_against
 from runtime.config.netspec import NetworkSection, strip_tags
+from runtime.config.nodes import node_names
 
 
 class ScenarioError(ValueError):
@@ -186,8 +187,7 @@ class ClusterSpec(_Strict):
         pservers, trainers = info.data.get("pservers"), info.data.get("trainers")
         if not hosts or pservers is None or trainers is None:
             return hosts
-        nodes = [f"pserver:{j}" for j in range(pservers)]
-        nodes += [f"trainer:{i}" for i in range(trainers)]
+        nodes = node_names(pservers, trainers)
         owner: dict[str, int] = {}
         for h, host in enumerate(hosts):
             for pattern in host.nodes:

@@ -51,9 +51,9 @@ from typing import Protocol
 
 from runtime.config.faults import REORDER_WAIT, AnyFault, LinkFaults, Partition
 from runtime.config.metrics import FaultEvent as MetricsEvent
+from runtime.config.nodes import pserver_name, trainer_name
 from runtime.faults.proxy import Direction, FaultProxy, Faults, Latency
 from runtime.faults.schedule import FaultEvent
-from runtime.services.cluster import pserver_name, trainer_name
 
 SLOW_PERIOD = 0.02
 """Seconds of one pause-and-run cycle of a slowed node."""

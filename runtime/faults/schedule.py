@@ -34,7 +34,7 @@ from typing import Protocol, TypeVar
 
 from runtime.config.faults import AnyFault, LinkFaults, Partition, _Fault
 from runtime.config.metrics import FaultEvent as MetricsEvent
-from runtime.services.cluster import no_node
+from runtime.config.nodes import no_node, trainer_name
 
 F = TypeVar("F", bound=_Fault)
 
@@ -170,7 +170,7 @@ class FaultSchedule:
         self._by_step = [(step, index) for step, index in self._by_step if done < step]
         for index in due:  # not in the reporting trainer's context: a pause of that very
             # trainer would hold its own end (the simulator holds what a paused node runs)
-            no_node().run(self._fire, index, f"{who or f'trainer:{trainer}'} reported step {done}")
+            no_node().run(self._fire, index, f"{who or trainer_name(trainer)} reported step {done}")
 
     def close(self) -> None:
         """The run is ending: cancel what has not happened yet, and end the faults in force

@@ -32,11 +32,12 @@ from typing import Any, Sequence, TextIO, TypeVar
 from runtime.config.metrics import (FaultEvent, JobMetrics, JobSummary, NodeFaults,
                                     ProxyMetrics, PserverMetrics, TrainerMetrics, held_back,
                                     read_record, write_record)
+from runtime.config.nodes import node_file_stem, node_name, node_names
 from runtime.config.scenario import Scenario
 from runtime.launch.launcher import (check_run, ignored_by_runtime, judge, summary_lines,
                                      verdict)
 from runtime.launch.role import FAULTS_SUFFIX
-from runtime.services.node import JOB_SUFFIX, node_file_stem, node_name
+from runtime.services.node import JOB_SUFFIX
 
 R = TypeVar("R", TrainerMetrics, PserverMetrics)
 
@@ -130,8 +131,7 @@ def merge(collected: Collected, dirs: Sequence[Path]) -> JobMetrics:
 def _node_order(names: dict[str, Path], scenario: Scenario) -> list[str]:
     """`names` in the job's order: the pservers, then the trainers."""
     cluster = scenario.cluster
-    order = [node_name("pserver", j) for j in range(cluster.pservers)]
-    order += [node_name("trainer", i) for i in range(cluster.trainers)]
+    order = node_names(cluster.pservers, cluster.trainers)
     unknown = sorted(set(names) - set(order))
     if unknown:
         raise CollectError(f"{names[unknown[0]]}: {unknown[0]} is not a node of the job")

@@ -86,11 +86,13 @@ from rich.table import Table
 from transpiler.distribute.from_spec import TRAINER_RING_MODES, pserver_endpoints, trainer_endpoints
 
 from runtime.config import expect
-from runtime.config.faults import LinkFaults, Partition, Slow, nodes_of
+from runtime.config.faults import LinkFaults, Partition, Slow
 from runtime.config.metrics import (ExpectationResult, JobMetrics, JobSummary, NetnsMetrics,
                                     ProxyMetrics, PserverMetrics, TrainerMetrics, read_record,
                                     write_record)
 from runtime.config.netspec import NetworkSpec, fmt_rate
+from runtime.config.nodes import (node_file_stem, node_name, node_names, pserver_name,
+                                  trainer_name)
 from runtime.config.scenario import Scenario
 from runtime.faults.inject import (SLOW_PERIOD, RuntimeTarget, connects, metrics_events,
                                    needs_proxies)
@@ -100,12 +102,12 @@ from runtime.faults.schedule import FaultSchedule
 from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latencies,
                                   network_notes, sigterm_interrupts)
 from runtime.network.curve import KeyFileError, write_keys
-from runtime.services.cluster import pserver_name, restart_is_moot, run_job, train_locally
+from runtime.services.cluster import restart_is_moot, run_job, train_locally
 from runtime.services.job import Job
 from runtime.services.lifeline import launcher_environment
 from runtime.services.local_zmq import fresh_keys, zmq_transports
-from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_file_stem,
-                                   node_keys, node_name, run_async)
+from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_keys,
+                                   run_async)
 from runtime.services.output import DetachedOutput
 from runtime.services.progress import Channel, Progress, read_progress
 
@@ -456,7 +458,7 @@ class Launcher:
         cluster = self.scenario.cluster
         target = self._fault_target(display)
         injector = self.injector = FaultSchedule(self.scenario.faults, target,
-                                                 nodes_of(cluster.pservers, cluster.trainers))
+                                                 node_names(cluster.pservers, cluster.trainers))
         start = time.perf_counter()  # loop.time() is whole milliseconds on uvloop
         failure: Failure | None = None
         try:
@@ -886,10 +888,10 @@ def nonfinite_lines(pservers: list[PserverMetrics]) -> list[str]:
     by_trainer: dict[int, list[str]] = {}
     for p in pservers:
         for trainer, count in sorted(p.nonfinite.items()):
-            by_trainer.setdefault(trainer, []).append(f"{count} at pserver:{p.index}")
+            by_trainer.setdefault(trainer, []).append(f"{count} at {pserver_name(p.index)}")
     skipped = sum(p.skipped_steps for p in pservers)
     what = f"; {skipped} step update(s) skipped" if skipped else ""
-    return [f"trainer:{trainer} sent NaN, infinite or out-of-range gradients: SENDs "
+    return [f"{trainer_name(trainer)} sent NaN, infinite or out-of-range gradients: SENDs "
             f"{', '.join(where)}{what}" for trainer, where in sorted(by_trainer.items())]
 
 
@@ -901,10 +903,10 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
             if t.step_times else ""
         joined = f"  from step {t.first_step}" if t.first_step else ""
         redone = f"  redid {t.steps_redone}" if t.steps_redone else ""
-        lines.append(f"trainer:{t.index:<4} {len(t.losses)} steps{joined}{redone}  {loss}  "
+        lines.append(f"{trainer_name(t.index):<12} {len(t.losses)} steps{joined}{redone}  {loss}  "
                      f"{mean}  (exit {t.exit_code})")
     for p in metrics.pservers:
-        lines.append(f"pserver:{p.index:<4} {p.steps} steps  {p.messages} messages  "
+        lines.append(f"{pserver_name(p.index):<12} {p.steps} steps  {p.messages} messages  "
                      f"{p.bytes_in / 1e6:.2f} MB in  {p.bytes_out / 1e6:.2f} MB out  optimize "
                      f"{p.optimize_seconds:.3f}s  errors {p.errors}  dropped {p.dropped or '-'}  "
                      f"(exit {p.exit_code})")

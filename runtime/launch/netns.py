@@ -69,9 +69,10 @@ from typing import Any
 from runtime.config.metrics import NetnsMetrics, NetnsNodeMetrics
 from runtime.config.netspec import (ConstantLatency, Latency, NetworkSection, NetworkSpec, fmt_rate,
                                     fmt_seconds)
+from runtime.config.nodes import (PSERVER, is_pserver, node_names, parse_node, pserver_name,
+                                  trainer_name)
 from runtime.config.scenario import Scenario
 from runtime.launch.shaping import BUCKET_SECONDS, ShapingError, shape
-from runtime.services.cluster import pserver_name, trainer_name
 
 __all__ = ["Fabric", "NetnsError", "Sockets", "check_netns", "entered", "link_latencies",
            "network_notes", "node_rates", "remove_dead_runs", "tbf_rates"]
@@ -101,14 +102,13 @@ class NetnsError(RuntimeError):
 
 def nodes_of(scenario: Scenario) -> list[str]:
     c = scenario.cluster
-    return [pserver_name(j) for j in range(c.pservers)] + \
-        [trainer_name(i) for i in range(c.trainers)]
+    return node_names(c.pservers, c.trainers)
 
 
 def peers_of(node: str, scenario: Scenario) -> list[str]:
     """The nodes `node` talks to: trainers to every pserver, pservers to every trainer."""
     c = scenario.cluster
-    if node.startswith("pserver:"):
+    if is_pserver(node):
         return [trainer_name(i) for i in range(c.trainers)]
     return [pserver_name(j) for j in range(c.pservers)]
 
@@ -155,7 +155,7 @@ def link_latencies(spec: NetworkSpec, scenario: Scenario) -> dict[tuple[str, str
     not a constant zero (those need no proxy)."""
     out: dict[tuple[str, str], Latency] = {}
     for pserver in nodes_of(scenario):
-        if not pserver.startswith("pserver:"):
+        if not is_pserver(pserver):
             continue
         for trainer in peers_of(pserver, scenario):
             latency = spec.link(trainer, pserver).latency
@@ -437,7 +437,8 @@ class Fabric:
         index, lock = _claim()
         fabric = Fabric(index, {}, lock, burst=NetworkSpec.from_section(scenario.network).burst)
         for k, node in enumerate(nodes_of(scenario)):
-            short = node.replace("pserver:", "ps").replace("trainer:", "t")
+            role, i = parse_node(node)
+            short = f"{'ps' if role == PSERVER else 't'}{i}"
             fabric.hosts[node] = Host(node, f"{PREFIX}{index}-{short}", f"10.147.{index}.{k + 1}",
                                       f"v-{short}", rates[node])
         try:

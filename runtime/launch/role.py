@@ -49,15 +49,16 @@ from pathlib import Path
 
 from runtime.config.faults import AnyFault, LinkFaults, Partition
 from runtime.config.metrics import NodeFaults, write_record
+from runtime.config.nodes import (is_pserver, node_file_stem, node_names, pserver_name,
+                                  trainer_name)
 from runtime.config.scenario import Scenario
 from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.faults.inject import RuntimeTarget, metrics_events
 from runtime.faults.proxy import FaultProxy
 from runtime.launch.launcher import (Display, Launcher, NodeRun, free_endpoints, node_command,
                                      node_environment, proxy_metrics)
-from runtime.services.cluster import pserver_name, trainer_name
-from runtime.services.node import (ALONE_VAR, NodeOptions, Role, RoleError, node_file_stem,
-                                   node_keys, run_async, run_role)
+from runtime.services.node import (ALONE_VAR, NodeOptions, Role, RoleError, node_keys, run_async,
+                                   run_role)
 
 PROXY_HOST = "127.0.0.1"
 """Where a pserver behind its host's fault proxy serves: only the proxy reaches it."""
@@ -70,15 +71,13 @@ def concerns(fault: AnyFault, node: str, scenario: Scenario) -> bool:
     a pserver, a partition or link rule that acts on one of its links."""
     cluster = scenario.cluster
     if isinstance(fault, (Partition, LinkFaults)):
-        if not node.startswith("pserver:"):
+        if not is_pserver(node):
             return False
         trainers = [trainer_name(i) for i in range(cluster.trainers)]
         if isinstance(fault, Partition):
             return any(fault.cuts(t, node) for t in trainers)
         return any(fault.matches(t, node) for t in trainers)
-    names = [pserver_name(j) for j in range(cluster.pservers)]
-    names += [trainer_name(i) for i in range(cluster.trainers)]
-    return node in fault.nodes(names)
+    return node in fault.nodes(node_names(cluster.pservers, cluster.trainers))
 
 
 def message_faults(scenario: Scenario) -> list[int]:

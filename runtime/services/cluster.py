@@ -14,7 +14,6 @@ import asyncio
 import contextvars
 import logging
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -22,6 +21,8 @@ import numpy as np
 
 from transpiler.distribute.checkpoint import CheckpointConfig, append_checkpoint_notify
 
+from runtime.config.nodes import NODE, is_trainer, parse_node, pserver_name, trainer_name
+from runtime.config.nodes import no_node  # noqa: F401  (sim/cpu.py still imports it from here)
 from runtime.config.scenario import COLLECTIVE_BACKENDS
 from runtime.execution.compute import ComputeModel, Tracer
 from runtime.execution.executor import Executor
@@ -36,18 +37,6 @@ from runtime.services.pserver import PserverService, ServeConfig, ServerStats
 from runtime.services.trainer import Trainer, TrainerReport
 
 TransportFactory = Callable[[str], Transport]
-NODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("pslab_node", default=None)
-"""The node whose work runs in the current context (an in-process cluster's node tasks set it;
-the simulator's pause fault holds whatever runs in a paused node's context,
-`sim.loop.VirtualTimeLoop.hold`)."""
-
-
-def no_node() -> contextvars.Context:
-    """A fresh context in which no node's work runs, for what belongs to none (the fault
-    schedule, a simulated host's clock, the network handing over messages): a pause of a
-    node must not hold it. Fresh each time, so nothing one sets in it leaks into another."""
-    return contextvars.Context()
-
 StepObserver = Callable[[int, int, float, float], None]
 """`on_step(trainer_id, step, loss, seconds)`, called as each trainer finishes a step."""
 
@@ -60,19 +49,6 @@ class JobResult:
     trainers: list[TrainerReport]
     pservers: list[ServerStats]
     params: dict[str, np.ndarray]  # trainer 0's parameters after its last step (timing: none)
-
-
-@lru_cache(maxsize=1 << 16)
-def pserver_name(index: int) -> str:
-    """Node `index`'s name, one string object per index: every pserver holds every trainer's
-    name and every trainer every pserver's (100,000 each way at 1,000 x 100)."""
-    return f"pserver:{index}"
-
-
-@lru_cache(maxsize=1 << 16)
-def trainer_name(index: int) -> str:
-    """Trainer `index`'s node name (one string object per index, as `pserver_name`)."""
-    return f"trainer:{index}"
 
 
 def serve_config(job: Job, checkpoint_dir: Path | None = None,
@@ -258,7 +234,7 @@ class LocalCluster:
         task.cancel()
         if returning:
             self._restarting.add(node)
-        role, index = _parse_node(node)
+        role, index = parse_node(node)
         owner: Any = self.servers[index] if role == "pserver" else self.trainers[index]
         asyncio.get_running_loop().create_task(_close(owner, role))
         return True
@@ -270,7 +246,7 @@ class LocalCluster:
         self.down.discard(node)
         self._restarting.discard(node)
         self.incarnations[node] = self.incarnations.get(node, 0) + 1
-        role, index = _parse_node(node)
+        role, index = parse_node(node)
         if role == "pserver":
             self._start_pserver(index, recovering=True)
         else:
@@ -334,7 +310,7 @@ class LocalCluster:
             error = task.exception()
             if error is not None:
                 raise error
-            role, index = _parse_node(name)
+            role, index = parse_node(name)
             if role == "trainer":
                 self.reports[index] = task.result()
             else:
@@ -359,7 +335,7 @@ def restart_is_moot(returning: Iterable[str]) -> bool:
     """Whether the nodes due back after a crash (`returning`) need not be waited for once every
     running node has ended: none is due, or only trainers (every pserver finished the job, so a
     trainer coming back would find no one to train with)."""
-    return all(node.startswith("trainer:") for node in returning)
+    return all(is_trainer(node) for node in returning)
 
 
 def _joined(earlier: TrainerReport | None, later: TrainerReport) -> TrainerReport:
@@ -378,11 +354,6 @@ async def _close(owner: Any, role: str) -> None:
         await owner.client.close()
     else:
         await owner.transport.close()
-
-
-def _parse_node(node: str) -> tuple[str, int]:
-    role, _, index = node.partition(":")
-    return role, int(index)
 
 
 def _observer(on_step: StepObserver | None,

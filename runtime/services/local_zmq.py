@@ -21,9 +21,10 @@ from collections.abc import Mapping
 
 import zmq
 
+from runtime.config.nodes import parse_node, pserver_name, trainer_name
 from runtime.network.curve import CurveKeys
 from runtime.network.zmq_transport import ZmqTransport
-from runtime.services.cluster import TransportFactory, pserver_name, trainer_name
+from runtime.services.cluster import TransportFactory
 from runtime.services.inbound import pserver_inbound_limits
 from runtime.services.job import Job
 
@@ -60,8 +61,8 @@ def zmq_transports(job: Job, keys: Mapping[str, CurveKeys] | None) -> TransportF
     a pserver's with its inbound limits."""
 
     def transport_for(name: str) -> ZmqTransport:
-        role, _, index = name.partition(":")
-        limits = (pserver_inbound_limits(job, int(index)).zmq_limits()
+        role, index = parse_node(name)
+        limits = (pserver_inbound_limits(job, index).zmq_limits()
                   if role == "pserver" else None)
         return ZmqTransport(name, limits, curve=None if keys is None else keys[name])
 

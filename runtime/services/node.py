@@ -67,7 +67,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Coroutine, Literal, Mapping, NoReturn, Sequence, TextIO, TypeVar, cast
+from typing import Any, Coroutine, Mapping, NoReturn, Sequence, TextIO, TypeVar, cast
 
 import numpy as np
 
@@ -75,6 +75,8 @@ from transpiler.distribute.from_spec import TRAINER_RING_MODES
 
 from runtime.config.atomic import atomic_open, write_atomic
 from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
+from runtime.config.nodes import (ROLES, RoleName, node_file_stem, node_name, pserver_name,
+                                  trainer_name)
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
 from runtime.execution.executor import set_kernel_threads
@@ -82,8 +84,7 @@ from runtime.execution.executor import timing_kernels
 from runtime.network.curve import KEYS_VAR, RELAY, CurveKeys, load_keys
 from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
-from runtime.services.cluster import (batches_for, make_pserver, make_trainer, pserver_name,
-                                      trainer_name)
+from runtime.services.cluster import batches_for, make_pserver, make_trainer
 from runtime.services.inbound import pserver_inbound_limits
 from runtime.services.job import Job, check_job
 from runtime.services.lifeline import die_with_launcher, launcher_pid
@@ -94,8 +95,6 @@ from runtime.services.trainer import TrainerReport
 
 log = logging.getLogger("runtime.services.node")
 
-RoleName = Literal["pserver", "trainer"]
-ROLES: tuple[RoleName, ...] = ("pserver", "trainer")
 ENV_ROLES: dict[str, RoleName] = {"PSERVER": "pserver", "TRAINER": "trainer"}
 ENV_VARS = ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST",
             "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
@@ -154,15 +153,6 @@ class Role:
     @property
     def name(self) -> str:
         return node_name(self.role, self.index)
-
-
-def node_name(role: str, index: int) -> str:
-    return pserver_name(index) if role == "pserver" else trainer_name(index)
-
-
-def node_file_stem(role: str, index: int) -> str:
-    """``pserver-0``: the node's name as a file name (logs, records)."""
-    return f"{role}-{index}"
 
 
 # -- which node --------------------------------------------------------------------------------

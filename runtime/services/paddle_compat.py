@@ -61,6 +61,7 @@ from transpiler.framework import default_main_program
 from transpiler.ir import Op, Program, Var
 
 from runtime.config.atomic import atomic_open
+from runtime.config.nodes import pserver_name, trainer_name
 from runtime.execution.executor import RPC_OP_TYPES
 from runtime.execution.executor import Executor as KernelExecutor
 from runtime.execution.executor import FeedValue
@@ -71,7 +72,6 @@ from runtime.network.ports import wait_for_ports
 from runtime.network.rpc import RetryPolicy, RpcClient
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.checkpoint import file_name
-from runtime.services.cluster import pserver_name, trainer_name
 from runtime.services.node import node_keys
 from runtime.services.pserver import PserverService, ServeConfig
 from runtime.services.trainer import Rewind, Trainer, run_program

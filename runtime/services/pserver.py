@@ -88,6 +88,7 @@ from transpiler.distribute.contract import ServeContract
 from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR
 from transpiler.ir import BlockRef, Program
 
+from runtime.config.nodes import claimed_trainer
 from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.costs import RECEIVES, SENDS, Meter
 from runtime.execution.executor import AttrOverrides, Executor, block_locals
@@ -658,6 +659,6 @@ def impersonation(peer: str, msg: Message) -> str | None:
     if msg.src != peer:
         return f"message claims sender {msg.src!r} but comes with the key of {peer!r}"
     trainer = msg.extra.get("trainer")
-    if trainer is not None and f"trainer:{trainer}" != peer:
+    if trainer is not None and claimed_trainer(trainer) != peer:
         return f"message claims trainer id {trainer!r} but comes with the key of {peer!r}"
     return None

@@ -32,8 +32,15 @@ measured run's in protocol P (the profiling run's, or with ``--profile-protocol`
 measured run in P), less what measuring itself cost there (the profile's
 ``measuring_seconds``): the simulator predicts an unmeasured run.
 
+``--transfer`` asks what users ask: ONE calibration of this machine (`runtime calibrate`, or
+``--machine FILE``) predicts every configuration of another matrix (`TRANSFER`: 1 to 6
+trainers, 1 to 3 pservers, small, mid and wide MLPs, the CNN, ctr_dnn with a distributed
+table, sync, async, half_async, geo, ssp and collective, batches 16 to 256, and with
+``--netns`` links shaped to 200 Mbit/s, 1 Gbit/s or 2 ms of added latency), none of which the
+calibration ran or profiled; no profile is taken.
+
 Run: python benchmarks/fidelity.py [--repeat 3] [--profile-runs 3] [--only NAME,...] [--netns]
-     [--steps N] [--protocol P] [--profile-protocol Q] [--cpu]
+     [--steps N] [--protocol P] [--profile-protocol Q] [--cpu] [--transfer [--machine FILE]]
 """
 
 from __future__ import annotations
@@ -66,17 +73,33 @@ class Config:
     steps: int = 150
     bandwidth: str | None = None
     """A tbf cap on every node's link (needs --netns)."""
+    model: str | None = None
+    """The model as YAML flow text (default: the MLP of `sizes`, SGD)."""
+    batch: int = 32
+    transpiler: str = ""
+    """More transpiler fields, as YAML flow text (``staleness: 2``)."""
+    latency: str | None = None
+    """Added latency on every link (needs --netns)."""
+
+    @property
+    def shaped(self) -> bool:
+        return self.bandwidth is not None or self.latency is not None
 
     def scenario(self, steps: int | None, protocol: str | None = None) -> str:
-        network = "" if self.bandwidth is None else \
-            f"network: {{default: {{bandwidth: {self.bandwidth}}}, burst: 1ms}}\n"
+        link = {k: v for k, v in (("bandwidth", self.bandwidth), ("latency", self.latency))
+                if v is not None}
+        network = "" if not link else \
+            f"network: {{default: {{{', '.join(f'{k}: {v}' for k, v in link.items())}}}, " \
+            "burst: 1ms}\n"
         speaks = "" if protocol is None else f", protocol: {protocol}"
-        return (f"name: fidelity-{self.name}\nseed: 3\n"
-                f"model: {{name: mlp, sizes: {list(self.sizes)}, "
-                "optimizer: {type: sgd, learning_rate: 0.05}}\n"
-                "data: {name: digits, batch_size: 32}\n"
+        model = self.model or (f"{{name: mlp, sizes: {list(self.sizes)}, "
+                               "optimizer: {type: sgd, learning_rate: 0.05}}")
+        data = "name: digits, " if self.model is None else ""
+        extra = f", {self.transpiler}" if self.transpiler else ""
+        return (f"name: fidelity-{self.name}\nseed: 3\nmodel: {model}\n"
+                f"data: {{{data}batch_size: {self.batch}}}\n"
                 f"cluster: {{pservers: {self.pservers}, trainers: {self.trainers}}}\n"
-                f"transpiler: {{mode: {self.mode}}}\n"
+                f"transpiler: {{mode: {self.mode}{extra}}}\n"
                 f"train: {{steps: {steps or self.steps}, deadline: 600s, "
                 f"log_every: 1000{speaks}}}\n" + network)
 
@@ -95,6 +118,32 @@ CONFIGS = [
     Config("2x2-200Mbit", MID, 2, 2, steps=60, bandwidth="200Mbit/s"),
     Config("2x2-1Gbit", MID, 2, 2, steps=60, bandwidth="1Gbit/s"),
 ]
+
+CNN = "{name: cnn, image: 16, channels: [8, 16], optimizer: {type: sgd, learning_rate: 0.05}}"
+CTR = ("{name: ctr_dnn, vocab: 5000, embed_dim: 16, hidden: [64, 32], is_distributed: true, "
+       "optimizer: {type: sgd, learning_rate: 0.05}}")
+TRANSFER = [
+    Config("t1x1-small-b16", SMALL, 1, 1, batch=16),
+    Config("t1x3-small", SMALL, 1, 3),
+    Config("t3x2-mid", MID, 3, 2),
+    Config("t2x5-small-b64", (64, 128, 10), 2, 5, batch=64),
+    Config("t1x6-small", (64, 128, 10), 1, 6, steps=100),
+    Config("t2x2-wide-b128", WIDE, 2, 2, steps=40, batch=128),
+    Config("t1x2-mid-b256", MID, 1, 2, steps=60, batch=256),
+    Config("t2x2-cnn", (), 2, 2, steps=60, model=CNN),
+    Config("t2x2-ctr-table", (), 2, 2, steps=80, model=CTR, batch=64),
+    Config("t2x3-async-mid", MID, 2, 3, mode="async"),
+    Config("t2x2-half-async-wide", WIDE, 2, 2, mode="half_async", steps=40),
+    Config("t2x4-geo", (64, 128, 10), 2, 4, mode="geo", transpiler="geo_push_every: 5"),
+    Config("t2x4-ssp", (64, 128, 10), 2, 4, mode="ssp", transpiler="staleness: 2"),
+    Config("t3-collective", MID, 2, 3, mode="collective",
+           transpiler="collective_mode: grad_allreduce"),
+    Config("t3x3-200Mbit", MID, 3, 3, steps=60, bandwidth="200Mbit/s"),
+    Config("t2x2-1Gbit-b128", WIDE, 2, 2, steps=30, batch=128, bandwidth="1Gbit/s"),
+    Config("t2x2-latency-2ms", MID, 2, 2, steps=60, latency="2ms"),
+]
+"""The transfer matrix (``--transfer``): jobs none of which the calibration ran, predicted
+from the one machine file."""
 
 
 @dataclass
@@ -141,19 +190,24 @@ def _pserver_bytes(pservers: list[dict[str, Any]]) -> list[int]:
 
 def run_config(config: Config, work: Path, repeat: int, steps: int | None,
                netns: bool, profile_runs: int, protocol: str | None = None,
-               profile_protocol: str | None = None, cpu: bool = False) -> Outcome:
+               profile_protocol: str | None = None, cpu: bool = False,
+               machine: Path | None = None) -> Outcome:
+    """Run `config` for real `repeat` times and predict it: from `profile_runs` profiles of
+    itself taken in turn with the real runs, or (`machine`) from that machine file alone."""
     scenario = work / f"{config.name}.yaml"
     scenario.write_text(config.scenario(steps, protocol))
     profiled = scenario
     if profile_protocol is not None and profile_protocol != protocol:
         profiled = work / f"{config.name}.{profile_protocol}.yaml"
         profiled.write_text(config.scenario(steps, profile_protocol))
-    flags = ["--netns"] if netns and config.bandwidth else []
+    flags = ["--netns"] if netns and config.shaped else []
     runtime = [sys.executable, "-m", "runtime.cli"]
     measured, samples, real_bytes, predictions = [], [], [], []
     stolen, total = _steal()
     for r in range(max(repeat, profile_runs)):  # a profile, then a real run, in turn
-        if r < profile_runs:
+        if machine is not None:
+            pass  # predicted once below, from the machine file
+        elif r < profile_runs:
             profile = work / f"{config.name}.profile{r}.json"
             _run([*runtime, "profile", str(profiled), "-o", str(profile), "--out",
                   str(work / f"{config.name}-profile{r}")] + flags,
@@ -169,10 +223,12 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
             real_bytes = _pserver_bytes(metrics["pservers"])
     stolen_after, total_after = _steal()
     steal = (stolen_after - stolen) / max(total_after - total, 1)
+    if machine is not None:
+        predictions = [(_simulate_calibrated(scenario, machine), machine)]
     predictions.sort(key=lambda prediction: statistics.median(_step_times(prediction[0])))
     sim, profile = predictions[(len(predictions) - 1) // 2]  # the median (the lower of two)
     steps_time = max(sum(trainer.step_times) for trainer in sim.trainers)
-    samples_sim = sum(len(t.step_times) for t in sim.trainers) * 32 / steps_time
+    samples_sim = sum(len(t.step_times) for t in sim.trainers) * config.batch / steps_time
     sim_bytes = [p.bytes_in + p.bytes_out - p.heartbeat_bytes for p in sim.pservers]
     lines = []
     if cpu:
@@ -193,6 +249,15 @@ def _simulate(scenario: Path, profile: Path) -> SimResult:
     cores = json.loads(profile.read_text())["runtime"]["machine"]["cores"]
     return simulate(load_scenario(scenario, [
         f"compute={{model: profile, path: {profile}}}",
+        f"cluster.hosts=[{{nodes: '*', cores: {cores}}}]"]), trace_messages=False)
+
+
+def _simulate_calibrated(scenario: Path, machine: Path) -> SimResult:
+    """The simulation of `scenario` priced by the machine file `machine`, every node on one
+    host of the calibrated machine's cores."""
+    cores = json.loads(machine.read_text())["meta"]["machine"]["cores"]
+    return simulate(load_scenario(scenario, [
+        f"compute={{model: calibrated, path: {machine}}}",
         f"cluster.hosts=[{{nodes: '*', cores: {cores}}}]"]), trace_messages=False)
 
 
@@ -243,8 +308,14 @@ def main() -> None:
                         help="profile in this protocol instead (the cross-protocol check)")
     parser.add_argument("--cpu", action="store_true",
                         help="also print each node's simulated CPU against a measured run's")
+    parser.add_argument("--transfer", action="store_true",
+                        help="one calibration of this machine (runtime calibrate) predicts "
+                             "every configuration of the transfer matrix, none of which it ran")
+    parser.add_argument("--machine", type=Path,
+                        help="with --transfer: this machine file instead of a new calibration")
     args = parser.parse_args()
-    chosen = [c for c in CONFIGS if (c.bandwidth is None or args.netns)
+    matrix = TRANSFER if args.transfer else CONFIGS
+    chosen = [c for c in matrix if (not c.shaped or args.netns)
               and (not args.only or c.name in args.only.split(","))]
     print(f"{len(chosen)} configurations, {args.profile_runs} profiling and {args.repeat} real "
           f"run(s) each, in turn, on {os.cpu_count()} cores; protocol {args.protocol or 'compact'}, profiled in "
@@ -254,11 +325,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pslab-fidelity-") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
+        machine = _machine(args, work) if args.transfer else None
         outcomes = []
         for config in chosen:
             outcome = run_config(config, work, args.repeat, args.steps, args.netns,
                                  args.profile_runs, args.protocol, args.profile_protocol,
-                                 args.cpu)
+                                 args.cpu, machine)
             outcomes.append(outcome)
             print(row(outcome), flush=True)
             for line in outcome.cpu:
@@ -269,6 +341,17 @@ def main() -> None:
           f"{statistics.median(errors):.1%}, worst {max(errors):.1%} "
           f"({max(outcomes, key=lambda o: abs(o.error)).config.name}); per-pserver bytes exact "
           f"in {exact} of {len(outcomes)}")
+
+
+def _machine(args: argparse.Namespace, work: Path) -> Path:
+    """The machine file of --transfer: --machine's, or a calibration made now."""
+    if args.machine is not None:
+        return args.machine.resolve()
+    machine = work / "machine.json"
+    print("calibrating this machine (runtime calibrate)", flush=True)
+    _run([sys.executable, "-m", "runtime.cli", "calibrate", "-o", str(machine)],
+         work / "calibrate.log")
+    return machine
 
 
 if __name__ == "__main__":

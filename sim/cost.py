@@ -70,7 +70,7 @@ from .cpu import Cpus
 __all__ = [
     "COST_RULES", "ComputeConfigError", "Device", "Ledger", "OnCpus", "OpTime", "Profile",
     "Roofline", "Straggler", "Stragglers", "Work", "Calibrated", "compute_model",
-    "load_calibrated", "load_profile", "model_notes",
+    "load_calibrated", "load_profile", "model_notes", "model_sharing",
     "load_runtime_costs", "op_work", "parse_compute", "runtime_costs",
 ]
 
@@ -183,10 +183,13 @@ class Calibrated:
     nearest end; each such op type is named once in `notes`."""
 
     def __init__(self, curves: Mapping[str, Curve], fallback: Curve | None,
-                 source: str = "the machine file") -> None:
+                 source: str = "the machine file",
+                 sharing: Mapping[float, tuple[float, ...]] | None = None) -> None:
         self.curves = dict(curves)
         self.fallback = fallback
         self.source = source
+        self.sharing = dict(sharing or {})
+        """Cores -> the measured rate of each busy thread while 1, 2, ... have work."""
         self.notes: list[str] = []
         """What was priced by an approximation, once per op type and kind (the run's notes)."""
         self._noted: set[tuple[str, str]] = set()
@@ -530,6 +533,16 @@ class CurveDoc(_Strict):
         return self
 
 
+class CoresDoc(_Strict):
+    """How busy processes share a machine's cores (`runtime calibrate`)."""
+
+    count: int = Field(ge=1)
+    """The machine's cores."""
+    rates: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1)
+    """The rate of each of m busy processes against one alone, for m = 1, 2, ...: what a
+    simulated host of `count` cores gives each busy thread (`sim.cpu.HostSpec.rates`)."""
+
+
 class MachineFile(_Strict):
     """A machine's calibration (`runtime.launch.calibrate`)."""
 
@@ -540,6 +553,8 @@ class MachineFile(_Strict):
     seconds], ...]}``."""
     fallback: dict[str, CurveDoc] = {}
     """Backend -> the curve of an op type it lacks (elementwise ops pooled, by bytes)."""
+    cores: CoresDoc | None = None
+    """How busy processes shared this machine's cores."""
     runtime: RuntimeSection | None = None
     """The runtime's own costs, as a profile's."""
     meta: dict[str, Any] = {}
@@ -627,9 +642,10 @@ def load_calibrated(path: Path, kernels: str) -> Calibrated:
         raise ComputeConfigError("compute.kernels", f"{path} holds no calibration of {kernels} "
                                  f"kernels, only of {', '.join(sorted(data.kernels)) or 'none'}")
     fallback = data.fallback.get(kernels)
+    sharing = {} if data.cores is None else {float(data.cores.count): tuple(data.cores.rates)}
     return Calibrated({op: Curve.of(doc.model_dump()) for op, doc in curves.items()},
                       None if fallback is None else Curve.of(fallback.model_dump()),
-                      path.name)
+                      path.name, sharing)
 
 
 def load_runtime_costs(path: Path, field: str = "compute.path") -> RuntimeCosts | None:
@@ -668,14 +684,23 @@ def _base_model(spec: ComputeSpec, base_dir: Path, kernels: str) -> ComputeModel
     return Profile(spec.ops or {}, spec.default)
 
 
+def _calibrated(model: ComputeModel | None) -> Calibrated | None:
+    """`model`, or the model it wraps, if it is a `Calibrated` one."""
+    while model is not None and not isinstance(model, Calibrated):
+        model = getattr(model, "base", None) or getattr(model, "inner", None)
+    return model
+
+
 def model_notes(model: ComputeModel | None) -> list[str]:
     """What `model` (or the model it wraps) priced by an approximation (`Calibrated.notes`)."""
-    while model is not None:
-        notes = getattr(model, "notes", None)
-        if isinstance(notes, list):
-            return list(notes)
-        model = getattr(model, "base", None) or getattr(model, "inner", None)
-    return []
+    calibrated = _calibrated(model)
+    return [] if calibrated is None else list(calibrated.notes)
+
+
+def model_sharing(model: ComputeModel | None) -> dict[float, tuple[float, ...]]:
+    """How a calibrated `model`'s machine shared its cores, by its cores (else nothing)."""
+    calibrated = _calibrated(model)
+    return {} if calibrated is None else calibrated.sharing
 
 
 def compute_model(section: Mapping[str, Any] | None, seed: int,

@@ -61,11 +61,14 @@ EPSILON = 1e-12
 
 @dataclass(frozen=True)
 class HostSpec:
-    """A host: the nodes on it (names or patterns) and its cores."""
+    """A host: the nodes on it (names or patterns) and its cores; `rates`, where measured
+    (`runtime calibrate` on a machine of as many cores): the rate of each busy thread while
+    1, 2, ... threads have work, instead of processor sharing's ``min(1, cores / m)``."""
 
     name: str
     nodes: tuple[str, ...]
     cores: float
+    rates: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)
@@ -97,18 +100,30 @@ class _Node:
 
 
 class _Host:
-    """Processor sharing of `cores` among the host's processors that have work."""
+    """Processor sharing of `cores` among the host's processors that have work, at the
+    measured `rates` where given (see `HostSpec`; beyond the table, its last throughput split
+    evenly)."""
 
-    def __init__(self, name: str, cores: float, nodes: int) -> None:
+    def __init__(self, name: str, cores: float, nodes: int,
+                 rates: tuple[float, ...] = ()) -> None:
         self.name = name
         self.cores = cores
-        self.shared = nodes > cores
+        self.rates = rates
+        self.shared = nodes > cores or (nodes > 1 and any(r < 1.0 for r in rates[1:nodes]))
         self.active: list[_Node] = []
         self.updated = 0.0
         self.timer: asyncio.TimerHandle | None = None
 
     def rate(self) -> float:
-        return min(1.0, self.cores / len(self.active)) if self.active else 1.0
+        busy = len(self.active)
+        if not busy:
+            return 1.0
+        rates = self.rates
+        if not rates:
+            return min(1.0, self.cores / busy)
+        if busy <= len(rates):
+            return rates[busy - 1]
+        return rates[-1] * len(rates) / busy
 
     def advance(self, now: float) -> None:
         """Take the work done since the last update off every busy lane's current piece."""
@@ -182,7 +197,8 @@ class Cpus:
             spec = self._host_of(name)
             if spec is not None:
                 members[spec.name] = members.get(spec.name, 0) + threads
-        self._hosts = {spec.name: _Host(spec.name, spec.cores, members.get(spec.name, 0))
+        self._hosts = {spec.name: _Host(spec.name, spec.cores, members.get(spec.name, 0),
+                                        spec.rates)
                        for spec in self.hosts}
         self._own: dict[str, _Host] = {}
         self._nodes: dict[str, _Node] = {}
@@ -245,7 +261,14 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def hosts_of(spec: Sequence[Mapping[str, Any]] | None) -> list[HostSpec]:
-    """`HostSpec`s from a scenario's validated ``cluster.hosts`` entries."""
-    return [HostSpec(str(entry.get("name") or f"host{i}"), tuple(entry["nodes"]),
-                     float(entry["cores"])) for i, entry in enumerate(spec or ())]
+def hosts_of(spec: Sequence[Mapping[str, Any]] | None,
+             sharing: Mapping[float, tuple[float, ...]] | None = None) -> list[HostSpec]:
+    """`HostSpec`s from a scenario's validated ``cluster.hosts`` entries; `sharing`: the
+    measured per-thread rates of machines by their cores (`runtime calibrate`), given to the
+    hosts of as many cores."""
+    hosts = []
+    for i, entry in enumerate(spec or ()):
+        cores = float(entry["cores"])
+        hosts.append(HostSpec(str(entry.get("name") or f"host{i}"), tuple(entry["nodes"]), cores,
+                              tuple((sharing or {}).get(cores, ()))))
+    return hosts

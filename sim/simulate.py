@@ -51,7 +51,7 @@ from runtime.services.cluster import JobResult, LocalCluster, pserver_name, trai
 from runtime.services.job import Job
 from runtime.services.pserver import ServerStats
 
-from .cost import Ledger, OnCpus, compute_model, model_notes, runtime_costs
+from .cost import Ledger, OnCpus, compute_model, model_notes, model_sharing, runtime_costs
 from .cpu import Cpus, hosts_of
 from .faults import FaultEvent, MessageFaults, SimTarget, Slowdowns
 from .loop import SimStats, VirtualTimeLoop, run
@@ -170,7 +170,8 @@ def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,
     them and on every message, where the scenario prices those or places nodes on hosts; else
     plain (compute as sleeps, each node always at full speed)."""
     costs = runtime_costs(scenario.compute, base_dir)
-    hosts = hosts_of([h.model_dump() for h in scenario.cluster.hosts or ()])
+    hosts = hosts_of([h.model_dump() for h in scenario.cluster.hosts or ()],
+                     model_sharing(model))
     if costs is None and not hosts:
         return Ledger(model)
     nodes = [pserver_name(j) for j in range(scenario.cluster.pservers)]

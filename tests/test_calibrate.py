@@ -21,12 +21,15 @@ from runtime.config.scenario import parse_scenario
 from runtime.execution.curves import Curve, fit_curve
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
-from runtime.launch.calibrate import (FORMAT, Reference, WorkTimes, calibrate, feature_of,
-                                      fit_kernels, grid, measure_kernels)
+from runtime.launch.calibrate import (FORMAT, Reference, calibrate, feature_of, fit_kernels,
+                                      grid, measure_kernels, measure_sharing)
 from sim.cost import Calibrated, ComputeConfigError, compute_model
+from sim.cpu import Cpus, HostSpec, hosts_of
 from sim.report import notes_for
 from sim.simulate import simulate
 from transpiler.ir import Program
+
+from test_sim_cpu import U, finish_times
 
 
 def test_a_curve_is_a_power_law_between_points_a_floor_below_and_a_throughput_above() -> None:
@@ -198,3 +201,37 @@ def test_calibrate_writes_a_file_the_simulator_reads(tmp_path: Path) -> None:
     (tmp_path / "machine.json").write_text(json.dumps(document))
     model = compute_model({"model": "calibrated", "path": "machine.json"}, 1, tmp_path)
     assert isinstance(model, Calibrated) and "mul" in model.curves
+    cores = document["cores"]
+    assert model.sharing == {float(cores["count"]): tuple(cores["rates"])}
+    assert document["meta"]["kernel_threads"] == 1
+
+
+# -- how busy processes share the cores
+
+def test_a_host_of_measured_rates_gives_each_busy_thread_its_rate() -> None:
+    """2 cores measured at 1, 1/2, 1/4 per busy thread for 1, 2, 3 threads (beyond three: the
+    last throughput, 3/4, split evenly)."""
+    host = HostSpec("box", ("*",), 2.0, (1.0, 0.5, 0.25))
+    cpus = Cpus([host], ["a", "b", "c", "d"])
+    done = finish_times(cpus, [(0, "a", U), (0, "b", U), (0, "c", 2 * U), (0, "d", 2 * U)])
+    # 4 busy: each at 0.75 / 4 = 3/16: a and b finish at 16/3 U, having done U each;
+    # c and d have U left; 2 busy at 1/2 each: 2 U more
+    assert done["a"] == done["b"] == [pytest.approx(16 / 3 * U)]
+    assert done["c"] == done["d"] == [pytest.approx((16 / 3 + 2) * U)]
+
+
+def test_a_host_whose_two_threads_run_slower_than_alone_is_shared_even_when_not_full() -> None:
+    host = HostSpec("box", ("*",), 2.0, (1.0, 0.5))
+    done = finish_times(Cpus([host], ["a", "b"]), [(0, "a", U), (0, "b", U)])
+    assert done == {"a": [2 * U], "b": [2 * U]}  # ideal sharing would say U each
+
+
+def test_measured_rates_reach_the_hosts_of_as_many_cores() -> None:
+    entries = [{"nodes": ["*"], "cores": 2}, {"nodes": ["x"], "cores": 4}]
+    two, four = hosts_of(entries, {2.0: (1.0, 0.9)})
+    assert two.rates == (1.0, 0.9) and four.rates == ()
+
+
+def test_measure_sharing_gives_one_alone_the_rate_one() -> None:
+    rates = measure_sharing(2, seconds=0.05)
+    assert len(rates) == 2 and rates[0] == 1.0 and 0 < rates[1] <= 1.0

@@ -13,6 +13,10 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   (`runtime.execution.work.op_work`). Each op type gets a `Curve` of seconds against FLOPs
   (the matrix products, convolutions, nce) or bytes moved (everything else), and the bytes
   curve of all elementwise op types together prices an op type none of the programs ran.
+- **cores**: 1, 2, ... up to two more than the cores processes working at once (small numpy
+  kernels between Python steps, as a node works), each one's rate against one alone: what a
+  busy thread gets while m have work (`sim.cpu.HostSpec.rates`), caches, memory bandwidth and
+  a hypervisor's sharing included, where processor sharing would say ``min(1, cores / m)``.
 - **runtime**: a reference job (2 pservers x 2 trainers, an MLP whose messages range from 40
   bytes to 128 KiB, CurveZMQ on, the compact protocol) run for real as `runtime profile` runs
   one: each message's cost by kind and size on both sides, the I/O thread's and CurveZMQ's, the
@@ -25,6 +29,7 @@ The machine file (``machine.json``)::
      "kernels": {"numpy": {"mul": {"feature": "flops", "points": [[flops, seconds], ...]}, ...},
                  "torch": {...}},
      "fallback": {"numpy": {"feature": "bytes", "points": [...]}, ...},
+     "cores": {"count": 2, "rates": [1.0, 0.97, 0.64, 0.48]},
      "runtime": {...a profile's runtime section...},
      "meta": {"machine": ..., "seconds": ..., "grid": [...], "samples": {...}}}
 
@@ -37,7 +42,11 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -54,7 +63,6 @@ from runtime.execution.costs import machine
 from runtime.execution.curves import Curve, Feature, fit_curve
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
-from runtime.execution.tensor import SelectedRows
 from runtime.execution.work import op_work
 from runtime.services.job import Job
 from transpiler.distribute.contract import ServeContract
@@ -152,10 +160,16 @@ def grid(quick: bool = False) -> list[Reference]:
 
 
 def _cost_rank(ref: Reference) -> int:
-    """A reference's rough cost: its model's text length stands for nothing, so batch size
-    and the widths it names (bigger runs later, where a budget cut drops them)."""
-    numbers = [int(n) for n in re.findall(r"\d+", ref.model)]
-    return ref.batch * max(numbers, default=1) * (4 if "cnn" in ref.model else 1)
+    """A reference's rough cost, so that the cheap run first and a budget cut drops the
+    largest: batch size times the widest layer (an embedding's width, not its rows: a lookup
+    reads only the rows its batch names)."""
+    return ref.batch * max(_widths(ref.model), default=1) * (8 if "cnn" in ref.model else 1)
+
+
+def _widths(model: str) -> list[int]:
+    """The layer widths a reference's model text names (sizes, channels, embed_dim)."""
+    found = re.findall(r"(?:sizes|channels): \[([\d, ]+)\]|embed_dim: (\d+)", model)
+    return [int(n) for group, dim in found for n in (group.split(",") if group else [dim])]
 
 
 def measure_kernels(backend: str, refs: list[Reference], budget: float, stream: TextIO
@@ -232,6 +246,50 @@ def fit_kernels(times: WorkTimes) -> tuple[dict[str, Curve], Curve | None]:
     return curves, fallback
 
 
+# -- how busy processes share the cores ---------------------------------------------------------
+
+SHARING_SECONDS = 0.6
+"""How long each count of busy processes is measured for."""
+
+
+def _spin(seconds: float, start: Any, done: Any) -> None:
+    """Work as a node works (small numpy kernels between Python steps) for `seconds` after the
+    common start; put how much was done on `done`."""
+    a = np.ones((48, 48), np.float32)
+    start.wait()
+    until = time.perf_counter() + seconds
+    count = 0
+    while time.perf_counter() < until:
+        for _ in range(20):
+            a = np.tanh(a @ a * 1e-3)
+        count += 1
+    done.put(count)
+
+
+def measure_sharing(most: int | None = None, seconds: float = SHARING_SECONDS) -> list[float]:
+    """The rate of each of m busy processes, against one alone, for m = 1 .. `most` (default:
+    the cores and two more): what m nodes each get of a core, cache and memory included."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    most = most or (os.cpu_count() or 1) + 2
+    alone = 0.0
+    rates = []
+    for m in range(1, most + 1):
+        start, done = context.Barrier(m + 1), context.Queue()
+        workers = [context.Process(target=_spin, args=(seconds, start, done)) for _ in range(m)]
+        for worker in workers:
+            worker.start()
+        start.wait()
+        counts = [done.get(timeout=60 + seconds) for _ in workers]
+        for worker in workers:
+            worker.join()
+        mean = statistics.mean(counts)
+        alone = alone or mean
+        rates.append(round(min(1.0, mean / alone), 4))
+    return rates
+
+
 # -- the runtime's own costs ---------------------------------------------------------------------
 
 RUNTIME_REFERENCE = """name: calibrate-runtime
@@ -260,33 +318,73 @@ def measure_runtime(stream: TextIO) -> dict[str, Any]:
 
 # -- the file --------------------------------------------------------------------------------------
 
+KERNEL_THREADS = 1
+"""Threads the kernels are calibrated with: a node's when the nodes outnumber the cores (as
+`runtime up` starts them: `runtime.launch.launcher.kernel_threads`), and the only count whose
+CPU time `time.thread_time` measures whole (a BLAS thread's time is not the caller's)."""
+
+
+def backend_kernels(backend: str, refs: list[Reference], budget: float, stream: TextIO
+                    ) -> dict[str, Any]:
+    """`backend`'s curves, fallback, sample counts and skipped references: measured in this
+    process (call it with the kernels' threads capped, as `measure_backend` does)."""
+    times, skipped = measure_kernels(backend, refs, budget, stream)
+    curves, pooled_curve = fit_kernels(times)
+    return {"curves": {op: curve.document() for op, curve in curves.items()},
+            "fallback": None if pooled_curve is None else pooled_curve.document(),
+            "samples": {op: len(s) for op, s in sorted(times.samples.items())},
+            "skipped": skipped}
+
+
+def measure_backend(backend: str, quick: bool, budget: float, stream: TextIO) -> dict[str, Any]:
+    """`backend_kernels` in a child process whose kernels use `KERNEL_THREADS` threads (BLAS
+    reads its thread count when it loads, so it cannot be capped afterwards in this one)."""
+    from runtime.launch.launcher import THREAD_VARS, node_environment
+
+    env = node_environment()
+    env.update({name: str(KERNEL_THREADS) for name in THREAD_VARS})
+    with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
+        out = Path(tmp) / "kernels.json"
+        command = [sys.executable, "-m", "runtime.launch.calibrate", backend, str(budget),
+                   str(out)] + (["--quick"] if quick else [])
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) as child:
+            assert child.stdout is not None
+            lines = []
+            for line in child.stdout:
+                lines.append(line)
+                print(line, end="", file=stream, flush=True)
+        if child.returncode != 0 or not out.exists():
+            raise CalibrationError(f"measuring the {backend} kernels failed (exit "
+                                   f"{child.returncode}): {''.join(lines[-5:]).strip()}")
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
 def calibrate(stream: TextIO, backends: list[str] | None = None, quick: bool = False,
               budget: float = 120.0, runtime: bool = True) -> dict[str, Any]:
-    """The machine document (see the module): kernels on each backend, then the runtime."""
+    """The machine document (see the module): kernels on each backend, how processes share
+    the cores, then the runtime."""
     started = time.monotonic()
     backends = backends or ["numpy"] + (["torch"] if find_spec("torch") else [])
-    refs = grid(quick)
-    share = budget * (0.8 if runtime else 1.0) / len(backends)
-    kernels: dict[str, Any] = {}
-    fallback: dict[str, Any] = {}
-    samples: dict[str, dict[str, int]] = {}
-    skipped: dict[str, list[str]] = {}
-    for backend in backends:
-        times, skipped[backend] = measure_kernels(backend, refs, share, stream)
-        curves, pooled_curve = fit_kernels(times)
-        kernels[backend] = {op: curve.document() for op, curve in curves.items()}
-        if pooled_curve is not None:
-            fallback[backend] = pooled_curve.document()
-        samples[backend] = {op: len(s) for op, s in sorted(times.samples.items())}
-    document: dict[str, Any] = {"format": FORMAT, "version": VERSION, "kernels": kernels,
-                                "fallback": fallback}
+    share = budget * (0.7 if runtime else 0.9) / len(backends)
+    measured = {backend: measure_backend(backend, quick, share, stream) for backend in backends}
+    document: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION,
+        "kernels": {b: m["curves"] for b, m in measured.items()},
+        "fallback": {b: m["fallback"] for b, m in measured.items() if m["fallback"]}}
+    cores = os.cpu_count() or 1
+    print(f"  cores: 1 to {cores + 2} busy processes on {cores} cores", file=stream, flush=True)
+    document["cores"] = {"count": cores, "rates": measure_sharing(cores + 2)}
     if runtime:
         print("  runtime: a 2 x 2 reference job, run for real", file=stream, flush=True)
         document["runtime"] = measure_runtime(stream)
     document["meta"] = {
         "machine": machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - started, 1), "quick": quick,
-        "grid": [r.name for r in refs], "skipped": skipped, "samples": samples}
+        "kernel_threads": KERNEL_THREADS, "grid": [r.name for r in grid(quick)],
+        "skipped": {b: m["skipped"] for b, m in measured.items()},
+        "samples": {b: m["samples"] for b, m in measured.items()}}
     return document
 
 
@@ -303,8 +401,26 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
             yield (f"  {op:<28} {len(points):>3} sizes  {curve['feature']:<5} "
                    f"{points[0][0]:.3g} .. {points[-1][0]:.3g}  "
                    f"{points[0][1] * 1e6:.1f} .. {points[-1][1] * 1e6:.1f} us")
+    if "cores" in document:
+        rates = ", ".join(f"{m + 1}: {r:.2f}" for m, r in enumerate(document["cores"]["rates"]))
+        yield f"cores: {document['cores']['count']}; a busy process's rate by how many: {rates}"
     if "runtime" in document:
         yield "runtime: measured on a 2 x 2 reference job"
     skipped = {b: s for b, s in document["meta"].get("skipped", {}).items() if s}
     for backend, names in skipped.items():
         yield f"{backend}: over the time budget, skipped {', '.join(names)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child process of `measure_backend`: BACKEND BUDGET OUT [--quick]."""
+    args = sys.argv[1:] if argv is None else argv
+    backend, budget, out = args[0], float(args[1]), Path(args[2])
+    from runtime.services.node import cap_kernel_threads
+    cap_kernel_threads(backend, os.environ)
+    write_atomic(out, json.dumps(backend_kernels(backend, grid("--quick" in args), budget,
+                                                 sys.stdout)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,8 +7,9 @@ Each entry of the list is one fault, of the kind its key names (`FAULT_TYPES`): 
 - its fields (the schema, with units: ``1.5s``, ``300ms``) and their descriptions;
 - what it means (the class docstring) and an example;
 - how `sim run` and `runtime up` realise it (`in_simulator`, `in_runtime_up`), for the docs;
-- how it drives a `runtime.faults.schedule.FaultTarget` when it begins and ends (`begin`, `end`),
-  and how long it lasts (`lasting`). `runtime.faults.schedule.FaultSchedule` decides when: ``at``
+- how it acts on the run when it begins and ends (`begin`, `end`), through a `Firing`: the
+  run's `FaultActions` (a `runtime.faults.schedule.FaultTarget`), the nodes it acts on and the
+  faults in force; and how long it lasts (`lasting`). `runtime.faults.schedule.FaultSchedule` decides when: ``at``
   is a time since the job started (``1.5s``) or ``"step N"``, the moment the first trainer has
   finished N steps.
 
@@ -18,9 +19,13 @@ pservers, trainers, ...)` checks the names and what recovery needs. `reference()
 docs/faults.md and `readme_table()` the README's table from these classes (``python -m
 runtime.config.faults`` rewrites both; a test checks they are current).
 
-A new kind of fault is one class here (added to `FAULT_TYPES`), the `FaultTarget` methods it
+A new kind of fault is one class here (added to `FAULT_TYPES`), the `FaultActions` methods it
 calls, implemented by the simulator's target (`sim.faults.SimTarget`) and runtime up's
 (`runtime.faults.inject.RuntimeTarget`), and a case in tests/fault_contract.py.
+
+DESIGN: `FaultActions` and `Firing` are Protocols defined here, not the schedule's classes
+imported, so that this description of the faults (read by the scenario) depends on nothing
+below `runtime.config`; `runtime.faults.schedule` implements them.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import sys
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, TypeVar, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PlainSerializer,
                       Tag, field_validator)
@@ -38,14 +43,64 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 from runtime.config import units
 from runtime.config.nodes import NODE_NAME, is_trainer, node_names
 
-if TYPE_CHECKING:
-    from runtime.faults.schedule import Firing
-
 _STEP = re.compile(r"\s*step\s+(\d+)\s*")
 
 REORDER_WAIT = 0.005
 """Longest a message held back for reordering waits for the next one on its link (seconds),
 in the simulator and in runtime up's fault proxy alike."""
+
+
+class FaultActions(Protocol):
+    """What a fault can do to a run. Node names are ``pserver:<i>`` / ``trainer:<i>``. A
+    method that returns a note says what it did, for the event's detail (empty: nothing worth
+    saying)."""
+
+    def crash(self, node: str, returning: bool) -> str | None:
+        """Kill `node` now; with `returning`, `restart` follows and the run waits for it.
+        None: it was not running, nothing was done."""
+
+    def restart(self, node: str) -> None:
+        """Start the crashed `node` again."""
+
+    def set_partitions(self, partitions: tuple[Partition, ...]) -> None:
+        """The partitions in force from now on (none: every cut healed)."""
+
+    def set_link_rules(self, rules: tuple[LinkFaults, ...]) -> None:
+        """The link rules in force from now on, in the order they began."""
+
+    def slow(self, node: str, factor: float) -> str:
+        """Make `node` `factor` times slower, on top of any slowdown already in force."""
+
+    def unslow(self, node: str, factor: float) -> str:
+        """End one slowdown of `node` by `factor`."""
+
+    def pause(self, node: str) -> str:
+        """Stop `node` where it is: nothing of it runs, what is sent to it waits."""
+
+    def resume(self, node: str) -> None:
+        """Let the paused `node` go on."""
+
+
+F = TypeVar("F", bound="_Fault")
+
+
+class Firing(Protocol):
+    """What a fault's `begin` and `end` act through: the run's actions, the nodes the fault
+    acts on, the faults in force, and its event's detail."""
+
+    nodes: list[str]
+
+    @property
+    def target(self) -> FaultActions: ...
+
+    def in_force(self, kind: type[F]) -> tuple[F, ...]:
+        """The faults of `kind` in force now, in the order they began."""
+
+    def note(self, text: str) -> None:
+        """Add `text` to the event's detail (once)."""
+
+    def nothing(self, why: str) -> None:
+        """The fault found nothing to act on: it ends as it begins, and says `why`."""
 
 
 class Trigger(BaseModel):

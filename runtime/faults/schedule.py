@@ -32,42 +32,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from runtime.config.faults import AnyFault, LinkFaults, Partition, _Fault
+from runtime.config.faults import AnyFault, FaultActions, _Fault
 from runtime.config.metrics import FaultEvent as MetricsEvent
 from runtime.config.nodes import no_node, trainer_name
 
 F = TypeVar("F", bound=_Fault)
 
 
-class FaultTarget(Protocol):
-    """What a run offers the schedule to act on. Node names are ``pserver:<i>`` /
-    ``trainer:<i>``. A method that returns a note says what it did, for the event's detail
-    (empty: nothing worth saying)."""
-
-    def crash(self, node: str, returning: bool) -> str | None:
-        """Kill `node` now; with `returning`, `restart` follows and the run waits for it.
-        None: it was not running, nothing was done."""
-
-    def restart(self, node: str) -> None:
-        """Start the crashed `node` again."""
-
-    def set_partitions(self, partitions: tuple[Partition, ...]) -> None:
-        """The partitions in force from now on (none: every cut healed)."""
-
-    def set_link_rules(self, rules: tuple[LinkFaults, ...]) -> None:
-        """The link rules in force from now on, in the order they began."""
-
-    def slow(self, node: str, factor: float) -> str:
-        """Make `node` `factor` times slower, on top of any slowdown already in force."""
-
-    def unslow(self, node: str, factor: float) -> str:
-        """End one slowdown of `node` by `factor`."""
-
-    def pause(self, node: str) -> str:
-        """Stop `node` where it is: nothing of it runs, what is sent to it waits."""
-
-    def resume(self, node: str) -> None:
-        """Let the paused `node` go on."""
+class FaultTarget(FaultActions, Protocol):
+    """What a run offers the schedule to act on: what its faults do to it (`FaultActions`), and
+    hearing of each fault as it begins and ends."""
 
     def fired(self, event: FaultEvent) -> None:
         """`event` has just begun (its `end` is when it is due to end)."""
@@ -91,9 +65,9 @@ class FaultEvent(MetricsEvent):
 
 
 @dataclass
-class Firing:
-    """What a fault's `begin` and `end` act through: the target, the nodes the fault acts on,
-    the faults in force, and its event's detail."""
+class ScheduleFiring:
+    """The `runtime.config.faults.Firing` that a fault's `begin` and `end` act through: the
+    schedule's target, the nodes the fault acts on, the faults in force, its event's detail."""
 
     schedule: FaultSchedule
     event: FaultEvent
@@ -197,8 +171,8 @@ class FaultSchedule:
     def _now(self) -> float:
         return 0.0 if self._origin is None else asyncio.get_running_loop().time() - self._origin
 
-    def _firing(self, event: FaultEvent, fault: AnyFault) -> Firing:
-        return Firing(self, event, fault.nodes(self.nodes))
+    def _firing(self, event: FaultEvent, fault: AnyFault) -> ScheduleFiring:
+        return ScheduleFiring(self, event, fault.nodes(self.nodes))
 
     def _fire(self, index: int, why: str) -> None:
         fault = self.faults[index]

@@ -15,18 +15,59 @@ modes differ it asks the server's policy, one object per mode, each in a module 
   rules.
 
 A new mode is one module with a subclass (registered in `pserver_core.POLICIES`) and its tests.
+
+DESIGN: a policy sees the core through `PolicyCore`, the few things of it that the modes read
+or set, not as the `pserver_core.PserverCore` class: the core imports the policies to choose
+one, and the policies do not import the core back (the modules form no cycle), nor can a mode
+reach into the rest of the core's state unnoticed.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import Callable, ClassVar, Protocol
 
 from runtime.network.wire import Message
-from runtime.services.protocol import Closes, Event, Verdict
+from runtime.services.protocol import Closes, Event, SyncRound, Verdict
 from runtime.services.pserver_actions import Work
+from runtime.services.pserver_store import Store
 
-if TYPE_CHECKING:
-    from runtime.services.pserver_core import PserverCore
+
+class PolicyCore(Protocol):
+    """What a mode's policy sees of the pserver core (`pserver_core.PserverCore` is one)."""
+
+    optimizing: bool
+    """Set by the policy while the sync round's optimize blocks run."""
+    clock: Callable[[], float]
+    """The server's clock (seconds; the event loop's)."""
+
+    @property
+    def name(self) -> str:
+        """The server's node name, for its log."""
+
+    @property
+    def round(self) -> SyncRound:
+        """The fan-in: the trainers, their barriers and the round's step."""
+
+    @property
+    def store(self) -> Store:
+        """The values and the program's contract."""
+
+    @property
+    def deferred(self) -> list[tuple[str, Message]]:
+        """The requests deferred until the round moves on, with their senders."""
+
+    @property
+    def resynced(self) -> set[int] | None:
+        """Recovering: the trainers told to rewind, or rewound; None: not recovering."""
+
+    def reject_reason(self, trainer: int, msg: Message) -> str:
+        """Why a request of `trainer` outside the fan-in is refused."""
+
+    def steps_applied(self) -> int:
+        """The first step whose gradients the state has not seen."""
+
+    def checkpoint_at(self, step: int) -> Work:
+        """Save the periodic checkpoint if `step` is the next one due."""
 
 
 class ModePolicy:
@@ -38,7 +79,7 @@ class ModePolicy:
     rewinds: ClassVar[bool] = False
     """Whether a recovering server makes trainers redo the steps it lost."""
 
-    def __init__(self, core: PserverCore) -> None:
+    def __init__(self, core: PolicyCore) -> None:
         self.core = core
         self.round = core.round
         self.store = core.store

@@ -33,15 +33,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from runtime.network.wire import Message
 from runtime.services.protocol import Event, Verdict
 from runtime.services.pserver_actions import Tally, Work
 from runtime.services.pserver_async import AsyncPolicy
-
-if TYPE_CHECKING:
-    from runtime.services.pserver_core import PserverCore
+from runtime.services.pserver_policy import PolicyCore
 
 log = logging.getLogger("runtime.services.pserver")
 
@@ -49,7 +47,7 @@ log = logging.getLogger("runtime.services.pserver")
 class SspPolicy(AsyncPolicy):
     name: ClassVar[str] = "ssp"
 
-    def __init__(self, core: PserverCore) -> None:
+    def __init__(self, core: PolicyCore) -> None:
         super().__init__(core)
         bound = self.contract.staleness
         if bound is None:

@@ -13,16 +13,13 @@ optimize blocks run, the fan-in `scale` ops with 1/contributors (the program's a
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from runtime.network.wire import Message
 from runtime.services.protocol import INITIAL_STEP, Closes, Event, Phase, Verdict
 from runtime.services.pserver_actions import Optimize, Tally, Work
 from runtime.services.pserver_messages import NotInFanIn, ProtocolViolation
-from runtime.services.pserver_policy import ModePolicy
-
-if TYPE_CHECKING:
-    from runtime.services.pserver_core import PserverCore
+from runtime.services.pserver_policy import ModePolicy, PolicyCore
 
 log = logging.getLogger("runtime.services.pserver")
 
@@ -45,7 +42,7 @@ class SyncPolicy(ModePolicy):
             raise (NotInFanIn if self.round.dropped(trainer) else ProtocolViolation)(reason)
         return verdict
 
-    def __init__(self, core: PserverCore) -> None:
+    def __init__(self, core: PolicyCore) -> None:
         super().__init__(core)
         self.grads: dict[int, tuple[int, tuple[str, ...]]] = {}
         """Trainer -> the step of the latest gradients it sent here, and their names."""

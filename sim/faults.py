@@ -20,13 +20,16 @@ Three parts:
   slowdowns into `Slowdowns`, pauses into the loop (`VirtualTimeLoop.hold`: what the node
   runs) and the `Network` (the messages reaching it); each fault is drawn on the trace as a
   span of category ``fault`` on each node it hits (``fault`` track of `sim.trace`).
+
+DESIGN: the network is seen here as `PausableNetwork` (its `pause` and `resume`), not imported:
+`sim.network` imports this module for `MessageFaults`, and the two modules form no cycle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from runtime.config.faults import REORDER_WAIT, LinkFaults, Partition
 from runtime.config.nodes import NODE, no_node
@@ -36,9 +39,6 @@ from runtime.faults.schedule import FaultEvent
 from runtime.services.cluster import LocalCluster
 from sim.loop import VirtualTimeLoop
 from transpiler.ir import Op
-
-if TYPE_CHECKING:
-    from sim.network import Network
 
 __all__ = ["Fate", "FaultEvent", "MessageFaults", "REORDER_WAIT", "SimTarget", "Slowdowns"]
 
@@ -102,6 +102,16 @@ class Slowdowns:
         return seconds
 
 
+class PausableNetwork(Protocol):
+    """What a pause needs of the simulated network (`sim.network.Network` is one)."""
+
+    def pause(self, node: str) -> None:
+        """`node` stops taking messages: they wait for it."""
+
+    def resume(self, node: str) -> None:
+        """`node` takes the messages that waited, then the rest as they come."""
+
+
 class SimTarget:
     """The simulator's `FaultTarget`: the cluster's tasks, the network's message faults, the
     compute model's slowdowns (None: no compute model, a slowdown has nothing to slow) and the
@@ -109,7 +119,7 @@ class SimTarget:
 
     def __init__(self, cluster: LocalCluster, messages: MessageFaults,
                  slowdowns: Slowdowns | None, tracer: Tracer | None = None,
-                 network: Network | None = None) -> None:
+                 network: PausableNetwork | None = None) -> None:
         self.cluster = cluster
         self.messages = messages
         self.slowdowns = slowdowns

@@ -1,5 +1,5 @@
 """The scenario's `faults:` section, one class per kind of fault: its schema, what it means, and
-how it acts on a `FaultTarget`; the single description of every fault.
+how it acts on a run; the single description of every fault.
 
 Each entry of the list is one fault, of the kind its key names (`FAULT_TYPES`): ``crash``,
 ``partition``, ``links``, ``slow`` or ``pause``. A fault class holds, in one place:
@@ -9,9 +9,9 @@ Each entry of the list is one fault, of the kind its key names (`FAULT_TYPES`): 
 - how `sim run` and `runtime up` realise it (`in_simulator`, `in_runtime_up`), for the docs;
 - how it acts on the run when it begins and ends (`begin`, `end`), through a `Firing`: the
   run's `FaultActions` (a `runtime.faults.schedule.FaultTarget`), the nodes it acts on and the
-  faults in force; and how long it lasts (`lasting`). `runtime.faults.schedule.FaultSchedule` decides when: ``at``
-  is a time since the job started (``1.5s``) or ``"step N"``, the moment the first trainer has
-  finished N steps.
+  faults in force; and how long it lasts (`lasting`). `runtime.faults.schedule.FaultSchedule`
+  decides when: ``at`` is a time since the job started (``1.5s``) or ``"step N"``, the moment
+  the first trainer has finished N steps.
 
 Node names are ``pserver:<i>`` / ``trainer:<i>``; groups and links take shell patterns
 (``trainer:*``), and each must name at least one node of the cluster. `check_against(faults,
@@ -24,8 +24,8 @@ calls, implemented by the simulator's target (`sim.faults.SimTarget`) and runtim
 (`runtime.faults.inject.RuntimeTarget`), and a case in tests/fault_contract.py.
 
 DESIGN: `FaultActions` and `Firing` are Protocols defined here, not the schedule's classes
-imported, so that this description of the faults (read by the scenario) depends on nothing
-below `runtime.config`; `runtime.faults.schedule` implements them.
+imported, so that this description of the faults (read by the scenario) depends on no part of
+`runtime` after `runtime.config`; `runtime.faults.schedule` implements them.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def test_trainer_0s_notices_are_the_jobs_checkpoints(tmp_path: Path) -> None:
     job = Job(job.scenario.model_copy(update={"train": train}), job.args)
     result = asyncio.run(LocalCluster(job, ZmqTransport, checkpoint_dir=tmp_path).run())
     assert all(s.checkpoints == [] for s in result.pservers)
-    assert [s.by_kind.get("checkpoint_notify") for s in result.pservers] == [2, 2]
+    assert [s.messages_by_kind.get("checkpoint_notify") for s in result.pservers] == [2, 2]
     for j in range(2):
         manifest = json.loads((tmp_path / f"pserver:{j}" / MANIFEST).read_text())
         assert manifest["step"] == 8

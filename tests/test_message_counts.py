@@ -31,7 +31,7 @@ train: {{steps: {STEPS}, protocol: {protocol}}}
 
 
 def by_kind(result: SimResult) -> list[dict[str, int]]:
-    return [dict(sorted(p.by_kind.items())) for p in result.pservers]
+    return [dict(sorted(p.messages_by_kind.items())) for p in result.pservers]
 
 
 def test_a_2x2_sync_step_costs_exactly_the_messages_of_its_protocol() -> None:

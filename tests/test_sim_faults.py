@@ -244,7 +244,7 @@ def test_a_bundled_async_step_under_message_faults_applies_each_update_once(seed
                 "train.protocol=bundled", "expect={}"]
     faulty, clean = sim(lossy, *settings), sim(lossy, *settings, "faults=[]")
     assert sum(link.lost for link in faulty.links.values()) > 0
-    assert all(p.by_kind.get("get", 0) == 1 for p in faulty.pservers)  # the startup's only
+    assert all(p.messages_by_kind.get("get", 0) == 1 for p in faulty.pservers)  # the startup's only
     for pname, value in clean.params.items():
         np.testing.assert_array_equal(faulty.params[pname], value, err_msg=pname)
 

@@ -189,10 +189,10 @@ def test_pservers_stop_once_every_trainer_said_bye_not_after_a_drain() -> None:
     simulated = simulate(scenario)
     last_step = max(t.step_ends[-1] for t in simulated.trainers)
     assert simulated.simulated_seconds - last_step < 0.01
-    assert [s.by_kind["bye"] for s in simulated.pservers] == [2, 2]
+    assert [s.messages_by_kind["bye"] for s in simulated.pservers] == [2, 2]
     job = Job.from_scenario(scenario, free_endpoints(scenario.cluster.pservers))
     real = asyncio.run(run_job(job, ZmqTransport))
-    assert [s.by_kind["bye"] for s in real.pservers] == [2, 2]
+    assert [s.messages_by_kind["bye"] for s in real.pservers] == [2, 2]
 
 
 # -- every shipped scenario -----------------------------------------------------------------------

@@ -37,12 +37,18 @@ comparing a simulation with a real run should compare ``train_seconds`` instead.
 from __future__ import annotations
 
 import argparse
+import ast
+import copy
+import inspect
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass as plain_dataclass
 from dataclasses import field, fields, is_dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
 import numpy as np
@@ -53,7 +59,6 @@ from runtime.config.atomic import atomic_open
 
 if TYPE_CHECKING:
     from runtime.config.scenario import Scenario
-    from runtime.services.pserver import ServerStats
 
 SCHEMA_VERSION: Final = 2
 SCHEMA_FILE = Path(__file__).with_name("metrics.schema.json")
@@ -65,6 +70,35 @@ RECORD = ConfigDict(extra="forbid", use_attribute_docstrings=True,
 """Unknown fields are errors; docstrings describe fields; every field is in every file."""
 
 Command = Literal["sim run", "runtime up"]
+C = TypeVar("C", bound=type)
+
+
+def _described(cls: C) -> C:
+    """Give each field of the dataclass `cls` its attribute docstring as its description, in
+    the field's metadata.
+
+    DESIGN: pydantic reads attribute docstrings (`use_attribute_docstrings`) only in the body of
+    the record it builds, not in its bases; from a base's field it reads the description in the
+    field's metadata. A base of a record is decorated with this, and its fields are described
+    in metrics.schema.json as a record's own are."""
+    docs = _attribute_docstrings(cls)
+    for f in fields(cls):
+        if f.name in docs:
+            f.metadata = MappingProxyType({**f.metadata, "description": docs[f.name]})
+    return cls
+
+
+def _attribute_docstrings(cls: type) -> dict[str, str]:
+    """Field name -> the string right after its annotated assignment in the class body."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(body, ast.ClassDef)
+    docs = {}
+    for node, after in zip(body.body, body.body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+                isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and \
+                isinstance(after.value.value, str):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
 
 
 def _nan_for_null(value: Any) -> Any:
@@ -131,13 +165,24 @@ class TrainerMetrics:
                               StepTimeStats.of(step_times), first_step, steps_redone)
 
 
-@dataclass(config=RECORD)
-class PserverMetrics:
-    """One pserver: its traffic and work (of its last process, for a restarted one)."""
+@_described
+@plain_dataclass
+class PserverPlace:
+    """Which pserver a record is of (the first fields of `PserverMetrics`)."""
 
     index: int
     endpoint: str
     """Where the trainers reach it (host:port)."""
+
+
+@_described
+@plain_dataclass
+class PserverCounters:
+    """What a pserver counts as it serves, defined once: the live counters
+    (`runtime.services.pserver.ServerStats`) and the run record (`PserverMetrics`) are both
+    these fields. A plain dataclass, so that counting is plain attribute updates; its
+    docstrings are the descriptions in metrics.schema.json (`_described`)."""
+
     messages: int = 0
     """Messages it received."""
     messages_by_kind: dict[str, int] = field(default_factory=dict)
@@ -184,6 +229,16 @@ class PserverMetrics:
     (train.on_nonfinite): refused, or their step's update skipped."""
     skipped_steps: int = 0
     """Sync steps whose update it skipped for such values (train.on_nonfinite: skip_step)."""
+
+
+# DESIGN: the fields are `PserverPlace`'s, then `PserverCounters`', then the record's own, in
+# this order in the file: a dataclass lists its bases' fields first, from the last base to the
+# first (`index` and `endpoint` come first, hence the base of their own). The class docstring
+# is the record's description in metrics.schema.json.
+@dataclass(config=RECORD)
+class PserverMetrics(PserverCounters, PserverPlace):
+    """One pserver: its traffic and work (of its last process, for a restarted one)."""
+
     busy_seconds: float | None = None
     """sim run only: its modelled compute (optimize blocks, and in the asynchronous modes the
     update each message runs)."""
@@ -200,22 +255,19 @@ class PserverMetrics:
     """runtime up only: its log file, relative to the output directory."""
 
     @staticmethod
-    def from_stats(index: int, endpoint: str, stats: ServerStats) -> PserverMetrics:
-        return PserverMetrics(
-            index, endpoint, messages=stats.messages, messages_by_kind=dict(stats.by_kind),
-            bytes_in=stats.bytes_in,
-            bytes_out=stats.bytes_out, heartbeat_bytes=stats.heartbeat_bytes,
-            optimize_seconds=stats.optimize_seconds, steps=stats.steps, errors=stats.errors,
-            refusals=dict(sorted(stats.refusals.items())), refused=stats.refused,
-            unauthenticated=stats.unauthenticated,
-            dropped=list(stats.dropped), checkpoints=list(stats.checkpoints),
-            restored_step=stats.restored_step, rewinds=stats.rewinds,
-            read_staleness_max=stats.read_staleness_max,
-            blocked_seconds=_blocked(stats), nonfinite=dict(sorted((stats.nonfinite or {}).items())),
-            skipped_steps=stats.skipped_steps)
+    def from_stats(index: int, endpoint: str, stats: PserverCounters) -> PserverMetrics:
+        """The record of pserver `index` at `endpoint` from what it counted: each counter
+        copied; the refusals and the tables by trainer sorted, so that the file does not depend
+        on the order things happened in; `blocked_seconds` only where reads were served in ssp
+        mode."""
+        counts = {f.name: copy.copy(getattr(stats, f.name)) for f in fields(PserverCounters)}
+        counts.update(refusals=dict(sorted(stats.refusals.items())),
+                      nonfinite=dict(sorted(stats.nonfinite.items())),
+                      blocked_seconds=_blocked(stats))
+        return PserverMetrics(index, endpoint, **counts)
 
 
-def _blocked(stats: ServerStats) -> dict[int, float] | None:
+def _blocked(stats: PserverCounters) -> dict[int, float] | None:
     """Each trainer's time held (ssp: the server served reads; no trainer held: empty)."""
     if stats.read_staleness_max is None:
         return None

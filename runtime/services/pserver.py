@@ -77,7 +77,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Awaitable
 from typing import Any
@@ -88,6 +88,7 @@ from transpiler.distribute.contract import ServeContract
 from transpiler.distribute.lookup_table import CHECKPOINT_PATH_VAR
 from transpiler.ir import BlockRef, Program
 
+from runtime.config.metrics import PserverCounters
 from runtime.config.nodes import claimed_trainer
 from runtime.execution.compute import Charge, ComputeModel, Tracer
 from runtime.execution.costs import RECEIVES, SENDS, Meter
@@ -126,44 +127,10 @@ class PserverFailure(RuntimeError):
         self.node = node
 
 
-@dataclass
-class ServerStats:
-    """What a pserver reports at the end: bytes in/out, time busy optimizing, events."""
-
-    messages: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    optimize_seconds: float = 0.0
-    steps: int = 0
-    errors: int = 0
-    dropped: list[int] = field(default_factory=list)
-    checkpoints: list[int] = field(default_factory=list)
-    """Steps at which the periodic checkpoints were taken."""
-    restored_step: int | None = None
-    """The step this server started from after a crash (its checkpoint's, or 0)."""
-    rewinds: int = 0
-    by_kind: dict[str, int] = field(default_factory=dict)
-    """Requests received, by kind (a SEND or GET carrying a barrier counts as what it is)."""
-    heartbeat_bytes: int = 0
-    """Bytes in and out of heartbeats and their acknowledgements (their number depends on how
-    long the job runs, not on its steps)."""
-    refused: int = 0
-    """Messages refused for their sender: a header naming another node than the key it came
-    with, or (added by the node from its transport) a routing id not its key's owner."""
-    unauthenticated: int = 0
-    """Connections refused at the handshake: a key that is not one of the job's."""
-    refusals: dict[str, int] = field(default_factory=dict)
-    """Requests refused, by reason: those answered with an error (`errors`), and BYEs that
-    change nothing (``bye_ignored``: no reply)."""
-    nonfinite: dict[int, int] | None = None
-    """Trainer -> its SENDs holding NaN, infinities or out-of-range values (None: none)."""
-    skipped_steps: int = 0
-    """Sync steps whose update was skipped for such values (``on_nonfinite: skip_step``)."""
-    read_staleness_max: int | None = None
-    """SSP: the most steps a read served ran ahead of the slowest live trainer (None: none
-    served, or not SSP)."""
-    blocked_seconds: dict[int, float] | None = None
-    """SSP: trainer -> the time its reads were held here (None: not SSP, or none held)."""
+class ServerStats(PserverCounters):
+    """What a pserver counts as it serves (`PserverCounters`: the fields of its run record),
+    and how an action's `Tally` counts into it. The node adds what its transport refused
+    (``refused``, ``unauthenticated``) at the end."""
 
     def tally(self, stat: str, value: int | float, key: int | None, peak: bool) -> None:
         """Count `value` into `stat` (see `pserver_actions.Tally`)."""
@@ -358,7 +325,7 @@ class PserverService:
                 self.stats.refused += 1
                 return Kind.ERROR.value, self._reject(Reject(peer, ProtocolViolation(claim), msg))
         kind = msg.kind._value_  # `.value` is a property: a Python call each time
-        by_kind = self.stats.by_kind
+        by_kind = self.stats.messages_by_kind
         by_kind[kind] = by_kind.get(kind, 0) + 1
         if msg.kind is Kind.HEARTBEAT:
             self.stats.heartbeat_bytes += charged_size(frames)

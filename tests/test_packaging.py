@@ -8,6 +8,7 @@ import graphlib
 import importlib
 import re
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -125,9 +126,16 @@ def module_level_imports(source: str, module: str, is_package: bool,
                          known: set[str]) -> set[str]:
     """The modules among `known` that `source` (the module `module`) imports when it is imported:
     `from pkg import name` counts as `pkg.name` where that is a module, else as `pkg`."""
+    return imports_among(_run_at_import(ast.parse(source).body), module, is_package, known)
+
+
+def imports_among(nodes: Iterable[ast.AST], module: str, is_package: bool,
+                  known: set[str]) -> set[str]:
+    """The modules among `known` that the import statements among `nodes` (of the module
+    `module`) import, as `module_level_imports` counts them."""
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in _run_at_import(ast.parse(source).body):
+    for node in nodes:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

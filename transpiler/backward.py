@@ -180,7 +180,3 @@ def _params_and_grads(block: Block, parameter_list: list[str] | None,
         op = last_writer[gname]
         op.attrs["op_role_var"] = list(op.attrs.get("op_role_var", [])) + [param.name, gname]
     return pairs
-
-
-def gradients_of(block: Block, names: list[str]) -> list[str]:
-    return [grad_name(n) for n in names if block.has_var(grad_name(n))]

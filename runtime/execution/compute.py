@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 from transpiler.ir import Op
@@ -23,19 +23,6 @@ class ComputeModel(Protocol):
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
         """Seconds that `node` spends computing `op` (its inputs and outputs in `scope`) during
         training step `step`."""
-        ...
-
-
-class RuntimeModel(ComputeModel, Protocol):
-    """A model that also prices the runtime's own work and owns the nodes' CPUs (the
-    simulator's, `sim.cost.Ledger`): `Charge` uses these where the model has them."""
-
-    def overhead(self, node: str, what: str, step: int) -> float:
-        """Seconds `node` spends on its per-`what` bookkeeping ("step", "round")."""
-        ...
-
-    def spend(self, node: str, seconds: float) -> Awaitable[None]:
-        """Occupy `node`'s CPU for `seconds` of work (done when it is)."""
         ...
 
 

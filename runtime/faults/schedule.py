@@ -58,11 +58,6 @@ class FaultEvent(MetricsEvent):
     nodes: tuple[str, ...] = ()
     """The nodes it acts on (none: it found nothing to act on)."""
 
-    def as_dict(self) -> dict[str, object]:
-        """As the simulator's metrics list it."""
-        return {"fault": self.fault, "kind": self.kind, "what": self.what, "start": self.start,
-                "end": self.end}
-
 
 @dataclass
 class ScheduleFiring:

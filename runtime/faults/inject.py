@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from runtime.config.faults import REORDER_WAIT, AnyFault, LinkFaults, Partition
+from runtime.config.faults import AnyFault, LinkFaults, Partition
 from runtime.config.metrics import FaultEvent as MetricsEvent
 from runtime.config.nodes import pserver_name, trainer_name
 from runtime.faults.proxy import Direction, FaultProxy, Faults, Latency
@@ -105,7 +105,7 @@ def link_faults(rules: Sequence[LinkFaults], base: Faults | None = None) -> Faul
     """The proxy's `Faults` for a link that all of `rules` match: each fault happens if any
     rule's independent draw says so (probability ``1 - prod(1 - p)``), delays add up, on top of
     the latency of `base` (the link's own faults, without the rules); a reordered message waits
-    at most `REORDER_WAIT` for its successor, as in the simulator."""
+    at most `REORDER_WAIT` for its successor (the `Faults` default), as in the simulator."""
 
     def either(chances: list[float]) -> float:
         return 1.0 - math.prod(1.0 - p for p in chances)
@@ -115,7 +115,7 @@ def link_faults(rules: Sequence[LinkFaults], base: Faults | None = None) -> Faul
     return Faults(latency=DelaySampler(delays, latency) if delays else latency,
                   drop=either([r.drop for r in rules]),
                   duplicate=either([r.duplicate for r in rules]),
-                  reorder=either([r.reorder for r in rules]), reorder_wait=REORDER_WAIT)
+                  reorder=either([r.reorder for r in rules]))
 
 
 @dataclass

@@ -65,6 +65,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
 
+from runtime.config.faults import REORDER_WAIT
+
 log = logging.getLogger(__name__)
 
 GREETING_SIZE = 64
@@ -99,8 +101,9 @@ class Faults:
     drop: float = 0.0
     duplicate: float = 0.0
     reorder: float = 0.0
-    reorder_wait: float = 0.5
-    """Longest a reordered message waits for a successor to overtake it (seconds)."""
+    reorder_wait: float = REORDER_WAIT
+    """Longest a reordered message waits for a successor to overtake it (seconds; by default
+    the simulator's wait too)."""
     bandwidth: float | None = None
     """Bytes per second each direction of a connection may carry; None is unlimited."""
 

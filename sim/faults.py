@@ -35,12 +35,16 @@ from runtime.config.faults import REORDER_WAIT, LinkFaults, Partition
 from runtime.config.nodes import NODE, no_node
 from runtime.execution.compute import ComputeModel, Tracer
 from runtime.execution.scope import Scope
-from runtime.faults.schedule import FaultEvent
+from runtime.faults.schedule import ScheduleEvent
 from runtime.services.cluster import LocalCluster
 from sim.loop import VirtualTimeLoop
 from transpiler.ir import Op
 
-__all__ = ["Fate", "FaultEvent", "MessageFaults", "REORDER_WAIT", "SimTarget", "Slowdowns"]
+__all__ = ["Fate", "FaultEvent", "MessageFaults", "REORDER_WAIT", "ScheduleEvent", "SimTarget",
+           "Slowdowns"]
+
+FaultEvent = ScheduleEvent
+"""`runtime.faults.schedule.ScheduleEvent` by the name sim/simulate.py imports it from here."""
 
 
 class Fate(NamedTuple):
@@ -174,7 +178,7 @@ class SimTarget:
             loop.call_soon(self.network.resume, node, context=no_node())
         self.paused.discard(node)
 
-    def fired(self, event: FaultEvent) -> None:
+    def fired(self, event: ScheduleEvent) -> None:
         """Draw the fault on the trace of each node it hits, until its end (a mark at its
         start when it lasts to the end)."""
         if self.tracer is None:
@@ -184,5 +188,5 @@ class SimTarget:
         for node in event.nodes:
             self.tracer.span(node, what, event.start, end, "fault")
 
-    def ended(self, event: FaultEvent) -> None:
+    def ended(self, event: ScheduleEvent) -> None:
         pass

@@ -30,7 +30,7 @@ import pytest
 
 from runtime.config.faults import AnyFault, LinkFaults, Partition
 from runtime.config.scenario import parse_scenario
-from runtime.faults.schedule import FaultEvent, FaultSchedule, FaultTarget
+from runtime.faults.schedule import FaultSchedule, FaultTarget, ScheduleEvent
 from sim.loop import run
 
 NODES = ("pserver:0", "pserver:1", "trainer:0", "trainer:1")
@@ -107,7 +107,7 @@ class Recorder:
         def plain(arg: Any) -> Any:
             if isinstance(arg, (Partition, LinkFaults)):
                 return next(i for i, f in enumerate(self.faults) if f is arg)
-            return arg.fault if isinstance(arg, FaultEvent) else arg
+            return arg.fault if isinstance(arg, ScheduleEvent) else arg
         self.calls.append((asyncio.get_running_loop().time(), method,
                            tuple(plain(a) for a in args)))
 
@@ -143,11 +143,11 @@ class Recorder:
         self._record("resume", node)
         self.inner.resume(node)
 
-    def fired(self, event: FaultEvent) -> None:
+    def fired(self, event: ScheduleEvent) -> None:
         self._record("fired", event)
         self.inner.fired(event)
 
-    def ended(self, event: FaultEvent) -> None:
+    def ended(self, event: ScheduleEvent) -> None:
         self._record("ended", event)
         self.inner.ended(event)
 
@@ -192,10 +192,10 @@ class ModelTarget:
     def resume(self, node: str) -> None:
         self.paused.discard(node)
 
-    def fired(self, event: FaultEvent) -> None:
+    def fired(self, event: ScheduleEvent) -> None:
         pass
 
-    def ended(self, event: FaultEvent) -> None:
+    def ended(self, event: ScheduleEvent) -> None:
         pass
 
 
@@ -314,7 +314,7 @@ CASES: dict[str, Case] = {
 class Played:
     calls: list[Call]
     looks: dict[float, Look]
-    events: list[FaultEvent]
+    events: list[ScheduleEvent]
 
 
 def play(case: Case, make: Callable[[], Harness]) -> Played:

@@ -24,7 +24,7 @@ from runtime.config.metrics import NodeFaults, ProxyMetrics, read_metrics, read_
 from runtime.config.scenario import parse_scenario
 from runtime.faults.inject import RuntimeTarget
 from runtime.faults.proxy import Direction, FaultProxy
-from runtime.faults.schedule import FaultEvent as ScheduleEvent
+from runtime.faults.schedule import ScheduleEvent
 from runtime.launch.collect import merge_faults
 from runtime.launch.role import FAULTS_SUFFIX, concerns, message_faults
 

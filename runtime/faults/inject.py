@@ -53,7 +53,7 @@ from runtime.config.faults import AnyFault, LinkFaults, Partition
 from runtime.config.metrics import FaultEvent as MetricsEvent
 from runtime.config.nodes import pserver_name, trainer_name
 from runtime.faults.proxy import Direction, FaultProxy, Faults, Latency
-from runtime.faults.schedule import FaultEvent
+from runtime.faults.schedule import ScheduleEvent
 
 SLOW_PERIOD = 0.02
 """Seconds of one pause-and-run cycle of a slowed node."""
@@ -277,15 +277,15 @@ class RuntimeTarget:
             self._cut[j] = cut
 
     # -- telling -----------------------------------------------------------------------------
-    def fired(self, event: FaultEvent) -> None:
+    def fired(self, event: ScheduleEvent) -> None:
         self.say(f"fault {event.fault} at {event.start:.2f}s ({event.detail}): {event.what}")
 
-    def ended(self, event: FaultEvent) -> None:
+    def ended(self, event: ScheduleEvent) -> None:
         end = event.end if event.end is not None else event.start
         self.say(f"fault {event.fault} ended at {end:.2f}s: {event.what}")
 
 
-def metrics_events(events: Sequence[FaultEvent]) -> list[MetricsEvent]:
+def metrics_events(events: Sequence[ScheduleEvent]) -> list[MetricsEvent]:
     """The schedule's events as metrics.json lists them, times to the millisecond."""
     return [MetricsEvent(e.fault, e.kind, e.what, round(e.start, 3),
                          None if e.end is None else round(e.end, 3), e.detail) for e in events]

@@ -15,8 +15,8 @@ asyncio loop's clock, virtual in the simulator, real in runtime up:
 What beginning and ending do is the fault class's (`begin`, `end`), in terms of the target's
 methods; what those do is the target's: `sim.faults.SimTarget` acts on the simulated network,
 cluster and compute model, `runtime.faults.inject.RuntimeTarget` on processes and fault proxies.
-Each fault becomes a `FaultEvent` in `events`, shown by the target as it begins (`fired`) and ends
-(`ended`).
+Each fault becomes a `ScheduleEvent` in `events`, shown by the target as it begins (`fired`) and
+ends (`ended`); the run record lists each as a `runtime.config.metrics.FaultEvent`.
 
 DESIGN: the schedule keeps the faults in force, in the order they began, and hands a target
 the whole set of partitions or link rules in force after each change (`set_partitions`,
@@ -43,17 +43,18 @@ class FaultTarget(FaultActions, Protocol):
     """What a run offers the schedule to act on: what its faults do to it (`FaultActions`), and
     hearing of each fault as it begins and ends."""
 
-    def fired(self, event: FaultEvent) -> None:
+    def fired(self, event: ScheduleEvent) -> None:
         """`event` has just begun (its `end` is when it is due to end)."""
 
-    def ended(self, event: FaultEvent) -> None:
+    def ended(self, event: ScheduleEvent) -> None:
         """`event` has just ended."""
 
 
 @dataclass
-class FaultEvent(MetricsEvent):
-    """One fault as it happened (see `runtime.config.metrics.FaultEvent`), in seconds since the
-    schedule started; `detail` says why it fired and what the target did."""
+class ScheduleEvent(MetricsEvent):
+    """One fault as it happened on the schedule (its record, `runtime.config.metrics.FaultEvent`,
+    and the nodes it acts on), in seconds since the schedule started; `detail` says why it
+    fired and what the target did."""
 
     nodes: tuple[str, ...] = ()
     """The nodes it acts on (none: it found nothing to act on)."""
@@ -65,7 +66,7 @@ class ScheduleFiring:
     schedule's target, the nodes the fault acts on, the faults in force, its event's detail."""
 
     schedule: FaultSchedule
-    event: FaultEvent
+    event: ScheduleEvent
     nodes: list[str]
 
     @property
@@ -96,7 +97,7 @@ class FaultSchedule:
     faults: Sequence[AnyFault]
     target: FaultTarget
     nodes: Sequence[str]
-    events: list[FaultEvent] = field(default_factory=list)
+    events: list[ScheduleEvent] = field(default_factory=list)
     in_force: list[AnyFault] = field(default_factory=list)
     """The faults begun and not ended, in the order they began."""
     _by_step: list[tuple[int, int]] = field(default_factory=list)
@@ -166,12 +167,12 @@ class FaultSchedule:
     def _now(self) -> float:
         return 0.0 if self._origin is None else asyncio.get_running_loop().time() - self._origin
 
-    def _firing(self, event: FaultEvent, fault: AnyFault) -> ScheduleFiring:
+    def _firing(self, event: ScheduleEvent, fault: AnyFault) -> ScheduleFiring:
         return ScheduleFiring(self, event, fault.nodes(self.nodes))
 
     def _fire(self, index: int, why: str) -> None:
         fault = self.faults[index]
-        event = FaultEvent(index, fault.kind, fault.describe(), self._now(), detail=why,
+        event = ScheduleEvent(index, fault.kind, fault.describe(), self._now(), detail=why,
                            nodes=tuple(fault.nodes(self.nodes)))
         self.events.append(event)
         self.in_force.append(fault)
@@ -185,7 +186,7 @@ class FaultSchedule:
                     lasting, self._end, event, fault, context=no_node()))
         self.target.fired(event)
 
-    def _end(self, event: FaultEvent, fault: AnyFault) -> None:
+    def _end(self, event: ScheduleEvent, fault: AnyFault) -> None:
         self.in_force.remove(fault)
         fault.end(self._firing(event, fault))
         self.target.ended(event)

@@ -8,7 +8,7 @@ plan to the executor's device.
 
 RPC ops (send, recv, barriers, prefetch, ...) get no kernel in the plan: they are awaited by the
 async runtime, which runs the same plans with `run_step` for the compute ops. `Executor.run`
-refuses a block that holds any (`AsyncOpError`); `runtime.services.paddle_compat.Executor`
+refuses a block that holds any (`AsyncOpError`); `runtime.services.paddle_compat.FluidExecutor`
 (Paddle's ``fluid.Executor``) runs such programs through the trainer and pserver services.
 
 `run_block` may run some ops with attributes over their own (`AttrOverrides`, by block and op

@@ -25,8 +25,9 @@ from transpiler.ir import Program
 from transpiler.layers import embedding_v2 as embedding
 
 from runtime.execution.scope import Scope, global_scope
-from runtime.services.paddle_compat import (CPUPlace, CUDAPlace, DataFeeder, Executor,
-                                            save_params, save_persistables)
+from runtime.services.paddle_compat import (CPUPlace, CUDAPlace, DataFeeder, save_params,
+                                            save_persistables)
+from runtime.services.paddle_compat import FluidExecutor as Executor  # Paddle's name for it
 
 transpiler = SimpleNamespace(DistributeTranspiler=DistributeTranspiler,
                              DistributeTranspilerConfig=DistributeTranspilerConfig,

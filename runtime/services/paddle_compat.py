@@ -1,8 +1,9 @@
 """Paddle's `fluid.Executor` over pslab's runtime: one executor for local, trainer and pserver
 programs, so that a classic parameter-server script runs with only its imports changed
-(`runtime.paddle.fluid` gathers the names such a script uses).
+(`runtime.paddle.fluid` gathers the names such a script uses, this module's `FluidExecutor` as
+``fluid.Executor``).
 
-`Executor.run(program, feed, fetch_list)` looks at the program:
+`FluidExecutor.run(program, feed, fetch_list)` looks at the program:
 
 - a `listen_and_serv` op (a pserver program from ``t.get_pserver_program(endpoint)``): it serves
   at the op's endpoint with the runtime's `PserverService`, from the values the pserver's
@@ -25,7 +26,7 @@ programs, so that a classic parameter-server script runs with only its imports c
 - no RPC op: the kernels run it, as `runtime.execution.executor.Executor` does (local
   training, startup programs).
 
-`Executor.close()` (Paddle's, which the script calls at the end) tells every pserver this
+`FluidExecutor.close()` (Paddle's, which the script calls at the end) tells every pserver this
 trainer is done (COMPLETE); an executor still open when the interpreter exits does it then.
 
 DESIGN: the trainer's RPC client lives on an event loop of its own in a daemon thread, and
@@ -204,7 +205,7 @@ class LoopThread:
 
 # -- the executor ------------------------------------------------------------------------------
 
-class Executor:
+class FluidExecutor:
     """Paddle's ``fluid.Executor(place)``: see the module for what `run` does with each kind of
     program."""
 
@@ -382,7 +383,7 @@ def save_vars(scope: Scope, dirname: str | Path, names: Iterable[str]) -> None:
             np.save(f, np.asarray(scope.get(name)))
 
 
-def save_params(executor: Executor, dirname: str | Path, main_program: Program | None = None,
+def save_params(executor: FluidExecutor, dirname: str | Path, main_program: Program | None = None,
                 scope: Scope | None = None) -> None:
     """Paddle's ``fluid.io.save_params``: every parameter of the program, from the scope, as
     ``dirname/<name>.npy``."""
@@ -390,7 +391,7 @@ def save_params(executor: Executor, dirname: str | Path, main_program: Program |
     save_vars(scope or global_scope(), dirname, [v.name for v in program.all_parameters()])
 
 
-def save_persistables(executor: Executor, dirname: str | Path,
+def save_persistables(executor: FluidExecutor, dirname: str | Path,
                       main_program: Program | None = None, scope: Scope | None = None) -> None:
     """Paddle's ``fluid.io.save_persistables``: every persistable var of the program's global
     block that the scope holds, as ``dirname/<name>.npy``."""
@@ -400,5 +401,5 @@ def save_persistables(executor: Executor, dirname: str | Path,
                               if v.persistable and held.has(n)])
 
 
-__all__ = ["CPUPlace", "CUDAPlace", "DataFeeder", "Executor", "INSECURE_VAR", "SecurityRefused",
-           "save_params", "save_persistables"]
+__all__ = ["CPUPlace", "CUDAPlace", "DataFeeder", "FluidExecutor", "INSECURE_VAR",
+           "SecurityRefused", "save_params", "save_persistables"]

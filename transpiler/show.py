@@ -60,7 +60,10 @@ class UsageError(ValueError):
 # -- roles ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Role:
+class NodeRole:
+    """The node whose program is shown (``--role trainer:0``), spelled as `runtime.config.nodes`
+    names nodes (the transpiler imports nothing of the runtime)."""
+
     kind: str  # trainer | pserver
     index: int
 
@@ -68,17 +71,17 @@ class Role:
         return f"{self.kind}:{self.index}"
 
 
-def parse_role(text: str) -> Role:
+def parse_role(text: str) -> NodeRole:
     match = re.fullmatch(r"(trainer|pserver):(\d+)", text)
     if not match:
         raise argparse.ArgumentTypeError(f"expected trainer:N or pserver:N, got {text!r}")
-    return Role(match.group(1), int(match.group(2)))
+    return NodeRole(match.group(1), int(match.group(2)))
 
 
 # -- the job --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Job:
+class TranspileJob:
     """A model and how to transpile it; `argument` and `prefix` say where they came from."""
 
     model: Model
@@ -110,7 +113,7 @@ def read_scenario(path: str) -> dict[str, Any]:
     return raw
 
 
-def scenario_job(path: str) -> Job:
+def scenario_job(path: str) -> TranspileJob:
     raw = read_scenario(path)
     spec = raw["model"]
     kwargs = {k: v for k, v in spec.items() if k not in MODEL_FIELDS}
@@ -118,13 +121,13 @@ def scenario_job(path: str) -> Job:
     try:
         model = build_model(spec["name"], optimizer=optimizer, lr=spec.get("lr"),
                             seed=raw.get("seed", 0), **kwargs)
-        return Job(model, transpile_args(raw.get("transpiler"), raw.get("cluster")), "SCENARIO",
-                   f"{path}: ")
+        return TranspileJob(model, transpile_args(raw.get("transpiler"), raw.get("cluster")),
+                            "SCENARIO", f"{path}: ")
     except ValueError as err:
         raise UsageError("SCENARIO", f"{path}: {err}") from None
 
 
-def flags_job(args: argparse.Namespace) -> Job:
+def flags_job(args: argparse.Namespace) -> TranspileJob:
     optimizer = dict(DEFAULT_OPTIMIZERS[args.model])
     if args.optimizer:
         optimizer["type"] = args.optimizer
@@ -141,13 +144,13 @@ def flags_job(args: argparse.Namespace) -> Job:
     except ValueError as err:
         raise UsageError("--optimizer" if args.lr is None else "--lr", str(err)) from None
     try:
-        return Job(model, transpile_args(transpiler, cluster), "--model")
+        return TranspileJob(model, transpile_args(transpiler, cluster), "--model")
     except ValueError as err:
         field, _, reason = str(err).partition(": ")
         raise UsageError(FLAG_OF_FIELD.get(field, "--mode"), reason or field) from None
 
 
-def role_program(job: Job, role: Role, startup: bool) -> Program:
+def role_program(job: TranspileJob, role: NodeRole, startup: bool) -> Program:
     """The main (or startup) program of `role` in `job`."""
     count = job.args.trainers if role.kind == "trainer" else len(job.args.pservers)
     if role.index >= count:
@@ -389,7 +392,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run, parser=p)
 
 
-def _job(args: argparse.Namespace) -> Job:
+def _job(args: argparse.Namespace) -> TranspileJob:
     given = [f"--{f.replace('_', '-')}" for f in MODEL_FLAGS if getattr(args, f) is not None]
     if args.scenario and args.model:
         raise UsageError("--model", "give SCENARIO or --model, not both")

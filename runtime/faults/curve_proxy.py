@@ -46,7 +46,7 @@ from typing import Any, cast
 
 import zmq
 
-from runtime.faults.proxy import DirectedFaults, Direction, FaultProxy, Faults, _Lane, _Link
+from runtime.faults.proxy import DirectedFaults, Direction, FaultProxy, Faults, _Lane, _ProxyLink
 from runtime.network.curve import CurveKeys
 from runtime.network.transport import Frame, TransportError
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
@@ -74,7 +74,7 @@ class _Out:
         pass
 
 
-class _CurveLink(_Link):
+class _CurveLink(_ProxyLink):
     """One trainer's traffic through the proxy: its upstream DEALER and both lanes."""
 
     def __init__(self, proxy: CurveFaultProxy, client: str, upstream: ZmqTransport) -> None:

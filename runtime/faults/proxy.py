@@ -121,7 +121,7 @@ class Faults:
 
 
 @dataclass(frozen=True)
-class Fate:
+class ProxyFate:
     """What the faults decided for one message."""
 
     copies: int
@@ -130,7 +130,7 @@ class Fate:
     delay: float
 
 
-def decide(faults: Faults, rng: random.Random) -> Fate:
+def decide(faults: Faults, rng: random.Random) -> ProxyFate:
     """The fate of the next message: always three draws, then the latency sample, so one
     link's RNG stream does not depend on which faults are switched on."""
     drop, duplicate, reorder = rng.random(), rng.random(), rng.random()
@@ -138,7 +138,7 @@ def decide(faults: Faults, rng: random.Random) -> Fate:
     if delay < 0:
         raise ValueError(f"the latency sampler drew {delay!r} s, which is negative")
     copies = 0 if drop < faults.drop else 2 if duplicate < faults.duplicate else 1
-    return Fate(copies, reorder < faults.reorder, delay)
+    return ProxyFate(copies, reorder < faults.reorder, delay)
 
 
 @dataclass
@@ -249,7 +249,7 @@ class _Lane:
     """One direction of one connection: reads frames, decides the fates of messages, and
     forwards what survives at its release time."""
 
-    def __init__(self, proxy: FaultProxy, link: _Link, direction: Direction,
+    def __init__(self, proxy: FaultProxy, link: _ProxyLink, direction: Direction,
                  reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.proxy = proxy
         self.link = link
@@ -410,7 +410,7 @@ class _Lane:
         return True
 
 
-class _Link:
+class _ProxyLink:
     """One accepted connection and its upstream connection: both directions, and the name
     of the client that seeds their RNGs."""
 
@@ -634,7 +634,7 @@ class FaultProxy:
             await _close(writer)
             return
         try:
-            await _Link(self, peer, (reader, writer), upstream).run()
+            await _ProxyLink(self, peer, (reader, writer), upstream).run()
         except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             log.warning("fault proxy %s: connection from %s closed: %s", self.address, peer, exc)
         except Exception:

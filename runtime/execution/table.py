@@ -56,7 +56,7 @@ class TableRequestError(ValueError):
 
 
 @dataclass(frozen=True)
-class Prefetch:
+class PrefetchBlock:
     """A prefetch block and the var its lookup writes."""
 
     block: int
@@ -72,7 +72,7 @@ class TableShard:
     width: tuple[int, ...]
     dtype: np.dtype
     pieces: Mapping[str, int | None]  # grad piece -> the trainer that sends it (None: any)
-    prefetch: Mapping[str, Prefetch]  # ids var -> its prefetch block
+    prefetch: Mapping[str, PrefetchBlock]  # ids var -> its prefetch block
     checkpoint_block: int
 
     @staticmethod
@@ -92,7 +92,7 @@ class TableShard:
         block = int(dict(_pairs(lsv.attr("grad_to_block_id", [])))[grad])
         reads = {n for op in program.block(block).ops for n in op.input_arg_names}
         copies = dict(parse_pairs(lsv.attr("trainer_copies", [])))
-        prefetch = {ids: Prefetch(int(idx), program.block(int(idx)).ops[0].output("Out")[0])
+        prefetch = {ids: PrefetchBlock(int(idx), program.block(int(idx)).ops[0].output("Out")[0])
                     for ids, idx in _pairs(lsv.attr("prefetch_var_name_to_block_id", []))}
         return TableShard(table, offset, rows, max(0, min(rows, block0.var(grad).shape[0] - offset)),
                           tuple(var.shape[1:]), np.dtype(var.dtype),

@@ -19,7 +19,7 @@ from transpiler.distribute.contract import TRAINER_ID_VAR, ServeContract, bak_na
 from transpiler.ir import Program, Var, VarType
 
 from runtime.execution.scope import Scope
-from runtime.execution.table import (Prefetch, TableShard, TouchedRows, lookup_rows,
+from runtime.execution.table import (PrefetchBlock, TableShard, TouchedRows, lookup_rows,
                                      remote_tables)
 from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, to_dense
 from runtime.services.pserver_messages import ProtocolViolation
@@ -161,7 +161,7 @@ class Store:
                                     f"{sorted(ids)}, not just 'Ids'", var=table)
         return {table: lookup_rows(table, self.scope.get(table), ids["Ids"])}
 
-    def table_ids(self, ids: dict[str, Any]) -> list[tuple[str, Any, Prefetch]]:
+    def table_ids(self, ids: dict[str, Any]) -> list[tuple[str, Any, PrefetchBlock]]:
         """For each prefetch ids var: its ids made rows of the shard, and its prefetch block
         (the caller sets the var, runs the block, then reads the rows it looked up)."""
         table = self.table

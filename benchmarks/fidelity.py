@@ -313,8 +313,13 @@ def main() -> None:
                              "every configuration of the transfer matrix, none of which it ran")
     parser.add_argument("--machine", type=Path,
                         help="with --transfer: this machine file instead of a new calibration")
+    parser.add_argument("--matrix", choices=("profiled", "transfer"),
+                        help="which configurations (default: transfer with --transfer, else "
+                             "profiled); --matrix transfer without --transfer predicts the "
+                             "transfer matrix from each job's own profiles, the baseline")
     args = parser.parse_args()
-    matrix = TRANSFER if args.transfer else CONFIGS
+    matrix = TRANSFER if (args.matrix or ("transfer" if args.transfer else "profiled")) \
+        == "transfer" else CONFIGS
     chosen = [c for c in matrix if (not c.shaped or args.netns)
               and (not args.only or c.name in args.only.split(","))]
     print(f"{len(chosen)} configurations, {args.profile_runs} profiling and {args.repeat} real "

@@ -288,7 +288,7 @@ class OnCpus(Ledger):
         super().__init__(model)
         self.costs = costs
         self.cpus = cpus
-        self._overheads = {"step": costs.step_overhead + costs.step_residual,
+        self._overheads = {"step": costs.step_overhead, "rpc_step": costs.step_residual,
                            "round": costs.round_overhead + costs.round_residual}
 
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:

@@ -231,10 +231,13 @@ def test_a_profile_with_a_runtime_section_prices_the_runtime_and_roofline_can_bo
 
 
 def test_the_residual_per_step_and_round_is_charged_with_their_overheads() -> None:
+    """A round owes its overhead and residual; a step its overhead, and its residual (the
+    event loop's work around requests) only where it makes an RPC ("rpc_step")."""
     costs = RuntimeCosts(step_overhead=4 * U, round_overhead=8 * U, step_residual=2 * U,
                          round_residual=U)
     model = OnCpus(Profile({}), costs, Cpus([], ["trainer:0"]))
-    assert model.overhead("trainer:0", "step", 0) == 6 * U
+    assert model.overhead("trainer:0", "step", 0) == 4 * U
+    assert model.overhead("trainer:0", "rpc_step", 0) == 2 * U
     assert model.overhead("pserver:0", "round", 0) == 9 * U
     assert RuntimeCosts.from_document(costs.document()) == costs
 
@@ -294,3 +297,29 @@ def test_a_bad_host_is_an_error_naming_the_line_and_field(hosts: str, problem: s
         parse_scenario(BASE + "cluster:\n  pservers: 1\n  trainers: 2\n  hosts: " + hosts + "\n",
                        "s.yaml")
     assert problem in str(err.value)
+
+
+def test_a_step_owes_the_rpc_residual_once_at_its_first_rpc_and_a_local_step_none() -> None:
+    from runtime.network.rpc import RetryPolicy
+    from runtime.services.trainer import RpcOps
+
+    class Client:
+        name = "trainer:0"
+        labels: dict[str, str] = {}
+        policy = RetryPolicy()
+
+    class Owed:
+        def __init__(self) -> None:
+            self.owed: list[str] = []
+
+        def add_overhead(self, what: str) -> None:
+            self.owed.append(what)
+
+    owed = Owed()
+    ops = RpcOps(Client(), 0)  # type: ignore[arg-type]
+    ops.charge = owed  # type: ignore[assignment]
+    for step, rpcs in ((0, 3), (1, 0), (2, 1)):  # step 1 is local (geo), no RPC
+        ops.step = step
+        for _ in range(rpcs):
+            ops.owe_rpc_residual()
+    assert owed.owed == ["rpc_step", "rpc_step"]

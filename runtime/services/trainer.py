@@ -389,6 +389,8 @@ class RpcOps:
         """Var names of the program -> the names its sends put them on the wire under (a
         program shared with another trainer, `Job.programs_to_run`; empty: its own)."""
         self.step = INITIAL_STEP
+        self._residual_step: int | None = None
+        """The step that owed the RPC residual last (`owe_rpc_residual`)."""
         self._sends: list[asyncio.Future[Message]] = []
         self._held_sends: dict[str, dict[str, Any]] = {}
         """Endpoint -> the vars of its SEND being bundled (bundled protocol)."""
@@ -474,6 +476,14 @@ class RpcOps:
             raise BadReply(f"trainer {self.trainer_id}: the reply of "
                            f"{self.client.labels.get(endpoint, endpoint)} to {reply.id} lacks "
                            f"var {name!r}") from None
+
+    def owe_rpc_residual(self) -> None:
+        """Owe the step's share of the event loop's unseen work around RPCs (the model's
+        "rpc_step" overhead), once per step, at its first RPC op: a step that makes none (geo's
+        local steps) runs no loop around requests and owes none."""
+        if self._residual_step != self.step:
+            self._residual_step = self.step
+            self.charge.add_overhead("rpc_step")
 
     async def run(self, op: Op, scope: Scope) -> None:
         handler = self.handlers.get(op.type)
@@ -822,6 +832,7 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
 
     for step in plan.steps:
         if step.kernel is None:
+            rpc.owe_rpc_residual()
             await rpc.charge.pay()
             start = asyncio.get_running_loop().time()
             await rpc.run(step.op, scope)

@@ -51,7 +51,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from runtime.config import expect
 from runtime.config.metrics import JobMetrics, write_record
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
-from runtime.services.cluster import trainer_name
+from runtime.config.nodes import trainer_name
 from runtime.services.job import check_job
 
 from .cost import ComputeConfigError

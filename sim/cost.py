@@ -356,11 +356,11 @@ OpTimes = dict[str, Annotated[OpTime, PlainValidator(_op_time)]]
 of the op's outputs."""
 
 
-class _Strict(BaseModel):
+class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DeviceSpec(_Strict):
+class DeviceSpec(_Section):
     """A device's figures: an op takes ``max(flops / device.flops, bytes / mem_bandwidth) +
     op_overhead``."""
 
@@ -372,7 +372,7 @@ class DeviceSpec(_Strict):
     """Added to every op (a kernel launch, a dispatch)."""
 
 
-class DevicePatch(_Strict):
+class DevicePatch(_Section):
     """Figures that replace the device's (none: kept)."""
 
     flops: FlopRate | None = None
@@ -383,7 +383,7 @@ class DevicePatch(_Strict):
     """Seconds added to every op."""
 
 
-class DeviceOverride(_Strict):
+class DeviceOverride(_Section):
     """Other device figures for some nodes; later entries win."""
 
     nodes: Patterns
@@ -392,7 +392,7 @@ class DeviceOverride(_Strict):
     """The figures that change."""
 
 
-class StragglerSpec(_Strict):
+class StragglerSpec(_Section):
     """Every op of the matching nodes takes `slowdown` times as long: always, or in the steps
     drawn with `probability` (seeded by scenario seed, rule, node and step). The factors of
     all the rules that apply multiply."""
@@ -419,7 +419,7 @@ class StragglerSpec(_Strict):
         return Straggler(nodes, self.slowdown, self.probability)
 
 
-class RooflineSpec(_Strict):
+class RooflineSpec(_Section):
     """Each op bound by compute or memory bandwidth, its FLOPs and bytes counted from the
     shapes it worked on (`runtime.execution.work.op_work`)."""
 
@@ -435,7 +435,7 @@ class RooflineSpec(_Strict):
     """A profile file (from `runtime profile`) whose runtime costs are charged too."""
 
 
-class ProfileSpec(_Strict):
+class ProfileSpec(_Section):
     """Measured seconds per op type, from a profile file (`runtime profile`) or inline."""
 
     model: Literal["profile"]
@@ -459,7 +459,7 @@ class ProfileSpec(_Strict):
         return self
 
 
-class CalibratedSpec(_Strict):
+class CalibratedSpec(_Section):
     """Each op priced from this machine's measured curves (`runtime calibrate`)."""
 
     model: Literal["calibrated"]
@@ -475,7 +475,7 @@ class CalibratedSpec(_Strict):
     """Charge the runtime costs the machine file has (false: its kernels only)."""
 
 
-class LinearSpec(_Strict):
+class LinearSpec(_Section):
     """A message of S bytes costs ``per_message + per_byte * S`` seconds of CPU."""
 
     per_message: float = Field(0.0, ge=0, allow_inf_nan=False)
@@ -484,7 +484,7 @@ class LinearSpec(_Strict):
     """Seconds per byte."""
 
 
-class CurveSpec(_Strict):
+class CurveSpec(_Section):
     """What CurveZMQ costs a node's I/O thread (`runtime.execution.costs.CurveCosts`)."""
 
     handshake: float = Field(0.0, ge=0, allow_inf_nan=False)
@@ -493,7 +493,7 @@ class CurveSpec(_Strict):
     """Seconds per byte encrypted (sender) or decrypted (receiver)."""
 
 
-class RuntimeSection(_Strict):
+class RuntimeSection(_Section):
     """A profile's ``runtime`` section (`runtime.execution.costs.RuntimeCosts.document`)."""
 
     messages: dict[Literal["send", "receive"], dict[str, LinearSpec]] = {}
@@ -519,7 +519,7 @@ class RuntimeSection(_Strict):
     (remove the section to predict a job run with `--insecure`)."""
 
 
-class CurveDoc(_Strict):
+class CurveDoc(_Section):
     """A curve as the machine file holds it (`runtime.execution.curves.Curve`)."""
 
     feature: Literal["flops", "bytes"]
@@ -533,17 +533,17 @@ class CurveDoc(_Strict):
         return self
 
 
-class CoresDoc(_Strict):
+class CoresDoc(_Section):
     """How busy processes share a machine's cores (`runtime calibrate`)."""
 
     count: int = Field(ge=1)
     """The machine's cores."""
     rates: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1)
     """The rate of each of m busy processes against one alone, for m = 1, 2, ...: what a
-    simulated host of `count` cores gives each busy thread (`sim.cpu.HostSpec.rates`)."""
+    simulated host of `count` cores gives each busy thread (`sim.cpu.SimHost.rates`)."""
 
 
-class MachineFile(_Strict):
+class MachineFile(_Section):
     """A machine's calibration (`runtime.launch.calibrate`)."""
 
     format: Literal["pslab-machine"]
@@ -560,7 +560,7 @@ class MachineFile(_Strict):
     meta: dict[str, Any] = {}
 
 
-class ProfileFile(_Strict):
+class ProfileFile(_Section):
     """A profile: measured op times and the runtime's own costs (`runtime.launch.profile`)."""
 
     ops: OpTimes

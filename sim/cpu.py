@@ -51,16 +51,16 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from runtime.services.cluster import no_node
+from runtime.config.nodes import no_node
 
-__all__ = ["Cpus", "HostSpec", "IO_SUFFIX", "hosts_of", "io_thread"]
+__all__ = ["Cpus", "SimHost", "IO_SUFFIX", "hosts_of", "io_thread"]
 
 EPSILON = 1e-12
 """Work left below this many seconds is done (float rounding of rate x time)."""
 
 
 @dataclass(frozen=True)
-class HostSpec:
+class SimHost:
     """A host: the nodes on it (names or patterns) and its cores; `rates`, where measured
     (`runtime calibrate` on a machine of as many cores): the rate of each busy thread while
     1, 2, ... threads have work, instead of processor sharing's ``min(1, cores / m)``."""
@@ -101,7 +101,7 @@ class _Node:
 
 class _Host:
     """Processor sharing of `cores` among the host's processors that have work, at the
-    measured `rates` where given (see `HostSpec`; beyond the table, its last throughput split
+    measured `rates` where given (see `SimHost`; beyond the table, its last throughput split
     evenly)."""
 
     def __init__(self, name: str, cores: float, nodes: int,
@@ -188,7 +188,7 @@ class Cpus:
     host of `hosts` whose patterns match its name, its I/O thread (`io_thread`) beside it; a
     node on no host has a machine of its own, with a core for each of its threads."""
 
-    def __init__(self, hosts: Sequence[HostSpec], nodes: Sequence[str], io: bool = False) -> None:
+    def __init__(self, hosts: Sequence[SimHost], nodes: Sequence[str], io: bool = False) -> None:
         self.hosts = list(hosts)
         self.io = io
         threads = 2 if io else 1
@@ -203,7 +203,7 @@ class Cpus:
         self._own: dict[str, _Host] = {}
         self._nodes: dict[str, _Node] = {}
 
-    def _host_of(self, name: str) -> HostSpec | None:
+    def _host_of(self, name: str) -> SimHost | None:
         name = name.removesuffix(IO_SUFFIX)
         return next((spec for spec in self.hosts
                      if any(fnmatchcase(name, pattern) for pattern in spec.nodes)), None)
@@ -262,13 +262,13 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 
 def hosts_of(spec: Sequence[Mapping[str, Any]] | None,
-             sharing: Mapping[float, tuple[float, ...]] | None = None) -> list[HostSpec]:
-    """`HostSpec`s from a scenario's validated ``cluster.hosts`` entries; `sharing`: the
+             sharing: Mapping[float, tuple[float, ...]] | None = None) -> list[SimHost]:
+    """`SimHost`s from a scenario's validated ``cluster.hosts`` entries; `sharing`: the
     measured per-thread rates of machines by their cores (`runtime calibrate`), given to the
     hosts of as many cores."""
     hosts = []
     for i, entry in enumerate(spec or ()):
         cores = float(entry["cores"])
-        hosts.append(HostSpec(str(entry.get("name") or f"host{i}"), tuple(entry["nodes"]), cores,
+        hosts.append(SimHost(str(entry.get("name") or f"host{i}"), tuple(entry["nodes"]), cores,
                               tuple((sharing or {}).get(cores, ()))))
     return hosts

@@ -40,11 +40,9 @@ from runtime.services.cluster import LocalCluster
 from sim.loop import VirtualTimeLoop
 from transpiler.ir import Op
 
-__all__ = ["Fate", "FaultEvent", "MessageFaults", "REORDER_WAIT", "ScheduleEvent", "SimTarget",
+__all__ = ["Fate", "MessageFaults", "REORDER_WAIT", "ScheduleEvent", "SimTarget",
            "Slowdowns"]
 
-FaultEvent = ScheduleEvent
-"""`runtime.faults.schedule.ScheduleEvent` by the name sim/simulate.py imports it from here."""
 
 
 class Fate(NamedTuple):

@@ -29,7 +29,8 @@ from runtime.config.faults import Slow
 from runtime.config.metrics import (ExpectationResult, FaultEvent, JobMetrics, JobSummary,
                                     LinkMetrics, NicMetrics, PserverMetrics, StepTimeStats,
                                     TrainerMetrics)
-from runtime.services.cluster import pserver_name, train_locally, trainer_name
+from runtime.config.nodes import pserver_name, trainer_name
+from runtime.services.cluster import train_locally
 from runtime.services.job import Job
 
 from .cost import runtime_costs

@@ -43,17 +43,18 @@ from typing import cast
 
 import numpy as np
 
-from runtime.config.faults import Crash, nodes_of
+from runtime.config.faults import Crash
+from runtime.config.nodes import is_pserver, node_names, trainer_name
 from runtime.config.scenario import Scenario
 from runtime.execution.costs import RuntimeCosts
-from runtime.faults.schedule import FaultSchedule
-from runtime.services.cluster import JobResult, LocalCluster, pserver_name, trainer_name
+from runtime.faults.schedule import FaultSchedule, ScheduleEvent
+from runtime.services.cluster import JobResult, LocalCluster
 from runtime.services.job import Job
 from runtime.services.pserver import ServerStats
 
 from .cost import Ledger, OnCpus, compute_model, model_notes, model_sharing, runtime_costs
 from .cpu import Cpus, hosts_of
-from .faults import FaultEvent, MessageFaults, SimTarget, Slowdowns
+from .faults import MessageFaults, SimTarget, Slowdowns
 from .loop import SimStats, VirtualTimeLoop, run
 from .network import LinkStats, Network, NicStats
 from .trace import REPORTED, TraceRecorder
@@ -99,7 +100,7 @@ class SimResult:
     compute: dict[str, float] = field(default_factory=dict)
     """Modelled compute seconds of each node during training steps (a trainer's startup aside)."""
     loop: SimStats = field(default_factory=SimStats)
-    faults: list[FaultEvent] = field(default_factory=list)
+    faults: list[ScheduleEvent] = field(default_factory=list)
     base_dir: Path | None = None
     cpu: dict[str, float] = field(default_factory=dict)
     """Simulated CPU seconds each node's main thread, and with the runtime's costs its I/O
@@ -152,7 +153,7 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
         cluster = LocalCluster(job, network.transport, compute, trace, observe, checkpoints)
         schedule = FaultSchedule(list(scenario.faults),
                                  SimTarget(cluster, messages, slowdowns, trace, network),
-                                 nodes_of(len(job.endpoints), job.trainers))
+                                 node_names(len(job.endpoints), job.trainers))
         with _without_cyclic_gc():
             result, now, stats = run(main(cluster), max_time=scenario.train.deadline)
     trainers = [TrainerRun(r.trainer_id, r.losses, r.step_times, ends[r.trainer_id], r.redone,
@@ -174,9 +175,8 @@ def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,
                      model_sharing(model))
     if costs is None and not hosts:
         return Ledger(model)
-    nodes = [pserver_name(j) for j in range(scenario.cluster.pservers)]
-    nodes += [trainer_name(i) for i in range(job.trainers)]
-    cpus = Cpus(hosts, nodes, io=costs is not None)
+    cpus = Cpus(hosts, node_names(scenario.cluster.pservers, job.trainers),
+                io=costs is not None)
     network.cpus, network.costs = cpus, costs
     return OnCpus(model, costs or RuntimeCosts(), cpus)
 
@@ -189,7 +189,7 @@ def _checkpoint_dir(scenario: Scenario) -> Iterator[Path | None]:
     if train.checkpoint_dir is not None:
         yield Path(train.checkpoint_dir)
         return
-    crashes = any(isinstance(f, Crash) and f.crash.startswith("pserver:") for f in scenario.faults)
+    crashes = any(isinstance(f, Crash) and is_pserver(f.crash) for f in scenario.faults)
     if train.checkpoint_every is None and not crashes:
         yield None
         return

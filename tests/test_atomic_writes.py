@@ -81,7 +81,9 @@ def test_a_full_disk_raises_enospc_and_keeps_the_old_file(tmp_path: Path,
 
 
 # Writes that are not of an output file: generated documentation, the logs `runtime up`
-# streams as its nodes run, and the lock files of network namespaces (never written to).
+# streams as its nodes run, the lock files of network namespaces (never written to), and a
+# sweep's journal of finished points, appended a line at a time (`--resume` skips a torn last
+# line; the sweep's results are written whole).
 NOT_OUTPUTS = {
     ("runtime/launch/netns.py", '.lock", os.O_RDWR | os.O_CREAT, 0o644)'),
     ("runtime/config/metrics.py", "SCHEMA_FILE.write_text("),
@@ -90,6 +92,7 @@ NOT_OUTPUTS = {
     ("sim/schemadoc.py", "args.path.write_text("),
     ("runtime/launch/launcher.py", '.log").open("w")'),
     ("runtime/services/progress.py", 'open(fd, "w", encoding="utf-8", closefd=False)'),  # a pipe
+    ("sim/sweep_journal.py", 'path.open("a")'),
 }
 WRITES = re.compile(r"\.write_text\(|\.write_bytes\(|\bopen\([^)]*[\"'][wax]b?[\"']|"
                     r"np\.savez?(_compressed)?\(|\.savefig\(|json\.dump\(|"

@@ -24,7 +24,7 @@ from runtime.execution.work import op_work
 from runtime.launch.calibrate import (FORMAT, Reference, calibrate, feature_of, fit_kernels,
                                       grid, measure_kernels, measure_sharing)
 from sim.cost import Calibrated, ComputeConfigError, compute_model
-from sim.cpu import Cpus, HostSpec, hosts_of
+from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
 from sim.simulate import simulate
 from transpiler.ir import Program
@@ -211,7 +211,7 @@ def test_calibrate_writes_a_file_the_simulator_reads(tmp_path: Path) -> None:
 def test_a_host_of_measured_rates_gives_each_busy_thread_its_rate() -> None:
     """2 cores measured at 1, 1/2, 1/4 per busy thread for 1, 2, 3 threads (beyond three: the
     last throughput, 3/4, split evenly)."""
-    host = HostSpec("box", ("*",), 2.0, (1.0, 0.5, 0.25))
+    host = SimHost("box", ("*",), 2.0, (1.0, 0.5, 0.25))
     cpus = Cpus([host], ["a", "b", "c", "d"])
     done = finish_times(cpus, [(0, "a", U), (0, "b", U), (0, "c", 2 * U), (0, "d", 2 * U)])
     # 4 busy: each at 0.75 / 4 = 3/16: a and b finish at 16/3 U, having done U each;
@@ -221,7 +221,7 @@ def test_a_host_of_measured_rates_gives_each_busy_thread_its_rate() -> None:
 
 
 def test_a_host_whose_two_threads_run_slower_than_alone_is_shared_even_when_not_full() -> None:
-    host = HostSpec("box", ("*",), 2.0, (1.0, 0.5))
+    host = SimHost("box", ("*",), 2.0, (1.0, 0.5))
     done = finish_times(Cpus([host], ["a", "b"]), [(0, "a", U), (0, "b", U)])
     assert done == {"a": [2 * U], "b": [2 * U]}  # ideal sharing would say U each
 

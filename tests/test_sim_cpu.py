@@ -17,7 +17,7 @@ from runtime.execution.costs import Linear, RuntimeCosts
 from runtime.execution.scope import Scope
 from runtime.network.wire import Kind, Message, charged_size, encode
 from sim.cost import OnCpus, Profile, runtime_costs
-from sim.cpu import Cpus, HostSpec, io_thread
+from sim.cpu import Cpus, SimHost, io_thread
 from sim.loop import run
 from sim.network import Network
 from sim.simulate import simulate
@@ -55,7 +55,7 @@ def test_a_node_does_its_work_first_in_first_out_at_full_speed_on_a_host_of_its_
 def test_nodes_sharing_a_host_run_at_cores_over_busy_nodes_each() -> None:
     """2 cores, 4 nodes: while 4 are busy each runs at 1/2; as they finish the rest speed up
     to one core each (never faster)."""
-    host = HostSpec("box", ("*",), 2.0)
+    host = SimHost("box", ("*",), 2.0)
     cpus = Cpus([host], ["a", "b", "c", "d"])
     done = finish_times(cpus, [(0, "a", U), (0, "b", 2 * U), (0, "c", 4 * U), (0, "d", 4 * U)])
     # 0..2U: four at rate 1/2: a finishes (U of work); b has U left
@@ -65,14 +65,14 @@ def test_nodes_sharing_a_host_run_at_cores_over_busy_nodes_each() -> None:
 
 
 def test_a_node_arriving_on_a_busy_host_slows_the_others_from_then_on() -> None:
-    cpus = Cpus([HostSpec("box", ("a", "b"), 1.0)], ["a", "b"])
+    cpus = Cpus([SimHost("box", ("a", "b"), 1.0)], ["a", "b"])
     done = finish_times(cpus, [(0, "a", 4 * U), (2 * U, "b", U)])
     # a alone for 2U (2U left); then both at 1/2: b done after 2U (at 4U), a has U left -> 5U
     assert done == {"a": [5 * U], "b": [4 * U]}
 
 
 def test_a_nodes_io_thread_shares_its_host() -> None:
-    cpus = Cpus([HostSpec("box", ("a",), 1.0)], ["a"], io=True)
+    cpus = Cpus([SimHost("box", ("a",), 1.0)], ["a"], io=True)
     done = finish_times(cpus, [(0, "a", 2 * U), (0, io_thread("a"), 2 * U)])
     assert done == {"a": [4 * U], io_thread("a"): [4 * U]}
     alone = Cpus([], ["a"], io=True)  # a machine of its own: a core per thread
@@ -107,7 +107,7 @@ def test_lanes_are_first_in_first_out_each_and_share_their_processor_evenly() ->
     # 0..8U: main and the I/O thread at 1/2 each, the lanes at 1/4: x's first and y done at 8U,
     # main has done 4U of 6U; then main and x's second piece at 1/2 each: x done at 10U, main
     # alone for its last U
-    assert lanes(Cpus([HostSpec("box", ("a",), 1.0)], ["a"], io=True), 6 * U) == \
+    assert lanes(Cpus([SimHost("box", ("a",), 1.0)], ["a"], io=True), 6 * U) == \
         {"x": [8 * U, 10 * U], "y": [8 * U], "main": [11 * U]}
 
 

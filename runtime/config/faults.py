@@ -489,9 +489,6 @@ def _any(patterns: tuple[str, ...], node: str) -> bool:
     return any(fnmatchcase(node, p) for p in patterns)
 
 
-nodes_of = node_names
-"""`runtime.config.nodes.node_names` by its old name, which sim/simulate.py imports from here."""
-
 
 def check_against(faults: Sequence[AnyFault], pservers: int, trainers: int, *,
                   mode: str) -> None:

@@ -15,7 +15,7 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   curve of all elementwise op types together prices an op type none of the programs ran.
 - **cores**: 1, 2, ... up to two more than the cores processes working at once (small numpy
   kernels between Python steps, as a node works), each one's rate against one alone: what a
-  busy thread gets while m have work (`sim.cpu.HostSpec.rates`), caches, memory bandwidth and
+  busy thread gets while m have work (`sim.cpu.SimHost.rates`), caches, memory bandwidth and
   a hypervisor's sharing included, where processor sharing would say ``min(1, cores / m)``.
 - **runtime**: a reference job (2 pservers x 2 trainers, an MLP whose messages range from 40
   bytes to 128 KiB, CurveZMQ on, the compact protocol) run for real as `runtime profile` runs
@@ -310,7 +310,7 @@ def measure_runtime(stream: TextIO) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
         path = Path(tmp) / "reference.yaml"
-        path.write_text(RUNTIME_REFERENCE)
+        write_atomic(path, RUNTIME_REFERENCE)
         scenario = parse_scenario(RUNTIME_REFERENCE, str(path))
         run, _ = measure_runs(path, [], scenario, Path(tmp) / "out", stream)
     return run.costs.document()

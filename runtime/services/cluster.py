@@ -22,7 +22,6 @@ import numpy as np
 from transpiler.distribute.checkpoint import CheckpointConfig, append_checkpoint_notify
 
 from runtime.config.nodes import NODE, is_trainer, parse_node, pserver_name, trainer_name
-from runtime.config.nodes import no_node  # noqa: F401  (sim/cpu.py still imports it from here)
 from runtime.config.scenario import COLLECTIVE_BACKENDS
 from runtime.execution.compute import ComputeModel, Tracer
 from runtime.execution.executor import Executor

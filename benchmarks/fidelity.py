@@ -322,9 +322,12 @@ def main() -> None:
         == "transfer" else CONFIGS
     chosen = [c for c in matrix if (not c.shaped or args.netns)
               and (not args.only or c.name in args.only.split(","))]
-    print(f"{len(chosen)} configurations, {args.profile_runs} profiling and {args.repeat} real "
-          f"run(s) each, in turn, on {os.cpu_count()} cores; protocol {args.protocol or 'compact'}, profiled in "
-          f"{args.profile_protocol or args.protocol or 'compact'}", flush=True)
+    predicted = "one calibration of this machine predicting" if args.transfer else \
+        f"{args.profile_runs} profiling and"
+    print(f"{len(chosen)} configurations, {predicted} {args.repeat} real run(s) each, on "
+          f"{os.cpu_count()} cores; protocol {args.protocol or 'compact'}"
+          + ("" if args.transfer else
+             f", profiled in {args.profile_protocol or args.protocol or 'compact'}"), flush=True)
     print(f"{'configuration':<20} {'measured step ms (min/med/max)':>23}  {'predicted':>8} "
           f"{'error':>7}  {'samples/s':>9} {'predicted':>9}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pslab-fidelity-") as tmp:

@@ -15,6 +15,7 @@ A failure of the machinery, not of a point (a worker process killed, Ray unreach
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import threading
@@ -51,16 +52,33 @@ def in_processes(jobs: int) -> Runner:
             return
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["sim.sweep"])
-        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=context,
-                                 initializer=_worker_started) as pool:
-            futures = {pool.submit(_run_in_worker, spec, settings): index
-                       for index, settings in todo}
-            try:
-                yield from _as_finished(futures)
-            finally:
-                for future in futures:
-                    future.cancel()
+        try:
+            with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=context,
+                                     initializer=_worker_started) as pool:
+                futures = {pool.submit(_run_in_worker, spec, settings): index
+                           for index, settings in todo}
+                try:
+                    yield from _as_finished(futures)
+                finally:
+                    for future in futures:
+                        future.cancel()
+        finally:
+            _stop_forkserver()
     return run
+
+
+def _stop_forkserver() -> None:
+    """Stop this process's forkserver once the workers are gone, so that a sweep run as a
+    library call (a notebook) does not keep a process of the simulator's loaded behind it;
+    the next sweep starts one again (about a second). multiprocessing's resource tracker, which
+    other libraries in the process may share, is left to it.
+
+    DESIGN: multiprocessing has no public way to stop the forkserver; `ForkServer._stop`
+    (CPython 3.8 to 3.13, what CPython's own tests call) does, and where it is missing the
+    forkserver simply lives until this process exits, as it always would."""
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)  # type: ignore[attr-defined]
+    if stop is not None:
+        stop()
 
 
 def _as_finished(futures: dict[Future[SweepPoint], int]) -> Iterator[tuple[int, SweepPoint]]:

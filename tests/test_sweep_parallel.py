@@ -33,6 +33,13 @@ BOX = "│┃┏┡└"
 
 
 def sim(*argv: str) -> tuple[int, str]:
+    """`sim ARGV` run in this process (a sweep with --jobs in a process of its own instead:
+    multiprocessing's helpers, its resource tracker, would outlive it here and be taken for
+    processes another test left behind)."""
+    if "--jobs" in argv:
+        done = subprocess.run([sys.executable, "-m", "sim.cli", *argv], cwd=ROOT,
+                              capture_output=True, text=True, timeout=100)
+        return done.returncode, done.stdout
     out = io.StringIO()
     code = cli.main(list(argv), out=out)
     return code, out.getvalue()
@@ -199,9 +206,10 @@ def test_a_bad_point_is_refused_before_any_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     counted = Counted()
     monkeypatch.setattr(sweep, "run_point", counted)
-    with pytest.raises(SystemExit) as info:
-        sim("sweep", str(QUICKSTART), "--vary", "cluster.trainers=2,0", "--vary",
-            "transpiler.mode=sync,bogus", "--out", str(tmp_path), "--jobs", "2")
+    with pytest.raises(SystemExit) as info:  # in this process: refused before any pool starts
+        cli.main(["sweep", str(QUICKSTART), "--vary", "cluster.trainers=2,0", "--vary",
+                  "transpiler.mode=sync,bogus", "--out", str(tmp_path), "--jobs", "2"],
+                 out=io.StringIO())
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -235,3 +243,23 @@ def test_the_journal_skips_a_torn_last_line(tmp_path: Path) -> None:
         pass
     assert path.read_text() == whole
     assert json.loads(whole.splitlines()[0])["sweep"] == "k"
+
+
+FORKSERVER_LEFT = """
+import os, sys
+from sim import cli
+code = cli.main(sys.argv[1:])
+children = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()
+print("LEFT", [open(f"/proc/{c}/cmdline").read().replace(chr(0), " ") for c in children])
+sys.exit(code)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_parallel_sweep_run_as_a_library_call_stops_its_forkserver(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", FORKSERVER_LEFT, "sweep", *SWEEP, "--out",
+                           str(tmp_path), "--jobs", "2"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    left = [line for line in done.stdout.splitlines() if line.startswith("LEFT")]
+    assert left and "forkserver" not in left[0], left

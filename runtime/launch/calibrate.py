@@ -271,7 +271,9 @@ def measure_sharing(most: int | None = None, seconds: float = SHARING_SECONDS) -
     the cores and two more): what m nodes each get of a core, cache and memory included."""
     import multiprocessing
 
-    context = multiprocessing.get_context("spawn")
+    # fork: its locks are unlinked at once, so no resource-tracker process outlives the
+    # measurement (spawn's would live as long as this process); the workers only compute
+    context = multiprocessing.get_context("fork")
     most = most or (os.cpu_count() or 1) + 2
     alone = 0.0
     rates = []

@@ -36,6 +36,7 @@ from transpiler.optimizer import OPTIMIZERS
 from runtime import Executor, Scope
 from runtime.config.nodes import node_file_stem
 from runtime.config.scenario import ScenarioError, load_scenario
+from runtime.config.version import version
 from runtime.execution.data import DATASETS, DataError, Dataset, dataset_for
 from runtime.launch.collect import collect
 from runtime.launch.launcher import ignored_by_runtime, launch
@@ -204,6 +205,7 @@ def _add_keys(subparsers: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runtime", description="Run pslab programs: train locally, or run a scenario.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s (pslab) {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train(subparsers)
     _add_up(subparsers)

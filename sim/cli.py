@@ -50,8 +50,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from runtime.config import expect
 from runtime.config.metrics import JobMetrics, write_record
-from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.config.nodes import trainer_name
+from runtime.config.scenario import Scenario, ScenarioError, load_scenario
+from runtime.config.version import version
 from runtime.services.job import check_job
 
 from .cost import ComputeConfigError
@@ -418,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sim", description="Simulate pslab scenarios: the real runtime on a virtual clock "
                                 "over a simulated network.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s (pslab) {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = subparsers.add_parser(
         "run", help="simulate a scenario",

@@ -26,9 +26,9 @@ the field, before anything runs. ``--jobs N`` runs N points at a time in worker 
 byte. Each finished point is saved in ``OUT/sweep.points.jsonl`` at once (`sim.sweep_journal`):
 ``--resume`` reruns an interrupted sweep's missing points only. A sweep refuses to overwrite an
 earlier one's results in OUT (exit status 2) unless ``--force`` or ``--resume`` says what to do
-with them. Exit status 0 when every point ran, whether or not it met its expectations (the table
-says: a sweep maps where they hold), 1 when some point could not run or the runner failed, 130
-when interrupted (the finished points stay saved).
+with them. Exit status 0 when every point ran and met its expectations, 1 when some point could
+not run, missed an expectation (the table says which) or the runner failed, 130 when
+interrupted (the finished points stay saved).
 
 Wall-clock figures (how long the simulation took, simulated messages per second) are printed,
 never written to the files, so that the same scenario and seed give the same bytes.
@@ -379,10 +379,16 @@ def _sweep_outputs(args: argparse.Namespace, record: SweepRecord, out: Path,
     _plot_sweep(args, record, out, stream)
     errors = sum(p.error is not None for p in record.points)
     passed = sum(p.passed for p in record.points)
-    print(f"{passed} of {len(record.points)} point(s) met every expectation", file=stream)
-    print(f"{errors} of {len(record.points)} point(s) could not run" if errors
-          else f"OK: {len(record.points)} point(s) simulated", file=stream, flush=True)
-    return 1 if errors else 0
+    total = len(record.points)
+    print(f"{passed} of {total} point(s) met every expectation", file=stream)
+    if errors:
+        print(f"FAILED: {errors} of {total} point(s) could not run", file=stream, flush=True)
+    elif passed < total:
+        print(f"FAILED: {total - passed} of {total} point(s) missed their expectations (the "
+              "table says which)", file=stream, flush=True)
+    else:
+        print(f"OK: {total} point(s) simulated", file=stream, flush=True)
+    return 0 if passed == total else 1
 
 
 def _plot_sweep(args: argparse.Namespace, record: SweepRecord, out: Path, stream: TextIO) -> None:

@@ -392,6 +392,18 @@ def test_sweep_runs_every_point_and_tabulates_the_outcomes(tmp_path: Path) -> No
         assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_a_sweep_whose_points_miss_their_expectations_exits_1_saying_how_many(
+        tmp_path: Path) -> None:
+    """Three steps are too few for quickstart's final loss: every point runs and fails it."""
+    code, output = sim("sweep", str(QUICKSTART), "--vary", "cluster.trainers=1,2",
+                       "--set", "train.steps=3", "--out", str(tmp_path), "--no-plots")
+    assert code == 1, output
+    points = json.loads((tmp_path / "sweep.json").read_text())["points"]
+    assert [p["error"] for p in points] == [None, None] and not any(p["passed"] for p in points)
+    assert output.splitlines()[-1] == ("FAILED: 2 of 2 point(s) missed their expectations (the "
+                                       "table says which)")
+
+
 ALLREDUCE = ROOT / "scenarios" / "allreduce.yaml"
 
 

@@ -177,20 +177,16 @@ class SyncRound:
     def arrive(self, event: Event, trainer: int, msg_id: int, closes: Closes | None) -> bool:
         """A SEND or GET of this step from `trainer`, taken (call only when its barrier would be
         accepted), carrying the round's barrier or not; returns whether the barrier closed."""
+        closed = self.would_close(event, trainer, msg_id, closes)
         key = (event, trainer)
         ids = self.arrived.get(key, ())
         if msg_id not in ids:
             self.arrived[key] = ids + (msg_id,)
-        if closes is not None:
-            self.closing[key] = (closes, msg_id)
-        due = self.closing.get(key)
-        if due is None:
+        if not closed:
+            if closes is not None:
+                self.closing[key] = (closes, msg_id)
             return False
-        (wanted, last) = due
-        taken = sum(1 for i in self.arrived[key] if wanted.first <= i <= last)
-        if taken < wanted.count:
-            return False
-        del self.closing[key]
+        self.closing.pop(key, None)
         if event is Event.SEND:
             self.send_barrier(trainer)
         else:
@@ -199,14 +195,19 @@ class SyncRound:
 
     def would_close(self, event: Event, trainer: int, msg_id: int,
                     closes: Closes | None) -> bool:
-        """Whether `arrive` of these would close `trainer`'s barrier (changing nothing)."""
+        """Whether `arrive` of these would close `trainer`'s barrier (changing nothing): the
+        barrier carried (this one, or one carried before) counts enough distinct messages with
+        ids from its first to its carrier's, this one included."""
         key = (event, trainer)
         due = (closes, msg_id) if closes is not None else self.closing.get(key)
         if due is None:
             return False
         wanted, last = due
-        ids = set(self.arrived.get(key, ())) | {msg_id}
-        return sum(1 for i in ids if wanted.first <= i <= last) >= wanted.count
+        ids = self.arrived.get(key, ())
+        taken = sum(1 for i in ids if wanted.first <= i <= last)
+        if msg_id not in ids and wanted.first <= msg_id <= last:
+            taken += 1
+        return taken >= wanted.count
 
     def _forget_arrivals(self, trainer: int | None = None) -> None:
         """Forget the requests counted toward carried barriers (of `trainer`; None: all)."""

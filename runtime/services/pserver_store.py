@@ -46,16 +46,11 @@ class Store:
         step)."""
 
     # -- sends --------------------------------------------------------------------------------------
-    def store(self, values: dict[str, Any], merge_add: bool, trainer: int | None = None) -> list[str]:
-        """Check every value (`checked`), then store them all (`put`); the names stored."""
-        return self.put(self.checked(values, trainer), merge_add)
-
-    def checked(self, values: dict[str, Any], trainer: int | None = None) -> dict[str, Any]:
-        """`values` checked against the program's declarations and copied out of the receive
-        buffer, as they would be stored. A var that is one trainer's own copy (sync mode's
-        ``grad.trainer_N``) may come from that trainer only (`trainer`; None: not checked)."""
-        if trainer is not None:
-            self._check_owner(values, trainer)
+    def checked(self, values: dict[str, Any], trainer: int) -> dict[str, Any]:
+        """`values` of `trainer` checked against the program's declarations and copied out of
+        the receive buffer, as they would be stored. A var that is one trainer's own copy (sync
+        mode's ``grad.trainer_N``) may come from that trainer only."""
+        self._check_owner(values, trainer)
         return {name: self._to_shard(name, self._checked(name, value))
                 for name, value in values.items()}
 

@@ -81,8 +81,7 @@ class SyncPolicy(ModePolicy):
         whatever the missing grads held before (the last step's, or nothing at step 0: the
         optimize would fail)."""
         if names is None:
-            step, sent = self.grads.get(trainer, (None, ()))
-            names = sent if step == msg.step else ()
+            names = self._sent(trainer, msg.step)
         missing = sorted(set(self.expected[trainer]).difference(names))
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -105,8 +104,7 @@ class SyncPolicy(ModePolicy):
         if not self._counts(Event.SEND, trainer, msg) \
                 or not self.round.would_close(Event.SEND, trainer, msg.id, closes):
             return
-        step, sent = self.grads.get(trainer, (None, ()))
-        self._check_sent(trainer, msg, (sent if step == msg.step else ()) + tuple(names))
+        self._check_sent(trainer, msg, self._sent(trainer, msg.step) + tuple(names))
 
     def _counts(self, event: Event, trainer: int, msg: Message) -> bool:
         """Whether a SEND or GET counts toward its trainer's barrier of this step."""
@@ -129,8 +127,12 @@ class SyncPolicy(ModePolicy):
     def _record(self, trainer: int, msg: Message, names: list[str]) -> None:
         """`names` of trainer `trainer` are in for `msg.step`; a tuple, as `expected` (a name
         sent twice is there twice, which `_check_sent` does not mind)."""
-        step, sent = self.grads.get(trainer, (None, ()))
-        self.grads[trainer] = (msg.step, (sent if step == msg.step else ()) + tuple(names))
+        self.grads[trainer] = (msg.step, self._sent(trainer, msg.step) + tuple(names))
+
+    def _sent(self, trainer: int, step: int) -> tuple[str, ...]:
+        """The gradients `trainer` has sent here of `step` so far."""
+        sent_step, sent = self.grads.get(trainer, (None, ()))
+        return sent if sent_step == step else ()
 
     def advance(self) -> Work:
         progressed = False

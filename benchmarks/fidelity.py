@@ -204,10 +204,9 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
     runtime = [sys.executable, "-m", "runtime.cli"]
     measured, samples, real_bytes, predictions = [], [], [], []
     stolen, total = _steal()
-    for r in range(max(repeat, profile_runs)):  # a profile, then a real run, in turn
-        if machine is not None:
-            pass  # predicted once below, from the machine file
-        elif r < profile_runs:
+    profiles = 0 if machine is not None else profile_runs  # a machine file predicts once, below
+    for r in range(max(repeat, profiles)):  # a profile, then a real run, in turn
+        if r < profiles:
             profile = work / f"{config.name}.profile{r}.json"
             _run([*runtime, "profile", str(profiled), "-o", str(profile), "--out",
                   str(work / f"{config.name}-profile{r}")] + flags,

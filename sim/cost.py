@@ -190,10 +190,14 @@ class Calibrated:
         self.source = source
         self.sharing = dict(sharing or {})
         """Cores -> the measured rate of each busy thread while 1, 2, ... have work."""
-        self.notes: list[str] = []
-        """What was priced by an approximation, once per op type and kind (the run's notes)."""
-        self._noted: set[tuple[str, str]] = set()
+        self._notes: dict[tuple[str, str], str] = {}
+        """(op type, kind of approximation) -> its note, in the order first met."""
         self._works = WorkCache()
+
+    @property
+    def notes(self) -> list[str]:
+        """What was priced by an approximation, once per op type and kind (the run's notes)."""
+        return list(self._notes.values())
 
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
         curve = self.curves.get(op.type)
@@ -203,22 +207,20 @@ class Calibrated:
                 return 0.0
         work = self._works.work(op, scope)
         x = work.flops if curve.feature == "flops" else work.bytes
-        if x > 0 and not curve.covers(x):
-            self._note(op.type, "range", f"compute: {op.type} of {x:.3g} {curve.feature} lies "
-                       f"outside the sizes {self.source} measured ({curve.points[0][0]:.3g} to "
-                       f"{curve.points[-1][0]:.3g}); priced from the nearest end of its curve")
+        if x > 0 and not curve.covers(x) and (op.type, "range") not in self._notes:
+            self._notes[op.type, "range"] = (
+                f"compute: {op.type} of {x:.3g} {curve.feature} lies outside the sizes "
+                f"{self.source} measured ({curve.points[0][0]:.3g} to "
+                f"{curve.points[-1][0]:.3g}); priced from the nearest end of its curve")
         return curve.seconds(x)
 
     def _fallback(self, op_type: str) -> Curve | None:
-        self._note(op_type, "type", f"compute: op type {op_type} was not calibrated in "
-                   f"{self.source}; " + ("priced as an elementwise op of the bytes it moves"
-                                         if self.fallback is not None else "it costs nothing"))
+        if (op_type, "type") not in self._notes:
+            self._notes[op_type, "type"] = (
+                f"compute: op type {op_type} was not calibrated in {self.source}; "
+                + ("priced as an elementwise op of the bytes it moves"
+                   if self.fallback is not None else "it costs nothing"))
         return self.fallback
-
-    def _note(self, op_type: str, kind: str, text: str) -> None:
-        if (op_type, kind) not in self._noted:
-            self._noted.add((op_type, kind))
-            self.notes.append(text)
 
 
 @dataclass(frozen=True)
@@ -694,7 +696,7 @@ def _calibrated(model: ComputeModel | None) -> Calibrated | None:
 def model_notes(model: ComputeModel | None) -> list[str]:
     """What `model` (or the model it wraps) priced by an approximation (`Calibrated.notes`)."""
     calibrated = _calibrated(model)
-    return [] if calibrated is None else list(calibrated.notes)
+    return [] if calibrated is None else calibrated.notes
 
 
 def model_sharing(model: ComputeModel | None) -> dict[float, tuple[float, ...]]:

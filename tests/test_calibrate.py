@@ -119,8 +119,8 @@ def test_the_grid_spans_tiny_to_beyond_the_caches_and_runs_cheapest_first() -> N
     assert 512 * 4096 * 4 >= 8 << 20
 
 
-SMALL = [Reference("mlp-16-b8", "{name: mlp, sizes: [64, 16, 10]}", 8, steps=3),
-         Reference("mlp-64-b32", "{name: mlp, sizes: [64, 64, 10]}", 32, steps=3)]
+SMALL = [Reference("mlp-16-b8", "{name: mlp, sizes: [64, 16, 10]}", 8, 64, steps=3),
+         Reference("mlp-64-b32", "{name: mlp, sizes: [64, 64, 10]}", 32, 64, steps=3)]
 
 
 def test_measuring_a_small_grid_gives_a_curve_per_op_type_through_its_samples() -> None:

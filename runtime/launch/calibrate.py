@@ -43,7 +43,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -82,17 +81,20 @@ class CalibrationError(RuntimeError):
     """Calibrating failed: the reason, naming the reference that failed."""
 
 
+def _rule(op_type: str) -> str | None:
+    """The op catalog's cost rule of an op type (None: it names none)."""
+    entry = OPS.get(op_type)
+    return entry.cost.rule if entry is not None and entry.cost is not None else None
+
+
 def feature_of(op_type: str) -> Feature:
     """What an op type's time follows: FLOPs or bytes moved (see `BY_FLOPS`)."""
-    entry = OPS.get(op_type)
-    rule = entry.cost.rule if entry is not None and entry.cost is not None else None
-    return "flops" if rule in BY_FLOPS else "bytes"
+    return "flops" if _rule(op_type) in BY_FLOPS else "bytes"
 
 
 def pooled(op_type: str) -> bool:
     """Whether an op type's samples go into the fallback curve."""
-    entry = OPS.get(op_type)
-    return entry is not None and entry.cost is not None and entry.cost.rule in FALLBACK_RULES
+    return _rule(op_type) in FALLBACK_RULES
 
 
 # -- measuring kernels ---------------------------------------------------------------------------
@@ -121,6 +123,9 @@ class Reference:
     name: str
     model: str
     batch: int
+    width: int
+    """Its widest layer (an embedding's width, not its rows: a lookup reads only the rows its
+    batch names); with the batch, what orders the grid by cost (`_cost_rank`)."""
     steps: int = 6
     pserver: bool = True
 
@@ -141,35 +146,31 @@ def grid(quick: bool = False) -> list[Reference]:
     """The reference programs, cheapest first (so a budget cut drops the largest)."""
     widths = (16, 128, 1024, 4096) if quick else (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     batches = (1, 16, 128, 512) if quick else (1, 8, 16, 32, 64, 128, 256, 512)
-    refs = [Reference(f"mlp-{w}-b{b}", _mlp([64, w, 10]), b) for w in widths for b in batches]
+    refs = [Reference(f"mlp-{w}-b{b}", _mlp([64, w, 10]), b, max(w, 64))
+            for w in widths for b in batches]
     deep = (256, 1024) if quick else (64, 128, 256, 512, 1024, 2048)
-    refs += [Reference(f"mlp2-{w}-b{b}", _mlp([64, w, w, 10]), b)
+    refs += [Reference(f"mlp2-{w}-b{b}", _mlp([64, w, w, 10]), b, max(w, 64))
              for w in deep for b in ((32, 256) if quick else (8, 32, 128, 256))]
-    refs += [Reference(f"mlp-{opt}-{w}-b{b}", _mlp([64, w, w, 10], opt), b)
+    refs += [Reference(f"mlp-{opt}-{w}-b{b}", _mlp([64, w, w, 10], opt), b, max(w, 64))
              for opt in ("momentum", "adam") for w in (64, 512, 2048) for b in (8, 64)]
     images = (8, 16) if quick else (8, 16, 28, 32)
     refs += [Reference(f"cnn-{image}-{c}-b{b}",
-                       f"{{name: cnn, image: {image}, channels: [{c}, {2 * c}]}}", b, steps=4)
+                       f"{{name: cnn, image: {image}, channels: [{c}, {2 * c}]}}", b, 2 * c,
+                       steps=4)
              for image in images for c in (8, 16) for b in (8, 32, 64)]
     tables = ((1000, 8), (100_000, 16)) if quick else \
         ((1000, 8), (10_000, 16), (100_000, 16), (100_000, 64), (1_000_000, 16))
     refs += [Reference(f"ctr-{vocab}-{dim}-b{b}",
-                       f"{{name: ctr_dnn, vocab: {vocab}, embed_dim: {dim}}}", b, pserver=False)
+                       f"{{name: ctr_dnn, vocab: {vocab}, embed_dim: {dim}}}", b, dim,
+                       pserver=False)
              for vocab, dim in tables for b in (32, 256)]
     return sorted(refs, key=_cost_rank)
 
 
 def _cost_rank(ref: Reference) -> int:
     """A reference's rough cost, so that the cheap run first and a budget cut drops the
-    largest: batch size times the widest layer (an embedding's width, not its rows: a lookup
-    reads only the rows its batch names)."""
-    return ref.batch * max(_widths(ref.model), default=1) * (8 if "cnn" in ref.model else 1)
-
-
-def _widths(model: str) -> list[int]:
-    """The layer widths a reference's model text names (sizes, channels, embed_dim)."""
-    found = re.findall(r"(?:sizes|channels): \[([\d, ]+)\]|embed_dim: (\d+)", model)
-    return [int(n) for group, dim in found for n in (group.split(",") if group else [dim])]
+    largest: batch size times the widest layer (a convolution's layers count 8 times)."""
+    return ref.batch * ref.width * (8 if ref.name.startswith("cnn-") else 1)
 
 
 def measure_kernels(backend: str, refs: list[Reference], budget: float, stream: TextIO

@@ -207,7 +207,9 @@ class PserverService:
         self.stats = ServerStats()
         self.name = transport.name
         self.refusals = RefusalLog(log, self.name)
-        """The refused requests, logged so that no peer can flood the log."""
+        """The refused requests, logged so that no peer can flood the log; its counts by reason
+        are the run record's (one dict)."""
+        self.stats.refusals = self.refusals.counts
         self.charge = Charge(self.name, compute, tracer)
         self.meter: Meter | None = None
         """Measures what each message, round and op costs this node (`runtime profile`)."""
@@ -505,7 +507,6 @@ class PserverService:
         reason = reply.extra["error"]["reason"]
         self.refusals.refused(action.peer, reason, f"rejected a message from "
                               f"{clip(action.peer, 256)}: {clip(str(action.error), MAX_DETAIL)}")
-        self.stats.refusals = self.refusals.counts
         if not action.answered:
             return
         self.stats.errors += 1

@@ -21,8 +21,9 @@ from runtime.config.scenario import parse_scenario
 from runtime.execution.curves import Curve, fit_curve
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
-from runtime.launch.calibrate import (FORMAT, Reference, calibrate, feature_of, fit_kernels,
-                                      grid, measure_kernels, measure_sharing)
+from runtime.launch.calibrate import (FORMAT, KIND_REFERENCES, PROBE_TRIES, Reference, calibrate,
+                                      feature_of, fit_kernels, grid, measure_kernels,
+                                      measure_sharing, merge_kinds)
 from sim.cost import Calibrated, ComputeConfigError, compute_model
 from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
@@ -124,8 +125,10 @@ SMALL = [Reference("mlp-16-b8", "{name: mlp, sizes: [64, 16, 10]}", 8, 64, steps
 
 
 def test_measuring_a_small_grid_gives_a_curve_per_op_type_through_its_samples() -> None:
-    times, skipped = measure_kernels("numpy", SMALL, budget=300, stream=io.StringIO())
-    assert skipped == []
+    run = measure_kernels("numpy", SMALL, budget=300, stream=io.StringIO(),
+                          probe=lambda: 1.0)
+    times = run.times
+    assert run.skipped == [] and run.slow == {}
     curves, fallback = fit_kernels(times)
     assert {"mul", "mul_grad", "elementwise_add", "relu", "sgd", "sum", "scale"} <= set(curves)
     assert fallback is not None and fallback.feature == "bytes"
@@ -136,8 +139,49 @@ def test_measuring_a_small_grid_gives_a_curve_per_op_type_through_its_samples() 
 
 
 def test_a_budget_of_nothing_skips_all_but_the_first_and_says_so() -> None:
-    times, skipped = measure_kernels("numpy", SMALL, budget=0.0, stream=io.StringIO())
-    assert skipped == ["mlp-64-b32"] and times.calls > 0
+    run = measure_kernels("numpy", SMALL, budget=0.0, stream=io.StringIO(), probe=lambda: 1.0)
+    assert run.skipped == ["mlp-64-b32"] and run.times.calls > 0
+
+
+def test_a_reference_measured_while_the_machine_ran_slow_is_measured_again() -> None:
+    # the probe before and after each measurement: the first reference's second probe is
+    # slow, so it is measured again (its samples once only); then every probe of the second
+    # is slow, and after PROBE_TRIES tries its samples are kept and it is named
+    probes = iter([1.0, 1.0, 2.0, 1.0, 1.0] + [1.0] + [1.6] * (2 * PROBE_TRIES))
+    out = io.StringIO()
+    run = measure_kernels("numpy", SMALL, budget=300, stream=out, probe=lambda: next(probes))
+    once = measure_kernels("numpy", SMALL[:1], budget=300, stream=io.StringIO(),
+                           probe=lambda: 1.0)
+    first_calls = once.times.calls
+    assert run.slow == {"mlp-64-b32": 1.6}
+    assert "slow machine: x1.60" in out.getvalue()
+    assert run.times.calls == first_calls + measure_kernels(
+        "numpy", SMALL[1:], budget=300, stream=io.StringIO(), probe=lambda: 1.0).times.calls
+
+
+def test_the_kind_references_add_only_the_kinds_the_main_reference_lacks() -> None:
+    main = {"messages": {"send": {"send": {"per_message": 1.0}, "*": {"per_message": 2.0}},
+                         "receive": {"get": {"per_message": 3.0}}},
+            "step_overhead": 5.0}
+    extra = {"messages": {"send": {"send": {"per_message": 9.0}, "*": {"per_message": 9.0},
+                                   "prefetch": {"per_message": 4.0}},
+                          "receive": {"collective": {"per_message": 6.0}}},
+             "step_overhead": 9.0}
+    merged = merge_kinds(main, extra)
+    assert merged == {"messages": {"send": {"send": {"per_message": 1.0},
+                                            "*": {"per_message": 2.0},
+                                            "prefetch": {"per_message": 4.0}},
+                                   "receive": {"get": {"per_message": 3.0},
+                                               "collective": {"per_message": 6.0}}},
+                      "step_overhead": 5.0}
+    assert "prefetch" not in main["messages"]["send"]  # not changed in place
+
+
+def test_the_kind_references_are_valid_jobs_with_the_kinds_they_are_for() -> None:
+    table = parse_scenario(KIND_REFERENCES["table"], "table")
+    assert table.model.is_distributed
+    collective = parse_scenario(KIND_REFERENCES["collective"], "collective")
+    assert collective.transpiler.mode == "collective"
 
 
 def machine_file(tmp_path: Path, curves: dict[str, Curve], fallback: Curve | None = None) -> Path:

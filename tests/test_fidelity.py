@@ -43,3 +43,35 @@ def test_the_cpu_lines_compare_a_measured_run_less_its_measuring_with_the_simula
                                "+50.0%", "process", "500.0", "real", "500.0", "sim", "+0.0%"]
     assert pserver.split()[:8] == ["pserver:0", "main", "250.0", "ms", "real", "250.0", "sim",
                                    "+0.0%"]
+
+
+def ranking() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sweep_ranking",
+                                                  ROOT / "benchmarks" / "sweep_ranking.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sweep_ranking", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ranking_counts_a_pair_out_of_order_only_where_the_real_runs_do_not_overlap() -> None:
+    bench = ranking()
+    fast = bench.Point(1, 1, (1.0, 1.1, 1.2), simulated=2.0)
+    overlapping = bench.Point(1, 2, (1.15, 1.3, 1.4), simulated=1.5)  # a tie for real
+    slow = bench.Point(1, 3, (2.0, 2.1, 2.2), simulated=1.9)
+    assert fast.tied(overlapping) and not fast.tied(slow)
+    assert bench.out_of_order([fast, overlapping, slow]) == [(fast, slow)]
+    # tau-a over the three pairs: (fast, overlapping) and (fast, slow) disagree
+    assert bench.kendall_tau([fast, overlapping, slow]) == -1 / 3
+    assert slow.error == 1.9 / 2.1 - 1
+
+
+def test_the_ranking_scenario_is_valid_at_every_point() -> None:
+    bench = ranking()
+    for p in bench.PSERVERS:
+        for t in bench.TRAINERS:
+            text = bench.SCENARIO.format(steps=20).replace(
+                "cluster: {pservers: 1, trainers: 1}", f"cluster: {{pservers: {p}, trainers: {t}}}")
+            scenario = parse_scenario(text)
+            assert (scenario.cluster.pservers, scenario.cluster.trainers) == (p, t)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 SPAWNS = re.compile(r"\b(subprocess|Popen|multiprocessing|ray\.init|os\.fork|netns)\b"
-                    r"|sys\.executable|\blaunch\(|runtime\.cli")
+                    r"|sys\.executable|\blaunch\(|runtime\.cli|runtime\.launch\.(launcher|profile|calibrate|role)")
 """What in a test module's source starts processes (a node, the launcher, a sweep's workers)."""
 
 

@@ -11,7 +11,8 @@ def test_a_module_that_starts_processes_is_slow_and_one_that_does_not_is_not(
         tmp_path: Path) -> None:
     for i, source in enumerate(["import subprocess\n", "proc = sys.executable\n",
                                 "launch(path, [], scenario)\n", "cmd = 'runtime.cli'\n",
-                                "with netns.Namespaces():\n"]):
+                                "with netns.Namespaces():\n",
+                                "from runtime.launch.calibrate import calibrate\n"]):
         path = tmp_path / f"test_spawn{i}.py"
         path.write_text(source)
         assert spawns(path), source
@@ -22,4 +23,4 @@ def test_a_module_that_starts_processes_is_slow_and_one_that_does_not_is_not(
 
 def test_this_suite_has_both_kinds() -> None:
     here = Path(__file__).parent
-    assert spawns(here / "test_runtime_up.py") and not spawns(here / "test_calibrate.py")
+    assert spawns(here / "test_runtime_up.py") and not spawns(here / "test_wire.py")

@@ -22,8 +22,8 @@ from runtime.execution.curves import Curve, fit_curve
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
 from runtime.launch.calibrate import (FORMAT, KIND_REFERENCES, PROBE_TRIES, Reference, calibrate,
-                                      feature_of, fit_kernels, grid, measure_kernels,
-                                      measure_sharing, merge_kinds)
+                                      WorkTimes, feature_of, fit_kernels, grid, job_curves,
+                                      measure_kernels, measure_sharing, merge_kinds)
 from sim.cost import Calibrated, ComputeConfigError, compute_model
 from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
@@ -279,3 +279,13 @@ def test_measured_rates_reach_the_hosts_of_as_many_cores() -> None:
 def test_measure_sharing_gives_one_alone_the_rate_one() -> None:
     rates = measure_sharing(2, seconds=0.05)
     assert len(rates) == 2 and rates[0] == 1.0 and 0 < rates[1] <= 1.0
+
+
+def test_op_types_only_the_reference_jobs_ran_get_curves_and_the_grids_are_kept() -> None:
+    runs = WorkTimes({"split_ids": [(0.0, 1000.0, 2e-5), (0.0, 1000.0, 4e-5),
+                                    (0.0, 1000.0, 3e-5), (0.0, 8000.0, 9e-5)],
+                      "mul": [(1e6, 0.0, 1.0)]})
+    grid_curves = {"mul": Curve("flops", ((1e6, 3e-5),)).document()}
+    extra = job_curves(grid_curves, runs)
+    assert set(extra) == {"split_ids"}  # the grid's mul is not replaced by the jobs' samples
+    assert extra["split_ids"] == {"feature": "bytes", "points": [[1000.0, 3e-5], [8000.0, 9e-5]]}

@@ -13,6 +13,7 @@ from runtime.execution.costs import (KernelTimes, Linear, Meter, Residual, Runti
                                      SpanCost, calibrate_io, calibrate_span, fit_costs, fit_io,
                                      fit_linear, measuring_seconds, split_residual)
 from runtime.execution.scope import Scope
+from runtime.execution.work import op_work
 from transpiler.ir import Op
 
 
@@ -129,6 +130,23 @@ def test_the_kernel_timer_counts_its_own_bookkeeping() -> None:
     scope.put("y", np.ones(8, np.float32))
     times.record(Op("relu", {"X": ["x"]}, {"Out": ["y"]}, {}), scope, 1e-3)
     assert times.samples["relu"].elements == [8] and 0 < times.bookkeeping < 1e-3
+
+
+def test_the_kernel_timer_keeps_each_calls_work_and_a_record_carries_it() -> None:
+    times = KernelTimes()
+    scope = Scope()
+    scope.put("x", np.ones(8, np.float32))
+    scope.put("y", np.ones(8, np.float32))
+    op = Op("relu", {"X": ["x"]}, {"Out": ["y"]}, {})
+    times.record(op, scope, 1e-3)
+    work = op_work(op, scope)
+    samples = times.samples["relu"]
+    assert (samples.flops, samples.bytes) == ([work.flops], [work.bytes]) and work.bytes == 64
+    assert samples.document() == {"elements": [8], "seconds": [1e-3], "flops": [work.flops],
+                                  "bytes": [64]}
+    merged = KernelTimes()
+    merged.merge("relu", [8], [1e-3])  # a record from before the work was kept
+    assert merged.samples["relu"].flops == [] and merged.samples["relu"].seconds == [1e-3]
 
 
 # -- measuring's own cost, and the residual split -------------------------------------------

@@ -88,6 +88,7 @@ from transpiler.ir import Op
 
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import LoDTensor, SelectedRows, Value
+from runtime.execution.work import op_work
 
 __all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples",
            "RECEIVES", "REPLY_KINDS", "Residual", "RuntimeCosts", "SENDS", "Side", "SpanCost",
@@ -227,10 +228,19 @@ def machine() -> dict[str, Any]:
 
 @dataclass
 class OpSamples:
-    """The kernel calls of one op type: output elements and seconds of each."""
+    """The kernel calls of one op type: output elements and seconds of each, and its work
+    (`runtime.execution.work.op_work`: FLOPs and bytes moved), which `runtime calibrate` fits
+    curves to for the op types only its reference jobs run."""
 
     elements: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    flops: list[float] = field(default_factory=list)
+    bytes: list[float] = field(default_factory=list)
+
+    def document(self) -> dict[str, list[Any]]:
+        """A node's record of them (``kernels`` in its costs file)."""
+        return {"elements": self.elements, "seconds": self.seconds, "flops": self.flops,
+                "bytes": self.bytes}
 
 
 class KernelTimes:
@@ -251,12 +261,20 @@ class KernelTimes:
         samples = self.samples.setdefault(op.type, OpSamples())
         samples.elements.append(output_elements(op, scope))
         samples.seconds.append(seconds)
+        work = op_work(op, scope)
+        samples.flops.append(work.flops)
+        samples.bytes.append(work.bytes)
         self.bookkeeping += self.clock() - start
 
-    def merge(self, op_type: str, elements: list[int], seconds: list[float]) -> None:
+    def merge(self, op_type: str, elements: list[int], seconds: list[float],
+              flops: list[float] | None = None, nbytes: list[float] | None = None) -> None:
+        """Another node's samples of `op_type` added (a record from before the work was kept
+        has none: `flops` and `bytes` then stay shorter than `seconds`)."""
         samples = self.samples.setdefault(op_type, OpSamples())
         samples.elements.extend(elements)
         samples.seconds.extend(seconds)
+        samples.flops.extend(flops or [])
+        samples.bytes.extend(nbytes or [])
 
     @property
     def calls(self) -> int:

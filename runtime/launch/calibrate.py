@@ -23,7 +23,10 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   executor's dispatch per op, a trainer's per-step and a pserver's per-round work, fitted as a
   profile's are (`runtime.execution.costs.fit_costs`); then two short jobs for the message
   kinds it never sends (`KIND_REFERENCES`: a distributed table's prefetches, the collective
-  ring's messages), of which only those kinds are kept.
+  ring's messages), of which only those kinds are kept; every kernel call of the three jobs is
+  kept with its work too, and the op types the grid never runs (a distributed table's
+  ``split_ids``, ``merge_ids`` and ``lookup_sparse_table``, for instance) get their numpy curves
+  from them (`job_curves`; named in ``meta.from_jobs``).
 
 Drift. On a shared machine (a VM whose host runs other guests) a thread's CPU time grows while
 the hypervisor runs someone else, so a kernel measured then looks slower than it is, and one
@@ -387,19 +390,32 @@ train: {steps: 40, deadline: 300s}
 kept (`merge_kinds`); the per-step and per-op figures stay the main reference's."""
 
 
-def measure_runtime(stream: TextIO) -> dict[str, Any]:
+@dataclass
+class RuntimeRuns:
+    """What the reference jobs measured: the runtime section, and the kernel samples of their
+    nodes (the op types only a distributed table or the collective ring runs are among them)."""
+
+    document: dict[str, Any]
+    kernels: WorkTimes = field(default_factory=WorkTimes)
+
+
+def measure_runtime(stream: TextIO) -> RuntimeRuns:
     """The runtime section of a profile of `RUNTIME_REFERENCE`, run for real, with the message
-    kinds of each of `KIND_REFERENCES` added."""
-    document = _profile_runtime("reference", RUNTIME_REFERENCE, stream)
+    kinds of each of `KIND_REFERENCES` added, and every reference job's kernel samples."""
+    document, kernels = _profile_runtime("reference", RUNTIME_REFERENCE, stream)
     for name, text in KIND_REFERENCES.items():
-        print(f"  runtime: the {name} reference job, for its message kinds", file=stream,
-              flush=True)
-        document = merge_kinds(document, _profile_runtime(name, text, stream))
-    return document
+        print(f"  runtime: the {name} reference job, for its message kinds and op types",
+              file=stream, flush=True)
+        extra, more = _profile_runtime(name, text, stream)
+        document = merge_kinds(document, extra)
+        for op_type, samples in more.samples.items():
+            kernels.samples.setdefault(op_type, []).extend(samples)
+    return RuntimeRuns(document, kernels)
 
 
-def _profile_runtime(name: str, text: str, stream: TextIO) -> dict[str, Any]:
-    """The runtime section of a profile of the job `text`, run for real."""
+def _profile_runtime(name: str, text: str, stream: TextIO) -> tuple[dict[str, Any], WorkTimes]:
+    """The runtime section of a profile of the job `text`, run for real, and its nodes' kernel
+    calls with their work."""
     from runtime.launch.profile import measure_runs  # the launcher: imported when needed
 
     with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
@@ -407,7 +423,21 @@ def _profile_runtime(name: str, text: str, stream: TextIO) -> dict[str, Any]:
         write_atomic(path, text)
         scenario = parse_scenario(text, str(path))
         run, _ = measure_runs(path, [], scenario, Path(tmp) / "out", stream)
-    return run.costs.document()
+    kernels = WorkTimes()
+    for op_type, samples in run.times.samples.items():
+        if len(samples.flops) == len(samples.seconds):  # the work of each call was kept
+            kernels.samples[op_type] = list(zip(samples.flops, samples.bytes, samples.seconds))
+    return run.costs.document(), kernels
+
+
+def job_curves(curves: dict[str, Any], runs: WorkTimes) -> dict[str, Any]:
+    """Curves, fitted as the grid's are, for the op types the reference jobs ran and the grid
+    (`curves`, by op type) did not: a distributed table's ``split_ids``, ``merge_ids`` and
+    ``lookup_sparse_table``, for instance."""
+    missing = WorkTimes({op: samples for op, samples in runs.samples.items()
+                         if op not in curves})
+    fitted, _ = fit_kernels(missing)
+    return {op: curve.document() for op, curve in fitted.items()}
 
 
 def merge_kinds(main: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -482,15 +512,22 @@ def calibrate(stream: TextIO, backends: list[str] | None = None, quick: bool = F
     cores = os.cpu_count() or 1
     print(f"  cores: 1 to {cores + 2} busy processes on {cores} cores", file=stream, flush=True)
     document["cores"] = {"count": cores, "rates": measure_sharing(cores + 2)}
+    from_jobs: list[str] = []
     if runtime:
         print("  runtime: a 2 x 2 reference job, run for real", file=stream, flush=True)
-        document["runtime"] = measure_runtime(stream)
+        runs = measure_runtime(stream)
+        document["runtime"] = runs.document
+        if "numpy" in document["kernels"]:  # the jobs ran the numpy kernels
+            extra = job_curves(document["kernels"]["numpy"], runs.kernels)
+            document["kernels"]["numpy"].update(extra)
+            from_jobs = sorted(extra)
     document["meta"] = {
         "machine": machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - started, 1), "quick": quick,
         "kernel_threads": KERNEL_THREADS, "grid": [r.name for r in grid(quick)],
         "skipped": {b: m["skipped"] for b, m in measured.items()},
         "slow": {b: m.get("slow", {}) for b, m in measured.items()},
+        "from_jobs": from_jobs,
         "samples": {b: m["samples"] for b, m in measured.items()}}
     return document
 
@@ -514,6 +551,9 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
     if "runtime" in document:
         yield ("runtime: measured on a 2 x 2 reference job, with the message kinds of "
                + " and ".join(f"a {name} job" for name in KIND_REFERENCES))
+    if document["meta"].get("from_jobs"):
+        yield ("op types priced from the reference jobs' runs: "
+               + ", ".join(document["meta"]["from_jobs"]))
     skipped = {b: s for b, s in document["meta"].get("skipped", {}).items() if s}
     for backend, names in skipped.items():
         yield f"{backend}: over the time budget, skipped {', '.join(names)}"

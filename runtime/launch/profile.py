@@ -226,7 +226,8 @@ def read_measurements(out: Path) -> tuple[KernelTimes, dict[str, dict[str, Any]]
     for path in sorted((out / "nodes").glob("*.costs.json")):
         record = json.loads(path.read_text())
         for op_type, samples in record.pop("kernels").items():
-            times.merge(op_type, samples["elements"], samples["seconds"])
+            times.merge(op_type, samples["elements"], samples["seconds"],
+                        samples.get("flops"), samples.get("bytes"))
         records[path.name.removesuffix(".costs.json").replace("-", ":")] = record
     return times, records
 

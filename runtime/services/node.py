@@ -393,8 +393,7 @@ def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes,
     seconds = sum(sum(s.seconds) for s in times.samples.values())
     record = meter.record(seconds, times.calls, times.bookkeeping)
     record["encrypted"] = encrypted
-    record["kernels"] = {op: {"elements": s.elements, "seconds": s.seconds}
-                         for op, s in times.samples.items()}
+    record["kernels"] = {op: s.document() for op, s in times.samples.items()}
     path = out / "nodes" / f"{stem}.costs.json"
     write_atomic(path, json.dumps(record))
 

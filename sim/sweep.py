@@ -48,6 +48,7 @@ from rich.table import Table
 
 from runtime.config import expect
 from runtime.config.metrics import JobMetrics
+from runtime.config.overrides import parse_override
 from runtime.config.scenario import Scenario, ScenarioError, parse_scenario
 from runtime.services.job import check_job
 
@@ -167,9 +168,9 @@ class SweepSpec:
     def scenario(self, settings: Settings) -> Scenario:
         """The point's scenario, as `load_scenario` would read it with the overrides and then
         `settings` (the later wins)."""
-        overrides = list(self.overrides) + [f"{k}={v}" for k, v in settings.items()]
-        return parse_scenario(self.text, self.source, overrides).located(self.source,
-                                                                         self.folder)
+        varied = [parse_override(f"{k}={v}", "--vary") for k, v in settings.items()]
+        return parse_scenario(self.text, self.source, [*self.overrides, *varied]).located(
+            self.source, self.folder)
 
     @property
     def key(self) -> str:
@@ -197,7 +198,8 @@ def check_point(spec: SweepSpec, settings: Settings) -> None:
 
 def check_points(spec: SweepSpec, points: Sequence[Settings]) -> None:
     """Raise `SweepError` naming the first point that cannot be built, the ``--vary`` values
-    the error is about (all the point's, if it names none) and how many more fail."""
+    the error is about (the one the scenario's error blames, as it blames a ``--set``; else
+    those it mentions, or all the point's) and how many more fail."""
     bad = []
     for settings in points:
         try:
@@ -207,8 +209,10 @@ def check_points(spec: SweepSpec, points: Sequence[Settings]) -> None:
     if not bad:
         return
     settings, error = bad[0]
-    named = {k: v for k, v in settings.items() if k in error} or settings
     more = f" (and {len(bad) - 1} more point(s))" if len(bad) > 1 else ""
+    if error.startswith("--vary "):  # the scenario's error names the value to blame
+        raise SweepError(f"{error}{more}")
+    named = {k: v for k, v in settings.items() if k in error} or settings
     raise SweepError(f"--vary {', '.join(f'{k}={v}' for k, v in named.items())}: "
                      f"{error}{more}")
 

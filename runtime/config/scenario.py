@@ -1,10 +1,15 @@
 """Scenario files: one YAML document describes a run that `sim run` and `runtime up` both replay.
 
 The schema is a tree of pydantic models (`Scenario`), strict about unknown fields, so a typo is
-an error and not a silently ignored setting. `load_scenario(path)` reports every problem with the
-file, the line, the field path and a reason, e.g.
+an error and not a silently ignored setting, and so is a key given twice in one mapping, at any
+depth (`runtime.config.yaml_source`). `load_scenario(path)` reports every problem on a line of
+its own, naming the file, the line, the field path and a reason, e.g.
 ``quickstart.yaml:14: cluster.trainers: Input should be greater than or equal to 1``.
-`--set path=value` overrides (`apply_overrides`) are validated the same way.
+`--set path=value` overrides (`runtime.config.overrides`) are validated the same way, and a
+problem with a value one gave names it instead of the file: ``--set cluster.trainerz=3:
+cluster.trainerz: Extra inputs are not permitted (did you mean 'trainers'?)``. A rule over
+several fields (`CrossFieldError`) names them all, and the ``--set`` or line of one
+(`runtime.config.scenario_errors`).
 
 `network` is checked here too (`runtime.config.netspec`: the simulator simulates it, `runtime up
 --netns` applies it to real links); `compute` belongs to the simulator, which parses it
@@ -13,12 +18,12 @@ file, the line, the field path and a reason, e.g.
 
 from __future__ import annotations
 
-import copy
+import re
+from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
@@ -26,13 +31,12 @@ from transpiler.distribute.from_spec import COMPRESSED_MODES, TRAINER_RING_MODES
 from transpiler.opcatalog import optimizer_types
 
 from runtime.config import units
-from runtime.config.faults import FAULT_KINDS, Fault, check_against
-from runtime.config.netspec import NetworkSection, strip_tags
+from runtime.config.faults import Fault, check_against
+from runtime.config.netspec import NetworkSection
 from runtime.config.nodes import node_names
-
-
-class ScenarioError(ValueError):
-    """A scenario that cannot be used; the message names the file, line and field."""
+from runtime.config.overrides import Override, apply_overrides, parse_override
+from runtime.config.scenario_errors import CrossFieldError, describe
+from runtime.config.yaml_source import ScenarioError, read_yaml
 
 
 class _Strict(BaseModel):
@@ -127,19 +131,20 @@ class DataSpec(_Strict):
         """A file format needs a `path`, a built-in data set takes none; format options belong
         to their formats."""
         if self.is_file and not self.path:
-            raise ValueError(f"name {self.name}: reading a file needs its path")
+            raise CrossFieldError(f"name {self.name}: reading a file needs its path", "name",
+                                 "path")
         if not self.is_file:
             stated = [f for f in ("path", "feeds") if getattr(self, f) is not None]
             if stated or self.shuffle is False:
                 built = self.name or "the model's own data set"
                 why = (f"{stated[0]} is for files" if stated else
                        "shuffle: false is for files; built-in data sets are always reshuffled")
-                raise ValueError(f"{why} (name: {' | '.join(DATA_FORMATS)}); {built} is "
-                                 "built in")
+                raise CrossFieldError(f"{why} (name: {' | '.join(DATA_FORMATS)}); {built} is "
+                                      "built in", stated[0] if stated else "shuffle", "name")
         for option, formats in _FORMAT_OPTIONS.items():
             if option in self.model_fields_set and self.name not in formats:
-                raise ValueError(f"{option} is for data.name {' or '.join(formats)}, not "
-                                 f"{self.name}")
+                raise CrossFieldError(f"{option} is for data.name {' or '.join(formats)}, not "
+                                      f"{self.name}", option, "name")
         return self
 
 
@@ -212,7 +217,8 @@ class ClusterSpec(_Strict):
         for role, count in (("pservers", self.pservers), ("trainers", self.trainers)):
             eps = self.endpoints.get(role, [])
             if eps and len(eps) != count:
-                raise ValueError(f"endpoints.{role} lists {len(eps)} endpoints for {count} {role}")
+                raise CrossFieldError(f"endpoints.{role} lists {len(eps)} endpoints for {count} "
+                                      f"{role}", f"endpoints.{role}", role)
             for ep in eps:
                 host, _, port = ep.rpartition(":")
                 if not host or not port.isdigit():
@@ -274,13 +280,15 @@ class TranspilerSpec(_Strict):
         """`dc_asgd` needs `mode: async`; `staleness` goes with `mode: ssp`; `compression` needs
         a mode that sends gradients to pservers."""
         if self.dc_asgd and self.mode != "async":
-            raise ValueError(f"dc_asgd needs mode async, not {self.mode}")
+            raise CrossFieldError(f"dc_asgd needs mode async, not {self.mode}", "dc_asgd", "mode")
         if (self.mode == "ssp") != (self.staleness is not None):
-            raise ValueError("mode ssp needs staleness (an int >= 0, or inf), and staleness "
-                             f"needs mode ssp; got mode {self.mode}, staleness {self.staleness}")
+            raise CrossFieldError("mode ssp needs staleness (an int >= 0, or inf), and staleness "
+                                  f"needs mode ssp; got mode {self.mode}, staleness "
+                                  f"{self.staleness}", "staleness", "mode")
         if self.compression.method != "none" and self.mode not in COMPRESSED_MODES:
-            raise ValueError(f"compression.method {self.compression.method} needs mode "
-                             f"{', '.join(COMPRESSED_MODES)}, not {self.mode}")
+            raise CrossFieldError(f"compression.method {self.compression.method} needs mode "
+                                  f"{', '.join(COMPRESSED_MODES)}, not {self.mode}",
+                                  "compression.method", "mode")
         return self
 
 
@@ -362,8 +370,8 @@ class BackendSpec(_Strict):
         """A cuda device needs `kernels: torch`."""
         for field, device in (("device", self.device), ("pserver_device", self.pserver_device)):
             if device != "cpu" and self.kernels != "torch":
-                raise ValueError(f"{field} {device} needs kernels: torch "
-                                 f"(kernels {self.kernels} runs on the cpu only)")
+                raise CrossFieldError(f"{field} {device} needs kernels: torch (kernels "
+                                      f"{self.kernels} runs on the cpu only)", field, "kernels")
         return self
 
     def device_for(self, role: str) -> str:
@@ -395,8 +403,8 @@ class CollectiveSpec(_Strict):
     def _torch_backend_needs_torch(self) -> "CollectiveSpec":
         """`torch_backend` other than auto needs `backend: torch`."""
         if self.torch_backend != "auto" and self.backend != "torch":
-            raise ValueError(f"torch_backend {self.torch_backend} needs backend: torch, "
-                             f"not {self.backend}")
+            raise CrossFieldError(f"torch_backend {self.torch_backend} needs backend: torch, "
+                                  f"not {self.backend}", "torch_backend", "backend")
         return self
 
 
@@ -516,14 +524,18 @@ class Scenario(_Strict):
             self.cluster.pservers = 0
             single = self.transpiler.collective_mode == "single_process_multi_thread"
             if self.transpiler.mode == "collective" and single and self.cluster.trainers != 1:
-                raise ValueError("transpiler.collective_mode single_process_multi_thread never "
-                                 "connects trainer processes: it needs cluster.trainers 1, not "
-                                 f"{self.cluster.trainers} (use grad_allreduce for several)")
+                raise CrossFieldError(
+                    "transpiler.collective_mode single_process_multi_thread never connects "
+                    f"trainer processes: it needs cluster.trainers 1, not "
+                    f"{self.cluster.trainers} (use grad_allreduce for several)",
+                    "transpiler.collective_mode", "cluster.trainers")
             if self.transpiler.mode == "collective" and not single and self.cluster.trainers < 2:
-                raise ValueError("transpiler.mode collective needs cluster.trainers >= 2")
+                raise CrossFieldError("transpiler.mode collective needs cluster.trainers >= 2",
+                                      "cluster.trainers", "transpiler.mode")
         elif self.cluster.pservers < 1:
-            raise ValueError(f"cluster.pservers: 0 only with transpiler.mode nccl2 or "
-                             f"collective, not {self.transpiler.mode}")
+            raise CrossFieldError(f"cluster.pservers: 0 only with transpiler.mode nccl2 or "
+                                  f"collective, not {self.transpiler.mode}", "cluster.pservers",
+                                  "transpiler.mode")
         return self
 
     @model_validator(mode="after")
@@ -536,9 +548,10 @@ class Scenario(_Strict):
             and self.transpiler.collective_mode in ("grad_allreduce",
                                                     "single_process_multi_thread"))
         if self.expect.params_equal_to and not averaged:
-            raise ValueError(f"expect.params_equal_to needs transpiler.mode sync, nccl2 or "
-                             f"collective (grad_allreduce, single_process_multi_thread), not "
-                             f"{self.transpiler.mode}")
+            raise CrossFieldError(f"expect.params_equal_to needs transpiler.mode sync, nccl2 or "
+                                  f"collective (grad_allreduce, single_process_multi_thread), "
+                                  f"not {self.transpiler.mode}", "expect.params_equal_to",
+                                  "transpiler.mode")
         return self
 
     @model_validator(mode="after")
@@ -546,18 +559,24 @@ class Scenario(_Strict):
         """`collective.torch_backend: nccl` needs the trainers' kernels on a GPU
         (`backend.kernels: torch`, `backend.device` cuda): NCCL reduces GPU tensors only."""
         if self.collective.torch_backend == "nccl" and not self.backend.device.startswith("cuda"):
-            raise ValueError(f"collective.torch_backend nccl needs the trainers on a GPU "
-                             f"(backend.kernels torch, backend.device cuda...), not device "
-                             f"{self.backend.device}: NCCL reduces GPU tensors only; use gloo "
-                             f"(or auto) on the cpu")
+            raise CrossFieldError(f"collective.torch_backend nccl needs the trainers on a GPU "
+                                  f"(backend.kernels torch, backend.device cuda...), not device "
+                                  f"{self.backend.device}: NCCL reduces GPU tensors only; use "
+                                  f"gloo (or auto) on the cpu", "collective.torch_backend",
+                                  "backend.device")
         return self
 
     @model_validator(mode="after")
     def _faults_fit_the_cluster(self) -> "Scenario":
         """Every fault names nodes of the cluster, and the mode can recover from it
         (`runtime.config.faults.check_against`)."""
-        check_against(self.faults, self.cluster.pservers, self.cluster.trainers,
-                      mode=self.transpiler.mode)
+        try:
+            check_against(self.faults, self.cluster.pservers, self.cluster.trainers,
+                          mode=self.transpiler.mode)
+        except ValueError as err:
+            index = re.match(r"faults\[(\d+)\]", str(err))
+            fault = f"faults.{index.group(1)}" if index else "faults"
+            raise CrossFieldError(str(err), fault, "cluster", "transpiler.mode") from None
         return self
 
     @model_validator(mode="after")
@@ -567,92 +586,40 @@ class Scenario(_Strict):
         numeric = ("final_loss_below", "loss_drop_factor", "params_equal_to")
         stated = [name for name in numeric if getattr(self.expect, name)]
         if self.backend.kernels == "phantom" and stated:
-            raise ValueError(f"expect.{stated[0]} needs numbers, and backend.kernels phantom "
-                             "(timing mode) computes none")
+            raise CrossFieldError(f"expect.{stated[0]} needs numbers, and backend.kernels "
+                                  "phantom (timing mode) computes none", f"expect.{stated[0]}",
+                                  "backend.kernels")
         return self
 
 
 # -- loading ----------------------------------------------------------------------------------
 
-def _line_index(node: yaml.Node, path: tuple[Any, ...] = (), out: dict | None = None) -> dict:
-    """Map each field path in a composed YAML tree to its 1-based line."""
-    out = {} if out is None else out
-    out[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            out[path + (key.value,)] = key.start_mark.line + 1
-            _line_index(value, path + (key.value,), out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _line_index(item, path + (i,), out)
-    return out
-
-
-def _line_of(lines: dict, loc: tuple[Any, ...]) -> int | None:
-    for n in range(len(loc), -1, -1):
-        key = tuple(str(p) if not isinstance(p, int) else p for p in loc[:n])
-        if key in lines:
-            return lines[key]
-    return None
-
-
-def _describe(err: ValidationError, source: str, lines: dict) -> str:
-    problems = []
-    for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        if len(loc) > 2 and loc[0] == "faults" and loc[2] in FAULT_KINDS:
-            loc = loc[:2] + loc[3:]  # the fault's shape is a tag pydantic adds, not a key
-        if loc and loc[0] == "network":
-            loc = strip_tags(loc)  # so are latency distributions
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        line = _line_of(lines, loc)
-        where = f"{source}:{line}" if line else source
-        msg = e["msg"].removeprefix("Value error, ")
-        problems.append(f"{where}: {field}: {msg}")
-    return "\n".join(problems)
-
-
 def parse_scenario(text: str, source: str = "<scenario>",
-                   overrides: list[str] | None = None) -> Scenario:
-    try:
-        node = yaml.compose(text)
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{source}: not valid YAML: {exc}") from None
+                   overrides: Sequence[str | Override] | None = None) -> Scenario:
+    """The scenario in YAML `text` (from the file `source`) with `overrides` applied;
+    `ScenarioError` naming where each problem is (`runtime.config.scenario_errors`)."""
+    raw, lines = read_yaml(text, source)
     if not isinstance(raw, dict):
-        raise ScenarioError(f"{source}: a scenario is a mapping of sections, got {type(raw).__name__}")
-    lines = _line_index(node) if node is not None else {}
-    raw = apply_overrides(raw, overrides or [])
+        raise ScenarioError(f"{source}: a scenario is a mapping of sections, got "
+                            f"{type(raw).__name__}")
+    given = [o if isinstance(o, Override) else parse_override(o) for o in overrides or ()]
+    raw = apply_overrides(raw, given)
     try:
         return Scenario.model_validate(raw).located(source, None)
     except ValidationError as exc:
-        raise ScenarioError(_describe(exc, source, lines)) from None
+        raise ScenarioError(describe(exc, Scenario, source, lines, given)) from None
     except units.UnitError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
 
 
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+def load_scenario(path: str | Path, overrides: Sequence[str | Override] | None = None) -> Scenario:
+    """The scenario in the YAML file at `path`, with `overrides` (``path=value``) applied."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise ScenarioError(f"{p}: cannot read scenario: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{p}: cannot read scenario: not UTF-8 text ({exc.reason} at byte "
+                            f"{exc.start})") from None
     return parse_scenario(text, str(p), overrides).located(str(p), p.resolve().parent)
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.field=value`` strings; values are parsed as YAML scalars or lists."""
-    result = copy.deepcopy(raw)
-    for item in overrides:
-        path, sep, value = item.partition("=")
-        if not sep or not path:
-            raise ScenarioError(f"--set {item!r}: expected path=value, e.g. cluster.trainers=4")
-        keys = path.split(".")
-        node = result
-        for key in keys[:-1]:
-            child = node.setdefault(key, {})
-            if not isinstance(child, dict):
-                raise ScenarioError(f"--set {item!r}: {key!r} is not a section")
-            node = child
-        node[keys[-1]] = yaml.safe_load(value)
-    return result

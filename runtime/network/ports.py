@@ -8,21 +8,78 @@ trainer node (`runtime.services.node`) and a Paddle script's executor
 it runs) honour it with `wait_for_ports`. Only plain
 ``host:port`` (TCP) endpoints can be probed; others are taken as ready. The simulator needs no
 wait: its network queues a message until the server binds.
+
+Each probe (`probe`) resolves the host, connects, and reads the first bytes the peer sends: a
+ZeroMQ socket greets every connection at once with the ZMTP signature (``0xFF``, 8 bytes,
+``0x7F``), so an endpoint is ready only when that comes, and the probe closes the connection
+(the pserver sees a peer that left during its handshake, as from any client that gave up).
+Everything a probe waits for, the name lookup and the connect included, ends at the wait's
+deadline: a host whose packets are dropped costs the timeout, not the kernel's minutes of SYN
+retries. When the deadline passes, `PortsNotReady` names each endpoint not ready and why, as
+the last probe found it:
+
+- the name does not resolve (the resolver's own words), or the lookup did not answer in time;
+- the connection was refused: nothing listens there;
+- silent: no answer to the connect before the deadline (packets dropped by a firewall or a
+  partition, a host that is down);
+- not a pserver: a listener that accepted the connection but sent no ZeroMQ greeting within
+  `GREETING_SECONDS`. One that answers with other bytes (an HTTP server) is a different
+  service for sure: the wait ends at once, naming what it said.
+
+A listener that accepts and closes without a word is waited for too: a TCP proxy in front of a
+pserver that is not up yet does that.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import ipaddress
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GREETING_SECONDS = 1.0
+"""How long a listener has to send its ZeroMQ greeting before it is taken for not a pserver."""
+PROBE_FLOOR = 0.1
+"""The least time a probe is given, the last one before the deadline too: enough for a lookup
+and a connect that answer, so that the last probe says what the earlier ones found."""
+SIGNATURE_BYTES = 10
+"""The ZMTP signature: 0xFF, 8 bytes (padding, or the ZMTP 1.0 identity length), 0x7F."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one look at an endpoint found."""
+
+    ready: bool
+    cause: str = ""
+    """Why it is not ready, in words."""
+    refused: bool = False
+    """Nothing listens there (connection refused)."""
+    other_service: bool = False
+    """Something else answers there: waiting longer will not help."""
+
+
+READY = Probe(True)
 
 
 class PortsNotReady(TimeoutError):
-    """Some pserver endpoints did not accept a connection within the time allowed."""
+    """Some pserver endpoints were not ready within the time allowed; the message names each
+    and why (`causes`)."""
 
-    def __init__(self, who: str, endpoints: Sequence[str], seconds: float) -> None:
-        super().__init__(f"{who}: no pserver listening at {', '.join(endpoints)} after "
-                         f"{seconds:g}s (wait_port)")
-        self.endpoints = list(endpoints)
+    def __init__(self, who: str, causes: Mapping[str, Probe], seconds: float) -> None:
+        endpoints = ", ".join(causes)
+        if all(p.refused for p in causes.values()):
+            head = f"no pserver listening at {endpoints} after {seconds:g}s"
+        elif any(p.other_service for p in causes.values()):
+            head = f"not a pserver at {endpoints}"
+        else:
+            head = f"no pserver ready at {endpoints} after {seconds:g}s"
+        why = "; ".join(f"{ep}: {p.cause}" for ep, p in causes.items())
+        super().__init__(f"{who}: {head} (wait_port): {why}")
+        self.endpoints = list(causes)
+        self.causes = dict(causes)
 
 
 def _host_port(endpoint: str) -> tuple[str, int] | None:
@@ -33,32 +90,123 @@ def _host_port(endpoint: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-async def _accepts(host: str, port: int) -> bool:
+def _is_greeting(data: bytes) -> bool:
+    return len(data) >= SIGNATURE_BYTES and data[0] == 0xFF and data[9] == 0x7F
+
+
+async def _resolve(host: str, port: int,
+                   seconds: float) -> list[tuple[int, tuple[Any, ...]]] | Probe:
+    """The addresses `host` has for TCP, or the `Probe` that says why there are none."""
     try:
-        _, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        return False
-    writer.close()
-    try:
-        await writer.wait_closed()
-    except OSError:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
         pass
-    return True
+    else:  # no lookup to wait for
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        return [(family, (host, port) if ip.version == 4 else (host, port, 0, 0))]
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await asyncio.wait_for(
+            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), max(seconds, 0.0))
+    except socket.gaierror as err:
+        return Probe(False, f"{host} does not resolve ({err.strerror or err})")
+    except TimeoutError:
+        return Probe(False, f"looking up {host} did not answer in time")
+    return [(family, address) for family, _, _, _, address in infos]
+
+
+async def _connect(family: int, address: tuple[Any, ...],
+                   seconds: float) -> socket.socket | Probe:
+    """A socket connected to `address` within `seconds`, or the `Probe` that says why not."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, address), max(seconds, 0.0))
+        return sock
+    except ConnectionRefusedError:
+        failure = Probe(False, "connection refused: nothing listens there", refused=True)
+    except TimeoutError:
+        failure = Probe(False, "silent: no answer to connect before the deadline (packets "
+                               "dropped by a firewall or a partition, or the host is down)")
+    except OSError as err:
+        failure = Probe(False, f"cannot connect: {(err.strerror or str(err)).lower()}")
+    except BaseException:
+        sock.close()
+        raise
+    sock.close()
+    return failure
+
+
+async def _greeting(sock: socket.socket, seconds: float) -> Probe:
+    """Whether the peer on `sock` greets as ZeroMQ does within `seconds`."""
+    loop = asyncio.get_running_loop()
+    data, closed = b"", False
+    try:
+        async with asyncio.timeout(seconds):
+            while len(data) < SIGNATURE_BYTES and not closed:
+                chunk = await loop.sock_recv(sock, SIGNATURE_BYTES - len(data))
+                data, closed = data + chunk, not chunk
+    except TimeoutError:
+        pass
+    except OSError as err:
+        return Probe(False, f"the connection failed: {(err.strerror or str(err)).lower()}")
+    if _is_greeting(data):
+        return READY
+    if data and data[0] != 0xFF:
+        return Probe(False, f"not a pserver: it answered {data!r}, not a ZeroMQ greeting",
+                     other_service=True)
+    if closed:
+        return Probe(False, "it accepted the connection and closed it without a ZeroMQ "
+                            "greeting (a proxy whose pserver is not up yet?)")
+    within = f"within {seconds:g}s" if seconds >= GREETING_SECONDS else "before the deadline"
+    return Probe(False, f"not a pserver: it accepted the connection but sent no ZeroMQ "
+                        f"greeting {within}")
+
+
+async def probe(host: str, port: int, seconds: float) -> Probe:
+    """One look at `host`:`port` that ends within `seconds` (at least `PROBE_FLOOR`): ready when
+    it greets as ZeroMQ does."""
+    loop = asyncio.get_running_loop()
+    seconds = max(seconds, PROBE_FLOOR)
+    deadline = loop.time() + seconds
+    addresses = await _resolve(host, port, seconds)
+    if isinstance(addresses, Probe):
+        return addresses
+    found = Probe(False, f"{host} has no address for TCP")
+    for family, address in addresses:
+        connected = await _connect(family, address, deadline - loop.time())
+        if isinstance(connected, Probe):
+            found = connected
+            continue
+        try:
+            left = max(deadline - loop.time(), PROBE_FLOOR)
+            return await _greeting(connected, min(GREETING_SECONDS, left))
+        finally:
+            connected.close()
+    return found
 
 
 async def wait_for_ports(who: str, endpoints: Sequence[str], timeout: float,
                          interval: float = 0.05) -> None:
-    """Return once every TCP endpoint accepts a connection; raise `PortsNotReady` naming those
-    that do not after `timeout` seconds. Probes back off from `interval` to 1 s."""
+    """Return once every TCP endpoint greets as a ZeroMQ socket does; raise `PortsNotReady`
+    naming those that do not after `timeout` seconds, and why (at once for an endpoint where
+    another service answers). Probes back off from `interval` to 1 s; each ends at the
+    deadline."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     waiting = {ep: address for ep in endpoints if (address := _host_port(ep)) is not None}
     while waiting:
-        up = await asyncio.gather(*(_accepts(*address) for address in waiting.values()))
-        waiting = {ep: address for (ep, address), ok in zip(waiting.items(), up) if not ok}
+        left = deadline - loop.time()
+        found = await asyncio.gather(*(probe(*address, left) for address in waiting.values()))
+        causes = {ep: p for ep, p in zip(waiting, found) if not p.ready}
+        waiting = {ep: waiting[ep] for ep in causes}
         if not waiting:
             return
+        if any(p.other_service for p in causes.values()):
+            raise PortsNotReady(who, {ep: p for ep, p in causes.items() if p.other_service},
+                                timeout)
         if loop.time() >= deadline:
-            raise PortsNotReady(who, list(waiting), timeout)
+            raise PortsNotReady(who, causes, timeout)
         await asyncio.sleep(min(interval, max(0.0, deadline - loop.time())))
         interval = min(1.0, interval * 2)

@@ -18,9 +18,17 @@ fails several nodes at once, each naming what it waited for (the first to give u
 live pserver that holds its request for the next step), and the reason lists every node that
 failed, the first first. Stopping is SIGTERM to each child's process group, then SIGKILL after
 `GRACE_SECONDS`; the launcher reaps every child before it returns, so nothing is left behind.
-SIGHUP (the terminal closed) stops the run as SIGTERM does. A launcher that cannot stop its nodes
-(SIGKILLed, crashed) takes them with it: each node has Linux kill it when its parent dies
-(`runtime.services.lifeline`).
+A pserver answers SIGTERM by writing its record first (`runtime.services.node`), so that an
+interrupted run's summary and metrics.json say what the pservers served. SIGHUP (the terminal
+closed) stops the run as SIGTERM does. A launcher that cannot stop its nodes (SIGKILLed,
+crashed) takes them with it: each node has Linux signal it when its parent dies
+(`runtime.services.lifeline`; SIGTERM, so a pserver writes its record then too, or SIGKILL for
+a node a fault may hold paused).
+
+OUT serves one run at a time: `launch` claims it before anything else (`runtime.config.outdir`:
+made, checked writable, and locked, else `OutputDirError` naming the folder and the run that
+holds it), and every node holds the lock too, so that the folder stays taken until the last of
+them has ended.
 
 The scenario's `faults` are fired by `runtime.faults.schedule.FaultSchedule` (the simulator's
 schedule too) on `runtime.faults.inject.RuntimeTarget`, with the trainers' progress as the trigger
@@ -86,13 +94,14 @@ from rich.table import Table
 from transpiler.distribute.from_spec import TRAINER_RING_MODES, pserver_endpoints, trainer_endpoints
 
 from runtime.config import expect
-from runtime.config.faults import LinkFaults, Partition, Slow
+from runtime.config.faults import LinkFaults, Partition, Pause, Slow
 from runtime.config.metrics import (ExpectationResult, JobMetrics, JobSummary, NetnsMetrics,
                                     ProxyMetrics, PserverMetrics, TrainerMetrics, read_record,
                                     write_record)
 from runtime.config.netspec import NetworkSpec, fmt_rate
 from runtime.config.nodes import (node_file_stem, node_name, node_names, pserver_name,
                                   trainer_name)
+from runtime.config.outdir import claim_output
 from runtime.config.scenario import Scenario
 from runtime.faults.inject import (SLOW_PERIOD, RuntimeTarget, connects, metrics_events,
                                    needs_proxies)
@@ -104,7 +113,7 @@ from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latenc
 from runtime.network.curve import KeyFileError, write_keys
 from runtime.services.cluster import restart_is_moot, run_job, train_locally
 from runtime.services.job import Job
-from runtime.services.lifeline import launcher_environment
+from runtime.services.lifeline import launcher_environment, lifeline_environment
 from runtime.services.local_zmq import fresh_keys, zmq_transports
 from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_keys,
                                    run_async)
@@ -426,6 +435,9 @@ class Launcher:
     injector: FaultSchedule | None = None
     security: list[str] = field(default_factory=lambda: ["--insecure"])
     """Flags every node gets: ``--keys DIR`` (`secure`), or ``--insecure``."""
+    inherit: tuple[int, ...] = ()
+    """Descriptors every node's process holds open: the output folder's lock
+    (`runtime.config.outdir`), which stays held until the last node has ended."""
     _comebacks: dict[str, asyncio.Future[None]] = field(default_factory=dict, init=False)
     """node -> set when the fault schedule restarts that crashed node."""
     _stopping: set[int] = field(default_factory=set, init=False)
@@ -499,6 +511,14 @@ class Launcher:
         """The environment of a node's process (its progress channel's variable aside)."""
         return node_environment(kernel_threads(len(self.nodes)))
 
+    def _pausable(self, node: NodeRun) -> bool:
+        """Whether a fault of the scenario may pause `node` (SIGSTOP: slow, pause), so that
+        only SIGKILL ends it should this launcher die (`runtime.services.lifeline`)."""
+        cluster = self.scenario.cluster
+        names = node_names(cluster.pservers, cluster.trainers)
+        return any(isinstance(f, (Slow, Pause)) and node.name in f.nodes(names)
+                   for f in self.scenario.faults)
+
     def _reports(self, node: NodeRun) -> bool:
         """Whether `node` reports its progress on a channel (the trainers: theirs is the
         display's and the trigger of faults at a step)."""
@@ -519,15 +539,15 @@ class Launcher:
         namespace = self.namespaces.get(node.name)
         if namespace is not None:
             cmd = ["ip", "netns", "exec", namespace, *cmd]  # execs: the same process, its fds
-        env = self._environment()
+        env = self._environment() | lifeline_environment(self._pausable(node))
         channel = Channel() if self._reports(node) else None
         try:
             process = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env | (channel.environment() if channel else {}),
-                pass_fds=(channel.write_fd,) if channel else (), start_new_session=True,
-                limit=READ_LIMIT)
+                pass_fds=((channel.write_fd,) if channel else ()) + self.inherit,
+                start_new_session=True, limit=READ_LIMIT)
         except BaseException:
             if channel is not None:
                 channel.close()
@@ -990,19 +1010,30 @@ def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: P
     `netns`, each node in a network namespace of its own with the scenario's network applied
     (`runtime.launch.netns`; `check_netns` says whether that can work here): the namespaces are
     deleted before this returns, on failure and interruption too. `keys` and `insecure`: the
-    job's security (`secure`)."""
+    job's security (`secure`). The output folder `out` is claimed first
+    (`runtime.config.outdir`): `OutputDirError` when it cannot be used or another run holds it."""
+    with claim_output(out) as claim:
+        return _launch(scenario_path, overrides, scenario, out, stream, netns, keys, insecure,
+                       claim.fds)
+
+
+def _launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
+            stream: TextIO, netns: bool, keys: Path | None, insecure: bool,
+            locks: tuple[int, ...]) -> int:
+    """`launch` in the output folder `out`, claimed: `locks` are its lock's descriptors, which
+    every node holds too (`Launcher.inherit`)."""
     prepare_out(out, scenario)
     notes = ignored_by_runtime(scenario, netns)
     if not netns:
         endpoints = choose_endpoints(scenario)
         proxies, binds = fault_proxies(scenario, endpoints)
         launcher = Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out, binds,
-                            proxies)
+                            proxies, inherit=locks)
         return run_launcher(launcher, notes, stream, keys=keys, insecure=insecure)
     with sigterm_interrupts():  # Ctrl-C or SIGTERM: the namespaces are deleted all the same
         try:
             return _launch_in_namespaces(scenario_path, overrides, scenario, out, stream, notes,
-                                         keys, insecure)
+                                         keys, insecure, locks)
         except KeyboardInterrupt:
             print("FAILED: interrupted (the network namespaces are deleted)", file=stream,
                   flush=True)
@@ -1011,7 +1042,7 @@ def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: P
 
 def _launch_in_namespaces(scenario_path: Path, overrides: list[str], scenario: Scenario,
                           out: Path, stream: TextIO, notes: list[str], keys: Path | None,
-                          insecure: bool) -> int:
+                          insecure: bool, locks: tuple[int, ...]) -> int:
     try:
         fabric = Fabric.create(scenario)
     except NetnsError as exc:
@@ -1022,6 +1053,7 @@ def _launch_in_namespaces(scenario_path: Path, overrides: list[str], scenario: S
             print(f"note: removed network namespaces an earlier run left behind: "
                   f"{', '.join(fabric.removed_stale)}", file=stream)
         launcher = netns_launcher(scenario_path, overrides, scenario, out, fabric)
+        launcher.inherit = locks
         return run_launcher(launcher, notes, stream, fabric, keys, insecure)
     finally:
         for problem in fabric.delete():

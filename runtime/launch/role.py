@@ -51,6 +51,7 @@ from runtime.config.faults import AnyFault, LinkFaults, Partition
 from runtime.config.metrics import NodeFaults, write_record
 from runtime.config.nodes import (is_pserver, node_file_stem, node_names, pserver_name,
                                   trainer_name)
+from runtime.config.outdir import claim_output
 from runtime.config.scenario import Scenario
 from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.faults.inject import RuntimeTarget, metrics_events
@@ -198,12 +199,24 @@ def role_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario,
 def run_node(scenario_path: Path, overrides: list[str], scenario: Scenario, role: Role,
              out: Path | None, options: NodeOptions) -> int:
     """``runtime up --role``: run `role`'s node, under a `RoleLauncher` when faults concern it;
-    its exit status."""
+    its exit status. Its output folder `out`, if any, is claimed for the run
+    (`runtime.config.outdir`), its node's part of it: the nodes of a job may share one.
+    `OutputDirError` when it cannot be used, or another run holds it or this node's part."""
+    if out is None:
+        return _run_node(scenario_path, overrides, scenario, role, None, options, ())
+    with claim_output(out, node=node_file_stem(role.role, role.index)) as claim:
+        return _run_node(scenario_path, overrides, scenario, role, out, options, claim.fds)
+
+
+def _run_node(scenario_path: Path, overrides: list[str], scenario: Scenario, role: Role,
+              out: Path | None, options: NodeOptions, inherit: tuple[int, ...]) -> int:
+    """`run_node`; `inherit`: descriptors its node's process holds (the folder's lock)."""
     manual = options.bind is not None or options.recover or options.incarnation
     launcher = None if manual else role_launcher(scenario_path, overrides, scenario, role, out,
                                                   options)
     if launcher is None:
         return run_role(scenario, role, out, options)
+    launcher.inherit = inherit
     display = RoleDisplay(role.name)
     for i, fault in enumerate(scenario.faults):
         if concerns(fault, role.name, scenario):

@@ -1,18 +1,22 @@
 """A node started by `runtime up` dies with it: no orphaned pserver serves on for its deadline.
 
 `runtime up` names itself in each node's environment (``PSLAB_LAUNCHER_PID``). The node then
-asks Linux to SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``, through ctypes)
+asks Linux to signal it when its parent dies (``prctl(PR_SET_PDEATHSIG)``, through ctypes)
 and checks, right after, that its parent is still that launcher: a launcher that died between
 starting the node and the ``prctl`` would otherwise leave it orphaned all the same. Where there
 is no ``prctl`` (not Linux) a daemon thread watches the parent's pid instead.
 
-Why SIGKILL: the launcher stops its nodes with SIGTERM when it can, so this signal only comes
-when it could not (it was SIGKILLed, or crashed), and then it must work on a node paused by a
-``slow`` fault (SIGSTOP) too, which only SIGKILL does.
+Which signal: SIGTERM, which a pserver answers by writing its record before it exits
+(`runtime.services.node`): what it served is kept even when its launcher was SIGKILLed. A node
+that a ``slow`` or ``pause`` fault may stop (SIGSTOP) gets SIGKILL instead, the only signal
+that ends a stopped process: its launcher, gone, will never resume it. The launcher says which
+in ``PSLAB_LIFELINE_SIGNAL`` (`lifeline_environment`); without it, SIGKILL.
 
 DESIGN: Linux sends the parent-death signal when the *thread* that forked the child exits,
 not the process. The launcher starts its nodes from its event loop, on its main thread, which
-lives as long as the launcher does.
+lives as long as the launcher does. When the launcher dies, the signal comes again as each of
+its other threads ends (the node is handed from one to the next): a node that answers SIGTERM
+ignores the repeats (`runtime.services.node.until_sigterm`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ LAUNCHER_VAR = "PSLAB_LAUNCHER_PID"
 """The pid of the `runtime up` that started this node; absent when none did (role mode)."""
 PR_SET_PDEATHSIG = 1
 """From <linux/prctl.h>."""
+SIGNAL_VAR = "PSLAB_LIFELINE_SIGNAL"
+"""The signal a node asks for when its launcher dies: ``SIGTERM`` or ``SIGKILL``."""
 POLL_SECONDS = 0.5
 """How often the fallback watcher (no prctl) looks at the parent's pid."""
 
@@ -38,26 +44,38 @@ def launcher_environment() -> dict[str, str]:
     return {LAUNCHER_VAR: str(os.getpid())}
 
 
+def lifeline_environment(pausable: bool) -> dict[str, str]:
+    """What `runtime up` adds to a node's environment to choose the signal it gets when the
+    launcher dies: SIGKILL for a node that a fault may pause (`pausable`), else SIGTERM."""
+    return {SIGNAL_VAR: "SIGKILL" if pausable else "SIGTERM"}
+
+
+def lifeline_signal(env: Mapping[str, str]) -> signal.Signals:
+    """The signal this node asks for when its launcher dies (`SIGNAL_VAR`; SIGKILL unless it
+    says SIGTERM)."""
+    return signal.SIGTERM if env.get(SIGNAL_VAR) == "SIGTERM" else signal.SIGKILL
+
+
 def launcher_pid(env: Mapping[str, str]) -> int | None:
     """The launcher that started this node, from its environment (None: none did)."""
     text = env.get(LAUNCHER_VAR, "").strip()
     return int(text) if text.isdigit() else None
 
 
-def die_with_launcher(launcher: int) -> bool:
-    """Have this process killed when its parent, the launcher `launcher`, dies; False when it
-    is gone already (this process's parent is no longer it), and the node must not start."""
+def die_with_launcher(launcher: int, sig: signal.Signals = signal.SIGKILL) -> bool:
+    """Have this process sent `sig` when its parent, the launcher `launcher`, dies; False when
+    it is gone already (this process's parent is no longer it), and the node must not start."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     else:
-        threading.Thread(target=_watch_parent, args=(launcher,), daemon=True,
+        threading.Thread(target=_watch_parent, args=(launcher, sig), daemon=True,
                          name="launcher watch").start()
     return os.getppid() == launcher
 
 
-def _watch_parent(launcher: int) -> None:
+def _watch_parent(launcher: int, sig: signal.Signals) -> None:
     while os.getppid() == launcher:
         time.sleep(POLL_SECONDS)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), sig)

@@ -16,6 +16,10 @@ of a job's nodes run one per host into one metrics.json and checks the scenario'
 (`runtime.launch.collect`). ``runtime keys DIR`` writes a job's CurveZMQ keys for nodes on
 several hosts, and ``runtime keys DIR --export NODE OUT`` copies what one of them needs, the
 public keys and its own secret (`runtime.network.curve`, SECURITY.md).
+
+Errors (`runtime.config.commandline`): a bad flag, scenario or ``--set`` is one line,
+``runtime up: error: <where>: <what>``, exit status 2, no traceback (``--debug`` adds it); an
+unexpected exception is one line saying it is an internal error, exit status 70.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from transpiler.models import DEFAULT_OPTIMIZERS, MODELS, Model, ModelError, bui
 from transpiler.optimizer import OPTIMIZERS
 
 from runtime import Executor, Scope
+from runtime.config.commandline import CommandParser, add_debug, run_command
 from runtime.config.nodes import node_file_stem
 from runtime.config.scenario import ScenarioError, load_scenario
 from runtime.config.version import version
@@ -203,7 +208,7 @@ def _add_keys(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="runtime", description="Run pslab programs: train locally, or run a scenario.")
     parser.add_argument("--version", action="version", version=f"%(prog)s (pslab) {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -213,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(subparsers)
     _add_collect(subparsers)
     _add_keys(subparsers)
+    add_debug(parser, subparsers)
     return parser
 
 
@@ -413,9 +419,9 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.run(args, out or sys.stdout))
+    args = build_parser().parse_args(argv)
+    return run_command(args, lambda: int(args.run(args, out or sys.stdout)),
+                       (ScenarioError, RoleError))
 
 
 if __name__ == "__main__":

@@ -26,12 +26,17 @@ the field, before anything runs. ``--jobs N`` runs N points at a time in worker 
 byte. Each finished point is saved in ``OUT/sweep.points.jsonl`` at once (`sim.sweep_journal`):
 ``--resume`` reruns an interrupted sweep's missing points only. A sweep refuses to overwrite an
 earlier one's results in OUT (exit status 2) unless ``--force`` or ``--resume`` says what to do
-with them. Exit status 0 when every point ran and met its expectations, 1 when some point could
+with them (``--resume`` continues only a sweep whose journal is there: a sweep.json without one is
+refused too). Exit status 0 when every point ran and met its expectations, 1 when some point could
 not run, missed an expectation (the table says which) or the runner failed, 130 when
 interrupted (the finished points stay saved).
 
 Wall-clock figures (how long the simulation took, simulated messages per second) are printed,
 never written to the files, so that the same scenario and seed give the same bytes.
+
+Errors (`runtime.config.commandline`): a bad flag, scenario, ``--set`` or ``--vary`` is one line,
+``sim run: error: <where>: <what>``, exit status 2, no traceback (``--debug`` adds it); an
+unexpected exception is one line saying it is an internal error, exit status 70.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from runtime.config import expect
+from runtime.config.commandline import CommandParser, add_debug, run_command
 from runtime.config.metrics import JobMetrics, write_record
 from runtime.config.nodes import trainer_name
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
@@ -294,6 +300,9 @@ def _refuse_to_overwrite(args: argparse.Namespace, out: Path) -> None:
     if earlier and not (args.force or args.resume):
         _refuse(args, f"{earlier[0]} exists, from an earlier sweep; pass --resume to run only "
                       "the points it lacks, or --force to overwrite it")
+    if args.resume and earlier and not (out / JOURNAL).exists():  # whose sweep.json, then?
+        _refuse(args, f"{earlier[0]} exists but {JOURNAL}, which --resume continues, does not; "
+                      "pass --force to overwrite it, or --out another folder")
 
 
 def _saved_points(args: argparse.Namespace, spec: SweepSpec, out: Path) -> list[SweepPoint]:
@@ -422,7 +431,7 @@ def _jobs(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="sim", description="Simulate pslab scenarios: the real runtime on a virtual clock "
                                 "over a simulated network.")
     parser.add_argument("--version", action="version", version=f"%(prog)s (pslab) {version()}")
@@ -463,12 +472,18 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("--force", action="store_true",
                        help="overwrite an earlier sweep's results in OUT")
     sweep.set_defaults(handler=_sweep, parser=sweep)
+    add_debug(parser, subparsers)
     return parser
+
+
+USER_ERRORS = (ScenarioError, SweepError, NetworkConfigError, ComputeConfigError)
+"""What a command refuses as a problem of its input: one line, exit status 2
+(`runtime.config.commandline`)."""
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.handler(args, out or sys.stdout))
+    return run_command(args, lambda: int(args.handler(args, out or sys.stdout)), USER_ERRORS)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ and trainer 0 its final parameters to ``OUT/params.npz``; a node on its own (not
 `runtime up`) also describes its job in ``OUT/nodes/<role>-<index>.job.json`` as it starts, for
 ``runtime collect`` (`runtime.launch.collect`), which merges the records of nodes that ran on
 several hosts into one ``metrics.json``. Exit status 0 means done; any error is
-logged with its traceback and ends with one line ``<node> failed: <error>`` on stderr and
-status 1. A node started by `runtime up` dies with it (`runtime.services.lifeline`). A pserver on
+logged (with its traceback unless it is what the scenario expects or a condition of the job,
+such as a timeout: `runtime.services.failures`) and ends with one line ``<node> failed:
+<error>`` on stderr and status 1. A node started by `runtime up` dies with it (`runtime.services.lifeline`). A pserver on
 its own (role mode: no `runtime up` to restart its trainers) whose trainers are all gone, none
 heard from for ``train.heartbeat_timeout`` (or ``train.startup_timeout`` from its start), stops
 with ``pserver:N failed: pserver:N gave up: its trainers are gone: ...`` and status 3
@@ -85,6 +86,7 @@ from runtime.network.curve import KEYS_VAR, RELAY, CurveKeys, load_keys
 from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import batches_for, make_pserver, make_trainer
+from runtime.services.failures import traceback_wanted
 from runtime.services.inbound import pserver_inbound_limits
 from runtime.services.job import Job, check_job
 from runtime.services.lifeline import die_with_launcher, launcher_pid
@@ -610,7 +612,7 @@ def _run_role(scenario: Scenario, role: Role, out: Path | None, options: NodeOpt
         print(f"{role.name} failed: {exc}", file=sys.stderr, flush=True)
         return EXIT_TRAINERS_GONE
     except Exception as exc:
-        log.error("%s failed", role.name, exc_info=True)
+        log.error("%s failed", role.name, exc_info=traceback_wanted(scenario, exc, (NodeError,)))
         print(f"{role.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0

@@ -5,17 +5,18 @@ with the executor, printing the mean loss of each logging window and the through
 summary line. ``runtime up SCENARIO`` runs a scenario's pservers and trainers as processes on
 this host, injecting its faults (`runtime.launch.launcher`, `runtime.faults.inject`; with
 ``--netns`` each in a network namespace of its own, the scenario's network applied,
-`runtime.launch.netns`), or with
-``--role``/``TRAINING_ROLE`` one of them in the foreground (`runtime.services.node`). ``runtime
-profile SCENARIO`` runs a scenario's job as ``runtime up`` does with every node measuring its
-kernels and its runtime costs, and writes a profile file the simulator's ``compute: {model:
-profile}`` reads (`runtime.launch.profile`). ``runtime calibrate`` measures this machine (kernels
-over a grid of shapes, the runtime's costs on a reference job) into the machine file that
-``compute: {model: calibrated}`` prices any job from (`runtime.launch.calibrate`). ``runtime collect OUT_DIR...`` merges the records
-of a job's nodes run one per host into one metrics.json and checks the scenario's expectations
-(`runtime.launch.collect`). ``runtime keys DIR`` writes a job's CurveZMQ keys for nodes on
-several hosts, and ``runtime keys DIR --export NODE OUT`` copies what one of them needs, the
-public keys and its own secret (`runtime.network.curve`, SECURITY.md).
+`runtime.launch.netns`), or with ``--role``/``TRAINING_ROLE`` one of them in the foreground
+(`runtime.services.node`); its output folder is locked for the run (`runtime.config.outdir`: a
+second run into it is refused, exit status 2). ``runtime profile SCENARIO`` runs a scenario's
+job as ``runtime up`` does with every node measuring its kernels and its runtime costs, and
+writes a profile file the simulator's ``compute: {model: profile}`` reads
+(`runtime.launch.profile`). ``runtime calibrate`` measures this machine (kernels over a grid of
+shapes, the runtime's costs on a reference job) into the machine file that ``compute: {model:
+calibrated}`` prices any job from (`runtime.launch.calibrate`). ``runtime collect OUT_DIR...``
+merges the records of a job's nodes run one per host into one metrics.json and checks the
+scenario's expectations (`runtime.launch.collect`). ``runtime keys DIR`` writes a job's CurveZMQ
+keys for nodes on several hosts, and ``runtime keys DIR --export NODE OUT`` copies what one of
+them needs, the public keys and its own secret (`runtime.network.curve`, SECURITY.md).
 
 Errors (`runtime.config.commandline`): a bad flag, scenario or ``--set`` is one line,
 ``runtime up: error: <where>: <what>``, exit status 2, no traceback (``--debug`` adds it); an
@@ -32,7 +33,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, NoReturn, Sequence, TextIO
 
 from transpiler.models import DEFAULT_OPTIMIZERS, MODELS, Model, ModelError, build_model
 from transpiler.optimizer import OPTIMIZERS
@@ -40,6 +41,7 @@ from transpiler.optimizer import OPTIMIZERS
 from runtime import Executor, Scope
 from runtime.config.commandline import CommandParser, add_debug, run_command
 from runtime.config.nodes import node_file_stem
+from runtime.config.outdir import OutputDirError, check_output_dir, claim_output
 from runtime.config.scenario import ScenarioError, load_scenario
 from runtime.config.version import version
 from runtime.execution.data import DATASETS, DataError, Dataset, dataset_for
@@ -302,14 +304,25 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
                             replace(options, keys=keys))
         except RoleError as err:
             parser.error(str(err))
+        except OutputDirError as err:
+            _refuse(parser, str(err))
     if args.netns:
         try:
             check_netns(scenario)
         except NetnsError as err:
             parser.error(f"--netns {err}")
     out_dir = args.out or Path(scenario.outputs.dir or Path("out") / scenario.name)
-    return launch(Path(args.scenario), args.set, scenario, out_dir, out, netns=args.netns,
-                  keys=keys, insecure=args.insecure)
+    try:
+        return launch(Path(args.scenario), args.set, scenario, out_dir, out, netns=args.netns,
+                      keys=keys, insecure=args.insecure)
+    except OutputDirError as err:
+        _refuse(parser, str(err))
+
+
+def _refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """End the command with exit status 2 and one line, without the usage text: the command
+    line is well formed, what it asks for is not possible (an output folder in use)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
 def _keys(args: argparse.Namespace, out: TextIO) -> int:
@@ -388,6 +401,10 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
             check_netns(scenario)
         except NetnsError as err:
             parser.error(f"--netns {err}")
+    try:
+        check_output_dir(args.output.parent)
+    except OutputDirError as err:
+        _refuse(parser, f"-o {args.output}: {err}")
     print(f"profiling {scenario.name}: {scenario.cluster.pservers} pserver(s) x "
           f"{scenario.cluster.trainers} trainer(s), {scenario.train.steps} steps, "
           f"{scenario.backend.kernels} kernels on {scenario.backend.device}, "
@@ -395,8 +412,11 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
     with tempfile.TemporaryDirectory(prefix="pslab-profile-") as tmp:
         run_dir = args.out or Path(tmp)
         try:
-            run, totals = measure_runs(Path(args.scenario), overrides, scenario, run_dir, out,
-                                       args.netns, args.runs)
+            with claim_output(run_dir):
+                run, totals = measure_runs(Path(args.scenario), overrides, scenario, run_dir,
+                                           out, args.netns, args.runs)
+        except OutputDirError as err:
+            _refuse(parser, str(err))
         except ProfileError as err:
             print(f"runtime profile: {err}", file=sys.stderr)
             return 1

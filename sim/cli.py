@@ -6,9 +6,11 @@ steps. Then it prints the summary (`sim.report`), writes ``OUT/metrics.json``, `
 (unless ``--no-trace``) and ``OUT/loss.png``, ``OUT/step_times.png`` (unless ``--no-plots``, or
 matplotlib is missing), and ends with a line saying OK or why not. A scenario that sets
 ``outputs.trace`` or ``outputs.plots`` to false turns those off too. OUT is ``--out``, else
-``<outputs.dir or out/NAME>/sim``, beside what `runtime up` writes. Exit status: 0 when every
-expectation holds, 1 when one fails (named) or the simulation cannot finish (deadlock, deadline),
-2 for a bad command line or scenario.
+``<outputs.dir or out/NAME>/sim``, beside what `runtime up` writes; it is made and locked before
+the simulation starts (`runtime.config.outdir`): one that cannot be written, or that another run
+holds, ends the command at once with one line naming it (and the holder). Exit status: 0 when
+every expectation holds, 1 when one fails (named) or the simulation cannot finish (deadlock,
+deadline), 2 for a bad command line or scenario, or an output folder that cannot be used.
 
 ``sim run SCENARIO --check-determinism`` then simulates the scenario a second time with the same
 seed (`sim.determinism`) and compares what both runs write, metrics.json and trace.json, byte for
@@ -57,6 +59,7 @@ from runtime.config import expect
 from runtime.config.commandline import CommandParser, add_debug, run_command
 from runtime.config.metrics import JobMetrics, write_record
 from runtime.config.nodes import trainer_name
+from runtime.config.outdir import OutputDirError, claim_output
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.config.version import version
 from runtime.services.job import check_job
@@ -191,6 +194,15 @@ def _write_outputs(args: argparse.Namespace, result: SimResult, metrics: JobMetr
 def _run(args: argparse.Namespace, stream: TextIO) -> int:
     scenario = _load(args)
     out = _out_dir(args, scenario, "sim")
+    try:
+        with claim_output(out):  # checked and held before any work: one run at a time
+            return _run_in(args, scenario, out, stream)
+    except OutputDirError as err:
+        _refuse(args, str(err))
+
+
+def _run_in(args: argparse.Namespace, scenario: Scenario, out: Path, stream: TextIO) -> int:
+    """`sim run` of `scenario` into the output folder `out`, claimed."""
     c, train = scenario.cluster, scenario.train
     print(f"sim run {scenario.name}: {c.pservers} pserver(s) x {c.trainers} trainer(s), "
           f"{scenario.transpiler.mode}, {train.steps} steps of {scenario.data.batch_size}, "

@@ -29,7 +29,10 @@ and trainer 0 its final parameters to ``OUT/params.npz``; a node on its own (not
 several hosts into one ``metrics.json``. Exit status 0 means done; any error is
 logged (with its traceback unless it is what the scenario expects or a condition of the job,
 such as a timeout: `runtime.services.failures`) and ends with one line ``<node> failed:
-<error>`` on stderr and status 1. A node started by `runtime up` dies with it (`runtime.services.lifeline`). A pserver on
+<error>`` on stderr and status 1. A node started by `runtime up` dies with it
+(`runtime.services.lifeline`); a pserver it started that gets SIGTERM (the launcher stopping the
+job, or gone) stops serving, writes its record of what it served so far and exits with status
+143 (128 + SIGTERM). A pserver on
 its own (role mode: no `runtime up` to restart its trainers) whose trainers are all gone, none
 heard from for ``train.heartbeat_timeout`` (or ``train.startup_timeout`` from its start), stops
 with ``pserver:N failed: pserver:N gave up: its trainers are gone: ...`` and status 3
@@ -63,7 +66,9 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
@@ -89,7 +94,7 @@ from runtime.services.cluster import batches_for, make_pserver, make_trainer
 from runtime.services.failures import traceback_wanted
 from runtime.services.inbound import pserver_inbound_limits
 from runtime.services.job import Job, check_job
-from runtime.services.lifeline import die_with_launcher, launcher_pid
+from runtime.services.lifeline import die_with_launcher, launcher_pid, lifeline_signal
 from runtime.services.output import DetachedOutput, shown_dropped
 from runtime.services.progress import Progress, Reporter
 from runtime.services.pserver import ServerStats, TrainersGone
@@ -110,6 +115,8 @@ EXIT_LAUNCHER_GONE = 4
 ALONE_VAR = "PSLAB_ALONE"
 """Set to 1 by `runtime up --role` (`runtime.launch.role`), which supervises this one node to
 act out its faults: the node is still on its own (no launcher of the whole job)."""
+STOP_GRACE = 5.0
+"""Seconds a pserver stopped by SIGTERM has to write its record before it is killed."""
 UPDATES_EVERY = 0.005
 """Seconds between a pserver's looks at its update count, to report it on a progress channel."""
 T = TypeVar("T")
@@ -122,6 +129,10 @@ class RoleError(ValueError):
 
 class NodeError(RuntimeError):
     """A node that could not do its part (e.g. its deadline passed); the message names it."""
+
+
+class Stopped(Exception):
+    """SIGTERM stopped this node: its launcher stopping the job, or gone."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,9 @@ class NodeOptions:
     gone stops (`EXIT_TRAINERS_GONE`) instead of waiting for them until its deadline."""
     keys: Path | None = None
     """The job's key directory (CurveZMQ); None: unauthenticated and unencrypted (--insecure)."""
+    stoppable: bool = False
+    """SIGTERM stops a pserver after it wrote its record (`until_sigterm`): one started by
+    `runtime up`, which reads the records of an interrupted job too."""
 
 
 @dataclass(frozen=True)
@@ -381,6 +395,39 @@ async def _before_deadline(coro: Coroutine[Any, Any, T], seconds: float, what: s
         raise
 
 
+async def until_sigterm(coro: Coroutine[Any, Any, T]) -> T:
+    """`coro`'s result, or `Stopped` when SIGTERM comes first: `coro` is cancelled, and its
+    cleanup runs, so that the caller can write what it did; later SIGTERMs are ignored while the
+    loop runs. Should that hang, the process is killed `STOP_GRACE` seconds after the
+    signal."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(coro)
+    signalled = False
+
+    def on_sigterm() -> None:
+        nonlocal signalled
+        if signalled:
+            return
+        signalled = True
+        task.cancel()
+        timer = threading.Timer(STOP_GRACE, os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+        raise Stopped("stopped by SIGTERM") from None
+    finally:
+        if not signalled:
+            loop.remove_signal_handler(signal.SIGTERM)
+        # else it stays until the loop closes, to ignore the signal repeated: Linux sends the
+        # parent-death signal again as each thread of a dead launcher ends
+
+
 def measuring() -> bool:
     """Whether this node measures its costs for `runtime profile` (``PSLAB_MEASURE=1``)."""
     return os.environ.get(MEASURE_VAR) == "1"
@@ -426,9 +473,13 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     reporter = Reporter.from_environment(os.environ)
     reporting = (None if reporter is None else asyncio.get_running_loop().create_task(
         _report_updates(service.stats, train.steps, reporter), name="report updates"))
+    serving = _before_deadline(service.serve(bind), train.deadline,
+                               f"{service.name}: not every trainer completed")
+    stopped: Stopped | None = None
     try:
-        stats = await _before_deadline(service.serve(bind), train.deadline,
-                                       f"{service.name}: not every trainer completed")
+        stats = await (until_sigterm(serving) if options.stoppable else serving)
+    except Stopped as exc:  # what it served so far is recorded all the same
+        stats, stopped = service.stats, exc
     finally:
         if reporting is not None:
             reporting.cancel()
@@ -441,11 +492,13 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
     if service.meter is not None:
         write_costs(out, node_file_stem("pserver", index), service.meter, times, keys is not None)
     record = PserverMetrics.from_stats(index, endpoint, stats)
-    log.info("%s: done after %d steps, %d messages, %d errors, %d refused for their sender, "
-             "%d connections refused", service.name, stats.steps, stats.messages, stats.errors,
-             stats.refused, stats.unauthenticated)
+    log.info("%s: %s after %d steps, %d messages, %d errors, %d refused for their sender, "
+             "%d connections refused", service.name, stopped or "done", stats.steps,
+             stats.messages, stats.errors, stats.refused, stats.unauthenticated)
     if out is not None:
         write_record(out / "nodes" / f"{node_file_stem('pserver', index)}.json", record)
+    if stopped is not None:
+        raise stopped
     return record
 
 
@@ -583,12 +636,13 @@ def _run_role(scenario: Scenario, role: Role, out: Path | None, options: NodeOpt
               launcher: int | None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if launcher is not None and not die_with_launcher(launcher):
+    if launcher is not None and not die_with_launcher(launcher, lifeline_signal(os.environ)):
         print(f"{role.name} failed: runtime up (pid {launcher}) that started it is gone",
               file=sys.stderr, flush=True)
         return EXIT_LAUNCHER_GONE
     role_mode = os.environ.get(ALONE_VAR) == "1"  # supervised by `runtime up --role`
-    options = replace(options, alone=launcher is None or role_mode)
+    options = replace(options, alone=launcher is None or role_mode,
+                      stoppable=launcher is not None and not role_mode)
     try:
         cap_kernel_threads(scenario.backend.kernels, os.environ)
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)
@@ -608,6 +662,9 @@ def _run_role(scenario: Scenario, role: Role, out: Path | None, options: NodeOpt
     except KeyboardInterrupt:
         print(f"{role.name} interrupted", file=sys.stderr, flush=True)
         return 130
+    except Stopped as exc:
+        print(f"{role.name} {exc}, its record written", file=sys.stderr, flush=True)
+        return 128 + signal.SIGTERM
     except TrainersGone as exc:
         print(f"{role.name} failed: {exc}", file=sys.stderr, flush=True)
         return EXIT_TRAINERS_GONE

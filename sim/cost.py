@@ -70,7 +70,7 @@ from .cpu import Cpus
 __all__ = [
     "COST_RULES", "ComputeConfigError", "Device", "Ledger", "OnCpus", "OpTime", "Profile",
     "Roofline", "Straggler", "Stragglers", "Work", "Calibrated", "compute_model",
-    "load_calibrated", "load_profile", "model_notes", "model_sharing",
+    "load_calibrated", "load_profile", "model_notes", "model_sharing", "model_slices",
     "load_runtime_costs", "op_work", "parse_compute", "runtime_costs",
 ]
 
@@ -184,12 +184,15 @@ class Calibrated:
 
     def __init__(self, curves: Mapping[str, Curve], fallback: Curve | None,
                  source: str = "the machine file",
-                 sharing: Mapping[float, tuple[float, ...]] | None = None) -> None:
+                 sharing: Mapping[float, tuple[float, ...]] | None = None,
+                 slices: Mapping[float, float] | None = None) -> None:
         self.curves = dict(curves)
         self.fallback = fallback
         self.source = source
         self.sharing = dict(sharing or {})
         """Cores -> the measured rate of each busy thread while 1, 2, ... have work."""
+        self.slices = dict(slices or {})
+        """Cores -> the measured scheduler slice (`sim.cpu.SimHost.slice`)."""
         self._notes: dict[tuple[str, str], str] = {}
         """(op type, kind of approximation) -> its note, in the order first met."""
         self._works = WorkCache()
@@ -543,6 +546,10 @@ class CoresDoc(_Section):
     rates: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1)
     """The rate of each of m busy processes against one alone, for m = 1, 2, ...: what a
     simulated host of `count` cores gives each busy thread (`sim.cpu.SimHost.rates`)."""
+    slice: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Seconds a busy process ran, at the median, before the scheduler gave its core to another
+    while processes outnumbered the cores: a simulated host of `count` cores time-slices with
+    it (`sim.cpu.SimHost.slice`); none: processor sharing."""
 
 
 class MachineFile(_Section):
@@ -645,9 +652,11 @@ def load_calibrated(path: Path, kernels: str) -> Calibrated:
                                  f"kernels, only of {', '.join(sorted(data.kernels)) or 'none'}")
     fallback = data.fallback.get(kernels)
     sharing = {} if data.cores is None else {float(data.cores.count): tuple(data.cores.rates)}
+    slices = {} if data.cores is None or data.cores.slice is None else \
+        {float(data.cores.count): data.cores.slice}
     return Calibrated({op: Curve.of(doc.model_dump()) for op, doc in curves.items()},
                       None if fallback is None else Curve.of(fallback.model_dump()),
-                      path.name, sharing)
+                      path.name, sharing, slices)
 
 
 def load_runtime_costs(path: Path, field: str = "compute.path") -> RuntimeCosts | None:
@@ -703,6 +712,12 @@ def model_sharing(model: ComputeModel | None) -> dict[float, tuple[float, ...]]:
     """How a calibrated `model`'s machine shared its cores, by its cores (else nothing)."""
     calibrated = _calibrated(model)
     return {} if calibrated is None else calibrated.sharing
+
+
+def model_slices(model: ComputeModel | None) -> dict[float, float]:
+    """A calibrated `model`'s machine's scheduler slice, by its cores (else nothing)."""
+    calibrated = _calibrated(model)
+    return {} if calibrated is None else calibrated.slices
 
 
 def compute_model(section: Mapping[str, Any] | None, seed: int,

@@ -52,7 +52,8 @@ from runtime.services.cluster import JobResult, LocalCluster
 from runtime.services.job import Job
 from runtime.services.pserver import ServerStats
 
-from .cost import Ledger, OnCpus, compute_model, model_notes, model_sharing, runtime_costs
+from .cost import (Ledger, OnCpus, compute_model, model_notes, model_sharing, model_slices,
+                   runtime_costs)
 from .cpu import Cpus, hosts_of
 from .faults import MessageFaults, SimTarget, Slowdowns
 from .loop import SimStats, VirtualTimeLoop, run
@@ -172,7 +173,7 @@ def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,
     plain (compute as sleeps, each node always at full speed)."""
     costs = runtime_costs(scenario.compute, base_dir)
     hosts = hosts_of([h.model_dump() for h in scenario.cluster.hosts or ()],
-                     model_sharing(model))
+                     model_sharing(model), model_slices(model))
     if costs is None and not hosts:
         return Ledger(model)
     cpus = Cpus(hosts, node_names(scenario.cluster.pservers, job.trainers),

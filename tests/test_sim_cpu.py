@@ -17,7 +17,7 @@ from runtime.execution.costs import Linear, RuntimeCosts
 from runtime.execution.scope import Scope
 from runtime.network.wire import Kind, Message, charged_size, encode
 from sim.cost import OnCpus, Profile, runtime_costs
-from sim.cpu import Cpus, SimHost, io_thread
+from sim.cpu import Cpus, SimHost, hosts_of, io_thread
 from sim.loop import run
 from sim.network import Network
 from sim.simulate import simulate
@@ -323,3 +323,71 @@ def test_a_step_owes_the_rpc_residual_once_at_its_first_rpc_and_a_local_step_non
         for _ in range(rpcs):
             ops.owe_rpc_residual()
     assert owed.owed == ["rpc_step", "rpc_step"]
+
+
+# -- time slices (a host whose scheduler slice was measured) -------------------------------------
+
+def test_a_sliced_host_runs_cores_threads_at_full_speed_and_rotates_them_each_slice() -> None:
+    """2 cores, 3 threads of 8U each, slices of 4U: a and b run 4U at full speed; their slices
+    end together while c waits, so c (first in line) and then a (back in line first) run
+    4U more; a is done, b takes its core; every thread has had its 8U by 12U."""
+    host = SimHost("box", ("*",), 2.0, slice=4 * U)
+    cpus = Cpus([host], ["a", "b", "c"])
+    done = finish_times(cpus, [(0, "a", 8 * U), (0, "b", 8 * U), (0, "c", 8 * U)])
+    # 0-4: a, b; 4-8: c, a (b waits behind a); 8-12: b, c (a is done at 8); 12: c done at 12
+    assert done == {"a": [8 * U], "b": [12 * U], "c": [12 * U]}
+    assert cpus.busy() == {"a": 8 * U, "b": 8 * U, "c": 8 * U}
+
+
+def test_a_thread_woken_on_a_full_host_waits_first_in_line_and_runs_its_piece_whole() -> None:
+    """Two threads busy for a long time hold both cores; a short piece given to a third at U
+    waits until the first slice ends (4U) and then runs at full speed: done at 5U, where
+    processor sharing would have finished it at 2.5U."""
+    host = SimHost("box", ("*",), 2.0, slice=4 * U)
+    cpus = Cpus([host], ["a", "b", "c"])
+    done = finish_times(cpus, [(0, "a", 64 * U), (0, "b", 64 * U), (U, "c", U)])
+    assert done["c"] == [5 * U]
+    shared = Cpus([SimHost("box", ("*",), 2.0)], ["a", "b", "c"])
+    assert finish_times(shared, [(0, "a", 64 * U), (0, "b", 64 * U), (U, "c", U)])["c"] == \
+        [U + 1.5 * U]
+
+
+def test_a_thread_going_on_with_its_next_piece_keeps_its_core_and_its_slice() -> None:
+    """a runs pieces of U one after the other (each given when the last ends, as a task
+    awaiting `spend` does) while b and c wait for a core: a keeps its core for its slice of
+    4U, then waits its turn."""
+    host = SimHost("box", ("*",), 1.0, slice=4 * U)
+    cpus = Cpus([host], ["a", "b", "c"])
+    ends: list[float] = []
+
+    async def worker() -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(6):
+            await cpus.spend("a", U)
+            ends.append(loop.time())
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(worker())
+        await asyncio.sleep(0)
+        loop.call_soon(cpus.run, "b", 2 * U, lambda: ends.append(-loop.time()))
+        loop.call_soon(cpus.run, "c", 2 * U, lambda: ends.append(-loop.time()))
+        await task
+
+    run(main())
+    # a: 1, 2, 3, 4 (its slice); b runs 4-6, c 6-8; a: 9, 10
+    assert ends == [U, 2 * U, 3 * U, 4 * U, -6 * U, -8 * U, 9 * U, 10 * U]
+
+
+def test_a_host_with_as_many_cores_as_threads_ignores_its_slice() -> None:
+    host = SimHost("box", ("*",), 4.0, slice=4 * U)
+    cpus = Cpus([host], ["a", "b"])
+    done = finish_times(cpus, [(0, "a", 8 * U), (0, "b", 8 * U)])
+    assert done == {"a": [8 * U], "b": [8 * U]}
+
+
+def test_a_machine_files_measured_slice_reaches_the_hosts_of_as_many_cores() -> None:
+    hosts = hosts_of([{"nodes": ["*"], "cores": 2}, {"nodes": ["x"], "cores": 4}],
+                     {2.0: (1.0, 0.97)}, {2.0: 0.004})
+    assert (hosts[0].rates, hosts[0].slice) == ((1.0, 0.97), 0.004)
+    assert (hosts[1].rates, hosts[1].slice) == ((), 0.0)

@@ -352,6 +352,47 @@ def measure_sharing(most: int | None = None, seconds: float = SHARING_SECONDS) -
     return rates
 
 
+GAP = 50e-6
+"""A pause in a busy loop this long or longer is the scheduler running another process."""
+
+
+def _runs(seconds: float, start: Any, done: Any) -> None:
+    """Spin for `seconds` after the common start, reading the clock; put the lengths of the
+    stretches run without a `GAP` (the first and the last cut off: they are not whole)."""
+    start.wait()
+    now = began = last = time.perf_counter()
+    until = now + seconds
+    runs = []
+    while now < until:
+        now = time.perf_counter()
+        if now - last >= GAP:
+            runs.append(last - began)
+            began = now
+        last = now
+    done.put(runs[1:])
+
+
+def measure_slice(processes: int | None = None, seconds: float = SHARING_SECONDS
+                  ) -> float | None:
+    """How long a busy process runs before the scheduler gives its core to another, while
+    `processes` (default: the cores and two more) are busy: the median stretch run without a
+    pause; None if none was paused (as many cores as processes)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")  # as in measure_sharing
+    processes = processes or (os.cpu_count() or 1) + 2
+    start, done = context.Barrier(processes + 1), context.Queue()
+    workers = [context.Process(target=_runs, args=(seconds, start, done))
+               for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    runs = [run for _ in workers for run in done.get(timeout=60 + seconds)]
+    for worker in workers:
+        worker.join()
+    return round(statistics.median(runs), 6) if runs else None
+
+
 # -- the runtime's own costs ---------------------------------------------------------------------
 
 RUNTIME_REFERENCE = """name: calibrate-runtime
@@ -511,7 +552,8 @@ def calibrate(stream: TextIO, backends: list[str] | None = None, quick: bool = F
         "fallback": {b: m["fallback"] for b, m in measured.items() if m["fallback"]}}
     cores = os.cpu_count() or 1
     print(f"  cores: 1 to {cores + 2} busy processes on {cores} cores", file=stream, flush=True)
-    document["cores"] = {"count": cores, "rates": measure_sharing(cores + 2)}
+    document["cores"] = {"count": cores, "rates": measure_sharing(cores + 2),
+                         "slice": measure_slice(cores + 2)}
     from_jobs: list[str] = []
     if runtime:
         print("  runtime: a 2 x 2 reference job, run for real", file=stream, flush=True)
@@ -548,6 +590,9 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
     if "cores" in document:
         rates = ", ".join(f"{m + 1}: {r:.2f}" for m, r in enumerate(document["cores"]["rates"]))
         yield f"cores: {document['cores']['count']}; a busy process's rate by how many: {rates}"
+        if document["cores"].get("slice"):
+            yield (f"scheduler: a busy process keeps a core for "
+                   f"{document['cores']['slice'] * 1e3:.2f} ms while others wait (median)")
     if "runtime" in document:
         yield ("runtime: measured on a 2 x 2 reference job, with the message kinds of "
                + " and ".join(f"a {name} job" for name in KIND_REFERENCES))

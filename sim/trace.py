@@ -14,6 +14,14 @@ into the Trace Event Format that Perfetto (ui.perfetto.dev) and chrome://tracing
 
 The file holds nothing but simulated times and counters, keys sorted: the same run gives the
 same bytes.
+
+DESIGN: times are whole nanoseconds. Each span's begin and end are rounded to the nanosecond
+once (`Slice`), and its ``ts`` and ``dur`` derived from those two integers, written as
+microseconds with at most three decimals (``ns / 1000``, which Python prints as that exact
+decimal). Rounding ``ts`` and ``dur`` each on its own made a span that ends where the next
+begins overlap it by a nanosecond now and then, and Perfetto drops a slice that overlaps its
+predecessor on a thread without nesting in it. Perfetto reads such a decimal exactly, digit by
+digit, so the slices it builds end where they were written to end.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from typing import Any, Iterator
 from runtime.config.atomic import write_atomic
 from runtime.config.nodes import ROLES
 
-__all__ = ["BARRIER_OPS", "MessageRecord", "REPORTED", "Span", "TraceRecorder", "node_order"]
+__all__ = ["BARRIER_OPS", "MessageRecord", "REPORTED", "Slice", "Span", "TraceRecorder",
+           "node_order"]
 
 SPAN_THREADS = ("step", "compute", "rpc")
 """Span categories with a thread of their own, in display order; other categories follow."""
@@ -60,8 +69,32 @@ def node_order(node: str) -> tuple[int, str, int, str]:
     return (rank, role, int(index) if index.isdigit() else -1, index)
 
 
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
+def ns(seconds: float) -> int:
+    """`seconds` in whole nanoseconds, rounded."""
+    return round(seconds * 1e9)
+
+
+def us(nanoseconds: int) -> float:
+    """Whole nanoseconds as microseconds: a float that prints as the exact decimal (three
+    decimals at most), for any time under 100 days (2**43 us)."""
+    return nanoseconds / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A span's begin and end, each rounded to the nanosecond once: ``ts`` and ``dur`` are
+    derived from them, so a slice that ends where another begins ends exactly there."""
+
+    begin: int
+    end: int
+
+    @staticmethod
+    def of(start: float, end: float) -> Slice:
+        return Slice(ns(start), ns(end))
+
+    def fields(self) -> dict[str, float]:
+        """Its ``ts`` and ``dur``, microseconds."""
+        return {"ts": us(self.begin), "dur": us(self.end - self.begin)}
 
 
 BARRIER_OPS = frozenset({"send_barrier", "recv", "fetch_barrier"})
@@ -108,7 +141,7 @@ class TraceRecorder:
         events = list(self._metadata(pids, threads, self._used()))
         for node, spans in sorted(self.spans.items(), key=lambda item: node_order(item[0])):
             events += [{"ph": "X", "pid": pids[node], "tid": threads[s.category], "name": s.name,
-                        "cat": s.category, "ts": _us(s.start), "dur": _us(s.end - s.start)}
+                        "cat": s.category, **Slice.of(s.start, s.end).fields()}
                        for s in spans]
         for number, message in enumerate(self.messages, start=1):
             events += self._message_events(number, message, pids, threads)
@@ -157,8 +190,9 @@ class TraceRecorder:
     def _message_events(number: int, m: MessageRecord, pids: dict[str, int],
                         threads: dict[str, int]) -> list[dict[str, Any]]:
         src, dst = (pids[m.src], threads[SENT]), (pids[m.dst], threads[RECEIVED])
-        sent, delivered = _us(m.sent), _us(m.delivered)
-        args = {"bytes": m.nbytes, "message": number, "flight_us": _us(m.delivered - m.sent)}
+        flight = Slice.of(m.sent, m.delivered)
+        sent, delivered = us(flight.begin), us(flight.end)
+        args = {"bytes": m.nbytes, "message": number, "flight_us": us(flight.end - flight.begin)}
         return [
             {"ph": "X", "pid": src[0], "tid": src[1], "name": f"to {m.dst}", "cat": "message",
              "ts": sent, "dur": 0, "args": args},

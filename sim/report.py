@@ -5,8 +5,9 @@ schema `runtime up` writes too; ``runtime/config/metrics.schema.json``), checkin
 `expect` block with `runtime.config.expect.check` (as `runtime up` does, plus ``max_step_time``,
 which only simulated time can answer). ``OUT/metrics.json`` is that record (`write_record`); its
 fields and their meanings are documented in `runtime.config.metrics`. All its times are simulated
-seconds and it holds no wall-clock figure, so two runs of the same scenario and seed write the
-same bytes. What only a simulation measures fills the fields marked "sim run only":
+seconds and it holds no wall-clock figure but ``job.run`` (when, where and how the process ran;
+the same for two runs in one process), so two runs of the same scenario and seed write the same
+bytes. What only a simulation measures fills the fields marked "sim run only":
 ``job.simulated_seconds``, ``job.steps_span_seconds``, each trainer's ``step_ends``,
 ``compute_seconds`` and ``barrier_wait_seconds`` (counted from its first step's start), each
 pserver's ``busy_seconds`` and NIC shares, and the ``links`` and ``nics`` lists.
@@ -38,7 +39,8 @@ from .simulate import SimResult, TrainerRun, simulate
 from .trace import BARRIER_OPS
 
 __all__ = ["check_expectations", "collect", "console_for", "fmt_bytes", "fmt_seconds",
-           "new_figure", "plots_available", "print_summary", "save_png", "write_plots"]
+           "loss_figure", "new_figure", "plots_available", "print_summary", "save_png",
+           "step_figure", "write_plots"]
 
 
 
@@ -178,7 +180,11 @@ def _stats(stats: StepTimeStats | None) -> str:
     if stats is None:
         return "-"
     return (f"mean {fmt_seconds(stats.mean)}  p50 {fmt_seconds(stats.p50)}  "
-            f"p99 {fmt_seconds(stats.p99)}")
+            f"p99 {fmt_seconds(stats.p99)}  max {fmt_seconds(stats.max)}")
+
+
+def _rate(rate: float | None) -> str:
+    return f"{rate:,.0f}" if rate else "-"
 
 
 def _percent(share: float | None) -> str:
@@ -189,15 +195,18 @@ def summary_table(m: JobMetrics) -> Table:
     s = m.job
     table = Table(title=f"{s.scenario}: simulated {s.mode}, {s.pservers} pserver(s) x "
                         f"{s.trainers} trainer(s), seed {s.seed}", show_header=False)
-    rate = f"{s.samples_per_second:,.0f}" if s.samples_per_second else "-"
     loss = f"{s.final_loss:.4f}" if s.final_loss is not None else "-"
     rows = [("simulated time of the steps", fmt_seconds(s.steps_span_seconds)),
             ("simulated time of the job", f"{fmt_seconds(s.simulated_seconds)} (with startup "
                                           "and the pservers' exit)"),
-            ("time in steps (slowest trainer)", fmt_seconds(s.train_seconds)),
+            ("time training (slowest trainer)", f"{fmt_seconds(s.train_seconds)} (after its "
+                                                "first step, fault recovery included)"),
+            ("start-up: longest first step", fmt_seconds(s.startup_wait_seconds)),
             ("step time, trainer 0", _stats(s.step_time)),
             ("step time, all trainers", _stats(s.step_time_all)),
-            ("samples/s (simulated)", rate),
+            ("samples/s (simulated)", f"{_rate(s.samples_per_second)} ({s.trained_samples:,} "
+                                      "trained / time training)"),
+            ("samples/s at the median step", _rate(s.step_samples_per_second)),
             ("final loss, trainer 0", loss),
             ("network", f"{s.network}: {s.messages or 0:,} messages, {fmt_bytes(s.bytes or 0)}"),
             ("compute model", str(s.compute))]
@@ -210,12 +219,13 @@ def summary_table(m: JobMetrics) -> Table:
 
 
 def trainer_table(m: JobMetrics) -> Table:
-    table = Table("trainer", "steps", "step mean", "p50", "p99", "compute", "barrier wait",
-                  "final loss")
+    table = Table("trainer", "steps", "first step", "step mean", "p50", "p99", "max", "compute",
+                  "barrier wait", "final loss")
     for t in m.trainers:
         st = t.step_time
+        stats = (st.mean, st.p50, st.p99, st.max) if st else (None,) * 4
         table.add_row(trainer_name(t.index), str(len(t.losses)),
-                      *(fmt_seconds(x) for x in ((st.mean, st.p50, st.p99) if st else (None,) * 3)),
+                      fmt_seconds(t.startup_wait_seconds), *(fmt_seconds(x) for x in stats),
                       fmt_seconds(t.compute_seconds), fmt_seconds(t.barrier_wait_seconds),
                       f"{t.final_loss:.4f}" if t.final_loss is not None else "-")
     return table
@@ -297,18 +307,63 @@ def new_figure(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
     return figure, axes
 
 
+BAND_ABOVE = 8
+"""With more trainers than this, ``step_times.png`` draws their median and 10th-90th percentile
+band at each step instead of a line per trainer (a hundred lines say nothing)."""
+
+
 def write_plots(m: JobMetrics, out: Path) -> list[Path]:
     """``loss.png`` (loss against simulated time, per trainer) and ``step_times.png`` (each
-    step's simulated time, per trainer), with the Agg backend."""
-    name = m.job.scenario
-    loss, loss_axes = new_figure(f"{name}: loss", "simulated time (ms)", "loss")
-    steps, step_axes = new_figure(f"{name}: step times", "step", "simulated step time (ms)")
+    step's simulated time, per trainer, or their median and band), with the Agg backend."""
+    return [save_png(loss_figure(m), out / "loss.png"),
+            save_png(step_figure(m), out / "step_times.png")]
+
+
+def loss_figure(m: JobMetrics) -> Any:
+    """Each trainer's loss against simulated time; where no loss was computed (timing mode),
+    or no step taken, a figure that says so."""
+    figure, axes = new_figure(f"{m.job.scenario}: loss", "simulated time (ms)", "loss")
+    losses = [x for t in m.trainers for x in t.losses]
+    if not any(np.isfinite(losses)):
+        say = "no loss recorded (timing mode)" if losses else "no step taken"
+        axes.text(0.5, 0.5, say, transform=axes.transAxes, ha="center", va="center")
+        return figure
     for t in m.trainers:
-        label = trainer_name(t.index)
-        loss_axes.plot(np.asarray(t.step_ends or ()) * 1e3, t.losses, label=label, linewidth=1)
-        step_axes.plot(np.arange(1, len(t.step_times) + 1), np.asarray(t.step_times) * 1e3,
-                       label=label, linewidth=1)
+        axes.plot(np.asarray(t.step_ends or ()) * 1e3, t.losses, label=trainer_name(t.index),
+                  linewidth=1)
     if len(m.trainers) <= 16:
-        loss_axes.legend()
-        step_axes.legend()
-    return [save_png(loss, out / "loss.png"), save_png(steps, out / "step_times.png")]
+        axes.legend()
+    return figure
+
+
+def step_figure(m: JobMetrics) -> Any:
+    """Each trainer's step times against its steps; above `BAND_ABOVE` trainers, their median
+    and 10th-90th percentile band."""
+    figure, axes = new_figure(f"{m.job.scenario}: step times", "step",
+                              "simulated step time (ms)")
+    if len(m.trainers) > BAND_ABOVE:
+        _band(axes, [t.step_times for t in m.trainers])
+        return figure
+    for t in m.trainers:
+        axes.plot(np.arange(1, len(t.step_times) + 1), np.asarray(t.step_times) * 1e3,
+                  label=trainer_name(t.index), linewidth=1)
+    if m.trainers:
+        axes.legend()
+    return figure
+
+
+def _band(axes: Any, series: list[list[float]]) -> None:
+    """The median of `series` (each trainer's step times) at each step, and the band from
+    the 10th to the 90th percentile, over the trainers that took that step."""
+    longest = max(map(len, series), default=0)
+    if not longest:
+        return
+    grid = np.full((len(series), longest), np.nan)
+    for row, times in zip(grid, series):
+        row[:len(times)] = times
+    low, mid, high = np.nanpercentile(grid * 1e3, [10, 50, 90], axis=0)
+    steps = np.arange(1, longest + 1)
+    axes.fill_between(steps, low, high, alpha=0.3,
+                      label=f"10th to 90th percentile of {len(series)} trainers")
+    axes.plot(steps, mid, linewidth=1, label=f"median of {len(series)} trainers")
+    axes.legend()

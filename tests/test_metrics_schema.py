@@ -53,8 +53,9 @@ def runtime_record() -> JobMetrics:
 
 def test_a_record_round_trips_and_conforms(tmp_path: Path) -> None:
     metrics = runtime_record()
-    assert metrics.job.samples == 8 and metrics.job.train_seconds == 0.5
-    assert metrics.job.samples_per_second == 16.0 and metrics.job.final_loss == 1.0
+    assert metrics.job.samples == 8 and metrics.job.train_seconds == 0.25  # the first: start-up
+    assert metrics.job.startup_wait_seconds == 0.25 and metrics.job.final_loss == 1.0
+    assert metrics.job.trained_samples == 0 == metrics.job.samples_per_second  # a step redone
     write_record(tmp_path / "m.json", metrics)
     assert read_metrics(tmp_path / "m.json") == metrics
     assert_valid_metrics(tmp_path / "m.json")

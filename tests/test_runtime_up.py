@@ -126,7 +126,8 @@ def test_quickstart_like_scenario_runs_and_writes_metrics(tmp_path: Path) -> Non
     for t in metrics.trainers:
         assert len(t.losses) == len(t.step_times) == 20 and t.exit_code == 0
         assert t.final_loss == t.losses[-1] < t.losses[0] / 4
-        assert t.step_time is not None and t.step_time.max == max(t.step_times)
+        assert t.step_time is not None and t.step_time.max == max(t.step_times[1:])
+        assert t.startup_wait_seconds == t.step_times[0]  # start-up, not a step
         assert t.log is not None and (out / t.log).read_text().count(" loss ") == 20
     for p in metrics.pservers:
         assert (p.steps, p.errors, p.dropped, p.exit_code) == (20, 0, [], 0)

@@ -12,10 +12,17 @@ One rule makes the two commands' files alike: a field that both can fill has the
 unit and meaning in both (``job.train_seconds``, ``trainers[].step_times``,
 ``pservers[].bytes_in``, ...); a field that only one can fill is there in both files, null in
 the other's (its description says whose it is). Times are seconds on the run's clock, which
-``job.command`` names: simulated seconds for ``sim run`` (its file holds no wall-clock figure,
-so two runs of the same scenario and seed write the same bytes), wall-clock seconds for
-``runtime up``. JSON has no NaN: a loss that is not a number (timing mode computes none) is
-written as null and read back as NaN.
+``job.command`` names: simulated seconds for ``sim run`` (its file holds no wall-clock figure
+but ``job.run``, so two runs of the same scenario and seed write the same bytes but for when,
+where and how each was started), wall-clock seconds for ``runtime up``. JSON has no NaN: a
+loss that is not a number (timing mode computes none) is written as null and read back as NaN.
+
+The throughput (``job.samples_per_second``) and the step statistics count the time a job
+really took, fault recovery included: a step given up for a pserver restart or a drop counts
+into the step that replaced it. What they leave out is start-up: each trainer's first step,
+which waits for the first round to form (a trainer started 48 s after another makes the
+other's first step last 48 s), reported as ``startup_wait_seconds``. The per-step view, the
+pace of a typical step with no recovery or slow step in it, is ``job.step_samples_per_second``.
 
 The records are pydantic dataclasses: built by position or keyword like plain ones (and
 `dataclasses.asdict` works on them), validated when built and read, and the source of the
@@ -39,14 +46,17 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import hashlib
 import inspect
 import json
 import math
+import socket
 import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass as plain_dataclass
 from dataclasses import field, fields, is_dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
@@ -56,6 +66,7 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError, 
 from pydantic.dataclasses import dataclass
 
 from runtime.config.atomic import atomic_open
+from runtime.config.version import version
 
 if TYPE_CHECKING:
     from runtime.config.scenario import Scenario
@@ -71,6 +82,10 @@ RECORD = ConfigDict(extra="forbid", use_attribute_docstrings=True,
 
 Command = Literal["sim run", "runtime up"]
 C = TypeVar("C", bound=type)
+
+STARTED: Final = datetime.now(timezone.utc).replace(microsecond=0)
+"""When this process started (to the second): when this module was first imported, which the
+`sim` and `runtime` commands do as they start."""
 
 
 def _described(cls: C) -> C:
@@ -128,6 +143,19 @@ class StepTimeStats:
                              float(np.percentile(a, 99)), float(a.max()))
 
 
+def training_steps(step_times: Sequence[float]) -> Sequence[float]:
+    """The step times that count as training: all but the first, which is start-up (it waits
+    for the first round to form: every trainer started, the parameters fetched), where there
+    are more than one. A trainer started long after another makes the other's first step last
+    that long; counted as a step, it would swamp the step statistics and the throughput."""
+    return step_times[1:] if len(step_times) > 1 else step_times
+
+
+def startup_wait(step_times: Sequence[float]) -> float | None:
+    """The first step's duration where `training_steps` leaves it out; else None."""
+    return step_times[0] if len(step_times) > 1 else None
+
+
 @dataclass(config=RECORD)
 class TrainerMetrics:
     """One trainer: its steps' losses and times (of its last process, for a restarted one)."""
@@ -136,15 +164,22 @@ class TrainerMetrics:
     losses: list[Loss] = field(default_factory=list)
     """Each step's loss, in the order taken (redone steps included)."""
     step_times: list[float] = field(default_factory=list)
-    """Each step's duration, seconds."""
+    """Each step's duration, seconds. A step given up for a fault (a pserver restarted and
+    rewound it, or the pservers dropped this trainer) counts into the next step it completed,
+    which lasts from the first attempt given up: the recovery is in the step times."""
     final_loss: float | None = None
     """The last step's loss; null: no step, or no loss computed."""
     step_time: StepTimeStats | None = None
-    """Its step times summed up; null: no step."""
+    """Its step times summed up, its first step left out (startup_wait_seconds) where it took
+    more than one; null: no step."""
     first_step: int = 0
     """The step its (last) process started at: later than 0 when it joined a job under way."""
     steps_redone: int = 0
     """Steps it took again because a pserver restarted from an earlier checkpoint."""
+    startup_wait_seconds: float | None = None
+    """Its first step's duration: start-up, not training, for that step waits for the first
+    round to form (in sync mode, for every trainer to start); left out of step_time and of the
+    job's throughput. Null: it took fewer than two steps (a single step counts as training)."""
     step_ends: list[float] | None = None
     """sim run only: the simulated time at the end of each step."""
     compute_seconds: float | None = None
@@ -162,7 +197,8 @@ class TrainerMetrics:
                    first_step: int = 0, steps_redone: int = 0) -> TrainerMetrics:
         return TrainerMetrics(index, list(losses), list(step_times),
                               _finite(losses[-1]) if losses else None,
-                              StepTimeStats.of(step_times), first_step, steps_redone)
+                              StepTimeStats.of(training_steps(step_times)), first_step,
+                              steps_redone, startup_wait(step_times))
 
 
 @_described
@@ -286,6 +322,45 @@ class ExpectationResult:
 
 
 @dataclass(config=RECORD)
+class RunFacts:
+    """Which pslab made a run, when, where, how, and of which scenario: what tells two runs of
+    the same scenario apart (and, for a simulation, the only part of the record that does)."""
+
+    pslab_version: str
+    """The pslab that ran it (``unknown``: run from a tree never installed)."""
+    started_utc: str
+    """When the command that wrote the record started, UTC, ISO 8601 to the second (runtime
+    collect: when the earliest node started)."""
+    hosts: list[str]
+    """The machine it ran on (runtime collect: each node's machine, once each, in the job's
+    node order)."""
+    command_line: list[str]
+    """The command's arguments as its process was given them."""
+    scenario_sha256: str
+    """sha256 of the resolved scenario (its file with the --set overrides and the defaults
+    applied) as canonical JSON (`scenario_sha256`): the same hash, the same settings."""
+
+    @staticmethod
+    def of(scenario: Scenario) -> RunFacts:
+        """This process's facts, for a run of `scenario`."""
+        return RunFacts(version(), utc_text(STARTED), [socket.gethostname()], list(sys.argv),
+                        scenario_sha256(scenario))
+
+
+def utc_text(when: datetime) -> str:
+    """`when` as ISO 8601 in UTC, to the second: ``2025-01-31T12:00:00Z``."""
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def scenario_sha256(scenario: Scenario) -> str:
+    """sha256 of `scenario` resolved (every field, defaults included) as JSON with sorted keys
+    and no spaces."""
+    resolved = scenario.model_dump(mode="json", warnings=False)  # a list for a tuple: as is
+    text = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(config=RECORD)
 class JobSummary:
     """The job as a whole: what ran, whether it did what the scenario expects, its figures."""
 
@@ -312,15 +387,30 @@ class JobSummary:
     failed_node: str | None = None
     """runtime up only: the node whose failure ended the run first; null: none."""
     train_seconds: float | None = None
-    """The slowest trainer's time inside its steps (startup and process launch excluded)."""
+    """The slowest trainer's time training: from the end of its first step (start-up, see
+    startup_wait_seconds) to the end of its last, fault recovery included (the step times
+    hold it); process launch excluded."""
     samples: int = 0
-    """Examples in the steps the trainers took, all trainers together."""
+    """Examples in the steps the trainers took, all trainers together (first steps and steps
+    redone included)."""
+    trained_samples: int = 0
+    """Examples trained on in train_seconds, all trainers together: each trainer's steps after
+    its first, less the steps it redid (a step lost to a pserver restart counts once)."""
     samples_per_second: float | None = None
-    """samples / train_seconds."""
+    """trained_samples / train_seconds: the job's throughput, the time lost to faults and
+    stragglers included."""
+    step_samples_per_second: float | None = None
+    """The per-step view: what the job trains at the pace of a typical step, each trainer's
+    batch_size over its median step time (trainers[].step_time.p50), summed over the trainers.
+    It leaves out what samples_per_second counts of recovery and slow steps."""
+    startup_wait_seconds: float | None = None
+    """The longest of the trainers' first steps (trainers[].startup_wait_seconds): the wait
+    for the first round to form, left out of the step statistics and of the throughput."""
     step_time: StepTimeStats | None = None
-    """Trainer 0's step times summed up."""
+    """Trainer 0's step times summed up (its first step left out: trainers[].step_time)."""
     step_time_all: StepTimeStats | None = None
-    """Every step of every trainer summed up."""
+    """Every step of every trainer summed up, each trainer's first step left out (start-up)
+    where it took more than one."""
     final_loss: float | None = None
     """Trainer 0's last loss."""
     wall_seconds: float | None = None
@@ -355,6 +445,8 @@ class JobSummary:
     """sim run only: messages the simulated network carried."""
     bytes: int | None = None
     """sim run only: bytes the simulated network carried."""
+    run: RunFacts | None = None
+    """Which pslab ran it, when, where, how, and the scenario's hash."""
 
     @staticmethod
     def for_run(command: Command, scenario: Scenario, endpoints: Sequence[str],
@@ -362,21 +454,35 @@ class JobSummary:
                 pservers: Sequence[PserverMetrics] = ()) -> JobSummary:
         """What `scenario` asked for and the figures both commands derive from the trainers'
         records alike; the caller adds its outcome and its own fields."""
-        in_steps = [sum(t.step_times) for t in trainers if t.step_times]
-        train_seconds = max(in_steps) if in_steps else None
-        samples = sum(len(t.losses) for t in trainers) * scenario.data.batch_size
         first = trainers[0] if trainers else None
         return JobSummary(
             command, scenario.name, scenario.seed, scenario.transpiler.mode,
             scenario.cluster.pservers, scenario.cluster.trainers, scenario.train.steps,
-            scenario.data.batch_size, list(endpoints), train_seconds=train_seconds,
-            samples=samples,
-            samples_per_second=samples / train_seconds if train_seconds else None,
+            scenario.data.batch_size, list(endpoints),
+            samples=sum(len(t.losses) for t in trainers) * scenario.data.batch_size,
+            **throughput(trainers, scenario.data.batch_size),
             step_time=first.step_time if first else None,
-            step_time_all=StepTimeStats.of([x for t in trainers for x in t.step_times]),
+            step_time_all=StepTimeStats.of([x for t in trainers
+                                            for x in training_steps(t.step_times)]),
             final_loss=first.final_loss if first else None, protocol=scenario.train.protocol,
             messages_per_step=messages_per_step(pservers, sum(len(t.losses) for t in trainers)),
-            **held_back(pservers))
+            **held_back(pservers), run=RunFacts.of(scenario))
+
+
+def throughput(trainers: Sequence[TrainerMetrics], batch_size: int) -> dict[str, Any]:
+    """`JobSummary`'s train_seconds, trained_samples, samples_per_second,
+    step_samples_per_second and startup_wait_seconds, from the trainers' step times."""
+    training = [training_steps(t.step_times) for t in trainers]
+    in_steps = [sum(times) for times in training if times]
+    train_seconds = max(in_steps) if in_steps else None
+    trained = sum(max(0, len(times) - t.steps_redone) for t, times in zip(trainers, training))
+    paces = [batch_size / m for m in (float(np.median(x)) for x in training if x) if m > 0]
+    waits = [w for w in (startup_wait(t.step_times) for t in trainers) if w is not None]
+    return {"train_seconds": train_seconds, "trained_samples": trained * batch_size,
+            "samples_per_second": trained * batch_size / train_seconds if train_seconds
+            else None,
+            "step_samples_per_second": sum(paces) if paces else None,
+            "startup_wait_seconds": max(waits) if waits else None}
 
 
 def held_back(pservers: Sequence[PserverMetrics]) -> dict[str, Any]:

@@ -20,6 +20,12 @@ counted them. A fault several hosts acted out (a link rule on every pserver's li
 event, begun at the earliest of their starts and ended at the latest of their ends (never, if
 it lasted to the end on any), its detail each host's in turn, named. Its times are its hosts'
 own: seconds since each started its node, not one clock's.
+
+The figures are ``runtime up``'s (`JobSummary.for_run`): the step statistics and the throughput
+leave out each trainer's first step, start-up, which across hosts waits for the last node
+started by hand (``job.startup_wait_seconds`` says how long). ``job.run`` holds this command's
+pslab version and command line and the scenario's hash, with the nodes' earliest start and
+their machines where their job descriptions hold them (a ``run`` of their own).
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TextIO, TypeVar
 
+from pydantic import TypeAdapter, ValidationError
+
 from runtime.config.metrics import (FaultEvent, JobMetrics, JobSummary, NodeFaults,
-                                    ProxyMetrics, PserverMetrics, TrainerMetrics, held_back,
-                                    read_record, write_record)
+                                    ProxyMetrics, PserverMetrics, RunFacts, TrainerMetrics,
+                                    held_back, read_record, write_record)
 from runtime.config.nodes import node_file_stem, node_name, node_names
 from runtime.config.scenario import Scenario
 from runtime.launch.launcher import (check_run, ignored_by_runtime, judge, summary_lines,
@@ -56,6 +64,8 @@ class Collected:
     """node name -> its record file."""
     faults: dict[str, Path] = field(default_factory=dict)
     """node name -> what its supervisor did of the faults (`NodeFaults`), if it had one."""
+    facts: dict[str, RunFacts] = field(default_factory=dict)
+    """node name -> when and where it started, where its job description says (its ``run``)."""
 
 
 def read_job(dirs: Sequence[Path]) -> Collected:
@@ -83,6 +93,8 @@ def read_job(dirs: Sequence[Path]) -> Collected:
         collected = Collected(Scenario.model_validate(job["scenario"]), list(job["endpoints"]))
     except (KeyError, ValueError) as exc:
         raise CollectError(f"{first}: not a job description: {exc}") from None
+    collected.facts = dict(_facts(path, document) for path, document in described
+                           if "run" in document)
     for d in dirs:
         for path in sorted((d / "nodes").glob("*.json")):
             if path.name.endswith(JOB_SUFFIX) or path.name.endswith(".costs.json"):
@@ -97,6 +109,28 @@ def read_job(dirs: Sequence[Path]) -> Collected:
     return collected
 
 
+def _facts(path: Path, document: dict[str, Any]) -> tuple[str, RunFacts]:
+    """The node a job description is of, and its ``run`` (`RunFacts`)."""
+    try:
+        return str(document["node"]), TypeAdapter(RunFacts).validate_python(document["run"])
+    except (KeyError, ValidationError) as exc:
+        raise CollectError(f"{path}: not a job description: {exc}") from None
+
+
+def run_facts(collected: Collected) -> RunFacts:
+    """The run's `RunFacts`: this command's (pslab version, command line, the scenario's hash),
+    with the nodes' earliest start and their machines where their job descriptions hold them
+    (each node's ``run``)."""
+    facts = RunFacts.of(collected.scenario)
+    cluster = collected.scenario.cluster
+    nodes = [collected.facts[name] for name in node_names(cluster.pservers, cluster.trainers)
+             if name in collected.facts]
+    if nodes:
+        facts.started_utc = min(f.started_utc for f in nodes)  # ISO 8601 UTC: text order
+        facts.hosts = list(dict.fromkeys(host for f in nodes for host in f.hosts))
+    return facts
+
+
 def _node_of(stem: str) -> str:
     role, _, index = stem.rpartition("-")
     return node_name(role, int(index)) if index.isdigit() else stem
@@ -109,6 +143,7 @@ def merge(collected: Collected, dirs: Sequence[Path]) -> JobMetrics:
     trainers = [_record(collected, "trainer", i, TrainerMetrics) for i in range(cluster.trainers)]
     pservers = [_record(collected, "pserver", j, PserverMetrics) for j in range(cluster.pservers)]
     summary = JobSummary.for_run("runtime up", scenario, collected.endpoints, trainers)
+    summary.run = run_facts(collected)
     for name, value in held_back(pservers).items():  # ssp: from the pservers' records
         setattr(summary, name, value)
     missing = [(role, i) for role, count in (("pserver", cluster.pservers),

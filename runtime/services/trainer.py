@@ -952,6 +952,9 @@ class TrainerReport:
     trainer_id: int
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    """Each completed step's duration. A step given up (a pserver restarted and rewound it,
+    or the pservers dropped this trainer) counts into the next one completed: that one lasts
+    from the start of the first attempt given up, the recovery included."""
     first_step: int = 0
     """The step it started at (later than 0 when it joined a job under way, e.g. restarted)."""
     redone: int = 0
@@ -1019,9 +1022,10 @@ class Trainer:
             step = report.first_step = await self.start()
             charge, meter = self.rpc.charge, self.client.meter
             self.training = True
+            given_up: float | None = None  # when the first attempt given up since began
             while step < steps:
                 self.rpc.step = charge.step = step
-                start = charge.clock()
+                start = charge.clock() if given_up is None else given_up
                 started = 0.0 if meter is None else meter.start()
                 feed = batches(step)
                 charge.add_overhead("step")
@@ -1033,8 +1037,10 @@ class Trainer:
                 except (Rewind, Dropped) as notice:
                     if isinstance(notice, Rewind):
                         report.redone += step - notice.step
+                    given_up = start  # the recovery counts into the next step completed
                     step = await self._recover(notice)
                     continue
+                given_up = None
                 elapsed = charge.clock() - start
                 started = 0.0 if meter is None else meter.start()
                 report.losses.append(_loss(value))

@@ -3,15 +3,11 @@
 Every node reads the same scenario and the same pserver endpoints and builds the same `Job`, so
 the nodes agree on every program without talking (see `runtime.services.job`). Which node this
 process is comes from the command line (``--role pserver|trainer --index N [--endpoints h:p,...]``)
-or, as with Paddle's launchers, from the environment:
-
-====================================  =========================================================
-``TRAINING_ROLE``                     ``PSERVER`` or ``TRAINER`` (or ``PADDLE_TRAINING_ROLE``)
-``PADDLE_PSERVERS_IP_PORT_LIST``      the pserver endpoints, ``ip:port,ip:port``
-``PADDLE_TRAINERS_NUM``               how many trainers the job has
-``PADDLE_TRAINER_ID``                 a trainer's index
-``POD_IP``, ``PADDLE_PORT``           a pserver's endpoint; its index is its position in the list
-====================================  =========================================================
+or, as with Paddle's launchers, from the environment: ``TRAINING_ROLE`` (``PSERVER`` or
+``TRAINER``), the pserver endpoints (``PADDLE_PSERVERS_IP_PORT_LIST``), the trainer count
+(``PADDLE_TRAINERS_NUM``), a trainer's index (``PADDLE_TRAINER_ID``) and a pserver's own endpoint
+(``POD_IP`` and ``PADDLE_PORT``), or the other names Paddle gave them
+(`runtime.config.paddle_env` maps every name to its fact and refuses two that disagree).
 
 Endpoints and the trainer count given this way replace the scenario's ``cluster.pservers`` and
 ``cluster.trainers`` (both together, so the job stays consistent); a scenario that lists its own
@@ -83,6 +79,8 @@ from runtime.config.atomic import atomic_open, write_atomic
 from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
 from runtime.config.nodes import (ROLES, RoleName, node_file_stem, node_name, pserver_name,
                                   trainer_name)
+from runtime.config.paddle_env import ENV_VARS, RoleError, paddle_node, parse_endpoints
+from runtime.config.paddle_env import env_role as paddle_role
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.execution.costs import KernelTimes, Meter
 from runtime.execution.executor import set_kernel_threads
@@ -102,9 +100,6 @@ from runtime.services.trainer import TrainerReport
 
 log = logging.getLogger("runtime.services.node")
 
-ENV_ROLES: dict[str, RoleName] = {"PSERVER": "pserver", "TRAINER": "trainer"}
-ENV_VARS = ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST",
-            "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
 MEASURE_VAR = "PSLAB_MEASURE"
 """Set to 1 (as `runtime profile` does), a node measures its kernels and runtime costs and
 writes them to ``OUT/nodes/<role>-<index>.costs.json``."""
@@ -120,11 +115,6 @@ STOP_GRACE = 5.0
 UPDATES_EVERY = 0.005
 """Seconds between a pserver's looks at its update count, to report it on a progress channel."""
 T = TypeVar("T")
-
-
-class RoleError(ValueError):
-    """Flags or environment variables that do not name one node of the job; the message names
-    the flag or variable at fault."""
 
 
 class NodeError(RuntimeError):
@@ -173,38 +163,26 @@ class Role:
 
 # -- which node --------------------------------------------------------------------------------
 
-def parse_endpoints(text: str, source: str) -> tuple[str, ...]:
-    endpoints = tuple(e.strip() for e in text.split(",") if e.strip())
-    if not endpoints:
-        raise RoleError(f"{source}: no endpoint in {text!r}; expected host:port,host:port")
-    for ep in endpoints:
-        host, _, port = ep.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise RoleError(f"{source}: {ep!r} is not host:port")
-    if len(set(endpoints)) != len(endpoints):
-        raise RoleError(f"{source}: endpoints listed twice in {text!r}")
-    return endpoints
-
-
 def resolve_role(role: str | None, index: int | None, endpoints: str | None,
                  env: Mapping[str, str]) -> Role | None:
     """The node that flags or, failing them, Paddle's variables name; None for neither (then
     `runtime up` launches every node itself)."""
-    env_role = (env.get("TRAINING_ROLE", "") or env.get("PADDLE_TRAINING_ROLE", "")).strip()
+    env_role = paddle_role(env)
     if role is None and index is not None:
         raise RoleError("--index needs --role pserver|trainer")
-    if role is None and env_role:
+    if role is None and env_role is not None:
         if endpoints is not None:
-            raise RoleError("--endpoints needs --role; with TRAINING_ROLE set the endpoints come "
-                            "from PADDLE_PSERVERS_IP_PORT_LIST")
-        return _role_from_env(env_role, env)
+            raise RoleError(f"--endpoints needs --role; with {env_role.source} set the endpoints "
+                            "come from PADDLE_PSERVERS_IP_PORT_LIST")
+        return _role_from_env(env)
     if role is None:
         if endpoints is not None:
             raise RoleError("--endpoints needs --role (runtime up picks free ports itself, or uses "
                             "the scenario's cluster.endpoints)")
         return None
-    if env_role and ENV_ROLES.get(env_role.upper()) != role:
-        raise RoleError(f"--role {role} contradicts TRAINING_ROLE={env_role}; give one of them")
+    if env_role is not None and env_role.value != role:
+        raise RoleError(f"--role {role} contradicts {env_role.source}={env_role.text}; give one "
+                        "of them")
     if index is None:
         raise RoleError(f"--role {role} needs --index N")
     if index < 0:
@@ -213,45 +191,11 @@ def resolve_role(role: str | None, index: int | None, endpoints: str | None,
     return Role(role, index, "--index", eps)  # type: ignore[arg-type]
 
 
-def _env(env: Mapping[str, str], name: str, why: str) -> str:
-    value = env.get(name, "").strip()
-    if not value:
-        raise RoleError(f"{name} is not set; {why}")
-    return value
-
-
-def _env_int(env: Mapping[str, str], name: str, why: str, minimum: int) -> int:
-    text = _env(env, name, why)
-    try:
-        value = int(text)
-    except ValueError:
-        raise RoleError(f"{name}={text!r} is not an integer") from None
-    if value < minimum:
-        raise RoleError(f"{name}={value} must be >= {minimum}")
-    return value
-
-
-def _role_from_env(env_role: str, env: Mapping[str, str]) -> Role:
-    role = ENV_ROLES.get(env_role.upper())
-    if role is None:
-        raise RoleError(f"TRAINING_ROLE={env_role!r}: expected PSERVER or TRAINER")
-    why = f"TRAINING_ROLE={env_role} needs it"
-    endpoints = parse_endpoints(_env(env, "PADDLE_PSERVERS_IP_PORT_LIST", why),
-                                "PADDLE_PSERVERS_IP_PORT_LIST")
-    trainers = _env_int(env, "PADDLE_TRAINERS_NUM", why, 1)
-    if role == "trainer":
-        index = _env_int(env, "PADDLE_TRAINER_ID", why, 0)
-        if index >= trainers:
-            raise RoleError(f"PADDLE_TRAINER_ID={index} is not below "
-                            f"PADDLE_TRAINERS_NUM={trainers}")
-        return Role(role, index, "PADDLE_TRAINER_ID", endpoints, "PADDLE_PSERVERS_IP_PORT_LIST",
-                    trainers)
-    me = f"{_env(env, 'POD_IP', why)}:{_env(env, 'PADDLE_PORT', why)}"
-    if me not in endpoints:
-        raise RoleError(f"POD_IP:PADDLE_PORT {me} is not in PADDLE_PSERVERS_IP_PORT_LIST "
-                        f"{','.join(endpoints)}")
-    return Role(role, endpoints.index(me), "POD_IP:PADDLE_PORT", endpoints,
-                "PADDLE_PSERVERS_IP_PORT_LIST", trainers)
+def _role_from_env(env: Mapping[str, str]) -> Role:
+    node = paddle_node(env)
+    assert node is not None, "called with a role variable set"
+    return Role(node.role, node.index, node.index_source, node.endpoints, node.endpoints_source,
+                node.trainers)
 
 
 def node_options(role: Role | None, bind: str | None, recover: bool,

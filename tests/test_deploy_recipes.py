@@ -207,7 +207,7 @@ def test_kubernetes_manifests_run_pservers_and_trainers_by_paddles_variables() -
     documents = [d for path in sorted((DEPLOY / "kubernetes").glob("*.yaml"))
                  for d in yaml.safe_load_all(path.read_text())]
     kinds = sorted(d["kind"] for d in documents)
-    assert kinds == ["Job", "Job", "Pod", "Pod", "Service"]
+    assert kinds == ["Job", "Job", "PersistentVolumeClaim", "Pod", "Pod", "Service"]
     roles = set()
     for document in documents:
         spec = document.get("spec", {})

@@ -57,7 +57,7 @@ def test_the_scenario_maps_ssp_onto_async_with_a_staleness_bound() -> None:
     assert (sync, config.runtime_split_send_recv, config.staleness) == (False, True, 3)
     assert config_from_spec({"mode": "ssp", "staleness": "inf"})[0].staleness == math.inf
     assert config_from_spec({"mode": "async"})[0].staleness is None
-    with pytest.raises(ValueError, match="transpiler.staleness: needs mode ssp, not async"):
+    with pytest.raises(ValueError, match="transpiler.staleness: .*staleness needs mode ssp; got mode async"):
         config_from_spec({"mode": "async", "staleness": 1})
 
 

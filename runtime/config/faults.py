@@ -42,6 +42,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 
 from runtime.config import units
 from runtime.config.nodes import NODE_NAME, is_trainer, node_names
+from transpiler.distribute.modes import MODES
 
 _STEP = re.compile(r"\s*step\s+(\d+)\s*")
 
@@ -501,10 +502,10 @@ def check_against(faults: Sequence[AnyFault], pservers: int, trainers: int, *,
             if fault.crash not in nodes:
                 raise ValueError(f"{where}: crash {fault.crash!r}: no such node in a cluster of "
                                  f"{pservers} pserver(s) and {trainers} trainer(s)")
-            if is_trainer(fault.crash) and \
-                    mode not in ("sync", "async", "ssp", "half_async"):
-                raise ValueError(f"{where}: a trainer crash is supported in sync, async, ssp "
-                                 f"and half_async modes, not {mode}")
+            if is_trainer(fault.crash) and mode in MODES and not MODES[mode].trainer_crash:
+                crashable = [m.name for m in MODES.values() if m.trainer_crash]
+                raise ValueError(f"{where}: a trainer crash is supported in "
+                                 f"{', '.join(crashable)} modes, not {mode}")
             continue
         if isinstance(fault, Partition):
             for side, group in zip(("first", "second"), fault.partition):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
-from transpiler.distribute.from_spec import COMPRESSED_MODES, TRAINER_RING_MODES
+from transpiler.distribute.modes import MODES, TRAINER_RING_MODES, ModeName, conflicts
 from transpiler.opcatalog import optimizer_types
 
 from runtime.config import units
@@ -242,7 +242,7 @@ class CompressionSpec(_Strict):
 class TranspilerSpec(_Strict):
     """How the distribute transpiler splits the program (docs/transpiler.md)."""
 
-    mode: Literal["sync", "async", "ssp", "half_async", "geo", "nccl2", "collective"] = "sync"
+    mode: ModeName = "sync"
     """The distributed mode: sync (barriers each step), async, ssp (async with bounded
     staleness, `staleness`), half_async or geo (Geo-SGD), with pservers; or nccl2 or
     collective, without: the trainers all-reduce among themselves (docs/architecture.md,
@@ -279,16 +279,9 @@ class TranspilerSpec(_Strict):
     def _mode_fields(self) -> "TranspilerSpec":
         """`dc_asgd` needs `mode: async`; `staleness` goes with `mode: ssp`; `compression` needs
         a mode that sends gradients to pservers."""
-        if self.dc_asgd and self.mode != "async":
-            raise CrossFieldError(f"dc_asgd needs mode async, not {self.mode}", "dc_asgd", "mode")
-        if (self.mode == "ssp") != (self.staleness is not None):
-            raise CrossFieldError("mode ssp needs staleness (an int >= 0, or inf), and staleness "
-                                  f"needs mode ssp; got mode {self.mode}, staleness "
-                                  f"{self.staleness}", "staleness", "mode")
-        if self.compression.method != "none" and self.mode not in COMPRESSED_MODES:
-            raise CrossFieldError(f"compression.method {self.compression.method} needs mode "
-                                  f"{', '.join(COMPRESSED_MODES)}, not {self.mode}",
-                                  "compression.method", "mode")
+        for message, fields in conflicts(self.mode, self.dc_asgd, self.staleness,
+                                         self.compression.method):
+            raise CrossFieldError(message, *fields)
         return self
 
 
@@ -543,7 +536,7 @@ class Scenario(_Strict):
         """`expect.params_equal_to` needs a mode whose every step averages the trainers'
         gradients: sync, nccl2, or collective with grad_allreduce (or
         single_process_multi_thread, its one-trainer form)."""
-        averaged = self.transpiler.mode in ("sync", "nccl2") or (
+        averaged = MODES[self.transpiler.mode].averaged or (
             self.transpiler.mode == "collective"
             and self.transpiler.collective_mode in ("grad_allreduce",
                                                     "single_process_multi_thread"))

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from transpiler.distribute.collective import nccl2_executable
+from transpiler.distribute.modes import MODES
 from transpiler.distribute.from_spec import (TRAINER_RING_MODES, TranspileArgs, transpile_args,
                                              transpile_from_spec)
 from transpiler.distribute.lookup_table import remote_prefetch_ops
@@ -147,7 +148,7 @@ class Job:
         ``remote_prefetch`` (in the pserver modes but geo) makes its trainer ask the pservers
         for the rows of the ids it reads (`distributed_lookup_table`) or of the classes it
         samples (`nce`), and phantom kernels have no ids to ask for."""
-        if not self.timing or self.collective or self.scenario.transpiler.mode == "geo":
+        if not self.timing or not MODES[self.scenario.transpiler.mode].remote_prefetch:
             return
         for op, table in remote_prefetch_ops(self.model.main):
             raise JobError(

@@ -63,11 +63,9 @@ POLICIES: dict[str, type[ModePolicy]] = {
 
 
 def policy_name(contract: ServeContract) -> str:
-    """The policy that serves `contract`'s program: DC-ASGD, SSP (async with a staleness
-    bound), or its distributed mode's."""
-    if contract.dc_asgd:
-        return "dc_asgd"
-    return "ssp" if contract.staleness is not None else contract.mode.name.lower()
+    """The policy that serves `contract`'s program, as the transpiler named it
+    (`transpiler.distribute.modes`)."""
+    return contract.policy
 
 
 DROPS_SUSPECT = 3

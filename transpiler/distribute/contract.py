@@ -32,6 +32,7 @@ from typing import Mapping
 
 from ..ir import Op, Program
 from .config import DistributedMode
+from .modes import policy_of
 
 _ADDED = ("trainer_copies", "fanin_scale_ops")
 TRAINER_ID_VAR = "@TRAINER_ID@"
@@ -88,6 +89,9 @@ class ServeContract:
     fanin_scale_ops: tuple[tuple[int, int], ...]
     staleness: int | float | None = None
     """Async with bounded staleness (SSP): the bound (``math.inf``: none); None: not SSP."""
+    policy: str = ""
+    """The pserver policy that serves the program (`modes.policy_of`, written as
+    ``policy``; a program without it gets the one its mode and fields name)."""
 
     @staticmethod
     def of(program: Program) -> ServeContract:
@@ -109,7 +113,7 @@ class ServeContract:
             dict(parse_pairs(op.attr("grad_to_block_id", []))),
             dict(parse_pairs(op.attr("trainer_copies", []))),
             tuple(parse_pairs_int(op.attr("fanin_scale_ops", []))),
-            _staleness(op.attr("staleness", None)))
+            _staleness(op.attr("staleness", None)), _policy(op))
 
     @property
     def sync_blocks(self) -> tuple[int, ...]:
@@ -126,6 +130,16 @@ class ServeContract:
         if idx is None:
             return ()
         return (idx,) if self.lr_block < 0 else (self.lr_block, idx)
+
+
+def _policy(op: Op) -> str:
+    """``listen_and_serv``'s ``policy``, or the one its mode, ``dc_asgd`` and ``staleness``
+    name (a program written before the attribute)."""
+    policy = op.attr("policy", None)
+    if policy is not None:
+        return str(policy)
+    return policy_of(DistributedMode(int(op.attr("distributed_mode", 0))),
+                     bool(op.attr("dc_asgd", False)), op.attr("staleness", None))
 
 
 def _staleness(attr: object) -> int | float | None:

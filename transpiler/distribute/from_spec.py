@@ -32,22 +32,17 @@ collective modes have no pservers (``pservers`` is ignored): the trainers' endpo
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..ir import Program
 from .config import COLLECTIVE_MODES, DistributeTranspilerConfig, compression_settings
 from .dispatch import HashName, PSDispatcher, RoundRobin
+from .modes import COMPRESSED_MODES, MODE_NAMES, MODES, TRAINER_RING_MODES, conflicts
 from .transpiler import DistributeTranspiler
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 6170
-MODES = ("sync", "async", "ssp", "half_async", "geo", "nccl2", "collective")
-TRAINER_RING_MODES = ("nccl2", "collective")
-"""Modes without pservers: the trainers talk to each other."""
-COMPRESSED_MODES = ("sync", "async", "ssp", "half_async")
-"""Modes whose trainers send gradients to pservers, which `compression` may pack."""
 SPLIT_METHODS: dict[str, type[PSDispatcher]] = {"round_robin": RoundRobin, "hash_name": HashName}
 TRANSPILER_FIELDS = ("mode", "slice_var_up", "split_method", "min_block_size", "dc_asgd",
                      "geo_push_every", "collective_mode", "local_sgd_k_steps", "nccl_comm_num",
@@ -96,56 +91,25 @@ def _set(config: DistributeTranspilerConfig, field: str, value: Any, key: str) -
 
 
 def config_from_spec(transpiler: Mapping[str, Any] | None) -> tuple[DistributeTranspilerConfig, bool]:
-    """The config and `transpile`'s ``sync_mode`` for a scenario's ``transpiler`` section."""
+    """The config and `transpile`'s ``sync_mode`` for a scenario's ``transpiler`` section: its
+    mode's row of `MODES` sets the fields, after the cross-field rules (`conflicts`)."""
     spec = _section(transpiler, "transpiler", TRANSPILER_FIELDS)
-    mode = _choice(spec, "mode", MODES, "sync")
+    mode = MODES[_choice(spec, "mode", MODE_NAMES, "sync")]
     split = _choice(spec, "split_method", list(SPLIT_METHODS), "round_robin")
+    if mode.name == "collective":
+        _choice(spec, "collective_mode", COLLECTIVE_MODES, "grad_allreduce")
     config = DistributeTranspilerConfig()
+    _set(config, "compression", spec.get("compression"), "compression")
+    for message, fields in conflicts(mode.name, spec.get("dc_asgd", False) is not False,
+                                     spec.get("staleness"), compression_settings(config)[0]):
+        raise ValueError(f"transpiler.{fields[0]}: {message}")
     _set(config, "slice_var_up", spec.get("slice_var_up", True), "slice_var_up")
     _set(config, "split_method", SPLIT_METHODS[split], "split_method")
     _set(config, "min_block_size", spec.get("min_block_size", config.min_block_size),
          "min_block_size")
-    dc_asgd = spec.get("dc_asgd", False)
-    if dc_asgd is not False and mode != "async":
-        raise ValueError(f"transpiler.dc_asgd: needs mode async, not {mode}")
-    if mode != "sync":
-        _set(config, "sync_mode", False, "mode")
-    if mode in ("async", "ssp"):
-        _set(config, "runtime_split_send_recv", True, "mode")
-        _set(config, "enable_dc_asgd", dc_asgd, "dc_asgd")
-    if mode == "ssp":
-        _set(config, "staleness", _staleness(spec), "staleness")
-    elif spec.get("staleness") is not None:
-        raise ValueError(f"transpiler.staleness: needs mode ssp, not {mode}")
-    elif mode == "half_async":
-        _set(config, "half_async", True, "mode")
-    elif mode == "geo":
-        _set(config, "geo_sgd_mode", True, "mode")
-        _set(config, "geo_sgd_need_push_nums", spec.get("geo_push_every", 100), "geo_push_every")
-    elif mode in TRAINER_RING_MODES:
-        _set(config, "sync_mode", True, "mode")
-        _set(config, "mode", mode, "mode")
-        _set(config, "nccl_comm_num", spec.get("nccl_comm_num", 1), "nccl_comm_num")
-    if mode == "collective":
-        _set(config, "collective_mode", _choice(spec, "collective_mode", COLLECTIVE_MODES,
-                                                "grad_allreduce"), "collective_mode")
-        _set(config, "local_sgd_k_steps", spec.get("local_sgd_k_steps", 1), "local_sgd_k_steps")
-    _set(config, "compression", spec.get("compression"), "compression")
-    if compression_settings(config)[0] != "none" and mode not in COMPRESSED_MODES:
-        raise ValueError(f"transpiler.compression: packs the gradients sent to pservers, which "
-                         f"mode {mode} does not send (one of {', '.join(COMPRESSED_MODES)})")
-    return config, mode in ("sync",) + TRAINER_RING_MODES
-
-
-def _staleness(spec: dict[str, Any]) -> int | float:
-    """``transpiler.staleness`` of an ssp scenario: an int >= 0, or ``inf`` (no bound)."""
-    value = spec.get("staleness")
-    if value == "inf" or value == math.inf:
-        return math.inf
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"transpiler.staleness: mode ssp needs an int >= 0 or inf, "
-                         f"got {value!r}")
-    return value
+    for field, value, key in mode.settings(spec):
+        _set(config, field, value, key)
+    return config, mode.synchronous
 
 
 def _count(spec: dict[str, Any], key: str) -> int:

@@ -46,6 +46,7 @@ from .config import DistributedMode
 from .contract import TRAINER_ID_VAR, bak_name, pair_entries, staleness_attr
 from .edit import clone_var, copy_op
 from .lookup_table import TableBlocks, build_table_blocks, table_rows_per_pserver
+from .modes import policy_of
 from .plan import DistVar, Plan, trainer_copy
 
 FANIN_SCALE_OP = 1
@@ -311,6 +312,7 @@ def listen_and_serv_attrs(plan: Plan, endpoint: str, pserver_id: int, optimize: 
         "prefetch_var_name_to_block_id": table.prefetch_var_name_to_block_id if table else [],
         "checkpint_block_id": table.checkpoint_block_id if table else -1,
         "dc_asgd": plan.config.enable_dc_asgd,
+        "policy": policy_of(plan.mode, plan.config.enable_dc_asgd, plan.config.staleness),
         "trainer_copies": [],
         "fanin_scale_ops": [],
         **plan.server.listen_and_serv_attrs(),

@@ -63,6 +63,8 @@ from runtime.config.outdir import OutputDirError, claim_output
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.config.version import version
 from runtime.services.job import check_job
+from runtime.services.progress import PER_TRAINER, ProgressSummary
+from runtime.services.progress import Progress as StepReport
 
 from .cost import ComputeConfigError
 from .determinism import Difference, first_difference
@@ -87,17 +89,23 @@ class StepProgress(Protocol):
 
 
 class PlainProgress:
-    """A line per trainer every `every` steps and at its last step."""
+    """For a pipe or a file: a line for all the trainers at each tenth of the steps or every
+    few seconds, with the time left (`ProgressSummary`); with at most `PER_TRAINER` trainers
+    also a line per trainer every `every` steps and at its last step."""
 
-    def __init__(self, stream: TextIO, steps: int, every: int) -> None:
+    def __init__(self, stream: TextIO, steps: int, every: int, trainers: int = 1) -> None:
         self.stream, self.steps, self.every = stream, steps, every
+        self.summary = ProgressSummary(trainers, steps)
 
     def step(self, trainer: int, step: int, loss: float, seconds: float, now: float) -> None:
         done = step + 1
-        if done % self.every == 0 or done == self.steps:
+        if self.summary.trainers <= PER_TRAINER and (done % self.every == 0 or done == self.steps):
             print(f"{trainer_name(trainer):<12} step {done}/{self.steps}  loss {loss:.4f}  "
                   f"step time {fmt_seconds(seconds)}  at {fmt_seconds(now)} simulated",
                   file=self.stream, flush=True)
+        line = self.summary.update(trainer, StepReport(done, self.steps, loss, seconds))
+        if line is not None:
+            print(line, file=self.stream, flush=True)
 
     def close(self) -> None:
         pass
@@ -124,7 +132,7 @@ def make_progress(stream: TextIO, scenario: Scenario) -> StepProgress:
     steps = scenario.train.steps
     if stream.isatty():
         return BarProgress(stream, steps * scenario.cluster.trainers)
-    return PlainProgress(stream, steps, scenario.train.log_every)
+    return PlainProgress(stream, steps, scenario.train.log_every, scenario.cluster.trainers)
 
 
 # -- sim run --------------------------------------------------------------------------------------

@@ -118,7 +118,8 @@ from runtime.services.local_zmq import fresh_keys, zmq_transports
 from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_keys,
                                    run_async)
 from runtime.services.output import DetachedOutput
-from runtime.services.progress import Channel, Progress, read_progress
+from runtime.services.progress import (PER_TRAINER, Channel, Progress, ProgressSummary,
+                                       read_progress)
 
 GRACE_SECONDS = 5.0
 """How long a node has to exit after SIGTERM before it is killed."""
@@ -240,19 +241,28 @@ class Display(Protocol):
 
 
 class PlainDisplay:
-    """One line per trainer every `every` steps (and at its last step), one per node exit."""
+    """For a pipe or a file: a line for all the trainers at each tenth of the steps or every
+    few seconds, with the time left (`ProgressSummary`); with at most `PER_TRAINER` trainers
+    also one line per trainer every `every` steps (and at its last step); one per node exit."""
 
-    def __init__(self, stream: TextIO, every: int) -> None:
-        self.stream, self.every = stream, every
+    def __init__(self, stream: TextIO, every: int,
+                 summary: ProgressSummary | None = None) -> None:
+        self.stream, self.every, self.summary = stream, every, summary
 
     def message(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
     def progress(self, node: NodeRun) -> None:
         p = node.progress
-        if p is not None and (p.step % self.every == 0 or p.step == p.steps):
+        if p is None:
+            return
+        each = self.summary is None or self.summary.trainers <= PER_TRAINER
+        if each and (p.step % self.every == 0 or p.step == p.steps):
             self.message(f"{node.name:<12} step {p.step}/{p.steps}  loss {p.loss:.4f}  "
                          f"step time {p.step_time * 1e3:.1f}ms")
+        line = None if self.summary is None else self.summary.update(node.index, p)
+        if line is not None:
+            self.message(line)
 
     def close(self) -> None:
         pass
@@ -285,10 +295,11 @@ class LiveDisplay:
         self.live.stop()
 
 
-def make_display(stream: TextIO, nodes: list[NodeRun], every: int) -> Display:
+def make_display(stream: TextIO, nodes: list[NodeRun], every: int, steps: int = 0) -> Display:
     if stream.isatty():
         return LiveDisplay(stream, nodes)
-    return PlainDisplay(stream, every)
+    trainers = sum(1 for n in nodes if n.role == "trainer")
+    return PlainDisplay(stream, every, ProgressSummary(trainers, steps) if steps else None)
 
 
 # -- setting up --------------------------------------------------------------------------------
@@ -919,8 +930,9 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
     lines = []
     for t in metrics.trainers:
         loss = (f"loss {t.losses[0]:.4f} -> {t.losses[-1]:.4f}" if t.losses else "no steps")
-        mean = f"mean step {1e3 * sum(t.step_times) / len(t.step_times):.1f}ms" \
-            if t.step_times else ""
+        mean = f"mean step {1e3 * t.step_time.mean:.1f}ms" if t.step_time else ""
+        if t.startup_wait_seconds:
+            mean += f" (start-up {t.startup_wait_seconds:.2f}s)"
         joined = f"  from step {t.first_step}" if t.first_step else ""
         redone = f"  redid {t.steps_redone}" if t.steps_redone else ""
         lines.append(f"{trainer_name(t.index):<12} {len(t.losses)} steps{joined}{redone}  {loss}  "
@@ -943,7 +955,9 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
     for e in metrics.expectations:
         lines.append(f"expect {e.name}: {'PASS' if e.passed else 'FAIL'}: {e.detail}")
     job = metrics.job
-    rate = f", {job.samples_per_second:.0f} samples/s in steps" if job.samples_per_second else ""
+    rate = f", {job.samples_per_second:,.0f} samples/s" if job.samples_per_second else ""
+    if job.step_samples_per_second:
+        rate += f" ({job.step_samples_per_second:,.0f} at the median step)"
     wall = f"wall {job.wall_seconds:.2f}s" if job.wall_seconds is not None else "wall unknown"
     lines.append(f"{wall}{rate}")
     return lines
@@ -1123,7 +1137,8 @@ def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
     for note in notes:
         print(f"note: {note}", file=stream)
     output = DetachedOutput(stream)  # the run never waits for the reader of its display
-    display = make_display(cast(TextIO, output), launcher.nodes, train.log_every)  # a text stream
+    display = make_display(cast(TextIO, output), launcher.nodes, train.log_every,  # a text stream
+                           train.steps)
     try:
         wall, failure = run_async(launcher.run(display))
     finally:

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -76,7 +77,7 @@ import numpy as np
 from transpiler.distribute.from_spec import TRAINER_RING_MODES
 
 from runtime.config.atomic import atomic_open, write_atomic
-from runtime.config.metrics import PserverMetrics, TrainerMetrics, write_record
+from runtime.config.metrics import PserverMetrics, RunFacts, TrainerMetrics, write_record
 from runtime.config.nodes import (ROLES, RoleName, node_file_stem, node_name, pserver_name,
                                   trainer_name)
 from runtime.config.paddle_env import ENV_VARS, RoleError, paddle_node, parse_endpoints
@@ -522,12 +523,14 @@ JOB_SUFFIX = ".job.json"
 def write_node_job(out: Path, role: Role, job: Job) -> None:
     """What `runtime collect` needs to merge this node's record with its peers', written by a
     node on its own as it starts: the scenario as this node resolved it (overrides and the
-    cluster size of its role applied) and the pserver endpoints."""
+    cluster size of its role applied), the pserver endpoints, and the run's facts (its host,
+    start, command line: `RunFacts`)."""
     # what was stated only: a default written out would read back as stated, and some fields
     # may be stated only for some choices of others (a data file format's options)
     document = {"node": role.name,
                 "scenario": job.scenario.model_dump(mode="json", exclude_unset=True),
-                "endpoints": list(job.endpoints)}
+                "endpoints": list(job.endpoints),
+                "run": dataclasses.asdict(RunFacts.of(job.scenario))}
     write_atomic(out / "nodes" / f"{node_file_stem(role.role, role.index)}{JOB_SUFFIX}",
                  json.dumps(document, indent=1) + "\n")
 

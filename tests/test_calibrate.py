@@ -21,9 +21,11 @@ from runtime.config.scenario import parse_scenario
 from runtime.execution.curves import Curve, fit_curve
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
-from runtime.launch.calibrate import (FORMAT, KIND_REFERENCES, PROBE_TRIES, Reference, calibrate,
-                                      WorkTimes, feature_of, fit_kernels, grid, job_curves,
-                                      measure_kernels, measure_sharing, merge_kinds)
+from runtime.launch.calibrate import (FORMAT, KIND_REFERENCES, LOCAL_REFERENCE, PROBE_TRIES,
+                                      RUNTIME_REFERENCE, Reference, WorkTimes, calibrate,
+                                      feature_of, fit_kernels, fold_local, grid, job_curves,
+                                      measure_kernels, measure_sharing, merge_kinds,
+                                      ops_per_period)
 from sim.cost import Calibrated, ComputeConfigError, compute_model
 from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
@@ -289,3 +291,21 @@ def test_op_types_only_the_reference_jobs_ran_get_curves_and_the_grids_are_kept(
     extra = job_curves(grid_curves, runs)
     assert set(extra) == {"split_ids"}  # the grid's mul is not replaced by the jobs' samples
     assert extra["split_ids"] == {"feature": "bytes", "points": [[1000.0, 3e-5], [8000.0, 9e-5]]}
+
+
+def test_a_step_and_an_op_cost_what_the_local_job_says_and_the_rest_is_owed_by_rpc_steps() -> None:
+    main = {"op_overhead": 4.0, "step_overhead": 100.0, "step_residual": 50.0,
+            "round_residual": 20.0, "messages": {}}
+    local = {"op_overhead": 1.0, "step_overhead": 60.0, "step_residual": 7.0}
+    folded = fold_local(main, local, trainer_ops=10, pserver_ops=3)
+    # a step with RPCs costs as before: 60 + 10 x 1 + (50 + 40 + 10 x 3) = 100 + 10 x 4 + 50
+    assert folded == {"op_overhead": 1.0, "step_overhead": 60.0, "step_residual": 120.0,
+                      "round_residual": 29.0, "messages": {}}
+    # a local job that measured more than the main one changes nothing
+    assert fold_local(main, {"op_overhead": 5.0, "step_overhead": 120.0}, 10, 3) == main
+
+
+def test_the_reference_jobs_ops_per_step_and_round_are_its_programs() -> None:
+    trainer, pserver = ops_per_period(RUNTIME_REFERENCE)
+    assert trainer > 0 and pserver > 0
+    assert parse_scenario(LOCAL_REFERENCE, "local").transpiler.mode == "geo"

@@ -26,7 +26,10 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   ring's messages), of which only those kinds are kept; every kernel call of the three jobs is
   kept with its work too, and the op types the grid never runs (a distributed table's
   ``split_ids``, ``merge_ids`` and ``lookup_sparse_table``, for instance) get their numpy curves
-  from them (`job_curves`; named in ``meta.from_jobs``).
+  from them (`job_curves`; named in ``meta.from_jobs``). A step's and an op's own cost come
+  from a job whose steps make no RPC (`LOCAL_REFERENCE`, `fold_local`); what the reference
+  job's steps and rounds cost beyond that is owed by the steps that make an RPC and by the
+  rounds.
 
 Drift. On a shared machine (a VM whose host runs other guests) a thread's CPU time grows while
 the hypervisor runs someone else, so a kernel measured then looks slower than it is, and one
@@ -440,10 +443,26 @@ class RuntimeRuns:
     kernels: WorkTimes = field(default_factory=WorkTimes)
 
 
+LOCAL_REFERENCE = """name: calibrate-local
+seed: 1
+model: {name: mlp, sizes: [64, 256, 10], optimizer: {type: sgd, learning_rate: 0.05}}
+data: {name: digits, batch_size: 32}
+cluster: {pservers: 1, trainers: 1}
+transpiler: {mode: geo, geo_push_every: 1000}
+train: {steps: 150, deadline: 300s}
+"""
+"""A job whose steps make no RPC (a geo trainer that never pushes): what a step and an op's
+dispatch cost with no messages in the step (`fold_local`)."""
+
+
 def measure_runtime(stream: TextIO) -> RuntimeRuns:
     """The runtime section of a profile of `RUNTIME_REFERENCE`, run for real, with the message
-    kinds of each of `KIND_REFERENCES` added, and every reference job's kernel samples."""
+    kinds of each of `KIND_REFERENCES` added, the per-step and per-op costs of
+    `LOCAL_REFERENCE` (`fold_local`), and every reference job's kernel samples."""
     document, kernels = _profile_runtime("reference", RUNTIME_REFERENCE, stream)
+    print("  runtime: the local reference job, for a step without RPCs", file=stream, flush=True)
+    local, _ = _profile_runtime("local", LOCAL_REFERENCE, stream)
+    document = fold_local(document, local, *ops_per_period(RUNTIME_REFERENCE))
     for name, text in KIND_REFERENCES.items():
         print(f"  runtime: the {name} reference job, for its message kinds and op types",
               file=stream, flush=True)
@@ -479,6 +498,35 @@ def job_curves(curves: dict[str, Any], runs: WorkTimes) -> dict[str, Any]:
                          if op not in curves})
     fitted, _ = fit_kernels(missing)
     return {op: curve.document() for op, curve in fitted.items()}
+
+
+def ops_per_period(text: str) -> tuple[int, int]:
+    """The compute ops a trainer of the job `text` runs per step (its main block's, RPC ops
+    left out) and those a sync pserver of it runs per round (its sync blocks')."""
+    job = Job.from_scenario(parse_scenario(text, "<reference>"))
+    main = job.trainer_programs(0)[0]
+    trainer = sum(1 for op in main.global_block().ops
+                  if op.type not in OPS or OPS[op.type].runs == "kernel")
+    pserver_main, _ = job.pserver_programs(0)
+    contract = ServeContract.of(pserver_main)
+    pserver = sum(len(pserver_main.blocks[i].ops) for i in contract.sync_blocks)
+    return trainer, pserver
+
+
+def fold_local(main: dict[str, Any], local: dict[str, Any], trainer_ops: int,
+               pserver_ops: int) -> dict[str, Any]:
+    """`main`'s runtime section with a step's and an op's cost taken from `local` (a job whose
+    steps make no RPC), and what `main`'s steps and rounds cost beyond that owed by the steps
+    that make an RPC (``step_residual``) and by the rounds (``round_residual``): a geo trainer's
+    local step then costs what one costs, where the sync job's figures, spread over every
+    step and op, priced it a fifth too high."""
+    op = min(float(local["op_overhead"]), float(main["op_overhead"]))
+    step = min(float(local["step_overhead"]), float(main["step_overhead"]))
+    extra_op = float(main["op_overhead"]) - op
+    return dict(main, op_overhead=op, step_overhead=step,
+                step_residual=float(main.get("step_residual", 0.0))
+                + float(main["step_overhead"]) - step + extra_op * trainer_ops,
+                round_residual=float(main.get("round_residual", 0.0)) + extra_op * pserver_ops)
 
 
 def merge_kinds(main: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -594,7 +642,8 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
             yield (f"scheduler: a busy process keeps a core for "
                    f"{document['cores']['slice'] * 1e3:.2f} ms while others wait (median)")
     if "runtime" in document:
-        yield ("runtime: measured on a 2 x 2 reference job, with the message kinds of "
+        yield ("runtime: measured on a 2 x 2 reference job, a step without RPCs on a local "
+               "job, and the message kinds of "
                + " and ".join(f"a {name} job" for name in KIND_REFERENCES))
     if document["meta"].get("from_jobs"):
         yield ("op types priced from the reference jobs' runs: "

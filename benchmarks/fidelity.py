@@ -184,6 +184,14 @@ def _median_step(metrics: dict[str, Any]) -> float:
     return statistics.median(t for trainer in metrics["trainers"] for t in trainer["step_times"])
 
 
+def samples_per_second(step_times: list[list[float]], batch: int) -> float:
+    """Samples a second over the steps after each trainer's first (its first waits for the
+    job to form), the slowest trainer's time: the same figure for real runs and simulated."""
+    after = [times[1:] for times in step_times if len(times) > 1]
+    seconds = max((sum(times) for times in after), default=0.0)
+    return sum(len(times) for times in after) * batch / seconds if seconds else 0.0
+
+
 def _pserver_bytes(pservers: list[dict[str, Any]]) -> list[int]:
     return [p["bytes_in"] + p["bytes_out"] - p["heartbeat_bytes"] for p in pservers]
 
@@ -218,7 +226,8 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
                  work / f"{config.name}.up{r}.log")
             metrics = json.loads((out / "metrics.json").read_text())
             measured.append(_median_step(metrics))
-            samples.append(metrics["job"]["samples_per_second"] or 0.0)
+            samples.append(samples_per_second([t["step_times"] for t in metrics["trainers"]],
+                                              config.batch))
             real_bytes = _pserver_bytes(metrics["pservers"])
     stolen_after, total_after = _steal()
     steal = (stolen_after - stolen) / max(total_after - total, 1)
@@ -226,8 +235,7 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
         predictions = [(_simulate_calibrated(scenario, machine), machine)]
     predictions.sort(key=lambda prediction: statistics.median(_step_times(prediction[0])))
     sim, profile = predictions[(len(predictions) - 1) // 2]  # the median (the lower of two)
-    steps_time = max(sum(trainer.step_times) for trainer in sim.trainers)
-    samples_sim = sum(len(t.step_times) for t in sim.trainers) * config.batch / steps_time
+    samples_sim = samples_per_second([t.step_times for t in sim.trainers], config.batch)
     sim_bytes = [p.bytes_in + p.bytes_out - p.heartbeat_bytes for p in sim.pservers]
     lines = []
     if cpu:
@@ -343,11 +351,14 @@ def main() -> None:
             for line in outcome.cpu:
                 print(line, flush=True)
     errors = [abs(o.error) for o in outcomes]
+    rates = [abs(o.samples_predicted / o.samples_measured - 1) for o in outcomes
+             if o.samples_measured]
     exact = sum(o.bytes_measured == o.bytes_predicted for o in outcomes)
     print(f"summary: {len(outcomes)} configurations, median |error| "
           f"{statistics.median(errors):.1%}, worst {max(errors):.1%} "
-          f"({max(outcomes, key=lambda o: abs(o.error)).config.name}); per-pserver bytes exact "
-          f"in {exact} of {len(outcomes)}")
+          f"({max(outcomes, key=lambda o: abs(o.error)).config.name}); samples/s median "
+          f"|error| {statistics.median(rates) if rates else 0:.1%}, worst "
+          f"{max(rates, default=0):.1%}; per-pserver bytes exact in {exact} of {len(outcomes)}")
 
 
 def _machine(args: argparse.Namespace, work: Path) -> Path:

@@ -7,7 +7,7 @@ job priced from it (every node on one host of this machine's cores), and runs ea
 points for real (`runtime up`, ``--repeat`` times, CurveZMQ, the default protocol), none of
 them calibrated or profiled. Per point: the real mean step time (min / median / max over the
 runs) against the simulated one (the sweep's ``step_time_mean``: every step of every trainer,
-as the real figure).
+as the real figure: each trainer's first step, the wait for the job to form, left out).
 
 Ranking: two points are in the same order when the simulated times order them as the real
 medians do; a pair whose real runs' ranges overlap is a tie (the machine cannot tell them
@@ -75,7 +75,9 @@ def _run(command: list[str], log: Path) -> None:
 
 
 def mean_step(metrics: dict[str, Any]) -> float:
-    return statistics.fmean(t for trainer in metrics["trainers"] for t in trainer["step_times"])
+    """The run record's mean step over every trainer (``job.step_time_all``: each trainer's
+    first step, the wait for the job to form, left out), as the sweep's ``step_time_mean``."""
+    return float(metrics["job"]["step_time_all"]["mean"])
 
 
 def real_runs(scenario: Path, work: Path, repeat: int) -> dict[tuple[int, int], list[float]]:

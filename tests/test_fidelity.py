@@ -75,3 +75,11 @@ def test_the_ranking_scenario_is_valid_at_every_point() -> None:
                 "cluster: {pservers: 1, trainers: 1}", f"cluster: {{pservers: {p}, trainers: {t}}}")
             scenario = parse_scenario(text)
             assert (scenario.cluster.pservers, scenario.cluster.trainers) == (p, t)
+
+
+def test_samples_per_second_leaves_out_each_trainers_first_step_on_both_sides() -> None:
+    bench = fidelity()
+    # trainer 0: 10 s to form the job, then 2 steps of 1 s; trainer 1: 3 steps of 1.5 s after
+    assert bench.samples_per_second([[10.0, 1.0, 1.0], [0.5, 1.5, 1.5]], batch=4) == \
+        4 * 4 / 3.0
+    assert bench.samples_per_second([[1.0]], batch=4) == 0.0

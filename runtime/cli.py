@@ -106,9 +106,6 @@ def _add_up(subparsers: argparse._SubParsersAction) -> None:
                     "With --role (or TRAINING_ROLE and the PADDLE_* variables, as Paddle's "
                     "launchers set them) run that one node in the foreground instead.")
     add_arguments(p)
-    p.add_argument("--runs", type=_positive_int, default=1,
-                   help="measured runs; the profile is the one whose nodes used the median "
-                        "CPU time (1)")
     p.add_argument("--netns", action="store_true",
                    help="run each node in a network namespace of its own and apply the "
                         "scenario's network: bandwidth as tc tbf, latency by a proxy in front of "

@@ -142,10 +142,10 @@ def test_parameters_keep_torch_names_layouts_and_values_and_the_module_is_untouc
     assert model.main.global_block().var("head.1.weight").shape == (10, 64)  # [out, in]
 
 
-class Gelu(nn.Module):
+class Mish(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.fc, self.act = nn.Linear(64, 10), nn.GELU()
+        self.fc, self.act = nn.Linear(64, 10), nn.Mish()
 
     def forward(self, x: Any) -> Any:
         return self.act(self.fc(x))
@@ -158,9 +158,9 @@ class Cumsum(nn.Module):
 
 def test_an_unsupported_op_is_an_error_naming_the_node_and_the_op() -> None:
     with pytest.raises(CaptureError, match=r"^from_torch: node 'act' \(call_module "
-                       r"torch\.nn\.modules\.activation\.GELU\) is not supported; supported "
+                       r"torch\.nn\.modules\.activation\.Mish\) is not supported; supported "
                        r"modules: .*nn\.Conv2d"):
-        capture(Gelu())
+        capture(Mish())
     with pytest.raises(CaptureError, match=r"^from_torch: node 'cumsum' \(call_function "
                        r"torch\.cumsum\) is not supported; supported functions: "):
         capture(Cumsum())

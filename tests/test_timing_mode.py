@@ -184,7 +184,7 @@ def _binary(op_type: str) -> None:
 
 
 for _op in ("relu", "tanh", "sigmoid", "exp", "log", "sqrt", "square", "cos", "clip", "scale",
-            "cast", "assign"):
+            "cast", "assign", "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu"):
     _unary(_op)
 for _op in ("floor", "ceil", "sign"):
     OP_CASES[_op] = (Op(_op, {"X": ["x"]}, {"Out": ["o"]}), {"x": POSITIVE}, {"x": BATCH, "o": BATCH})

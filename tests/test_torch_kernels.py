@@ -187,10 +187,16 @@ def elementwise_cases() -> list[Case]:
 
 UNARY = {"relu": normal, "tanh": normal, "sigmoid": normal, "exp": normal, "log": positive,
          "sqrt": positive, "square": normal, "cos": normal}
+ACTIVATIONS = {"gelu": {"approximate": True}, "silu": {}, "leaky_relu": {"alpha": 0.1},
+               "elu": {"alpha": 0.7}, "softplus": {"beta": 2.0, "threshold": 1.0},
+               "brelu": {"t_min": -0.5, "t_max": 0.7}}
+"""The activations with attributes: each with its defaults, and with the attributes given."""
 
 
 def math_cases() -> list[Case]:
     cases = [Case(op, slots(X=make(3, 4)), wrt=("X",)) for op, make in UNARY.items()]
+    cases += [Case(op, slots(X=normal(3, 4)), attrs=attrs, wrt=("X",), id=",".join(attrs))
+              for op, given in ACTIVATIONS.items() for attrs in ([{}, given] if given else [{}])]
     cases += [Case(op, slots(X=lambda rng: 3 * rng.standard_normal((3, 4)))) for op in ("floor", "ceil", "sign")]
     cases += [Case("relu", slots(X=sequences([1, 2])), wrt=("X",), id="lod"),
               Case("scale", slots(X=normal(2, 3)), attrs={"scale": 3.0, "bias": 0.5}, wrt=("X",)),

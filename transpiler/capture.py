@@ -3,12 +3,15 @@
 torch.fx traces the module's forward (`symbolic_trace`) into a graph of calls, and shape
 propagation on the example inputs gives every node's shape. Each node then becomes the
 Paddle-style ops the front end writes (`layers`): `nn.Linear` a `matmul_v2` (+
-`elementwise_add`), `nn.Conv2d` a `conv2d`, `F.max_pool2d` a `pool2d`, `F.cross_entropy` a
-`softmax_with_cross_entropy` and a `mean`, ... (`supported()` lists them all); anything else is a
-`CaptureError` naming the node and its op. The forward's arguments become feeds (batch dim -1;
-an integer vector, a class label, becomes Paddle's [-1, 1]). The loss is the captured module's
-own output, or one given by name (`loss="cross_entropy"` or ``"mse"`` against a ``label`` feed);
-the optimizer's `minimize` then appends backward and the updates, as for any model.
+`elementwise_add`), `nn.Conv2d` a `conv2d`, `F.max_pool2d` a `pool2d`, `nn.GELU` a `gelu`,
+`nn.Embedding` a `lookup_table`, `F.cross_entropy` a `softmax_with_cross_entropy` and a `mean`,
+... (`supported()` lists them all); anything else is a `CaptureError` naming the node and its
+op. An embedding's table may be held by the pservers in pieces, as Paddle's
+`embedding(is_distributed=True)` is (`distributed_table`). The forward's arguments become feeds
+(batch dim -1; an integer vector, a class label or one id a row, becomes Paddle's [-1, 1]). The
+loss is the captured module's own output, or one given by name (`loss="cross_entropy"` or
+``"mse"`` against a ``label`` feed); the optimizer's `minimize` then appends backward and the
+updates, as for any model.
 
 Parameters keep torch's names (``fc1.weight``, ``features.0.bias``: `state_dict`'s) and layouts
 (a linear weight is [out, in]; a layer norm's is flattened), and start from the module's current
@@ -46,7 +49,8 @@ class CaptureError(ModelError):
 def from_torch(module: Any, example_inputs: Any, *, loss: str | None = None,
                label: str = "label", optimizer: OptimizerSpec | None = None,
                lr: LRSpec | None = None, seed: int = 0, name: str | None = None,
-               data: str = "", data_params: dict[str, Any] | None = None) -> Model:
+               data: str = "", data_params: dict[str, Any] | None = None,
+               distributed_table: str | None = None) -> Model:
     """A training `Model` of `module`, traced on `example_inputs` (a tensor, or a tuple of them,
     one per argument of forward; dim 0 is the batch).
 
@@ -54,7 +58,10 @@ def from_torch(module: Any, example_inputs: Any, *, loss: str | None = None,
     is the model's label), else one of `LOSSES` against a new feed named `label` (int64 class
     ids for cross_entropy, the prediction's shape for mse). `optimizer`, `lr` and `seed` are
     a scenario builder's (`transpiler.models.make_model`); `data` and `data_params` name the
-    data set that fits by default."""
+    data set that fits by default. `distributed_table`: the name of one `nn.Embedding` of
+    `module` (``"emb"``, as `named_modules` names it) whose table the pservers hold in pieces,
+    a trainer prefetching the rows it reads (Paddle's ``embedding(is_distributed=True)``; its
+    gradient is sparse rows, whatever the module's `sparse`)."""
     import torch
 
     if not isinstance(module, torch.nn.Module):
@@ -64,11 +71,13 @@ def from_torch(module: Any, example_inputs: Any, *, loss: str | None = None,
                            f"forward returns the loss)")
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
         else (example_inputs,)
+    _check_table(module, distributed_table)
     graph = _trace(module, inputs)
     model_name = name or type(module).__name__
 
     def body() -> Built:
-        capture = _Capture(module, graph, int(inputs[0].shape[0]) if inputs[0].dim() else 0)
+        capture = _Capture(module, graph, int(inputs[0].shape[0]) if inputs[0].dim() else 0,
+                           distributed_table)
         out = capture.run()
         feeds = capture.feeds
         if loss is None:
@@ -103,6 +112,18 @@ def _trace(module: Any, inputs: tuple[Any, ...]) -> Any:
     return graph
 
 
+def _check_table(module: Any, table: str | None) -> None:
+    """`table` (`from_torch`'s `distributed_table`) names an `nn.Embedding` of `module`."""
+    import torch
+
+    if table is None:
+        return
+    embeddings = sorted(n for n, m in module.named_modules() if isinstance(m, torch.nn.Embedding))
+    if table not in embeddings:
+        raise CaptureError(f"from_torch: distributed_table {table!r} is not an nn.Embedding of "
+                           f"{type(module).__name__}; its embeddings: {embeddings or 'none'}")
+
+
 def _label_feed(label: str, loss: str, out: Var) -> Var:
     if loss == "cross_entropy":
         return layers.data(label, shape=[1], dtype="int64")
@@ -125,17 +146,23 @@ class _Capture:
     """Walks the fx graph in order, each node's value being a `Var` (a tensor), or a Python
     value (sizes, ints) that later nodes take as arguments."""
 
-    def __init__(self, module: Any, graph: Any, batch: int) -> None:
+    def __init__(self, module: Any, graph: Any, batch: int, table: str | None = None) -> None:
         self.module, self.graph, self.batch = module, graph, batch
         self.modules = dict(graph.named_modules())
         self.env: dict[Any, Any] = {}
         self.feeds: list[str] = []
         self.predict: Var | None = None  # the logits a captured loss reads
+        self.table = table  # the embedding whose table the pservers hold (distributed_table)
+        self.looked_up: set[str] = set()  # the embeddings forward reads
 
     def run(self) -> Var:
         for node in self.graph.graph.nodes:
             if node.op == "output":
-                return self._output(node)
+                out = self._output(node)
+                if self.table is not None and self.table not in self.looked_up:
+                    raise CaptureError(f"from_torch: distributed_table {self.table!r}: forward "
+                                       f"never looks it up")
+                return out
             self.env[node] = self._value(node)
         raise CaptureError("from_torch: the traced graph has no output")
 
@@ -220,6 +247,10 @@ class _Capture:
 
     def out(self, node: Any, like: Var) -> Var:
         """A temporary of `node`'s traced shape, the batch dim -1 when `like`'s is."""
+        return create_tmp_var(node.name, self.shape(node, like), like.dtype)
+
+    def shape(self, node: Any, like: Var) -> list[int]:
+        """`node`'s traced shape, the batch dim -1 when `like`'s is."""
         shape = list(node.meta["tensor_meta"].shape)
         if like.shape and like.shape[0] == -1 and shape:
             if shape[0] != self.batch:
@@ -227,7 +258,7 @@ class _Capture:
                                    f"the batch dimension: {list(like.shape)} -> {shape} with "
                                    f"example batch {self.batch}")
             shape[0] = -1
-        return create_tmp_var(node.name, shape, like.dtype)
+        return shape
 
     def restart(self, name: str, value: Any) -> None:
         """The persistable var `name` (batch norm's statistics) starts from `value`."""
@@ -396,6 +427,79 @@ def _softmax(cap: _Capture, node: Any, x: Var, dim: int | None = None, *_: Any,
     return layers.softmax(_tensor(x, node), axis=int(dim))
 
 
+def _gelu(cap: _Capture, node: Any, x: Var, approximate: str = "none") -> Var:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate {approximate!r} is not 'none' or 'tanh'")
+    return layers.gelu(_tensor(x, node), approximate == "tanh")
+
+
+def _silu(cap: _Capture, node: Any, x: Var, inplace: bool = False) -> Var:
+    return layers.silu(_tensor(x, node))
+
+
+def _leaky_relu(cap: _Capture, node: Any, x: Var, negative_slope: float = 0.01,
+                inplace: bool = False) -> Var:
+    return layers.leaky_relu(_tensor(x, node), float(negative_slope))
+
+
+def _elu(cap: _Capture, node: Any, x: Var, alpha: float = 1.0, inplace: bool = False) -> Var:
+    return layers.elu(_tensor(x, node), float(alpha))
+
+
+def _softplus(cap: _Capture, node: Any, x: Var, beta: float = 1.0,
+              threshold: float = 20.0) -> Var:
+    return layers.softplus(_tensor(x, node), float(beta), float(threshold))
+
+
+def _hardtanh(cap: _Capture, node: Any, x: Var, min_val: float = -1.0, max_val: float = 1.0,
+              inplace: bool = False) -> Var:
+    return layers.brelu(_tensor(x, node), float(min_val), float(max_val))
+
+
+def _relu6(cap: _Capture, node: Any, x: Var, inplace: bool = False) -> Var:
+    return layers.brelu(_tensor(x, node), 0.0, 6.0)
+
+
+def _activation_modules(nn: Any) -> dict[type, Callable[..., Var]]:
+    """The activation modules with attributes, each as its function's handler."""
+    return {
+        nn.GELU: lambda cap, node, mod, x: _gelu(cap, node, x, mod.approximate),
+        nn.SiLU: _module_of(_silu),
+        nn.LeakyReLU: lambda cap, node, mod, x: _leaky_relu(cap, node, x, mod.negative_slope),
+        nn.ELU: lambda cap, node, mod, x: _elu(cap, node, x, mod.alpha),
+        nn.Softplus: lambda cap, node, mod, x: _softplus(cap, node, x, mod.beta, mod.threshold),
+        nn.Hardtanh: lambda cap, node, mod, x: _hardtanh(cap, node, x, mod.min_val, mod.max_val),
+        nn.ReLU6: _module_of(_relu6),
+    }
+
+
+def _embedding_module(cap: _Capture, node: Any, mod: Any, ids: Var) -> Var:
+    """`lookup_table` of the module's weight (`lookup_table_v2` where torch keeps the ids'
+    trailing 1), its `padding_idx` and `sparse` Paddle's, `is_distributed` where it is the
+    `distributed_table`."""
+    if mod.max_norm is not None or mod.scale_grad_by_freq:
+        raise ValueError("max_norm and scale_grad_by_freq are not supported: Paddle's lookup "
+                         "neither renormalizes the rows it reads nor scales their gradients")
+    ids, pad = _tensor(ids, node), mod.padding_idx
+    if pad is not None and bool(mod.weight[pad].ne(0).any()):
+        raise ValueError(f"row {pad} of the weight, the padding_idx, is not zero: Paddle's "
+                         f"padding_idx reads zeros there (torch reads the row, which it starts "
+                         f"at zero)")
+    want = cap.shape(node, ids)
+    keeps_one = ids.shape[-1] == 1 and len(want) == len(ids.shape) + 1
+    lookup = layers.embedding_v2 if keeps_one else layers.embedding
+    distributed = node.target == cap.table
+    out = lookup(ids, [mod.num_embeddings, mod.embedding_dim],
+                 is_sparse=bool(mod.sparse) or distributed, is_distributed=distributed,
+                 padding_idx=pad, param_attr=cap.attr(f"{node.target}.weight", mod.weight),
+                 dtype=_dtype(mod.weight.dtype, node))
+    if list(out.shape) != want:
+        raise ValueError(f"ids of shape {list(ids.shape)} look up {list(out.shape)}, torch "
+                         f"{want}")
+    cap.looked_up.add(node.target)
+    return out
+
+
 def _reshape(cap: _Capture, node: Any, x: Var, *_: Any, **__: Any) -> Var:
     """view / reshape / flatten: the traced output shape, the batch dim -1."""
     x = _tensor(x, node)
@@ -562,6 +666,7 @@ class _Tables:
             nn.Softmax: lambda cap, node, mod, x: _softmax(cap, node, x, mod.dim),
             nn.Flatten: flatten_module, nn.Identity: _module_of(_identity),
             nn.CrossEntropyLoss: _loss_module(_cross_entropy), nn.MSELoss: _loss_module(_mse),
+            nn.Embedding: _embedding_module, **_activation_modules(nn),
         }
         self.functions: dict[Any, Callable[..., Any]] = {
             torch.relu: relu, F.relu: relu, torch.sigmoid: sigmoid, F.sigmoid: sigmoid,
@@ -575,6 +680,8 @@ class _Tables:
             operator.neg: _neg, torch.mean: _mean, F.max_pool2d: _pool("max"),
             F.avg_pool2d: _pool("avg"), F.dropout: _dropout, F.cross_entropy: _cross_entropy,
             F.mse_loss: _mse, operator.getitem: _getitem, getattr: _getattr,
+            F.gelu: _gelu, F.silu: _silu, F.leaky_relu: _leaky_relu, F.elu: _elu,
+            F.softplus: _softplus, F.hardtanh: _hardtanh, F.relu6: _relu6,
         }
         self.methods: dict[str, Callable[..., Any]] = {
             "relu": relu, "sigmoid": sigmoid, "tanh": tanh, "exp": exp, "log": log,

@@ -29,6 +29,7 @@ __all__ = [
     "autoincreased_step_counter", "ConditionalBlock", "conditional_block", "Switch",
     "conv2d", "pool2d", "batch_norm", "layer_norm", "dropout", "matmul", "transpose", "squeeze",
     "unsqueeze", "split", "slice", "gather", "sigmoid_cross_entropy_with_logits",
+    "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu",
 ]
 
 
@@ -112,6 +113,36 @@ def ceil(x: Var) -> Var:
 
 def cos(x: Var) -> Var:
     return _unary("cos", x)
+
+
+def gelu(x: Var, approximate: bool = False) -> Var:
+    """x * Phi(x), Phi the normal CDF (erf); `approximate`: its tanh approximation."""
+    return _unary("gelu", x, {"approximate": approximate})
+
+
+def silu(x: Var) -> Var:
+    """x * sigmoid(x)."""
+    return _unary("silu", x)
+
+
+def leaky_relu(x: Var, alpha: float = 0.02) -> Var:
+    """x where x > 0, else alpha * x."""
+    return _unary("leaky_relu", x, {"alpha": alpha})
+
+
+def elu(x: Var, alpha: float = 1.0) -> Var:
+    """x where x > 0, else alpha * (exp(x) - 1)."""
+    return _unary("elu", x, {"alpha": alpha})
+
+
+def softplus(x: Var, beta: float = 1.0, threshold: float = 20.0) -> Var:
+    """log(1 + exp(beta * x)) / beta, or x where beta * x > threshold."""
+    return _unary("softplus", x, {"beta": beta, "threshold": threshold})
+
+
+def brelu(x: Var, t_min: float = 0.0, t_max: float = 24.0) -> Var:
+    """x clipped to [t_min, t_max], the gradient 0 outside (torch's Hardtanh)."""
+    return _unary("brelu", x, {"t_min": t_min, "t_max": t_max})
 
 
 _ACTIVATIONS = {"relu": relu, "tanh": tanh, "sigmoid": sigmoid, "softmax": softmax}

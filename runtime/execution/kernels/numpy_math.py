@@ -2,14 +2,17 @@
 squared_l2_norm), concat, and clipping, with their gradient kernels.
 
 Activation gradients read the forward output where Paddle's do (relu, tanh, sigmoid, exp,
-sqrt), otherwise the input. `sum` and `scale` also accept `SelectedRows`, as the pserver sums
-and averages sparse gradients with them.
+sqrt), otherwise the input. The activations with attributes (`gelu`, `silu`, `leaky_relu`,
+`elu`, `softplus`, `brelu`: Paddle's ops, with its attribute names and defaults) compute as
+torch's GELU, SiLU, LeakyReLU, ELU, Softplus and Hardtanh do. `sum` and `scale` also accept
+`SelectedRows`, as the pserver sums and averages sparse gradients with them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -60,6 +63,102 @@ def _register_unary(op_type: str, fn: Callable[[Array], Array],
 
 for _op_type, (_fn, _grad) in _UNARY.items():
     _register_unary(_op_type, _fn, _grad)
+
+
+# -- activations with attributes ------------------------------------------------------------------
+Attr = Callable[[str, Any], Any]
+"""An op's attribute by name, with its default: `KernelContext.attr`."""
+
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+_GELU_CUBIC = 0.044715
+
+
+@functools.cache
+def _erf_ufunc() -> Callable[[Array], Array]:
+    """erf of each element: scipy's where it is installed, else the standard library's."""
+    try:
+        from scipy.special import erf
+    except ImportError:
+        scalar_erf = np.frompyfunc(math.erf, 1, 1)
+        return lambda x: np.asarray(scalar_erf(x), dtype=x.dtype)
+    return erf  # type: ignore[no-any-return]
+
+
+def _gelu(x: Array, attr: Attr) -> Array:
+    if attr("approximate", False):
+        return 0.5 * x * (1.0 + np.tanh(_SQRT_2_PI * (x + _GELU_CUBIC * x ** 3)))
+    return 0.5 * x * (1.0 + _erf_ufunc()(x / math.sqrt(2.0)))
+
+
+def _gelu_grad(g: Array, x: Array, o: Array, attr: Attr) -> Array:
+    if attr("approximate", False):
+        t = np.tanh(_SQRT_2_PI * (x + _GELU_CUBIC * x ** 3))
+        slope = _SQRT_2_PI * (1.0 + 3.0 * _GELU_CUBIC * x * x)
+        return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope)
+    cdf = 0.5 * (1.0 + _erf_ufunc()(x / math.sqrt(2.0)))
+    return g * (cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
+
+
+def _silu_grad(g: Array, x: Array, o: Array, attr: Attr) -> Array:
+    s = _sigmoid(x)
+    return g * s * (1.0 + x * (1.0 - s))
+
+
+def _elu(x: Array, attr: Attr) -> Array:
+    alpha = float(attr("alpha", 1.0))
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+def _elu_grad(g: Array, x: Array, o: Array, attr: Attr) -> Array:
+    return np.where(x > 0, g, g * float(attr("alpha", 1.0)) * np.exp(np.minimum(x, 0)))
+
+
+def _softplus(x: Array, attr: Attr) -> Array:
+    beta, threshold = float(attr("beta", 1.0)), float(attr("threshold", 20.0))
+    return np.where(x * beta > threshold, x, np.logaddexp(0, x * beta) / beta)
+
+
+def _softplus_grad(g: Array, x: Array, o: Array, attr: Attr) -> Array:
+    beta, threshold = float(attr("beta", 1.0)), float(attr("threshold", 20.0))
+    return np.where(x * beta > threshold, g, g * _sigmoid(x * beta))
+
+
+def _brelu_grad(g: Array, x: Array, o: Array, attr: Attr) -> Array:
+    inside = (x > float(attr("t_min", 0.0))) & (x < float(attr("t_max", 24.0)))
+    return g * inside
+
+
+# op type -> (forward from (x, attr), gradient from (dout, x, out, attr))
+_ACTIVATIONS: dict[str, tuple[Callable[[Array, Attr], Array],
+                              Callable[[Array, Array, Array, Attr], Array]]] = {
+    "gelu": (_gelu, _gelu_grad),
+    "silu": (lambda x, attr: x * _sigmoid(x), _silu_grad),
+    "leaky_relu": (lambda x, attr: np.where(x > 0, x, float(attr("alpha", 0.02)) * x),
+                   lambda g, x, o, attr: np.where(x > 0, g, float(attr("alpha", 0.02)) * g)),
+    "elu": (_elu, _elu_grad),
+    "softplus": (_softplus, _softplus_grad),
+    "brelu": (lambda x, attr: np.clip(x, float(attr("t_min", 0.0)), float(attr("t_max", 24.0))),
+              _brelu_grad),
+}
+
+
+def _register_activation(op_type: str, fn: Callable[[Array, Attr], Array],
+                         grad: Callable[[Array, Array, Array, Attr], Array]) -> None:
+    @register(op_type)
+    def forward(ctx: KernelContext) -> None:
+        x = ctx.input("X")
+        x = x if x.dtype.kind == "f" else x.astype(np.float64)  # as np.tanh promotes an int
+        ctx.set_output("Out", fn(x, ctx.attr), lod=ctx.lod("X"))
+
+    @register(op_type + "_grad")
+    def backward(ctx: KernelContext) -> None:
+        x, out = ctx.input("X"), ctx.input("Out")
+        dx = grad(out_grad(ctx, out), x, out, ctx.attr)
+        ctx.set_output("X@GRAD", dx.astype(x.dtype, copy=False))
+
+
+for _op_type, (_act, _act_grad) in _ACTIVATIONS.items():
+    _register_activation(_op_type, _act, _act_grad)
 
 
 # -- scale, cast, assign, reshape ---------------------------------------------------------------

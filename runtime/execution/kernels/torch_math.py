@@ -3,7 +3,9 @@ sum, squared_l2_norm), concat and clipping, with their gradients: `numpy_math` o
 
 Formulas are the numpy backend's own (sigmoid as ``0.5 * (1 + tanh(x / 2))``, for one), so the
 two backends differ only by rounding. Where numpy would compute integers in float64 (tanh of an
-int, an int scaled by a float) the tensor is promoted to float64 first (`as_float`). `sum` and
+int, an int scaled by a float) the tensor is promoted to float64 first (`as_float`). The
+activations with attributes (`gelu`, `silu`, `leaky_relu`, `elu`, `softplus`, `brelu`) run
+torch's own kernels and their aten gradients, which compute numpy_math's formulas. `sum` and
 `scale` also take `SelectedRows`, whose rows stay numpy (they index; they are not computed on)
 and whose values are tensors.
 """
@@ -74,6 +76,66 @@ def _register_unary(op_type: str, fn: UnaryFn, grad: UnaryGrad | None) -> None:
 
 for _op_type, (_fn, _grad) in _UNARY.items():
     _register_unary(_op_type, _fn, _grad)
+
+
+# -- activations with attributes: torch's own kernels, attributes as numpy_math reads them --------
+Attr = Callable[[str, Any], Any]
+aten = torch.ops.aten
+
+
+def _gelu_mode(attr: Attr) -> str:
+    return "tanh" if attr("approximate", False) else "none"
+
+
+def _elu_grad(g: Tensor, x: Tensor, alpha: float) -> Tensor:
+    return torch.where(x > 0, g, g * alpha * torch.exp(torch.clamp(x, max=0)))
+
+
+def _alpha(attr: Attr, default: float) -> float:
+    return float(attr("alpha", default))
+
+
+def _softplus_args(attr: Attr) -> tuple[float, float]:
+    return float(attr("beta", 1.0)), float(attr("threshold", 20.0))
+
+
+def _bounds(attr: Attr) -> tuple[float, float]:
+    return float(attr("t_min", 0.0)), float(attr("t_max", 24.0))
+
+
+# op type -> (forward from (x, attr), gradient from (dout, x, out, attr))
+_ACTIVATIONS: dict[str, tuple[Callable[[Tensor, Attr], Tensor],
+                              Callable[[Tensor, Tensor, Tensor, Attr], Tensor]]] = {
+    "gelu": (lambda x, a: torch.nn.functional.gelu(x, approximate=_gelu_mode(a)),
+             lambda g, x, o, a: aten.gelu_backward(g, x, approximate=_gelu_mode(a))),
+    "silu": (lambda x, a: torch.nn.functional.silu(x),
+             lambda g, x, o, a: aten.silu_backward(g, x)),
+    "leaky_relu": (lambda x, a: torch.nn.functional.leaky_relu(x, _alpha(a, 0.02)),
+                   lambda g, x, o, a: aten.leaky_relu_backward(g, x, _alpha(a, 0.02), False)),
+    "elu": (lambda x, a: torch.nn.functional.elu(x, _alpha(a, 1.0)),
+            lambda g, x, o, a: _elu_grad(g, x, _alpha(a, 1.0))),
+    "softplus": (lambda x, a: torch.nn.functional.softplus(x, *_softplus_args(a)),
+                 lambda g, x, o, a: aten.softplus_backward(g, x, *_softplus_args(a))),
+    "brelu": (lambda x, a: torch.nn.functional.hardtanh(x, *_bounds(a)),
+              lambda g, x, o, a: aten.hardtanh_backward(g, x, *_bounds(a))),
+}
+
+
+def _register_activation(op_type: str, fn: Callable[[Tensor, Attr], Tensor],
+                         grad: Callable[[Tensor, Tensor, Tensor, Attr], Tensor]) -> None:
+    @kernel(op_type)
+    def forward(ctx: KernelContext) -> None:
+        put(ctx, "Out", fn(as_float(input_t(ctx, "X")), ctx.attr), lod=ctx.lod("X"))
+
+    @kernel(op_type + "_grad")
+    def backward(ctx: KernelContext) -> None:
+        x, out = ctx.input("X"), input_t(ctx, "Out")
+        dx = grad(out_grad_t(ctx), as_float(tensor(x)), out, ctx.attr)
+        put(ctx, "X@GRAD", dx, dtype=x.dtype)
+
+
+for _op_type, (_act, _act_grad) in _ACTIVATIONS.items():
+    _register_activation(_op_type, _act, _act_grad)
 
 
 # -- scale, cast, assign, reshape ---------------------------------------------------------------

@@ -21,11 +21,11 @@ from runtime.config.scenario import parse_scenario
 from runtime.execution.curves import Curve, fit_curve
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
-from runtime.launch.calibrate import (FORMAT, KIND_REFERENCES, LOCAL_REFERENCE, PROBE_TRIES,
-                                      RUNTIME_REFERENCE, Reference, WorkTimes, calibrate,
-                                      feature_of, fit_kernels, fold_local, grid, job_curves,
-                                      measure_kernels, measure_sharing, merge_kinds,
-                                      ops_per_period)
+from runtime.launch.calibrate import (BYTES_REFERENCE, FORMAT, KIND_REFERENCES, LOCAL_REFERENCE,
+                                      PROBE_TRIES, RUNTIME_REFERENCE, Reference, WorkTimes,
+                                      calibrate, feature_of, fit_kernels, fold_local, grid,
+                                      job_curves, measure_kernels, measure_sharing, merge_bytes,
+                                      merge_kinds, ops_per_period, param_bytes)
 from sim.cost import Calibrated, ComputeConfigError, compute_model
 from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
@@ -309,3 +309,30 @@ def test_the_reference_jobs_ops_per_step_and_round_are_its_programs() -> None:
     trainer, pserver = ops_per_period(RUNTIME_REFERENCE)
     assert trainer > 0 and pserver > 0
     assert parse_scenario(LOCAL_REFERENCE, "local").transpiler.mode == "geo"
+
+
+def test_the_cost_per_byte_comes_from_the_job_of_large_messages_and_its_unseen_work_too() -> None:
+    main = {"messages": {"receive": {"reply": {"per_message": 5.0, "per_byte": 1.0},
+                                     "send": {"per_message": 6.0, "per_byte": 2.0},
+                                     "get": {"per_message": 7.0, "per_byte": 0.0}},
+                         "send": {"send": {"per_message": 8.0, "per_byte": 3.0}}},
+            "io": {"per_message": 9.0, "per_byte": 4.0},
+            "step_residual": 100.0, "round_residual": 10.0}
+    big = {"messages": {"receive": {"reply": {"per_message": 50.0, "per_byte": 0.5},
+                                    "send": {"per_message": 60.0, "per_byte": 0.25}},
+                        "send": {"send": {"per_message": 80.0, "per_byte": 0.125}}},
+           "io": {"per_message": 90.0, "per_byte": 0.75},
+           "step_residual": 300.0, "round_residual": 50.0}
+    merged = merge_bytes(main, big, main_bytes=100, big_bytes=500)
+    # per byte: big's, plus its unseen work per byte more (200 / 400 a step, 40 / 400 a round)
+    assert merged["messages"] == {
+        "receive": {"reply": {"per_message": 5.0, "per_byte": 0.5 + 0.5},
+                    "send": {"per_message": 6.0, "per_byte": 0.25 + 0.1},
+                    "get": {"per_message": 7.0, "per_byte": 0.0}},
+        "send": {"send": {"per_message": 8.0, "per_byte": 0.125}}}
+    assert merged["io"] == {"per_message": 9.0, "per_byte": 0.75}
+    assert (merged["step_residual"], merged["round_residual"]) == (100.0, 10.0)
+
+
+def test_the_bytes_reference_carries_nine_times_the_main_ones_parameters() -> None:
+    assert param_bytes(BYTES_REFERENCE) > 8 * param_bytes(RUNTIME_REFERENCE)

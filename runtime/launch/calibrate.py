@@ -18,8 +18,9 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   busy thread gets while m have work (`sim.cpu.SimHost.rates`), caches, memory bandwidth and
   a hypervisor's sharing included, where processor sharing would say ``min(1, cores / m)``.
 - **runtime**: a reference job (2 pservers x 2 trainers, an MLP whose messages range from 40
-  bytes to 128 KiB, CurveZMQ on, the compact protocol) run for real as `runtime profile` runs
-  one: each message's cost by kind and size on both sides, the I/O thread's and CurveZMQ's, the
+  bytes to 128 KiB, CurveZMQ on, the compact protocol) run for real three times as `runtime
+  profile --runs 3` runs one (the median run counts), and a job of messages up to 2 MiB for
+  the cost per byte (`BYTES_REFERENCE`, `merge_bytes`): each message's cost by kind and size on both sides, the I/O thread's and CurveZMQ's, the
   executor's dispatch per op, a trainer's per-step and a pserver's per-round work, fitted as a
   profile's are (`runtime.execution.costs.fit_costs`); then two short jobs for the message
   kinds it never sends (`KIND_REFERENCES`: a distributed table's prefetches, the collective
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -73,7 +75,7 @@ import numpy as np
 
 from runtime.config.atomic import write_atomic
 from runtime.config.scenario import Scenario, parse_scenario
-from runtime.execution.costs import machine
+from runtime.execution.costs import RECEIVES, machine
 from runtime.execution.curves import Curve, Feature, fit_curve
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
@@ -406,8 +408,25 @@ cluster: {pservers: 2, trainers: 2}
 transpiler: {mode: sync}
 train: {steps: 80, deadline: 300s}
 """
-"""The job whose real run measures the runtime's costs: messages from 40 bytes (a bias's
+"""The job whose real runs measure the runtime's costs: messages from 40 bytes (a bias's
 gradient) to 128 KiB (the 64 x 512 weights), both protocol sides, two of each role."""
+BYTES_REFERENCE = """name: calibrate-bytes
+seed: 1
+model: {name: mlp, sizes: [64, 1024, 512, 10], optimizer: {type: sgd, learning_rate: 0.05}}
+data: {name: digits, batch_size: 32}
+cluster: {pservers: 2, trainers: 2}
+transpiler: {mode: sync}
+train: {steps: 40, deadline: 300s}
+"""
+"""A job of messages up to 2 MiB (the 1024 x 512 weights), whose cost per byte, on the I/O
+thread and by message kind, replaces the main reference's (`merge_bytes`): fitted to messages
+of 128 KiB at most, it priced a 4 MB message half as dear again as it was. Its per-step work
+is not kept: the work no timer sees grew with its bytes (0.85 ms a step against 0.4) and
+priced a small job's step 50% too dear."""
+RUNTIME_RUNS = 3
+"""Real runs of the reference job; the one whose nodes used the median CPU time is fitted
+(`measure_runs`): the work no timer sees, per step, read 0.24 ms in one calibration and
+0.61 ms in the next, ten minutes apart on a quiet machine."""
 
 
 KIND_REFERENCES = {
@@ -459,10 +478,15 @@ def measure_runtime(stream: TextIO) -> RuntimeRuns:
     """The runtime section of a profile of `RUNTIME_REFERENCE`, run for real, with the message
     kinds of each of `KIND_REFERENCES` added, the per-step and per-op costs of
     `LOCAL_REFERENCE` (`fold_local`), and every reference job's kernel samples."""
-    document, kernels = _profile_runtime("reference", RUNTIME_REFERENCE, stream)
+    document, kernels = _profile_runtime("reference", RUNTIME_REFERENCE, stream, RUNTIME_RUNS)
     print("  runtime: the local reference job, for a step without RPCs", file=stream, flush=True)
     local, _ = _profile_runtime("local", LOCAL_REFERENCE, stream)
     document = fold_local(document, local, *ops_per_period(RUNTIME_REFERENCE))
+    print("  runtime: the bytes reference job, for the cost of large messages", file=stream,
+          flush=True)
+    big, _ = _profile_runtime("bytes", BYTES_REFERENCE, stream)
+    document = merge_bytes(document, big, param_bytes(RUNTIME_REFERENCE),
+                           param_bytes(BYTES_REFERENCE))
     for name, text in KIND_REFERENCES.items():
         print(f"  runtime: the {name} reference job, for its message kinds and op types",
               file=stream, flush=True)
@@ -473,16 +497,17 @@ def measure_runtime(stream: TextIO) -> RuntimeRuns:
     return RuntimeRuns(document, kernels)
 
 
-def _profile_runtime(name: str, text: str, stream: TextIO) -> tuple[dict[str, Any], WorkTimes]:
-    """The runtime section of a profile of the job `text`, run for real, and its nodes' kernel
-    calls with their work."""
+def _profile_runtime(name: str, text: str, stream: TextIO, runs: int = 1
+                     ) -> tuple[dict[str, Any], WorkTimes]:
+    """The runtime section of a profile of the job `text`, run for real (`runs` times: the
+    median run's), and its nodes' kernel calls with their work."""
     from runtime.launch.profile import measure_runs  # the launcher: imported when needed
 
     with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
         path = Path(tmp) / f"{name}.yaml"
         write_atomic(path, text)
         scenario = parse_scenario(text, str(path))
-        run, _ = measure_runs(path, [], scenario, Path(tmp) / "out", stream)
+        run, _ = measure_runs(path, [], scenario, Path(tmp) / "out", stream, runs=runs)
     kernels = WorkTimes()
     for op_type, samples in run.times.samples.items():
         if len(samples.flops) == len(samples.seconds):  # the work of each call was kept
@@ -527,6 +552,37 @@ def fold_local(main: dict[str, Any], local: dict[str, Any], trainer_ops: int,
                 step_residual=float(main.get("step_residual", 0.0))
                 + float(main["step_overhead"]) - step + extra_op * trainer_ops,
                 round_residual=float(main.get("round_residual", 0.0)) + extra_op * pserver_ops)
+
+
+def param_bytes(text: str) -> int:
+    """Bytes of the job `text`'s parameters: what a trainer of a sync job receives a step, and
+    (with as many pservers as trainers, as the reference jobs have) a pserver a round."""
+    job = Job.from_scenario(parse_scenario(text, "<reference>"))
+    return sum(4 * math.prod(p.shape) for p in job.model.main.global_block().all_parameters())
+
+
+def merge_bytes(main: dict[str, Any], big: dict[str, Any], main_bytes: int,
+                big_bytes: int) -> dict[str, Any]:
+    """`main`'s runtime section with the cost per byte of `big` (a job of larger messages,
+    `big_bytes` of parameters against `main_bytes`): its I/O thread's, and each message
+    kind's on either side that both measured (the cost per message stays `main`'s). The work
+    no timer sees grows with the bytes too: what `big`'s steps and rounds left unseen beyond
+    `main`'s, per byte more received, goes on the cost per byte of what a trainer receives
+    (``reply``) and a pserver (``send``)."""
+    messages = {side: dict(kinds) for side, kinds in main.get("messages", {}).items()}
+    for side, kinds in messages.items():
+        for kind, cost in kinds.items():
+            other = big.get("messages", {}).get(side, {}).get(kind)
+            if other is not None:
+                kinds[kind] = dict(cost, per_byte=other["per_byte"])
+    more = max(big_bytes - main_bytes, 1)
+    for kind, residual in (("reply", "step_residual"), ("send", "round_residual")):
+        unseen = max(float(big.get(residual, 0.0)) - float(main.get(residual, 0.0)), 0.0)
+        cost = messages.get(RECEIVES, {}).get(kind)
+        if cost is not None:
+            messages[RECEIVES][kind] = dict(cost, per_byte=cost["per_byte"] + unseen / more)
+    io = dict(main.get("io", {}), per_byte=big.get("io", {}).get("per_byte", 0.0))
+    return dict(main, messages=messages, io=io)
 
 
 def merge_kinds(main: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from runtime.config.atomic import write_atomic
 from runtime.config.metrics import JobMetrics, read_metrics
 from runtime.config.scenario import ExpectSpec, Scenario
 from runtime.execution.costs import (CurveCosts, KernelTimes, NodeCosts, OpSamples, RuntimeCosts,
-                                     SpanCost, calibrate_curve, calibrate_io, calibrate_span,
+                                     SpanCost, calibrate_curve_least, calibrate_io, calibrate_span,
                                      fit_costs, machine)
 from runtime.launch.launcher import launch
 from runtime.services.node import MEASURE_VAR, run_async
@@ -119,7 +119,7 @@ class Calibration:
     """What measuring and the runtime's untimed work cost on this machine, measured apart from
     the run: `spans` (`calibrate_span`), the I/O thread's per small message
     (`calibrate_io`), the event loop's per message received (`calibrate_loop`) and what
-    CurveZMQ costs the I/O thread (`calibrate_curve`: an encrypted job's profile prices
+    CurveZMQ costs the I/O thread (`calibrate_curve_least`: an encrypted job's profile prices
     encryption at this machine's figures, as every other runtime cost)."""
 
     spans: SpanCost
@@ -133,7 +133,8 @@ class Calibration:
 
 
 def calibrate() -> Calibration:
-    return Calibration(calibrate_span(), calibrate_io(), calibrate_loop(), calibrate_curve())
+    return Calibration(calibrate_span(), calibrate_io(), calibrate_loop(),
+                       calibrate_curve_least())
 
 
 def calibrate_loop(messages: int = 400, batches: int = 5) -> float:

@@ -137,13 +137,18 @@ class _Host:
 
     def advance(self, now: float) -> None:
         """Take the work done since the last update off every busy lane's current piece."""
-        if self.active and now > self.updated:
+        working = self.working()
+        if working and now > self.updated:
             done = (now - self.updated) * self.rate()
-            for node in self.active:
+            for node in working:
                 share = done / len(node.active)
                 for queue in node.active:
                     queue[0].left -= share
         self.updated = now
+
+    def working(self) -> list[_Node]:
+        """The processors that progress now: every one with work."""
+        return self.active
 
     def submit(self, node: _Node, lane: str, work: _Work,
                loop: asyncio.AbstractEventLoop) -> None:
@@ -223,16 +228,9 @@ class _SlicedHost(_Host):
             return 1.0
         return super().rate() * len(self.active) / working
 
-    def advance(self, now: float) -> None:
-        if self.running and now > self.updated:
-            done = (now - self.updated) * self.rate()
-            for node in self.running:
-                if not node.active:
-                    continue
-                share = done / len(node.active)
-                for queue in node.active:
-                    queue[0].left -= share
-        self.updated = now
+    def working(self) -> list[_Node]:
+        """The running processors that have work (one that ran out keeps its core a moment)."""
+        return [node for node in self.running if node.active]
 
     def submit(self, node: _Node, lane: str, work: _Work,
                loop: asyncio.AbstractEventLoop) -> None:

@@ -13,13 +13,18 @@ from runtime.config.scenario import parse_scenario
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def fidelity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "benchmarks" / "fidelity.py")
+def benchmark(name: str) -> ModuleType:
+    """The module of benchmarks/NAME.py."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fidelity", module)
+    sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def fidelity() -> ModuleType:
+    return benchmark("fidelity")
 
 
 def test_a_configuration_is_written_in_the_protocol_asked_for_or_the_default() -> None:
@@ -46,13 +51,7 @@ def test_the_cpu_lines_compare_a_measured_run_less_its_measuring_with_the_simula
 
 
 def ranking() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sweep_ranking",
-                                                  ROOT / "benchmarks" / "sweep_ranking.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sweep_ranking", module)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("sweep_ranking")
 
 
 def test_the_ranking_counts_a_pair_out_of_order_only_where_the_real_runs_do_not_overlap() -> None:

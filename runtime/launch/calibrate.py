@@ -400,24 +400,18 @@ def measure_slice(processes: int | None = None, seconds: float = SHARING_SECONDS
 
 # -- the runtime's own costs ---------------------------------------------------------------------
 
-RUNTIME_REFERENCE = """name: calibrate-runtime
-seed: 1
-model: {name: mlp, sizes: [64, 512, 64, 10], optimizer: {type: sgd, learning_rate: 0.05}}
-data: {name: digits, batch_size: 32}
-cluster: {pservers: 2, trainers: 2}
-transpiler: {mode: sync}
-train: {steps: 80, deadline: 300s}
-"""
+def _reference_job(name: str, sizes: list[int], steps: int) -> str:
+    """A 2 pservers x 2 trainers sync job of the MLP `sizes`, for `steps` steps."""
+    return (f"name: calibrate-{name}\nseed: 1\nmodel: {{name: mlp, sizes: {sizes}, optimizer: "
+            "{type: sgd, learning_rate: 0.05}}\ndata: {name: digits, batch_size: 32}\n"
+            "cluster: {pservers: 2, trainers: 2}\ntranspiler: {mode: sync}\n"
+            f"train: {{steps: {steps}, deadline: 300s}}\n")
+
+
+RUNTIME_REFERENCE = _reference_job("runtime", [64, 512, 64, 10], 80)
 """The job whose real runs measure the runtime's costs: messages from 40 bytes (a bias's
 gradient) to 128 KiB (the 64 x 512 weights), both protocol sides, two of each role."""
-BYTES_REFERENCE = """name: calibrate-bytes
-seed: 1
-model: {name: mlp, sizes: [64, 1024, 512, 10], optimizer: {type: sgd, learning_rate: 0.05}}
-data: {name: digits, batch_size: 32}
-cluster: {pservers: 2, trainers: 2}
-transpiler: {mode: sync}
-train: {steps: 40, deadline: 300s}
-"""
+BYTES_REFERENCE = _reference_job("bytes", [64, 1024, 512, 10], 40)
 """A job of messages up to 2 MiB (the 1024 x 512 weights), whose cost per byte, on the I/O
 thread and by message kind, replaces the main reference's (`merge_bytes`): fitted to messages
 of 128 KiB at most, it priced a 4 MB message half as dear again as it was. Its per-step work

@@ -102,7 +102,7 @@ def config_from_spec(transpiler: Mapping[str, Any] | None) -> tuple[DistributeTr
     _set(config, "compression", spec.get("compression"), "compression")
     for message, fields in conflicts(mode.name, spec.get("dc_asgd", False) is not False,
                                      spec.get("staleness"), compression_settings(config)[0]):
-        raise ValueError(f"transpiler.{fields[0]}: {message}")
+        raise ValueError(f"transpiler.{fields[0]}: {message.removeprefix(fields[0] + ' ')}")
     _set(config, "slice_var_up", spec.get("slice_var_up", True), "slice_var_up")
     _set(config, "split_method", SPLIT_METHODS[split], "split_method")
     _set(config, "min_block_size", spec.get("min_block_size", config.min_block_size),

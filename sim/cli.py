@@ -63,7 +63,7 @@ from runtime.config.outdir import OutputDirError, claim_output
 from runtime.config.scenario import Scenario, ScenarioError, load_scenario
 from runtime.config.version import version
 from runtime.services.job import check_job
-from runtime.services.progress import PER_TRAINER, ProgressSummary
+from runtime.services.progress import ProgressSummary
 from runtime.services.progress import Progress as StepReport
 
 from .cost import ComputeConfigError
@@ -99,7 +99,7 @@ class PlainProgress:
 
     def step(self, trainer: int, step: int, loss: float, seconds: float, now: float) -> None:
         done = step + 1
-        if self.summary.trainers <= PER_TRAINER and (done % self.every == 0 or done == self.steps):
+        if self.summary.each_trainer and (done % self.every == 0 or done == self.steps):
             print(f"{trainer_name(trainer):<12} step {done}/{self.steps}  loss {loss:.4f}  "
                   f"step time {fmt_seconds(seconds)}  at {fmt_seconds(now)} simulated",
                   file=self.stream, flush=True)

@@ -118,8 +118,7 @@ from runtime.services.local_zmq import fresh_keys, zmq_transports
 from runtime.services.node import (ENV_VARS, checkpoint_dir_for, insecure_warning, node_keys,
                                    run_async)
 from runtime.services.output import DetachedOutput
-from runtime.services.progress import (PER_TRAINER, Channel, Progress, ProgressSummary,
-                                       read_progress)
+from runtime.services.progress import Channel, Progress, ProgressSummary, read_progress
 
 GRACE_SECONDS = 5.0
 """How long a node has to exit after SIGTERM before it is killed."""
@@ -256,7 +255,7 @@ class PlainDisplay:
         p = node.progress
         if p is None:
             return
-        each = self.summary is None or self.summary.trainers <= PER_TRAINER
+        each = self.summary is None or self.summary.each_trainer
         if each and (p.step % self.every == 0 or p.step == p.steps):
             self.message(f"{node.name:<12} step {p.step}/{p.steps}  loss {p.loss:.4f}  "
                          f"step time {p.step_time * 1e3:.1f}ms")

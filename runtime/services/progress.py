@@ -227,6 +227,11 @@ class ProgressSummary:
         return self.line(now)
 
     @property
+    def each_trainer(self) -> bool:
+        """Whether a pipe also gets every trainer's own lines (`PER_TRAINER` trainers at most)."""
+        return self.trainers <= PER_TRAINER
+
+    @property
     def total(self) -> int:
         return max(1, self.trainers * self.steps)
 

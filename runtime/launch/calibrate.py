@@ -331,27 +331,34 @@ def _spin(seconds: float, start: Any, done: Any) -> None:
     done.put(count)
 
 
-def measure_sharing(most: int | None = None, seconds: float = SHARING_SECONDS) -> list[float]:
-    """The rate of each of m busy processes, against one alone, for m = 1 .. `most` (default:
-    the cores and two more): what m nodes each get of a core, cache and memory included."""
+def busy_together(work: Callable[..., None], processes: int, seconds: float) -> list[Any]:
+    """What each of `processes` processes running `work(seconds, start, done)` from one
+    common start put on `done`."""
     import multiprocessing
 
     # fork: its locks are unlinked at once, so no resource-tracker process outlives the
     # measurement (spawn's would live as long as this process); the workers only compute
     context = multiprocessing.get_context("fork")
+    start, done = context.Barrier(processes + 1), context.Queue()
+    workers = [context.Process(target=work, args=(seconds, start, done))
+               for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    results = [done.get(timeout=60 + seconds) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return results
+
+
+def measure_sharing(most: int | None = None, seconds: float = SHARING_SECONDS) -> list[float]:
+    """The rate of each of m busy processes, against one alone, for m = 1 .. `most` (default:
+    the cores and two more): what m nodes each get of a core, cache and memory included."""
     most = most or (os.cpu_count() or 1) + 2
     alone = 0.0
     rates = []
     for m in range(1, most + 1):
-        start, done = context.Barrier(m + 1), context.Queue()
-        workers = [context.Process(target=_spin, args=(seconds, start, done)) for _ in range(m)]
-        for worker in workers:
-            worker.start()
-        start.wait()
-        counts = [done.get(timeout=60 + seconds) for _ in workers]
-        for worker in workers:
-            worker.join()
-        mean = statistics.mean(counts)
+        mean = statistics.mean(busy_together(_spin, m, seconds))
         alone = alone or mean
         rates.append(round(min(1.0, mean / alone), 4))
     return rates
@@ -382,19 +389,8 @@ def measure_slice(processes: int | None = None, seconds: float = SHARING_SECONDS
     """How long a busy process runs before the scheduler gives its core to another, while
     `processes` (default: the cores and two more) are busy: the median stretch run without a
     pause; None if none was paused (as many cores as processes)."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")  # as in measure_sharing
     processes = processes or (os.cpu_count() or 1) + 2
-    start, done = context.Barrier(processes + 1), context.Queue()
-    workers = [context.Process(target=_runs, args=(seconds, start, done))
-               for _ in range(processes)]
-    for worker in workers:
-        worker.start()
-    start.wait()
-    runs = [run for _ in workers for run in done.get(timeout=60 + seconds)]
-    for worker in workers:
-        worker.join()
+    runs = [run for stretches in busy_together(_runs, processes, seconds) for run in stretches]
     return round(statistics.median(runs), 6) if runs else None
 
 

@@ -63,7 +63,7 @@ asyncio internals. Subclassing, and the speed-ups above, rest on these private p
 CPython's asyncio, which no release promises to keep; the loop checks at import that each is
 there (`_check_internals`) and refuses, naming the missing one, on a Python that lacks it.
 `requires-python` is bounded to the versions the loop's tests ran on (`TESTED_PYTHONS`): 3.11
-(CI), and 3.12.1 and 3.13.0, on which tests/test_sim_loop.py and tests/test_sim_run.py passed.
+(CI), and 3.12.1 and 3.13.0, on which tests/sim/test_sim_loop.py and tests/sim/test_sim_run.py passed.
 
 - `BaseEventLoop._ready`: the deque of ready handles, appended to and run from here.
 - `BaseEventLoop._stopping`: set by `stop()`; `_run_once` returns when it is.

@@ -10,7 +10,7 @@ once at the end, each with the docstring under its definition.
 
 `python -m sim.schemadoc` rewrites the generated part of ``docs/scenarios.md`` (between the
 `BEGIN` and `END` markers; the hand-written text around it stays); ``--check`` only says
-whether it is up to date, as `tests/test_docs.py` does.
+whether it is up to date, as `tests/meta/test_docs.py` does.
 
 DESIGN: the generator lives in the simulator's layer because that is the one layer that sees
 the whole schema: `compute` is a free mapping to `runtime.config.scenario` and is parsed by

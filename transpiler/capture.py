@@ -19,7 +19,7 @@ values (`initializer.Assign`), as do batch norm's running statistics, so trainin
 the module's weights and `params.npz` compares with `module.state_dict()` entry for entry.
 
 DESIGN: torch is imported only inside the functions here, and this is the one transpiler module
-that imports it (tests/test_packaging.py): pslab works without the ``[torch]`` extra, and a
+that imports it (tests/meta/test_packaging.py): pslab works without the ``[torch]`` extra, and a
 scenario's builder that captures a module runs on every node that builds the model, so the
 builder seeds torch (`torch.manual_seed(seed)`) to make every node's module the same.
 """

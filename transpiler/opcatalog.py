@@ -19,7 +19,7 @@ An `OpDef` says what the layers above would otherwise each keep a list of:
 DESIGN: facts are data, rules are names. The catalog sits in the bottom layer, so it cannot hold
 the shape and cost functions (they read runtime values); it names them, and the phantom backend
 and `sim.cost` each keep one table from rule name to function, checked against the catalog by
-tests/test_opcatalog.py. Every consumer derives its lists from `OPS`, so adding an op is adding an
+tests/transpiler/test_opcatalog.py. Every consumer derives its lists from `OPS`, so adding an op is adding an
 entry here (and its kernels): docs/architecture.md, "Op facts".
 """
 

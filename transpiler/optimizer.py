@@ -290,4 +290,4 @@ FtrlOptimizer = Ftrl
 LarsMomentumOptimizer = LarsMomentum
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {cls.type: cls for cls in Optimizer.__subclasses__()}
-"""Every optimizer by its op type (tests/test_opcatalog.py: the catalog's optimizers that run)."""
+"""Every optimizer by its op type (tests/transpiler/test_opcatalog.py: the catalog's optimizers that run)."""

@@ -21,7 +21,7 @@ runtime.config.faults`` rewrites both; a test checks they are current).
 
 A new kind of fault is one class here (added to `FAULT_TYPES`), the `FaultActions` methods it
 calls, implemented by the simulator's target (`sim.faults.SimTarget`) and runtime up's
-(`runtime.faults.inject.RuntimeTarget`), and a case in tests/fault_contract.py.
+(`runtime.faults.inject.RuntimeTarget`), and a case in tests/support/fault_contract.py.
 
 DESIGN: `FaultActions` and `Firing` are Protocols defined here, not the schedule's classes
 imported, so that this description of the faults (read by the scenario) depends on no part of

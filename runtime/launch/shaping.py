@@ -1,5 +1,5 @@
 """Bandwidth limits on real links with Linux traffic control, for tests and runs whose nodes sit
-in network namespaces (`tests/test_netns.py`): the scenario's ``network`` bandwidth, which the
+in network namespaces (`tests/launch/test_netns.py`): the scenario's ``network`` bandwidth, which the
 simulator models, applied to a node's interface as a token bucket filter (``tc qdisc ... tbf``).
 
 A tbf qdisc on a device shapes what leaves through it: ``rate`` in bytes per second (the

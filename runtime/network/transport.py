@@ -3,7 +3,7 @@
 A transport knows nothing of tensors or the PS protocol; it moves *messages*, each a list of
 frames (byte buffers), between named nodes. The same runtime code runs over `ZmqTransport` for
 real and over the simulator's transport on a virtual clock, so the interface is small and its
-semantics are pinned down by one contract suite (`tests/transport_contract.py`):
+semantics are pinned down by one contract suite (`tests/support/transport_contract.py`):
 
 - A node has a `name`, its identity on the wire (`check_node_name` says which are valid). It
   may `bind` endpoints to serve and `connect` to endpoints other nodes bound, in any order: a

@@ -89,7 +89,7 @@ class Mode:
 
 ModeName = Literal["sync", "async", "ssp", "half_async", "geo", "nccl2", "collective"]
 """The modes' names, as the scenario schema types ``transpiler.mode`` (`MODES` has a row for
-each, in this order: tests/test_modes.py)."""
+each, in this order: tests/meta/test_modes.py)."""
 
 MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("sync", "barriers each step", _sync, synchronous=True, compressible=True, averaged=True,

@@ -15,7 +15,7 @@ its `apply` (op context and rule: one update) to `register_rules`, which makes e
 `RULES` a kernel; `on_rows`, `state_slots` and `written_slots` are the decisions they share.
 
 DESIGN: each rule keeps the exact sequence of operations both backends had, since floating
-point results depend on it (tests/test_optim_rules.py holds them to the bit). They differed in
+point results depend on it (tests/execution/test_optim_rules.py holds them to the bit). They differed in
 two places only, both in `Ops`: a host scalar is used as it is by numpy (a numpy scalar, which
 promotes by NEP 50) and as a Python float by torch (which applies it without a broadcast, in
 the tensor's dtype: torch computes in numpy's promoted dtype from the start); and sgd's step is

@@ -1,7 +1,7 @@
 """The torch backend: importing this module registers a torch kernel for every op the numpy
 backend has, family by family (`torch_elementwise`, `torch_math`, `torch_nn`, `torch_conv`,
 `torch_tensor`, `torch_optim`, `torch_control`), each written after its numpy twin and checked against it in
-tests/test_torch_kernels.py. Torch itself is optional: without it this import fails with an
+tests/execution/test_torch_kernels.py. Torch itself is optional: without it this import fails with an
 `ImportError` naming the ``[torch]`` extra, and nothing outside these modules imports torch.
 
 The scope holds torch tensors with this backend, on the executor's device: a kernel reads

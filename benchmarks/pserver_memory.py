@@ -57,9 +57,9 @@ def keep_every_reply() -> None:
         def __init__(self) -> None:
             super().__init__(window=4096)
 
-        def remember(self, src: str, msg_id: int, reply: Any,
-                     values_of: int | None = None) -> None:
-            super().remember(src, msg_id, reply)
+        def remember(self, src: str, msg_id: int, reply: Any, values_of: int | None = None,
+                     step: int | None = None) -> None:
+            super().remember(src, msg_id, reply)  # no values or step held: nothing let go
 
     pserver_core.Dedupe = KeepAll  # type: ignore[misc]
 

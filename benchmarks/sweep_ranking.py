@@ -17,6 +17,7 @@ real (with its min-max range) and simulated step time against trainers, a line p
 count (the ``plot`` extra).
 
 Run: python benchmarks/sweep_ranking.py [--repeat 3] [--machine FILE] [--steps N] [--plot F]
+[--trainers 1..6] [--pservers 1..3]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 TRAINERS = range(1, 7)
 PSERVERS = range(1, 4)
+"""The sweep's points by default: ``--trainers`` and ``--pservers`` (``A..B``) change them."""
 SCENARIO = """name: ranking
 seed: 3
 model: {{name: mlp, sizes: [64, 256, 10], optimizer: {{type: sgd, learning_rate: 0.05}}}}
@@ -80,13 +82,26 @@ def mean_step(metrics: dict[str, Any]) -> float:
     return float(metrics["job"]["step_time_all"]["mean"])
 
 
-def real_runs(scenario: Path, work: Path, repeat: int) -> dict[tuple[int, int], list[float]]:
+def span(text: str) -> range:
+    """``A..B`` (or one number) as the range of counts it names."""
+    low, _, high = text.partition("..")
+    try:
+        first, last = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A..B or a number, got {text!r}") from None
+    if not 1 <= first <= last:
+        raise argparse.ArgumentTypeError(f"expected 1 <= A <= B, got {text!r}")
+    return range(first, last + 1)
+
+
+def real_runs(scenario: Path, work: Path, repeat: int, pservers: range = PSERVERS,
+              trainers: range = TRAINERS) -> dict[tuple[int, int], list[float]]:
     """Each point's mean step time in `repeat` rounds of real runs (a round runs every point
     once, so that a drift of the machine's speed spreads over all points alike)."""
     runtime = [sys.executable, "-m", "runtime.cli", "up", str(scenario)]
     times: dict[tuple[int, int], list[float]] = {}
     for r in range(repeat):
-        for p, t in itertools.product(PSERVERS, TRAINERS):
+        for p, t in itertools.product(pservers, trainers):
             out = work / f"up-{p}x{t}-{r}"
             _run([*runtime, "--set", f"cluster.pservers={p}", "--set", f"cluster.trainers={t}",
                   "--out", str(out)], work / f"up-{p}x{t}-{r}.log")
@@ -96,15 +111,16 @@ def real_runs(scenario: Path, work: Path, repeat: int) -> dict[tuple[int, int], 
     return times
 
 
-def simulated(scenario: Path, machine: Path, work: Path) -> dict[tuple[int, int], float]:
+def simulated(scenario: Path, machine: Path, work: Path, pservers: range = PSERVERS,
+              trainers: range = TRAINERS) -> dict[tuple[int, int], float]:
     """The sweep's mean step time per point, priced from `machine`."""
     cores = json.loads(machine.read_text())["meta"]["machine"]["cores"]
     out = work / "sweep"
     _run([sys.executable, "-m", "sim.cli", "sweep", str(scenario), "--no-plots", "--force",
           "--set", f"compute={{model: calibrated, path: {machine}}}",
           "--set", f"cluster.hosts=[{{nodes: '*', cores: {cores}}}]",
-          "--vary", f"cluster.pservers={PSERVERS[0]}..{PSERVERS[-1]}",
-          "--vary", f"cluster.trainers={TRAINERS[0]}..{TRAINERS[-1]}", "--out", str(out)],
+          "--vary", f"cluster.pservers={pservers[0]}..{pservers[-1]}",
+          "--vary", f"cluster.trainers={trainers[0]}..{trainers[-1]}", "--out", str(out)],
          work / "sweep.log")
     record = json.loads((out / "sweep.json").read_text())
     return {(int(p["settings"]["cluster.pservers"]), int(p["settings"]["cluster.trainers"])):
@@ -131,7 +147,8 @@ def plot(points: list[Point], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for p, colour in zip(PSERVERS, ("tab:blue", "tab:orange", "tab:green")):
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+    for p, colour in zip(sorted({q.pservers for q in points}), colours):
         row = sorted((q for q in points if q.pservers == p), key=lambda q: q.trainers)
         xs = [q.trainers for q in row]
         ax.errorbar(xs, [q.median * 1e3 for q in row], fmt="o-", color=colour, capsize=3,
@@ -157,6 +174,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="steps per run (100)")
     parser.add_argument("--plot", type=Path, help="write the figure here (PNG)")
     parser.add_argument("--keep", type=Path, help="keep scenarios, records and logs here")
+    parser.add_argument("--trainers", type=span, default=TRAINERS, help="trainer counts (1..6)")
+    parser.add_argument("--pservers", type=span, default=PSERVERS, help="pserver counts (1..3)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pslab-ranking-") as tmp:
         work = (args.keep or Path(tmp)).resolve()
@@ -168,10 +187,10 @@ def main() -> None:
             print("calibrating this machine (runtime calibrate)", flush=True)
             _run([sys.executable, "-m", "runtime.cli", "calibrate", "-o", str(machine)],
                  work / "calibrate.log")
-        sim = simulated(scenario, machine, work)
-        real = real_runs(scenario, work, args.repeat)
+        sim = simulated(scenario, machine, work, args.pservers, args.trainers)
+        real = real_runs(scenario, work, args.repeat, args.pservers, args.trainers)
     points = [Point(p, t, tuple(real[p, t]), sim[p, t])
-              for p, t in itertools.product(PSERVERS, TRAINERS)]
+              for p, t in itertools.product(args.pservers, args.trainers)]
     print(f"{len(points)} points on {os.cpu_count()} cores, {args.repeat} real run(s) each")
     print(f"{'point':<8} {'real mean step ms (min/med/max)':>31}  {'simulated':>9} {'error':>7}")
     for q in points:

@@ -32,7 +32,7 @@ vars' kind, and the frames the phantoms stand for), which is what a simulated ne
 The modules, each importing only those listed before it:
 
 - `format`: the version, limits and kinds, `Message`, `VarSpec`, and the table of the header's
-  fields that encode writes and both decode paths read;
+  fields (`HEADER_FIELDS`, `VAR_FIELDS`...) that encode writes and both decode paths read;
 - `errors`: `WireError` and its reasons, `error_reply` and `raise_for_error`;
 - `header`: the header frame `encode` makes, which remembers the message's weight and parse;
 - `decoding`: `decode`, its fast path for plain messages and its strict path;
@@ -46,22 +46,27 @@ This package re-exports their public names (and the few private ones tests reach
 from __future__ import annotations
 
 from runtime.execution.tensor import Phantom
-from runtime.network.wire.decoding import _decode, _decode_plain, _unpack_header, decode
+from runtime.network.wire.decoding import (  # the private ones: tests compare the paths
+    _decode, _decode_plain, _unpack_header, decode)
 from runtime.network.wire.encoding import encode
 from runtime.network.wire.errors import (DecodeError, EncodeError, RemoteError, WireError, clip,
                                          error_reply, raise_for_error)
-from runtime.network.wire.format import (DEFAULT_MAX_HEADER_SIZE, DEFAULT_MAX_MESSAGE_SIZE,
-                                         DTYPES, HEADER_FIELDS, ID_RANGE, MAX_DETAIL, MAX_DIM,
+from runtime.network.wire.format import (CODEC_FIELDS, CODECS, DEFAULT_MAX_HEADER_SIZE,
+                                         DEFAULT_MAX_MESSAGE_SIZE, DTYPES, ENTRY_FIELDS,
+                                         HEADER_FIELDS, ID_RANGE, KINDS, MAX_DETAIL, MAX_DIM,
                                          MAX_ECHO, MAX_FRAMES, MAX_NDIM, MAX_VAR, ROWS_DTYPE,
-                                         STEP_RANGE, WIRE_DTYPE_NAMES, WIRE_VERSION, Kind,
-                                         Message, Reason, Tensor, VarKind, VarSpec)
+                                         STEP_RANGE, VAR_FIELDS, VAR_KINDS, WIRE_DTYPE_NAMES,
+                                         WIRE_VERSION, Kind, Message, Reason, Tensor, VarFields,
+                                         VarKind, VarSpec)
 from runtime.network.wire.header import message_kind
 from runtime.network.wire.weighing import charged_size
 
 __all__ = [
-    "DEFAULT_MAX_HEADER_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "DTYPES", "HEADER_FIELDS", "ID_RANGE",
-    "MAX_DETAIL", "MAX_DIM", "MAX_ECHO", "MAX_FRAMES", "MAX_NDIM", "MAX_VAR", "ROWS_DTYPE",
-    "STEP_RANGE", "WIRE_DTYPE_NAMES", "WIRE_VERSION", "DecodeError", "EncodeError", "Kind",
-    "Message", "Phantom", "Reason", "RemoteError", "Tensor", "VarKind", "VarSpec", "WireError",
-    "charged_size", "clip", "decode", "encode", "error_reply", "message_kind", "raise_for_error",
+    "CODEC_FIELDS", "CODECS", "DEFAULT_MAX_HEADER_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "DTYPES",
+    "ENTRY_FIELDS", "HEADER_FIELDS", "ID_RANGE", "KINDS", "MAX_DETAIL", "MAX_DIM", "MAX_ECHO",
+    "MAX_FRAMES", "MAX_NDIM", "MAX_VAR", "ROWS_DTYPE", "STEP_RANGE", "VAR_FIELDS", "VAR_KINDS",
+    "WIRE_DTYPE_NAMES", "WIRE_VERSION", "DecodeError", "EncodeError", "Kind", "Message",
+    "Phantom", "Reason", "RemoteError", "Tensor", "VarFields", "VarKind", "VarSpec",
+    "WireError", "charged_size", "clip", "decode", "encode", "error_reply", "message_kind",
+    "raise_for_error",
 ]

@@ -10,15 +10,18 @@ There are three ways to a message, which must give the same one, and refuse the 
 - the header frame of a message without data that `encode` made in this process carries its
   parse already (`header._Parsed`), which is taken once the size limits hold;
 - `_decode_plain`, one pass over the common message (dense vars whose bytes are all values),
-  which returns None (defers) for anything else: every condition it checks is one `_decode`
-  checks too, so it accepts nothing `_decode` refuses;
+  which returns None (defers) for anything else. What it accepts is read off the same tables
+  the strict path checks against: the header's fields (`HEADER_FIELDS`), the entry fields of
+  its one var kind (`VAR_FIELDS`), the kinds (`KINDS`) and the dtypes (`DTYPES` less those
+  whose values `_VALUE_CHECKS` checks), so it cannot accept a field, kind or dtype that the
+  strict path refuses;
 - `_decode`, the strict path: the header checked field by field (`_check_envelope`,
   `_check_var`) into `VarSpec`s, the declared sizes against the limit, then each var's frames.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -28,12 +31,13 @@ from runtime.execution.tensor import LoDTensor, Phantom, SelectedRows, TensorErr
 from runtime.network.compression import FLOAT_DTYPES, Codec, Packed, index_dtype, unpack
 from runtime.network.transport import Frame
 from runtime.network.wire.errors import DecodeError, WireError
-from runtime.network.wire.format import (_ALLOWED_VAR_FIELDS, _CODECS, _DTYPE_NAMES, _KINDS,
-                                         _VAR_FIELDS, _VAR_KINDS, DEFAULT_MAX_HEADER_SIZE,
-                                         DEFAULT_MAX_MESSAGE_SIZE, DTYPES, HEADER_FIELDS,
-                                         ID_RANGE, MAX_DIM, MAX_FRAMES, MAX_NDIM, ROWS_DTYPE,
-                                         STEP_RANGE, WIRE_VERSION, Kind, Message, Reason, Tensor,
-                                         VarKind, VarSpec, _DENSE, _is_int, _nbytes, _product)
+from runtime.network.wire.format import (_DTYPE_NAMES, _FRAME_COUNTS, CODECS,
+                                         DEFAULT_MAX_HEADER_SIZE, DEFAULT_MAX_MESSAGE_SIZE,
+                                         DTYPES, ENTRY_FIELDS, HEADER_FIELDS, ID_RANGE, KINDS,
+                                         MAX_DIM, MAX_FRAMES, MAX_NDIM, ROWS_DTYPE, STEP_RANGE,
+                                         VAR_FIELDS, VAR_KINDS, WIRE_VERSION, Kind, Message,
+                                         Reason, Tensor, VarKind, VarSpec, _is_int, _nbytes,
+                                         _product)
 from runtime.network.wire.header import _encoded_header
 
 
@@ -125,72 +129,6 @@ def _extra(header: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-# ------------------------------------------------------------------------------------ fast path
-
-_PLAIN_VAR_FIELDS = frozenset({"name", "dtype", "shape", "kind"})
-_PLAIN_DTYPES = {name: dtype for name, dtype in DTYPES.items() if name != "bool"}
-
-
-def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
-                  max_message_size: int) -> Message | None:
-    """`_decode` of the common message, read in one pass: the header's own fields valid (any
-    further fields are the message's `extra`, as there) and each var a dense tensor of a
-    non-bool dtype whose frame has exactly its bytes. None for anything else (an error, a
-    phantom, rows, lod, a bool): `_decode` then checks it field by field and names what is
-    wrong. DESIGN: every condition is one `_decode` also checks, so the fast path accepts
-    nothing `_decode` refuses and builds the same `Message`; it only skips building
-    `VarSpec`s and the generic checks' calls, which cost more than the zero-copy arrays for
-    most messages."""
-    if not header.keys() >= HEADER_FIELDS:
-        return None
-    carried_kind, msg_id, step, src, entries = (
-        header["kind"], header["id"], header["step"], header["src"], header["vars"])
-    kind = _KINDS.get(carried_kind) if type(carried_kind) is str else None
-    if (header["v"] != WIRE_VERSION or type(header["v"]) is not int or kind is None
-            or type(msg_id) is not int or not ID_RANGE[0] <= msg_id <= ID_RANGE[1]
-            or type(step) is not int or not STEP_RANGE[0] <= step <= STEP_RANGE[1]
-            or type(src) is not str or not src or type(entries) is not list
-            or len(frames) != len(entries) + 1):
-        return None
-    first = frames[0]
-    size = first.nbytes if type(first) is memoryview else len(first)
-    values: dict[str, Any] = {}
-    position = 0  # a counter, not zip(entries, frames[1:]) or enumerate: cheaper on this path
-    for entry in entries:
-        position += 1
-        frame = frames[position]
-        if type(entry) is not dict or entry.keys() != _PLAIN_VAR_FIELDS \
-                or entry["kind"] != _DENSE:
-            return None
-        name, dtype_name, shape = entry["name"], entry["dtype"], entry["shape"]
-        dtype = _PLAIN_DTYPES.get(dtype_name) if type(dtype_name) is str else None
-        if (type(name) is not str or not name or name in values or dtype is None
-                or type(shape) is not list or len(shape) > MAX_NDIM):
-            return None
-        count = 1
-        for dim in shape:
-            if type(dim) is not int or not 0 <= dim <= MAX_DIM:
-                return None
-            count *= dim
-        nbytes = count * dtype.itemsize
-        size += nbytes
-        if (frame.nbytes if type(frame) is memoryview else len(frame)) != nbytes \
-                or size > max_message_size or (not count and _span(shape, dtype) > MAX_DIM):
-            return None
-        array = np.frombuffer(frame, dtype, count)
-        if len(shape) != 1:  # a vector has its shape already (a reshape costs a fifth of this)
-            array = array.reshape(shape)
-        flags = array.flags  # a new object at each reading
-        if not flags.aligned:  # libzmq packs small frames into its receive buffer: as `_view`
-            array = array.copy()
-            flags = array.flags
-        flags.writeable = False
-        values[name] = array
-    if len(header) == len(HEADER_FIELDS):
-        return Message.of(kind, msg_id, src, step, values)
-    return Message.of(kind, msg_id, src, step, values, _extra(header))
-
-
 # ---------------------------------------------------------------------------------- strict path
 
 
@@ -216,7 +154,7 @@ def _check_envelope(header: dict[str, Any]) -> tuple[Kind, int, str, int]:
         raise DecodeError(
             Reason.UNKNOWN_VERSION, f"version {header['v']!r}, expected {WIRE_VERSION}"
         )
-    kind = _KINDS.get(header["kind"]) if isinstance(header["kind"], str) else None
+    kind = KINDS.get(header["kind"]) if isinstance(header["kind"], str) else None
     if kind is None:
         raise DecodeError(Reason.UNKNOWN_KIND, f"message kind {header['kind']!r} is unknown")
     msg_id = _field(header, "id", *ID_RANGE)
@@ -260,17 +198,19 @@ def _check_var(entry: Any) -> VarSpec:
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         raise DecodeError(Reason.BAD_FIELD, f"a vars entry has no valid name: {name!r}")
-    if not _VAR_FIELDS <= entry.keys():
-        missing = ", ".join(sorted(_VAR_FIELDS.difference(entry)))
+    if not ENTRY_FIELDS <= entry.keys():
+        missing = ", ".join(sorted(ENTRY_FIELDS.difference(entry)))
         raise DecodeError(Reason.MISSING_FIELD, f"vars entry lacks {missing}", var=name)
-    kind = _VAR_KINDS.get(entry["kind"]) if isinstance(entry["kind"], str) else None
+    kind = VAR_KINDS.get(entry["kind"]) if isinstance(entry["kind"], str) else None
     if kind is None:
         raise DecodeError(Reason.BAD_FIELD, f"var kind {entry['kind']!r} is unknown", var=name)
-    if not entry.keys() <= _ALLOWED_VAR_FIELDS[kind]:
-        unknown = sorted(set(entry).difference(_ALLOWED_VAR_FIELDS[kind]), key=repr)
+    fields = VAR_FIELDS[kind]
+    if not entry.keys() <= fields.allowed:
+        unknown = sorted(set(entry).difference(fields.allowed), key=repr)
         raise DecodeError(Reason.BAD_FIELD, f"vars entry has unknown fields {unknown}", var=name)
-    if kind is VarKind.ROWS and "height" not in entry:
-        raise DecodeError(Reason.MISSING_FIELD, "rows var lacks height", var=name)
+    if not fields.required <= entry.keys():  # a rows var's height
+        missing = ", ".join(sorted(fields.required.difference(entry)))
+        raise DecodeError(Reason.MISSING_FIELD, f"{kind} var lacks {missing}", var=name)
     dtype = _header_dtype(entry["dtype"], name)
     shape = _header_shape(entry["shape"], kind is VarKind.ROWS or "height" in entry, name)
     if _span(shape, dtype) > MAX_DIM:
@@ -289,10 +229,10 @@ def _check_var(entry: Any) -> VarSpec:
 def _header_codec(entry: dict[str, Any], dtype: np.dtype[Any], shape: tuple[int, ...],
                   structured: bool, name: str) -> tuple[Codec, int | None]:
     """The codec of a packed var's entry and its top-k count, checked against the entry."""
-    codec = _CODECS.get(entry["codec"]) if isinstance(entry["codec"], str) else None
+    codec = CODECS.get(entry["codec"]) if isinstance(entry["codec"], str) else None
     if codec is None:
         raise DecodeError(Reason.BAD_FIELD, f"codec {entry['codec']!r} is not one of "
-                          f"{', '.join(_CODECS)}", var=name)
+                          f"{', '.join(CODECS)}", var=name)
     if structured or dtype not in FLOAT_DTYPES:
         raise DecodeError(Reason.BAD_FIELD, f"codec {codec} packs a plain float32 or float64 "
                           f"tensor, not {'rows or a LoD' if structured else dtype}", var=name)
@@ -387,8 +327,9 @@ def _view(frame: Frame, dtype: np.dtype[Any], shape: tuple[int, ...], name: str)
             var=name,
         )
     array = np.frombuffer(frame, dtype=dtype, count=count).reshape(shape)
-    if dtype == DTYPES["bool"]:
-        _check_bools(array, name)
+    check = _VALUE_CHECKS.get(dtype)
+    if check is not None:
+        check(array, name)
     if not array.flags.aligned:
         array = array.copy()
     array.flags.writeable = False
@@ -422,6 +363,90 @@ def _check_bools(array: np.ndarray, name: str) -> None:
             f"bool byte {raw[bad[0]]} at flat index {bad[0]} is not 0 or 1",
             var=name,
         )
+
+
+_VALUE_CHECKS: Mapping[np.dtype[Any], Callable[[np.ndarray, str], None]] = {
+    DTYPES["bool"]: _check_bools,
+}
+"""The wire dtypes whose values `_view` checks one by one, and the check: a bool's byte must
+be 0 or 1. Any bytes are values of the other dtypes."""
+
+
+# ------------------------------------------------------------------------------------ fast path
+
+_PLAIN_KIND = VarKind.DENSE
+"""The one var kind `_decode_plain` reads: one frame of the values, nothing to check in them."""
+_PLAIN_KIND_NAME = _PLAIN_KIND.value
+_PLAIN_VAR_FIELDS = VAR_FIELDS[_PLAIN_KIND].required
+"""The entry fields of a plain var: those its kind requires, and none it merely allows (a LoD,
+a codec)."""
+_PLAIN_DTYPES = {name: dtype for name, dtype in DTYPES.items() if dtype not in _VALUE_CHECKS}
+"""The dtypes of a plain var: the wire's, less those whose values `_decode` checks."""
+assert _FRAME_COUNTS[_PLAIN_KIND] == 1, "a plain var is one frame: _decode_plain counts so"
+
+
+def _decode_plain(header: dict[str, Any], frames: Sequence[Frame],
+                  max_message_size: int) -> Message | None:
+    """`_decode` of the common message, read in one pass: the header's own fields valid (any
+    further fields are the message's `extra`, as there) and each var a plain one (of
+    `_PLAIN_KIND`, with only `_PLAIN_VAR_FIELDS`, of a `_PLAIN_DTYPES` dtype) whose frame has
+    exactly its bytes. None for anything else (an error, a phantom, rows, lod, a codec, a
+    bool): `_decode` then checks it field by field and names what is wrong. DESIGN: every
+    condition is one `_decode` also checks, on the same table (`format.HEADER_FIELDS`,
+    `VAR_FIELDS`, `KINDS`, `DTYPES` and `_VALUE_CHECKS`), so the fast path accepts nothing
+    `_decode` refuses and builds the same `Message`; it only skips building `VarSpec`s and the
+    generic checks' calls, which cost more than the zero-copy arrays for most messages."""
+    if not header.keys() >= HEADER_FIELDS:
+        return None
+    carried_kind, msg_id, step, src, entries = (
+        header["kind"], header["id"], header["step"], header["src"], header["vars"])
+    kind = KINDS.get(carried_kind) if type(carried_kind) is str else None
+    if (header["v"] != WIRE_VERSION or type(header["v"]) is not int or kind is None
+            or type(msg_id) is not int or not ID_RANGE[0] <= msg_id <= ID_RANGE[1]
+            or type(step) is not int or not STEP_RANGE[0] <= step <= STEP_RANGE[1]
+            or type(src) is not str or not src or type(entries) is not list
+            or len(frames) != len(entries) + 1):
+        return None
+    first = frames[0]
+    size = first.nbytes if type(first) is memoryview else len(first)
+    values: dict[str, Any] = {}
+    position = 0  # a counter, not zip(entries, frames[1:]) or enumerate: cheaper on this path
+    for entry in entries:
+        position += 1
+        frame = frames[position]
+        if type(entry) is not dict or entry.keys() != _PLAIN_VAR_FIELDS \
+                or entry["kind"] != _PLAIN_KIND_NAME:
+            return None
+        name, dtype_name, shape = entry["name"], entry["dtype"], entry["shape"]
+        dtype = _PLAIN_DTYPES.get(dtype_name) if type(dtype_name) is str else None
+        if (type(name) is not str or not name or name in values or dtype is None
+                or type(shape) is not list or len(shape) > MAX_NDIM):
+            return None
+        count = 1
+        for dim in shape:
+            if type(dim) is not int or not 0 <= dim <= MAX_DIM:
+                return None
+            count *= dim
+        nbytes = count * dtype.itemsize
+        size += nbytes
+        if (frame.nbytes if type(frame) is memoryview else len(frame)) != nbytes \
+                or size > max_message_size or (not count and _span(shape, dtype) > MAX_DIM):
+            return None
+        array = np.frombuffer(frame, dtype, count)
+        if len(shape) != 1:  # a vector has its shape already (a reshape costs a fifth of this)
+            array = array.reshape(shape)
+        flags = array.flags  # a new object at each reading
+        if not flags.aligned:  # libzmq packs small frames into its receive buffer: as `_view`
+            array = array.copy()
+            flags = array.flags
+        flags.writeable = False
+        values[name] = array
+    if len(header) == len(HEADER_FIELDS):
+        return Message.of(kind, msg_id, src, step, values)
+    return Message.of(kind, msg_id, src, step, values, _extra(header))
+
+
+# ---------------------------------------------------------------------------------------- shared
 
 
 def _check_rows(rows: np.ndarray, height: int, name: str, error: type[WireError]) -> None:

@@ -27,9 +27,9 @@ from runtime.network.compression import Packed
 from runtime.network.transport import Frame
 from runtime.network.wire.decoding import _check_rows
 from runtime.network.wire.errors import EncodeError, WireError
-from runtime.network.wire.format import (DTYPES, HEADER_FIELDS, ID_RANGE, _KINDS, ROWS_DTYPE,
-                                         STEP_RANGE, WIRE_VERSION, Kind, Message, Reason, VarKind,
-                                         VarSpec, _DENSE, _DTYPE_NAMES, _PHANTOM, _codec_fields,
+from runtime.network.wire.format import (_DENSE, _DTYPE_NAMES, _PHANTOM, DTYPES, HEADER_FIELDS,
+                                         ID_RANGE, KINDS, ROWS_DTYPE, STEP_RANGE, WIRE_VERSION,
+                                         Kind, Message, Reason, VarKind, VarSpec, _codec_fields,
                                          _is_int)
 from runtime.network.wire.header import _Header, _Parsed
 from runtime.network.wire.weighing import _charged_size, _surcharge
@@ -69,7 +69,7 @@ def encode(msg: Message) -> list[Frame]:
         frames.extend(var_frames)
     kind = msg.kind
     if type(kind) is not Kind:  # a plain str (a Kind's own hash and value are Python calls)
-        kind = _KINDS.get(kind) or Kind(kind)
+        kind = KINDS.get(kind) or Kind(kind)
     header = {
         "v": WIRE_VERSION,
         "kind": kind._value_,

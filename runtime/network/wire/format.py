@@ -7,10 +7,11 @@ A message is frame 0, a msgpack header
     {v, kind, id, src, step, vars: [{name, dtype, shape, kind, height?}, ...], ...extra}
 
 followed by the tensors' raw bytes in `vars` order (`_FRAME_COUNTS`: one frame per dense var,
-two per rows var, none per phantom). The field table (`HEADER_FIELDS`, the fields each var kind
-allows, and the names a kind, codec or dtype field may take) states which fields and values a
-header may hold: encode writes them and decode checks against them. Nothing here builds or
-parses frames.
+two per rows var, none per phantom). The field table (`HEADER_FIELDS`, `ENTRY_FIELDS`,
+`VAR_FIELDS`, and the names `KINDS`, `VAR_KINDS`, `CODECS` and `DTYPES` a field may take) is
+the one statement of which fields and values a header may hold: encode writes them, the strict
+decode path checks against them, and the fast one reads what it accepts off them, so the two
+cannot drift apart. Nothing here builds or parses frames.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,7 +46,6 @@ MAX_DIM = 1 << 62
 item size may not exceed it either (so an empty tensor cannot claim an unshapeable span)."""
 ID_RANGE = (0, (1 << 64) - 1)
 STEP_RANGE = (-(1 << 63), (1 << 63) - 1)
-HEADER_FIELDS = frozenset({"v", "kind", "id", "src", "step", "vars"})
 WIRE_DTYPE_NAMES = (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"
 )
@@ -109,17 +109,36 @@ class Reason(enum.StrEnum):
 
 # ------------------------------------------------------------------------------ the field table
 
-_KINDS = {kind.value: kind for kind in Kind}
-_VAR_KINDS = {kind.value: kind for kind in VarKind}
-_VAR_FIELDS = frozenset({"name", "dtype", "shape", "kind"})
-_CODEC_FIELDS = frozenset({"codec", "nnz"})
-_ALLOWED_VAR_FIELDS = {
-    VarKind.DENSE: _VAR_FIELDS | {"lod"} | _CODEC_FIELDS,
-    VarKind.ROWS: _VAR_FIELDS | {"height"},
-    VarKind.PHANTOM: _VAR_FIELDS | {"height", "lod"} | _CODEC_FIELDS,
+HEADER_FIELDS = frozenset({"v", "kind", "id", "src", "step", "vars"})
+"""The header's own fields, each one required; any further field is the message's `extra`."""
+KINDS: Mapping[str, Kind] = {kind.value: kind for kind in Kind}
+"""The message kinds, by the name a header's ``kind`` field gives."""
+VAR_KINDS: Mapping[str, VarKind] = {kind.value: kind for kind in VarKind}
+"""The var kinds, by the name a `vars` entry's ``kind`` field gives."""
+CODECS: Mapping[str, Codec] = {codec.value: codec for codec in Codec}
+"""The codecs, by the name a packed var's ``codec`` field gives."""
+ENTRY_FIELDS = frozenset({"name", "dtype", "shape", "kind"})
+"""The fields every `vars` entry has, whatever its kind."""
+CODEC_FIELDS = frozenset({"codec", "nnz"})
+"""A packed var's fields: how its data is packed and, for top-k, how many values it keeps."""
+
+
+class VarFields(NamedTuple):
+    """The fields a `vars` entry of one kind must have, and all those it may have."""
+
+    required: frozenset[str]
+    allowed: frozenset[str]
+
+
+VAR_FIELDS: Mapping[VarKind, VarFields] = {
+    VarKind.DENSE: VarFields(ENTRY_FIELDS, ENTRY_FIELDS | {"lod"} | CODEC_FIELDS),
+    VarKind.ROWS: VarFields(ENTRY_FIELDS | {"height"}, ENTRY_FIELDS | {"height"}),
+    VarKind.PHANTOM: VarFields(ENTRY_FIELDS, ENTRY_FIELDS | {"height", "lod"} | CODEC_FIELDS),
 }
-_CODECS = {codec.value: codec for codec in Codec}
+"""Each var kind's fields: a rows var states its height; a dense one may carry a LoD or a
+codec; a phantom may carry what its twin of either kind would."""
 _FRAME_COUNTS = {VarKind.DENSE: 1, VarKind.ROWS: 2, VarKind.PHANTOM: 0}
+"""The data frames that follow the header for a var of each kind (a packed one: its codec's)."""
 _PHANTOM = str(VarKind.PHANTOM)
 _DENSE = str(VarKind.DENSE)
 

@@ -34,6 +34,10 @@ from runtime.network.wire.format import (_DENSE, _DTYPE_NAMES, _PHANTOM, DTYPES,
 from runtime.network.wire.header import _Header, _Parsed
 from runtime.network.wire.weighing import _charged_size, _surcharge
 
+_dtype_named, _kind_named, _no_header_field = _DTYPE_NAMES.get, KINDS.get, HEADER_FIELDS.isdisjoint
+"""The lookups in the format's tables that each message makes, bound once: see the DESIGN note
+of `decoding._kind_named`."""
+
 
 def encode(msg: Message) -> list[Frame]:
     """The frames of `msg`: the msgpack header, then each tensor's bytes without copying."""
@@ -46,7 +50,7 @@ def encode(msg: Message) -> list[Frame]:
     for name, value in msg.vars.items():
         if type(value) is np.ndarray and type(name) is str and name and value.size \
                 and value.flags.c_contiguous:  # the common var: its bytes as they are
-            dtype_name = _DTYPE_NAMES.get(value.dtype)
+            dtype_name = _dtype_named(value.dtype)
             if dtype_name is not None:
                 specs.append({"name": name, "dtype": dtype_name, "shape": list(value.shape),
                               "kind": _DENSE})
@@ -69,7 +73,7 @@ def encode(msg: Message) -> list[Frame]:
         frames.extend(var_frames)
     kind = msg.kind
     if type(kind) is not Kind:  # a plain str (a Kind's own hash and value are Python calls)
-        kind = KINDS.get(kind) or Kind(kind)
+        kind = _kind_named(kind) or Kind(kind)
     header = {
         "v": WIRE_VERSION,
         "kind": kind._value_,
@@ -104,7 +108,7 @@ def _packer() -> msgpack.Packer:
 
 
 def _check_outgoing(msg: Message) -> None:
-    if not HEADER_FIELDS.isdisjoint(msg.extra):
+    if not _no_header_field(msg.extra):
         reserved = sorted(HEADER_FIELDS.intersection(msg.extra))
         raise EncodeError(Reason.RESERVED_FIELD, f"extra fields {reserved} are header fields")
     if type(msg.id) is int and type(msg.step) is int and type(msg.src) is str and msg.src \

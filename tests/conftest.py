@@ -1,27 +1,22 @@
 """Test-wide settings: hypothesis must not fail a test because the machine is busy (its
-per-example deadline and its too-slow health check measure wall time); the contract modules'
-asserts explain their failures as the tests' own do; every test of a module that starts
-processes is marked ``slow``, so that ``pytest -m "not slow"`` is the quick inner loop.
+per-example deadline and its too-slow health check measure wall time); the shared helpers'
+asserts (tests/support: the contract suites among them) explain their failures as the tests'
+own do; every test of a module that starts processes is marked ``slow`` (`slow_mark.spawns`),
+so that ``pytest -m "not slow"`` is the quick inner loop.
 
-DESIGN: the mark is derived from the module's source (`SPAWNS`), not written on each test, so a
-new test that starts processes cannot be left out of it."""
+The test modules import the helpers by their names (``import fault_contract``): pyproject.toml
+puts tests/support on the path, and test modules never import one another."""
 
-import re
-from functools import cache
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-SPAWNS = re.compile(r"\b(subprocess|Popen|multiprocessing|ray\.init|os\.fork|netns)\b"
-                    r"|sys\.executable|\blaunch\(|runtime\.cli|runtime\.launch\.(launcher|profile|calibrate|role)")
-"""What in a test module's source starts processes (a node, the launcher, a sweep's workers)."""
+SUPPORT = Path(__file__).parent / "support"
 
+pytest.register_assert_rewrite(*sorted(path.stem for path in SUPPORT.glob("*.py")))
 
-@cache
-def spawns(path: Path) -> bool:
-    """Whether the test module at `path` starts processes (`SPAWNS`)."""
-    return SPAWNS.search(path.read_text()) is not None
+from slow_mark import spawns  # noqa: E402  (after the registration: rewritten like the others)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -29,8 +24,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if spawns(Path(str(item.fspath))):
             item.add_marker(pytest.mark.slow)
 
-
-pytest.register_assert_rewrite("fault_contract")
 
 settings.register_profile("pslab", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

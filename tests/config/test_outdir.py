@@ -22,7 +22,7 @@ from runtime import cli as runtime_cli
 from runtime.config.outdir import OutputDirError, OutputLocked, check_output_dir, claim_output
 from sim import cli as sim_cli
 
-from test_runtime_up import scenario_file
+from runtime_runs import scenario_file
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

@@ -21,7 +21,7 @@ from transpiler.models import build_model
 
 import example_runs
 from cluster_helpers import FAST_DRAIN, free_endpoints, run
-from test_data import assert_feeds_equal, join
+from data_helpers import assert_feeds_equal, join
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "my_data.yaml"
 N = 37  # records: batches of 4 x 2 trainers straddle the end of the file

@@ -17,6 +17,8 @@ from runtime.execution.executor import check_feed
 from runtime.execution.tensor import lod_of
 from transpiler.ir import BlockRef, Program
 
+from program_helpers import build, double_program
+
 
 # -- scope --------------------------------------------------------------------------------------
 def test_scope_set_copies_and_get_unwraps() -> None:
@@ -39,14 +41,6 @@ def test_scope_set_copies_and_get_unwraps() -> None:
 
 
 # -- small hand-built programs --------------------------------------------------------------------
-def double_program() -> Program:
-    """out = 2 * x for x of shape [-1, 3] float32."""
-    prog = Program()
-    block = prog.global_block()
-    block.create_var("x", shape=(-1, 3), dtype="float32")
-    block.create_var("out", shape=(-1, 3), dtype="float32")
-    block.append_op("scale", {"X": ["x"]}, {"Out": ["out"]}, {"scale": 2.0})
-    return prog
 
 
 def test_run_feeds_and_fetches_by_name_or_var() -> None:
@@ -233,12 +227,6 @@ def test_error_in_sub_block_names_the_sub_block() -> None:
 
 # -- programs from the front end
 # --------------------------------------------------------------------
-def build(fn: Callable[[], Any], seed: int = 0) -> tuple[Program, Program, Any]:
-    main, startup = Program(), Program()
-    main.random_seed = startup.random_seed = seed
-    with T.program_guard(main, startup), T.unique_name.guard():
-        out = fn()
-    return main, startup, out
 
 
 def linear_model(optimizer: Callable[[], Any], **fc_kwargs: Any) -> Callable[[], Any]:

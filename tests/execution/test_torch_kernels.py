@@ -21,11 +21,13 @@ torch = pytest.importorskip("torch")
 
 import transpiler as T  # noqa: E402
 from runtime import Executor, LoDTensor, Scope, SelectedRows  # noqa: E402
-from runtime.execution.executor import device_binder  # noqa: E402
 from runtime.execution.kernels import KernelContext, get_kernel, registered_ops  # noqa: E402
 from runtime.execution.kernels import torch_nn  # noqa: E402
 from runtime.execution.kernels.torch_common import DeviceError, resolve_device  # noqa: E402
 from transpiler.ir import BlockRef, Op, Program  # noqa: E402
+
+from gradcheck import Outputs, run_kernel  # noqa: E402
+from program_helpers import build  # noqa: E402
 
 BACKENDS = ("numpy", "torch")
 FLOATS = (np.float64, np.float32)
@@ -39,27 +41,6 @@ HAS_CUDA = torch.cuda.is_available()
 
 # -- running one op -------------------------------------------------------------------------------
 Inputs = Mapping[str, Any]
-Outputs = dict[str, list[Any]]  # per slot: stored values, None where the kernel wrote none
-
-
-def run_kernel(backend: str, op_type: str, inputs: Inputs, outputs: Mapping[str, int],
-               attrs: Mapping[str, Any], program: Program | None = None,
-               device: str = "cpu") -> Outputs:
-    """Run one kernel (on `device`) on a fresh scope holding copies of `inputs` (slot -> value or
-    list; var ``S{i}`` is slot S's i-th); return each output slot's stored values, None where
-    unwritten."""
-    scope = Scope()
-    in_names = {}
-    for slot, value in inputs.items():
-        values = value if isinstance(value, list) else [value]
-        in_names[slot] = [f"{slot}{i}" for i in range(len(values))]
-        for name, v in zip(in_names[slot], values):
-            scope.set(name, v)
-    out_names = {slot: [f"{slot}{i}" for i in range(n)] for slot, n in outputs.items()}
-    op = Op(op_type, in_names, out_names, dict(attrs))
-    device_binder(backend, device)(get_kernel(op_type, backend))(KernelContext(op, scope, "", program))
-    return {slot: [scope.get_tensor(n) if n in scope else None for n in names]
-            for slot, names in out_names.items()}
 
 
 def assert_same(want: Any, got: Any, what: str) -> None:
@@ -645,14 +626,6 @@ def test_conditional_block_runs_torch_sub_blocks_like_numpy() -> None:
         assert lrs[0].dtype == lrs[1].dtype == np.float32
         np.testing.assert_array_equal(lrs[1], lrs[0])
         assert lrs[0].tolist() == pytest.approx([1.0 if step < 3 else 0.2])
-
-
-def build(fn: Callable[[], Any], seed: int = 0) -> tuple[Program, Program, Any]:
-    main, startup = Program(), Program()
-    main.random_seed = startup.random_seed = seed
-    with T.program_guard(main, startup), T.unique_name.guard():
-        out = fn()
-    return main, startup, out
 
 
 def classifier(schedule: str) -> Callable[[], Any]:

@@ -30,8 +30,8 @@ from runtime.services.cluster import batches_for, make_pserver, make_trainer, ru
 from runtime.services.node import node_keys
 
 from cluster_helpers import FAST_DRAIN, free_endpoints, make_job
-from test_curve import SCENARIO as CURVE_UP
-from test_curve import STEPS, attack, hostile_messages, job_keys, up_encrypted
+from curve_helpers import SCENARIO as CURVE_UP
+from curve_helpers import STEPS, attack, hostile_messages, job_keys, up_encrypted
 
 RULE = LinkFaults(links=("trainer:*", "pserver:*"), drop=0.1, duplicate=0.1, reorder=0.1)
 

@@ -29,11 +29,10 @@ from runtime.launch.collect import merge_faults
 from runtime.launch.role import FAULTS_SUFFIX, concerns, message_faults
 
 from fault_contract import NODES, FaultTargetContract, Harness, Look, look
+from fault_runs import FakeNodes
 from metrics_schema import assert_valid_metrics
-from test_collect import NODES as ROLES
-from test_collect import collect, run_roles
-from test_runtime_faults import FakeNodes
-from test_runtime_up import up
+from runtime_runs import NODES as ROLES
+from runtime_runs import collect, run_roles, up
 
 
 class Fanout:

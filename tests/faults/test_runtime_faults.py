@@ -16,7 +16,7 @@ import random
 import re
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,8 +34,8 @@ from runtime.services.checkpoint import MANIFEST
 from sim.loop import run
 
 from fault_contract import NODES, SCENARIO, FaultTargetContract, Harness, Look, faults_of, look
-from test_runtime_up import children_of, up
-from test_sim_faults import CUT_TOO_LONG, simulated
+from fault_runs import CUT_TOO_LONG, FakeNodes, simulated
+from runtime_runs import children_of, up
 
 FAULTS = Path(__file__).resolve().parents[2] / "scenarios" / "faults"
 
@@ -286,33 +286,6 @@ def test_link_rules_combine_as_independent_chances_and_added_delays() -> None:
     delays = {round(faults.latency(random.Random(seed)), 9) for seed in range(50)}
     assert delays == {0.03, 0.04}  # b's delay always, a's half of the time
     assert link_faults([]).latency == 0.0
-
-
-@dataclass
-class FakeNodes:
-    """The launcher's side of the target: processes that are only names, recording what was
-    asked, with the loop's time."""
-
-    running: set[str]
-    calls: list[tuple[float, str, str]] = field(default_factory=list)
-
-    def _record(self, what: str, node: str) -> None:
-        self.calls.append((asyncio.get_running_loop().time(), what, node))
-
-    def kill(self, node: str, returning: bool) -> int | None:
-        self._record("kill, returning" if returning else "kill", node)
-        if node not in self.running:
-            return None
-        self.running.discard(node)
-        return 4242
-
-    def restart(self, node: str) -> None:
-        self._record("restart", node)
-        self.running.add(node)
-
-    def send_signal(self, node: str, sig: signal.Signals) -> bool:
-        self._record(sig.name, node)
-        return node in self.running
 
 
 class RuntimeHarness:

@@ -32,7 +32,7 @@ from sim.report import notes_for
 from sim.simulate import simulate
 from transpiler.ir import Program
 
-from test_sim_cpu import U, finish_times
+from sim_cpu_helpers import U, finish_times
 
 
 def test_a_curve_is_a_power_law_between_points_a_floor_below_and_a_throughput_above() -> None:

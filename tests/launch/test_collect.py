@@ -4,32 +4,16 @@ with the scenario's expectations checked; a node without a record fails the run 
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from runtime import cli
 from runtime.config.metrics import read_metrics
-from runtime.network.curve import write_keys
-from runtime.services.lifeline import LAUNCHER_VAR
 
-from cluster_helpers import free_endpoints
 from metrics_schema import assert_valid_metrics
-from test_runtime_up import scenario_file
-
-NODES = [("pserver", 0), ("pserver", 1), ("trainer", 0), ("trainer", 1)]
-
-
-def collect(*argv: str) -> tuple[int, list[str]]:
-    out = io.StringIO()
-    code = cli.main(["collect", *argv], out=out)
-    return code, out.getvalue().splitlines()
+from runtime_runs import collect, run_roles, scenario_file
 
 
 @pytest.fixture(scope="module")
@@ -39,31 +23,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     tmp = tmp_path_factory.mktemp("hosts")
     scenario = scenario_file(tmp)
     return run_roles(scenario, tmp, 90)[0]
-
-
-def run_roles(scenario: Path, tmp: Path, timeout: float) -> tuple[list[Path], list[str]]:
-    """Each node of `NODES` in a `runtime up --role` process of its own, on loopback, with a
-    keypair per node as `runtime keys` writes them, as four hosts would run the job: their out
-    dirs under `tmp`, and what each printed (stdout and stderr), once all exited 0."""
-    endpoints = ",".join(free_endpoints(2))
-    env = {k: v for k, v in os.environ.items() if k != LAUNCHER_VAR}
-    dirs = [tmp / f"host-{role}-{index}" for role, index in NODES]
-    keys = tmp / "keys"
-    write_keys(keys, [f"{role}-{index}" for role, index in NODES])
-    procs = [subprocess.Popen([sys.executable, "-m", "runtime.cli", "up", str(scenario), "--role",
-                               role, "--index", str(index), "--endpoints", endpoints, "--out",
-                               str(d), "--keys", str(keys)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for (role, index), d in zip(NODES, dirs)]
-    try:
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0] * 4, outputs
-    return dirs, outputs
 
 
 @pytest.mark.timeout(180)

@@ -23,8 +23,7 @@ from runtime.config.scenario import load_scenario
 from runtime.launch.launcher import Launcher, prepare_out
 from runtime.services.lifeline import lifeline_environment, lifeline_signal
 
-from test_node_lifeline import alive
-from test_runtime_up import children_of, scenario_file, wait_for
+from runtime_runs import alive, children_of, scenario_file, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

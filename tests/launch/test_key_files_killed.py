@@ -17,7 +17,7 @@ from runtime import cli
 from runtime.config import atomic
 from runtime.network.curve import load_keys, write_keys
 
-from test_atomic_writes import full_disk
+from checkpoint_helpers import full_disk
 
 ROOT = Path(__file__).resolve().parents[2]
 STEMS = ["pserver-0", "trainer-0", "trainer-1"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import ipaddress
 import os
 import shutil
@@ -27,7 +26,6 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 import zmq
-from cluster_helpers import csv_with_a_bad_value
 
 from runtime import cli
 from runtime.config.metrics import JobMetrics, NetnsNodeMetrics, read_metrics
@@ -38,14 +36,16 @@ from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.launch import netns
 from runtime.launch.launcher import ignored_by_runtime
 from runtime.launch.shaping import BUCKET_FRAMES, bucket_bytes, tbf_command
-from runtime.network.curve import make_server, write_keys
+from runtime.network.curve import write_keys
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job
 from runtime.services.node import node_keys
 
+from cluster_helpers import csv_with_a_bad_value
+from curve_helpers import attack
 from metrics_schema import assert_valid_metrics
-from test_curve import attack
+from runtime_runs import up
 
 T = TypeVar("T")
 
@@ -91,12 +91,6 @@ def can_make_namespaces() -> None:
     reason = probe()
     if reason is not None:
         pytest.skip(f"network namespaces: {reason}")
-
-
-def up(*argv: str) -> tuple[int, list[str]]:
-    out = io.StringIO()
-    code = cli.main(["up", *argv], out=out)
-    return code, out.getvalue().splitlines()
 
 
 def scenario_file(tmp_path: Path, text: str = SCENARIO) -> Path:

@@ -20,7 +20,7 @@ from sim.cost import load_profile
 from sim.simulate import simulate
 from transpiler.ir import Op
 
-from test_executor import double_program
+from program_helpers import double_program
 
 QUICKSTART = "scenarios/quickstart.yaml"
 STEPS = 3

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,75 +29,14 @@ from runtime.services.node import (NodeOptions, Role, RoleError, node_options, r
                                    scenario_for)
 from runtime.services.progress import PROGRESS_FD_VAR, Channel, Progress, Reporter, read_progress
 
-from cluster_helpers import csv_with_a_bad_value, free_endpoints
+from cluster_helpers import assert_params_equal, csv_with_a_bad_value, free_endpoints
 from metrics_schema import assert_valid_metrics
-
-SGD = "{type: sgd, learning_rate: 0.1}"
-SCENARIO = """\
-name: up-test
-seed: 3
-model: {{name: mlp, sizes: [64, 32, 10], optimizer: {optimizer}{lr}}}
-data: {{batch_size: 16}}
-cluster: {cluster}
-transpiler: {{mode: sync}}
-train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: 10s, retry_after: 100ms, log_every: 5}}
-expect: {expect}
-"""
-"""`retry_after: 100ms`: the pservers drain 0.3 s after the last trainer, not 3 s (see
-`cluster_helpers.make_job`)."""
-
-
-def scenario_file(tmp_path: Path, optimizer: str = SGD, lr: str = "", steps: int = 20,
-                  cluster: str = "{pservers: 2, trainers: 2}",
-                  expect: str = "{params_equal_to: local, no_lost_updates: true}") -> Path:
-    path = tmp_path / "scenario.yaml"
-    path.write_text(SCENARIO.format(optimizer=optimizer, lr=lr, steps=steps, cluster=cluster,
-                                    expect=expect))
-    return path
-
-
-def up(*argv: str) -> tuple[int, list[str]]:
-    out = io.StringIO()
-    code = cli.main(["up", *argv], out=out)
-    return code, out.getvalue().splitlines()
+from runtime_runs import children_of, load_params, scenario_file, up, wait_for
 
 
 def local_params(scenario: Path, overrides: Sequence[str] = ()) -> dict[str, np.ndarray]:
     job = Job.from_scenario(parse_scenario(scenario.read_text(), overrides=list(overrides)))
     return train_locally(job)[1]
-
-
-def load_params(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as data:
-        return {name: data[name] for name in data.files}
-
-
-def assert_params_equal(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray],
-                        atol: float = 1e-5) -> None:
-    assert actual.keys() == expected.keys()
-    for name, value in expected.items():
-        np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=atol, err_msg=name)
-
-
-def children_of(pid: int) -> list[int]:
-    """Pids whose parent is `pid`, from /proc."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            after_name = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(after_name[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
-
-
-def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    end = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {seconds}s waiting for {what}")
-        time.sleep(0.05)
 
 
 # -- the whole job as processes ------------------------------------------------------------------
@@ -137,7 +76,7 @@ def test_quickstart_like_scenario_runs_and_writes_metrics(tmp_path: Path) -> Non
         assert p.optimize_seconds > 0 and p.log is not None and (out / p.log).exists()
     assert {(e.name, e.passed) for e in metrics.expectations} == \
         {("params_equal_to", True), ("no_lost_updates", True)}
-    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario), atol=1e-5)
 
 
 @pytest.mark.timeout(60)
@@ -152,7 +91,7 @@ def test_sync_processes_equal_local_training(tmp_path: Path, optimizer: str, lr:
     scenario, out = scenario_file(tmp_path, optimizer, lr, expect="{}"), tmp_path / "out"
     code, lines = up(str(scenario), "--out", str(out))
     assert code == 0, "\n".join(lines)
-    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario), atol=1e-5)
 
 
 @pytest.mark.timeout(60)
@@ -170,7 +109,7 @@ def test_collective_processes_start_only_trainers_and_equal_local_training(
     assert "no pservers, trainers at" in lines[0]
     assert sorted(p.name for p in (out / "logs").iterdir()) == [
         "trainer-0.log", "trainer-1.log", "trainer-2.log"]
-    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario), atol=1e-5)
 
 
 GEO_SPARSE = """\
@@ -200,7 +139,7 @@ def test_geo_sgd_on_a_sparse_table_as_processes_equals_local_training(tmp_path: 
     assert len(trainer.losses) == 40
     assert np.mean(trainer.losses[-10:]) < 0.9 * np.mean(trainer.losses[:10])
     assert [(p.errors, p.exit_code) for p in metrics.pservers] == [(0, 0), (0, 0)]
-    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario), atol=1e-5)
 
 
 CNN = """\
@@ -229,7 +168,7 @@ def test_cnn_sync_processes_equal_local_training(tmp_path: Path, batch_norm: str
     assert code == 0, "\n".join(lines)
     metrics = read_metrics(out / "metrics.json")
     assert [len(t.losses) for t in metrics.trainers] == [10] * trainers
-    assert_params_equal(load_params(out / "params.npz"), local_params(scenario), atol=1e-6)
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario))
 
 
 @pytest.mark.timeout(60)
@@ -343,7 +282,7 @@ def test_paddle_environment_variables_run_one_node_per_process(tmp_path: Path) -
     record = read_record(out / "nodes" / "trainer-0.json", TrainerMetrics)
     assert len(record.losses) == 20
     one_by_one = ["cluster.pservers=1", "cluster.trainers=1"]
-    assert_params_equal(load_params(out / "params.npz"), local_params(scenario, one_by_one))
+    assert_params_equal(load_params(out / "params.npz"), local_params(scenario, one_by_one), atol=1e-5)
 
 
 SMALL = parse_scenario("name: s\nmodel: {name: mlp}\ncluster: {pservers: 2, trainers: 2}\n")

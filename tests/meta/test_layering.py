@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import ast
 
-from test_packaging import PACKAGES as LAYERS  # the top-level packages, in layer order
-from test_packaging import imports_among, project_modules
+from project_imports import PACKAGES as LAYERS  # the top-level packages, in layer order
+from project_imports import imports_among, project_modules
 
 RUNTIME_PARTS = ("config", "execution", "network", "services", "faults", "launch")
 """The parts of `runtime`, each importing only itself and those before it."""
@@ -32,7 +32,7 @@ RUNTIME_FACADES = ("cli", "paddle")
 
 def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
     """The modules among `known` that `source` (the module `module`) imports anywhere in its
-    text (`test_packaging.imports_among`), the module itself left out."""
+    text (`project_imports.imports_among`), the module itself left out."""
     return imports_among(ast.walk(ast.parse(source)), module, is_package, known) - {module}
 
 

@@ -8,12 +8,13 @@ import graphlib
 import importlib
 import re
 import tomllib
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from sim.loop import TESTED_PYTHONS
+
+from project_imports import imports_among, project_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,18 +86,6 @@ def test_import_checker_sees_every_form() -> None:
 
 # -- the module-level import graph ---------------------------------------------------------------
 
-PACKAGES = ("transpiler", "runtime", "sim")
-
-
-def project_modules() -> dict[str, Path]:
-    """Dotted name -> file of every module of `PACKAGES` (a package is its `__init__.py`)."""
-    modules = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return modules
-
 
 def _run_at_import(body: list[ast.stmt]) -> list[ast.stmt]:
     """The statements of `body` that run when the module is imported: all but function bodies
@@ -127,31 +116,6 @@ def module_level_imports(source: str, module: str, is_package: bool,
     """The modules among `known` that `source` (the module `module`) imports when it is imported:
     `from pkg import name` counts as `pkg.name` where that is a module, else as `pkg`."""
     return imports_among(_run_at_import(ast.parse(source).body), module, is_package, known)
-
-
-def imports_among(nodes: Iterable[ast.AST], module: str, is_package: bool,
-                  known: set[str]) -> set[str]:
-    """The modules among `known` that the import statements among `nodes` (of the module
-    `module`) import, as `module_level_imports` counts them."""
-    package = module if is_package else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            parts = package.split(".")
-            base = parts[: len(parts) - node.level + 1] if node.level else []
-            origin = ".".join(base + ([node.module] if node.module else []))
-            targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in known else origin
-                       for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in known:  # `import a.b.c` where only a.b is ours
-                target = target.rpartition(".")[0]
-            if target:
-                found.add(target)
-    return found
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -46,7 +46,7 @@ from runtime.services.pserver import PserverService
 from runtime.services.trainer import BadReply, RpcOps, StepMismatch, Trainer
 
 from cluster_helpers import FAST_DRAIN, make_job
-from test_curve import job_keys
+from curve_helpers import job_keys
 
 MODEL = "{name: mlp, sizes: [8, 4, 2], optimizer: {type: sgd, learning_rate: 0.1}}"
 GRAD = "mlp.fc1.w@GRAD"

@@ -5,17 +5,14 @@ says: a CHECKPOINT_NOTIFY naming another directory is refused."""
 from __future__ import annotations
 
 import errno
-import io
 import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from runtime.config import atomic
 from runtime.config.atomic import atomic_open, write_atomic
 from runtime.config.nodes import pserver_name
 from runtime.network.wire import Kind
@@ -24,8 +21,8 @@ from runtime.services import checkpoint
 from runtime.services.pserver import PserverService, ServeConfig
 from runtime.services.pserver_actions import Reject, SaveCheckpoint
 
-from test_checkpoint import ctr_job, state_bytes
-from test_pserver_core import Shell
+from checkpoint_helpers import ctr_job, full_disk, state_bytes
+from pserver_shell import Shell
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,18 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def leftovers(directory: Path) -> list[str]:
     """Hidden temporary files or staging directories left in `directory`."""
     return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
-
-
-class FullDisk(io.FileIO):
-    """A file on a full disk: every write fails as the kernel's would."""
-
-    def write(self, data: Any) -> int:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
-def full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From now on, every file `atomic_open` opens is on a full disk."""
-    monkeypatch.setattr(atomic.os, "fdopen", lambda fd, mode: FullDisk(fd, "wb"))
 
 
 # -- the helper ----------------------------------------------------------------------------------

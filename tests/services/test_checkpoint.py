@@ -23,16 +23,8 @@ from runtime.services.pserver import PserverService, ServeConfig
 from runtime.services.trainer import StepMismatch, run_program
 from transpiler.ir import Program
 
+from checkpoint_helpers import CTR_MODEL, ctr_job, state_bytes
 from cluster_helpers import FAST_DRAIN, make_job
-
-MODEL = ("{{name: ctr_dnn, vocab: 100, embed_dim: 4, hidden: [{hidden}], is_distributed: true, "
-         "optimizer: {{type: {opt}, learning_rate: 0.05}}, "
-         "lr: {{type: exponential_decay, decay_steps: 4, decay_rate: 0.7}}}}")
-
-
-def ctr_job(hidden: int = 8, opt: str = "adam") -> Job:
-    return make_job(MODEL.format(hidden=hidden, opt=opt), trainers=2, pservers=2, batch=8,
-                    retry_after=FAST_DRAIN)
 
 
 def services(job: Job, load_from: Path | None = None,
@@ -53,11 +45,6 @@ def with_steps(job: Job, steps: int) -> Job:
     """`job` with `steps` training steps, the same endpoints and everything else."""
     train = job.scenario.train.model_copy(update={"steps": steps, "checkpoint_every": 10})
     return Job(job.scenario.model_copy(update={"train": train}), job.args)
-
-
-def state_bytes(service: PserverService) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    return {n: (str(v.dtype), v.shape, v.tobytes())
-            for n in service.state for v in [np.asarray(service.scope.get(n))]}
 
 
 # -- save, restore, train on -----------------------------------------------------------------------
@@ -353,7 +340,7 @@ def test_a_pservers_table_checkpoints_are_deltas_and_restore_it_exactly(
     the table as the rows the steps since wrote, and the last restores the live state."""
     if kernels == "torch":
         pytest.importorskip("torch")
-    job = make_job(MODEL.format(hidden=8, opt="sgd").replace("vocab: 100", "vocab: 10000"),
+    job = make_job(CTR_MODEL.format(hidden=8, opt="sgd").replace("vocab: 100", "vocab: 10000"),
                    trainers=2, pservers=2, batch=8, retry_after=FAST_DRAIN,
                    extra=f"backend: {{kernels: {kernels}}}")
     train = job.scenario.train.model_copy(update={"steps": 12, "checkpoint_every": 3})

@@ -28,7 +28,7 @@ from runtime.services.checkpoint import MANIFEST, Staging, load, previous_of, re
 from runtime.services.cluster import make_pserver
 from transpiler.ir import Var
 
-from test_checkpoint import ctr_job
+from checkpoint_helpers import ctr_job
 
 STEPS = [(os, "rename"), (os, "replace"), (os, "link"), (os, "unlink"), (os, "rmdir"),
          (os, "mkdir"), (os, "fsync"), (shutil, "rmtree")]

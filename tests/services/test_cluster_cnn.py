@@ -10,13 +10,7 @@ import transpiler as T
 from runtime.services.cluster import train_locally
 from transpiler.models import build_model
 
-from cluster_helpers import FAST_DRAIN, make_job, run
-
-
-def assert_params_equal(got: dict, want: dict) -> None:
-    assert got.keys() == want.keys()
-    for name, value in want.items():
-        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+from cluster_helpers import FAST_DRAIN, assert_params_equal, make_job, run
 
 
 @pytest.mark.timeout(60)

@@ -3,12 +3,11 @@ every node a task in one loop talking over loopback ZeroMQ."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from runtime.services.cluster import train_locally
 
-from cluster_helpers import FAST_DRAIN, make_job, run
+from cluster_helpers import FAST_DRAIN, assert_params_equal, make_job, run
 
 MLP = "{{name: mlp, sizes: [256, 64, 10], optimizer: {opt}{lr}}}"
 OPTIMIZERS = {
@@ -20,16 +19,6 @@ GRID = [(t, p) for t in (1, 2, 4) for p in (1, 2, 3)]
 EXP_DECAY = ", lr: {type: exponential_decay, decay_steps: 5, decay_rate: 0.5, staircase: true}"
 
 
-def assert_params_equal(result_params: dict, local: dict) -> None:
-    """rtol 1e-5; atol 1e-5 because float32 sums in another order (per-trainer means, then
-    their mean) and Adam divides by sqrt of tiny second moments, which over 20 steps moves
-    a few parameters near zero by a few 1e-6."""
-    assert result_params.keys() == local.keys()
-    for name, value in local.items():
-        np.testing.assert_allclose(result_params[name], value, rtol=1e-5, atol=1e-5,
-                                   err_msg=f"parameter {name}")
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("trainers,pservers", GRID)
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
@@ -39,7 +28,7 @@ def test_mlp_sync_equals_local(opt: str, trainers: int, pservers: int) -> None:
                    retry_after=FAST_DRAIN)
     result = run(job)
     _, local = train_locally(job)
-    assert_params_equal(result.params, local)
+    assert_params_equal(result.params, local, atol=1e-5)
     assert all(len(r.losses) == 20 for r in result.trainers)
     assert all(s.steps == 20 and s.errors == 0 for s in result.pservers)
 
@@ -51,4 +40,4 @@ def test_ctr_dnn_sparse_local_table_sync_equals_local(trainers: int, pservers: i
     job = make_job(model, trainers, pservers, batch=8, retry_after=FAST_DRAIN)
     result = run(job)
     _, local = train_locally(job)
-    assert_params_equal(result.params, local)
+    assert_params_equal(result.params, local, atol=1e-5)

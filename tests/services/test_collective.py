@@ -33,14 +33,15 @@ from runtime.execution.tensor import Phantom, SelectedRows
 from runtime.network.rpc import RpcClient
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import LocalCluster, run_job, train_locally
-from runtime.services.collective import Collective, CollectiveError, CollectiveOps
+from runtime.services.collective import CollectiveError, CollectiveOps
 from runtime.services.job import Job
 from sim.loop import run as run_sim
 from sim.network import Network
 from sim.simulate import simulate
 from transpiler.ir import Op
 
-from cluster_helpers import FAST_DRAIN, free_endpoints, make_job, run
+from cluster_helpers import FAST_DRAIN, assert_params_equal, free_endpoints, make_job, run
+from collective_helpers import SPMT, check_comm_init_all
 
 MLP = "{name: mlp, sizes: [64, 32, 10], optimizer: {type: sgd, learning_rate: 0.1}}"
 CTR = ("{name: ctr_dnn, vocab: 2000, embed_dim: 8, hidden: [16], "
@@ -173,37 +174,6 @@ def test_a_missing_rank_times_out_naming_the_neighbour() -> None:
         run_sim(main())
 
 
-SPMT = "single_process_multi_thread"
-
-
-async def check_comm_init_all(ops: Collective) -> None:
-    """c_comm_init_all on `ops` (either backend): a ring of one rank whose all-reduce hands X
-    back; refused where the job has several trainer processes, naming the mode."""
-    scope = Scope()
-    scope.put("g", np.array([1.5, -2.0], np.float32))
-    scope.put("rows", SelectedRows(np.array([3, 1]), np.ones((2, 2), np.float32), 5))
-    init = Op("c_comm_init_all", {}, {}, {"ring_id": 0})
-    ops.trainer_endpoints = ("10.0.0.1:7000", "10.0.0.2:7000")
-    with pytest.raises(CollectiveError, match=f"{ops.name}: c_comm_init_all of ring 0: "
-                       f"collective_mode {SPMT} opens a ring over one process's own devices "
-                       "and never connects processes, but this job has 2 trainer processes "
-                       r"\(10.0.0.1:7000, 10.0.0.2:7000\): run it with 1 trainer"):
-        await ops.comm_init_all(init, scope)
-    ops.trainer_endpoints = ("10.0.0.1:7000",)
-    await ops.handlers()["c_comm_init_all"](init, scope)
-    assert (ops.rings[0].nranks, ops.rings[0].rank, ops.rings[0].local) == (1, 0, True)
-    for name in ("g", "rows"):
-        await ops.allreduce(Op("c_allreduce_sum", {"X": [name]}, {"Out": [name]},
-                               {"ring_id": 0, "nranks": 1}), scope)
-    assert scope.get("g").tolist() == [1.5, -2.0]
-    assert scope.get("rows").rows.tolist() == [3, 1]
-    with pytest.raises(CollectiveError, match="nranks 2, but ring 0 has 1 ranks .c_comm_init_all "
-                                              f"opened it over this process only: collective_mode "
-                                              f"{SPMT} never connects trainer processes"):
-        ops.allreduce(Op("c_allreduce_sum", {"X": ["g"]}, {"Out": ["g"]},
-                         {"ring_id": 0, "nranks": 2}), scope)
-
-
 def test_c_comm_init_all_opens_a_ring_of_this_process_only() -> None:
     async def main() -> None:
         client = RpcClient(Network().transport("trainer:0"))
@@ -229,12 +199,6 @@ train: {{steps: {steps}, deadline: 60s}}
 """
 
 
-def assert_params_close(params: dict, local: dict) -> None:
-    assert params.keys() == local.keys()
-    for name, value in local.items():
-        np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", ["collective", "nccl2"])
 @pytest.mark.parametrize("trainers", [2, 3])
@@ -244,7 +208,7 @@ def test_grad_allreduce_equals_local_training_simulated(trainers: int, mode: str
     assert [len(t.losses) for t in result.trainers] == [10] * trainers
     assert result.pservers == [] and result.endpoints == []
     _, local = train_locally(Job.from_scenario(scenario))
-    assert_params_close(result.params, local)
+    assert_params_equal(result.params, local, atol=1e-5)
 
 
 @pytest.mark.timeout(60)
@@ -254,7 +218,7 @@ def test_grad_allreduce_equals_local_training_over_zeromq(trainers: int) -> None
     job = Job.from_scenario(parse_scenario(text))
     result = asyncio.run(run_job(job, ZmqTransport))
     _, local = train_locally(job)
-    assert_params_close(result.params, local)
+    assert_params_equal(result.params, local, atol=1e-5)
 
 
 @pytest.mark.timeout(60)
@@ -364,7 +328,7 @@ def test_geo_sparse_with_one_trainer_equals_local_training() -> None:
     job = geo_job(1, 2, 16)
     result = run(job)
     _, local = train_locally(job)
-    assert_params_close(result.params, local)
+    assert_params_equal(result.params, local, atol=1e-5)
 
 
 @pytest.mark.timeout(60)
@@ -390,4 +354,4 @@ def test_geo_sparse_with_one_trainer_equals_local_training_simulated() -> None:
     result = simulate(job.scenario)
     assert all(s.errors == 0 for s in result.pservers)
     _, local = train_locally(job)
-    assert_params_close(result.params, local)
+    assert_params_equal(result.params, local, atol=1e-5)

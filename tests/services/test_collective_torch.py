@@ -43,8 +43,8 @@ from runtime.services.job import Job  # noqa: E402
 from transpiler.ir import Op  # noqa: E402
 
 from cluster_helpers import csv_with_a_bad_value, free_endpoints  # noqa: E402
-from test_collective import check_comm_init_all  # noqa: E402
-from test_runtime_up import children_of, load_params, up  # noqa: E402
+from collective_helpers import check_comm_init_all  # noqa: E402
+from runtime_runs import children_of, load_params, up  # noqa: E402
 from torch_ranks import rows_of, x_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

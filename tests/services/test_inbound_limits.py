@@ -24,7 +24,7 @@ from runtime.services.job import Job
 from runtime.services.node import node_keys
 
 from cluster_helpers import FAST_DRAIN, make_job
-from test_curve import job_keys
+from curve_helpers import job_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20

@@ -1,6 +1,6 @@
 """An insider (a trainer holding only its own key) cannot poison, bloat or confuse a pserver.
 
-Driven through the pserver's sans-IO core (`test_pserver_core.Shell`), so each test reads
+Driven through the pserver's sans-IO core (`pserver_shell.Shell`), so each test reads
 exactly what the core decided; `test_hostile` sends the same kinds of message over ZeroMQ,
 with a trainer's CurveZMQ key, to a live pserver that then serves a normal job:
 
@@ -29,7 +29,7 @@ from runtime.services.pserver_actions import Action, Begin, Optimize, Reject, Ta
 from runtime.services.pserver_core import held_messages
 from runtime.services.pserver_store import out_of_range
 
-from test_pserver_core import PARAM, Shell, grad, replies
+from pserver_shell import PARAM, Shell, grad, replies
 
 
 def errors(actions: list[Action]) -> list[str]:

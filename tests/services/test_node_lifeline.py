@@ -18,17 +18,8 @@ from runtime.services.lifeline import LAUNCHER_VAR, launcher_pid
 from runtime.services.node import EXIT_TRAINERS_GONE
 
 from cluster_helpers import free_endpoints
-from test_pserver_core import Shell
-from test_runtime_up import children_of, scenario_file, wait_for
-
-
-def alive(pid: int) -> bool:
-    """`pid` runs (a zombie, dead but not yet reaped by whoever adopted it, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+from pserver_shell import Shell
+from runtime_runs import alive, children_of, scenario_file, wait_for
 
 
 @pytest.mark.timeout(90)

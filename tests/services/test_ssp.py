@@ -28,7 +28,7 @@ from transpiler.distribute.contract import ServeContract
 from transpiler.distribute.from_spec import config_from_spec
 
 from metrics_schema import assert_valid_metrics
-from test_pserver_core import PARAM, Shell, grad, kinds, replies
+from pserver_shell import PARAM, Shell, grad, kinds, replies
 
 ROOT = Path(__file__).resolve().parents[2]
 SSP = ROOT / "scenarios" / "ssp.yaml"

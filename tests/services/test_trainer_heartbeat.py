@@ -11,7 +11,7 @@ import pytest
 from runtime.network.wire import Kind
 from runtime.services.trainer import Trainer
 from sim.loop import run
-from test_trainer_recv import FutureClient
+from trainer_helpers import FutureClient
 from transpiler.ir import Program
 
 pytestmark = pytest.mark.timeout(30)

@@ -10,30 +10,13 @@ import numpy as np
 import pytest
 
 from runtime.execution.scope import Scope
-from runtime.network.rpc import RetryPolicy
 from runtime.network.wire import Kind, Message
 from runtime.services.trainer import BadReply, RpcOps
 from transpiler.ir import Op
 
+from trainer_helpers import FutureClient
+
 pytestmark = pytest.mark.timeout(30)
-
-
-class FutureClient:
-    """Hands out a future per request; the test answers them."""
-
-    name = "trainer:0"
-    labels = {"ep": "pserver:1"}
-    policy = RetryPolicy()
-    next_id = 1
-
-    def __init__(self) -> None:
-        self.started: list[tuple[Kind, Any, asyncio.Future[Message]]] = []
-
-    def start(self, endpoint: str, kind: Kind, step: int, vars: Any, extra: Any,
-              deadline: Any, check: Any) -> asyncio.Future[Message]:
-        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self.started.append((kind, extra.get("names"), future))
-        return future
 
 
 RECV = Op("recv", outputs={"Out": ["w", "b"]}, attrs={"epmap": ["ep", "ep"]})

@@ -23,25 +23,7 @@ from sim.network import Network
 from sim.simulate import simulate
 from transpiler.ir import Op
 
-# powers of two: every sum and product below is exact in binary floating point
-U = 2.0**-10
-
-
-def finish_times(cpus: Cpus, work: list[tuple[float, str, float]]) -> dict[str, list[float]]:
-    """Submit (at, node, seconds) pieces of work; when each node's pieces finished."""
-    done: dict[str, list[float]] = {}
-
-    def finished(node: str) -> None:
-        done.setdefault(node, []).append(asyncio.get_running_loop().time())
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for at, node, seconds in work:
-            loop.call_at(at, cpus.run, node, seconds, finished, node)
-        await asyncio.sleep(1000 * U)
-
-    run(main())
-    return done
+from sim_cpu_helpers import U, finish_times
 
 
 def test_a_node_does_its_work_first_in_first_out_at_full_speed_on_a_host_of_its_own() -> None:
@@ -227,7 +209,6 @@ def test_a_profile_with_a_runtime_section_prices_the_runtime_and_roofline_can_bo
                 "runtime": "profile.json"}
     assert runtime_costs(roofline, tmp_path) == COSTS
     assert runtime_costs({**roofline, "runtime": None}, tmp_path) is None
-
 
 
 def test_the_residual_per_step_and_round_is_charged_with_their_overheads() -> None:

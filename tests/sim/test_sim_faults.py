@@ -5,7 +5,6 @@ its `expect` block (tests/faults/test_runtime_faults.py replays them on real pro
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import random
 from collections.abc import Callable
@@ -16,7 +15,6 @@ import numpy as np
 import pytest
 
 from runtime.config.faults import LinkFaults, Partition, Trigger
-from runtime.config.metrics import JobMetrics
 from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
 from runtime.services.cluster import LocalCluster
 from runtime.services.trainer import TrainerReport
@@ -24,29 +22,16 @@ from sim.faults import REORDER_WAIT, MessageFaults, SimTarget, Slowdowns
 from sim.loop import run
 from sim.network import Network, SimTransport
 from sim.report import collect
-from sim.simulate import SimResult, simulate
+from sim.simulate import SimResult
 from sim.trace import TraceRecorder
 
 from fault_contract import FaultTargetContract, Harness, Look, chances, look
+from fault_runs import CUT_TOO_LONG, sim, simulated
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_SCENARIOS = sorted((ROOT / "scenarios" / "faults").glob("*.yaml"))
 LOSSY = ROOT / "scenarios" / "faults" / "lossy.yaml"
 RESTART = ROOT / "scenarios" / "faults" / "pserver_restart.yaml"
-
-
-def sim(path: Path, *overrides: str) -> SimResult:
-    return simulate(load_scenario(path, list(overrides)), base_dir=path.parent)
-
-
-@functools.cache
-def simulated(path: Path, *overrides: str) -> JobMetrics:
-    """`collect(sim(path, *overrides))`, once per test session (a run that raises is not kept):
-    tests/faults/test_runtime_faults.py compares each shipped fault scenario's real run with this
-    simulated one, and the test below replays the same scenarios; a simulation is
-    deterministic (test_two_runs_of_a_fault_scenario_give_identical_metrics_and_trace), so one
-    run serves both. trainer_crash's 1500 steps take several seconds. Callers only read it."""
-    return collect(sim(path, *overrides))
 
 
 # -- the schema -------------------------------------------------------------------------------
@@ -391,13 +376,6 @@ def test_a_paused_trainer_is_dropped_and_joins_again_when_it_goes_on() -> None:
     assert paused.step_ends[20] > pause.end  # its step after the pause ended after it
 
 
-CUT_TOO_LONG = ("expect={}", "train.heartbeat_timeout=300ms",
-                'faults=[{at: "step 20", partition: [["trainer:0"], ["pserver:*"]],'
-                ' heal_after: 3s}]')
-"""partition.yaml with trainer 0 cut off for 3 s and dropped after 0.3 s: the other trainer
-and the pservers finish before it is heard from again (tests/faults/test_runtime_faults.py too)."""
-
-
 @pytest.mark.timeout(60)
 def test_a_trainer_dropped_and_back_after_the_job_ended_is_not_waited_for() -> None:
     """Trainer 0, cut off at step 20 for longer than the rest of the job takes, is dropped;
@@ -455,7 +433,6 @@ def test_in_the_asynchronous_modes_a_restarted_pserver_goes_on_from_its_checkpoi
     assert restarted.restored_step == 40 and restarted.checkpoints == [50, 60]
     assert [t.redone for t in result.trainers] == [0, 0]  # nothing to redo: no barrier
     assert [len(t.losses) for t in result.trainers] == [60, 60]
-
 
 
 # -- the fault target contract ------------------------------------------------------------------

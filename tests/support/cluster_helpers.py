@@ -1,4 +1,5 @@
-"""Shared helpers for tests that run whole jobs over loopback ZeroMQ."""
+"""Shared helpers for tests that run whole jobs: over loopback ZeroMQ, or on the simulated
+network, and compare their parameters with local training's."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import asyncio
 import socket
 from pathlib import Path
 
+import numpy as np
+
 from runtime.config.scenario import parse_scenario
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import JobResult, run_job
 from runtime.services.job import Job
+from sim.loop import run as sim_run
+from sim.network import Network
 
 
 def free_endpoints(count: int) -> list[str]:
@@ -55,6 +60,24 @@ train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: {heartbeat_timeout}{r
 
 def run(job: Job) -> JobResult:
     return asyncio.run(run_job(job, ZmqTransport))
+
+
+def simulate(job: Job) -> dict[str, np.ndarray]:
+    """The parameters `job` ends with on the simulated network (fast links: 2**-12 s, 1 GiB/s)."""
+    net = Network.from_spec({"default": {"latency": 2.0**-12, "bandwidth": "1GiB/s"}}, seed=0)
+    return sim_run(run_job(job, net.transport)).params
+
+
+def assert_params_equal(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray],
+                        atol: float = 1e-6) -> None:
+    """The same parameters, each within rtol 1e-5 and `atol` of `expected`'s. Float32 sums in
+    another order (per-trainer means, then their mean) differ in the last bits; where Adam
+    divides by the root of tiny second moments, that moves a few parameters near zero by a few
+    1e-6 over 20 steps, and such callers pass atol 1e-5."""
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=atol,
+                                   err_msg=f"parameter {name}")
 
 
 def csv_with_a_bad_value(path: Path, rows: int = 96, bad_row: int = 40) -> tuple[str, str]:

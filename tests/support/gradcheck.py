@@ -1,5 +1,6 @@
-"""Kernel test helpers: run one op's numpy kernel on given values, and check a grad kernel
-against central finite differences of the forward kernel.
+"""Kernel test helpers: run one op's kernel on given values (`run_op`; `run_kernel` on a given
+device, every output var), and check a grad kernel against central finite differences of the
+forward kernel.
 
 Input values are given per slot (one value or a list for a multi-var slot); the var of slot
 ``S`` at position ``i`` is named ``S{i}``. The finite-difference loss is
@@ -122,3 +123,26 @@ def check_grad(op_type: str, inputs: Inputs, wrt: Iterable[str], attrs: Mapping[
             assert got.dtype == data.dtype, f"{slot}[{pos}]: grad dtype {got.dtype} != {data.dtype}"
             np.testing.assert_allclose(got, numeric, rtol=rtol, atol=atol,
                                        err_msg=f"{backend} {op_type}: gradient of {slot}[{pos}]")
+
+
+Outputs = dict[str, list[Any]]  # per slot: stored values, None where the kernel wrote none
+
+
+def run_kernel(backend: str, op_type: str, inputs: Inputs, outputs: Mapping[str, int],
+               attrs: Mapping[str, Any], program: Program | None = None,
+               device: str = "cpu") -> Outputs:
+    """Run one kernel (on `device`) on a fresh scope holding copies of `inputs` (slot -> value or
+    list; var ``S{i}`` is slot S's i-th); return each output slot's stored values, None where
+    unwritten."""
+    scope = Scope()
+    in_names = {}
+    for slot, value in inputs.items():
+        values = value if isinstance(value, list) else [value]
+        in_names[slot] = [f"{slot}{i}" for i in range(len(values))]
+        for name, v in zip(in_names[slot], values):
+            scope.set(name, v)
+    out_names = {slot: [f"{slot}{i}" for i in range(n)] for slot, n in outputs.items()}
+    op = Op(op_type, in_names, out_names, dict(attrs))
+    device_binder(backend, device)(get_kernel(op_type, backend))(KernelContext(op, scope, "", program))
+    return {slot: [scope.get_tensor(n) if n in scope else None for n in names]
+            for slot, names in out_names.items()}

@@ -18,13 +18,12 @@ from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.checkpoint import MANIFEST
-from runtime.services.cluster import LocalCluster, batches_for, run_job, train_locally
+from runtime.services.cluster import LocalCluster, batches_for, train_locally
 from runtime.services.job import Job
-from sim.loop import run as sim_run
-from sim.network import Network
 from transpiler.distribute import CheckpointConfig, append_checkpoint_notify
 
-from cluster_helpers import FAST_DRAIN, make_job
+from cluster_helpers import FAST_DRAIN, assert_params_equal, make_job, simulate
+from gradcheck import run_kernel
 
 # -- 1. global-norm clipping stays on the trainer ---------------------------------------------
 
@@ -79,11 +78,6 @@ CLIPPED_MLP = ("{name: mlp, sizes: [64, 32, 10], optimizer: {type: sgd, learning
                "grad_clip: {type: global_norm, clip_norm: 0.05}}}")
 
 
-def simulate(job: Job) -> dict[str, np.ndarray]:
-    net = Network.from_spec({"default": {"latency": 2.0**-12, "bandwidth": "1GiB/s"}}, seed=0)
-    return sim_run(run_job(job, net.transport)).params
-
-
 def each_trainer_clipped(job: Job) -> dict[str, np.ndarray]:
     """What the original computes in sync mode: each trainer clips its own gradients by their
     global norm; the pservers average the clipped gradients and apply SGD. SGD is linear in
@@ -105,24 +99,18 @@ def each_trainer_clipped(job: Job) -> dict[str, np.ndarray]:
     return {p: np.array(scope.get(p)) for p in model.params}
 
 
-def assert_params_close(params: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> None:
-    assert params.keys() == reference.keys()
-    for name, value in reference.items():
-        np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
-
-
 @pytest.mark.timeout(60)
 def test_one_trainer_with_global_norm_clipping_equals_local_training() -> None:
     job = make_job(CLIPPED_MLP, trainers=1, pservers=2, steps=5, retry_after=FAST_DRAIN)
     _, local = train_locally(job)
-    assert_params_close(simulate(job), local)
+    assert_params_equal(simulate(job), local)
 
 
 @pytest.mark.timeout(60)
 def test_two_trainers_clip_their_own_gradients_then_the_pservers_average() -> None:
     job = make_job(CLIPPED_MLP, trainers=2, pservers=2, steps=5, retry_after=FAST_DRAIN)
     params = simulate(job)
-    assert_params_close(params, each_trainer_clipped(job))
+    assert_params_equal(params, each_trainer_clipped(job))
     # the clipping bites: clipping the global batch's gradient instead gives other numbers
     _, local = train_locally(job)
     assert any(not np.allclose(params[n], v, rtol=1e-4, atol=1e-5) for n, v in local.items())
@@ -172,7 +160,7 @@ def test_trainer_0s_notices_are_the_jobs_checkpoints(tmp_path: Path) -> None:
         manifest = json.loads((tmp_path / f"pserver:{j}" / MANIFEST).read_text())
         assert manifest["step"] == 8
     _, local = train_locally(job)
-    assert_params_close(result.params, local)
+    assert_params_equal(result.params, local)
 
 
 # -- 3. LARS momentum ------------------------------------------------------------------------------
@@ -191,7 +179,6 @@ def lars_reference(p: np.ndarray, g: np.ndarray, v: np.ndarray, lr: float, mu: f
 @pytest.mark.parametrize("case", ["random", "zero_param", "zero_grad"])
 def test_lars_momentum_matches_the_formula(backend: str, case: str) -> None:
     pytest.importorskip("torch") if backend == "torch" else None
-    from test_torch_kernels import run_kernel
     rng = np.random.default_rng(7)
     p, g, v = (rng.standard_normal((4, 3)) for _ in range(3))
     if case == "zero_param":
@@ -237,7 +224,7 @@ def test_lars_momentum_2x2_sync_equals_local_training() -> None:
              "learning_rate: 0.5, lars_coeff: 0.01}}")
     job = make_job(model, trainers=2, pservers=2, steps=5, retry_after=FAST_DRAIN)
     _, local = train_locally(job)
-    assert_params_close(simulate(job), local)
+    assert_params_equal(simulate(job), local)
 
 
 # -- 4. DC-ASGD's temporaries live in the optimize block ----------------------------------------
@@ -276,4 +263,4 @@ def test_dc_asgd_still_trains_the_same_over_the_simulator() -> None:
     job = make_job(model, trainers=1, pservers=2, steps=5, mode="async",
                    transpiler="dc_asgd: true", retry_after=FAST_DRAIN)
     _, local = train_locally(job)
-    assert_params_close(simulate(job), local)
+    assert_params_equal(simulate(job), local)

@@ -16,13 +16,10 @@ from runtime import LoDTensor, SelectedRows
 from runtime.execution.kernels import KernelContext, get_kernel
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import Phantom, lod_of
-from runtime.services.cluster import run_job, train_locally
-from runtime.services.job import Job
-from sim.loop import run as sim_run
-from sim.network import Network
+from runtime.services.cluster import train_locally
 from transpiler.distribute import ServerRuntimeConfig
 
-from cluster_helpers import FAST_DRAIN, make_job
+from cluster_helpers import FAST_DRAIN, make_job, simulate
 
 # -- 1. ServerRuntimeConfig ---------------------------------------------------------------------
 
@@ -190,11 +187,6 @@ def test_remote_prefetch_lookup_table_v2_becomes_distributed_lookup_table() -> N
 
 CTR_V2 = ("{{name: ctr_dnn, vocab: 100, embed_dim: 4, hidden: [8], {table}, embedding_v2: true, "
           "optimizer: {{type: sgd, learning_rate: 0.1}}}}")
-
-
-def simulate(job: Job) -> dict[str, np.ndarray]:
-    net = Network.from_spec({"default": {"latency": 2.0**-12, "bandwidth": "1GiB/s"}}, seed=0)
-    return sim_run(run_job(job, net.transport)).params
 
 
 @pytest.mark.timeout(60)

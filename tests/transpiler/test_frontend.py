@@ -5,16 +5,10 @@ from __future__ import annotations
 import pytest
 
 import transpiler as T
-from transpiler.ir import OpRole, Program, VarType, op_types
+from transpiler.ir import OpRole, VarType, op_types
 
 from distribute_helpers import lookup_model
-
-
-def build(fn):  # type: ignore[no-untyped-def]
-    main, startup = Program(), Program()
-    with T.program_guard(main, startup), T.unique_name.guard():
-        out = fn()
-    return main, startup, out
+from program_helpers import build
 
 
 def basic(opt=None, **fc_kwargs):  # type: ignore[no-untyped-def]

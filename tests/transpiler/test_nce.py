@@ -14,9 +14,7 @@ from gradcheck import check_grad, run_op
 from runtime import SelectedRows
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
-from runtime.services.cluster import run_job, train_locally
-from sim.loop import run as sim_run
-from sim.network import Network
+from runtime.services.cluster import train_locally
 from transpiler import layers
 from transpiler.distribute.analysis import read_optimize_section
 from transpiler.distribute.lookup_table import find_distributed_table, remote_sparse_params
@@ -24,7 +22,7 @@ from transpiler.framework import program_guard
 from transpiler.ir import Program
 from transpiler.optimizer import SGD
 
-from cluster_helpers import FAST_DRAIN, make_job
+from cluster_helpers import FAST_DRAIN, make_job, simulate
 
 OUTS = ("Cost", "SampleLogits", "SampleLabels")
 LABELS = np.array([[3, 0], [1, 6], [6, 6], [2, 5]], np.int64)
@@ -191,11 +189,6 @@ def test_word2vec_with_nce_trains_locally() -> None:
     job = make_job(W2V.format(vocab=200, remote="false", lr=3.0), 1, 1, steps=200, batch=64)
     losses, _ = train_locally(job)
     assert np.mean(losses[-20:]) < 0.8 * np.mean(losses[:20])
-
-
-def simulate(job: Any) -> dict[str, np.ndarray]:
-    net = Network.from_spec({"default": {"latency": 2.0**-12, "bandwidth": "1GiB/s"}}, seed=0)
-    return sim_run(run_job(job, net.transport)).params
 
 
 @pytest.mark.timeout(120)

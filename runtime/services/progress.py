@@ -37,7 +37,7 @@ import select
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from runtime.services.output import DetachedOutput, quiet
 
@@ -65,7 +65,8 @@ class Progress:
     """Steps this process took again so far (a pserver restarted from a checkpoint)."""
 
     def to_line(self) -> bytes:
-        data = asdict(self)
+        # not `asdict` (a deep copy): it took two thirds of a report's 15 us
+        data = {name: getattr(self, name) for name in PROGRESS_FIELDS}
         data["loss"] = self.loss if math.isfinite(self.loss) else None
         return (json.dumps(data, allow_nan=False) + "\n").encode()
 
@@ -76,13 +77,16 @@ class Progress:
             data = json.loads(line)
         except ValueError as err:
             raise ValueError(f"not JSON: {line[:80]!r}") from err
-        names = {f.name for f in fields(Progress)}
+        names = set(PROGRESS_FIELDS)
         if not isinstance(data, dict) or not names >= set(data) >= {"step", "steps", "loss",
                                                                     "step_time"}:
             raise ValueError(f"not a progress message (fields {sorted(names)}): {line[:80]!r}")
         if data["loss"] is None:
             data["loss"] = math.nan
         return Progress(**data)
+
+
+PROGRESS_FIELDS = tuple(f.name for f in fields(Progress))
 
 
 class Reporter:

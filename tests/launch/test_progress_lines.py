@@ -5,6 +5,7 @@ trainer, for many."""
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 from runtime.launch.launcher import NodeRun, PlainDisplay
@@ -63,3 +64,12 @@ def test_sim_runs_progress_on_a_pipe_is_summarised_beyond_a_few_trainers() -> No
     lines = out.getvalue().splitlines()
     assert lines and all(line.startswith("steps ") for line in lines)
     assert len(lines) <= 11
+
+
+def test_a_progress_line_carries_every_field_and_a_missing_loss_as_null() -> None:
+    every = Progress(step=7, steps=100, loss=1.25, step_time=0.002, first_step=3, redone=2)
+    assert Progress.from_line(every.to_line()) == every
+    line = Progress(step=1, steps=2, loss=float("nan"), step_time=0.5).to_line()
+    assert b'"loss": null' in line and line.endswith(b"\n")
+    back = Progress.from_line(line)
+    assert math.isnan(back.loss) and (back.step, back.steps, back.step_time) == (1, 2, 0.5)

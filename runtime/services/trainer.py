@@ -11,19 +11,17 @@
 - `send_barrier` / `fetch_barrier`: one request per pserver (``endpoints``), all at once, in the
   ``per_op`` protocol (Paddle's: a message per op). In the ``compact`` and ``bundled``
   protocols the barrier travels on the round's last SEND (last GET) to each pserver instead,
-  carrying how many messages of the round it closes and the id of the first (`barrier_plan`
-  finds the carriers in the block; see docs/wire.md); a pserver with no such message still
-  gets its own barrier request.
+  carrying how many messages of the round it closes and the id of the first (see docs/wire.md);
+  a pserver with no such message still gets its own barrier request. A local send barrier
+  (half-async) only waits until this trainer's sends have left.
 - `recv`: one GET per endpoint for the vars placed there; the values land in the scope when the
   reply comes, and a compute op that reads one waits for it first.
 - bundling (the ``bundled`` protocol; ``compact`` is the default): a run of send ops (recv ops) makes one SEND
   (GET) per endpoint, which the run's last op to that endpoint sends with the vars the earlier
-  ones held back (`BarrierPlan.held`); where only recvs stand between a send barrier and a
-  fetch barrier both carried to every endpoint (a sync step), the GET rides on the SEND that
-  carried the send barrier (``fetch``), whose reply brings the values (`BarrierPlan.fetches`):
-  a sync step is one request and one reply per pserver. Where a run of recvs follows a run of
-  sends with no barrier between (an async step), each endpoint's GETs ride on the run's SEND
-  there in the same way, without the fetch barrier (`_plan_async_fetches`).
+  ones held back (`BarrierPlan.held`); in a sync step the GET rides on the SEND that carried
+  the send barrier (``fetch``), whose reply brings the values (`BarrierPlan.fetches`): a sync
+  step is one request and one reply per pserver; in an async step each endpoint's GETs ride on
+  the SEND there in the same way, without the fetch barrier.
 - `prefetch` (distributed lookup table): one PREFETCH per pserver with the ids `split_ids` cut
   for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
 - `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
@@ -34,6 +32,11 @@
 - `checkpoint_notify`: once everything sent is in, every pserver saves its state to ``dir``.
 - the collective ops of nccl2 and collective modes (`runtime.services.collective`), trainer to
   trainer; `c_allreduce_sum` runs in the background like a `recv`.
+
+Which message carries which barrier, what is bundled, which GET rides on which SEND and which
+send barrier is local is the program's plan (`RpcOps.plan`, for the trainer's protocol), which
+the transpiler wrote on its RPC ops (`transpiler.distribute.rpc_plan`); the trainer reads it
+through `TrainContract` and never works it out from the order of the ops.
 
 Every message carries the trainer's id and step (`INITIAL_STEP` while running the startup
 program). A pserver that restarted from a checkpoint answers a message of a step it lost with
@@ -52,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -60,11 +62,12 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import numpy as np
 
+from transpiler.distribute.contract import PROTOCOLS, BarrierPlan, TrainContract
 from transpiler.distribute.lookup_table import table_sections
-from transpiler.ir import Block, Op, Program
+from transpiler.ir import Op, Program
 
 from runtime.execution.compute import Charge, ComputeModel, Tracer
-from runtime.execution.executor import RPC_OP_TYPES, Executor, check_feed, run_step
+from runtime.execution.executor import Executor, check_feed, run_step
 from runtime.execution.kernels.common import lookup_lead
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.sampling import sample_labels
@@ -118,253 +121,6 @@ class BadReply(RuntimeError):
     """A pserver's reply lacks what the request asked for (names the endpoint and what)."""
 
 
-PROTOCOLS = ("bundled", "compact", "per_op")
-"""How a round's requests travel: `bundled`, one SEND and one GET per pserver and round, the
-barrier on it; `compact`, a request per RPC op and pserver, the barrier on the round's last;
-`per_op`, a request per RPC op and barriers as requests of their own (as Paddle's traces read)."""
-
-_BARRIERS = {"send_barrier": Kind.SEND, "fetch_barrier": Kind.GET}
-"""Each barrier op, and the kind of the requests whose round it closes."""
-
-
-@dataclass
-class BarrierPlan:
-    """Where a block's barriers travel (compact and bundled protocols), and which messages are
-    bundled (bundled protocol).
-
-    `carriers`: id of a send / recv op -> {endpoint: messages of the round} for the endpoints
-    whose round that op's message ends (it carries the barrier); `covered`: id of a barrier op
-    -> the endpoints whose barrier a carrier took (the others still get a request of their
-    own); `held`: id of a send / recv op -> the endpoints its vars go to in the message of a
-    later op of the same kind (the last of its bundle), not in one of its own; `fetches`: id of
-    a send op -> {endpoint: wire names} of the round's GET that rides on its SEND there;
-    `fetched`: id of a recv op -> the endpoints whose GET rode on a SEND (it takes the values
-    from that SEND's reply)."""
-
-    carriers: dict[int, dict[str, int]] = field(default_factory=dict)
-    covered: dict[int, frozenset[str]] = field(default_factory=dict)
-    held: dict[int, frozenset[str]] = field(default_factory=dict)
-    fetches: dict[int, dict[str, Fetch]] = field(default_factory=dict)
-    fetched: dict[int, frozenset[str]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Fetch:
-    """The GET that rides on a SEND to one endpoint (bundled protocol): the wire `names` it
-    asks for, whether it carries the round's fetch barrier (`barrier`: a sync step), and how
-    many of the recv ops' messages to that endpoint take their values from its reply
-    (`takers`: one in a sync step; in an async step a var fetched block by block takes its
-    block apart from the vars bundled around it)."""
-
-    names: list[str]
-    barrier: bool = True
-    takers: int = 1
-
-
-def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool],
-                 bundle: bool = False) -> BarrierPlan:
-    """The carriers of `ops`' barriers: for each barrier op, the last send (recv) op before it,
-    since the previous barrier of its kind, with a message to each endpoint. An op that runs RPC
-    ops of its own (`rpc_inside`: a conditional block) leaves the rounds it is in uncarried.
-
-    With `bundle`, the messages of a run of send (recv) ops to one endpoint are one message,
-    which the run's last op to that endpoint sends: a run of sends ends at any other RPC op (which
-    may wait for what was sent), a run of recvs at any op that is not a recv (a compute op may
-    read what they fetch); a send with ``merge_add`` and a recv fetching one var block by block
-    from several endpoints make their own messages.
-
-    DESIGN: planned from the program, not by holding the last message back until the barrier
-    op runs, so a gradient still leaves as soon as its send op runs (compact), or as soon as
-    the last send op to its pserver in the round runs (bundled). Bundling trades that overlap
-    for fewer messages: each costs a node tens of microseconds of CPU at either end, more
-    than a small gradient's transfer on one host.
-
-    With `bundle`, where a send barrier carried to every endpoint is followed by a run of recvs
-    and a fetch barrier carried to every endpoint, each endpoint's GET of the run rides on the
-    SEND that carried its send barrier (`BarrierPlan.fetches`): a sync step is then one
-    request and one reply per pserver."""
-    ops = list(ops)
-    plan = BarrierPlan()
-    carried_by: dict[int, dict[str, Op]] = {}
-    """id of a barrier op -> the op whose message carried it to each endpoint."""
-    counts: dict[Kind, dict[str, int]] = {Kind.SEND: {}, Kind.GET: {}}
-    last: dict[Kind, dict[str, Op]] = {Kind.SEND: {}, Kind.GET: {}}
-    opaque = {Kind.SEND: False, Kind.GET: False}
-    open_: dict[Kind, dict[str, Op]] = {Kind.SEND: {}, Kind.GET: {}}
-    """The op whose message to each endpoint is still open to bundling, by kind."""
-    for op in ops:
-        kind = Kind.SEND if op.type == "send" else Kind.GET if op.type == "recv" else None
-        for other in (Kind.SEND, Kind.GET):
-            if other is not kind and (other is Kind.GET or op.type in RPC_OP_TYPES
-                                      or rpc_inside(op)):
-                open_[other] = {}
-        if kind is not None:
-            bundling = bundle and _bundles(op)
-            if not bundling:
-                open_[kind] = {}
-            for ep, n in _messages_per_endpoint(op).items():
-                earlier = open_[kind].get(ep) if bundling else None
-                if earlier is not None:
-                    plan.held[id(earlier)] = plan.held.get(id(earlier), frozenset()) | {ep}
-                else:
-                    counts[kind][ep] = counts[kind].get(ep, 0) + n
-                if bundling:
-                    open_[kind][ep] = op
-                last[kind][ep] = op
-        elif op.type in _BARRIERS:
-            kind = _BARRIERS[op.type]
-            carried = set()
-            if not opaque[kind] and not op.attr("half_async"):
-                for ep in op.attr("endpoints") or ():
-                    if ep in counts[kind]:
-                        plan.carriers.setdefault(id(last[kind][ep]), {})[ep] = counts[kind][ep]
-                        carried_by.setdefault(id(op), {})[ep] = last[kind][ep]
-                        carried.add(ep)
-            plan.covered[id(op)] = frozenset(carried)
-            counts[kind], last[kind], opaque[kind] = {}, {}, False
-        elif rpc_inside(op):
-            opaque = {Kind.SEND: True, Kind.GET: True}
-    if bundle:
-        _plan_fetches(ops, plan, carried_by)
-        _plan_async_fetches(ops, plan, rpc_inside)
-    return plan
-
-
-def _plan_fetches(ops: list[Op], plan: BarrierPlan, carried_by: dict[int, dict[str, Op]]) -> None:
-    """Put each GET of a run of recvs between a send and a fetch barrier, both carried to every
-    endpoint, on the SEND that carried the send barrier (see `barrier_plan`)."""
-    for i, op in enumerate(ops):
-        if op.type != "send_barrier" or op.attr("half_async"):
-            continue
-        j = i + 1
-        while j < len(ops) and ops[j].type == "recv" and _bundles(ops[j]):
-            j += 1
-        if j == i + 1 or j == len(ops) or ops[j].type != "fetch_barrier":
-            continue
-        sends, gets = carried_by.get(id(op), {}), carried_by.get(id(ops[j]), {})
-        if not set(op.attr("endpoints")) <= set(sends) \
-                or not set(ops[j].attr("endpoints")) <= set(gets):
-            continue
-        names: dict[str, list[str]] = defaultdict(list)
-        for recv in ops[i + 1:j]:
-            for _, wire, ep in zip(recv.output("Out"),
-                                     recv.attr("recv_varnames") or recv.output("Out"),
-                                     recv.attr("epmap")):
-                names[ep].append(wire)
-        for ep, wires in names.items():
-            carrier = gets[ep]
-            plan.fetches.setdefault(id(sends[ep]), {})[ep] = Fetch(wires)
-            plan.fetched[id(carrier)] = plan.fetched.get(id(carrier), frozenset()) | {ep}
-            del plan.carriers[id(carrier)][ep]
-            if not plan.carriers[id(carrier)]:
-                del plan.carriers[id(carrier)]
-
-
-def _plan_async_fetches(ops: list[Op], plan: BarrierPlan,
-                        rpc_inside: Callable[[Op], bool]) -> None:
-    """Put the GETs of a run of recvs that follows a run of sends with no barrier between (an
-    async step) on the SEND to each endpoint, whose reply then brings the values: an async step
-    is one request and one reply per pserver, as a sync one. An endpoint whose GET carries a
-    barrier, or that the run of sends did not reach, keeps its own GET.
-
-    DESIGN: the pserver reads the values right after it applies the SEND, where a GET of its
-    own would have read them once every SEND of the step was acknowledged, a little later: in
-    async mode either is a read of the parameters as they happen to be, with this trainer's
-    gradients in. The values still land only when the recv op runs (`_Landed`)."""
-    senders: dict[str, Op] = {}
-    """Endpoint -> the op whose SEND there ends the run of sends (it holds the earlier ones')."""
-    run: list[tuple[Op, str, list[str], int]] = []
-    """The run of recvs: (op, endpoint, wire names, messages) for each endpoint of each op."""
-    for op in [*ops, None]:
-        if op is not None and op.type == "recv" and senders:
-            for ep, wires, count in _gets_of(op, plan):
-                run.append((op, ep, wires, count))
-            continue
-        if run:
-            _ride(run, senders, plan)
-            run, senders = [], {}
-        if op is None:
-            break
-        if op.type == "send" and _bundles(op):
-            senders.update(dict.fromkeys(op.attr("epmap") or (), op))
-        elif op.type in RPC_OP_TYPES or rpc_inside(op):
-            senders = {}
-
-
-def _gets_of(op: Op, plan: BarrierPlan) -> list[tuple[str, list[str], int]]:
-    """(endpoint, wire names, GET messages there) of recv `op`: its vars bundled into a later
-    op's GET count no message of their own."""
-    wires = op.attr("recv_varnames") or op.output("Out")
-    messages = _messages_per_endpoint(op)
-    held = plan.held.get(id(op), frozenset())
-    names: dict[str, list[str]] = defaultdict(list)
-    for wire, ep in zip(wires, op.attr("epmap")):
-        names[ep].append(wire)
-    return [(ep, names[ep], 0 if ep in held else messages[ep]) for ep in names]
-
-
-def _ride(run: list[tuple[Op, str, list[str], int]], senders: Mapping[str, Op],
-          plan: BarrierPlan) -> None:
-    """Put the GETs of `run` (see `_plan_async_fetches`) on the SENDs of `senders`."""
-    barred = {ep for op, ep, _, _ in run if ep in plan.carriers.get(id(op), {})}
-    names: dict[str, list[str]] = defaultdict(list)
-    takers: dict[str, int] = defaultdict(int)
-    for op, ep, wires, count in run:
-        if ep in senders and ep not in barred:
-            names[ep] += wires
-            takers[ep] += count
-            if count:
-                plan.fetched[id(op)] = plan.fetched.get(id(op), frozenset()) | {ep}
-    for ep, wires in names.items():
-        plan.fetches.setdefault(id(senders[ep]), {})[ep] = Fetch(wires, False, takers[ep])
-
-
-_PLANS: weakref.WeakKeyDictionary[Block, dict[tuple[bool, tuple[int, ...]], BarrierPlan]] = \
-    weakref.WeakKeyDictionary()
-"""Block -> its barrier plans, by bundling and the block's ops (`_shared_plan`)."""
-
-
-def _shared_plan(block: Block, rpc_inside: Callable[[Op], bool], bundle: bool) -> BarrierPlan:
-    """`barrier_plan` of `block`'s ops, made once for every trainer running the block (the
-    trainers of one process share programs: `Job.programs_to_run`). Never changed once made:
-    a trainer merges its maps into its own, whose values are then these plan's.
-
-    DESIGN: at 1,000 trainers and 100 pservers a plan maps each barrier and carrier to the
-    100 endpoints, some 25 KB: 25 MB held a thousand times over. Planned again if the block's
-    ops change (a plan is of op identities); `rpc_inside` is a property of the program, not
-    of a trainer."""
-    plans = _PLANS.get(block)
-    if plans is None:
-        plans = _PLANS[block] = {}
-    key = (bundle, tuple(id(op) for op in block.ops))
-    plan = plans.get(key)
-    if plan is None:
-        plans.clear()  # a plan of the block's earlier ops is not needed again
-        plan = plans[key] = barrier_plan(block.ops, rpc_inside, bundle)
-    return plan
-
-
-def _bundles(op: Op) -> bool:
-    """Whether a send or recv op's messages may be bundled with its neighbours' (see
-    `barrier_plan`): one message per endpoint, with no fields of its own."""
-    if op.type == "send":
-        return not op.attr("merge_add")
-    return not _by_block(op)
-
-
-def _by_block(op: Op) -> bool:
-    """A recv of one var from several endpoints: a GET per block, joined here (async mode)."""
-    return len(op.output("Out")) == 1 and len(op.attr("epmap") or ()) > 1
-
-
-def _messages_per_endpoint(op: Op) -> dict[str, int]:
-    """How many requests a send or recv op makes to each endpoint (see `RpcOps.send`, `recv`)."""
-    endpoints = list(op.attr("epmap") or ())
-    if op.type == "recv" and _by_block(op):
-        return {ep: endpoints.count(ep) for ep in endpoints}  # a GET per block
-    return dict.fromkeys(endpoints, 1)
-
-
 class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
@@ -375,7 +131,7 @@ class RpcOps:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         self.protocol = protocol
         self.plan = BarrierPlan()
-        """The carriers and bundles of the blocks `learn` was given (not per_op)."""
+        """The plan of `protocol` of the programs `learn` was given (`TrainContract`)."""
         self._learned: set[int] = set()
         self._round_first: dict[Kind, dict[str, int]] = {Kind.SEND: {}, Kind.GET: {}}
         """SEND or GET -> endpoint -> the id of the round's first such request (a map per
@@ -415,18 +171,20 @@ class RpcOps:
         """The collective ops' backend: the ring over `client`'s transport unless given."""
         self.handlers.update(self.collective.handlers())
 
-    def learn(self, block: Block, rpc_inside: Callable[[Op], bool]) -> None:
-        """Plan where `block`'s barriers travel and which messages are bundled (once per
-        block; not in the per_op protocol)."""
-        if self.protocol == "per_op" or id(block) in self._learned:
+    def learn(self, program: Program) -> None:
+        """Take `program`'s plan for this trainer's protocol from its `TrainContract` (once
+        per program): where its barriers travel, which messages are bundled, which send
+        barriers are local."""
+        if id(program) in self._learned:
             return
-        self._learned.add(id(block))
-        found = _shared_plan(block, rpc_inside, self.protocol == "bundled")
+        self._learned.add(id(program))
+        found = TrainContract.of(program).plan(self.protocol)
         self.plan.carriers.update(found.carriers)
         self.plan.covered.update(found.covered)
         self.plan.held.update(found.held)
         self.plan.fetches.update(found.fetches)
         self.plan.fetched.update(found.fetched)
+        self.plan.local |= found.local
 
     def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
              names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
@@ -549,7 +307,8 @@ class RpcOps:
 
         DESIGN: not waiting for the acknowledgements saves a round trip per step and lets a
         pserver take a trainer's SEND and GET in one wake-up."""
-        if self.protocol == "bundled" and not op.attr("half_async") and not self._uncovered(op):
+        local = id(op) in self.plan.local
+        if self.protocol == "bundled" and not local and not self._uncovered(op):
             assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
             self._unacked += self._sends
             self._sends = []
@@ -557,7 +316,7 @@ class RpcOps:
             return
         await self.flush_sends()
         self._end_round(Kind.SEND)
-        if op.attr("half_async"):  # only this trainer's sends must have left
+        if local:  # only this trainer's sends must have left
             return
         await asyncio.gather(*(self.call(ep, Kind.SEND_BARRIER) for ep in self._uncovered(op)))
 
@@ -825,7 +584,7 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
     """Run one block; a `conditional_block` whose sub-block holds RPC ops (geo's periodic
     push and pull) is run here too, awaiting its RPC ops."""
     plan = executor.plans.get(program, idx)
-    rpc.learn(program.blocks[idx], lambda op: _rpc_sub_block(executor, program, op) is not None)
+    rpc.learn(program)
 
     def run_sub(sub: int) -> None:
         executor.run_block(program, sub, scope)

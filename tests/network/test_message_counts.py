@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from transpiler.distribute.contract import TrainContract
+from transpiler.distribute.rpc_plan import Fetch, barrier_plan
 from transpiler.ir import Op
 
 from runtime.config.scenario import Scenario, parse_scenario
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job
-from runtime.services.trainer import Fetch, _shared_plan, barrier_plan
 from sim.simulate import SimResult, simulate
 
 TRAINERS, PSERVERS, STEPS = 2, 2, 3
@@ -160,12 +161,13 @@ def test_another_rpc_op_ends_a_run_of_sends_and_any_other_op_a_run_of_recvs() ->
     assert plan.covered == {id(ops[3]): {"e0"}, id(ops[7]): {"e0"}}
 
 
-def test_trainers_running_one_block_share_its_barrier_plan_until_its_ops_change() -> None:
+def test_trainers_running_one_program_share_its_plan_until_its_ops_change() -> None:
     job = Job.from_scenario(scenario("compact"))
-    block = job.trainer_programs(1)[0].global_block()
-    no_rpc_inside = lambda op: False  # noqa: E731
-    plan = _shared_plan(block, no_rpc_inside, bundle=False)
-    assert plan.carriers and _shared_plan(block, no_rpc_inside, bundle=False) is plan
-    assert _shared_plan(block, no_rpc_inside, bundle=True) is not plan
+    program = job.trainer_programs(1)[0]
+    contract = TrainContract.of(program)
+    plan = contract.plan("compact")
+    assert plan.carriers and TrainContract.of(program).plan("compact") is plan
+    assert contract.plan("bundled") is not plan
+    block = program.global_block()
     block.ops = list(block.ops)[:-1]
-    assert _shared_plan(block, no_rpc_inside, bundle=False) is not plan
+    assert TrainContract.of(program).plan("compact") is not plan

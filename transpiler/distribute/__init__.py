@@ -3,7 +3,8 @@
 A straight pipeline of small passes (see `transpiler.DistributeTranspiler`): read the optimize
 section (`analysis`), cut vars in blocks (`slicing`, `plan.slice_pass`), place them
 (`dispatch`, `plan.dispatch_pass`), rewrite the trainer (`trainer`, `lookup_table`), build each
-pserver (`pserver`) and the startups (`startup`); `geo` and `collective` hold the other modes.
+pserver (`pserver`) and the startups (`startup`), and write the trainer programs' RPC plan
+(`rpc_plan`, read back by `contract.TrainContract`); `geo` and `collective` hold the other modes.
 """
 
 from .checkpoint import CheckpointConfig, append_checkpoint_notify

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..ir import Block, OpRole, Program
 from .edit import append_every_k_steps, rpc_attrs
+from .rpc_plan import rpc_plan_pass
 
 CHECKPOINT_STEP = "@CHECKPOINT_STEP@"
 
@@ -55,3 +56,4 @@ def append_checkpoint_notify(main: Program, startup: Program, config: Checkpoint
         sub.append_op("checkpoint_notify", {}, {}, dict(attrs))
 
     append_every_k_steps(main, startup, CHECKPOINT_STEP, config.step_interval, notify, OpRole.RPC)
+    rpc_plan_pass(main)  # the notice's block runs RPC ops: the rounds it stands in change

@@ -25,7 +25,7 @@ from typing import Any, Literal, get_args
 from .config import DistributedMode
 
 __all__ = ["COMPRESSED_MODES", "MODES", "MODE_NAMES", "Mode", "ModeName", "TRAINER_RING_MODES", "conflicts",
-           "policy_of", "staleness_of"]
+           "mode_of", "policy_of", "staleness_of"]
 
 Setting = tuple[str, Any, str]
 """A config field, its value, and the scenario field it comes from (named in its errors)."""
@@ -145,6 +145,12 @@ def conflicts(mode: str, dc_asgd: bool, staleness: object, compression: str
         out.append((f"compression.method {compression} needs mode "
                     f"{', '.join(COMPRESSED_MODES)}, not {mode}", ("compression.method", "mode")))
     return out
+
+
+def mode_of(mode: DistributedMode) -> Mode:
+    """The row of a program's resolved `mode` (its ``_distributed_mode``): ssp and DC-ASGD,
+    async with more, read as async."""
+    return MODES[mode.name.lower()]
 
 
 def policy_of(mode: DistributedMode, dc_asgd: bool, staleness: object) -> str:

@@ -6,7 +6,7 @@ per mode on the copies; at the end, as the original did, the caller's main and s
 them as they were). The pserver programs are built from the copies, so they are the same
 either way. Pserver mode (sync, async, half-async, DC-ASGD)::
 
-    read optimize section -> slice -> dispatch -> rewrite trainer -> trainer startup
+    read optimize section -> slice -> dispatch -> rewrite trainer -> trainer startup -> RPC plan
                                                \\-> (per endpoint, on request) pserver, its startup
 
 Geo-SGD reuses slice and dispatch (see `geo`); nccl2 and collective modes only add
@@ -34,6 +34,7 @@ from .geo import build_geo_pserver_program, rewrite_geo_trainer, with_distribute
 from .lookup_table import check_table_optimizer, find_distributed_table, remote_sparse_params
 from .plan import Plan, dispatch_pass, slice_pass
 from .pserver import build_pserver_program, placed_vars
+from .rpc_plan import rpc_plan_pass
 from .startup import build_pserver_startup, build_trainer_startup
 from .trainer import rewrite_trainer, sends_lr_counter
 
@@ -77,14 +78,15 @@ def distributed_attrs(plan: Plan) -> dict[str, Any]:
 
 
 def trainer_programs(plan: Plan) -> tuple[Program, Program]:
-    """The trainer's main and startup programs of a pserver-mode or geo plan."""
+    """The trainer's main and startup programs of a pserver-mode or geo plan, each with its
+    RPC plan written on its RPC ops (`rpc_plan`)."""
     if plan.mode is DistributedMode.GEO:
         trainer, startup = rewrite_geo_trainer(plan)
     else:
         trainer = rewrite_trainer(plan)
         startup = build_trainer_startup(plan, plan.in_param_order(), sends_lr_counter(plan))
     trainer.attrs.update(distributed_attrs(plan))
-    return trainer, startup
+    return rpc_plan_pass(trainer), rpc_plan_pass(startup)
 
 
 def plan_log(plan: Plan) -> list[str]:

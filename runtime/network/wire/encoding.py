@@ -43,9 +43,8 @@ def encode(msg: Message) -> list[Frame]:
     """The frames of `msg`: the msgpack header, then each tensor's bytes without copying."""
     _check_outgoing(msg)
     specs: list[dict[str, Any]] = []
-    surcharge: int | None = 0  # what the plain phantoms add to its weight (None: see _header)
-    received: dict[str, Phantom] = {}  # and what they are received as
-    others: list[Phantom | Packed] = []  # the other phantom vars
+    surcharge: int | None = 0  # what the phantoms add to its weight (None: see _header)
+    received: dict[str, Phantom] = {}  # and what those of known wire are received as
     frames: list[Frame] = []
     for name, value in msg.vars.items():
         if type(value) is np.ndarray and type(name) is str and name and value.size \
@@ -56,8 +55,8 @@ def encode(msg: Message) -> list[Frame]:
                               "kind": _DENSE})
                 frames.append(value.data.cast("B"))
                 continue
-        if type(value) is Phantom:  # timing mode's var: what it puts on the wire is known
-            _check_name(name)
+        if type(value) is Phantom or (type(value) is Packed and value.phantom):
+            _check_name(name)  # timing mode's var: what it puts on the wire is known
             wire = _phantom_wire(value, name)
             specs.append({"name": name, **wire.entry})
             added = wire.surcharge
@@ -65,8 +64,11 @@ def encode(msg: Message) -> list[Frame]:
             received[name] = wire.received
             continue
         if isinstance(value, Phantom) or (isinstance(value, Packed) and value.phantom):
-            specs.append(_phantom_entry(name, value))
-            others.append(value)
+            entry = _phantom_entry(name, value)
+            specs.append(entry)
+            if surcharge is not None:
+                added = _surcharge(entry)
+                surcharge = None if added is None else surcharge + added
             continue
         spec, var_frames = _encode_var(name, value)
         specs.append(spec.to_header())
@@ -89,7 +91,7 @@ def encode(msg: Message) -> list[Frame]:
         raise EncodeError(
             Reason.BAD_FIELD, f"header of {msg.kind} message is not msgpack data: {exc}"
         ) from exc
-    return [_header(packed, msg, kind, surcharge, received, others, bool(frames)), *frames]
+    return [_header(packed, msg, kind, surcharge, received, bool(frames)), *frames]
 
 
 _PACKERS = threading.local()
@@ -148,7 +150,7 @@ def _phantom_entry(name: str, value: Phantom | Packed) -> dict[str, Any]:
 class _PhantomWire(NamedTuple):
     """What a phantom puts on the wire, whatever var it is sent as: its header entry but the
     name, the bytes its data adds to the message's weight (`charged_size`; None: `decode`
-    refuses its shape, and the message is weighed from its frames) and what a receiver
+    refuses its entry, and the message is weighed from its frames) and what a receiver
     decodes it as."""
 
     entry: dict[str, Any]
@@ -156,13 +158,13 @@ class _PhantomWire(NamedTuple):
     received: Phantom
 
 
-_PHANTOM_WIRES: dict[Phantom, _PhantomWire] = {}
+_PHANTOM_WIRES: dict[Phantom | Packed, _PhantomWire] = {}
 _PHANTOM_WIRES_MAX = 1 << 12
 """Most phantoms whose `_PhantomWire` is kept (timing mode sends the few of its program's
 blocks, over and over)."""
 
 
-def _phantom_wire(value: Phantom, name: str) -> _PhantomWire:
+def _phantom_wire(value: Phantom | Packed, name: str) -> _PhantomWire:
     """`value`'s `_PhantomWire`, worked out once for each phantom value. DESIGN: a phantom is
     immutable and its entry, weight and received form depend on nothing else, so equal
     phantoms share them; `_phantom_entry`, `_surcharge` and `_received` stay the definitions
@@ -170,8 +172,9 @@ def _phantom_wire(value: Phantom, name: str) -> _PhantomWire:
     wire = _PHANTOM_WIRES.get(value)
     if wire is None:
         entry = _phantom_entry(name, value)
+        surcharge = _surcharge(entry)
         del entry["name"]
-        wire = _PhantomWire(entry, _surcharge(value), _received(value))
+        wire = _PhantomWire(entry, surcharge, _received(value))
         if len(_PHANTOM_WIRES) < _PHANTOM_WIRES_MAX:
             _PHANTOM_WIRES[value] = wire
     return wire
@@ -262,18 +265,12 @@ class _NotPlain(Exception):
 
 
 def _header(packed: bytes, msg: Message, kind: Kind, surcharge: int | None,
-            received: dict[str, Phantom], others: list[Phantom | Packed],
-            has_data: bool) -> _Header:
-    """`packed` as a `_Header` of `msg` (of `kind`), whose plain phantom vars add `surcharge`
-    bytes to its weight (None: one of them `decode` refuses) and are received as `received`
-    says, and whose other phantom vars are `others`."""
+            received: dict[str, Phantom], has_data: bool) -> _Header:
+    """`packed` as a `_Header` of `msg` (of `kind`), whose phantom vars add `surcharge` bytes
+    to its weight (None: `decode` refuses one of their entries) and are received, the plain
+    ones, as `received` says."""
     header = _Header(packed)
     header.kind = kind._value_
-    for phantom in others:  # it adds its bytes, less "phantom" over "dense" or "rows"
-        if surcharge is None:
-            break
-        added = _surcharge(phantom)
-        surcharge = None if added is None else surcharge + added
     if surcharge is None:  # charged_size weighs the frames alone, as it would
         header.surcharge = _charged_size([packed]) - len(packed)
         header.parsed = None

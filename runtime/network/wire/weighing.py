@@ -3,24 +3,24 @@
 Timing mode sends phantoms where numeric mode sends tensors. `charged_size` is what such a
 message would weigh with data: exactly the bytes of its numeric twin (the same header but for
 the vars' kind, and the frames the phantoms stand for), which is what a simulated network
-charges. A header `encode` made knows its weight already (`_Header.surcharge`, summed from
-`_surcharge` of each phantom as it is encoded); frames that came any other way are weighed
-from their header (`_charged_size`), read by the strict decode path's own checks, so a phantom
-that `decode` refuses adds nothing.
+charges. Both ways to it weigh a phantom's entry as the strict decode path reads it
+(`_check_var`, then `_weight`): a header `encode` made knows its weight already
+(`_Header.surcharge`, summed from `_surcharge` of each phantom's entry as it is encoded), and
+frames that came any other way are weighed from their header (`_charged_size`). A message with
+a phantom entry that `decode` refuses weighs its frames alone, either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgpack
 
-from runtime.execution.tensor import Phantom
-from runtime.network.compression import FLOAT_DTYPES, Packed
 from runtime.network.transport import Frame
 from runtime.network.wire.decoding import _check_var, _unpack_header
 from runtime.network.wire.errors import DecodeError
-from runtime.network.wire.format import MAX_DIM, MAX_NDIM, VarKind, _nbytes
+from runtime.network.wire.format import VarKind, VarSpec, _nbytes
 from runtime.network.wire.header import _Header, _encoded_header
 
 _PHANTOM_KIND = msgpack.packb(str(VarKind.PHANTOM))
@@ -58,25 +58,20 @@ def _charged_size(frames: Sequence[Frame]) -> int:
                     if isinstance(entry, dict) and entry.get("kind") == VarKind.PHANTOM]
     except (DecodeError, KeyError, TypeError):
         return size
-    return size + sum(spec.data_nbytes + _TWIN_KIND_BYTES[spec.height is not None]
-                      for spec in phantoms)
+    return size + sum(map(_weight, phantoms))
 
 
-def _surcharge(phantom: Phantom | Packed) -> int | None:
-    """The bytes `phantom`'s data adds to a message's weight, less "phantom" over "dense" or
-    "rows" in its entry; None if `decode` would refuse its shape."""
-    if not _decodable(phantom):
+def _weight(phantom: VarSpec) -> int:
+    """The bytes a phantom var's data adds to its message's weight, less "phantom" over "dense"
+    or "rows" in its entry."""
+    return phantom.data_nbytes + _TWIN_KIND_BYTES[phantom.height is not None]
+
+
+def _surcharge(entry: dict[str, Any]) -> int | None:
+    """The `_weight` of the phantom var whose header entry `encode` writes as `entry`; None if
+    `decode` refuses the entry (the strict path's own check of it: encode does not check the
+    decoder's limits on shapes, heights and codec fields)."""
+    try:
+        return _weight(_check_var(entry))
+    except DecodeError:
         return None
-    rows = isinstance(phantom, Phantom) and phantom.height is not None
-    return phantom.nbytes + _TWIN_KIND_BYTES[rows]
-
-
-def _decodable(phantom: Phantom | Packed) -> bool:
-    """Whether `decode` accepts the shape and height (codec) of this phantom (encode does not
-    check these limits)."""
-    if isinstance(phantom, Packed):
-        return len(phantom.shape) <= MAX_NDIM and (not phantom.shape or max(phantom.shape)
-                                                     <= MAX_DIM) and phantom.dtype in FLOAT_DTYPES
-    shape, height = phantom.shape, phantom.height
-    return len(shape) <= MAX_NDIM and (not shape or max(shape) <= MAX_DIM) \
-        and (height is None or height <= MAX_DIM)

@@ -16,7 +16,7 @@ rows (`runtime.services.checkpoint`, the table alone): the median time of writin
 over the previous checkpoint's linked base, and the bytes written (delta and manifest), against
 the bytes of the full base every checkpoint wrote before.
 
-Run: python benchmarks/sparse_update.py [--quick]
+Run: python benchmarks/sparse_update.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -120,24 +120,27 @@ def checkpoint_cost(rows: int, repeats: int) -> tuple[float, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the two smallest tables, a few repeats (the test suite's run)")
     args = parser.parse_args()
-    repeats = 50 if args.quick else 300
+    repeats = 5 if args.smoke else 50 if args.quick else 300
+    sizes = SIZES[:2] if args.smoke else SIZES
     print(f"one update of {TOUCHED} rows of a table of N rows x {WIDTH} float32 "
           "(median; ratio to N = 10k)")
     names = backends()
     if "torch" in names:
         from runtime.execution.kernels.torch_common import set_threads
         set_threads(1)
-    print(f"{'optimizer':<22}" + "".join(f"{n:>22,}" for n in SIZES))
+    print(f"{'optimizer':<22}" + "".join(f"{n:>22,}" for n in sizes))
     for backend in names:
         for op_type in STATES:
-            figures = [update_seconds(op_type, n, repeats, backend) for n in SIZES]
+            figures = [update_seconds(op_type, n, repeats, backend) for n in sizes]
             cells = [f"{t * 1e3:9.3f} ms ({t / figures[0]:5.2f}x)" for t in figures]
             label = f"{op_type}{' (lazy)' if op_type == 'adam' else ''}, {backend}"
             print(f"{label:<22}" + "".join(f"{c:>22}" for c in cells))
-    copies = [copy_seconds(n) for n in SIZES]
+    copies = [copy_seconds(n) for n in sizes]
     print(f"{'table copy':<22}" + "".join(f"{t * 1e3:19.3f} ms" for t in copies))
-    costs = [checkpoint_cost(n, 5 if args.quick else 20) for n in SIZES]
+    costs = [checkpoint_cost(n, 2 if args.smoke else 5 if args.quick else 20) for n in sizes]
     print(f"{'checkpoint (delta)':<22}" + "".join(f"{t * 1e3:19.3f} ms" for t, _, _ in costs))
     print(f"{'  bytes written':<22}" + "".join(f"{b:>22,}" for _, b, _ in costs))
     print(f"{'  full base, bytes':<22}" + "".join(f"{f:>22,}" for _, _, f in costs))

@@ -16,7 +16,7 @@
 The servers live for the whole run; each figure is the best of a few repeats, runtime and raw
 interleaved so that drift on a busy machine hits both.
 
-Run: python benchmarks/wire.py [--quick] [--uvloop]
+Run: python benchmarks/wire.py [--quick | --smoke] [--uvloop]
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ class Plan:
 
 
 QUICK = Plan(bytes_per_run=256 * MIB, round_trips=1000, repeats=2)
+SMOKE = Plan(sizes_mib=(1,), bytes_per_run=8 * MIB, round_trips=100, repeats=1)
+"""Every code path once, on tiny figures: that the benchmark still runs, not what it measures."""
 
 
 def run(coroutine: Coroutine[Any, Any, T], use_uvloop: bool) -> T:
@@ -272,9 +274,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer bytes and repeats")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every path once, tiny figures (the test suite's run)")
     parser.add_argument("--uvloop", action="store_true", help="run the asyncio sides on uvloop")
     args = parser.parse_args()
-    plan = QUICK if args.quick else Plan()
+    plan = SMOKE if args.smoke else QUICK if args.quick else Plan()
     runtime_server, runtime_endpoint = start(serve_runtime, args.uvloop)
     raw_server, raw_endpoint = start(serve_raw)
     try:

@@ -63,6 +63,7 @@ EXCLUDED = {
                                     "tests/sim/test_timing_mode.py runs it reduced",
     "runtime up scenarios/faults/lossy.yaml": "the same run is tests/faults/test_runtime_faults.py's "
                                               "replay of every fault scenario as processes",
+    "python -m pytest": "runs the test suite, or a part of it: this test is one of them",
 }
 """Command prefix -> why the command does not run here."""
 

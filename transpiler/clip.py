@@ -5,6 +5,11 @@ By value: ``clip(g, -max, max)``; by norm: ``clip_by_norm(g, clip_norm)``; by gl
 ``clip_norm / max(global_norm, clip_norm)``. Clipping rewrites each grad in place, so later ops
 (regularization, the optimizer) and the distribute transpiler keep the grad's name.
 
+Which gradients, as in fluid: every dense one whose parameter passes the clip's `need_clip`
+(a function of the parameter; None passes all) and was not created with
+``ParamAttr(need_clip=False)``. Without an optimizer `grad_clip`, a parameter created with
+``ParamAttr(gradient_clip=c)`` (fluid 1.x) has its gradient clipped by `c` (`per_param_clips`).
+
 DESIGN: the global-norm ops sit in the name scope ``/@CLIP/global_norm/`` (`GLOBAL_NORM_SCOPE`).
 They read every gradient at once, so no pserver, which holds some of them, can run them; the
 distribute transpiler keeps them on the trainer before the sends, as the original did
@@ -16,6 +21,7 @@ merged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from .framework import append_op, create_tmp_var, name_scope, op_role_guard
 from .ir import Op, OpRole, Var, VarType
@@ -34,14 +40,40 @@ class BaseGradientClipAttr:
         raise NotImplementedError
 
 
-def _dense(params_grads: list[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
-    return [(p, g) for p, g in params_grads if g.type is not VarType.SELECTED_ROWS]
+NeedClip = Callable[[Var], bool]
+"""fluid's ``need_clip``: whether a parameter's gradient is clipped."""
+
+
+def _dense(params_grads: list[tuple[Var, Var]],
+           need_clip: NeedClip | None = None) -> list[tuple[Var, Var]]:
+    """The pairs to clip: dense gradients of parameters that want clipping."""
+    return [(p, g) for p, g in params_grads if g.type is not VarType.SELECTED_ROWS
+            and p.need_clip and (need_clip is None or need_clip(p))]
+
+
+def per_param_clips(params_grads: list[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
+    """Apply each parameter's own ``gradient_clip`` (fluid 1.x's ``ParamAttr(gradient_clip=)``)
+    to its gradient; parameters sharing one clip object are clipped together (one global norm
+    for a `GradientClipByGlobalNorm`), in the order of their first parameter."""
+    groups: dict[int, tuple[BaseGradientClipAttr, list[tuple[Var, Var]]]] = {}
+    for param, grad in params_grads:
+        clip = param.gradient_clip
+        if clip is None:
+            continue
+        if not isinstance(clip, BaseGradientClipAttr):
+            raise TypeError(f"parameter {param.name!r}: gradient_clip must be a GradientClip*, "
+                            f"got {clip!r}")
+        groups.setdefault(id(clip), (clip, []))[1].append((param, grad))
+    for clip, pairs in groups.values():
+        clip.apply(pairs)
+    return params_grads
 
 
 @dataclass
 class GradientClipByValue(BaseGradientClipAttr):
     max: float
     min: float | None = None
+    need_clip: NeedClip | None = None
 
     def __post_init__(self) -> None:
         if self.low > self.max:
@@ -53,7 +85,7 @@ class GradientClipByValue(BaseGradientClipAttr):
 
     def apply(self, params_grads: list[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
         with name_scope(CLIP_SCOPE):
-            for param, grad in _dense(params_grads):
+            for param, grad in _dense(params_grads, self.need_clip):
                 with op_role_guard(OpRole.Optimize, [param.name, grad.name]):
                     append_op("clip", {"X": [grad]}, {"Out": [grad]},
                               {"min": float(self.low), "max": float(self.max)})
@@ -63,6 +95,7 @@ class GradientClipByValue(BaseGradientClipAttr):
 @dataclass
 class GradientClipByNorm(BaseGradientClipAttr):
     clip_norm: float
+    need_clip: NeedClip | None = None
 
     def __post_init__(self) -> None:
         if self.clip_norm <= 0:
@@ -70,7 +103,7 @@ class GradientClipByNorm(BaseGradientClipAttr):
 
     def apply(self, params_grads: list[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
         with name_scope(CLIP_SCOPE):
-            for param, grad in _dense(params_grads):
+            for param, grad in _dense(params_grads, self.need_clip):
                 with op_role_guard(OpRole.Optimize, [param.name, grad.name]):
                     append_op("clip_by_norm", {"X": [grad]}, {"Out": [grad]},
                               {"max_norm": float(self.clip_norm)})
@@ -80,13 +113,15 @@ class GradientClipByNorm(BaseGradientClipAttr):
 @dataclass
 class GradientClipByGlobalNorm(BaseGradientClipAttr):
     clip_norm: float
+    group_name: str = "default_group"
+    need_clip: NeedClip | None = None
 
     def __post_init__(self) -> None:
         if self.clip_norm <= 0:
             raise ValueError(f"GradientClipByGlobalNorm: clip_norm must be positive, got {self.clip_norm}")
 
     def apply(self, params_grads: list[tuple[Var, Var]]) -> list[tuple[Var, Var]]:
-        pairs = _dense(params_grads)
+        pairs = _dense(params_grads, self.need_clip)
         if not pairs:
             return params_grads
         block = pairs[0][1].block

@@ -98,13 +98,18 @@ def op_role_guard(role: int, role_var: list[str] | None = None) -> Iterator[None
 
 @dataclass
 class ParamAttr:
-    """How a layer creates its parameter: name, initializer, regularizer, trainability."""
+    """How a layer creates its parameter: name, initializer, regularizer, trainability, and
+    clipping: `need_clip` False keeps the optimizer's `grad_clip` off this parameter's
+    gradient, and `gradient_clip` (fluid 1.x's per-parameter clip, e.g.
+    ``GradientClipByValue(0.1)``) clips it when the optimizer has no `grad_clip` of its own."""
 
     name: str | None = None
     initializer: Initializer | None = None
     regularizer: WeightDecayRegularizer | None = None
     trainable: bool = True
     learning_rate: float = 1.0
+    gradient_clip: Any = None
+    need_clip: bool = True
 
     @staticmethod
     def of(attr: "ParamAttr | str | bool | None") -> "ParamAttr | None":
@@ -172,16 +177,20 @@ def create_parameter(attr: ParamAttr, shape: list[int], dtype: str, default_init
         if not existing.is_parameter or existing.shape != tuple(shape):
             raise ValueError(f"parameter {name!r}: already declared with shape {existing.shape}, "
                              f"asked for {tuple(shape)}")
-        return existing
-    param = gblock.create_var(name, shape=tuple(shape), dtype=dtype, persistable=True,
-                              is_parameter=True, trainable=attr.trainable,
-                              stop_gradient=not attr.trainable)
-    param.regularizer = attr.regularizer
-    param.optimize_attr = {"learning_rate": attr.learning_rate}
+        param = existing
+    else:
+        param = gblock.create_var(name, shape=tuple(shape), dtype=dtype, persistable=True,
+                                  is_parameter=True, trainable=attr.trainable,
+                                  stop_gradient=not attr.trainable)
+        param.regularizer = attr.regularizer
+        param.optimize_attr = {"learning_rate": attr.learning_rate}
+        param.need_clip, param.gradient_clip = attr.need_clip, attr.gradient_clip
+    sblock = _startup_program.global_block()
+    if sblock.has_var(name):  # shared, or declared by ``Block.create_parameter``: initialized
+        return param
     init = attr.initializer or default_initializer
     if not isinstance(init, Initializer):
         raise TypeError(f"parameter {name!r}: initializer must be an Initializer, got {init!r}")
-    sblock = _startup_program.global_block()
     svar = sblock.create_var(name, shape=tuple(shape), dtype=dtype, persistable=True)
     init(svar, sblock)
     return param

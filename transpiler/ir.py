@@ -122,6 +122,10 @@ class Var:
     optimize_attr: Mapping[str, Any] = field(default_factory=lambda: _NO_ATTRS)
     """Read only, replaced whole (none: one shared empty map; a 1,000-trainer job's pservers
     declare hundreds of thousands of vars)."""
+    # Front-end clipping wishes (fluid's ``ParamAttr(need_clip=, gradient_clip=)``), read by
+    # `minimize`; not serialized: clipping is ops by the time a program travels.
+    need_clip: bool = field(default=True, repr=False, compare=False)
+    gradient_clip: Any = field(default=None, repr=False, compare=False)
     # The block that declares the var; set by `Block`, not serialized.
     block: "Block | None" = field(default=None, repr=False, compare=False)
 
@@ -231,6 +235,16 @@ class Op:
         return self.outputs.get(slot, [])
 
     @property
+    def input_names(self) -> list[str]:
+        """The input slots, in order (fluid's ``Operator.input_names``)."""
+        return list(self.inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        """The output slots, in order (fluid's ``Operator.output_names``)."""
+        return list(self.outputs)
+
+    @property
     def input_arg_names(self) -> list[str]:
         return [n for names in self.inputs.values() for n in names]
 
@@ -240,6 +254,13 @@ class Op:
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
+
+    def has_attr(self, name: str) -> bool:
+        return name in self.attrs
+
+    def all_attrs(self) -> dict[str, Any]:
+        """A copy of the attributes; a sub-block attribute is a `BlockRef` (``.idx``)."""
+        return dict(self.attrs)
 
     @property
     def role(self) -> OpRole:
@@ -359,6 +380,40 @@ class Block:
     def remove_var(self, name: str) -> None:
         self.vars.pop(name, None)
 
+    def create_parameter(self, name: str | None = None, shape: Iterable[int] = (),
+                         dtype: str = "float32", initializer: Any = None, trainable: bool = True,
+                         regularizer: WeightDecayRegularizer | None = None,
+                         optimize_attr: Mapping[str, Any] | None = None,
+                         need_clip: bool = True, gradient_clip: Any = None,
+                         stop_gradient: bool = False) -> Var:
+        """fluid's ``Block.create_parameter``: a parameter declared in the program's global
+        block (persistable, trainable unless told). With an `initializer` (called as
+        ``initializer(var, block)``) its op goes into *this* block, unless an op there already
+        writes the parameter; fluid's layers call this on the startup program's block, a
+        script that calls it on the main program's gets the init op in the main program, as
+        in fluid. An existing parameter of the same shape is returned as it is."""
+        gblock = self.program.global_block()
+        if name is None:
+            name = f"_generated_var_{sum(len(b.vars) for b in self.program.blocks)}"
+        shape = tuple(int(d) for d in shape)
+        if name in gblock.vars:
+            param = gblock.vars[name]
+            if param.shape != shape:
+                raise IRError(f"parameter {name!r}: declared with shape {param.shape}, "
+                              f"asked for {shape}")
+        else:
+            if not shape or any(d <= 0 for d in shape):
+                raise IRError(f"parameter {name!r}: shape must be positive dims, got {shape}")
+            param = gblock.add_var(Var(name, shape, dtype, persistable=True, is_parameter=True,
+                                       trainable=trainable,
+                                       stop_gradient=stop_gradient or not trainable,
+                                       regularizer=regularizer,
+                                       optimize_attr=dict(optimize_attr or {"learning_rate": 1.0}),
+                                       need_clip=need_clip, gradient_clip=gradient_clip))
+        if initializer is not None and not any(name in op.output_arg_names for op in self.ops):
+            initializer(param, self)
+        return param
+
     @property
     def parent(self) -> "Block | None":
         return self.program.blocks[self.parent_idx] if self.parent_idx >= 0 else None
@@ -412,7 +467,41 @@ def _names(slots: dict[str, Any] | None) -> dict[str, list[str]]:
     return out
 
 
+class _DistAttr:
+    """One of fluid's ``Program._is_distributed``-style attributes, kept in `Program.attrs`
+    (where the transpiler writes them), with fluid's default when unset."""
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, program: "Program | None", owner: type) -> Any:
+        if program is None:
+            return self
+        value = program.attrs.get(self.name, self.default)
+        return list(value) if isinstance(value, list) else value
+
+    def __set__(self, program: "Program", value: Any) -> None:
+        program.attrs[self.name] = value
+
+
 class Program:
+    # fluid's distributed-training attributes as Python attributes (``trainer._is_chief``):
+    # each reads and writes `attrs`, where the transpiler writes them, with fluid's default.
+    _is_distributed = _DistAttr(False)
+    _is_chief = _DistAttr(False)
+    _parameters_on_pservers = _DistAttr(None)
+    _endpoints = _DistAttr([])
+    _ps_endpoint = _DistAttr(None)
+    _trainers_endpoints = _DistAttr([])
+    _distributed_lookup_table = _DistAttr(None)
+    _use_dgc = _DistAttr(False)
+    _nccl_comm_num = _DistAttr(1)
+    _use_hierarchical_allreduce = _DistAttr(False)
+    _hierarchical_allreduce_inter_nranks = _DistAttr(0)
+
     def __init__(self) -> None:
         self.blocks: list[Block] = [Block(self, 0, -1)]
         self.current_block_idx = 0

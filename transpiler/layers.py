@@ -29,7 +29,8 @@ __all__ = [
     "autoincreased_step_counter", "ConditionalBlock", "conditional_block", "Switch",
     "conv2d", "pool2d", "batch_norm", "layer_norm", "dropout", "matmul", "transpose", "squeeze",
     "unsqueeze", "split", "slice", "gather", "sigmoid_cross_entropy_with_logits",
-    "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu",
+    "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu", "reduce_sum", "reduce_mean",
+    "fill_constant_batch_size_like",
 ]
 
 
@@ -430,6 +431,41 @@ def mean(x: Var) -> Var:
     return out
 
 
+def _reduce(op_type: str, input: Var, dim: int | Sequence[int] | None, keep_dim: bool,
+            name: str | None) -> Var:
+    """fluid's reduce layers: ``dim`` None (or []) or every axis sets ``reduce_all``; the
+    attribute ``dim`` is then [0], as fluid writes it."""
+    input = _check_var(input, op_type, "input")
+    dims = [] if dim is None else [int(dim)] if isinstance(dim, int) else [int(d) for d in dim]
+    rank = len(input.shape)
+    for d in dims:
+        if not -rank <= d < rank:
+            raise ValueError(f"{op_type}: dim {d} outside the rank-{rank} input {input.name!r}")
+    reduce_all = not dims or len(dims) == rank
+    axes = set(range(rank)) if reduce_all else {d % rank for d in dims}
+    if keep_dim:
+        shape = tuple(1 if i in axes else n for i, n in enumerate(input.shape))
+    else:
+        shape = tuple(n for i, n in enumerate(input.shape) if i not in axes) or (1,)
+    out = create_tmp_var(name or op_type, shape, input.dtype)
+    append_op(op_type, {"X": [input]}, {"Out": [out]},
+              {"dim": dims or [0], "keep_dim": bool(keep_dim), "reduce_all": reduce_all})
+    return out
+
+
+def reduce_sum(input: Var, dim: int | Sequence[int] | None = None, keep_dim: bool = False,
+               name: str | None = None) -> Var:
+    """fluid's reduce_sum: the sum over `dim` (every axis when None), those axes dropped or
+    kept as 1 (`keep_dim`); a `reduce_sum` op."""
+    return _reduce("reduce_sum", input, dim, keep_dim, name)
+
+
+def reduce_mean(input: Var, dim: int | Sequence[int] | None = None, keep_dim: bool = False,
+                name: str | None = None) -> Var:
+    """fluid's reduce_mean: the mean over `dim` (every axis when None); a `reduce_mean` op."""
+    return _reduce("reduce_mean", input, dim, keep_dim, name)
+
+
 def scale(x: Var, scale: float = 1.0, bias: float = 0.0, bias_after_scale: bool = True,
           out: Var | None = None) -> Var:
     x = _check_var(x, "scale", "x")
@@ -507,6 +543,30 @@ def fill_constant(shape: Sequence[int], dtype: str, value: float, out: Var | Non
     out = out or create_tmp_var("fill_constant", tuple(shape), dtype, stop_gradient=True)
     append_op("fill_constant", {}, {"Out": [out]},
               {"shape": list(shape), "dtype": dtype, "value": float(value), "force_cpu": force_cpu})
+    return out
+
+
+def fill_constant_batch_size_like(input: Var, shape: Sequence[int], dtype: str, value: float,
+                                  input_dim_idx: int = 0, output_dim_idx: int = 0,
+                                  force_cpu: bool = False) -> Var:
+    """fluid's layer: a tensor of `value` shaped `shape`, except that dim `output_dim_idx` is
+    `input`'s dim `input_dim_idx` when run (its batch; for an input with LoD, its number of
+    sequences). No gradient flows through it."""
+    input = _check_var(input, "fill_constant_batch_size_like", "input")
+    shape = [int(d) for d in shape]
+    if not 0 <= input_dim_idx < len(input.shape):
+        raise ValueError(f"fill_constant_batch_size_like: input_dim_idx {input_dim_idx} outside "
+                         f"the rank-{len(input.shape)} input {input.name!r}")
+    if not 0 <= output_dim_idx < len(shape):
+        raise ValueError(f"fill_constant_batch_size_like: output_dim_idx {output_dim_idx} "
+                         f"outside shape {shape}")
+    declared = list(shape)
+    declared[output_dim_idx] = input.shape[input_dim_idx]
+    out = create_tmp_var("fill_constant_batch_size_like", declared, dtype, stop_gradient=True)
+    append_op("fill_constant_batch_size_like", {"Input": [input]}, {"Out": [out]},
+              {"shape": shape, "dtype": dtype, "value": float(value),
+               "input_dim_idx": int(input_dim_idx), "output_dim_idx": int(output_dim_idx),
+               "force_cpu": bool(force_cpu)})
     return out
 
 

@@ -187,6 +187,11 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("cross_entropy", "X Label", "Y", grad="X", cost=_SOFTMAX, grad_cost=_SOFTMAX),
     # -- reductions, products, gathers
     _op("mean", grad="X", cost=Cost("reduction", 1)),
+    # fluid's reductions over `dim` (or every axis: `reduce_all`), `keep_dim`
+    _op("reduce_sum", grad="X", shape="reduce", cost=Cost("reduction", 1),
+        grad_cost=Cost("elementwise", 0)),
+    _op("reduce_mean", grad="X", shape="reduce", cost=Cost("reduction", 1),
+        grad_cost=Cost("elementwise", 1)),
     _op("squared_l2_norm", grad="X", cost=Cost("reduction", 2)),
     _op("sequence_pool", outputs="Out MaxIndex", grad="X", shape="sequence_pool",
         cost=Cost("reduction", 1)),
@@ -242,6 +247,8 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("conditional_block", "Cond Input", shape="conditional_block"),
     _op("save", outputs="", shape="save"),
     _op("fill_constant", inputs="", shape="from_attrs"),
+    # the `shape` attribute with one dim taken from Input's batch (fluid's)
+    _op("fill_constant_batch_size_like", inputs="Input", shape="batch_size_like"),
     _op("assign_value", inputs="", shape="from_attrs"),
     _op("uniform_random", inputs="", shape="from_attrs"),
     _op("gaussian_random", inputs="", shape="from_attrs"),

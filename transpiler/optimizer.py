@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .backward import append_backward
-from .clip import BaseGradientClipAttr
+from .clip import BaseGradientClipAttr, per_param_clips
 from .framework import (append_op, create_global_var, default_startup_program, op_role_guard,
                         program_guard, unique_name)
 from .ir import Op, OpRole, Program, Var
@@ -46,13 +46,22 @@ class Optimizer:
     # -- public ---------------------------------------------------------------------------------
     def minimize(self, loss: Var, startup_program: Program | None = None,
                  parameter_list: list[str] | None = None,
-                 no_grad_set: set[str] | None = None) -> tuple[list[Op], ParamsGrads]:
+                 no_grad_set: set[str] | None = None,
+                 grad_clip: BaseGradientClipAttr | None = None) -> tuple[list[Op], ParamsGrads]:
+        """Backward, clipping, regularization, updates. `grad_clip` (fluid's keyword of
+        `minimize`) clips this call's gradients in place of the constructor's; with neither,
+        each parameter's own ``ParamAttr(gradient_clip=)`` applies."""
         if loss.block is None:
             raise ValueError(f"minimize: loss {loss.name!r} is not declared in a program")
+        if grad_clip is not None and not isinstance(grad_clip, BaseGradientClipAttr):
+            raise TypeError(f"minimize: grad_clip must be a GradientClip*, got {grad_clip!r}")
+        clip = grad_clip if grad_clip is not None else self.grad_clip
         with program_guard(loss.block.program, startup_program or default_startup_program()):
             params_grads = append_backward(loss, parameter_list, no_grad_set)
-            if self.grad_clip is not None:
-                params_grads = self.grad_clip.apply(params_grads)
+            if clip is not None:
+                params_grads = clip.apply(params_grads)
+            else:
+                params_grads = per_param_clips(params_grads)
             params_grads = append_regularization_ops(params_grads, self.regularization)
             ops = self.apply_gradients(params_grads)
         return ops, params_grads

@@ -195,6 +195,14 @@ def math_cases() -> list[Case]:
               Case("reshape", slots(X=normal(2, 3, 2)), attrs={"shape": [-1, 3, 0]}, wrt=("X",),
                    id="infer"),
               Case("mean", slots(X=normal(3, 4)), wrt=("X",)),
+              Case("reduce_sum", slots(X=normal(2, 3, 4)), wrt=("X",),
+                   attrs={"dim": [1], "keep_dim": False, "reduce_all": False}),
+              Case("reduce_sum", slots(X=normal(2, 3, 4)), wrt=("X",), id="all",
+                   attrs={"dim": [0], "keep_dim": True, "reduce_all": True}),
+              Case("reduce_mean", slots(X=normal(2, 3, 4)), wrt=("X",),
+                   attrs={"dim": [-1, 0], "keep_dim": True, "reduce_all": False}),
+              Case("reduce_mean", slots(X=normal(3, 4)), wrt=("X",), id="all",
+                   attrs={"dim": [0], "keep_dim": False, "reduce_all": True}),
               Case("squared_l2_norm", slots(X=normal(3, 4)), wrt=("X",)),
               Case("sum", slots(X=lambda rng: [rng.standard_normal((2, 3)) for _ in range(3)]),
                    wrt=("X",)),
@@ -385,7 +393,11 @@ def cnn_cases() -> list[Case]:
 
 def control_cases() -> list[Case]:
     return [Case("increment", slots(X=normal(1)), attrs={"step": 2.0}),
-            Case("fill_constant", slots(), attrs={"shape": [2, 3], "dtype": "float32", "value": 0.1})]
+            Case("fill_constant", slots(), attrs={"shape": [2, 3], "dtype": "float32", "value": 0.1}),
+            Case("fill_constant_batch_size_like", slots(Input=normal(4, 2)),
+                 attrs={"shape": [-1, 3], "dtype": "float32", "value": 0.5}),
+            Case("fill_constant_batch_size_like", slots(Input=sequences([2, 1])), id="lod",
+                 attrs={"shape": [2, -1], "dtype": "int64", "value": 1.0, "output_dim_idx": 1})]
 
 
 CASES = (elementwise_cases() + math_cases() + nn_cases() + cnn_cases() + optimizer_cases()

@@ -215,6 +215,10 @@ OP_CASES["lookup_sparse_table"] = (
 for _op in ("gaussian_random", "truncated_gaussian_random"):
     OP_CASES[_op] = (Op(_op, {}, {"Out": ["o"]}, {"shape": [4, 3], "dtype": "float64"}), {},
                      {"o": ([4, 3], "float64")})
+OP_CASES["fill_constant_batch_size_like"] = (
+    Op("fill_constant_batch_size_like", {"Input": ["i"]}, {"Out": ["o"]},
+       {"shape": [-1, 5], "dtype": "float32", "value": 1.0}),
+    {"i": LoDTensor(POSITIVE, [[0, 1, 3]])}, {"o": ([-1, 5], "float32")})
 OP_CASES["assign_value"] = (
     Op("assign_value", {}, {"Out": ["o"]},
        {"shape": [2, 3], "dtype": "float32", "fp32_values": [0.5, 1, 2, 3, 4, 5]}), {},
@@ -264,6 +268,10 @@ for _op, _ins, _outs, _wrt, _attrs, _loss in [
      "Out"),
     ("sigmoid_cross_entropy_with_logits", {"X": POSITIVE, "Label": POSITIVE}, {"Out": 1}, ("X",),
      {}, "Out"),
+    ("reduce_sum", {"X": np.ones((2, 3, 4))}, {"Out": 1}, ("X",),
+     {"dim": [1, -1], "keep_dim": False, "reduce_all": False}, "Out"),
+    ("reduce_mean", {"X": np.ones((2, 3))}, {"Out": 1}, ("X",),
+     {"dim": [0], "keep_dim": True, "reduce_all": True}, "Out"),
     ("nce", {"Input": POSITIVE, "Label": np.array([[1, 0]] * 3), "Weight": np.ones((4, 2)),
              "Bias": np.ones((4, 1))}, {"Cost": 1, "SampleLogits": 1, "SampleLabels": 1},
      ("Input", "Weight", "Bias"), {"num_total_classes": 4, "num_neg_samples": 3}, "Cost"),

@@ -191,6 +191,19 @@ class DistributeTranspiler:
         after ``in_place=False``."""
         return self._own(self._trainer_startup)
 
+    # -- the distributed lookup table -----------------------------------------------------------
+    @property
+    def has_distributed_lookup_table(self) -> bool:
+        """Whether the transpiled program has a distributed lookup table (an embedding with
+        ``is_distributed=True``), as fluid's transpiler answers after `transpile`."""
+        return self._plan is not None and self._plan.table is not None
+
+    @property
+    def table_name(self) -> str | None:
+        """The distributed lookup table's parameter name (each pserver's program declares its
+        rows under it); None without one."""
+        return self._plan.table if self._plan is not None else None
+
     # -- pservers ------------------------------------------------------------------------------
     def get_pserver_program(self, endpoint: str) -> Program:
         plan = self._pserver_plan()

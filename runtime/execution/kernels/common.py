@@ -4,7 +4,7 @@ LoD readers that the numpy and torch kernels of the same op share."""
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -46,6 +46,50 @@ __all__ = ["check_height", "dense_like", "out_grad", "scalar"]
 
 
 Array = np.ndarray
+
+
+def axis_of(axis: int, rank: int, op: str) -> int:
+    """`axis` counted from 0 in a rank-`rank` input (negative from the end)."""
+    if not -rank <= axis < rank:
+        raise ValueError(f"{op}: axis {axis} outside a rank-{rank} input")
+    return axis % rank
+
+
+def reduce_axes(ctx: KernelContext, rank: int) -> tuple[tuple[int, ...], bool]:
+    """fluid's ``reduce_sum``/``reduce_mean`` attributes: the axes reduced (every axis with
+    ``reduce_all``, else ``dim``, negative counting from the end) and ``keep_dim``."""
+    if ctx.attr("reduce_all", False):
+        axes: tuple[int, ...] = tuple(range(rank))
+    else:
+        dims = ctx.attr("dim", [0])
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        axes = tuple(sorted({axis_of(int(d), rank, ctx.op.type) for d in dims}))
+    return axes, bool(ctx.attr("keep_dim", False))
+
+
+def reduced_shape(shape: Sequence[int], axes: Sequence[int], keep_dim: bool) -> tuple[int, ...]:
+    """The reduced axes made 1 (`keep_dim`) or dropped; nothing left gives [1], as in fluid."""
+    if keep_dim:
+        return tuple(1 if i in axes else int(d) for i, d in enumerate(shape))
+    return tuple(int(d) for i, d in enumerate(shape) if i not in axes) or (1,)
+
+
+def batch_size_like_shape(ctx: KernelContext, input_shape: Sequence[int],
+                          lod: Sequence[Sequence[int]] = ()) -> tuple[int, ...]:
+    """``fill_constant_batch_size_like``: the ``shape`` attribute with dim ``output_dim_idx``
+    set to the input's dim ``input_dim_idx``; for dim 0 of an input with LoD, its number of
+    sequences (the last level's), as fluid does."""
+    shape = [int(d) for d in ctx.attr("shape", ())]
+    i, o = int(ctx.attr("input_dim_idx", 0)), int(ctx.attr("output_dim_idx", 0))
+    if not 0 <= i < len(input_shape):
+        raise ValueError(f"{ctx.op.type}: input_dim_idx {i} outside the rank-"
+                         f"{len(input_shape)} input")
+    if not 0 <= o < len(shape):
+        raise ValueError(f"{ctx.op.type}: output_dim_idx {o} outside shape {shape}")
+    shape[o] = len(lod[-1]) - 1 if lod and i == 0 else int(input_shape[i])
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{ctx.op.type}: shape {shape} must be known but for output_dim_idx")
+    return tuple(shape)
 
 
 def mul_dims(ctx: KernelContext) -> tuple[int, int]:

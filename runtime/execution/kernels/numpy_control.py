@@ -1,5 +1,5 @@
-"""Initializers and control ops: `fill_constant`, `assign_value`, `increment`, the random
-initializers and `conditional_block`.
+"""Initializers and control ops: `fill_constant`, `fill_constant_batch_size_like`,
+`assign_value`, `increment`, the random initializers and `conditional_block`.
 
 Random initializers are deterministic across processes: with a non-zero `seed` attribute that
 seed is used, otherwise the seed is ``crc32(f"{program.random_seed}:{output var name}")``, so a
@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from runtime.execution.kernels.common import scalar
+from runtime.execution.kernels.common import batch_size_like_shape, scalar
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
 from transpiler.initializer import VALUE_ATTRS
@@ -35,6 +35,14 @@ def _dtype(ctx: KernelContext) -> np.dtype:
 @register("fill_constant")
 def fill_constant(ctx: KernelContext) -> None:
     ctx.set_output("Out", np.full(_shape(ctx), ctx.attr("value", 0.0), dtype=_dtype(ctx)))
+
+
+@register("fill_constant_batch_size_like")
+def fill_constant_batch_size_like(ctx: KernelContext) -> None:
+    """fluid's op: ``value`` in the ``shape`` attribute with one dim taken from Input's batch
+    (`common.batch_size_like_shape`)."""
+    shape = batch_size_like_shape(ctx, np.shape(ctx.input("Input")), ctx.lod("Input"))
+    ctx.set_output("Out", np.full(shape, ctx.attr("value", 0.0), dtype=_dtype(ctx)))
 
 
 @register("increment")

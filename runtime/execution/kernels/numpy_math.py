@@ -18,7 +18,7 @@ import numpy as np
 
 from transpiler.ir import strip_grad_suffix
 
-from runtime.execution.kernels.common import out_grad, scalar
+from runtime.execution.kernels.common import out_grad, reduce_axes, reduced_shape, scalar
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
 from runtime.execution.tensor import SelectedRows, copy_value
@@ -245,6 +245,49 @@ def mean_grad(ctx: KernelContext) -> None:
     x = ctx.input("X")
     g = scalar(out_grad(ctx, ctx.input("Out")))
     ctx.set_output("X@GRAD", np.full(x.shape, g / x.size, dtype=x.dtype))
+
+
+def _reduce_plan(ctx: KernelContext, x: Array) -> tuple[tuple[int, ...], bool, tuple[int, ...]]:
+    axes, keep = reduce_axes(ctx, x.ndim)
+    return axes, keep, reduced_shape(x.shape, axes, keep)
+
+
+@register("reduce_sum")
+def reduce_sum(ctx: KernelContext) -> None:
+    """fluid's reduce_sum: X summed over ``dim`` (every axis with ``reduce_all``)."""
+    x = ctx.input("X")
+    axes, keep, shape = _reduce_plan(ctx, x)
+    ctx.set_output("Out", np.asarray(x.sum(axis=axes, keepdims=keep), dtype=x.dtype).reshape(shape))
+
+
+@register("reduce_mean")
+def reduce_mean(ctx: KernelContext) -> None:
+    """fluid's reduce_mean: X averaged over ``dim`` (every axis with ``reduce_all``)."""
+    x = ctx.input("X")
+    axes, keep, shape = _reduce_plan(ctx, x)
+    ctx.set_output("Out", np.asarray(x.mean(axis=axes, keepdims=keep), dtype=x.dtype).reshape(shape))
+
+
+def _spread(ctx: KernelContext, x: Array, axes: tuple[int, ...]) -> Array:
+    """Out@GRAD broadcast back over the reduced axes to X's shape."""
+    kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    g = out_grad(ctx, ctx.input("Out"))
+    return np.broadcast_to(np.asarray(g).reshape(kept), x.shape)
+
+
+@register("reduce_sum_grad")
+def reduce_sum_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    axes, _, _ = _reduce_plan(ctx, x)
+    ctx.set_output("X@GRAD", _spread(ctx, x, axes).astype(x.dtype, copy=True))
+
+
+@register("reduce_mean_grad")
+def reduce_mean_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    axes, _, _ = _reduce_plan(ctx, x)
+    count = math.prod(x.shape[a] for a in axes)
+    ctx.set_output("X@GRAD", (_spread(ctx, x, axes) / max(count, 1)).astype(x.dtype, copy=False))
 
 
 @register("squared_l2_norm")

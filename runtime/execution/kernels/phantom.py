@@ -16,7 +16,8 @@ count stays what numeric mode would give. Each op's entry in the op catalog
   (with XShape), `split`, `slice`, `gather`, `lookup_table` and `lookup_table_v2` (a row per id),
   `sequence_pool` (a row per sequence), `nce` (a column per true label and negative; a sparse
   Weight@GRAD a row per sample label), `split_byref`, `split_selected_rows`, `split_ids` and
-  `concat` (their sections), `sum` (SelectedRows add up their rows), `scale`/`assign` (like X,
+  `concat` (their sections), `sum` (SelectedRows add up their rows), `reduce_sum` and
+  `reduce_mean` (their axes), `fill_constant_batch_size_like` (Input's batch), `scale`/`assign` (like X,
   SelectedRows too), the optimizers (every output like Param), the initializers (the ``shape``
   attribute) and `conditional_block` (see below).
 - What only data could tell is apportioned: `split_ids` and `split_selected_rows` give each
@@ -42,7 +43,8 @@ import numpy.typing as npt
 from transpiler.ir import Var, strip_grad_suffix
 from transpiler.opcatalog import OPS, OpDef
 
-from runtime.execution.kernels.common import LOOKUP_V2, lookup_lead, lookup_version
+from runtime.execution.kernels.common import (LOOKUP_V2, batch_size_like_shape, lookup_lead,
+                                              lookup_version, reduce_axes, reduced_shape)
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_elementwise import align
 from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
@@ -397,6 +399,20 @@ def _sum(ctx: KernelContext) -> None:
     ctx.set_output("Out", Phantom((rows,) + values[0].shape[1:], values[0].dtype, values[0].height))
 
 
+def _reduce(ctx: KernelContext) -> None:
+    """`reduce_sum`, `reduce_mean`: X's shape less (or 1 at, `keep_dim`) the reduced axes."""
+    x = phantom_of(_value(ctx, "X"))
+    axes, keep = reduce_axes(ctx, len(x.shape))
+    ctx.set_output("Out", _dense(reduced_shape(x.shape, axes, keep), x.dtype))
+
+
+def _batch_size_like(ctx: KernelContext) -> None:
+    """`fill_constant_batch_size_like`: the ``shape`` attribute, one dim Input's batch."""
+    x = _value(ctx, "Input")
+    shape = batch_size_like_shape(ctx, shape_of(x), [list(level) for level in _lod(x)])
+    ctx.set_output("Out", _dense(shape, ctx.attr("dtype", "float32")))
+
+
 def _optimizer(ctx: KernelContext) -> None:
     """Every output (the parameter and its accumulators) shaped like Param."""
     param = phantom_of(_value(ctx, "Param"))
@@ -442,7 +458,8 @@ SHAPE_RULES: dict[str, Rule] = {
     "pool2d": _pool2d, "batch_norm": _batch_norm, "layer_norm": _layer_norm,
     "dropout": _dropout, "matmul": _matmul, "reshape2": _reshape2, "transpose2": _transpose2,
     "split": _split, "slice": _slice,
-    "gather": _gather, "nce": _nce, "nce_grad": _nce_grad,
+    "gather": _gather, "nce": _nce, "nce_grad": _nce_grad, "reduce": _reduce,
+    "batch_size_like": _batch_size_like,
 }
 """The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""
 

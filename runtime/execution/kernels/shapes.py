@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from runtime.execution.kernels.common import axis_of
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_math import reshape_target
 
@@ -160,12 +161,6 @@ def _broadcast(a: Sequence[int], b: Sequence[int]) -> list[int]:
 
 
 # -- shaping ops ----------------------------------------------------------------------------------
-def axis_of(axis: int, rank: int, op: str) -> int:
-    if not -rank <= axis < rank:
-        raise ValueError(f"{op}: axis {axis} outside a rank-{rank} input")
-    return axis % rank
-
-
 def squeeze_shape(shape: Shape, axes: Sequence[int]) -> Shape:
     """squeeze2: drop the size-1 dims in `axes` (all size-1 dims when empty); others stay."""
     rank = len(shape)

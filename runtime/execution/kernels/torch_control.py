@@ -25,9 +25,11 @@ import numpy as np
 import torch
 
 from runtime.execution.kernels import numpy_control, numpy_dist, numpy_math, numpy_nn
+from runtime.execution.kernels.common import batch_size_like_shape
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import Kernel
-from runtime.execution.kernels.torch_common import dtype_of, input_t, kernel, on_host, put, to_host
+from runtime.execution.kernels.torch_common import (device, dtype_of, input_t, kernel, np_dtype,
+                                                    on_host, put, to_host, torch_dtype)
 from runtime.execution.tensor import SelectedRows
 
 SHARED_WITH_NUMPY: dict[str, Kernel] = {
@@ -63,6 +65,16 @@ def sparse_delta(ctx: KernelContext) -> None:
     rows = torch.nonzero((diff != 0).reshape(diff.shape[0], -1).any(dim=1)).reshape(-1)
     values = diff[rows] * float(ctx.attr("scale", 1.0))
     ctx.set_output("Out", SelectedRows(to_host(rows), to_host(values), int(x.shape[0])))
+
+
+@kernel("fill_constant_batch_size_like")
+def fill_constant_batch_size_like(ctx: KernelContext) -> None:
+    """As `numpy_control.fill_constant_batch_size_like`, made on the device; only Input's
+    shape and LoD are read."""
+    shape = batch_size_like_shape(ctx, tuple(ctx.input("Input").shape), ctx.lod("Input"))
+    dtype = np_dtype(ctx.attr("dtype", "float32"))
+    put(ctx, "Out", torch.full(shape, dtype.type(ctx.attr("value", 0.0)).item(),
+                               dtype=torch_dtype(dtype), device=device()))
 
 
 @kernel("increment")

@@ -1,5 +1,5 @@
 """Torch kernels of the unary math and activations, scale/cast/assign/reshape, reductions (mean,
-sum, squared_l2_norm), concat and clipping, with their gradients: `numpy_math` op for op.
+sum, squared_l2_norm, reduce_sum, reduce_mean), concat and clipping, with their gradients: `numpy_math` op for op.
 
 Formulas are the numpy backend's own (sigmoid as ``0.5 * (1 + tanh(x / 2))``, for one), so the
 two backends differ only by rounding. Where numpy would compute integers in float64 (tanh of an
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.execution.kernels.common import reduce_axes, reduced_shape
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
 from runtime.execution.kernels.torch_common import (Tensor, as_float, device, host_scalar,
@@ -219,6 +220,49 @@ def _out_grad_scalar(ctx: KernelContext) -> Any:
     """The single element of Out@GRAD as a numpy scalar; zero (of Out's dtype) when missing."""
     g = ctx.host_input("Out@GRAD")
     return np_dtype(ctx.input("Out").dtype).type(0) if g is None else host_scalar(g)
+
+
+def _reduce_plan(ctx: KernelContext, rank: int) -> tuple[tuple[int, ...], bool]:
+    return reduce_axes(ctx, rank)
+
+
+@kernel("reduce_sum")
+def reduce_sum(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    axes, keep = _reduce_plan(ctx, len(x.shape))
+    out = torch.sum(input_t(ctx, "X"), dim=axes, keepdim=keep) if axes else input_t(ctx, "X")
+    put(ctx, "Out", out.reshape(reduced_shape(tuple(x.shape), axes, keep)), dtype=x.dtype)
+
+
+@kernel("reduce_mean")
+def reduce_mean(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    axes, keep = _reduce_plan(ctx, len(x.shape))
+    t = as_float(input_t(ctx, "X"))
+    out = torch.mean(t, dim=axes, keepdim=keep) if axes else t
+    put(ctx, "Out", out.reshape(reduced_shape(tuple(x.shape), axes, keep)), dtype=x.dtype)
+
+
+def _spread_t(ctx: KernelContext, shape: tuple[int, ...], axes: tuple[int, ...]) -> Tensor:
+    kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return out_grad_t(ctx).reshape(kept).expand(shape)
+
+
+@kernel("reduce_sum_grad")
+def reduce_sum_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    shape = tuple(x.shape)
+    axes, _ = _reduce_plan(ctx, len(shape))
+    put(ctx, "X@GRAD", _spread_t(ctx, shape, axes).contiguous(), dtype=x.dtype)
+
+
+@kernel("reduce_mean_grad")
+def reduce_mean_grad(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    shape = tuple(x.shape)
+    axes, _ = _reduce_plan(ctx, len(shape))
+    count = max(math.prod(shape[a] for a in axes), 1)
+    put(ctx, "X@GRAD", _spread_t(ctx, shape, axes) / count, dtype=x.dtype)
 
 
 @kernel("squared_l2_norm")

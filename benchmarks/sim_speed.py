@@ -58,8 +58,8 @@ import numpy as np
 from runtime.config.scenario import Scenario, load_scenario
 from runtime.execution.tensor import Phantom
 from runtime.network.wire import Kind, Message, charged_size, encode
-from runtime.services.protocol import (BARRIER_FIELD, BARRIER_FROM_FIELD, FETCH_BARRIER_FIELD,
-                                       FETCH_FIELD)
+from runtime.services.messages import (BARRIER_FIELD, BARRIER_FROM_FIELD, FETCH_BARRIER_FIELD,
+                                       FETCH_FIELD, TRAINER_FIELD)
 from sim.network import Latency, NetworkSpec
 from sim.simulate import SimResult, simulate
 
@@ -132,7 +132,7 @@ class Sizes:
                                 {"server_step": 0, "in_fanin": True, "entry_step": 0})),
             barrier=_size(Message(Kind.SEND_BARRIER, 1, src, 0, extra={"trainer": 0})),
             bundle=_size(Message(Kind.SEND, 1, src, 0, {f"{name}@GRAD": block},
-                                 {"trainer": 0, FETCH_FIELD: [name], **barriers})))
+                                 {TRAINER_FIELD: 0, FETCH_FIELD: [name], **barriers})))
 
     def request(self, kind: Kind | str) -> int:
         return {Kind.SEND: self.send, Kind.GET: self.get, BUNDLE: self.bundle}.get(kind,

@@ -140,6 +140,10 @@ class _Timeouts:
             self._arm(heap[0][0])
 
 
+PENDING_FIELD = "pending"
+"""The field of a reply that is a pending notice (``pending: true``): the server holds the
+request and answers it later; the call goes on waiting."""
+
 _SWEEP_MIN = 64
 """`_Timeouts` sweeps its dropped entries out once there are more than this many (and they are
 half its heap)."""
@@ -436,7 +440,7 @@ class RpcClient:
                 self._latest[peer] = msg.id
             if call.future.done():  # cancelled by its caller
                 call.settle()
-            elif msg.kind is Kind.REPLY and msg.extra.get("pending") is True:
+            elif msg.kind is Kind.REPLY and msg.extra.get(PENDING_FIELD) is True:
                 call.notice(msg)
             else:
                 call.answer(msg)

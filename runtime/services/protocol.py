@@ -13,7 +13,8 @@ A barrier may also travel on a trainer's last SEND (or GET) of the round to this
 `Closes.count` distinct messages of the kind from it in the current step, with ids from
 `Closes.first` to the carrier's (`arrive`), so a retried, duplicated or reordered carrier never
 closes a round before the messages it stands for are in. In the bundled protocol the round's
-GET may ride on the SEND too (`FETCH_FIELD`), carrying the fetch barrier (`FETCH_BARRIER_FIELD`).
+GET may ride on the SEND too (`messages.FETCH_FIELD`), carrying the fetch barrier
+(`messages.FETCH_BARRIER_FIELD`).
 
 `Dedupe` remembers the replies to recent requests per sender, so a retried request (same sender,
 same message id) gets the same answer without being applied twice. It holds what a retry can
@@ -59,17 +60,6 @@ class Closes:
     count: int
     first: int
 
-
-BARRIER_FIELD = "barrier"
-"""The field of a SEND or GET that carries its round's barrier: `Closes.count`."""
-BARRIER_FROM_FIELD = "barrier_from"
-"""`Closes.first`; absent: the carrier's own id."""
-
-FETCH_FIELD = "fetch"
-"""The field of a SEND that also asks for the values of these vars once the round's update is
-done (the bundled protocol: the round's GET rides on its SEND; its reply carries them)."""
-FETCH_BARRIER_FIELD = "fetch_barrier"
-"""The count of the fetch barrier a SEND with `FETCH_FIELD` carries (its own id the first)."""
 
 INITIAL_STEP = -1
 """The step of a trainer's startup fetch: served at once, never counted in a barrier."""

@@ -101,6 +101,7 @@ from runtime.network.wire import (DEFAULT_MAX_HEADER_SIZE, MAX_DETAIL, DecodeErr
                                   Message, WireError, charged_size, clip, decode, encode,
                                   error_reply)
 from runtime.services import checkpoint
+from runtime.services.messages import TRAINER_FIELD
 from runtime.services.protocol import INITIAL_STEP, SyncRound
 from runtime.services.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
                                               RunBlocks, SaveCheckpoint, Stop, Tally, Work)
@@ -626,7 +627,7 @@ def impersonation(peer: str, msg: Message) -> str | None:
     without one)."""
     if msg.src != peer:
         return f"message claims sender {msg.src!r} but comes with the key of {peer!r}"
-    trainer = msg.extra.get("trainer")
+    trainer = msg.extra.get(TRAINER_FIELD)
     if trainer is not None and claimed_trainer(trainer) != peer:
         return f"message claims trainer id {trainer!r} but comes with the key of {peer!r}"
     return None

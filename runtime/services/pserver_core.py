@@ -33,14 +33,16 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from transpiler.distribute.contract import ServeContract
 
 from runtime.execution.tensor import Phantom, nbytes_of
 from runtime.network.wire import Kind, Message
-from runtime.services.protocol import (FETCH_FIELD, Dedupe, Event, Phase, Recall, SyncRound,
-                                       Verdict)
+from runtime.services.messages import (ENTRY_FIELD, FANIN_FIELDS, FETCH_FIELD, PENDING_FIELD,
+                                       REJOIN_FIELD, REWIND_FIELD, SERVER_STEP_FIELD,
+                                       TRAINER_FIELD)
+from runtime.services.protocol import Dedupe, Event, Phase, Recall, SyncRound, Verdict
 from runtime.services.pserver_actions import (Begin, Pay, Reject, Replay, Reply, RunBlocks,
                                               SaveCheckpoint, Stop, Tally, Work)
 from runtime.services.pserver_async import AsyncPolicy
@@ -77,9 +79,6 @@ _PAY = Pay()
 _DRAIN = Stop(drain=True)
 _NOW = Stop(drain=False)
 """The stops: after answering late retries, or at once (every completed trainer said BYE)."""
-
-_FANIN_FIELDS = ("server_step", "in_fanin", "entry_step", "next_step", "sync")
-"""The fields of a fetch reply (`PserverCore._fanin_state`), in order."""
 
 
 @dataclass
@@ -159,7 +158,7 @@ class PserverCore:
         if (msg.src, msg.id) in self.pending:  # a retry of a deferred request: still waiting
             self._heard(msg)
             yield Reply(peer, Message.of(Kind.REPLY, msg.id, self.name, self.round.step, extra={
-                "pending": True, "server_step": self.round.step}))
+                PENDING_FIELD: True, SERVER_STEP_FIELD: self.round.step}))
             return
         if recall is Recall.FORGOTTEN:
             if msg.kind is Kind.HEARTBEAT:  # it changes nothing: answered again, not an error
@@ -215,7 +214,7 @@ class PserverCore:
                 yield Tally("rewinds")
                 log.info("%s: trainer message %s at step %d: rewind to step %d", self.name,
                          msg.kind, msg.step, self.round.step)
-                yield Reply(peer, self._reply(msg, rewind=self.round.step))
+                yield Reply(peer, self._reply(msg, {REWIND_FIELD: self.round.step}))
                 return False
             yield _BEGIN
             reply = yield from handler(self, msg, trainer, parse(msg))
@@ -229,7 +228,7 @@ class PserverCore:
             if isinstance(exc, NotInFanIn):  # dropped, yet alive: it is to join again
                 log.info("%s: trainer %d, dropped, is alive: %s at step %d answered with a "
                          "notice to join again", self.name, trainer, msg.kind, msg.step)
-                yield Reply(peer, self._reply(msg, rejoin=self.round.entry_step()))
+                yield Reply(peer, self._reply(msg, {REJOIN_FIELD: self.round.entry_step()}))
             else:
                 yield Reject(peer, exc, msg)
             return False
@@ -378,7 +377,7 @@ class PserverCore:
                 yield RunBlocks((block.block,))
                 rows[block.rows] = self.store.scope.get(block.rows)
         return Message.of(Kind.REPLY, msg.id, self.name, self.round.step, rows,
-                          {"server_step": self.round.step})
+                          {SERVER_STEP_FIELD: self.round.step})
 
     def _on_checkpoint(self, msg: Message, trainer: int, notify: CheckpointNotify) -> Work:
         if self.store.timing:
@@ -401,7 +400,7 @@ class PserverCore:
         completed trainer has said so, no retry can come: the server stops without draining
         (`Stop(drain=False)`). A BYE from anyone else (a trainer whose COMPLETE never came
         here, a stranger) changes nothing and, wanting no reply, gets no error either."""
-        trainer = msg.extra.get("trainer")
+        trainer = msg.extra.get(TRAINER_FIELD)
         if type(trainer) is not int or self.senders.get(trainer) != msg.src \
                 or trainer not in self.round.completed:
             yield Reject(msg.src, ProtocolViolation(
@@ -426,7 +425,7 @@ class PserverCore:
         entry = self.policy.join(trainer, join.entry)
         if self.policy.sync:
             log.info("%s: trainer %d joins at step %d", self.name, trainer, entry)
-        return self._reply(msg, entry=entry)
+        return self._reply(msg, {ENTRY_FIELD: entry})
         yield
 
     def _check_sender(self, trainer: int, msg: Message) -> None:
@@ -451,10 +450,10 @@ class PserverCore:
                                     f"{msg.src!r}; {msg.kind} refused")
 
     # -- replies ----------------------------------------------------------------------------------
-    def _reply(self, msg: Message, **extra: Any) -> Message:
+    def _reply(self, msg: Message, extra: Mapping[str, Any] | None = None) -> Message:
         """An acknowledgement of `msg` saying where this server is, with `extra` fields."""
         return Message.of(Kind.REPLY, msg.id, self.name, self.round.step,
-                          extra={"server_step": self.round.step, **extra})
+                          extra={SERVER_STEP_FIELD: self.round.step, **(extra or {})})
 
     def _held(self, msg: Message, reply: Message) -> Message | int:
         """What the dedupe holds of `reply` to `msg`: a plain acknowledgement (`_reply` without
@@ -466,8 +465,8 @@ class PserverCore:
         each for a reply nobody asks for again unless a message is lost."""
         if (type(reply.step) is int and reply.kind is Kind.REPLY and reply.id == msg.id
                 and reply.src == self.name and not reply.vars and len(reply.extra) == 1
-                and type(reply.extra.get("server_step")) is int
-                and reply.extra["server_step"] == reply.step):
+                and type(reply.extra.get(SERVER_STEP_FIELD)) is int
+                and reply.extra[SERVER_STEP_FIELD] == reply.step):
             return reply.step
         return reply
 
@@ -475,7 +474,7 @@ class PserverCore:
         """The reply to `msg` that the dedupe held as `held` (see `_held`)."""
         if isinstance(held, Message):
             return held
-        return Message.of(Kind.REPLY, msg.id, self.name, held, extra={"server_step": held})
+        return Message.of(Kind.REPLY, msg.id, self.name, held, extra={SERVER_STEP_FIELD: held})
 
     def _shared_values(self, values: dict[str, Any]) -> dict[str, Any]:
         """`values`, or the map the latest fetch was answered with if it holds the very same
@@ -497,7 +496,7 @@ class PserverCore:
         state = (self.round.step, self.policy.in_fanin(trainer), self.round.entry_step(),
                  self.next_step.get(trainer, 0), self.policy.sync)
         if state != self._last_fanin[0]:
-            self._last_fanin = (state, dict(zip(_FANIN_FIELDS, state)))
+            self._last_fanin = (state, dict(zip(FANIN_FIELDS, state)))
         return self._last_fanin[1]
 
     def _forgotten(self, msg: Message) -> ProtocolViolation:
@@ -608,7 +607,7 @@ class PserverCore:
     def _heard(self, msg: Message) -> None:
         """A retry proves its trainer alive as any message does (it passed `_check_sender`
         the first time, under the same name)."""
-        trainer = msg.extra.get("trainer")
+        trainer = msg.extra.get(TRAINER_FIELD)
         if type(trainer) is int and self.senders.get(trainer) == msg.src:
             self.last_seen[trainer] = self.clock()
 

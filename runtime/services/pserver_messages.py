@@ -2,7 +2,8 @@
 
 A decoded `wire.Message` carries its kind-specific fields in a loose ``extra`` dict; `parse`
 turns it into the payload the pserver core reads, checking each field's type, and raises a
-`ProtocolViolation` naming the field otherwise. `trainer_of` reads the one field every request
+`ProtocolViolation` naming the field otherwise. The field names are the protocol's
+(`runtime.services.messages`, where the trainer's requests are built with them). `trainer_of` reads the one field every request
 has (the sender's trainer id), which the core needs before it parses the rest (a trainer's
 liveness counts even when its request is malformed).
 """
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from runtime.network.wire import MAX_DETAIL, MAX_VAR, Kind, Message, clip
-from runtime.services.protocol import (BARRIER_FIELD, BARRIER_FROM_FIELD, FETCH_BARRIER_FIELD,
-                                       FETCH_FIELD, Closes)
+from runtime.services.messages import (BARRIER_FIELD, BARRIER_FROM_FIELD, DIR_FIELD, ENTRY_FIELD,
+                                       FETCH_BARRIER_FIELD, FETCH_FIELD, MERGE_ADD_FIELD,
+                                       NAMES_FIELD, TABLE_FIELD, TRAINER_FIELD)
+from runtime.services.protocol import Closes
 
 
 class ProtocolViolation(ValueError):
@@ -82,9 +85,10 @@ Payload = Send | Get | Prefetch | Join | CheckpointNotify | Plain
 
 
 def trainer_of(msg: Message) -> int:
-    trainer = msg.extra.get("trainer")
+    trainer = msg.extra.get(TRAINER_FIELD)
     if not isinstance(trainer, int) or isinstance(trainer, bool):
-        raise ProtocolViolation(f"{msg.kind} from {msg.src!r} lacks an int 'trainer' field")
+        raise ProtocolViolation(f"{msg.kind} from {msg.src!r} lacks an int {TRAINER_FIELD!r} "
+                                "field")
     return trainer
 
 
@@ -95,7 +99,7 @@ def parse(msg: Message) -> Payload:
 
 
 def _send(msg: Message) -> Send:
-    return Send(dict(msg.vars), msg.extra.get("merge_add") is True, closes_of(msg), _fetch(msg))
+    return Send(dict(msg.vars), msg.extra.get(MERGE_ADD_FIELD) is True, closes_of(msg), _fetch(msg))
 
 
 def _fetch(msg: Message) -> Get | None:
@@ -116,9 +120,9 @@ def _fetch(msg: Message) -> Get | None:
 
 
 def _get(msg: Message) -> Get:
-    names = msg.extra.get("names")
+    names = msg.extra.get(NAMES_FIELD)
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ProtocolViolation("GET needs a list of var names in 'names'")
+        raise ProtocolViolation(f"GET needs a list of var names in {NAMES_FIELD!r}")
     return Get(tuple(names), closes_of(msg))
 
 
@@ -138,20 +142,20 @@ def closes_of(msg: Message) -> Closes | None:
 
 
 def _prefetch(msg: Message) -> Prefetch:
-    return Prefetch(dict(msg.vars), msg.extra.get("table"), "table" in msg.extra)
+    return Prefetch(dict(msg.vars), msg.extra.get(TABLE_FIELD), TABLE_FIELD in msg.extra)
 
 
 def _join(msg: Message) -> Join:
-    entry = msg.extra.get("entry")
+    entry = msg.extra.get(ENTRY_FIELD)
     if not isinstance(entry, int) or isinstance(entry, bool):
-        raise ProtocolViolation("JOIN needs an int 'entry' step")
+        raise ProtocolViolation(f"JOIN needs an int {ENTRY_FIELD!r} step")
     return Join(entry)
 
 
 def _checkpoint(msg: Message) -> CheckpointNotify:
-    directory = msg.extra.get("dir")
+    directory = msg.extra.get(DIR_FIELD)
     if not isinstance(directory, str) or not directory or "\0" in directory:
-        raise ProtocolViolation("CHECKPOINT_NOTIFY needs a directory path in 'dir'")
+        raise ProtocolViolation(f"CHECKPOINT_NOTIFY needs a directory path in {DIR_FIELD!r}")
     return CheckpointNotify(directory)
 
 

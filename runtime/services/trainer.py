@@ -57,7 +57,6 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import numpy as np
@@ -78,8 +77,11 @@ from runtime.network.compression import Codec, ErrorFeedback
 from runtime.network.rpc import RpcClient, RpcTimeout
 from runtime.network.wire import Kind, Message
 from runtime.services.collective import Collective, CollectiveOps
-from runtime.services.protocol import (BARRIER_FIELD, BARRIER_FROM_FIELD, FETCH_BARRIER_FIELD,
-                                       FETCH_FIELD, INITIAL_STEP)
+from runtime.services.messages import (BYE, COMPLETE, FETCH_BARRIER, HEARTBEAT, SEND_BARRIER,
+                                       UNKNOWN, CheckpointRequest, GetRequest, HeldAt,
+                                       JoinRequest, PrefetchRequest, RejoinAt, Request,
+                                       RewindAt, SendRequest, ServerState, entry_of, notice_of)
+from runtime.services.protocol import INITIAL_STEP, Closes
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +140,8 @@ class RpcOps:
         kind: no (kind, endpoint) key per endpoint and round)."""
         self.client = client
         self.charge = charge or Charge(client.name, None)
-        self.server_state: dict[str, Mapping[str, Any]] = {}
-        """Endpoint -> the fields of its last fetch reply (`_server_state`: read only)."""
+        self.server_state: dict[str, ServerState] = {}
+        """Endpoint -> what its last fetch reply said of its fan-in."""
         self.trainer_id = trainer_id
         self.renames = renames or {}
         """Var names of the program -> the names its sends put them on the wire under (a
@@ -186,44 +188,43 @@ class RpcOps:
         self.plan.fetched.update(found.fetched)
         self.plan.local |= found.local
 
-    def call(self, endpoint: str, kind: Kind, vars: Mapping[str, Any] | None = None,
-             names: list[str] | None = None, extra: Mapping[str, Any] | None = None,
-             deadline: float | None = None, closes: int | None = None) -> asyncio.Future[Message]:
-        """A request of this trainer at its current step, sent now; its reply comes in the
+    def call(self, endpoint: str, request: Request,
+             deadline: float | None = None) -> asyncio.Future[Message]:
+        """`request` of this trainer at its current step, sent now; its reply comes in the
         future, which raises `Rewind` when the pserver asks for the steps it lost to be
-        redone. `closes`: it is the last of a round of that many SENDs (GETs) to `endpoint`
-        and carries the round's barrier."""
-        header: dict[str, Any] = {"trainer": self.trainer_id, **(extra or {})}
-        if names is not None:
-            header["names"] = names
-        if kind in (Kind.SEND, Kind.GET):
-            first = self._round_first[kind].setdefault(endpoint, self.client.next_id)
-            if closes is not None:
-                header.update({BARRIER_FIELD: closes, BARRIER_FROM_FIELD: first})
-        return self.client.start(endpoint, kind, self.step, vars, header, deadline,
-                                 self._check_reply)
+        redone."""
+        return self.client.start(endpoint, request.kind, self.step, request.vars,
+                                 request.header(self.trainer_id), deadline, self._check_reply)
 
-    async def tell(self, endpoint: str, kind: Kind) -> None:
-        """A message of this trainer at its current step that wants no reply (`Kind.BYE`)."""
-        await self.client.tell(endpoint, kind, self.step, {"trainer": self.trainer_id})
+    def _closes(self, kind: Kind, endpoint: str, count: int | None) -> Closes | None:
+        """A SEND (GET) to `endpoint` is about to leave: the round of them there goes on (or
+        starts with it). `count`: it is the last of a round of that many and carries the
+        round's barrier, which closes them from the round's first."""
+        first = self._round_first[kind].setdefault(endpoint, self.client.next_id)
+        return None if count is None else Closes(count, first)
+
+    async def tell(self, endpoint: str, request: Request) -> None:
+        """`request` of this trainer at its current step, wanting no reply (`BYE`)."""
+        await self.client.tell(endpoint, request.kind, self.step,
+                               request.header(self.trainer_id))
 
     def _check_reply(self, endpoint: str, reply: Message) -> None:
         """`Rewind` if the pserver asks for it; `StepMismatch` for a sync pserver that holds a
         request (a pending notice) while it is more than one step behind this trainer: it
         accepted this trainer's fetch barrier of the step before, so it can only be there if
         it lost or never had that step, and it would hold the request forever."""
-        rewind = reply.extra.get("rewind")
-        if isinstance(rewind, int) and not isinstance(rewind, bool):
-            raise Rewind(self.client.labels.get(endpoint, endpoint), rewind)
-        rejoin = reply.extra.get("rejoin")
-        if type(rejoin) is int:
-            raise Dropped(self.client.labels.get(endpoint, endpoint), rejoin)
-        server_step = reply.extra.get("server_step")
-        if reply.extra.get("pending") is True and isinstance(server_step, int) \
-                and self.server_state.get(endpoint, {}).get("sync") \
-                and 0 <= server_step < self.step - 1:
+        notice = notice_of(reply)
+        if notice is None:
+            return
+        if isinstance(notice, RewindAt):
+            raise Rewind(self.client.labels.get(endpoint, endpoint), notice.step)
+        if isinstance(notice, RejoinAt):
+            raise Dropped(self.client.labels.get(endpoint, endpoint), notice.step)
+        assert isinstance(notice, HeldAt)
+        if self.server_state.get(endpoint, UNKNOWN).sync \
+                and 0 <= notice.server_step < self.step - 1:
             raise StepMismatch(self.trainer_id, self.client.labels.get(endpoint, endpoint),
-                               self.step, server_step)
+                               self.step, notice.server_step)
 
     def _var(self, endpoint: str, reply: Message, name: str) -> Any:
         """Var `name` of `reply` (to a GET or PREFETCH sent to `endpoint`); `BadReply` if the
@@ -273,7 +274,7 @@ class RpcOps:
         by_endpoint: dict[str, dict[str, Any]] = defaultdict(dict)
         for value, wire, ep in zip(values, wire_names, endpoints):
             by_endpoint[ep][wire] = value
-        extra = {"merge_add": True} if op.attr("merge_add") else None
+        merge_add = bool(op.attr("merge_add"))
         carries = self.plan.carriers.get(id(op), {})
         held = self.plan.held.get(id(op), frozenset())
         fetches = self.plan.fetches.get(id(op), {})
@@ -285,10 +286,10 @@ class RpcOps:
                 self._held_sends[ep] = vars
                 continue
             fetch = fetches.get(ep)
-            fields = extra if fetch is None else {
-                **(extra or {}), FETCH_FIELD: fetch.names,
-                **({FETCH_BARRIER_FIELD: 1} if fetch.barrier else {})}
-            future = self.call(ep, Kind.SEND, vars, extra=fields, closes=carries.get(ep))
+            future = self.call(ep, SendRequest(
+                vars, merge_add, None if fetch is None else fetch.names,
+                fetch is not None and fetch.barrier,
+                self._closes(Kind.SEND, ep, carries.get(ep))))
             self._sends.append(future)
             if fetch is not None:
                 self._fetch_replies[ep] = (future, fetch.takers)
@@ -318,7 +319,7 @@ class RpcOps:
         self._end_round(Kind.SEND)
         if local:  # only this trainer's sends must have left
             return
-        await asyncio.gather(*(self.call(ep, Kind.SEND_BARRIER) for ep in self._uncovered(op)))
+        await asyncio.gather(*(self.call(ep, SEND_BARRIER) for ep in self._uncovered(op)))
 
     def _uncovered(self, op: Op) -> list[str]:
         """The endpoints of barrier `op` that no message of its round carried it to."""
@@ -358,8 +359,8 @@ class RpcOps:
             if ep in fetched:  # the GET rode on the round's SEND
                 reply = self._fetched_reply(ep)
             else:
-                reply = self.call(ep, Kind.GET, names=[wire for _, wire in pairs],
-                                  closes=carries.get(ep))
+                reply = self.call(ep, GetRequest([wire for _, wire in pairs],
+                                                 self._closes(Kind.GET, ep, carries.get(ep))))
             landed = _Landed(self, ep, pairs, scope, reply)
             for name, _ in pairs:
                 self.pending[name] = landed
@@ -367,7 +368,7 @@ class RpcOps:
     def _took(self, endpoint: str, reply: Message, pairs: list[tuple[str, str]],
               scope: Scope) -> None:
         """Put the values `reply` (to a GET, or a SEND carrying one) answered into `scope`."""
-        self.server_state[endpoint] = _server_state(reply.extra)
+        self.server_state[endpoint] = ServerState.of(reply)
         for name, wire in pairs:
             scope.put(name, _owned(self._var(endpoint, reply, wire)))
 
@@ -389,7 +390,8 @@ class RpcOps:
         last = {ep: i for i, (_, ep) in enumerate(blocks)}  # each endpoint's last block
         replies = await asyncio.gather(*(
             rode[i] if i in rode else
-            self.call(ep, Kind.GET, names=[wire], closes=carries.get(ep) if last[ep] == i else None)
+            self.call(ep, GetRequest([wire], self._closes(
+                Kind.GET, ep, carries.get(ep) if last[ep] == i else None)))
             for i, (wire, ep) in enumerate(blocks)))
         scope.put(name, concat_rows([_dense(self._var(ep, r, wire))
                                      for r, (wire, ep) in zip(replies, blocks)]))
@@ -404,7 +406,7 @@ class RpcOps:
         await self.wait_for(list(self.pending))
         await self._acknowledged()
         self._end_round(Kind.GET)
-        await asyncio.gather(*(self.call(ep, Kind.FETCH_BARRIER) for ep in self._uncovered(op)))
+        await asyncio.gather(*(self.call(ep, FETCH_BARRIER) for ep in self._uncovered(op)))
 
     async def prefetch(self, op: Op, scope: Scope) -> None:
         """PREFETCH of ids X[i] from ``epmap[i]``; the rows answered land in Out[i]."""
@@ -417,7 +419,7 @@ class RpcOps:
             self.pending[out] = loop.create_task(self._prefetch(ep, x, out, scope))
 
     async def _prefetch(self, endpoint: str, ids: str, rows: str, scope: Scope) -> None:
-        reply = await self.call(endpoint, Kind.PREFETCH, {ids: scope.get(ids)})
+        reply = await self.call(endpoint, PrefetchRequest({ids: scope.get(ids)}))
         scope.put(rows, _owned(self._var(endpoint, reply, rows)))
 
     async def distributed_lookup_table(self, op: Op, scope: Scope) -> None:
@@ -456,7 +458,7 @@ class RpcOps:
         asked = [np.unique(ids[(ids >= lo) & (ids < hi)]) for lo, hi in zip(starts, starts[1:])]
         tables, eps = op.attr("table_names"), op.attr(endpoints)
         replies = await asyncio.gather(*(
-            self.call(ep, Kind.PREFETCH, {"Ids": (mine - lo).reshape(-1, 1)}, extra={"table": table})
+            self.call(ep, PrefetchRequest({"Ids": (mine - lo).reshape(-1, 1)}, table))
             for table, ep, lo, mine in zip(tables, eps, starts, asked)))
         rows = np.concatenate([to_dense(self._var(ep, r, t)) for r, t, ep in
                                zip(replies, tables, eps)])
@@ -488,7 +490,7 @@ class RpcOps:
         """Once what this trainer sent is in, every pserver (``epmap``) saves its whole state to
         ``dir``/<its name>/."""
         await self.settle()
-        await asyncio.gather(*(self.call(ep, Kind.CHECKPOINT_NOTIFY, extra={"dir": op.attr("dir")})
+        await asyncio.gather(*(self.call(ep, CheckpointRequest(op.attr("dir")))
                                for ep in op.attr("epmap")))
 
     async def pull_tables(self, program: Program, scope: Scope) -> None:
@@ -498,7 +500,8 @@ class RpcOps:
         parameter."""
         blocks = _served_tables(program)
         replies = await asyncio.gather(*(
-            asyncio.gather(*(self.call(ep, Kind.GET, names=[wire]) for ep, wire, _ in parts))
+            asyncio.gather(*(self.call(ep, GetRequest([wire], self._closes(Kind.GET, ep, None)))
+                             for ep, wire, _ in parts))
             for parts in blocks.values()))
         for (table, parts), answers in zip(blocks.items(), replies):
             scope.put(table, concat_rows([slice_rows(_dense(self._var(ep, r, wire)), 0, rows)
@@ -654,32 +657,12 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
     return tables
 
 
-_STATES: dict[tuple[Any, ...], Mapping[str, Any]] = {}
-"""The fields of recent fetch replies, by their keys, types and values (`_server_state`)."""
-_MAX_STATES = 256
-
-
-def _server_state(extra: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A copy of a fetch reply's fields, the same (read-only) one for the same fields: the
-    trainers of one process keep every pserver's latest, mostly equal (at 1,000 trainers x
-    100 pservers, 100,000 dicts of five fields). Fields that cannot be hashed are copied."""
-    key = tuple((k, type(v), v) for k, v in extra.items())
-    try:
-        state = _STATES.get(key)
-    except TypeError:  # a list or map among the values
-        return dict(extra)
-    if state is None:
-        if len(_STATES) >= _MAX_STATES:
-            _STATES.clear()
-        state = _STATES[key] = MappingProxyType(dict(extra))
-    return state
-
-
 def _entry(endpoint: str, reply: Message) -> int:
     """The step a pserver's reply to JOIN admits the trainer at."""
-    entry = reply.extra.get("entry")
-    if not isinstance(entry, int) or isinstance(entry, bool):
-        raise BadReply(f"the reply of {endpoint} to JOIN lacks an int 'entry': {entry!r}"[:300])
+    entry = entry_of(reply)
+    if entry is None:
+        raise BadReply(f"the reply of {endpoint} to JOIN lacks an int step to join at: "
+                       f"{reply.extra!r}"[:300])
     return entry
 
 
@@ -856,21 +839,21 @@ class Trainer:
         dropped or restarted, or the job resumed from checkpoints) it joins every pserver at
         the first step all of them can admit, and fetches the parameters the step before
         leaves."""
-        states = [self.rpc.server_state.get(ep, {}) for ep in self.endpoints]
-        seen = max((int(state.get("next_step", 0)) for state in states), default=0)
-        if not any(state.get("sync") for state in states):
+        states = [self.rpc.server_state.get(ep, UNKNOWN) for ep in self.endpoints]
+        seen = max((state.next_step for state in states), default=0)
+        if not any(state.sync for state in states):
             return seen  # asynchronous: fresh, or restarted and going on after its last step
-        if all(state.get("in_fanin", True) for state in states) and seen == 0 \
-                and all(int(state.get("server_step", 0)) == 0 for state in states):
+        if all(state.in_fanin for state in states) and seen == 0 \
+                and all(state.server_step == 0 for state in states):
             return 0
-        entry = max(int(state.get("entry_step", 0)) for state in states)
+        entry = max(state.entry_step for state in states)
         return await self._join(entry)
 
     async def _join(self, entry: int) -> int:
         """Join every pserver's fan-in at step `entry`, or the first later step all of them
         can admit, and fetch the parameters the step before leaves; that step."""
         while True:  # servers that moved on admit later; then all are asked for the latest
-            replies = await asyncio.gather(*(self.rpc.call(ep, Kind.JOIN, extra={"entry": entry})
+            replies = await asyncio.gather(*(self.rpc.call(ep, JoinRequest(entry))
                                              for ep in self.endpoints))
             admitted = {_entry(ep, r) for ep, r in zip(self.endpoints, replies)}
             if admitted == {entry}:
@@ -890,7 +873,7 @@ class Trainer:
         policy = self.client.policy
         deadline = min(policy.deadline, 7 * policy.first_retry)  # three sends, with backoff
         results = await asyncio.gather(
-            *(self.rpc.call(ep, Kind.COMPLETE, deadline=deadline) for ep in self.endpoints),
+            *(self.rpc.call(ep, COMPLETE, deadline=deadline) for ep in self.endpoints),
             return_exceptions=True)
         for ep, result in zip(self.endpoints, results):
             if isinstance(result, RpcTimeout):
@@ -899,7 +882,7 @@ class Trainer:
             elif isinstance(result, BaseException):
                 raise result
         await self._stop_heartbeat()
-        await asyncio.gather(*(self.rpc.tell(ep, Kind.BYE) for ep in self.endpoints))
+        await asyncio.gather(*(self.rpc.tell(ep, BYE) for ep in self.endpoints))
 
     async def _stop_heartbeat(self) -> None:
         beat, self._beat = self._beat, None
@@ -920,7 +903,7 @@ class Trainer:
                 for ep in self.endpoints:
                     last = beating.get(ep)
                     if last is None or last.done():
-                        beat = beating[ep] = self.rpc.call(ep, Kind.HEARTBEAT)
+                        beat = beating[ep] = self.rpc.call(ep, HEARTBEAT)
                         beat.add_done_callback(self._beaten)
         finally:
             for beat in beating.values():

@@ -41,6 +41,7 @@ from runtime.network.curve import CurveKeys, make_client
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport, own_routing_id
 from runtime.services.cluster import batches_for, make_pserver, make_trainer, run_job
 from runtime.services.job import Job
+from runtime.services.messages import ServerState
 from runtime.services.node import node_keys
 from runtime.services.pserver import PserverService
 from runtime.services.trainer import BadReply, RpcOps, StepMismatch, Trainer
@@ -689,7 +690,7 @@ class _Client:
 
 def test_a_sync_pserver_two_steps_behind_holding_a_request_is_a_named_error() -> None:
     ops = RpcOps(_Client(), 0)  # type: ignore[arg-type]
-    ops.server_state["ep"] = {"sync": True}
+    ops.server_state["ep"] = ServerState(sync=True)
     ops.step = 5
     pending = Message(Kind.REPLY, 3, "pserver:1", 3, extra={"pending": True, "server_step": 3})
     with pytest.raises(StepMismatch, match="pserver:1 is at step 3.*disagree"):

@@ -13,9 +13,9 @@ order of operations, and a change that keeps the rules but moves a rounding must
 param starts small beside its steps, so that a step's last bits reach it). Only what rounds
 alike on every x86-64 CPU is recorded: elementwise arithmetic and square roots (IEEE's, on any
 vector path); LARS's norms and torch's fused sgd only on vars too narrow for a vector path
-(`NARROW`); ftrl's general power with ``lr_power=-1`` (``n ** 1.0``, exact in any libm).
-Regenerate the file (``PYTHONPATH=. python tests/execution/test_optim_rules.py --write``) only for a
-change meant to move results, and say so.
+(`NARROW`); ftrl's general power with ``lr_power=-1`` (``n ** 1.0``, exact in any libm). Regenerate
+the file (``PYTHONPATH=. python tests/execution/test_optim_rules.py --write``) only for a change
+meant to move results, and say so.
 """
 
 from __future__ import annotations

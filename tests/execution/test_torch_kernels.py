@@ -273,6 +273,18 @@ def nn_cases() -> list[Case]:
                           attrs=attrs, wrt=("W",), id=f"{shape}-{name}"))
     cases.append(Case("lookup_table", id="lod", wrt=("W",), build=slots(
         W=normal(6, 4), Ids=lambda rng: LoDTensor(np.array([[1], [4], [4]], np.int64), [[0, 1, 3]]))))
+    hs_label = lambda rng: np.array([[0], [3], [5], [2]], np.int64)  # noqa: E731
+    cases.append(Case("hierarchical_sigmoid", slots(X=normal(4, 3), W=normal(5, 3), Label=hs_label,
+                                                    Bias=normal(5, 1)),
+                      outputs=("Out", "PreOut"), loss=("Out",), attrs={"num_classes": 6},
+                      wrt=("X", "W", "Bias"), id="default-tree"))
+    for sparse in (False, True):
+        cases.append(Case("hierarchical_sigmoid", slots(
+            X=normal(4, 3), W=normal(3, 3), Label=hs_label, Bias=normal(3, 1),
+            PathTable=lambda rng: np.array([[0, 1, -1], [0, 2, 1], [2, -1, -1], [1, 0, 2]]),
+            PathCode=lambda rng: np.array([[1, 0, 0], [0, 1, 1], [1, 0, 0], [0, 0, 1]])),
+            outputs=("Out", "PreOut"), loss=("Out",), wrt=("X", "W", "Bias"),
+            attrs={"num_classes": 3, "is_sparse": sparse}, id=f"custom-sparse{int(sparse)}"))
     for kind in ["SUM", "AVERAGE", "SQRT", "MAX", "FIRST", "LAST"]:
         cases.append(Case("sequence_pool", slots(X=sequences([3, 1, 0, 4, 2])), id=kind,
                           outputs=("Out", "MaxIndex"), loss=("Out",), attrs={"pooltype": kind},
@@ -334,8 +346,8 @@ def optimizer_cases() -> list[Case]:
 
 
 def cnn_cases() -> list[Case]:
-    """The image, normalization, product and shaping ops (tests/execution/test_kernels_cnn.py checks the
-    numpy ones against loops and finite differences)."""
+    """The image, normalization, product and shaping ops (tests/execution/test_kernels_cnn.py checks
+    the numpy ones against loops and finite differences)."""
     conv = slots(Input=normal(2, 4, 6, 5), Filter=normal(6, 2, 3, 2))
     cases = [Case("conv2d", conv, outputs=("Output",), wrt=("Input", "Filter"), id=name,
                   attrs={"strides": s, "paddings": p, "dilations": d, "groups": 2})
@@ -459,7 +471,8 @@ TABLE_OPS = ("split_ids", "merge_ids", "lookup_sparse_table", "fake_init", "save
 
 def test_table_ops_are_the_numpy_kernels() -> None:
     """They only cut, gather, pick, place or write rows (tests/services/test_cluster_table.py and
-    tests/execution/test_kernels_dist.py check them); the torch backend runs them on numpy values."""
+    tests/execution/test_kernels_dist.py check them); the torch backend runs them on numpy
+    values."""
     for op_type in TABLE_OPS:
         assert get_kernel(op_type, "torch").__wrapped__ is get_kernel(op_type, "numpy"), op_type
 

@@ -50,19 +50,22 @@ EXCLUDED = {
     "python3 -m venv .venv": "installs from PyPI (the network), then runs the whole test suite; "
                              "its `sim run scenarios/quickstart.yaml` runs below (README's "
                              "Simulating block)",
-    "runtime up scenarios/quickstart.yaml --netns": "network namespaces need root and iproute2; "
-                                                    "tests/launch/test_netns.py runs them where it can",
-    "runtime up scenarios/quickstart.yaml --role": "one node per host, across hosts; "
-                                                   "tests/launch/test_collect.py runs the roles on one",
+    "runtime up scenarios/quickstart.yaml --netns":
+        "network namespaces need root and iproute2; tests/launch/test_netns.py runs them where it "
+        "can",
+    "runtime up scenarios/quickstart.yaml --role":
+        "one node per host, across hosts; tests/launch/test_collect.py runs the roles on one",
     "runtime collect out/pserver-0": "merges the records of the across-hosts run above",
-    "runtime calibrate -o machine.json": "measures this machine for 40 s to 2 minutes; "
-                                         "tests/launch/test_calibrate.py calibrates on a small grid",
+    "runtime calibrate -o machine.json":
+        "measures this machine for 40 s to 2 minutes; tests/launch/test_calibrate.py calibrates on "
+        "a small grid",
     "sim run scenarios/async.yaml --set compute={model: calibrated": "needs the machine file of "
                                                                      "`runtime calibrate` above",
     "sim run scenarios/scale.yaml": "1,000 trainers x 100 pservers: 3 to 5 minutes and 1 GiB; "
                                     "tests/sim/test_timing_mode.py runs it reduced",
-    "runtime up scenarios/faults/lossy.yaml": "the same run is tests/faults/test_runtime_faults.py's "
-                                              "replay of every fault scenario as processes",
+    "runtime up scenarios/faults/lossy.yaml":
+        "the same run is tests/faults/test_runtime_faults.py's replay of every fault scenario as "
+        "processes",
     "python -m pytest": "runs the test suite, or a part of it: this test is one of them",
 }
 """Command prefix -> why the command does not run here."""
@@ -81,8 +84,8 @@ STEP_BOUND = frozenset({"final_loss_below", "loss_drop_factor"})
 """Expectations that a shortened run cannot meet: they need the scenario's steps."""
 
 PY_FRAGMENTS = {
-    "def cnn(": "a builder's body from examples/my_torch_model.py, which tests/transpiler/test_from_torch.py "
-                "runs under sim run",
+    "def cnn(": "a builder's body from examples/my_torch_model.py, which "
+                "tests/transpiler/test_from_torch.py runs under sim run",
 }
 """First line of a ``python`` block -> why it does not run on its own."""
 
@@ -91,16 +94,16 @@ REPLAYED_BY = {
         "tests/meta/test_doc_examples.py::test_the_example_scenario_meets_its_expectations",
     "scenarios/faults/*.yaml": "tests/sim/test_sim_faults.py::test_each_fault_scenario_meets_its_"
                                "expectations_in_the_simulator",
-    "scenarios/scale.yaml": "tests/sim/test_timing_mode.py::test_a_reduced_scale_run_completes_on_the_"
-                            "virtual_loop",
+    "scenarios/scale.yaml":
+        "tests/sim/test_timing_mode.py::test_a_reduced_scale_run_completes_on_the_virtual_loop",
     "scenarios/*.yaml":
         "tests/sim/test_sim_run.py::test_shipped_scenario_meets_its_expectations_in_simulation",
     "examples/my_model.yaml":
         "tests/launch/test_user_model.py::test_the_example_trains_in_sim_run_from_another_folder",
     "examples/my_data.yaml":
         "tests/execution/test_datafiles.py::test_the_example_trains_in_sim_run_from_another_folder",
-    "examples/my_torch_model.yaml": "tests/transpiler/test_from_torch.py::test_sim_run_of_a_captured_model_"
-                                    "in_2x2_sync_equals_local_training",
+    "examples/my_torch_model.yaml": "tests/transpiler/test_from_torch.py::test_sim_run_of_a_"
+                                    "captured_model_in_2x2_sync_equals_local_training",
 }
 """Example scenario (a glob; the first that matches) -> the test that replays it with its
 `expect` block."""

@@ -192,10 +192,11 @@ def test_c_comm_init_all_opens_a_ring_of_this_process_without_a_process_group() 
 # -- the ops, two ranks as processes ---------------------------------------------------------------
 
 def run_ranks(argv: list[list[str]], timeout: float) -> list[subprocess.CompletedProcess[str]]:
-    """`python tests/support/torch_ranks.py ...` once per rank, at once; every process ended after."""
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "torch_ranks.py"), *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              cwd=ROOT) for args in argv]
+    """`python tests/support/torch_ranks.py ...` once per rank, at once; every process ended
+    after."""
+    script = ROOT / "tests" / "support" / "torch_ranks.py"
+    procs = [subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=ROOT) for args in argv]
     try:
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]
         return [subprocess.CompletedProcess(p.args, p.returncode, out) for p, out in

@@ -1,6 +1,6 @@
-"""Every shipped scenario in numeric mode is replayed with its `expect` block: each node a task
-in one loop, over loopback ZeroMQ (tests/launch/test_runtime_up.py replays scenarios as real processes).
-Timing-mode scenarios (phantom kernels) compute nothing and run in the simulator only
+"""Every shipped scenario in numeric mode is replayed with its `expect` block: each node a task in
+one loop, over loopback ZeroMQ (tests/launch/test_runtime_up.py replays scenarios as real
+processes). Timing-mode scenarios (phantom kernels) compute nothing and run in the simulator only
 (tests/sim/test_timing_mode.py)."""
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ on the virtual clock of `sim.loop`:
 
 A subclass provides the `harness` fixture: a function that, inside the running loop, makes a
 `Harness` (the target and how to look at it). `ModelTarget` here is the reference: a target that
-only keeps the state the calls describe; tests/faults/test_fault_schedule.py runs the contract on it,
-tests/sim/test_sim_faults.py on the simulator's target, tests/faults/test_runtime_faults.py on runtime
-up's (with fake processes and proxies that are never started).
+only keeps the state the calls describe; tests/faults/test_fault_schedule.py runs the contract on
+it, tests/sim/test_sim_faults.py on the simulator's target, tests/faults/test_runtime_faults.py on
+runtime up's (with fake processes and proxies that are never started).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Torch modules that tests/transpiler/test_from_torch_ops.py captures with `transpiler.from_torch`: an
-embedding followed by every activation the capture maps (as modules and as functions), and
+"""Torch modules that tests/transpiler/test_from_torch_ops.py captures with `transpiler.from_torch`:
+an embedding followed by every activation the capture maps (as modules and as functions), and
 `embedding_classifier`, a scenario's builder (``model: {name: "torch_models:embedding_
 classifier"}``) whose table the pservers may hold (``distributed: true``).
 

@@ -1,7 +1,7 @@
-"""One rank of `tests/services/test_collective_torch.py`'s two-process checks of the torch.distributed
-collective ops: ``python tests/support/torch_ranks.py RANK EP0,EP1 OUT.npz``, or ``... RANK EP0,EP1
---leave`` (rank 0 exits right after the rendezvous and a broadcast, rank 1 goes on to an
-all-reduce and prints the error it ends in, exit status 3).
+"""One rank of `tests/services/test_collective_torch.py`'s two-process checks of the
+torch.distributed collective ops: ``python tests/support/torch_ranks.py RANK EP0,EP1 OUT.npz``, or
+``... RANK EP0,EP1 --leave`` (rank 0 exits right after the rendezvous and a broadcast, rank 1 goes
+on to an all-reduce and prints the error it ends in, exit status 3).
 
 The rank opens rings 0 and 1 with ``gen_nccl_id`` (nccl_comm_num 2, gloo), then runs, in this
 order: c_broadcast of a numpy parameter from rank 0; c_allreduce_sum of a float64 numpy X (X is

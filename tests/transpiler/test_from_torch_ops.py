@@ -1,8 +1,8 @@
 """`from_torch`'s activations with attributes and `nn.Embedding`.
 
-The kernels of `gelu` (exact and tanh), `silu`, `leaky_relu`, `elu`, `softplus` and `brelu`
-(torch's Hardtanh) have gradients equal to central differences of their forward, in numpy and
-in torch (tests/execution/test_torch_kernels.py checks that both backends agree), and compute what torch's
+The kernels of `gelu` (exact and tanh), `silu`, `leaky_relu`, `elu`, `softplus` and `brelu` (torch's
+Hardtanh) have gradients equal to central differences of their forward, in numpy and in torch
+(tests/execution/test_torch_kernels.py checks that both backends agree), and compute what torch's
 modules do. A module with an embedding and every activation, captured and trained with SGD, has
 torch's losses, gradients and parameters to 1e-5, whatever the shape of its ids ([N], [N, L],
 [N, 1]), with a sparse gradient too; what Paddle's lookup cannot do is refused, naming it. An

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import platform
 import random
+import selectors
 import time
 import traceback
 from collections.abc import Callable
@@ -278,12 +279,9 @@ def test_ten_thousand_sleepers_wake_in_virtual_order_quickly() -> None:
         await asyncio.gather(*(sleeper(i, d) for i, d in enumerate(durations)))
         return asyncio.get_running_loop().time()
 
-    started = time.perf_counter()
-    end = run(main())
-    wall = time.perf_counter() - started
+    end = run(main())  # how fast: benchmarks/sim_loop_speed.py (no wall-clock bound here)
     assert woke == sorted((d, i) for i, d in enumerate(durations))
     assert end == max(durations)
-    assert wall < 3.0, f"10,000 sleepers took {wall:.2f} s of wall time"
 
 
 def test_deadlock_reports_every_task_with_annotations() -> None:
@@ -400,14 +398,20 @@ def test_same_program_gives_byte_identical_traces() -> None:
     assert program_trace(8) != first
 
 
-def test_one_hour_virtual_sleep_takes_no_wall_time() -> None:
+def test_one_hour_virtual_sleep_never_waits_on_the_wall_clock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock jumps to the hour: nothing sleeps or selects on real time meanwhile."""
+    def wait(*args: object) -> None:
+        raise AssertionError(f"waited on the wall clock: {args}")
+
+    monkeypatch.setattr(time, "sleep", wait)
+    monkeypatch.setattr(selectors.DefaultSelector, "select", wait)
+
     async def main() -> float:
         await asyncio.sleep(3600)
         return asyncio.get_running_loop().time()
 
-    started = time.perf_counter()
     assert run(main()) == 3600.0
-    assert time.perf_counter() - started < 0.5
 
 
 def test_main_exception_propagates_unchanged() -> None:

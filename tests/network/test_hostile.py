@@ -297,12 +297,12 @@ FRAMES = st.one_of(
 
 
 def decode_or_refuse(frames: list[bytes]) -> Message | DecodeError:
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU, not wall time: a busy machine must not fail it
     try:
         result: Message | DecodeError = decode(frames, LIMIT)
     except DecodeError as exc:
         result = exc
-    assert time.perf_counter() - started < 1.0, "decoding took over a second"
+    assert time.thread_time() - started < 1.0, "decoding took over a second of CPU"
     return result
 
 
@@ -327,12 +327,16 @@ def test_each_wire_case_is_refused_quickly_with_a_small_encodable_reply(name: st
     assert len(str(result)) < 2 * MAX_DETAIL
 
 
-def test_a_header_over_the_limit_is_refused_before_it_is_parsed() -> None:
+def test_a_header_over_the_limit_is_refused_before_it_is_parsed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     huge = header(pad="x" * (10 << 20))
-    started = time.perf_counter()
+
+    def parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the oversized header was parsed")
+
+    monkeypatch.setattr(msgpack, "unpackb", parse)
     with pytest.raises(DecodeError, match="too_large: header of"):
         decode([huge])
-    assert time.perf_counter() - started < 0.1
 
 
 # ------------------------------------------------------------------- a live shell, in memory

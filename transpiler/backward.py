@@ -25,7 +25,8 @@ gradient."""
 FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
-SPARSE_GRAD_SLOTS = {"lookup_table": "W", "lookup_table_v2": "W", "nce": "Weight"}
+SPARSE_GRAD_SLOTS = {"lookup_table": "W", "lookup_table_v2": "W", "nce": "Weight",
+                     "hierarchical_sigmoid": "W"}
 """The input slot of each op type whose gradient is SELECTED_ROWS when the op ``is_sparse``."""
 
 

@@ -30,7 +30,7 @@ __all__ = [
     "conv2d", "pool2d", "batch_norm", "layer_norm", "dropout", "matmul", "transpose", "squeeze",
     "unsqueeze", "split", "slice", "gather", "sigmoid_cross_entropy_with_logits",
     "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu", "reduce_sum", "reduce_mean",
-    "fill_constant_batch_size_like",
+    "fill_constant_batch_size_like", "hsigmoid",
 ]
 
 
@@ -281,6 +281,54 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
                "sampler": NCE_SAMPLERS[sampler], "is_sparse": is_sparse,
                "remote_prefetch": remote_prefetch, "custom_neg_classes": []})
     return scale(cost, 1.0 / (neg + 1))
+
+
+def hsigmoid(input: Var, label: Var, num_classes: int,
+             param_attr: ParamAttr | str | None = None,
+             bias_attr: ParamAttr | str | bool | None = None, name: str | None = None,
+             path_table: Var | None = None, path_code: Var | None = None,
+             is_custom: bool = False, is_sparse: bool = False) -> Var:
+    """fluid's ``fluid.layers.hsigmoid``: the hierarchical-sigmoid loss [N, 1] of `input`
+    ([N, D]) for the int64 `label` ([N, 1]), one `hierarchical_sigmoid` op. Default tree:
+    a [num_classes - 1, D] weight (and [num_classes - 1, 1] bias), a class's path fixed by
+    its code (`runtime.execution.kernels.common.hsigmoid_codes`). Custom tree (`is_custom`,
+    with int64 `path_table` and `path_code` [N, L], a path ending at its first negative id):
+    [num_classes, D] and [num_classes, 1]. `is_sparse` (a custom tree only; fluid turns it off
+    with the default tree, and so does this layer): W's gradient is SELECTED_ROWS of the path
+    ids. The op's ``remote_prefetch`` is False: pslab's transpiler treats W as any sparse
+    parameter (fluid marks it for prefetching when `is_sparse`)."""
+    input = _check_var(input, "hsigmoid", "input")
+    label = _check_var(label, "hsigmoid", "label")
+    if not is_custom:
+        if num_classes is None or int(num_classes) < 2:
+            raise ValueError("hsigmoid: num_classes must be at least 2 with the default tree")
+        if path_table is not None or path_code is not None:
+            raise ValueError("hsigmoid: path_table and path_code need is_custom=True")
+        is_sparse = False
+    elif path_table is None or path_code is None or num_classes is None:
+        raise ValueError("hsigmoid: a custom tree needs path_table, path_code and num_classes")
+    rows = int(num_classes) if is_custom else int(num_classes) - 1
+    dim, prefix = int(input.shape[-1]), name or unique_name.generate("hierarchical_sigmoid")
+    w = create_parameter(ParamAttr.of(param_attr) or ParamAttr(), [rows, dim], input.dtype,
+                         Xavier(), prefix + ".w")
+    inputs: dict[str, list[Var]] = {"X": [input], "W": [w], "Label": [label]}
+    if is_custom:
+        assert path_table is not None and path_code is not None
+        inputs["PathTable"] = [_check_var(path_table, "hsigmoid", "path_table")]
+        inputs["PathCode"] = [_check_var(path_code, "hsigmoid", "path_code")]
+        width = int(path_table.shape[-1])
+    else:
+        width = (int(num_classes) - 1).bit_length()
+    battr = ParamAttr.of(bias_attr)
+    if battr is not None:
+        inputs["Bias"] = [create_parameter(battr, [rows, 1], input.dtype, Constant(0.0),
+                                           prefix + ".b")]
+    out = create_tmp_var(prefix, (input.shape[0], 1), input.dtype)
+    pre_out = create_tmp_var(prefix, (input.shape[0], width), input.dtype, stop_gradient=True)
+    append_op("hierarchical_sigmoid", inputs, {"Out": [out], "PreOut": [pre_out]},
+              {"num_classes": int(num_classes), "is_sparse": bool(is_sparse),
+               "remote_prefetch": False})
+    return out
 
 
 def _nce_step() -> Var:

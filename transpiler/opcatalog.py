@@ -214,6 +214,10 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("nce", "Input Label Weight Bias SampleWeight CustomDistProbs CustomDistAlias "
         "CustomDistAliasProbs Step", "Cost SampleLogits SampleLabels", grad="Input Weight Bias",
         shape="nce", cost=Cost("nce", 2), grad_shape="nce_grad", grad_cost=Cost("nce", 4)),
+    # fluid's hierarchical sigmoid (hsigmoid): default tree by num_classes, or a custom one by
+    # PathTable/PathCode; W_Out (fluid's, for remote prefetch) is never written by pslab's layer
+    _op("hierarchical_sigmoid", "X W Label PathTable PathCode Bias", "Out PreOut W_Out",
+        grad="X W Bias", shape="hsigmoid", grad_shape="hsigmoid_grad"),
     # -- images and normalization (NCHW)
     _op("conv2d", "Input Filter", "Output", grad="Input Filter", shape="conv2d",
         cost=Cost("conv2d"), grad_cost=Cost("conv2d_grad")),

@@ -395,3 +395,146 @@ def fc_loss_with(minimize, w_attr=None, b_attr=None) -> None:  # type: ignore[no
     pred = fluid.layers.fc(x, size=1, param_attr=w_attr or fluid.ParamAttr(name="fc_w"),
                            bias_attr=b_attr or fluid.ParamAttr(name="fc_b"))
     minimize(fluid.layers.mean(fluid.layers.square_error_cost(pred, y)))
+
+
+# -- hsigmoid ------------------------------------------------------------------------------------
+
+def hsigmoid_reference(x, w, b, paths):  # type: ignore[no-untyped-def]
+    """Out per row from each row's list of (node, bit), written out loop by loop; `width`
+    columns in all, the ones past a path each adding log 2 (fluid's constant)."""
+    width = max(len(p) for p in paths)
+    out = []
+    for i, path in enumerate(paths):
+        total = 0.0
+        for node, bit in path:
+            p = float(np.clip(x[i] @ w[node] + b[node, 0], -40, 40))
+            total += math.log1p(math.exp(p)) - bit * p
+        out.append(total + (width - len(path)) * math.log(2))
+    return np.array(out).reshape(-1, 1)
+
+
+def default_paths(labels: list[int], num_classes: int) -> list[list[tuple[int, int]]]:
+    """fluid's default tree: class c coded k = c + num_classes, node j at (k >> (j+1)) - 1."""
+    paths = []
+    for c in labels:
+        k = c + num_classes
+        paths.append([((k >> (j + 1)) - 1, (k >> j) & 1) for j in range(k.bit_length() - 1)])
+    return paths
+
+
+def test_hsigmoid_writes_fluids_op_and_parameters() -> None:
+    def body():  # type: ignore[no-untyped-def]
+        x = fluid.layers.data("x", shape=[4])
+        label = fluid.layers.data("label", shape=[1], dtype="int64")
+        return fluid.layers.hsigmoid(x, label, num_classes=6)
+    main, startup, out = build(body)
+    op, = ops_of(main.global_block(), "hierarchical_sigmoid")
+    w, b = "hierarchical_sigmoid_0.w_0", "hierarchical_sigmoid_0.b_0"
+    assert op.inputs == {"X": ["x"], "W": [w], "Label": ["label"], "Bias": [b]}
+    assert op.output_names == ["Out", "PreOut"] and op.output("Out") == [out.name]
+    assert {k: op.attrs[k] for k in ("num_classes", "is_sparse", "remote_prefetch")} == {
+        "num_classes": 6, "is_sparse": False, "remote_prefetch": False}
+    gblock = main.global_block()
+    assert gblock.var(w).shape == (5, 4) and gblock.var(b).shape == (5, 1)
+    assert gblock.var(op.output("PreOut")[0]).shape == (-1, 3)  # bit length of 5
+    assert out.shape == (-1, 1)
+    assert {o.outputs["Out"][0] for o in startup.global_block().ops} == {w, b}
+    with pytest.raises(ValueError, match="at least 2"):
+        build(lambda: fluid.layers.hsigmoid(fluid.layers.data("x", shape=[4]),
+                                            fluid.layers.data("l", shape=[1], dtype="int64"), 1))
+
+
+def custom_hsigmoid_net(**attrs) -> None:  # type: ignore[no-untyped-def]
+    """A sparse hsigmoid on a custom tree of 3 nodes, its mean loss minimized by SGD."""
+    x = fluid.layers.data("x", shape=[4])
+    label = fluid.layers.data("label", shape=[1], dtype="int64")
+    table = fluid.layers.data("path_table", shape=[3], dtype="int64")
+    code = fluid.layers.data("path_code", shape=[3], dtype="int64")
+    loss = fluid.layers.mean(fluid.layers.hsigmoid(
+        x, label, num_classes=3, path_table=table, path_code=code, is_custom=True,
+        is_sparse=True, **attrs))
+    fluid.optimizer.SGD(0.1).minimize(loss)
+
+
+def test_a_custom_tree_hsigmoid_has_num_classes_rows_and_may_be_sparse() -> None:
+    main, _, _ = build(lambda: custom_hsigmoid_net(param_attr="hs_w", bias_attr="hs_b"))
+    op, = ops_of(main.global_block(), "hierarchical_sigmoid")
+    assert op.input("PathTable") == ["path_table"] and op.input("PathCode") == ["path_code"]
+    assert op.attrs["is_sparse"] is True
+    assert main.global_block().var("hs_w").shape == (3, 4)
+    assert main.global_block().var("hs_w@GRAD").type is T.VarType.SELECTED_ROWS
+    assert main.global_block().var("hs_b@GRAD").type is T.VarType.LOD_TENSOR
+    grad, = ops_of(main.global_block(), "hierarchical_sigmoid_grad")
+    assert grad.output_names == ["W@GRAD", "Bias@GRAD"]  # x is data: no gradient
+    with pytest.raises(ValueError, match="custom tree needs"):
+        build(lambda: fluid.layers.hsigmoid(fluid.layers.data("x", shape=[4]),
+                                            fluid.layers.data("l", shape=[1], dtype="int64"), 3,
+                                            is_custom=True))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hsigmoid_computes_fluids_loss_on_the_default_tree(backend: str) -> None:
+    rng = np.random.default_rng(4)
+    x, w, b = rng.standard_normal((5, 3)), rng.standard_normal((6, 3)), rng.standard_normal((6, 1))
+    labels = [0, 6, 3, 5, 1]  # 7 classes: paths of 2 and 3 nodes
+    inputs = {"X": x, "W": w, "Label": np.array(labels).reshape(-1, 1), "Bias": b}
+    got = run_op("hierarchical_sigmoid", inputs, ("Out", "PreOut"), {"num_classes": 7},
+                 backend=backend)
+    np.testing.assert_allclose(np.asarray(got["Out"]),
+                               hsigmoid_reference(x, w, b, default_paths(labels, 7)), rtol=1e-10)
+    assert np.asarray(got["PreOut"]).shape == (5, 3)
+    check_grad("hierarchical_sigmoid", inputs, ["X", "W", "Bias"], {"num_classes": 7},
+               ("Out", "PreOut"), ("Out",), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_hsigmoid_computes_fluids_loss_on_a_custom_tree(backend: str, sparse: bool) -> None:
+    rng = np.random.default_rng(5)
+    x, w, b = rng.standard_normal((3, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 1))
+    table = np.array([[0, 2, -1], [1, 3, 0], [3, -1, 2]])  # a path ends at its first -1
+    code = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 1]])
+    inputs = {"X": x, "W": w, "Label": np.zeros((3, 1), np.int64), "Bias": b,
+              "PathTable": table, "PathCode": code}
+    attrs = {"num_classes": 4, "is_sparse": sparse}
+    paths = [[(0, 1), (2, 0)], [(1, 0), (3, 1), (0, 1)], [(3, 1)]]
+    got = run_op("hierarchical_sigmoid", inputs, ("Out", "PreOut"), attrs, backend=backend)
+    np.testing.assert_allclose(np.asarray(got["Out"]), hsigmoid_reference(x, w, b, paths),
+                               rtol=1e-10)
+    check_grad("hierarchical_sigmoid", inputs, ["X", "W", "Bias"], attrs, ("Out", "PreOut"),
+               ("Out",), backend=backend)
+    if sparse:  # the rows of every id in the table, once, sorted (2 included, past a path)
+        forward = run_op("hierarchical_sigmoid", inputs, ("Out", "PreOut"), attrs)
+        grads = run_op("hierarchical_sigmoid_grad",
+                       {**inputs, **forward, "Out@GRAD": np.ones((3, 1))}, ["W@GRAD"], attrs,
+                       backend=backend)
+        assert list(np.asarray(grads["W@GRAD"].rows)) == [0, 1, 2, 3]
+        assert grads["W@GRAD"].height == 4
+
+
+def test_an_hsigmoid_model_trains() -> None:
+    def body():  # type: ignore[no-untyped-def]
+        x = fluid.layers.data("x", shape=[4])
+        label = fluid.layers.data("label", shape=[1], dtype="int64")
+        loss = fluid.layers.mean(fluid.layers.hsigmoid(x, label, num_classes=5))
+        fluid.optimizer.SGD(0.5).minimize(loss)
+        return loss
+    main, startup, loss = build(body, seed=3)
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 5, (16, 1))
+    x = (np.eye(5)[labels[:, 0]][:, :4] + 0.1 * rng.standard_normal((16, 4))).astype(np.float32)
+    scope, exe = Scope(), Executor()
+    exe.run(startup, scope=scope)
+    losses = [float(exe.run(main, feed={"x": x, "label": labels}, fetch_list=[loss.name],
+                            scope=scope)[0].reshape(-1)[0]) for _ in range(30)]
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_a_sparse_hsigmoid_transpiles_with_a_sparse_gradient() -> None:
+    main, startup, _ = build(custom_hsigmoid_net)
+    t = transpile((main, startup))
+    trainer = t.get_trainer_program()
+    assert "hierarchical_sigmoid" in op_types(trainer.global_block())
+    grad = "hierarchical_sigmoid_0.w_0@GRAD.trainer_0"  # trainer 0's copy
+    assert trainer.global_block().var(grad).type is T.VarType.SELECTED_ROWS
+    assert any(grad in op.input("X") for op in ops_of(trainer.global_block(), "send"))

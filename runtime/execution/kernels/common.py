@@ -92,6 +92,44 @@ def batch_size_like_shape(ctx: KernelContext, input_shape: Sequence[int],
     return tuple(shape)
 
 
+def hsigmoid_code_length(num_classes: int) -> int:
+    """Columns of PreOut with fluid's default tree: the bit length of num_classes - 1."""
+    return max(int(num_classes) - 1, 0).bit_length()
+
+
+def hsigmoid_codes(ctx: KernelContext, label: Array, rows: int) -> tuple[Array, Array, Array]:
+    """Each row's path in ``hierarchical_sigmoid``'s tree: the W/Bias row of each node
+    (``index``, 0 past the path), whether the path turns right there (``bit``, 0/1), and which
+    columns are on the path (``valid``), all [rows, code length].
+
+    With PathTable and PathCode (a custom tree) they are those, a path ending at its first
+    negative id. Otherwise fluid's default tree: class c is coded ``k = c + num_classes``; its
+    path has ``bit_length(k) - 1`` nodes, node j at row ``(k >> (j + 1)) - 1`` with bit
+    ``(k >> j) & 1``."""
+    table = ctx.input("PathTable")
+    if table is not None:
+        index = np.asarray(table, np.int64).reshape(rows, -1)
+        code = np.asarray(ctx.input("PathCode"), np.int64).reshape(index.shape)
+        valid = np.cumprod(index >= 0, axis=1).astype(bool)
+        return np.where(valid, index, 0), np.where(valid, code, 0), valid
+    num_classes = int(ctx.attr("num_classes"))
+    k = np.asarray(label, np.int64).reshape(rows) + num_classes
+    if k.size and (k.min() < num_classes or k.max() >= 2 * num_classes):
+        raise ValueError(f"hierarchical_sigmoid: Label holds a class outside 0..{num_classes - 1}")
+    j = np.arange(hsigmoid_code_length(num_classes))
+    lengths = np.array([int(c).bit_length() - 1 for c in k], np.int64).reshape(rows, 1)
+    valid = j[None, :] < lengths
+    index = np.where(valid, (k[:, None] >> (j[None, :] + 1)) - 1, 0)
+    return index, np.where(valid, (k[:, None] >> j[None, :]) & 1, 0), valid
+
+
+def hsigmoid_rows(ctx: KernelContext) -> Array:
+    """The W rows a sparse ``hierarchical_sigmoid_grad`` writes: every id of PathTable that is
+    not negative, once, sorted (as fluid's)."""
+    table = np.asarray(ctx.input("PathTable"), np.int64).reshape(-1)
+    return np.unique(table[table >= 0])
+
+
 def mul_dims(ctx: KernelContext) -> tuple[int, int]:
     return int(ctx.attr("x_num_col_dims", 1)), int(ctx.attr("y_num_col_dims", 1))
 

@@ -1,7 +1,8 @@
 """Neural-net ops: `mul` (the matmul of `fc`), softmax, the two cross-entropy losses, the
 embedding lookup (`lookup_table`, `lookup_table_v2`, dense or sparse gradient), `sequence_pool` over LoD
-sequences and `nce` (noise-contrastive estimation, its samples drawn by `sampling`), each with
-its gradient kernel.
+sequences, `nce` (noise-contrastive estimation, its samples drawn by `sampling`) and
+`hierarchical_sigmoid` (fluid's hsigmoid, default or custom tree), each with its gradient
+kernel.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import math
 
 import numpy as np
 
-from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, ignore_index,
-                                              lookup_ids, lookup_lead, mul_dims, out_grad,
-                                              padding_idx, pool_scale, soft_label)
+from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, hsigmoid_codes,
+                                              hsigmoid_rows, ignore_index, lookup_ids,
+                                              lookup_lead, mul_dims, out_grad, padding_idx,
+                                              pool_scale, soft_label)
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
 from runtime.execution.kernels.sampling import sample_labels, sampler_of, true_labels
@@ -314,3 +316,57 @@ def nce_grad(ctx: KernelContext) -> None:
     if ctx.has_output("Input@GRAD"):
         ctx.set_output("Input@GRAD", np.einsum("ns,nsd->nd", g, class_rows(w, labels))
                        .astype(x.dtype))
+
+
+# -- hierarchical_sigmoid -----------------------------------------------------------------------
+HSIGMOID_CLIP = 40.0
+"""fluid clips each node's logit to [-40, 40] before the loss."""
+
+
+@register("hierarchical_sigmoid")
+def hierarchical_sigmoid(ctx: KernelContext) -> None:
+    """fluid's hsigmoid: per row, the logit of each node on its class's path,
+    p_j = clip(X . W[index_j] + Bias[index_j], -40, 40) (0 past the path); PreOut =
+    log(1 + exp(p)); Out = sum_j PreOut_j - sum_j bit_j p_j. As fluid's kernel, each column
+    past a shorter path adds log 2 to Out (a constant: no gradient)."""
+    x, w, bias = ctx.input("X"), ctx.input("W"), ctx.input("Bias")
+    index, bit, valid = hsigmoid_codes(ctx, ctx.input("Label"), x.shape[0])
+    pre = np.einsum("nd,nld->nl", x, w[index])
+    if bias is not None:
+        pre = pre + np.asarray(bias).reshape(-1)[index]
+    pre = np.clip(np.where(valid, pre, 0.0), -HSIGMOID_CLIP, HSIGMOID_CLIP).astype(x.dtype)
+    soft = np.log1p(np.exp(pre))
+    out = soft.sum(axis=1) - (bit * pre).sum(axis=1)
+    ctx.set_output("Out", out.astype(x.dtype).reshape(-1, 1))
+    ctx.set_output("PreOut", soft)
+
+
+def hsigmoid_node_grad(ctx: KernelContext, pre_out: Array, bit: Array, valid: Array) -> Array:
+    """d Out / d p_j for each node on the path, times Out@GRAD: sigmoid(p_j) - bit_j (fluid's,
+    read back from PreOut = log(1 + exp(p)); the clip is not differentiated, as in fluid)."""
+    g = out_grad(ctx, np.zeros((pre_out.shape[0], 1), pre_out.dtype)).reshape(-1, 1)
+    return np.where(valid, (1.0 - np.exp(-pre_out)) - bit, 0.0).astype(pre_out.dtype) * g
+
+
+@register("hierarchical_sigmoid_grad")
+def hierarchical_sigmoid_grad(ctx: KernelContext) -> None:
+    x, w = ctx.input("X"), ctx.input("W")
+    index, bit, valid = hsigmoid_codes(ctx, ctx.input("Label"), x.shape[0])
+    d = hsigmoid_node_grad(ctx, ctx.input("PreOut"), bit, valid)
+    ctx.set_output("X@GRAD", np.einsum("nl,nld->nd", d, w[index]).astype(x.dtype))
+    nodes, per_node = index[valid], d[valid]
+    if ctx.has_output("Bias@GRAD"):
+        bias = ctx.input("Bias")
+        db = np.zeros(np.shape(bias), np.asarray(bias).dtype)
+        np.add.at(db.reshape(-1), nodes, per_node)
+        ctx.set_output("Bias@GRAD", db)
+    if not ctx.has_output("W@GRAD"):
+        return
+    rows_of = np.nonzero(valid)[0]
+    dw = np.zeros_like(w)
+    np.add.at(dw, nodes, (per_node[:, None] * x[rows_of]).astype(w.dtype, copy=False))
+    if ctx.attr("is_sparse", False):
+        rows = hsigmoid_rows(ctx)
+        ctx.set_output("W@GRAD", SelectedRows(rows, dw[rows], w.shape[0]))
+    else:
+        ctx.set_output("W@GRAD", dw)

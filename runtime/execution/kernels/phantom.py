@@ -17,7 +17,8 @@ count stays what numeric mode would give. Each op's entry in the op catalog
   `sequence_pool` (a row per sequence), `nce` (a column per true label and negative; a sparse
   Weight@GRAD a row per sample label), `split_byref`, `split_selected_rows`, `split_ids` and
   `concat` (their sections), `sum` (SelectedRows add up their rows), `reduce_sum` and
-  `reduce_mean` (their axes), `fill_constant_batch_size_like` (Input's batch), `scale`/`assign` (like X,
+  `reduce_mean` (their axes), `hierarchical_sigmoid` (a PreOut column per path node; a sparse
+  W@GRAD a row per PathTable id, at most W's rows), `fill_constant_batch_size_like` (Input's batch), `scale`/`assign` (like X,
   SelectedRows too), the optimizers (every output like Param), the initializers (the ``shape``
   attribute) and `conditional_block` (see below).
 - What only data could tell is apportioned: `split_ids` and `split_selected_rows` give each
@@ -43,8 +44,9 @@ import numpy.typing as npt
 from transpiler.ir import Var, strip_grad_suffix
 from transpiler.opcatalog import OPS, OpDef
 
-from runtime.execution.kernels.common import (LOOKUP_V2, batch_size_like_shape, lookup_lead,
-                                              lookup_version, reduce_axes, reduced_shape)
+from runtime.execution.kernels.common import (LOOKUP_V2, batch_size_like_shape,
+                                              hsigmoid_code_length, lookup_lead, lookup_version,
+                                              reduce_axes, reduced_shape)
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_elementwise import align
 from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
@@ -219,21 +221,45 @@ def _nce(ctx: KernelContext) -> None:
     ctx.set_output("SampleLabels", _dense((n, width), np.int64))
 
 
-def _nce_grad(ctx: KernelContext) -> None:
-    """Input@GRAD and Bias@GRAD like their inputs; Weight@GRAD too, or (``is_sparse``) a row
-    per sample label (numeric mode sends each label once: as many or fewer)."""
-    for slot in ("Input", "Bias"):
+def _weighted_grads(ctx: KernelContext, slots: Sequence[str], weight: str,
+                    sparse_rows: Callable[[Phantom], int]) -> None:
+    """The `slots`' gradients like their inputs; the `weight`'s too, or (``is_sparse``)
+    `sparse_rows` of its rows."""
+    for slot in slots:
         if ctx.has_output(f"{slot}@GRAD"):
             like = phantom_of(_value(ctx, slot))
             ctx.set_output(f"{slot}@GRAD", _dense(like.shape, like.dtype))
-    if not ctx.has_output("Weight@GRAD"):
+    if not ctx.has_output(f"{weight}@GRAD"):
         return
-    w = phantom_of(_value(ctx, "Weight"))
+    w = phantom_of(_value(ctx, weight))
     if not ctx.attr("is_sparse", False):
-        ctx.set_output("Weight@GRAD", _dense(w.shape, w.dtype))
+        ctx.set_output(f"{weight}@GRAD", _dense(w.shape, w.dtype))
         return
-    samples = math.prod(shape_of(_value(ctx, "SampleLabels")))
-    ctx.set_output("Weight@GRAD", Phantom((samples,) + w.shape[1:], w.dtype, w.shape[0]))
+    ctx.set_output(f"{weight}@GRAD", Phantom((sparse_rows(w),) + w.shape[1:], w.dtype, w.shape[0]))
+
+
+def _nce_grad(ctx: KernelContext) -> None:
+    """Input@GRAD and Bias@GRAD like their inputs; Weight@GRAD too, or (``is_sparse``) a row
+    per sample label (numeric mode sends each label once: as many or fewer)."""
+    _weighted_grads(ctx, ("Input", "Bias"), "Weight",
+                    lambda w: math.prod(shape_of(_value(ctx, "SampleLabels"))))
+
+
+def _hsigmoid(ctx: KernelContext) -> None:
+    """Out [N, 1]; PreOut a column per node of the longest path (PathTable's width, or the
+    default tree's code length)."""
+    x = phantom_of(_value(ctx, "X"))
+    width = shape_of(_value(ctx, "PathTable"))[1] if ctx.has_input("PathTable") \
+        else hsigmoid_code_length(int(ctx.attr("num_classes")))
+    ctx.set_output("Out", _dense((x.shape[0], 1), x.dtype))
+    ctx.set_output("PreOut", _dense((x.shape[0], width), x.dtype))
+
+
+def _hsigmoid_grad(ctx: KernelContext) -> None:
+    """X@GRAD and Bias@GRAD like their inputs; W@GRAD too, or (``is_sparse``) a row per id of
+    PathTable, at most W's rows (numeric mode sends each id once: as many or fewer)."""
+    _weighted_grads(ctx, ("X", "Bias"), "W",
+                    lambda w: min(math.prod(shape_of(_value(ctx, "PathTable"))), w.shape[0]))
 
 
 def _sequence_pool(ctx: KernelContext) -> None:
@@ -459,7 +485,7 @@ SHAPE_RULES: dict[str, Rule] = {
     "dropout": _dropout, "matmul": _matmul, "reshape2": _reshape2, "transpose2": _transpose2,
     "split": _split, "slice": _slice,
     "gather": _gather, "nce": _nce, "nce_grad": _nce_grad, "reduce": _reduce,
-    "batch_size_like": _batch_size_like,
+    "batch_size_like": _batch_size_like, "hsigmoid": _hsigmoid, "hsigmoid_grad": _hsigmoid_grad,
 }
 """The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""
 

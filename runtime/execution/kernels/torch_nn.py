@@ -1,6 +1,7 @@
 """Torch kernels of the neural-net ops: `mul`, softmax, the cross-entropy losses, `lookup_table` (and `_v2`)
 (dense or `SelectedRows` gradient), `sequence_pool` and `nce` (its samples drawn on the host by
-`sampling`, as the numpy kernel draws them), with their gradients: `numpy_nn` op for op.
+`sampling`, as the numpy kernel draws them) and `hierarchical_sigmoid` (its tree paths found on
+the host), with their gradients: `numpy_nn` op for op.
 
 Index bookkeeping stays on the host in numpy, shared with the numpy backend: label ids and the
 ignore mask (`hard_labels`), table ids (`lookup_ids`), LoD segments (`Segments`). Integer ids and
@@ -16,11 +17,12 @@ import math
 
 import numpy as np
 
-from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, ignore_index,
-                                              lookup_ids, lookup_lead, mul_dims, padding_idx,
-                                              pool_scale, soft_label)
+from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, hsigmoid_codes,
+                                              hsigmoid_rows, ignore_index, lookup_ids,
+                                              lookup_lead, mul_dims, padding_idx, pool_scale,
+                                              soft_label)
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.numpy_nn import nce_terms, selected_positions
+from runtime.execution.kernels.numpy_nn import HSIGMOID_CLIP, nce_terms, selected_positions
 from runtime.execution.kernels.sampling import sample_labels
 from runtime.execution.kernels.torch_common import (Tensor, as_float, dtype_of, host, input_t,
                                                     kernel, out_grad_t, put, tensor, torch, zeros)
@@ -362,3 +364,52 @@ def _nce_weight_grad(ctx: KernelContext, w: Tensor | SelectedRows, labels: np.nd
                         "is_sparse")
     dw = zeros(tuple(w.shape), dtype_of(w))
     return dw.index_add_(0, tensor(labels.reshape(-1)), contrib.to(dw.dtype))
+
+
+# -- hierarchical_sigmoid -----------------------------------------------------------------------
+def _paths(ctx: KernelContext, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    index, bit, valid = hsigmoid_codes(ctx, ctx.input("Label"), rows)
+    return tensor(index), tensor(bit), tensor(valid)
+
+
+@kernel("hierarchical_sigmoid")
+def hierarchical_sigmoid(ctx: KernelContext) -> None:
+    x = input_t(ctx, "X")
+    index, bit, valid = _paths(ctx, x.shape[0])
+    pre = torch.einsum("nd,nld->nl", x, input_t(ctx, "W").to(x.dtype)[index])
+    if ctx.has_input("Bias"):
+        pre = pre + input_t(ctx, "Bias").to(x.dtype).reshape(-1)[index]
+    pre = torch.clamp(torch.where(valid, pre, 0), -HSIGMOID_CLIP, HSIGMOID_CLIP)
+    soft = torch.log1p(torch.exp(pre))
+    out = soft.sum(dim=1) - (bit.to(x.dtype) * pre).sum(dim=1)
+    put(ctx, "Out", out.reshape(-1, 1))
+    put(ctx, "PreOut", soft)
+
+
+@kernel("hierarchical_sigmoid_grad")
+def hierarchical_sigmoid_grad(ctx: KernelContext) -> None:
+    x, pre_out = input_t(ctx, "X"), input_t(ctx, "PreOut")
+    w_dtype = dtype_of(ctx.input("W"))
+    w = input_t(ctx, "W").to(x.dtype)
+    index, bit, valid = _paths(ctx, x.shape[0])
+    g = ctx.input("Out@GRAD")
+    scale = torch.zeros((x.shape[0], 1), dtype=x.dtype, device=x.device) if g is None \
+        else tensor(g).to(x.dtype).reshape(-1, 1)
+    d = torch.where(valid, (1.0 - torch.exp(-pre_out)) - bit.to(x.dtype), 0) * scale
+    put(ctx, "X@GRAD", torch.einsum("nl,nld->nd", d, w[index]))
+    nodes, per_node = index[valid], d[valid]
+    if ctx.has_output("Bias@GRAD"):
+        bias = ctx.input("Bias")
+        db = zeros((math.prod(bias.shape),), dtype_of(bias))
+        db.index_add_(0, nodes, per_node.to(db.dtype))
+        put(ctx, "Bias@GRAD", db.reshape(tuple(bias.shape)))
+    if not ctx.has_output("W@GRAD"):
+        return
+    rows_of = torch.nonzero(valid)[:, 0]
+    dw = zeros(tuple(w.shape), w_dtype)
+    dw.index_add_(0, nodes, (per_node[:, None] * x[rows_of]).to(dw.dtype))
+    if ctx.attr("is_sparse", False):
+        rows = hsigmoid_rows(ctx)
+        ctx.set_output("W@GRAD", SelectedRows(rows, dw[tensor(rows)], int(w.shape[0])))
+    else:
+        put(ctx, "W@GRAD", dw)

@@ -46,7 +46,9 @@ starts when the job is under way (late, or restarted after a crash) joins it: in
 the first step every pserver admits it, otherwise at the step after the latest the pservers saw
 from it. In timing mode (phantom kernels) the values sent and received are `Phantom`s, cut and
 joined by shape alone, and the loss reported is NaN; remote sparse update needs real ids and
-is refused there. `run_program` runs a block with compute ops through the executor's kernels and RPC
+is refused there. What the replies mean, where the rounds' barriers start, and where to go on
+after a rewind or a drop are decided by `TrainerCore` (`runtime.services.trainer_core`, no IO);
+`RpcOps` and `Trainer` carry its actions out. `run_program` runs a block with compute ops through the executor's kernels and RPC
 ops awaited; `Trainer.run` is the loop: startup, then `steps` steps on this trainer's shard of each
 global batch, reporting loss and step time, then COMPLETE to every pserver and, once answered, BYE.
 """
@@ -74,53 +76,21 @@ from runtime.execution.scope import Scope
 from runtime.execution.tensor import (LoDTensor, Phantom, SelectedRows, Value, concat_rows,
                                      slice_rows, to_dense)
 from runtime.network.compression import Codec, ErrorFeedback
-from runtime.network.rpc import RpcClient, RpcTimeout
+from runtime.network.rpc import RpcClient
 from runtime.network.wire import Kind, Message
 from runtime.services.collective import Collective, CollectiveOps
 from runtime.services.messages import (BYE, COMPLETE, FETCH_BARRIER, HEARTBEAT, SEND_BARRIER,
-                                       UNKNOWN, CheckpointRequest, GetRequest, HeldAt,
-                                       JoinRequest, PrefetchRequest, RejoinAt, Request,
-                                       RewindAt, SendRequest, ServerState, entry_of, notice_of)
+                                       CheckpointRequest, GetRequest, JoinRequest,
+                                       PrefetchRequest, Request, SendRequest, ServerState)
 from runtime.services.protocol import INITIAL_STEP, Closes
+from runtime.services.trainer_core import BadReply as BadReply
+from runtime.services.trainer_core import Dropped as Dropped
+from runtime.services.trainer_core import (Fail, GiveUp, JoinAll, Refetch, Train,
+                                           TrainerCore)
+from runtime.services.trainer_core import Rewind as Rewind
+from runtime.services.trainer_core import StepMismatch as StepMismatch
 
 log = logging.getLogger(__name__)
-
-
-class Rewind(Exception):
-    """A pserver restarted from the state before `step`: redo the steps from there."""
-
-    def __init__(self, endpoint: str, step: int) -> None:
-        super().__init__(f"{endpoint} restarted at step {step}")
-        self.endpoint = endpoint
-        self.step = step
-
-
-class Dropped(Exception):
-    """A sync pserver dropped this trainer from its fan-in (it heard nothing from it for
-    longer than the heartbeat timeout: a pause, a partition, an overloaded machine): it joins
-    again, from `step` on at the earliest."""
-
-    def __init__(self, endpoint: str, step: int) -> None:
-        super().__init__(f"{endpoint} dropped this trainer from its fan-in; it can join again "
-                         f"at step {step}")
-        self.endpoint = endpoint
-        self.step = step
-
-
-class StepMismatch(RuntimeError):
-    """A sync pserver holds this trainer's request at a step it can never reach: the pservers
-    (or a pserver and this trainer) disagree on the step, and waiting would hang."""
-
-    def __init__(self, trainer: int, endpoint: str, step: int, server_step: int) -> None:
-        super().__init__(f"trainer {trainer} at step {step}: {endpoint} is at step {server_step} "
-                         f"and holds the request; the pservers disagree on the step")
-        self.endpoint = endpoint
-        self.step = step
-        self.server_step = server_step
-
-
-class BadReply(RuntimeError):
-    """A pserver's reply lacks what the request asked for (names the endpoint and what)."""
 
 
 class RpcOps:
@@ -135,18 +105,14 @@ class RpcOps:
         self.plan = BarrierPlan()
         """The plan of `protocol` of the programs `learn` was given (`TrainContract`)."""
         self._learned: set[int] = set()
-        self._round_first: dict[Kind, dict[str, int]] = {Kind.SEND: {}, Kind.GET: {}}
-        """SEND or GET -> endpoint -> the id of the round's first such request (a map per
-        kind: no (kind, endpoint) key per endpoint and round)."""
         self.client = client
+        self.core = TrainerCore(trainer_id, client.labels)
+        """The decisions: what replies mean, the rounds' barriers, where to take part."""
         self.charge = charge or Charge(client.name, None)
-        self.server_state: dict[str, ServerState] = {}
-        """Endpoint -> what its last fetch reply said of its fan-in."""
         self.trainer_id = trainer_id
         self.renames = renames or {}
         """Var names of the program -> the names its sends put them on the wire under (a
         program shared with another trainer, `Job.programs_to_run`; empty: its own)."""
-        self.step = INITIAL_STEP
         self._residual_step: int | None = None
         """The step that owed the RPC residual last (`owe_rpc_residual`)."""
         self._sends: list[asyncio.Future[Message]] = []
@@ -173,6 +139,20 @@ class RpcOps:
         """The collective ops' backend: the ring over `client`'s transport unless given."""
         self.handlers.update(self.collective.handlers())
 
+    @property
+    def step(self) -> int:
+        """The step this trainer's requests carry (`TrainerCore.step`)."""
+        return self.core.step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self.core.begin_step(step)
+
+    @property
+    def server_state(self) -> dict[str, ServerState]:
+        """Endpoint -> what its last fetch reply said of its fan-in."""
+        return self.core.server_state
+
     def learn(self, program: Program) -> None:
         """Take `program`'s plan for this trainer's protocol from its `TrainContract` (once
         per program): where its barriers travel, which messages are bundled, which send
@@ -197,11 +177,8 @@ class RpcOps:
                                  request.header(self.trainer_id), deadline, self._check_reply)
 
     def _closes(self, kind: Kind, endpoint: str, count: int | None) -> Closes | None:
-        """A SEND (GET) to `endpoint` is about to leave: the round of them there goes on (or
-        starts with it). `count`: it is the last of a round of that many and carries the
-        round's barrier, which closes them from the round's first."""
-        first = self._round_first[kind].setdefault(endpoint, self.client.next_id)
-        return None if count is None else Closes(count, first)
+        """The barrier a SEND (GET) to `endpoint`, about to leave, carries (`TrainerCore.closes`)."""
+        return self.core.closes(kind, endpoint, self.client.next_id, count)
 
     async def tell(self, endpoint: str, request: Request) -> None:
         """`request` of this trainer at its current step, wanting no reply (`BYE`)."""
@@ -209,22 +186,11 @@ class RpcOps:
                                request.header(self.trainer_id))
 
     def _check_reply(self, endpoint: str, reply: Message) -> None:
-        """`Rewind` if the pserver asks for it; `StepMismatch` for a sync pserver that holds a
-        request (a pending notice) while it is more than one step behind this trainer: it
-        accepted this trainer's fetch barrier of the step before, so it can only be there if
-        it lost or never had that step, and it would hold the request forever."""
-        notice = notice_of(reply)
-        if notice is None:
-            return
-        if isinstance(notice, RewindAt):
-            raise Rewind(self.client.labels.get(endpoint, endpoint), notice.step)
-        if isinstance(notice, RejoinAt):
-            raise Dropped(self.client.labels.get(endpoint, endpoint), notice.step)
-        assert isinstance(notice, HeldAt)
-        if self.server_state.get(endpoint, UNKNOWN).sync \
-                and 0 <= notice.server_step < self.step - 1:
-            raise StepMismatch(self.trainer_id, self.client.labels.get(endpoint, endpoint),
-                               self.step, notice.server_step)
+        """Raise what a reply (or a pending notice) means beyond its answer
+        (`TrainerCore.on_reply`): `Rewind` or `Dropped` to give the step up, `StepMismatch`."""
+        action = self.core.on_reply(endpoint, reply)
+        if action is not None:
+            raise action.notice if isinstance(action, GiveUp) else action.error
 
     def _var(self, endpoint: str, reply: Message, name: str) -> Any:
         """Var `name` of `reply` (to a GET or PREFETCH sent to `endpoint`); `BadReply` if the
@@ -328,7 +294,7 @@ class RpcOps:
 
     def _end_round(self, kind: Kind) -> None:
         """The round of SENDs (GETs) is over: the next such request starts the next one."""
-        self._round_first[kind].clear()
+        self.core.end_round(kind)
 
     async def recv(self, op: Op, scope: Scope) -> None:
         """One GET per endpoint; values land in the scope when the reply comes. A single Out
@@ -368,7 +334,7 @@ class RpcOps:
     def _took(self, endpoint: str, reply: Message, pairs: list[tuple[str, str]],
               scope: Scope) -> None:
         """Put the values `reply` (to a GET, or a SEND carrying one) answered into `scope`."""
-        self.server_state[endpoint] = ServerState.of(reply)
+        self.core.on_fetched(endpoint, reply)
         for name, wire in pairs:
             scope.put(name, _owned(self._var(endpoint, reply, wire)))
 
@@ -524,8 +490,7 @@ class RpcOps:
         tasks = [*self._sends, *self._unacked, *self.pending.values()]
         self._sends, self._unacked, self.pending = [], [], {}
         self._held_sends, self._held_gets, self._fetch_replies = {}, {}, {}
-        for firsts in self._round_first.values():
-            firsts.clear()
+        self.core.abandoned()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -655,15 +620,6 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
             tables[op.input("Weight")[0]] = list(zip(op.attr("epmap"), op.attr("table_names"),
                                                      op.attr("height_sections")))
     return tables
-
-
-def _entry(endpoint: str, reply: Message) -> int:
-    """The step a pserver's reply to JOIN admits the trainer at."""
-    entry = entry_of(reply)
-    if entry is None:
-        raise BadReply(f"the reply of {endpoint} to JOIN lacks an int step to join at: "
-                       f"{reply.extra!r}"[:300])
-    return entry
 
 
 def _dense(value: Value) -> np.ndarray | Phantom:
@@ -801,68 +757,33 @@ class Trainer:
         return report
 
     async def _recover(self, notice: Rewind | Dropped) -> int:
-        """Give up the step in flight and go on where the pservers can take this trainer; the
-        step to go on from. `Rewind`: a pserver restarted from the state before that step, so
-        the parameters that step needs are fetched again and the steps from there redone (the
-        earliest, if several pservers ask). `Dropped`: this trainer joins every pserver again,
-        at the first step all of them admit; the steps in between went on without it.
-
-        Either notice may come while recovering from the other (a pserver restarted while
-        this trainer was cut off) and is followed. A rewound trainer's messages carry a step
-        before the restored one, which tells the restarted pserver it redoes the lost steps
-        (else it would ask for the rewind again); a dropped one joins at a step all admit."""
-        rewind_to: int | None = None
-        entry: int | None = None
+        """Give up the step in flight and go on where the pservers can take this trainer
+        (`TrainerCore.gave_up`): the step to go on from. A notice that comes while recovering
+        is followed in the same way, merged with those before it."""
         while True:
-            if isinstance(notice, Rewind):
-                rewind_to = notice.step if rewind_to is None else min(rewind_to, notice.step)
-                log.warning("trainer %d: %s; redoing from step %d", self.trainer_id, notice,
-                            rewind_to)
-            else:
-                entry = notice.step if entry is None else max(entry, notice.step)
-                log.warning("trainer %d: %s", self.trainer_id, notice)
             await self.rpc.abandon()
-            if rewind_to is not None:
-                self.rpc.step = rewind_to - 1
             try:
-                if entry is not None:
-                    return await self._join(max(entry, rewind_to or 0))
-                assert rewind_to is not None  # no Dropped: a Rewind came
-                await run_program(self.executor, self.startup, self.scope, self.rpc)
-                return rewind_to
+                return await self._carry(self.rpc.core.gave_up(notice))
             except (Rewind, Dropped) as other:
                 notice = other
 
     async def _join_if_late(self) -> int:
-        """The first step this trainer takes part in: 0 when every pserver is at step 0,
-        waits for it and has heard nothing from it yet; otherwise (it started late, was
-        dropped or restarted, or the job resumed from checkpoints) it joins every pserver at
-        the first step all of them can admit, and fetches the parameters the step before
-        leaves."""
-        states = [self.rpc.server_state.get(ep, UNKNOWN) for ep in self.endpoints]
-        seen = max((state.next_step for state in states), default=0)
-        if not any(state.sync for state in states):
-            return seen  # asynchronous: fresh, or restarted and going on after its last step
-        if all(state.in_fanin for state in states) and seen == 0 \
-                and all(state.server_step == 0 for state in states):
-            return 0
-        entry = max(state.entry_step for state in states)
-        return await self._join(entry)
+        """The first step this trainer takes part in (`TrainerCore.started`): joining the job
+        first if it started late, was dropped or restarted, or the job resumed."""
+        return await self._carry(self.rpc.core.started(self.endpoints))
 
-    async def _join(self, entry: int) -> int:
-        """Join every pserver's fan-in at step `entry`, or the first later step all of them
-        can admit, and fetch the parameters the step before leaves; that step."""
-        while True:  # servers that moved on admit later; then all are asked for the latest
-            replies = await asyncio.gather(*(self.rpc.call(ep, JoinRequest(entry))
+    async def _carry(self, action: Train | Refetch | JoinAll | Fail) -> int:
+        """Carry out `action` of the core's and those it leads to: JOIN every pserver until
+        all admit one step, fetch the parameters again; the step to take part from."""
+        while isinstance(action, JoinAll):
+            replies = await asyncio.gather(*(self.rpc.call(ep, JoinRequest(action.entry))
                                              for ep in self.endpoints))
-            admitted = {_entry(ep, r) for ep, r in zip(self.endpoints, replies)}
-            if admitted == {entry}:
-                break
-            entry = max(admitted)
-        log.warning("trainer %d: not in the fan-in; joined at step %d", self.trainer_id, entry)
-        self.rpc.step = entry - 1
-        await run_program(self.executor, self.startup, self.scope, self.rpc)
-        return entry
+            action = self.rpc.core.joined(action, list(zip(self.endpoints, replies)))
+        if isinstance(action, Fail):
+            raise action.error
+        if isinstance(action, Refetch):
+            await run_program(self.executor, self.startup, self.scope, self.rpc)
+        return action.step
 
     async def _complete(self) -> None:
         """Tell every pserver this trainer is done (COMPLETE), then that it has the
@@ -876,11 +797,10 @@ class Trainer:
             *(self.rpc.call(ep, COMPLETE, deadline=deadline) for ep in self.endpoints),
             return_exceptions=True)
         for ep, result in zip(self.endpoints, results):
-            if isinstance(result, RpcTimeout):
-                log.warning("trainer %d: %s did not acknowledge COMPLETE within %gs; it may "
-                            "have stopped already", self.trainer_id, ep, deadline)
-            elif isinstance(result, BaseException):
-                raise result
+            failed = self.rpc.core.completed(
+                ep, result if isinstance(result, BaseException) else None)
+            if failed is not None:
+                raise failed.error
         await self._stop_heartbeat()
         await asyncio.gather(*(self.rpc.tell(ep, BYE) for ep in self.endpoints))
 

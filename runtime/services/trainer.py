@@ -116,16 +116,9 @@ class RpcOps:
         self._residual_step: int | None = None
         """The step that owed the RPC residual last (`owe_rpc_residual`)."""
         self._sends: list[asyncio.Future[Message]] = []
-        self._held_sends: dict[str, dict[str, Any]] = {}
-        """Endpoint -> the vars of its SEND being bundled (bundled protocol)."""
         self._unacked: list[asyncio.Future[Message]] = []
         """Bundled protocol: the SENDs of a round whose send barrier they all carried; the GETs
         go out without waiting for their acknowledgements, which the fetch barrier awaits."""
-        self._fetch_replies: dict[str, tuple[asyncio.Future[Message], int]] = {}
-        """Endpoint -> the SEND whose reply answers the round's GET there, and how many recv
-        messages are still to take their values from it (bundled; `Fetch.takers`)."""
-        self._held_gets: dict[str, list[tuple[str, str]]] = {}
-        """Endpoint -> the (var, wire name) pairs of its GET being bundled."""
         self.feedback = ErrorFeedback()
         """The residuals of the gradient blocks sent compressed, by wire name."""
         self.pending: dict[str, asyncio.Future[Any]] = {}
@@ -244,12 +237,9 @@ class RpcOps:
         carries = self.plan.carriers.get(id(op), {})
         held = self.plan.held.get(id(op), frozenset())
         fetches = self.plan.fetches.get(id(op), {})
-        for ep, vars in by_endpoint.items():
-            bundled = self._held_sends.pop(ep, None)
-            if bundled is not None:
-                vars = {**bundled, **vars}
-            if ep in held:
-                self._held_sends[ep] = vars
+        for ep, mine in by_endpoint.items():
+            vars = self.core.bundle_send(ep, mine, ep in held)
+            if vars is None:
                 continue
             fetch = fetches.get(ep)
             future = self.call(ep, SendRequest(
@@ -258,10 +248,10 @@ class RpcOps:
                 self._closes(Kind.SEND, ep, carries.get(ep))))
             self._sends.append(future)
             if fetch is not None:
-                self._fetch_replies[ep] = (future, fetch.takers)
+                self.core.rides(ep, future, fetch.takers)
 
     async def flush_sends(self) -> None:
-        assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
+        self.core.sends_left()
         sends, self._sends = self._sends, []
         if sends:
             await asyncio.gather(*sends)
@@ -276,7 +266,7 @@ class RpcOps:
         pserver take a trainer's SEND and GET in one wake-up."""
         local = id(op) in self.plan.local
         if self.protocol == "bundled" and not local and not self._uncovered(op):
-            assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
+            self.core.sends_left()
             self._unacked += self._sends
             self._sends = []
             self._end_round(Kind.SEND)
@@ -308,7 +298,7 @@ class RpcOps:
         fetched = self.plan.fetched.get(id(op), frozenset())
         if len(outs) == 1 and len(endpoints) > 1:
             blocks = list(zip(wire_names, endpoints))
-            rode = {i: self._fetched_reply(ep) for i, (_, ep) in enumerate(blocks)
+            rode = {i: self.core.ridden(ep) for i, (_, ep) in enumerate(blocks)
                     if ep in fetched}
             self.pending[outs[0]] = loop.create_task(
                 self._get_blocks(outs[0], blocks, scope, carries, rode))
@@ -317,13 +307,12 @@ class RpcOps:
         for name, wire, ep in zip(outs, wire_names, endpoints):
             by_endpoint[ep].append((name, wire))
         held = self.plan.held.get(id(op), frozenset())
-        for ep, pairs in by_endpoint.items():
-            pairs = self._held_gets.pop(ep, []) + pairs
-            if ep in held:  # the next recv op fetches them, before any op can read them
-                self._held_gets[ep] = pairs
+        for ep, mine in by_endpoint.items():
+            pairs = self.core.bundle_get(ep, mine, ep in held)
+            if pairs is None:
                 continue
             if ep in fetched:  # the GET rode on the round's SEND
-                reply = self._fetched_reply(ep)
+                reply = self.core.ridden(ep)
             else:
                 reply = self.call(ep, GetRequest([wire for _, wire in pairs],
                                                  self._closes(Kind.GET, ep, carries.get(ep))))
@@ -337,16 +326,6 @@ class RpcOps:
         self.core.on_fetched(endpoint, reply)
         for name, wire in pairs:
             scope.put(name, _owned(self._var(endpoint, reply, wire)))
-
-    def _fetched_reply(self, endpoint: str) -> asyncio.Future[Message]:
-        """The reply of the SEND to `endpoint` that the round's GET there rode on, for one of
-        the recv messages it answers (forgotten once the last has taken it)."""
-        future, takers = self._fetch_replies[endpoint]
-        if takers > 1:
-            self._fetch_replies[endpoint] = (future, takers - 1)
-        else:
-            del self._fetch_replies[endpoint]
-        return future
 
     async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope,
                           carries: Mapping[str, int],
@@ -363,7 +342,7 @@ class RpcOps:
                                      for r, (wire, ep) in zip(replies, blocks)]))
 
     async def wait_for(self, names: Iterable[str]) -> None:
-        assert not self._held_gets, f"gets bundled for {list(self._held_gets)} never left"
+        self.core.gets_left()
         tasks = {self.pending.pop(n) for n in names if n in self.pending}
         if tasks:
             await asyncio.gather(*tasks)
@@ -489,7 +468,6 @@ class RpcOps:
         """Cancel every request in flight (a step given up) and forget what it owed."""
         tasks = [*self._sends, *self._unacked, *self.pending.values()]
         self._sends, self._unacked, self.pending = [], [], {}
-        self._held_sends, self._held_gets, self._fetch_replies = {}, {}, {}
         self.core.abandoned()
         for task in tasks:
             task.cancel()

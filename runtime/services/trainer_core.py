@@ -9,6 +9,10 @@ loop or socket. Events, one method each:
 - `closes(kind, endpoint, next_id, count)`: a SEND (GET) to `endpoint` is about to leave, the
   last of a round of `count` that carries the round's barrier or not; `end_round(kind)`: the
   round's barrier op ran; `abandoned()`: the requests in flight were given up;
+- bundling (the bundled protocol): `bundle_send` and `bundle_get` (an op's vars for an
+  endpoint, held back for a later op or sent with those held before), `rides` and `ridden`
+  (the SEND whose reply answers the round's GET, and the recv messages that take it);
+  `sends_left` and `gets_left` check that nothing held back was forgotten;
 - `on_reply(endpoint, reply)`: a reply (or a pending notice) came: `None` (it is the answer,
   or the request is only held a while), `GiveUp(Rewind)` (the pserver restarted from a
   checkpoint before this step), `GiveUp(Dropped)` (a sync pserver dropped this trainer from
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from runtime.network.rpc import RpcTimeout
 from runtime.network.wire import Kind, Message
@@ -136,6 +140,14 @@ class TrainerCore:
         self._rewind_to: int | None = None
         self._entry: int | None = None
         """The earliest rewind and the latest entry asked for since the step began."""
+        self._held_sends: dict[str, dict[str, Any]] = {}
+        """Endpoint -> the vars of its SEND being bundled (bundled protocol)."""
+        self._held_gets: dict[str, list[tuple[str, str]]] = {}
+        """Endpoint -> the (var, wire name) pairs of its GET being bundled."""
+        self._rides: dict[str, tuple[Any, int]] = {}
+        """Endpoint -> the reply (the shell's handle) of the SEND that the round's GET there
+        rode on, and how many recv messages are still to take their values from it
+        (`Fetch.takers`)."""
 
     def _label(self, endpoint: str) -> str:
         return self.labels.get(endpoint, endpoint)
@@ -158,9 +170,55 @@ class TrainerCore:
         self._round_first[kind].clear()
 
     def abandoned(self) -> None:
-        """The requests in flight were given up: no round is under way."""
+        """The requests in flight were given up: no round is under way, nothing is held."""
+        self._held_sends, self._held_gets, self._rides = {}, {}, {}
         for firsts in self._round_first.values():
             firsts.clear()
+
+    # -- bundling ---------------------------------------------------------------------------------
+    def bundle_send(self, endpoint: str, vars: dict[str, Any],
+                    hold: bool) -> dict[str, Any] | None:
+        """A send op's `vars` for `endpoint`: None while the plan holds them back for a later
+        op (`hold`), else them and those held back before, for one SEND."""
+        bundled = self._held_sends.pop(endpoint, None)
+        if bundled is not None:
+            vars = {**bundled, **vars}
+        if hold:
+            self._held_sends[endpoint] = vars
+            return None
+        return vars
+
+    def bundle_get(self, endpoint: str, pairs: list[tuple[str, str]],
+                   hold: bool) -> list[tuple[str, str]] | None:
+        """A recv op's (var, wire name) `pairs` for `endpoint`, as `bundle_send`'s vars."""
+        pairs = self._held_gets.pop(endpoint, []) + pairs
+        if hold:  # the next recv op fetches them, before any op can read them
+            self._held_gets[endpoint] = pairs
+            return None
+        return pairs
+
+    def rides(self, endpoint: str, reply: Any, takers: int) -> None:
+        """The round's GET to `endpoint` rode on a SEND; its `reply` answers `takers` recv
+        messages."""
+        self._rides[endpoint] = (reply, takers)
+
+    def ridden(self, endpoint: str) -> Any:
+        """The reply of the SEND to `endpoint` that the round's GET there rode on, for one of
+        the recv messages it answers (forgotten once the last has taken it)."""
+        reply, takers = self._rides[endpoint]
+        if takers > 1:
+            self._rides[endpoint] = (reply, takers - 1)
+        else:
+            del self._rides[endpoint]
+        return reply
+
+    def sends_left(self) -> None:
+        """Every send held back has left (before a barrier, or a wait for the sends)."""
+        assert not self._held_sends, f"sends bundled for {list(self._held_sends)} never left"
+
+    def gets_left(self) -> None:
+        """Every recv held back has left (before a wait for received values)."""
+        assert not self._held_gets, f"gets bundled for {list(self._held_gets)} never left"
 
     # -- replies ----------------------------------------------------------------------------------
     def on_reply(self, endpoint: str, reply: Message) -> GiveUp | Fail | None:

@@ -1,6 +1,7 @@
 """The trainer's core (`runtime.services.trainer_core`), driven by events alone: no sockets,
 no event loop. A normal sync round, a rewind, a rejoin, a step mismatch, a pending notice then
-the real reply, and where a trainer takes part once started."""
+the real reply, where a trainer takes part once started, and the bundled protocol's held
+requests."""
 
 from __future__ import annotations
 
@@ -159,3 +160,34 @@ def test_a_notice_field_of_the_wrong_type_is_no_notice(flag: object) -> None:
     core = _core()
     core.begin_step(4)
     assert core.on_reply("ep0", _reply(4, **{m.REWIND_FIELD: flag})) is None
+
+
+def test_a_bundled_round_holds_vars_back_and_its_get_rides_on_the_send() -> None:
+    core = _core()
+    assert core.bundle_send("ep0", {"a@GRAD": 1}, hold=True) is None  # a later op sends it
+    with pytest.raises(AssertionError, match="ep0.*never left"):
+        core.sends_left()
+    assert core.bundle_send("ep0", {"b@GRAD": 2}, hold=False) == {"a@GRAD": 1, "b@GRAD": 2}
+    core.sends_left()
+    core.rides("ep0", "the SEND's reply", takers=2)
+    assert core.bundle_get("ep0", [("a", "a")], hold=True) is None
+    with pytest.raises(AssertionError, match="gets bundled"):
+        core.gets_left()
+    assert core.bundle_get("ep0", [("b", "b")], hold=False) == [("a", "a"), ("b", "b")]
+    assert core.ridden("ep0") == "the SEND's reply"  # two recv messages take it
+    assert core.ridden("ep0") == "the SEND's reply"
+    with pytest.raises(KeyError):
+        core.ridden("ep0")  # forgotten once the last took it
+
+
+def test_abandoning_forgets_what_was_held_back() -> None:
+    core = _core()
+    core.bundle_send("ep0", {"a@GRAD": 1}, hold=True)
+    core.bundle_get("ep0", [("a", "a")], hold=True)
+    core.rides("ep1", "reply", 1)
+    core.abandoned()
+    core.sends_left()
+    core.gets_left()
+    assert core.bundle_send("ep0", {"b@GRAD": 2}, hold=False) == {"b@GRAD": 2}
+    with pytest.raises(KeyError):
+        core.ridden("ep1")

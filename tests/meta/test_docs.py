@@ -144,3 +144,33 @@ def test_schemadoc_check_fails_on_a_stale_document(tmp_path: Path,
     assert schemadoc.main([str(stale), "--check"]) == 0
     text = stale.read_text()
     assert text.startswith(f"intro\n{schemadoc.BEGIN}\n") and text.endswith(f"{schemadoc.END}\nend\n")
+
+
+def _layout_block() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Layout\n\n```\n")
+    return readme[start:readme.index("```\n", start + len("## Layout\n\n```\n"))]
+
+
+def _named_in(layout: str, module: Path) -> bool:
+    """Whether the Layout block names `module`: by its file name, or by a pattern such as
+    ``numpy_<family>.py`` followed by the families it lists."""
+    if re.search(rf"(?<![\w<>]){re.escape(module.name)}", layout):
+        return True
+    prefix, _, rest = module.stem.partition("_")
+    return bool(rest) and f"{prefix}_<" in layout and re.search(rf"\b{re.escape(rest)}\b",
+                                                                layout) is not None
+
+
+def test_readme_layout_names_every_module() -> None:
+    layout = _layout_block()
+    modules = [path for part in ("transpiler", "runtime", "sim")
+               for path in sorted((ROOT / part).rglob("*.py")) if path.name != "__init__.py"]
+    missing = [str(path.relative_to(ROOT)) for path in modules if not _named_in(layout, path)]
+    assert not missing, f"README's Layout does not name: {missing}"
+
+
+def test_the_layout_check_misses_a_module_it_does_not_name() -> None:
+    assert not _named_in("kernels/  registry.py", Path("runtime/execution/kernels/shapes.py"))
+    assert _named_in("numpy_<family>.py (families: conv, nn)", Path("kernels/numpy_conv.py"))
+    assert not _named_in("numpy_<family>.py (families: conv, nn)", Path("kernels/numpy_math.py"))

@@ -17,7 +17,7 @@ real (with its min-max range) and simulated step time against trainers, a line p
 count (the ``plot`` extra).
 
 Run: python benchmarks/sweep_ranking.py [--repeat 3] [--machine FILE] [--steps N] [--plot F]
-[--trainers 1..6] [--pservers 1..3]
+[--trainers 1..6] [--pservers 1..3]  (counts as sim sweep --vary takes them: 1..6 or 1,2,4)
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
+
+from sim.sweep import Axis, SweepError
 
 TRAINERS = range(1, 7)
 PSERVERS = range(1, 4)
@@ -82,20 +84,23 @@ def mean_step(metrics: dict[str, Any]) -> float:
     return float(metrics["job"]["step_time_all"]["mean"])
 
 
-def span(text: str) -> range:
-    """``A..B`` (or one number) as the range of counts it names."""
-    low, _, high = text.partition("..")
-    try:
-        first, last = int(low), int(high or low)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected A..B or a number, got {text!r}") from None
-    if not 1 <= first <= last:
-        raise argparse.ArgumentTypeError(f"expected 1 <= A <= B, got {text!r}")
-    return range(first, last + 1)
+def counts(path: str) -> Callable[[str], tuple[int, ...]]:
+    """An argument parser of `path`'s counts in `sim sweep --vary`'s own syntax (``1..6``,
+    ``1,2,4``), so the real runs take the points the sweep does."""
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = Axis.parse(f"{path}={text}").values
+            numbers = tuple(int(value) for value in values)
+        except (SweepError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if min(numbers) < 1:
+            raise argparse.ArgumentTypeError(f"{path} counts must be >= 1, got {text!r}")
+        return numbers
+    return parse
 
 
-def real_runs(scenario: Path, work: Path, repeat: int, pservers: range = PSERVERS,
-              trainers: range = TRAINERS) -> dict[tuple[int, int], list[float]]:
+def real_runs(scenario: Path, work: Path, repeat: int, pservers: Sequence[int] = PSERVERS,
+              trainers: Sequence[int] = TRAINERS) -> dict[tuple[int, int], list[float]]:
     """Each point's mean step time in `repeat` rounds of real runs (a round runs every point
     once, so that a drift of the machine's speed spreads over all points alike)."""
     runtime = [sys.executable, "-m", "runtime.cli", "up", str(scenario)]
@@ -111,16 +116,16 @@ def real_runs(scenario: Path, work: Path, repeat: int, pservers: range = PSERVER
     return times
 
 
-def simulated(scenario: Path, machine: Path, work: Path, pservers: range = PSERVERS,
-              trainers: range = TRAINERS) -> dict[tuple[int, int], float]:
+def simulated(scenario: Path, machine: Path, work: Path, pservers: Sequence[int] = PSERVERS,
+              trainers: Sequence[int] = TRAINERS) -> dict[tuple[int, int], float]:
     """The sweep's mean step time per point, priced from `machine`."""
     cores = json.loads(machine.read_text())["meta"]["machine"]["cores"]
     out = work / "sweep"
     _run([sys.executable, "-m", "sim.cli", "sweep", str(scenario), "--no-plots", "--force",
           "--set", f"compute={{model: calibrated, path: {machine}}}",
           "--set", f"cluster.hosts=[{{nodes: '*', cores: {cores}}}]",
-          "--vary", f"cluster.pservers={pservers[0]}..{pservers[-1]}",
-          "--vary", f"cluster.trainers={trainers[0]}..{trainers[-1]}", "--out", str(out)],
+          "--vary", f"cluster.pservers={','.join(map(str, pservers))}",
+          "--vary", f"cluster.trainers={','.join(map(str, trainers))}", "--out", str(out)],
          work / "sweep.log")
     record = json.loads((out / "sweep.json").read_text())
     return {(int(p["settings"]["cluster.pservers"]), int(p["settings"]["cluster.trainers"])):
@@ -174,8 +179,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="steps per run (100)")
     parser.add_argument("--plot", type=Path, help="write the figure here (PNG)")
     parser.add_argument("--keep", type=Path, help="keep scenarios, records and logs here")
-    parser.add_argument("--trainers", type=span, default=TRAINERS, help="trainer counts (1..6)")
-    parser.add_argument("--pservers", type=span, default=PSERVERS, help="pserver counts (1..3)")
+    parser.add_argument("--trainers", type=counts("cluster.trainers"), default=TRAINERS,
+                        help="trainer counts, as sim sweep --vary takes them (1..6)")
+    parser.add_argument("--pservers", type=counts("cluster.pservers"), default=PSERVERS,
+                        help="pserver counts, as sim sweep --vary takes them (1..3)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pslab-ranking-") as tmp:
         work = (args.keep or Path(tmp)).resolve()

@@ -31,7 +31,7 @@ from runtime.services.node import node_keys
 
 from cluster_helpers import FAST_DRAIN, free_endpoints, make_job
 from curve_helpers import SCENARIO as CURVE_UP
-from curve_helpers import STEPS, attack, hostile_messages, job_keys, up_encrypted
+from curve_helpers import STEPS, hostile_messages, job_keys, outsider_attacks, up_encrypted
 
 RULE = LinkFaults(links=("trainer:*", "pserver:*"), drop=0.1, duplicate=0.1, reorder=0.1)
 
@@ -60,13 +60,7 @@ def test_a_job_behind_a_curve_proxy_stays_exact_and_refuses_outsiders(tmp_path: 
                                for i in range(job.trainers)}
         await proxy.start()
         as_trainer0 = hostile_messages(server, trainer_name(0), 0)
-        got = {
-            "no key": await asyncio.to_thread(attack, endpoint, b"trainer:0", as_trainer0,
-                                              None, None),
-            "wrong key": await asyncio.to_thread(attack, endpoint, b"trainer:0", as_trainer0,
-                                                 zmq.curve_keypair(), server_key),
-            "routing id": await asyncio.to_thread(attack, endpoint, b"trainer:0", as_trainer0,
-                                                  trainer1, server_key)}
+        got = await outsider_attacks(endpoint, as_trainer0, trainer1, server_key)
         trainers = [make_trainer(job, i, ZmqTransport(trainer_name(i), curve=node_keys(
             directory, "trainer", i, job.trainers, job.endpoints))) for i in range(job.trainers)]
         loss = job.model.loss.name

@@ -31,7 +31,8 @@ from sim.loop import run as sim_run
 from sim.network import Network
 
 from cluster_helpers import FAST_DRAIN, make_job
-from curve_helpers import SCENARIO, STEPS, attack, hostile_messages, job_keys, up_encrypted
+from curve_helpers import (SCENARIO, STEPS, attack, hostile_messages, job_keys,
+                           outsider_attacks, up_encrypted)
 
 
 def secure_transports(directory: Path, job: Job) -> Any:
@@ -201,12 +202,7 @@ def test_outsiders_and_impostors_get_nothing_and_change_nothing(tmp_path: Path) 
         before = {n: np.array(server.scope.get(n), copy=True) for n in server.state}
         as_trainer0 = hostile_messages(server, trainer_name(0), 0)
         got = {
-            "no key": await asyncio.to_thread(attack, endpoint, b"trainer:0", as_trainer0,
-                                              None, None),
-            "wrong key": await asyncio.to_thread(attack, endpoint, b"trainer:0", as_trainer0,
-                                                 zmq.curve_keypair(), server_key),
-            "routing id": await asyncio.to_thread(attack, endpoint, b"trainer:0", as_trainer0,
-                                                  trainer1, server_key),
+            **await outsider_attacks(endpoint, as_trainer0, trainer1, server_key),
             "header": await asyncio.to_thread(
                 attack, endpoint, b"trainer:1", as_trainer0
                 + hostile_messages(server, trainer_name(1), 0), trainer1, server_key)}

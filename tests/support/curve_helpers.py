@@ -3,6 +3,7 @@ makes, and messages sent to a pserver over plain pyzmq, as an outsider would."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,19 @@ def hostile_messages(server: Any, src: str, trainer: int) -> list[list[bytes]]:
                 Message(Kind.SEND, 2, src, 0, grads, extra),
                 Message(Kind.COMPLETE, 3, src, 0, extra=extra)]
     return [[bytes(f) for f in encode(m)] for m in messages]
+
+
+async def outsider_attacks(endpoint: str, messages: list[list[bytes]],
+                           trainer1: tuple[bytes, bytes], server_key: bytes
+                           ) -> dict[str, list[list[bytes]]]:
+    """What came back to the three outsiders a CurveZMQ job refuses, each sending `messages` as
+    trainer 0 (`attack`): with no key, with a key not of the job, and with trainer 1's key
+    under trainer 0's routing id."""
+    attempts: dict[str, tuple[tuple[bytes, bytes] | None, bytes | None]] = {
+        "no key": (None, None), "wrong key": (zmq.curve_keypair(), server_key),
+        "routing id": (trainer1, server_key)}
+    return {name: await asyncio.to_thread(attack, endpoint, b"trainer:0", messages, *keys)
+            for name, keys in attempts.items()}
 
 
 SCENARIO = """\

@@ -147,9 +147,9 @@ def test_schemadoc_check_fails_on_a_stale_document(tmp_path: Path,
 
 
 def _layout_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("## Layout\n\n```\n")
-    return readme[start:readme.index("```\n", start + len("## Layout\n\n```\n"))]
+    readme, heading = (ROOT / "README.md").read_text(), "## Layout\n\n```\n"
+    start = readme.index(heading) + len(heading)
+    return readme[start:readme.index("```\n", start)]
 
 
 def _named_in(layout: str, module: Path) -> bool:

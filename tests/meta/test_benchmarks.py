@@ -34,12 +34,13 @@ QUICK: dict[str, tuple[list[str], str]] = {
                          "numpy / torch-cpu"),
     "train_overhead.py": (["--steps", "5", "--repeats", "1"], "processes (runtime up)"),
     "transpile_scale.py": (["--quick", "--repeat", "1"], "transpile:"),
+    "vs_ddp.py": (["--quick"], "over DDP's median"),
     "wire.py": (["--smoke"], "ratio to raw"),
 }
 """Each benchmark's quick arguments (``{machine}``: a quick calibration's file) and a line of
 its summary."""
 
-NEEDS_TORCH = {"torch_backend.py"}
+NEEDS_TORCH = {"torch_backend.py", "vs_ddp.py"}
 
 
 def test_every_benchmark_has_a_quick_run() -> None:

@@ -20,6 +20,9 @@ from typing import Any, Iterable, Iterator, Mapping
 GRAD_SUFFIX = "@GRAD"
 OP_ROLE_ATTR = "op_role"
 OP_ROLE_VAR_ATTR = "op_role_var"
+OP_IS_TEST_ATTR = "is_test"
+_TEST_MODE_OPS = frozenset({"dropout", "batch_norm"})
+"""Ops that compute differently in evaluation (``is_test``), whether or not they say it yet."""
 
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
@@ -539,8 +542,34 @@ class Program:
     def all_parameters(self) -> list[Var]:
         return self.global_block().all_parameters()
 
-    def clone(self) -> "Program":
-        return Program.from_dict(self.to_dict())
+    def clone(self, for_test: bool = False) -> "Program":
+        """A deep copy. With `for_test` (fluid's ``clone(for_test=True)``), the copy of the
+        forward pass alone, for evaluation: if the program has a backward pass (an op of role
+        Backward | Loss, the loss's gradient), every op with a Backward, Optimize or LRSched
+        role goes (the gradients, the optimizer, the learning-rate schedule) and each block
+        keeps only the vars its remaining ops name; and every op with an ``is_test``
+        attribute, and every ``dropout`` and ``batch_norm``, gets ``is_test`` True (dropout
+        passes its input through scaled, batch norm reads its running statistics). Blocks keep
+        their indices: a backward sub-block is left empty rather than removed."""
+        copy = Program.from_dict(self.to_dict())
+        if for_test:
+            copy._keep_forward()
+        return copy
+
+    def _keep_forward(self) -> None:
+        """`clone(for_test=True)`'s pruning, in place."""
+        loss_grad = int(OpRole.Backward | OpRole.Loss)
+        if any(op.attrs.get(OP_ROLE_ATTR) == loss_grad
+               for block in self.blocks for op in block.ops):
+            training = int(OpRole.Backward | OpRole.Optimize | OpRole.LRSched)
+            for block in self.blocks:
+                block.ops = [op for op in block.ops if not op.role & training]
+                named = {n for op in block.ops for n in (*op.input_arg_names, *op.output_arg_names)}
+                block.vars = {n: v for n, v in block.vars.items() if n in named}
+        for block in self.blocks:
+            for op in block.ops:
+                if op.type in _TEST_MODE_OPS or OP_IS_TEST_ATTR in op.attrs:
+                    op.attrs[OP_IS_TEST_ATTR] = True
 
     def take_contents(self, other: "Program") -> None:
         """Become `other` in place: its blocks (now this program's), seed and attributes.

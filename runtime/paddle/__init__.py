@@ -11,6 +11,11 @@ the order of the data set's first seeded epoch, so every process reading it sees
 stream. Paddle's own data sets (``uci_housing``, ``mnist``, ...) download their data and are
 not here.
 
+Also `reader`, Paddle's reader decorators (``paddle.reader.shuffle``, ``buffered``, ``chain``,
+``compose``, ``map_readers``, ``firstn``, ``xmap_readers``, ``cache``: `runtime.paddle.reader`),
+and `compat`, fluid 1.x's ``paddle.compat`` (``to_text``, ``to_bytes``, ``round``,
+``floor_division``, ``get_exception_message``: `runtime.paddle.compat`).
+
 Layers: a facade on top of `runtime`, like `runtime.cli`: it imports the parts and nothing
 imports it.
 """
@@ -18,12 +23,11 @@ imports it.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from runtime.execution.data import Dense, load_dataset
-
-Reader = Callable[[], Iterator[Any]]
-"""Paddle's reader: a function returning a fresh iterator."""
+from runtime.paddle import compat, reader
+from runtime.paddle.reader import Reader
 
 
 def batch(reader: Reader, batch_size: int, drop_last: bool = False) -> Reader:
@@ -70,4 +74,4 @@ dataset = SimpleNamespace(**{name: BuiltinDataset(name) for name in
 
 from runtime.paddle import fluid  # noqa: E402  (``paddle.fluid`` after ``import paddle``)
 
-__all__ = ["batch", "dataset", "fluid"]
+__all__ = ["Reader", "batch", "compat", "dataset", "fluid", "reader"]

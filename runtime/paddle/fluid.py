@@ -12,32 +12,71 @@ and names as Paddle's); the executor runs local, trainer and pserver programs
 as ``fluid.transpiler.*``, with ``fluid.transpiler.ServerRuntimeConfig``), ``fluid.Executor``, ``fluid.CPUPlace``, ``fluid.CUDAPlace``,
 ``fluid.DataFeeder``, ``fluid.global_scope()``, ``fluid.io.save_params`` and
 ``save_persistables`` (one ``.npy`` per var, not Paddle's format), and
-``fluid.core.is_compiled_with_cuda()``.
+``fluid.core`` (``is_compiled_with_cuda()``, ``CPUPlace``, ``CUDAPlace``, ``LoDTensor``,
+``Scope``; ``fluid.LoDTensor`` too).
+
+What the harness of fluid's distributed tests (``test_dist_base.py``) and such scripts add:
+``fluid.ParallelExecutor``, ``fluid.ExecutionStrategy``, ``fluid.BuildStrategy`` and
+``fluid.compiler.CompiledProgram`` (also ``fluid.CompiledProgram``), which run the program on
+one device (`runtime.paddle.compiler`); ``fluid.profiler`` (``profiler``, ``start_profiler``,
+``stop_profiler``, ``reset_profiler``, ``cuda_profiler``: each op type's kernel times,
+`runtime.paddle.profiler`); ``fluid.memory_optimize`` and ``fluid.release_memory`` (also in
+``fluid.transpiler``), which have nothing to do here; ``fluid.param_attr.ParamAttr``; and
+``fluid.layers.create_tensor``. ``Program.clone(for_test=True)`` is the program's own
+(`transpiler.ir.Program.clone`).
 """
 
 from __future__ import annotations
 
 from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
 
 from transpiler import clip, initializer, lr, optimizer, regularizer
 from transpiler import layers as _layers
 from transpiler.distribute import (DistributeTranspiler, DistributeTranspilerConfig,
                                    ServerRuntimeConfig)
 from transpiler.framework import (ParamAttr, default_main_program, default_startup_program,
-                                  program_guard, unique_name)
-from transpiler.ir import Program
+                                  main_block, program_guard, unique_name)
+from transpiler.ir import Program, Var
 from transpiler.layers import embedding_v2 as embedding
 
 from runtime.execution.scope import Scope, global_scope
+from runtime.paddle import compiler, profiler
+from runtime.paddle.compiler import (BuildStrategy, CompiledProgram, ExecutionStrategy,
+                                     ParallelExecutor)
 from runtime.services.paddle_compat import (CPUPlace, CUDAPlace, DataFeeder, save_params,
                                             save_persistables)
 from runtime.services.paddle_compat import FluidExecutor as Executor  # Paddle's name for it
+from runtime.services.paddle_compat import FluidLoDTensor as LoDTensor
+
+
+def memory_optimize(input_program: Program | None = None, skip_opt_set: Any = None,
+                    print_log: bool = False, level: int = 0, skip_grads: bool = True) -> None:
+    """fluid's memory-reuse pass, which has nothing to do here: Paddle's executor keeps every
+    var's buffer for the program's life, and the pass renames vars so that later ones reuse the
+    buffers of earlier ones. pslab's kernels store a new value for each output and never write
+    into one they read (`runtime.execution.scope`), so a temporary is freed as soon as the next
+    run replaces it; renaming vars would only make fetching them unreliable. The program is left
+    as it is; `level` is checked as Paddle does (0 or 1)."""
+    if level not in (0, 1):
+        raise ValueError("only support opt_level 0 or 1.")
+
+
+def release_memory(input_program: Program | None = None, skip_opt_set: Any = None) -> None:
+    """fluid's pass that inserts ops freeing vars early, which has nothing to do here for the
+    reason `memory_optimize` gives; the program is left as it is."""
+
 
 transpiler = SimpleNamespace(DistributeTranspiler=DistributeTranspiler,
                              DistributeTranspilerConfig=DistributeTranspilerConfig,
-                             ServerRuntimeConfig=ServerRuntimeConfig)
-"""``fluid.transpiler.DistributeTranspiler`` (and ``ServerRuntimeConfig``), as Paddle also
-spells them."""
+                             ServerRuntimeConfig=ServerRuntimeConfig,
+                             memory_optimize=memory_optimize, release_memory=release_memory)
+"""``fluid.transpiler.DistributeTranspiler`` (and ``ServerRuntimeConfig``, ``memory_optimize``,
+``release_memory``), as Paddle also spells them."""
+param_attr = SimpleNamespace(ParamAttr=ParamAttr)
+"""``fluid.param_attr.ParamAttr``, the module Paddle keeps it in."""
 io = SimpleNamespace(save_params=save_params, save_persistables=save_persistables)
 """``fluid.io.save_params``, ``fluid.io.save_persistables``."""
 
@@ -46,14 +85,29 @@ LR_SCHEDULES = ("exponential_decay", "natural_exp_decay", "inverse_time_decay",
 """fluid's learning-rate schedules, which fluid keeps in ``fluid.layers``."""
 
 
+def create_tensor(dtype: Any, name: str | None = None, persistable: bool = False) -> Var:
+    """fluid's ``layers.create_tensor``: declare a var of `dtype` (a name or a numpy dtype) in
+    the main program's current block, named `name` (else ``create_tensor_N``), with no shape
+    yet, for an op to write (``accuracy(..., total=t)``) or a script to assign."""
+    return main_block().create_var(name or unique_name.generate("create_tensor"),
+                                   dtype=np.dtype(dtype).name, persistable=persistable)
+
+
+FLUID_LAYERS = {"create_tensor": create_tensor}
+"""fluid layers that pslab's front end does not have as such, added to ``fluid.layers``."""
+
+
 def _fluid_layers() -> ModuleType:
-    """``fluid.layers``: pslab's layers (`transpiler.layers`) and the LR schedules of
-    `transpiler.lr` under fluid's names."""
+    """``fluid.layers``: pslab's layers (`transpiler.layers`), the LR schedules of
+    `transpiler.lr` under fluid's names and `FLUID_LAYERS`."""
     module = ModuleType("runtime.paddle.fluid.layers", _layers.__doc__)
     module.__dict__.update((k, v) for k, v in vars(_layers).items() if not k.startswith("__"))
     for name in LR_SCHEDULES:
         setattr(module, name, getattr(lr, name))
-    module.__dict__["__all__"] = list(_layers.__all__) + list(LR_SCHEDULES)
+    extra = [name for name in FLUID_LAYERS if not hasattr(_layers, name)]
+    for name in extra:
+        setattr(module, name, FLUID_LAYERS[name])
+    module.__dict__["__all__"] = list(_layers.__all__) + list(LR_SCHEDULES) + extra
     return module
 
 
@@ -71,10 +125,15 @@ def is_compiled_with_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-core = SimpleNamespace(is_compiled_with_cuda=is_compiled_with_cuda)
-"""``fluid.core``: what a script asks of it, ``is_compiled_with_cuda()``."""
+core = SimpleNamespace(is_compiled_with_cuda=is_compiled_with_cuda, CPUPlace=CPUPlace,
+                       CUDAPlace=CUDAPlace, LoDTensor=LoDTensor, Scope=Scope)
+"""``fluid.core``: what a script asks of it, ``is_compiled_with_cuda()``, the places,
+``LoDTensor`` (`runtime.services.paddle_compat.FluidLoDTensor`) and ``Scope``."""
 
-__all__ = ["CPUPlace", "CUDAPlace", "DataFeeder", "DistributeTranspiler",
-           "DistributeTranspilerConfig", "Executor", "ParamAttr", "Program", "Scope", "clip", "embedding",
-           "core", "default_main_program", "default_startup_program", "global_scope", "initializer", "io",
-           "layers", "optimizer", "program_guard", "regularizer", "transpiler", "unique_name"]
+__all__ = ["BuildStrategy", "CPUPlace", "CUDAPlace", "CompiledProgram", "DataFeeder",
+           "DistributeTranspiler", "DistributeTranspilerConfig", "ExecutionStrategy", "Executor",
+           "LoDTensor", "ParallelExecutor", "ParamAttr", "Program", "Scope", "clip", "compiler",
+           "core", "default_main_program", "default_startup_program", "embedding", "global_scope",
+           "initializer", "io", "layers", "memory_optimize", "optimizer", "param_attr",
+           "profiler", "program_guard", "regularizer", "release_memory", "transpiler",
+           "unique_name"]

@@ -29,6 +29,21 @@ programs, so that a classic parameter-server script runs with only its imports c
 `FluidExecutor.close()` (Paddle's, which the script calls at the end) tells every pserver this
 trainer is done (COMPLETE); an executor still open when the interpreter exits does it then.
 
+One trainer per scope, as Paddle has one RPC client per process: a script may run the trainer's
+startup with one executor and its steps with another (``fluid.ParallelExecutor``, which makes
+its own), in the same scope; the executor that made the trainer runs every RPC program of that
+scope, whichever executor was called.
+
+Beyond the program, `run` takes what Paddle's does: a ``fluid.CompiledProgram`` (anything holding
+its program as ``_program``: the program runs as it is, on the executor's one place), fed
+`FluidLoDTensor`s (Paddle's ``fluid.core.LoDTensor``), and with ``return_numpy=False`` it returns
+dense values and LoD tensors as `FluidLoDTensor`s (``np.array(t)``, ``t.lod()``).
+
+Profiling (``fluid.profiler``): while `profile_kernels` holds a timer, every executor's runs
+(local, and a trainer's steps) time each kernel with it
+(`runtime.execution.executor.timed_binder`, through a second kernel executor made with the
+timer); without one the kernels run unwrapped, as before.
+
 DESIGN: the trainer's RPC client lives on an event loop of its own in a daemon thread, and
 `run` waits for the coroutine it hands it. The client's sockets and the heartbeat go on between
 calls, so a script that does other work between steps is not dropped from the fan-in for
@@ -54,7 +69,8 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Coroutine, Iterable, Mapping, Sequence, TypeVar
+from typing import (Any, Coroutine, Iterable, Mapping, Protocol, Sequence, TypeVar,
+                    runtime_checkable)
 
 import numpy as np
 
@@ -65,9 +81,10 @@ from runtime.config.atomic import atomic_open
 from runtime.config.nodes import pserver_name, trainer_name
 from runtime.execution.executor import RPC_OP_TYPES
 from runtime.execution.executor import Executor as KernelExecutor
-from runtime.execution.executor import FeedValue
+from runtime.execution.executor import FeedValue, KernelTimer
 from runtime.execution.scope import Scope, global_scope
-from runtime.execution.tensor import copy_value, to_dense
+from runtime.execution.tensor import (LoDTensor, TensorError, Value, copy_value, to_dense,
+                                      validate_lod)
 from runtime.network.curve import KEYS_VAR, CurveKeys
 from runtime.network.ports import wait_for_ports
 from runtime.network.rpc import RetryPolicy, RpcClient
@@ -102,6 +119,127 @@ class CUDAPlace:
     """Kernels on GPU `device_id` (the torch backend, which needs the ``[torch]`` extra)."""
 
     device_id: int = 0
+
+
+class FluidLoDTensor:
+    """Paddle's ``fluid.core.LoDTensor``: an array and its LoD, Paddle's methods on them.
+    `set(array, place)` stores a copy of the array (the place is not kept: values live on the
+    host until a kernel reads them); `set_lod` takes offsets (``[[0, 2, 5]]``: two sequences of
+    2 and 3 rows), `set_recursive_sequence_lengths` lengths (``[[2, 3]]``), each checked
+    against the rows set (ValueError); ``np.array(t)`` is the array. The executor takes one as
+    a feed and, with ``return_numpy=False``, returns fetched values as these."""
+
+    def __init__(self, array: Any = None, lod: Sequence[Sequence[int]] = ()) -> None:
+        self._array: np.ndarray | None = None if array is None else np.array(array, copy=True)
+        self._lod: list[list[int]] = []
+        if lod:
+            self.set_lod(lod)
+
+    def set(self, array: Any, place: CPUPlace | CUDAPlace | None = None) -> None:
+        """Hold a copy of `array` (its LoD, if any, stays; `has_valid_recursive_sequence_lengths`
+        says whether it still fits)."""
+        self._array = np.array(array, copy=True)
+
+    def shape(self) -> list[int]:
+        """The array's shape ([] before `set`)."""
+        return [] if self._array is None else list(self._array.shape)
+
+    def _dtype(self) -> np.dtype:
+        return self._held().dtype
+
+    def set_lod(self, lod: Sequence[Sequence[int]]) -> None:
+        self._lod = self._checked(lod)
+
+    def lod(self) -> list[list[int]]:
+        return [list(level) for level in self._lod]
+
+    def set_recursive_sequence_lengths(self, lengths: Sequence[Sequence[int]]) -> None:
+        self._lod = self._checked([np.concatenate([[0], np.cumsum(level, dtype=np.int64)]).tolist()
+                                   for level in lengths])
+
+    def recursive_sequence_lengths(self) -> list[list[int]]:
+        return [[b - a for a, b in zip(level, level[1:])] for level in self._lod]
+
+    def has_valid_recursive_sequence_lengths(self) -> bool:
+        try:
+            self._checked(self._lod)
+        except ValueError:
+            return False
+        return True
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        array = self._held()
+        if dtype is not None and np.dtype(dtype) != array.dtype:
+            return array.astype(dtype)
+        return array.copy() if copy else array
+
+    def value(self) -> Value:
+        """The runtime's value of it: a `LoDTensor` with a LoD, else the array (a copy)."""
+        array = self._held().copy()
+        return LoDTensor(array, self._lod) if self._lod else array
+
+    @staticmethod
+    def of(value: Any) -> Any:
+        """A fetched value as Paddle returns it with ``return_numpy=False``: a dense array or a
+        `LoDTensor` as a FluidLoDTensor (a copy), anything else (SelectedRows) as it is."""
+        if isinstance(value, LoDTensor):
+            return FluidLoDTensor(np.asarray(value.data), value.lod)
+        if isinstance(value, np.ndarray):
+            return FluidLoDTensor(value)
+        return value
+
+    def _held(self) -> np.ndarray:
+        if self._array is None:
+            raise ValueError("LoDTensor: no data; call set(array, place) first")
+        return self._array
+
+    def _checked(self, lod: Sequence[Sequence[int]]) -> list[list[int]]:
+        levels = [[int(o) for o in level] for level in lod]
+        if not levels:
+            return []
+        if self._array is not None and self._array.ndim:
+            rows = self._array.shape[0]
+        else:  # no rows yet: the LoD is checked against the rows it names
+            rows = levels[-1][-1] if levels[-1] else 0
+        try:
+            return validate_lod(levels, rows)
+        except TensorError as exc:
+            raise ValueError(f"LoDTensor: invalid LoD {levels} for {rows} rows: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"LoDTensor(shape={self.shape()}, lod={self._lod})"
+
+
+@runtime_checkable
+class HoldsProgram(Protocol):
+    """What `FluidExecutor.run` takes besides a `Program`: Paddle's ``CompiledProgram``, which
+    holds the program it compiled as ``_program``."""
+
+    _program: Program
+
+
+def program_of(program: Program | HoldsProgram | None) -> Program:
+    """The program to run: `program`, the one a compiled program holds, or the default main
+    program."""
+    if program is None:
+        return default_main_program()
+    if isinstance(program, Program):
+        return program
+    if isinstance(program, HoldsProgram):
+        return program._program
+    raise TypeError(f"Executor.run: program must be a Program or a CompiledProgram, got "
+                    f"{type(program).__name__}")
+
+
+_profiler: KernelTimer | None = None
+"""The timer every executor's kernels report to while profiling (`profile_kernels`)."""
+
+
+def profile_kernels(timer: KernelTimer | None) -> None:
+    """From now on every `FluidExecutor`'s kernels report each call to `timer` (None: they run
+    untimed again). ``fluid.profiler`` sets and clears it."""
+    global _profiler
+    _profiler = timer
 
 
 def backend_of(place: CPUPlace | CUDAPlace | None) -> tuple[str, str]:
@@ -213,6 +351,8 @@ class FluidExecutor:
                  startup_timeout: float = STARTUP_TIMEOUT) -> None:
         backend, device = backend_of(place)
         self.kernels = KernelExecutor(backend, device)
+        self._timed: KernelExecutor | None = None
+        """The kernels timed by the profiler's timer, made on the first run while profiling."""
         self.startup_timeout = startup_timeout
         self._loop: LoopThread | None = None
         self._trainer: Trainer | None = None
@@ -220,32 +360,58 @@ class FluidExecutor:
         self._startup: tuple[Scope, Program] | None = None
         """The last program without RPC ops run, and its scope (a pserver's startup)."""
 
-    def run(self, program: Program | None = None, feed: Mapping[str, FeedValue] | None = None,
+    def run(self, program: Program | HoldsProgram | None = None,
+            feed: Mapping[str, FeedValue] | None = None,
             fetch_list: Iterable[Var | str] | None = None, scope: Scope | None = None,
             return_numpy: bool = True) -> list[Any]:
-        """Run `program` (default: the default main program) once and return the fetched
-        values; a pserver program serves until its trainers are done and returns []."""
-        program = default_main_program() if program is None else program
+        """Run `program` (default: the default main program; a compiled program runs the one
+        it holds) once and return the fetched values (`FluidLoDTensor`s unless
+        `return_numpy`); a pserver program serves until its trainers are done and returns []."""
+        program = program_of(program)
         scope = global_scope() if scope is None else scope
         fetch = [item.name if isinstance(item, Var) else str(item) for item in fetch_list or ()]
+        if feed:
+            feed = {name: value.value() if isinstance(value, FluidLoDTensor) else value
+                    for name, value in feed.items()}
         ops = rpc_ops(program)
         if not ops:
-            values = self.kernels.run(program, feed, fetch, scope, return_numpy)
+            values = self._kernels_now().run(program, feed, fetch, scope, return_numpy)
             self._startup = (scope, program)
-            return values
+            return values if return_numpy else [FluidLoDTensor.of(value) for value in values]
         if listen_op(program) is not None:
             self._serve(program, scope)
             return []
-        found = self._call(self._train(program, ops, scope, feed or {}, fetch))
+        owner = self._trainer_owner(scope)
+        found = owner._call(owner._train(program, ops, scope, feed or {}, fetch))
         if return_numpy:
             return [np.array(to_dense(value), copy=True) for value in found]
-        return [copy_value(value) for value in found]
+        return [FluidLoDTensor.of(copy_value(value)) for value in found]
+
+    def _kernels_now(self) -> KernelExecutor:
+        """The kernels to run with: timed by the profiler's timer while one is set."""
+        timer = _profiler
+        if timer is None:
+            return self.kernels
+        if self._timed is None or self._timed.timer is not timer:
+            self._timed = KernelExecutor(self.kernels.backend, self.kernels.device, timer)
+        return self._timed
+
+    def _trainer_owner(self, scope: Scope) -> FluidExecutor:
+        """The executor whose trainer runs in `scope`: this one, or one that made a trainer
+        there before (the script's startup executor, where this is a ParallelExecutor's)."""
+        if self._trainer is None:
+            other = _TRAINERS.get(id(scope))
+            if other is not None and other._trainer is not None:
+                return other
+        return self
 
     def close(self) -> None:
         """Tell every pserver this trainer is done (COMPLETE) and stop the event loop. Runs at
         interpreter exit if the script does not call it; a second call does nothing."""
         atexit.unregister(self.close)
         loop, trainer, self._loop, self._trainer = self._loop, self._trainer, None, None
+        if trainer is not None and _TRAINERS.get(id(trainer.scope)) is self:
+            del _TRAINERS[id(trainer.scope)]
         if loop is None:
             return
         try:
@@ -267,6 +433,7 @@ class FluidExecutor:
         step = is_step(ops)
         if trainer is None:
             trainer = self._trainer = await self._make_trainer(program, ops, scope)
+            _TRAINERS[id(scope)] = self
             if step:
                 trainer.startup = Program()  # no startup program with RPC ops came first
             self._next_step = await trainer.start()
@@ -284,7 +451,8 @@ class FluidExecutor:
             trainer.main = program  # the chief's `finish` reads it
         trainer.rpc.step = trainer.rpc.charge.step = self._next_step - (0 if step else 1)
         try:
-            found = await run_program(self.kernels, program, scope, trainer.rpc, feed, fetch)
+            found = await run_program(self._kernels_now(), program, scope, trainer.rpc, feed,
+                                      fetch)
         except Rewind as rewind:
             raise RuntimeError(f"trainer {trainer.trainer_id}: {rewind}; the pservers ask for "
                                f"steps from {rewind.step} to be redone, which a script's "
@@ -328,6 +496,11 @@ class FluidExecutor:
                              give_up_without_trainers=True)
         self._call(_serve(program, self._startup[1], scope, name, endpoint, keys, config,
                           self.kernels))
+
+
+_TRAINERS: dict[int, FluidExecutor] = {}
+"""id(scope) -> the executor whose trainer runs in that scope (the trainer holds its scope, so
+the id names that scope while the entry stands; `close` removes it)."""
 
 
 async def _serve(program: Program, startup: Program, scope: Scope, name: str, endpoint: str,
@@ -401,5 +574,6 @@ def save_persistables(executor: FluidExecutor, dirname: str | Path,
                               if v.persistable and held.has(n)])
 
 
-__all__ = ["CPUPlace", "CUDAPlace", "DataFeeder", "FluidExecutor", "INSECURE_VAR",
-           "SecurityRefused", "save_params", "save_persistables"]
+__all__ = ["CPUPlace", "CUDAPlace", "DataFeeder", "FluidExecutor", "FluidLoDTensor",
+           "HoldsProgram", "INSECURE_VAR", "SecurityRefused", "profile_kernels", "program_of",
+           "save_params", "save_persistables"]

@@ -55,7 +55,7 @@ from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, f
 from runtime.network.curve import KeyFileError, export_keys, write_keys
 from runtime.services.job import check_job
 from runtime.services.node import (RoleError, add_arguments, key_directory, load_for_role,
-                                   node_options, resolve_role)
+                                   node_options, resolve_role, socket_directory)
 
 
 def _positive_int(text: str) -> int:
@@ -292,13 +292,15 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
                      f"does not combine with running one node ({role.name}, from "
                      f"{role.index_source})")
     try:
-        keys = key_directory(role, args.keys, args.insecure, os.environ)
+        ipc = socket_directory(args.ipc, args.keys, args.insecure)
+        keys = None if ipc is not None else key_directory(role, args.keys, args.insecure,
+                                                          os.environ)
     except RoleError as err:
         parser.error(str(err))
     if role is not None:
         try:
             return run_node(Path(args.scenario), args.set, scenario, role, args.out,
-                            replace(options, keys=keys))
+                            replace(options, keys=keys, ipc=ipc))
         except RoleError as err:
             parser.error(str(err))
         except OutputDirError as err:
@@ -311,7 +313,7 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
     out_dir = args.out or Path(scenario.outputs.dir or Path("out") / scenario.name)
     try:
         return launch(Path(args.scenario), args.set, scenario, out_dir, out, netns=args.netns,
-                      keys=keys, insecure=args.insecure)
+                      keys=keys, insecure=args.insecure, ipc=ipc)
     except OutputDirError as err:
         _refuse(parser, str(err))
 

@@ -148,6 +148,10 @@ class DataSpec(_Strict):
         return self
 
 
+Security = Literal["auto", "local", "curve", "none"]
+"""`ClusterSpec.security`'s choices; `ClusterSpec.secured` resolves ``auto``."""
+
+
 class HostSpec(_Strict):
     """Nodes that share one machine's cores (the simulator's `sim.cpu`)."""
 
@@ -183,6 +187,14 @@ class ClusterSpec(_Strict):
     6170 for the programs; `runtime up` then picks free ports)."""
     hosts: list[HostSpec] | None = Field(None, description="which nodes share a machine and "
                                          "its cores; a node on none has a machine of its own")
+    security: Security = Field(
+        "auto", description="how nodes keep their messages to themselves: local (ZeroMQ ipc "
+        "sockets in a directory only the job's user can open, no encryption: one host), curve "
+        "(CurveZMQ over TCP: every connection authenticated, every byte encrypted), none (plain "
+        "TCP, as runtime up --insecure), or auto: local where every node runs on one host in "
+        "one network namespace (runtime up without --netns or message faults; in the "
+        "simulator, cluster.hosts puts every node on one host), curve otherwise. runtime up's "
+        "--insecure and --keys override it; see SECURITY.md")
 
     @field_validator("hosts")
     @classmethod
@@ -205,6 +217,26 @@ class ClusterSpec(_Strict):
                         raise ValueError(f"[{h}].nodes: {node} is on hosts[{owner[node]}] "
                                          "already; a node runs on one host")
         return hosts
+
+    def for_transpiler(self) -> dict[str, Any]:
+        """The fields the transpiler reads (`transpiler.distribute.from_spec`): all but where
+        the nodes run and how they talk."""
+        return self.model_dump(exclude_none=True, exclude={"hosts", "security"})
+
+    def secured(self, one_host: bool) -> Security:
+        """`security` for a job whose nodes all run on one host in one network namespace
+        (`one_host`) or not: ``auto`` is ``local`` there and ``curve`` elsewhere."""
+        if self.security == "auto":
+            return "local" if one_host else "curve"
+        return self.security
+
+    def on_one_host(self) -> bool:
+        """Whether `hosts` puts every node on one simulated host."""
+        if not self.hosts or len(self.hosts) != 1:
+            return False
+        patterns = self.hosts[0].nodes
+        return all(any(fnmatchcase(node, p) for p in patterns)
+                   for node in node_names(self.pservers, self.trainers))
 
     @model_validator(mode="after")
     def _endpoints_match(self) -> "ClusterSpec":

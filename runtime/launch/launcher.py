@@ -50,10 +50,16 @@ deleted before `launch` returns, whatever happened. Without it the nodes share t
 loopback and the notes list every network setting not applied
 (`runtime.launch.netns.network_notes`).
 
-Every job talks CurveZMQ (`runtime.network.curve`): the launcher writes a fresh keypair per
-node into ``OUT/keys`` (secret keys mode 0600) and starts each node with ``--keys OUT/keys``,
-unless ``--keys DIR`` names the job's keys or ``--insecure`` (which warns) turns security off.
-A job with message faults stays encrypted: its proxies are `CurveFaultProxy`s, CURVE servers to
+How the nodes keep their messages to themselves (`secure`, the scenario's
+``cluster.security``): a job whose nodes all share the host's network (no ``--netns``, no message
+faults) talks over local sockets, ZeroMQ ``ipc://`` sockets in a fresh directory of mode 0700
+that only the job's user can open (`runtime.network.local_sockets`): each node is started with
+``--ipc DIR``, and the directory is removed when the job ends. The kernel keeps those bytes
+from everyone else, so nothing is encrypted. Every other job talks CurveZMQ
+(`runtime.network.curve`): the launcher writes a fresh keypair per node into ``OUT/keys``
+(secret keys mode 0600) and starts each node with ``--keys OUT/keys``. ``cluster.security:
+curve`` asks for CurveZMQ on one host too, ``--keys DIR`` names the job's keys (CurveZMQ), and
+``--insecure`` (which warns) turns security off. A job with message faults stays encrypted: its proxies are `CurveFaultProxy`s, CURVE servers to
 the trainers with their pservers' keys and CURVE clients of the pservers
 (`runtime.faults.curve_proxy`), ``--netns``'s too: each makes its sockets in its pserver's
 namespace (`runtime.launch.netns.entered`). Only with ``--insecure`` are the proxies the
@@ -74,6 +80,7 @@ signal number when interrupted.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import os
 import shutil
 import signal
@@ -111,6 +118,7 @@ from runtime.faults.schedule import FaultSchedule
 from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latencies,
                                   network_notes, sigterm_interrupts)
 from runtime.network.curve import KeyFileError, write_keys
+from runtime.network.local_sockets import make_socket_dir
 from runtime.services.cluster import restart_is_moot, run_job, train_locally
 from runtime.services.job import Job
 from runtime.services.lifeline import launcher_environment, lifeline_environment
@@ -321,11 +329,10 @@ def choose_endpoints(scenario: Scenario) -> list[str]:
     cluster = scenario.cluster
     if scenario.transpiler.mode in TRAINER_RING_MODES:
         if (cluster.endpoints or {}).get("trainers") or cluster.base_port:
-            return list(trainer_endpoints(cluster.model_dump(exclude_none=True,
-                                                             exclude={"hosts"})))
+            return list(trainer_endpoints(cluster.for_transpiler()))
         return free_endpoints(cluster.host, cluster.trainers)
     if (cluster.endpoints or {}).get("pservers") or cluster.base_port:
-        return list(pserver_endpoints(cluster.model_dump(exclude_none=True, exclude={"hosts"})))
+        return list(pserver_endpoints(cluster.for_transpiler()))
     return free_endpoints(cluster.host, cluster.pservers)
 
 
@@ -444,7 +451,9 @@ class Launcher:
     nodes: list[NodeRun] = field(default_factory=list)
     injector: FaultSchedule | None = None
     security: list[str] = field(default_factory=lambda: ["--insecure"])
-    """Flags every node gets: ``--keys DIR`` (`secure`), or ``--insecure``."""
+    """Flags every node gets: ``--ipc DIR`` or ``--keys DIR`` (`secure`), or ``--insecure``."""
+    socket_dir: Path | None = None
+    """The local sockets' directory the launcher made for this job (removed at its end)."""
     inherit: tuple[int, ...] = ()
     """Descriptors every node's process holds open: the output folder's lock
     (`runtime.config.outdir`), which stays held until the last node has ended."""
@@ -987,14 +996,33 @@ def verdict(metrics: JobMetrics) -> str:
     return f"OK: {job.scenario}" + "".join(f": {detail}" for detail in expected)
 
 
-def secure(launcher: Launcher, keys: Path | None, insecure: bool) -> list[str]:
-    """Choose the nodes' `Launcher.security` (see the module doc): the job's keys, checked
-    here, or keys made in OUT/keys; none with `insecure`. Fault proxies become
-    `CurveFaultProxy`s with their pservers' keys, made in their pservers' namespaces under
-    ``--netns``. The warnings to show; `KeyFileError` names a key file missing from `keys`."""
-    if insecure:
+class SecurityError(Exception):
+    """A security the job cannot have (local sockets with TCP proxies or namespaces)."""
+
+
+def secure(launcher: Launcher, keys: Path | None, insecure: bool,
+           ipc: Path | None = None) -> list[str]:
+    """Choose the nodes' `Launcher.security` (see the module doc): local sockets in `ipc` or in
+    a directory made here; the job's keys, checked here, or keys made in OUT/keys; none with
+    `insecure`. Fault proxies become `CurveFaultProxy`s with their pservers' keys, made in
+    their pservers' namespaces under ``--netns``. The warnings to show; `KeyFileError` names a
+    key file missing from `keys`, `SecurityError` a choice the job cannot have."""
+    one_host = not launcher.proxies and not launcher.namespaces
+    chosen = ("none" if insecure else "curve" if keys is not None else "local" if ipc is not None
+              else launcher.scenario.cluster.secured(one_host))
+    if chosen == "none":
         launcher.security = ["--insecure"]
         return [insecure_warning(f"runtime up {launcher.scenario.name}", launcher.endpoints)]
+    if chosen == "local":
+        if not one_host:
+            why = "--netns" if launcher.namespaces else "the message faults' proxies"
+            raise SecurityError(f"local sockets (cluster.security local or --ipc) need every "
+                                f"node on this host's own network; {why} talk TCP: use "
+                                "cluster.security auto or curve")
+        if ipc is None:
+            ipc = launcher.socket_dir = make_socket_dir()
+        launcher.security = ["--ipc", str(ipc)]
+        return []
     if keys is None:
         keys = launcher.out / "keys"
         write_keys(keys, [node_file_stem(n.role, n.index) for n in launcher.nodes], force=True)
@@ -1018,21 +1046,21 @@ def _made_in(launcher: Launcher, pserver: int) -> Callable[[], AbstractContextMa
 
 def launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
            stream: TextIO, netns: bool = False, keys: Path | None = None,
-           insecure: bool = False) -> int:
+           insecure: bool = False, ipc: Path | None = None) -> int:
     """Run every node of `scenario` as a process; the exit status for `runtime up`. With
     `netns`, each node in a network namespace of its own with the scenario's network applied
     (`runtime.launch.netns`; `check_netns` says whether that can work here): the namespaces are
     deleted before this returns, on failure and interruption too. `keys` and `insecure`: the
-    job's security (`secure`). The output folder `out` is claimed first
+    job's security (`secure`), and `ipc` the local sockets' directory to use. The output folder `out` is claimed first
     (`runtime.config.outdir`): `OutputDirError` when it cannot be used or another run holds it."""
     with claim_output(out) as claim:
         return _launch(scenario_path, overrides, scenario, out, stream, netns, keys, insecure,
-                       claim.fds)
+                       claim.fds, ipc)
 
 
 def _launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
             stream: TextIO, netns: bool, keys: Path | None, insecure: bool,
-            locks: tuple[int, ...]) -> int:
+            locks: tuple[int, ...], ipc: Path | None = None) -> int:
     """`launch` in the output folder `out`, claimed: `locks` are its lock's descriptors, which
     every node holds too (`Launcher.inherit`)."""
     prepare_out(out, scenario)
@@ -1042,11 +1070,11 @@ def _launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
         proxies, binds = fault_proxies(scenario, endpoints)
         launcher = Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out, binds,
                             proxies, inherit=locks)
-        return run_launcher(launcher, notes, stream, keys=keys, insecure=insecure)
+        return run_launcher(launcher, notes, stream, keys=keys, insecure=insecure, ipc=ipc)
     with sigterm_interrupts():  # Ctrl-C or SIGTERM: the namespaces are deleted all the same
         try:
             return _launch_in_namespaces(scenario_path, overrides, scenario, out, stream, notes,
-                                         keys, insecure, locks)
+                                         keys, insecure, locks, ipc)
         except KeyboardInterrupt:
             print("FAILED: interrupted (the network namespaces are deleted)", file=stream,
                   flush=True)
@@ -1055,7 +1083,7 @@ def _launch(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
 
 def _launch_in_namespaces(scenario_path: Path, overrides: list[str], scenario: Scenario,
                           out: Path, stream: TextIO, notes: list[str], keys: Path | None,
-                          insecure: bool, locks: tuple[int, ...]) -> int:
+                          insecure: bool, locks: tuple[int, ...], ipc: Path | None = None) -> int:
     try:
         fabric = Fabric.create(scenario)
     except NetnsError as exc:
@@ -1067,7 +1095,7 @@ def _launch_in_namespaces(scenario_path: Path, overrides: list[str], scenario: S
                   f"{', '.join(fabric.removed_stale)}", file=stream)
         launcher = netns_launcher(scenario_path, overrides, scenario, out, fabric)
         launcher.inherit = locks
-        return run_launcher(launcher, notes, stream, fabric, keys, insecure)
+        return run_launcher(launcher, notes, stream, fabric, keys, insecure, ipc)
     finally:
         for problem in fabric.delete():
             print(f"warning: --netns: deleting the namespaces: {problem}", file=stream,
@@ -1101,17 +1129,28 @@ def netns_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario
 
 def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
                  fabric: Fabric | None = None, keys: Path | None = None,
-                 insecure: bool = False) -> int:
+                 insecure: bool = False, ipc: Path | None = None) -> int:
     """Run `launcher`'s job, secured as `secure` says, report, check and record it; the exit
     status."""
-    scenario, out = launcher.scenario, launcher.out
     try:
-        warnings = secure(launcher, keys, insecure)
-    except KeyFileError as exc:
+        warnings = secure(launcher, keys, insecure, ipc)
+    except (KeyFileError, SecurityError) as exc:
         for node in launcher.nodes:
             node.log.close()
-        print(f"FAILED: --keys: {exc}", file=stream, flush=True)
+        where = "--keys: " if isinstance(exc, KeyFileError) else ""
+        print(f"FAILED: {where}{exc}", file=stream, flush=True)
         return 1
+    try:
+        return _run_secured(launcher, notes, stream, warnings, fabric)
+    finally:
+        if launcher.socket_dir is not None:
+            shutil.rmtree(launcher.socket_dir, ignore_errors=True)
+
+
+def _run_secured(launcher: Launcher, notes: list[str], stream: TextIO, warnings: list[str],
+                 fabric: Fabric | None) -> int:
+    """`run_launcher`, its security chosen."""
+    scenario, out = launcher.scenario, launcher.out
     for warning in warnings:
         print(warning, file=sys.stderr, flush=True)
     cluster, train = scenario.cluster, scenario.train
@@ -1125,6 +1164,10 @@ def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
     if launcher.security[0] == "--keys":
         print(f"CurveZMQ: every connection authenticated and encrypted, keys in "
               f"{launcher.security[1]}", file=stream)
+    elif launcher.security[0] == "--ipc":
+        print(f"local sockets: every node talks over ipc sockets in {launcher.security[1]} "
+              f"(mode 0700: only {getpass.getuser()}'s processes on this host can connect; "
+              "nothing leaves the kernel, so nothing is encrypted: SECURITY.md)", file=stream)
     if scenario.collective.backend == "torch" and cluster.pservers == 0:
         print("torch.distributed: the trainers' all-reduce is neither authenticated nor "
               "encrypted (collective.backend torch; see SECURITY.md)", file=stream)

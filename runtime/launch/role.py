@@ -116,12 +116,14 @@ class RoleLauncher(Launcher):
     proxy: FaultProxy | None = None
     """The fault proxy at this pserver's endpoint, for the scenario's message faults."""
     keys: Path | None = None
+    ipc: Path | None = None
 
     def __post_init__(self) -> None:
         assert self.role is not None
         self.binds = self.binds or list(self.endpoints)
         self.proxies = [self.proxy] if self.proxy is not None else []
-        self.security = ["--keys", str(self.keys)] if self.keys is not None else ["--insecure"]
+        self.security = (["--keys", str(self.keys)] if self.keys is not None
+                         else ["--ipc", str(self.ipc)] if self.ipc is not None else ["--insecure"])
         stdout = open(sys.stdout.fileno(), "w", buffering=1, closefd=False)
         self.nodes = [NodeRun(self.role.role, self.role.index, stdout)]
         self._display: Display | None = None
@@ -182,6 +184,9 @@ def role_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario,
                                       for i in range(len(scenario.faults))):
         if not endpoints:
             raise RoleError(f"{own}: message faults need the pserver endpoints (--endpoints)")
+        if options.ipc is not None:
+            raise RoleError(f"{own}: message faults put a TCP proxy in front of the pserver; "
+                            "they do not combine with --ipc (give --keys)")
         (bind,) = free_endpoints(PROXY_HOST, 1)
         binds = list(endpoints)
         binds[role.index] = bind
@@ -193,7 +198,7 @@ def role_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario,
     # the child reads the scenario again: give it the cluster size the role implied
     sized = [*overrides, f"cluster.trainers={cluster.trainers}"]
     return RoleLauncher(scenario_path, sized, scenario, endpoints, Path("."), binds=binds,
-                        role=role, node_out=out, proxy=proxy, keys=options.keys)
+                        role=role, node_out=out, proxy=proxy, keys=options.keys, ipc=options.ipc)
 
 
 def run_node(scenario_path: Path, overrides: list[str], scenario: Scenario, role: Role,

@@ -5,8 +5,9 @@ accepted a TCP connection, so a trainer started before its pservers would not ti
 first requests. A trainer program records that wish as its ``_wait_port`` attribute; a real
 trainer node (`runtime.services.node`) and a Paddle script's executor
 (`runtime.services.paddle_compat`, which reads it from the trainer's startup program, the first
-it runs) honour it with `wait_for_ports`. Only plain
-``host:port`` (TCP) endpoints can be probed; others are taken as ready. The simulator needs no
+it runs) honour it with `wait_for_ports`. Plain ``host:port`` (TCP) endpoints are probed, or
+their sockets in the job's directory when it talks over local sockets
+(`runtime.network.local_sockets`); other addresses are taken as ready. The simulator needs no
 wait: its network queues a message until the server binds.
 
 Each probe (`probe`) resolves the host, connects, and reads the first bytes the peer sends: a
@@ -34,10 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from runtime.network.local_sockets import socket_path
 
 GREETING_SECONDS = 1.0
 """How long a listener has to send its ZeroMQ greeting before it is taken for not a pserver."""
@@ -82,6 +87,41 @@ class PortsNotReady(TimeoutError):
         self.causes = dict(causes)
 
 
+async def probe_socket(path: str, seconds: float) -> Probe:
+    """One look at the Unix socket `path` (a node's local socket,
+    `runtime.network.local_sockets`) that ends within `seconds`: ready when it greets as
+    ZeroMQ does."""
+    loop = asyncio.get_running_loop()
+    seconds = max(seconds, PROBE_FLOOR)
+    deadline = loop.time() + seconds
+    connected = await _connect(socket.AF_UNIX, path, seconds)
+    if isinstance(connected, Probe):
+        if not connected.refused and not os.path.exists(path):
+            return Probe(False, f"no socket at {path} yet: nothing listens there", refused=True)
+        return connected
+    try:
+        return await _greeting(connected, min(GREETING_SECONDS,
+                                              max(deadline - loop.time(), PROBE_FLOOR)))
+    finally:
+        connected.close()
+
+
+def _look(address: tuple[str, int] | str, seconds: float) -> Awaitable[Probe]:
+    """A probe of a TCP address or (a str) of a Unix socket's path."""
+    if isinstance(address, str):
+        return probe_socket(address, seconds)
+    return probe(*address, seconds)
+
+
+def _address(endpoint: str, ipc_dir: Path | None) -> tuple[str, int] | str | None:
+    """What a probe looks at for `endpoint`: a TCP (host, port), or the path of its socket in
+    `ipc_dir` (local sockets), or None (an address of another transport: taken as ready)."""
+    address = _host_port(endpoint)
+    if address is not None and ipc_dir is not None:
+        return str(socket_path(ipc_dir, endpoint))
+    return address
+
+
 def _host_port(endpoint: str) -> tuple[str, int] | None:
     address = endpoint.removeprefix("tcp://")
     host, sep, port = address.rpartition(":")
@@ -115,7 +155,7 @@ async def _resolve(host: str, port: int,
     return [(family, address) for family, _, _, _, address in infos]
 
 
-async def _connect(family: int, address: tuple[Any, ...],
+async def _connect(family: int, address: tuple[Any, ...] | str,
                    seconds: float) -> socket.socket | Probe:
     """A socket connected to `address` within `seconds`, or the `Probe` that says why not."""
     loop = asyncio.get_running_loop()
@@ -188,17 +228,19 @@ async def probe(host: str, port: int, seconds: float) -> Probe:
 
 
 async def wait_for_ports(who: str, endpoints: Sequence[str], timeout: float,
-                         interval: float = 0.05) -> None:
-    """Return once every TCP endpoint greets as a ZeroMQ socket does; raise `PortsNotReady`
+                         interval: float = 0.05, ipc_dir: Path | None = None) -> None:
+    """Return once every TCP endpoint (its socket in `ipc_dir` where given: local sockets)
+    greets as a ZeroMQ socket does; raise `PortsNotReady`
     naming those that do not after `timeout` seconds, and why (at once for an endpoint where
     another service answers). Probes back off from `interval` to 1 s; each ends at the
     deadline."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    waiting = {ep: address for ep in endpoints if (address := _host_port(ep)) is not None}
+    waiting = {ep: address for ep in endpoints
+               if (address := _address(ep, ipc_dir)) is not None}
     while waiting:
         left = deadline - loop.time()
-        found = await asyncio.gather(*(probe(*address, left) for address in waiting.values()))
+        found = await asyncio.gather(*(_look(address, left) for address in waiting.values()))
         causes = {ep: p for ep, p in zip(waiting, found) if not p.ready}
         waiting = {ep: waiting[ep] for ep in causes}
         if not waiting:

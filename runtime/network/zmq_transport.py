@@ -33,6 +33,10 @@ size, summed as its frames are read: libzmq only bounds frames, so a message ove
 is read to its end and dropped (logged, counted in `dropped`), never handed on. Close uses
 LINGER `linger_ms` (100 by default) and terminates the context if this transport created it.
 
+Local sockets (`runtime.network.local_sockets`): given an ``ipc_dir``, every endpoint is the
+Unix socket of its name in that directory (`ZmqTransport.address`), whose mode 0700 admits only
+the job's user; the endpoint stays the peer's name.
+
 Security (`runtime.network.curve`): with `CurveKeys`, the ROUTER is a CURVE server that admits
 only the job's client keys (a `ZapHandler` on the loop answers its context's ZAP requests), and
 each DEALER a CURVE client of its endpoint's server key: every byte is encrypted and
@@ -62,12 +66,14 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import zmq
 
 from runtime.network.curve import RELAY, CurveKeys, ZapHandler, make_client, make_server
+from runtime.network.local_sockets import ipc_address
 from runtime.network.refusals import RefusalLog
 from runtime.network.transport import (MAX_NAME_BYTES, Inbound, Inbox, EndpointError, Frame,
                                        Transport, TransportClosed, TransportError,
@@ -231,8 +237,11 @@ class ZmqTransport(Transport):
         limits: ZmqLimits | None = None,
         context: zmq.Context[Any] | None = None,
         curve: CurveKeys | None = None,
+        ipc_dir: Path | None = None,
     ) -> None:
         self.name = check_node_name(name)
+        self.ipc_dir = ipc_dir
+        """Where endpoints are Unix sockets (`runtime.network.local_sockets`); none: TCP."""
         self.limits = limits or ZmqLimits()
         self._owns_context = context is None
         # a context made for asyncio sockets is shadowed: the same libzmq context, plain sockets
@@ -264,6 +273,13 @@ class ZmqTransport(Transport):
         self.unsent = 0
         """Messages `send_nowait` dropped: `send_hwm` messages already waited for the peer."""
 
+    def address(self, endpoint: str) -> str:
+        """The ZeroMQ address of the node named by `endpoint`: its socket in `ipc_dir`, else
+        TCP."""
+        if self.ipc_dir is not None:
+            return ipc_address(self.ipc_dir, endpoint)
+        return zmq_address(endpoint)
+
     @property
     def unauthenticated(self) -> int:
         """Connections refused at the handshake: their key is not one of the job's."""
@@ -284,7 +300,7 @@ class ZmqTransport(Transport):
         self._check_open("bind")
         router = self._router or self._open_router()
         try:
-            router.zmq.bind(zmq_address(endpoint))
+            router.zmq.bind(self.address(endpoint))
         except zmq.ZMQError as exc:
             raise EndpointError(self.name, endpoint, exc.strerror) from exc
         return router.zmq.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -303,7 +319,7 @@ class ZmqTransport(Transport):
         try:
             if self.curve is not None:
                 make_client(dealer, self.curve, endpoint)
-            dealer.connect(zmq_address(endpoint))
+            dealer.connect(self.address(endpoint))
         except zmq.ZMQError as exc:
             dealer.close(linger=0)
             raise EndpointError(self.name, endpoint, exc.strerror) from exc

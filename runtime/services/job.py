@@ -94,7 +94,7 @@ class Job:
     def from_scenario(scenario: Scenario, endpoints: list[str] | None = None) -> "Job":
         """The job of `scenario`; `endpoints` replace the scenario's: the pservers', or in the
         nccl2 and collective modes the trainers'."""
-        cluster = scenario.cluster.model_dump(exclude_none=True, exclude={"hosts"})
+        cluster = scenario.cluster.for_transpiler()
         role = "trainers" if scenario.transpiler.mode in TRAINER_RING_MODES else "pservers"
         if endpoints:
             cluster["endpoints"] = {role: list(endpoints)}

@@ -48,8 +48,11 @@ profile` sets it) a node also times its kernels and its runtime costs
 Security (`runtime.network.curve`, SECURITY.md): a node talks CurveZMQ with the job's keys from
 ``--keys DIR`` (or ``PSLAB_KEYS``), written by ``runtime keys DIR``: a pserver admits only the
 trainers' keys and takes a trainer's key as its identity, a trainer checks each pserver's key.
-Without keys a node refuses to start unless ``--insecure`` says so, and then warns that anyone
-reaching its endpoints can read, change and end the job. Either way a pserver takes no frame or
+Without keys a node refuses to start unless ``--ipc DIR`` or ``--insecure`` says so. With
+``--ipc`` every endpoint is a Unix socket in DIR, a directory of mode 0700 that only the job's
+user can open (`runtime.network.local_sockets`: `runtime up` on one host runs its nodes so);
+with ``--insecure`` the node warns that anyone reaching its endpoints can read, change and end
+the job. Either way a pserver takes no frame or
 message larger than its trainers legitimately send it, and holds a bounded budget of received
 bytes (`runtime.services.inbound`).
 """
@@ -87,6 +90,7 @@ from runtime.execution.costs import KernelTimes, Meter
 from runtime.execution.executor import set_kernel_threads
 from runtime.execution.executor import timing_kernels
 from runtime.network.curve import KEYS_VAR, RELAY, CurveKeys, load_keys
+from runtime.network.local_sockets import SocketDirError, check_socket_dir
 from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import batches_for, make_pserver, make_trainer
@@ -140,7 +144,11 @@ class NodeOptions:
     """No `runtime up` supervises this process (role mode): a pserver whose trainers are all
     gone stops (`EXIT_TRAINERS_GONE`) instead of waiting for them until its deadline."""
     keys: Path | None = None
-    """The job's key directory (CurveZMQ); None: unauthenticated and unencrypted (--insecure)."""
+    """The job's key directory (CurveZMQ); None: unauthenticated and unencrypted (--insecure),
+    unless `ipc` is given."""
+    ipc: Path | None = None
+    """The job's socket directory (``--ipc``): every endpoint is a Unix socket in it, which
+    only its user can open (`runtime.network.local_sockets`), and no CurveZMQ."""
     stoppable: bool = False
     """SIGTERM stops a pserver after it wrote its record (`until_sigterm`): one started by
     `runtime up`, which reads the records of an interrupted job too."""
@@ -233,6 +241,20 @@ def key_directory(role: Role | None, keys: Path | None, insecure: bool,
                         f"or set {KEYS_VAR}, or run unauthenticated and unencrypted with "
                         "--insecure (see SECURITY.md)")
     return named
+
+
+def socket_directory(ipc: Path | None, keys: Path | None, insecure: bool) -> Path | None:
+    """``--ipc DIR``, checked: a directory of this user's that nobody else can open
+    (`check_socket_dir`); it takes neither ``--keys`` nor ``--insecure``."""
+    if ipc is None:
+        return None
+    if keys is not None or insecure:
+        raise RoleError(f"--ipc talks over local sockets without CurveZMQ; it does not combine "
+                        f"with {'--keys' if keys is not None else '--insecure'}")
+    try:
+        return check_socket_dir(ipc)
+    except SocketDirError as err:
+        raise RoleError(f"--ipc {err}") from err
 
 
 def insecure_warning(who: str, endpoints: Sequence[str]) -> str:
@@ -401,7 +423,7 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
             else node_keys(options.keys, "pserver", index, job.trainers, job.endpoints,
                            relay=options.bind is not None))
     limits = pserver_inbound_limits(job, index).zmq_limits(linger_ms=2000)
-    transport = ZmqTransport(pserver_name(index), limits, curve=keys)
+    transport = ZmqTransport(pserver_name(index), limits, curve=keys, ipc_dir=options.ipc)
     times = KernelTimes()
     with timing_kernels(times) if measuring() else nullcontext():
         service = make_pserver(job, index, transport, checkpoint_dir=checkpoint_dir_for(
@@ -470,7 +492,8 @@ async def run_trainer(job: Job, index: int, out: Path | None,
                                job.peers or job.endpoints, peers=job.collective))
         # linger: in a ring, the last pieces of the last all-reduce must leave before it exits
         limits = ZmqLimits(linger_ms=2000) if job.collective else None
-        trainer = make_trainer(job, index, ZmqTransport(trainer_name(index), limits, curve=keys),
+        transport = ZmqTransport(trainer_name(index), limits, curve=keys, ipc_dir=options.ipc)
+        trainer = make_trainer(job, index, transport,
                                incarnation=options.incarnation,
                                checkpoint_dir=checkpoint_dir_for(scenario, out),
                                collective=scenario.collective.backend)
@@ -493,7 +516,7 @@ async def run_trainer(job: Job, index: int, out: Path | None,
     async def train() -> TrainerReport:
         if trainer.main.attrs.get("_wait_port"):
             await wait_for_ports(trainer_name(index), job.endpoints,
-                                 scenario.train.startup_timeout)
+                                 scenario.train.startup_timeout, ipc_dir=options.ipc)
         return await trainer.run(batches_for(job, index), steps, model.loss.name, on_step)
 
     try:
@@ -600,7 +623,7 @@ def _run_role(scenario: Scenario, role: Role, out: Path | None, options: NodeOpt
                         "`python -m runtime.services.node` has nothing to act its faults out; "
                         "`runtime up --role` does (docs/faults.md)", role.name, i,
                         type(fault).__name__.lower())
-        if options.keys is None:
+        if options.keys is None and options.ipc is None:
             print(insecure_warning(role.name, job.endpoints), file=sys.stderr, flush=True)
         if role.role == "pserver":
             run_async(serve_pserver(job, role.index, out, options))
@@ -652,6 +675,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insecure", action="store_true",
                         help="no CurveZMQ: nodes neither authenticate nor encrypt (warns; see "
                              "SECURITY.md)")
+    parser.add_argument("--ipc", type=Path, metavar="DIR",
+                        help="talk over ZeroMQ ipc sockets in DIR, a directory of mode 0700 "
+                             "of this user, instead of TCP, without CurveZMQ: only this user's "
+                             "processes on this host can connect (runtime up on one host does "
+                             "this itself; see SECURITY.md)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -666,11 +694,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if role is None:
             raise RoleError("no role: give --role and --index, or set TRAINING_ROLE")
         options = node_options(role, args.bind, args.recover, args.incarnation)
-        keys = key_directory(role, args.keys, args.insecure, os.environ)
+        ipc = socket_directory(args.ipc, args.keys, args.insecure)
+        keys = None if ipc is not None else key_directory(role, args.keys, args.insecure,
+                                                          os.environ)
         scenario = load_for_role(args.scenario, args.set, role)
     except (RoleError, ScenarioError) as err:
         parser.error(str(err))
-    return run_role(scenario, role, args.out, replace(options, keys=keys))
+    return run_role(scenario, role, args.out, replace(options, keys=keys, ipc=ipc))
 
 
 def exit_process(code: int) -> NoReturn:

@@ -51,7 +51,10 @@ def stop(proc: subprocess.Popen[str]) -> None:
 @pytest.mark.timeout(120)
 def test_ctrl_c_keeps_the_pservers_counters_and_a_second_run_into_the_folder_is_refused(
         tmp_path: Path) -> None:
-    scenario, out = scenario_file(tmp_path, steps=100000, expect="{}"), tmp_path / "out"
+    # CurveZMQ: the first run's keys, which the second must leave alone
+    scenario = scenario_file(tmp_path, steps=100000, expect="{}",
+                             cluster="{pservers: 2, trainers: 2, security: curve}")
+    out = tmp_path / "out"
     first = start(scenario, out)
     try:
         wait_for_steps(out)

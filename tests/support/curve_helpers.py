@@ -93,12 +93,14 @@ expect: {params_equal_to: local}
 
 def up_encrypted(tmp_path: Path, text: str, capfd: pytest.CaptureFixture[str]
                  ) -> tuple[Path, Path, Any]:
-    """`runtime up` of the scenario `text` with the keys it makes for the job: the scenario's
+    """`runtime up` of the scenario `text` over CurveZMQ (``cluster.security: curve``, which a
+    job with message faults has anyway) with the keys it makes for the job: the scenario's
     file, the out dir and what it printed, once it said every connection is encrypted."""
     scenario = tmp_path / "s.yaml"
     scenario.write_text(text)
     out = tmp_path / "out"
-    assert cli.main(["up", str(scenario), "--out", str(out)]) == 0
+    assert cli.main(["up", str(scenario), "--out", str(out),
+                     "--set", "cluster.security=curve"]) == 0
     printed = capfd.readouterr()
     assert f"CurveZMQ: every connection authenticated and encrypted, keys in {out / 'keys'}" \
         in printed.out

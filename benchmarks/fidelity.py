@@ -96,9 +96,11 @@ class Config:
                                "optimizer: {type: sgd, learning_rate: 0.05}}")
         data = "name: digits, " if self.model is None else ""
         extra = f", {self.transpiler}" if self.transpiler else ""
+        # shaped: in namespaces (--netns), whose nodes talk CurveZMQ; said here for the simulator
+        secured = ", security: curve" if self.shaped else ""
         return (f"name: fidelity-{self.name}\nseed: 3\nmodel: {model}\n"
                 f"data: {{{data}batch_size: {self.batch}}}\n"
-                f"cluster: {{pservers: {self.pservers}, trainers: {self.trainers}}}\n"
+                f"cluster: {{pservers: {self.pservers}, trainers: {self.trainers}{secured}}}\n"
                 f"transpiler: {{mode: {self.mode}{extra}}}\n"
                 f"train: {{steps: {steps or self.steps}, deadline: 600s, "
                 f"log_every: 1000{speaks}}}\n" + network)

@@ -520,8 +520,8 @@ class RuntimeSection(_Section):
     machine: dict[str, Any] = {}
     """What it was measured on (cores, processor); for people."""
     curve: CurveSpec | None = None
-    """The measured job was encrypted (CurveZMQ): its cost on top of `io`; none: it was not
-    (remove the section to predict a job run with `--insecure`)."""
+    """What CurveZMQ costs here, on top of `io`: charged to a job that talks it (the scenario's
+    `cluster.security`: curve, or auto with nodes on several hosts); none: never charged."""
 
 
 class CurveDoc(_Section):

@@ -37,7 +37,7 @@ import gc
 import tempfile
 from contextlib import contextmanager
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
@@ -172,6 +172,9 @@ def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,
     them and on every message, where the scenario prices those or places nodes on hosts; else
     plain (compute as sleeps, each node always at full speed)."""
     costs = runtime_costs(scenario.compute, base_dir)
+    cluster = scenario.cluster
+    if costs is not None and cluster.secured(cluster.on_one_host()) != "curve":
+        costs = replace(costs, curve=None)  # encryption is charged only to a CurveZMQ job
     hosts = hosts_of([h.model_dump() for h in scenario.cluster.hosts or ()],
                      model_sharing(model), model_slices(model))
     if costs is None and not hosts:

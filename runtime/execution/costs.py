@@ -67,10 +67,13 @@ CurveZMQ (`runtime.network.curve`) adds I/O-thread work too: `CurveCosts`, a han
 connection on each side and a per-byte cost of encrypting (sender) or decrypting (receiver)
 each message. `runtime profile` measures them on its machine (`calibrate_curve`, beside the
 run) rather than fitting them from the run; `CURVE` is the development machine's figures, the
-default where none were measured. A profile's ``curve`` section says the job was encrypted, and
-its ``io`` is then what ZeroMQ costs besides CURVE (`fit_costs` takes the encryption out), so
-the same profile predicts an encrypted job with the section and an ``--insecure`` one without
-it.
+default where none were measured. A profile's ``curve`` section holds those figures whether or
+not the measured job was encrypted; an encrypted job's ``io`` is what ZeroMQ costs besides CURVE
+(`fit_costs` takes the encryption out). The simulator charges the section to a job that talks
+CurveZMQ (the scenario's ``cluster.security``: `runtime.config.scenario.ClusterSpec.secured`),
+so one profile predicts the job over CurveZMQ, over local sockets and ``--insecure``. (The
+``io`` of a job measured over local sockets is a Unix socket's, a little cheaper than
+loopback TCP's.)
 """
 
 from __future__ import annotations
@@ -149,7 +152,8 @@ class RuntimeCosts:
     """A message's cost on its node's I/O thread, on either side (CURVE's besides)."""
     machine: Mapping[str, Any] = field(default_factory=dict)
     curve: CurveCosts | None = None
-    """The job is encrypted (CurveZMQ) and this is what that costs; None: it is not."""
+    """What CurveZMQ costs on this machine, charged to a job that talks it (the simulator asks
+    the scenario's ``cluster.security``); None: not measured, never charged."""
     step_residual: float = 0.0
     """What no timer sees on a trainer's main thread, per step (`split_residual`)."""
     round_residual: float = 0.0
@@ -659,8 +663,8 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
               loop_per_message: float | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
     """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
     `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`). A run
-    whose nodes say they were ``encrypted`` gets `curve` as its `RuntimeCosts.curve`, and
-    the I/O thread's figures are fitted to its time less that (each node's bytes, and a
+    gets `curve` as its `RuntimeCosts.curve`; one whose nodes say they were ``encrypted`` has
+    the I/O thread's figures fitted to its time less that (each node's bytes, and a
     handshake with each node of the other role). `spans` (`calibrate_span`): what measuring
     cost, taken out of the spans that recorded it and out of the residual (an unmeasured run
     does not spend it); `loop_per_message` (`calibrate_loop`): how the residual is split
@@ -736,7 +740,7 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
                                                        if encrypted else 0.0), 0.0)
                  for n in nodes], io_per_message)
     costs = RuntimeCosts(messages, default, op_overhead, step_overhead, round_overhead, io,
-                         machine(), curve if encrypted else None,
+                         machine(), curve,
                          per_period["trainer"] / steps if steps else 0.0,
                          per_period["pserver"] / rounds if rounds else 0.0)
     return costs, nodes

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import stat
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +27,12 @@ from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import batches_for, make_pserver, make_trainer, run_job
 from runtime.services.job import Job
 from runtime.services.node import node_keys
+from runtime.config.scenario import load_scenario
 from sim.cost import runtime_costs
 from sim.cpu import Cpus
 from sim.loop import run as sim_run
 from sim.network import Network
+from sim.simulate import simulate
 
 from cluster_helpers import FAST_DRAIN, make_job
 from curve_helpers import (SCENARIO, STEPS, attack, hostile_messages, job_keys,
@@ -282,7 +286,7 @@ def test_a_key_holder_claiming_a_trainers_routing_id_does_not_get_its_replies(
 
 
 @pytest.mark.timeout(120)
-def test_runtime_up_makes_the_jobs_keys_or_warns_when_insecure(
+def test_runtime_up_makes_the_jobs_keys_talks_local_sockets_or_warns_when_insecure(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     scenario, out, printed = up_encrypted(tmp_path, SCENARIO, capfd)
     assert "--insecure" not in printed.err
@@ -293,6 +297,14 @@ def test_runtime_up_makes_the_jobs_keys_or_warns_when_insecure(
     printed = capfd.readouterr()
     assert "warning: runtime up curve-up: --insecure: no CurveZMQ: whoever reaches" in printed.err
     assert "CurveZMQ: every connection" not in printed.out
+    local = tmp_path / "local"
+    assert cli.main(["up", str(scenario), "--out", str(local)]) == 0  # one host: local sockets
+    printed = capfd.readouterr()
+    said = re.search(r"local sockets: every node talks over ipc sockets in (\S+) \(mode 0700",
+                     printed.out)
+    assert said is not None and "CurveZMQ: every connection" not in printed.out, printed.out
+    assert "warning" not in printed.err and not (local / "keys").exists()
+    assert not Path(said.group(1)).exists()  # removed with the job
     foreign = tmp_path / "foreign"
     write_keys(foreign, ["pserver-0", "trainer-0"])
     assert cli.main(["up", str(scenario), "--out", str(out), "--keys", str(foreign)]) == 1
@@ -302,6 +314,7 @@ def test_runtime_up_makes_the_jobs_keys_or_warns_when_insecure(
 # -- the simulator -----------------------------------------------------------------------------
 
 U = 2.0**-10  # powers of two: every sum below is exact
+SCENARIO_FILE = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
 
 
 def test_the_simulator_charges_a_handshake_per_connection_and_encryption_per_byte(
@@ -335,9 +348,34 @@ def test_the_simulator_charges_a_handshake_per_connection_and_encryption_per_byt
     assert second - first == pytest.approx(2 * one_side, rel=1e-15)
 
 
+def test_the_simulator_charges_encryption_only_to_a_job_that_talks_curvezmq(
+        tmp_path: Path) -> None:
+    """One profile with CURVE's figures: a job of nodes on one host talks local sockets unless
+    its scenario says ``security: curve``; one whose nodes have hosts of their own talks
+    CurveZMQ (``auto``); ``none`` is plain TCP."""
+    costs = RuntimeCosts(io=Linear(U, 2.0**-22), curve=CurveCosts(handshake=0.0,
+                                                                  per_byte=2.0**-26))
+    (tmp_path / "profile.json").write_text(json.dumps({"ops": {}, "runtime": costs.document()}))
+    base = ["train.steps=5", "compute={model: profile, path: profile.json}",
+            "backend.kernels=phantom", "expect={}"]
+    one_host = "cluster.hosts=[{nodes: '*', cores: 2}]"
+
+    def step(*extra: str) -> float:
+        scenario = load_scenario(SCENARIO_FILE, [*base, *extra])
+        result = simulate(scenario, base_dir=tmp_path, trace_messages=False)
+        return statistics.median(t for r in result.trainers for t in r.step_times)
+
+    local, curve = step(one_host), step(one_host, "cluster.security=curve")
+    assert local == step(one_host, "cluster.security=none") == step(one_host,
+                                                                      "cluster.security=local")
+    assert curve > local
+    assert step() == step("cluster.security=curve") > step("cluster.security=none")
+
+
 def test_a_profile_of_an_encrypted_run_takes_curves_cost_out_of_the_io_thread() -> None:
     """Each node: 4 ms on other threads over 2 messages of 1000 bytes, one peer; CURVE costs
-    1 ms per handshake and 1 us per byte: 4 - 1 - 2 = 1 ms of plain ZeroMQ, 0.5 ms a message."""
+    1 ms per handshake and 1 us per byte: 4 - 1 - 2 = 1 ms of plain ZeroMQ, 0.5 ms a message
+    (unencrypted: all 4 ms are ZeroMQ's). Either profile carries CURVE's figures."""
     curve = CurveCosts(handshake=1e-3, per_byte=1e-6)
 
     def node(role: str, side: str, encrypted: bool) -> dict[str, Any]:
@@ -351,6 +389,6 @@ def test_a_profile_of_an_encrypted_run_takes_curves_cost_out_of_the_io_thread() 
         records = {"trainer:0": node("trainer", "send", encrypted),
                    "pserver:0": node("pserver", "receive", encrypted)}
         costs, _ = fit_costs(records, io_per_message=None, curve=curve)
-        assert costs.curve == (curve if encrypted else None)
+        assert costs.curve == curve  # what encryption costs, charged to a CurveZMQ job
         assert costs.io == Linear(pytest.approx(io), 0.0)
         assert RuntimeCosts.from_document(costs.document()) == costs

@@ -120,6 +120,9 @@ class Var:
     stop_gradient: bool = False
     is_parameter: bool = False
     trainable: bool = True
+    is_data: bool = False
+    """Fed by the script: declared by `layers.data` (fluid's ``Variable.is_data``, which a
+    harness reads to find a program's feeds)."""
     # Parameter-only metadata (the front end reads it when building backward/optimizer ops).
     regularizer: WeightDecayRegularizer | None = None
     optimize_attr: Mapping[str, Any] = field(default_factory=lambda: _NO_ATTRS)
@@ -162,6 +165,8 @@ class Var:
             d["optimize_attr"] = dict(self.optimize_attr)
             if self.regularizer is not None:
                 d["regularizer"] = self.regularizer.to_dict()
+        if self.is_data:
+            d["is_data"] = True
         return d
 
     @staticmethod
@@ -177,6 +182,7 @@ class Var:
             stop_gradient=d["stop_gradient"],
             is_parameter=d.get("is_parameter", False),
             trainable=d.get("trainable", True),
+            is_data=d.get("is_data", False),
             regularizer=None if reg is None else regularizer_from_dict(reg),
             optimize_attr=dict(d["optimize_attr"]) if d.get("optimize_attr") else _NO_ATTRS,
         )

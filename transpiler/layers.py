@@ -42,13 +42,14 @@ def _check_var(arg: object, layer: str, what: str) -> Var:
 
 def data(name: str, shape: Sequence[int], dtype: str = "float32", lod_level: int = 0,
          append_batch_size: bool = True, stop_gradient: bool = True) -> Var:
-    """Declare a fed input var; the batch dimension -1 is prepended unless already there."""
+    """Declare a fed input var (`Var.is_data`); the batch dimension -1 is prepended unless
+    already there."""
     shape = list(shape)
     if append_batch_size and (not shape or shape[0] != -1):
         shape = [-1] + shape
     block = default_main_program().global_block()
     return block.create_var(name, shape=tuple(shape), dtype=dtype, lod_level=lod_level,
-                            stop_gradient=stop_gradient)
+                            stop_gradient=stop_gradient, is_data=True)
 
 
 def _activation(x: Var, act: str | None) -> Var:

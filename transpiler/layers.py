@@ -30,7 +30,7 @@ __all__ = [
     "conv2d", "pool2d", "batch_norm", "layer_norm", "dropout", "matmul", "transpose", "squeeze",
     "unsqueeze", "split", "slice", "gather", "sigmoid_cross_entropy_with_logits",
     "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu", "reduce_sum", "reduce_mean",
-    "fill_constant_batch_size_like", "hsigmoid",
+    "fill_constant_batch_size_like", "hsigmoid", "topk", "accuracy",
 ]
 
 
@@ -471,6 +471,38 @@ def elementwise_pow(x: Var, y: Var, axis: int = -1, act: str | None = None) -> V
 def square_error_cost(input: Var, label: Var) -> Var:
     """(input - label)^2, elementwise: `elementwise_sub` + `square`."""
     return square(elementwise_sub(input, label))
+
+
+def topk(input: Var, k: int, name: str | None = None) -> tuple[Var, Var]:
+    """fluid's ``topk``: the `k` largest values along `input`'s last dim (largest first) and
+    their int64 positions, by one `top_k` op. No gradient flows through it."""
+    input = _check_var(input, "topk", "input")
+    if k < 1:
+        raise ValueError(f"topk: k must be positive, got {k}")
+    shape = tuple(input.shape[:-1]) + (k,)
+    values = create_tmp_var(name or "top_k", shape, input.dtype, input.lod_level,
+                            stop_gradient=True)
+    indices = create_tmp_var(name or "top_k", shape, "int64", input.lod_level,
+                             stop_gradient=True)
+    append_op("top_k", {"X": [input]}, {"Out": [values], "Indices": [indices]}, {"k": k})
+    return values, indices
+
+
+def accuracy(input: Var, label: Var, k: int = 1, correct: Var | None = None,
+             total: Var | None = None) -> Var:
+    """fluid's ``accuracy``: `topk` of the predictions, then an `accuracy` op, whose float32 [1]
+    output this returns: the share of samples whose `label` is among their `k` best classes.
+    The op also writes the count of those (`correct`) and of the samples (`total`) into the vars
+    given, else into int64 temporaries (as fluid declares them; its kernel, and pslab's, store
+    int32). No gradient."""
+    input, label = _check_var(input, "accuracy", "input"), _check_var(label, "accuracy", "label")
+    values, indices = topk(input, k)
+    out = create_tmp_var("accuracy", (1,), "float32", stop_gradient=True)
+    counts = [v if v is not None else create_tmp_var("accuracy", (1,), "int64", stop_gradient=True)
+              for v in (correct, total)]
+    append_op("accuracy", {"Out": [values], "Indices": [indices], "Label": [label]},
+              {"Accuracy": [out], "Correct": [counts[0]], "Total": [counts[1]]})
+    return out
 
 
 def mean(x: Var) -> Var:

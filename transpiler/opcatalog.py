@@ -185,6 +185,9 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("softmax_with_cross_entropy", "Logits Label", "Softmax Loss", grad="Logits",
         cost=_SOFTMAX, grad_cost=_SOFTMAX),
     _op("cross_entropy", "X Label", "Y", grad="X", cost=_SOFTMAX, grad_cost=_SOFTMAX),
+    # -- evaluation, no gradient: fluid's accuracy is top_k, then accuracy of its Indices
+    _op("top_k", outputs="Out Indices"),
+    _op("accuracy", "Out Indices Label", "Accuracy Correct Total", shape="accuracy"),
     # -- reductions, products, gathers
     _op("mean", grad="X", cost=Cost("reduction", 1)),
     # fluid's reductions over `dim` (or every axis: `reduce_all`), `keep_dim`

@@ -285,6 +285,13 @@ def nn_cases() -> list[Case]:
             PathCode=lambda rng: np.array([[1, 0, 0], [0, 1, 1], [1, 0, 0], [0, 0, 1]])),
             outputs=("Out", "PreOut"), loss=("Out",), wrt=("X", "W", "Bias"),
             attrs={"num_classes": 3, "is_sparse": sparse}, id=f"custom-sparse{int(sparse)}"))
+    ties = lambda rng: np.array([[0.5, 0.1, 0.5, 0.2], [0.3, 0.3, 0.3, 0.3]])  # noqa: E731
+    cases += [Case("top_k", slots(X=normal(2, 3, 5)), outputs=("Out", "Indices"), attrs={"k": 3}),
+              Case("top_k", slots(X=ties), outputs=("Out", "Indices"), attrs={"k": 2}, id="ties"),
+              Case("top_k", slots(X=sequences([2, 1], 4)), outputs=("Out", "Indices"), id="lod"),
+              Case("accuracy", outputs=("Accuracy", "Correct", "Total"), build=slots(
+                  Out=normal(3, 2), Indices=lambda rng: np.array([[0, 2], [1, 3], [4, 0]]),
+                  Label=lambda rng: np.array([[2], [0], [1]])))]
     for kind in ["SUM", "AVERAGE", "SQRT", "MAX", "FIRST", "LAST"]:
         cases.append(Case("sequence_pool", slots(X=sequences([3, 1, 0, 4, 2])), id=kind,
                           outputs=("Out", "MaxIndex"), loss=("Out",), attrs={"pooltype": kind},

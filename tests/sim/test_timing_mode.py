@@ -219,6 +219,14 @@ OP_CASES["fill_constant_batch_size_like"] = (
     Op("fill_constant_batch_size_like", {"Input": ["i"]}, {"Out": ["o"]},
        {"shape": [-1, 5], "dtype": "float32", "value": 1.0}),
     {"i": LoDTensor(POSITIVE, [[0, 1, 3]])}, {"o": ([-1, 5], "float32")})
+OP_CASES["top_k"] = (Op("top_k", {"X": ["x"]}, {"Out": ["o"], "Indices": ["i"]}, {"k": 1}),
+                     {"x": POSITIVE}, {"x": BATCH, "o": ([-1, 1], "float32"),
+                                       "i": ([-1, 1], "int64")})
+OP_CASES["accuracy"] = (  # a script's total: create_tensor declares no shape
+    Op("accuracy", {"Out": ["v"], "Indices": ["i"], "Label": ["l"]},
+       {"Accuracy": ["a"], "Correct": ["c"], "Total": ["t"]}),
+    {"v": POSITIVE[:, :1], "i": np.array([[0], [1], [1]]), "l": np.array([[0], [1], [0]])},
+    {"t": ([], "int64")})
 OP_CASES["assign_value"] = (
     Op("assign_value", {}, {"Out": ["o"]},
        {"shape": [2, 3], "dtype": "float32", "fp32_values": [0.5, 1, 2, 3, 4, 5]}), {},

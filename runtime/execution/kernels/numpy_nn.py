@@ -2,7 +2,8 @@
 embedding lookup (`lookup_table`, `lookup_table_v2`, dense or sparse gradient), `sequence_pool` over LoD
 sequences, `nce` (noise-contrastive estimation, its samples drawn by `sampling`) and
 `hierarchical_sigmoid` (fluid's hsigmoid, default or custom tree), each with its gradient
-kernel.
+kernel; and fluid's evaluation ops, which have none: `top_k` (the k largest values along the
+last dim and their positions) and `accuracy` (of those positions against the labels).
 """
 
 from __future__ import annotations
@@ -370,3 +371,48 @@ def hierarchical_sigmoid_grad(ctx: KernelContext) -> None:
         ctx.set_output("W@GRAD", SelectedRows(rows, dw[rows], w.shape[0]))
     else:
         ctx.set_output("W@GRAD", dw)
+
+
+# -- top_k and accuracy -------------------------------------------------------------------------
+def top_k_of(ctx: KernelContext, width: int) -> int:
+    """The ``k`` attribute, checked against the last dim's `width`."""
+    k = int(ctx.attr("k", 1))
+    if not 1 <= k <= width:
+        raise ValueError(f"k = {k} is not in [1, {width}] (X's last dim)")
+    return k
+
+
+@register("top_k")
+def top_k(ctx: KernelContext) -> None:
+    """The `k` largest values along X's last dim, largest first (equal values: lower index
+    first), and their int64 positions; X's LoD kept."""
+    x = ctx.input("X")
+    order = np.argsort(-x, axis=-1, kind="stable")[..., :top_k_of(ctx, x.shape[-1])]
+    ctx.set_output("Out", np.take_along_axis(x, order, axis=-1), lod=ctx.lod("X"))
+    ctx.set_output("Indices", order.astype(np.int64), lod=ctx.lod("X"))
+
+
+def correct_rows(indices: Array, label: Array) -> int:
+    """How many rows of `indices` (top-k class ids, a row per sample) hold that sample's label."""
+    rows = indices.shape[0]
+    labels = np.asarray(label).reshape(-1)
+    if labels.size < rows:
+        raise ValueError(f"{labels.size} labels for {rows} samples")
+    labels = labels[:rows]
+    if (labels < 0).any():
+        raise ValueError(f"label {int(labels.min())} is negative")
+    return int((indices.reshape(rows, -1) == labels[:, None]).any(axis=1).sum())
+
+
+@register("accuracy")
+def accuracy(ctx: KernelContext) -> None:
+    """fluid's accuracy of top-k predictions (Indices, from `top_k`) against Label: Correct
+    (int32 [1]) counts the samples whose label is among their k ids, Total (int32 [1]) the
+    samples, Accuracy (float32 [1]) is Correct / Total (0 for no sample). No gradient."""
+    indices = np.asarray(ctx.input("Indices"))
+    rows = indices.shape[0]
+    correct = correct_rows(indices, ctx.input("Label")) if rows else 0
+    ratio = np.float32(correct) / np.float32(rows) if rows else np.float32(0)
+    ctx.set_output("Accuracy", np.array([ratio], np.float32))
+    ctx.set_output("Correct", np.array([correct], np.int32))
+    ctx.set_output("Total", np.array([rows], np.int32))

@@ -18,7 +18,8 @@ count stays what numeric mode would give. Each op's entry in the op catalog
   Weight@GRAD a row per sample label), `split_byref`, `split_selected_rows`, `split_ids` and
   `concat` (their sections), `sum` (SelectedRows add up their rows), `reduce_sum` and
   `reduce_mean` (their axes), `hierarchical_sigmoid` (a PreOut column per path node; a sparse
-  W@GRAD a row per PathTable id, at most W's rows), `fill_constant_batch_size_like` (Input's batch), `scale`/`assign` (like X,
+  W@GRAD a row per PathTable id, at most W's rows), `fill_constant_batch_size_like` (Input's batch), `accuracy` (its three
+  [1] values; the `top_k` before it takes the generic rule), `scale`/`assign` (like X,
   SelectedRows too), the optimizers (every output like Param), the initializers (the ``shape``
   attribute) and `conditional_block` (see below).
 - What only data could tell is apportioned: `split_ids` and `split_selected_rows` give each
@@ -338,6 +339,13 @@ def _concat(ctx: KernelContext) -> None:
     ctx.set_output("Out", _dense(out, phantom_of(_value(ctx, "X")).dtype))
 
 
+def _accuracy(ctx: KernelContext) -> None:
+    """`accuracy`: one float32 ratio and two int32 counts, whatever the outputs' declarations
+    (a script's ``create_tensor`` declares no shape)."""
+    for slot, dtype in (("Accuracy", np.float32), ("Correct", np.int32), ("Total", np.int32)):
+        ctx.set_output(slot, _dense((1,), dtype))
+
+
 def _conv2d(ctx: KernelContext) -> None:
     x, w = phantom_of(_value(ctx, "Input")), shape_of(_value(ctx, "Filter"))
     ctx.set_output("Output", _dense(conv_out_shape(ctx, x.shape, w), x.dtype))
@@ -486,6 +494,7 @@ SHAPE_RULES: dict[str, Rule] = {
     "split": _split, "slice": _slice,
     "gather": _gather, "nce": _nce, "nce_grad": _nce_grad, "reduce": _reduce,
     "batch_size_like": _batch_size_like, "hsigmoid": _hsigmoid, "hsigmoid_grad": _hsigmoid_grad,
+    "accuracy": _accuracy,
 }
 """The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""
 

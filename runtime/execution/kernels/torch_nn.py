@@ -1,7 +1,9 @@
 """Torch kernels of the neural-net ops: `mul`, softmax, the cross-entropy losses, `lookup_table` (and `_v2`)
 (dense or `SelectedRows` gradient), `sequence_pool` and `nce` (its samples drawn on the host by
 `sampling`, as the numpy kernel draws them) and `hierarchical_sigmoid` (its tree paths found on
-the host), with their gradients: `numpy_nn` op for op.
+the host), with their gradients: `numpy_nn` op for op; and `top_k` (a stable descending sort,
+so equal values come lower index first as in numpy's) and `accuracy` (the numpy kernel: a
+count on the host).
 
 Index bookkeeping stays on the host in numpy, shared with the numpy backend: label ids and the
 ignore mask (`hard_labels`), table ids (`lookup_ids`), LoD segments (`Segments`). Integer ids and
@@ -22,10 +24,13 @@ from runtime.execution.kernels.common import (LOOKUP_V2, Segments, hard_labels, 
                                               lookup_lead, mul_dims, padding_idx, pool_scale,
                                               soft_label)
 from runtime.execution.kernels.context import KernelContext
-from runtime.execution.kernels.numpy_nn import HSIGMOID_CLIP, nce_terms, selected_positions
+from runtime.execution.kernels import numpy_nn
+from runtime.execution.kernels.numpy_nn import (HSIGMOID_CLIP, nce_terms, selected_positions,
+                                                top_k_of)
 from runtime.execution.kernels.sampling import sample_labels
 from runtime.execution.kernels.torch_common import (Tensor, as_float, dtype_of, host, input_t,
-                                                    kernel, out_grad_t, put, tensor, torch, zeros)
+                                                    kernel, on_host, out_grad_t, put, tensor,
+                                                    torch, zeros)
 from runtime.execution.tensor import SelectedRows
 
 
@@ -413,3 +418,17 @@ def hierarchical_sigmoid_grad(ctx: KernelContext) -> None:
         ctx.set_output("W@GRAD", SelectedRows(rows, dw[tensor(rows)], int(w.shape[0])))
     else:
         put(ctx, "W@GRAD", dw)
+
+
+# -- top_k and accuracy -------------------------------------------------------------------------
+@kernel("top_k")
+def top_k(ctx: KernelContext) -> None:
+    x = input_t(ctx, "X")
+    k = top_k_of(ctx, x.shape[-1])
+    values, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    lod = ctx.lod("X")
+    put(ctx, "Out", values[..., :k].contiguous(), lod=lod)
+    ctx.set_output("Indices", np.ascontiguousarray(host(order[..., :k]), np.int64), lod=lod)
+
+
+kernel("accuracy")(on_host(numpy_nn.accuracy))

@@ -23,13 +23,16 @@ one device (`runtime.paddle.compiler`); ``fluid.profiler`` (``profiler``, ``star
 `runtime.paddle.profiler`); ``fluid.memory_optimize`` and ``fluid.release_memory`` (also in
 ``fluid.transpiler``), which have nothing to do here; ``fluid.param_attr.ParamAttr``; and
 ``fluid.layers.create_tensor``. ``Program.clone(for_test=True)`` is the program's own
-(`transpiler.ir.Program.clone`).
+(`transpiler.ir.Program.clone`). For ``dist_mnist.py``: ``fluid.nets.simple_img_conv_pool``,
+``fluid.layers.accuracy`` (`transpiler.layers.accuracy`), ``Variable.is_data`` (how the harness
+finds the feeds) and ``Executor.run``'s ``feed_var_name``, ``fetch_var_name`` and
+``use_program_cache`` keywords.
 """
 
 from __future__ import annotations
 
 from types import ModuleType, SimpleNamespace
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -93,6 +96,26 @@ def create_tensor(dtype: Any, name: str | None = None, persistable: bool = False
                                    dtype=np.dtype(dtype).name, persistable=persistable)
 
 
+def simple_img_conv_pool(input: Var, num_filters: int, filter_size: int | Sequence[int],
+                         pool_size: int | Sequence[int], pool_stride: int | Sequence[int],
+                         pool_padding: int | Sequence[int] = 0, pool_type: str = "max",
+                         global_pooling: bool = False, conv_stride: int | Sequence[int] = 1,
+                         conv_padding: int | Sequence[int] = 0,
+                         conv_dilation: int | Sequence[int] = 1, conv_groups: int = 1,
+                         param_attr: Any = None, bias_attr: Any = None, act: str | None = None,
+                         use_cudnn: bool = True) -> Var:
+    """fluid's ``nets.simple_img_conv_pool``: `conv2d` (with its bias and `act`), then
+    `pool2d` of its output, the layers' ops as fluid writes them. `use_cudnn` picks nothing
+    here: the executor's backend computes either way."""
+    conv = _layers.conv2d(input, num_filters, filter_size, stride=conv_stride,
+                          padding=conv_padding, dilation=conv_dilation, groups=conv_groups,
+                          param_attr=param_attr, bias_attr=bias_attr, act=act)
+    return _layers.pool2d(conv, pool_size, pool_type, pool_stride, pool_padding, global_pooling)
+
+
+nets = SimpleNamespace(simple_img_conv_pool=simple_img_conv_pool)
+"""``fluid.nets``: the composite layer fluid's image scripts (``dist_mnist.py``) build with."""
+
 FLUID_LAYERS = {"create_tensor": create_tensor}
 """fluid layers that pslab's front end does not have as such, added to ``fluid.layers``."""
 
@@ -134,6 +157,6 @@ __all__ = ["BuildStrategy", "CPUPlace", "CUDAPlace", "CompiledProgram", "DataFee
            "DistributeTranspiler", "DistributeTranspilerConfig", "ExecutionStrategy", "Executor",
            "LoDTensor", "ParallelExecutor", "ParamAttr", "Program", "Scope", "clip", "compiler",
            "core", "default_main_program", "default_startup_program", "embedding", "global_scope",
-           "initializer", "io", "layers", "memory_optimize", "optimizer", "param_attr",
+           "initializer", "io", "layers", "memory_optimize", "nets", "optimizer", "param_attr",
            "profiler", "program_guard", "regularizer", "release_memory", "transpiler",
            "unique_name"]

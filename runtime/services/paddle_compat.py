@@ -363,10 +363,17 @@ class FluidExecutor:
     def run(self, program: Program | HoldsProgram | None = None,
             feed: Mapping[str, FeedValue] | None = None,
             fetch_list: Iterable[Var | str] | None = None, scope: Scope | None = None,
-            return_numpy: bool = True) -> list[Any]:
+            return_numpy: bool = True, *, feed_var_name: str = "feed",
+            fetch_var_name: str = "fetch", use_program_cache: bool = False) -> list[Any]:
         """Run `program` (default: the default main program; a compiled program runs the one
         it holds) once and return the fetched values (`FluidLoDTensor`s unless
-        `return_numpy`); a pserver program serves until its trainers are done and returns []."""
+        `return_numpy`); a pserver program serves until its trainers are done and returns [].
+
+        `feed_var_name`, `fetch_var_name` and `use_program_cache` are Paddle's, taken by keyword
+        (this signature keeps `scope` fourth) and change nothing: Paddle names the feed and
+        fetch vars its executor adds to a copy of the program, and may cache that copy;
+        pslab's executor feeds the scope and fetches from it directly, and always keeps what it
+        prepared of a program (`runtime.execution.executor`)."""
         program = program_of(program)
         scope = global_scope() if scope is None else scope
         fetch = [item.name if isinstance(item, Var) else str(item) for item in fetch_list or ()]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from transpiler.ir import Op
 
+from runtime.config.atomic import write_atomic
 from runtime.execution.scope import Scope
 from runtime.services.paddle_compat import profile_kernels
 
@@ -126,7 +127,7 @@ def stop_profiler(sorted_key: str | None = None, profile_path: str | Path | None
     report = profile.table(sorted_key)
     print(report, end="", flush=True)
     if profile_path is not None:
-        Path(profile_path).write_text(report)
+        write_atomic(Path(profile_path), report)
 
 
 def reset_profiler() -> None:

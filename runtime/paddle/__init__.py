@@ -3,13 +3,12 @@ paddle`` and ``import paddle.fluid as fluid`` becomes ``import runtime.paddle.fl
 (`runtime.paddle.fluid`); nothing else in the script changes.
 
 This package holds what a classic script takes from ``paddle`` itself: `batch` (a reader of
-samples into a reader of lists of them) and `dataset`, pslab's built-in data sets as Paddle
-readers: ``paddle.dataset.digits.train()`` (scikit-learn's bundled 8x8 digits, the ``[data]``
-extra), ``synthetic_regression`` and ``synthetic_classification``
-(`runtime.execution.data`). A reader yields one ``(field, field, ...)`` tuple per example, in
-the order of the data set's first seeded epoch, so every process reading it sees the same
-stream. Paddle's own data sets (``uci_housing``, ``mnist``, ...) download their data and are
-not here.
+samples into a reader of lists of them) and `dataset` (`runtime.paddle.dataset`): Paddle's own
+data sets (``paddle.dataset.mnist``, ``uci_housing``, ``imikolov``, ``imdb``, ``movielens``
+and ``ctr`` for fluid's ``dist_ctr.py``), read from the files in Paddle's cache
+(``~/.cache/paddle/dataset``; never downloaded), and pslab's built-in ones as Paddle readers:
+``paddle.dataset.digits.train()`` (scikit-learn's bundled 8x8 digits, the ``[data]`` extra),
+``synthetic_regression`` and ``synthetic_classification`` (`runtime.execution.data`).
 
 Also `reader`, Paddle's reader decorators (``paddle.reader.shuffle``, ``buffered``, ``chain``,
 ``compose``, ``map_readers``, ``firstn``, ``xmap_readers``, ``cache``: `runtime.paddle.reader`),
@@ -22,11 +21,9 @@ imports it.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Iterator
 
-from runtime.execution.data import Dense, load_dataset
-from runtime.paddle import compat, reader
+from runtime.paddle import compat, dataset, reader
 from runtime.paddle.reader import Reader
 
 
@@ -47,30 +44,6 @@ def batch(reader: Reader, batch_size: int, drop_last: bool = False) -> Reader:
             yield chunk
     return batches
 
-
-class BuiltinDataset:
-    """One of pslab's data sets as Paddle's ``paddle.dataset.<name>`` module."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def train(self, seed: int = 0) -> Reader:
-        """A reader of every example, in the data set's first epoch's (seeded) order."""
-        def samples() -> Iterator[tuple[Any, ...]]:
-            data = load_dataset(self.name, seed)
-            columns = []
-            for field, column in data.columns.items():
-                if not isinstance(column, Dense):
-                    raise ValueError(f"paddle.dataset.{self.name}: field {field!r} is not dense")
-                columns.append(column.values)
-            for i in data.epoch_order(0):
-                yield tuple(values[i] for values in columns)
-        return samples
-
-
-dataset = SimpleNamespace(**{name: BuiltinDataset(name) for name in
-                             ("digits", "synthetic_regression", "synthetic_classification")})
-"""``paddle.dataset.digits.train()`` and the others."""
 
 from runtime.paddle import fluid  # noqa: E402  (``paddle.fluid`` after ``import paddle``)
 

@@ -4,8 +4,8 @@ paddle`` and ``import paddle.fluid as fluid`` becomes ``import runtime.paddle.fl
 
 This package holds what a classic script takes from ``paddle`` itself: `batch` (a reader of
 samples into a reader of lists of them) and `dataset` (`runtime.paddle.dataset`): Paddle's own
-data sets (``paddle.dataset.mnist``, ``uci_housing``, ``imikolov``, ``imdb``, ``movielens``
-and ``ctr`` for fluid's ``dist_ctr.py``), read from the files in Paddle's cache
+data sets (``paddle.dataset.mnist``, ``uci_housing``, ``imikolov``, ``imdb``, ``movielens``,
+``flowers``, and ``ctr`` for fluid's ``dist_ctr.py``), read from the files in Paddle's cache
 (``~/.cache/paddle/dataset``; never downloaded), and pslab's built-in ones as Paddle readers:
 ``paddle.dataset.digits.train()`` (scikit-learn's bundled 8x8 digits, the ``[data]`` extra),
 ``synthetic_regression`` and ``synthetic_classification`` (`runtime.execution.data`).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 import runtime.paddle as paddle
-from runtime.paddle.dataset import common, ctr, imdb, imikolov, mnist, movielens
+from runtime.paddle.dataset import common, ctr, flowers, imdb, imikolov, mnist, movielens
 from runtime.paddle.dataset import uci_housing
 
 
@@ -70,6 +71,7 @@ def test_a_missing_file_is_one_error_naming_each_file_its_url_and_place(home: Pa
     (lambda: paddle.dataset.imikolov.build_dict(), "imikolov/simple-examples.tgz"),
     (lambda: paddle.dataset.imdb.word_dict(), "imdb/aclImdb_v1.tar.gz"),
     (lambda: paddle.dataset.movielens.train(), "movielens/ml-1m.zip"),
+    (lambda: paddle.dataset.flowers.test(), "flowers/setid.mat"),
     (lambda: paddle.dataset.ctr.train(), "avazu_ctr_data/avazu_ctr_data.tgz")])
 def test_each_reader_names_the_file_it_lacks_when_made(home: Path, read: Any, path: str) -> None:
     with pytest.raises(common.DatasetFileMissing, match=str(home / path)):
@@ -259,6 +261,62 @@ def test_movielens_answers_its_dictionaries_and_maxima(ratings: None) -> None:
     assert movielens.user_info()[2].value() == [2, 0, 6, 16]
 
 
+# -- flowers ----------------------------------------------------------------------------------
+
+COLORS = {1: (200, 100, 50), 2: (10, 20, 30), 3: (0, 255, 128), 4: (1, 2, 3)}
+"""Each image's RGB colour (uniform images: any crop, flip or resampling keeps it)."""
+
+
+@pytest.fixture
+def blooms(home: Path) -> None:
+    scipy_io = pytest.importorskip("scipy.io")
+    image = pytest.importorskip("PIL.Image")
+    members = {}
+    for i, size in ((3, (300, 260)), (1, (240, 320)), (2, (256, 256)), (4, (230, 230))):
+        png = io.BytesIO()
+        image.new("RGB", size, COLORS[i]).save(png, format="PNG")  # any format Pillow reads
+        members[f"jpg/image_{i:05d}.jpg"] = png.getvalue()
+    put(home, "flowers", "102flowers.tgz", tgz(members))
+    for name, content in (("imagelabels.mat", {"labels": np.array([[5, 7, 9, 102]])}),
+                          ("setid.mat", {"trnid": np.array([[2]]), "tstid": np.array([[1, 3]]),
+                                         "valid": np.array([[4]])})):
+        out = io.BytesIO()
+        scipy_io.savemat(out, content)
+        put(home, "flowers", name, out.getvalue())
+
+
+def flower(i: int) -> list[float]:
+    """Image i as the default mappers give it: CHW BGR less the mean, flattened."""
+    bgr = np.array(COLORS[i][::-1], np.float32) - np.array(flowers.MEAN, np.float32)
+    return np.repeat(bgr, 224 * 224).tolist()
+
+
+def test_flowers_reads_the_swapped_sets_in_archive_order(blooms: None) -> None:
+    random.seed(0)
+    train = list(paddle.dataset.flowers.train()())
+    assert [label for _, label in train] == [8, 4]  # image 3 (class 9), then image 1 (class 5)
+    assert [im.tolist() for im, _ in train] == [flower(3), flower(1)]
+    test = list(flowers.test(use_xmap=False)())
+    assert [(im.dtype, im.shape, label) for im, label in test] == [(np.float32, (150528,), 6)]
+    assert test[0][0].tolist() == flower(2)
+    assert [label for _, label in flowers.valid()()] == [101]
+
+
+def test_flowers_takes_a_mapper_and_cycles(blooms: None) -> None:
+    raw = flowers.test(mapper=lambda sample: sample, cycle=True)()
+    first, second = next(raw), next(raw)
+    assert first == second and first[1] == 6 and first[0].startswith(b"\x89PNG")
+
+
+def test_flowers_image_helpers_keep_paddles_shapes() -> None:
+    pytest.importorskip("PIL")
+    im = np.zeros((300, 200, 3), np.uint8)
+    assert paddle.dataset.image.resize_short(im, 256).shape == (384, 256, 3)
+    assert paddle.dataset.image.center_crop(np.arange(25).reshape(5, 5), 2).tolist() == \
+        [[6, 7], [11, 12]]
+    assert paddle.dataset.image.simple_transform(im, 256, 224, False).shape == (3, 224, 224)
+
+
 # -- the CTR sample set -----------------------------------------------------------------------
 
 @pytest.fixture
@@ -275,6 +333,13 @@ def test_ctr_yields_dist_ctr_readers_samples(clicks: None) -> None:
     assert list(ctr.Dataset().test()()) == [[[3], [8, 9], 0]]
     assert list(ctr.infer()()) == [[[4, 4], [2]]]
     assert ctr.load_data_meta() == [10, 12]
+
+
+def test_flowers_without_scipy_says_what_to_install(blooms: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "scipy.io", None)  # as if scipy were not installed
+    with pytest.raises(ImportError, match="pip install scipy pillow"):
+        flowers.train()
 
 
 def test_pslabs_own_data_sets_stay_readers_of_their_first_epoch() -> None:

@@ -28,6 +28,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       ValidationInfo, field_validator, model_validator)
 
 from transpiler.distribute.modes import MODES, TRAINER_RING_MODES, ModeName, conflicts
+from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL, Protocol
 from transpiler.opcatalog import optimizer_types
 
 from runtime.config import units
@@ -333,14 +334,14 @@ class TrainSpec(_Strict):
                                "the pserver shows the answer was lost)")
     request_timeout: float = Field(120.0, gt=0, description="seconds a request may go "
                                    "unanswered before its node fails, naming the pserver")
-    protocol: Literal["compact", "bundled", "per_op"] = Field(
-        "compact", description="how a step's requests travel: compact sends a SEND per send op "
-        "and a GET per recv op, the barriers on the last to each pserver; bundled sends each "
-        "pserver one SEND a step (when the last send op to it runs) carrying send_barrier, the "
-        "step's GET and fetch_barrier, its reply the values (async: the GET alone; faster for "
-        "real, but the simulator over-predicts its steps: see the README); per_op also sends "
-        "the barriers as requests of their own, a message per RPC op, as Paddle's traces read "
-        "(the same semantics in all three)")
+    protocol: Protocol = Field(
+        DEFAULT_PROTOCOL, description="how a step's requests travel: bundled (the default, the "
+        "fastest for real) sends each pserver one SEND a step (when the last send op to it "
+        "runs) carrying send_barrier, the step's GET and fetch_barrier, its reply the values "
+        "(async: the GET alone); compact sends a SEND per send op and a GET per recv op, the "
+        "barriers on the last to each pserver; per_op also sends the barriers as requests of "
+        "their own, a message per RPC op, as Paddle's traces read (the same semantics in all "
+        "three; profile a job in the protocol it will run: see the README)")
     on_nonfinite: Literal["refuse", "skip_step", "allow"] = Field(
         "refuse", description="what a pserver does with a gradient holding NaN, an infinity or "
         "a magnitude beyond the square root of its dtype's largest value (1.8e19 in float32): "

@@ -18,9 +18,11 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   busy thread gets while m have work (`sim.cpu.SimHost.rates`), caches, memory bandwidth and
   a hypervisor's sharing included, where processor sharing would say ``min(1, cores / m)``.
 - **runtime**: a reference job (2 pservers x 2 trainers, an MLP whose messages range from 40
-  bytes to 128 KiB, CurveZMQ on, the compact protocol) run for real three times as `runtime
-  profile --runs 3` runs one (the median run counts), and a job of messages up to 2 MiB for
-  the cost per byte (`BYTES_REFERENCE`, `merge_bytes`): each message's cost by kind and size on both sides, the I/O thread's and CurveZMQ's, the
+  bytes to 128 KiB, run as `runtime up` runs a job on one host: the default protocol over
+  local sockets) run for real three times as `runtime profile --runs 3` runs one (the median
+  run counts), and a job of messages up to 2 MiB for the cost per byte (`BYTES_REFERENCE`,
+  `merge_bytes`): each message's cost by kind and size on both sides, the I/O thread's (and
+  CurveZMQ's, measured apart and charged to a job that talks it), the
   executor's dispatch per op, a trainer's per-step and a pserver's per-round work, fitted as a
   profile's are (`runtime.execution.costs.fit_costs`); then two short jobs for the message
   kinds it never sends (`KIND_REFERENCES`: a distributed table's prefetches, the collective

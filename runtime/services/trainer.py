@@ -64,6 +64,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 import numpy as np
 
 from transpiler.distribute.contract import PROTOCOLS, BarrierPlan, TrainContract
+from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL
 from transpiler.distribute.lookup_table import table_sections
 from transpiler.ir import Op, Program
 
@@ -97,7 +98,7 @@ class RpcOps:
     """The RPC ops of one trainer, and the requests they are in flight with."""
 
     def __init__(self, client: RpcClient, trainer_id: int, charge: Charge | None = None,
-                 protocol: str = "compact", collective: Collective | None = None,
+                 protocol: str = DEFAULT_PROTOCOL, collective: Collective | None = None,
                  renames: Mapping[str, str] | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -641,7 +642,7 @@ class Trainer:
     def __init__(self, trainer_id: int, main: Program, startup: Program, client: RpcClient,
                  endpoints: list[str], executor: Executor | None = None,
                  heartbeat_interval: float = 2.0, compute: ComputeModel | None = None,
-                 tracer: Tracer | None = None, protocol: str = "compact",
+                 tracer: Tracer | None = None, protocol: str = DEFAULT_PROTOCOL,
                  collective: Collective | None = None,
                  renames: Mapping[str, str] | None = None) -> None:
         self.trainer_id = trainer_id

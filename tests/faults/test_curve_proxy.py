@@ -38,7 +38,9 @@ RULE = LinkFaults(links=("trainer:*", "pserver:*"), drop=0.1, duplicate=0.1, reo
 
 @pytest.mark.timeout(120)
 def test_a_job_behind_a_curve_proxy_stays_exact_and_refuses_outsiders(tmp_path: Path) -> None:
-    job = make_job("{name: mlp}", trainers=2, pservers=1, steps=STEPS, retry_after=FAST_DRAIN)
+    # compact: a request per variable, enough messages in 8 steps for each fault to show
+    job = make_job("{name: mlp}", trainers=2, pservers=1, steps=STEPS, retry_after=FAST_DRAIN,
+                   protocol="compact")
     reference = asyncio.run(run_job(job, ZmqTransport)).params
     directory = job_keys(tmp_path, job)
     (endpoint,) = job.endpoints

@@ -321,11 +321,11 @@ def _staleness_is_the_bound(ran: Ran) -> None:
 
 
 def _bytes_fall_by_the_codecs_factors(ran: Ran) -> None:
-    """README: "The bytes fall by the codecs' factors: 1.99x for fp16, 3.97x for int8, 44x for
+    """README: "The bytes fall by the codecs' factors: 2.00x for fp16, 3.98x for int8, 46x for
     top-k at 1%"."""
     taken = {p["settings"]["transpiler.compression.method"]: p["pserver_bytes_in"]
              for p in sweep_points(ran)}
-    for method, factor in {"fp16": 1.99, "int8": 3.97, "topk": 44}.items():
+    for method, factor in {"fp16": 2.00, "int8": 3.98, "topk": 46}.items():
         assert taken["none"] / taken[method] == pytest.approx(factor, rel=0.01), method
 
 
@@ -482,7 +482,7 @@ def test_the_example_scenario_meets_its_expectations(tmp_path: Path) -> None:
     metrics = read_metrics(tmp_path / "out" / "example" / "sim" / "metrics.json")
     names = [e.name for e in metrics.expectations if e.passed]
     assert names == ["final_loss_below", "max_steps_redone", "max_step_time"]
-    assert [f.kind for f in metrics.faults] == ["links", "partition", "crash"]
+    assert sorted(f.kind for f in metrics.faults) == ["crash", "links", "partition"]
 
 
 def test_runtime_up_takes_no_runs_flag(capsys: pytest.CaptureFixture[str]) -> None:

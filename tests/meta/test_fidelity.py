@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL
+
 from runtime.config.scenario import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,10 +33,10 @@ def test_a_configuration_is_written_in_the_protocol_asked_for_or_the_default() -
     bench = fidelity()
     config = next(c for c in bench.CONFIGS if c.name == "1x1-small")
     assert "protocol" not in config.scenario(None)
-    assert parse_scenario(config.scenario(None)).train.protocol == "compact"
-    bundled = parse_scenario(config.scenario(20, "bundled"))
-    assert (bundled.train.protocol, bundled.train.steps) == ("bundled", 20)
-    assert config.scenario(20, "bundled").replace(", protocol: bundled", "") == \
+    assert parse_scenario(config.scenario(None)).train.protocol == DEFAULT_PROTOCOL
+    compact = parse_scenario(config.scenario(20, "compact"))
+    assert (compact.train.protocol, compact.train.steps) == ("compact", 20)
+    assert config.scenario(20, "compact").replace(", protocol: compact", "") == \
         config.scenario(20)
 
 

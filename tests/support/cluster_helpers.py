@@ -38,12 +38,13 @@ Timing does not change a job's numbers."""
 def make_job(model: str, trainers: int, pservers: int, steps: int = 20, batch: int = 16,
              mode: str = "sync", data: str | None = None, extra: str = "",
              transpiler: str = "", retry_after: str | None = None,
-             heartbeat_timeout: str = "10s") -> Job:
+             heartbeat_timeout: str = "10s", protocol: str | None = None) -> Job:
     """A job over loopback endpoints; `retry_after` (e.g. FAST_DRAIN) sets `train.retry_after`
-    (default 1 s). Loopback loses nothing, and a request resent sooner than that is answered
+    (default 1 s), `protocol` `train.protocol` (default the scenario's). Loopback loses nothing, and a request resent sooner than that is answered
     from the pserver's deduplication (or with a ``pending`` notice), so it changes no number."""
     eps = free_endpoints(pservers)
     retry = f", retry_after: {retry_after}" if retry_after else ""
+    retry += f", protocol: {protocol}" if protocol else ""
     data_line = f"data: {{name: {data}, batch_size: {batch}}}" if data else f"data: {{batch_size: {batch}}}"
     text = f"""
 name: test

@@ -15,8 +15,9 @@ The model:
   runs. Requests go from trainers to pservers; a pserver answers with ``reply`` (or ``error``);
 - every op the executor runs costs ``op_overhead`` on top of its kernel;
 - every training step costs the trainer ``step_overhead``, and ``step_residual`` if it makes
-  an RPC (charged at its first: the residual is the event loop's unseen work around requests,
-  which geo's local steps do not have); every sync round costs the pserver ``round_overhead``
+  an RPC (charged at its first RPC op that waits for an answer, once its sends have left: the
+  residual is the event loop's unseen work around requests, which geo's local steps do not
+  have, and it runs while the trainer waits); every sync round costs the pserver ``round_overhead``
   and ``round_residual`` on top of its optimize ops.
 
 How `Meter` measures (DESIGN): the parts of the work that run as one stretch of Python are

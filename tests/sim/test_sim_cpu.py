@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.config.scenario import ScenarioError, parse_scenario
+from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
 from runtime.execution.costs import Linear, RuntimeCosts
 from runtime.execution.scope import Scope
 from runtime.network.wire import Kind, Message, charged_size, encode
@@ -221,6 +221,30 @@ def test_the_residual_per_step_and_round_is_charged_with_their_overheads() -> No
     assert model.overhead("trainer:0", "rpc_step", 0) == 2 * U
     assert model.overhead("pserver:0", "round", 0) == 9 * U
     assert RuntimeCosts.from_document(costs.document()) == costs
+
+
+def test_a_steps_residual_is_spent_once_its_requests_are_out(tmp_path: Path) -> None:
+    """The event loop's unseen work of a step ("rpc_step") is charged at the step's first RPC
+    op that waits for an answer, after its sends have left: with a core free it overlaps the
+    pserver's work on the request, as a real trainer's loop does while it waits."""
+    costs = RuntimeCosts(step_residual=64 * U)
+    (tmp_path / "profile.json").write_text(json.dumps({"ops": {}, "runtime": costs.document()}))
+    quickstart = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
+    scenario = load_scenario(quickstart, [
+        "train.steps=3", "expect={}", "backend.kernels=phantom",
+        "compute={model: profile, path: profile.json}",
+        "cluster.hosts=[{nodes: '*', cores: 2}]"])
+    result = simulate(scenario, base_dir=tmp_path)
+    assert result.trace is not None
+    spans = result.trace.spans["trainer:0"]
+    for step in (1, 2):
+        residual = [s for s in spans if s.name == "rpc_step"][step]
+        sends = [s for s in spans if s.category == "rpc" and s.name == "send"
+                 and s.end <= residual.start + 1e-12]
+        later = [s for s in spans if s.category == "rpc" and s.name == "send"
+                 and residual.start < s.start < residual.end]
+        assert sends and not later  # every send of the step left before it
+        assert residual.end - residual.start == pytest.approx(64 * U)
 
 
 def test_a_profile_from_before_the_residual_was_split_loads_and_prices_as_it_did(

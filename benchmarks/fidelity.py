@@ -23,8 +23,8 @@ Each row also gives the share of the machine's CPU time its hypervisor took duri
 ("steal"): on a shared machine that time slows the real runs in a way nothing here predicts, so
 a row with much steal measures the neighbours, not the simulator.
 
-``--protocol P`` runs and simulates the jobs in protocol P (``train.protocol``: compact, the
-default, bundled or per_op); ``--profile-protocol Q`` takes the profile in Q instead: the
+``--protocol P`` runs and simulates the jobs in protocol P (``train.protocol``: bundled, the
+default, compact or per_op); ``--profile-protocol Q`` takes the profile in Q instead: the
 cross-protocol check, whether a profile of one protocol predicts another (the runtime's costs
 are per message and per step, so it should). ``--cpu`` also prints, per node, the simulated
 CPU seconds of its main thread and of its whole process (the I/O thread's added) against a
@@ -58,6 +58,7 @@ from typing import Any
 
 from runtime.config.scenario import load_scenario
 from sim.cpu import io_thread
+from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL, PROTOCOLS
 from sim.simulate import SimResult, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +107,6 @@ class Config:
                 f"log_every: 1000{speaks}}}\n" + network)
 
 
-PROTOCOLS = ("compact", "bundled", "per_op")
 SMALL, MID, WIDE = (64, 256, 10), (64, 512, 128, 10), (64, 1024, 1024, 10)
 CONFIGS = [
     Config("1x1-small", SMALL, 1, 1),
@@ -312,7 +312,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep scenarios, profiles and logs here")
     parser.add_argument("--protocol", choices=PROTOCOLS,
                         help="train.protocol of the real and simulated runs (the scenario's "
-                             "default, compact)")
+                             f"default, {DEFAULT_PROTOCOL})")
     parser.add_argument("--profile-protocol", choices=PROTOCOLS,
                         help="profile in this protocol instead (the cross-protocol check)")
     parser.add_argument("--cpu", action="store_true",
@@ -334,9 +334,10 @@ def main() -> None:
     predicted = "one calibration of this machine predicting" if args.transfer else \
         f"{args.profile_runs} profiling and"
     print(f"{len(chosen)} configurations, {predicted} {args.repeat} real run(s) each, on "
-          f"{os.cpu_count()} cores; protocol {args.protocol or 'compact'}"
+          f"{os.cpu_count()} cores; protocol {args.protocol or DEFAULT_PROTOCOL}"
           + ("" if args.transfer else
-             f", profiled in {args.profile_protocol or args.protocol or 'compact'}"), flush=True)
+             f", profiled in {args.profile_protocol or args.protocol or DEFAULT_PROTOCOL}"),
+          flush=True)
     print(f"{'configuration':<20} {'measured step ms (min/med/max)':>23}  {'predicted':>8} "
           f"{'error':>7}  {'samples/s':>9} {'predicted':>9}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pslab-fidelity-") as tmp:

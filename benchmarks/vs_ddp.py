@@ -6,12 +6,12 @@ Rows are models: ``mlp-small`` (mlp [64, 128, 10], the quickstart's), ``mlp-1024
 model: a 16x16 image, two 3x3 conv + batch_norm + relu + 2x2 max pool blocks of 8 and 16
 channels, an fc to 10 classes). Columns are ways to train it with 2 trainers:
 
-- ``pslab``: `runtime up` of the row's scenario as written: 2 pservers x 2 trainers, sync, no
-  train.protocol given (the default), the security `runtime up` gives a one-host job (the
-  first lines of the run's log say which);
-- ``bundled``: the same with ``--set train.protocol=bundled``;
-- ``bundled-insecure``: and ``--insecure`` (no CurveZMQ);
-- ``bundled-1x2``: bundled with ``--set cluster.pservers=1``;
+- ``pslab``: `runtime up` of the row's scenario as written: 2 pservers x 2 trainers, sync,
+  the defaults (the bundled protocol, local sockets: what `runtime up` gives a one-host job);
+- ``compact``: the same with ``--set train.protocol=compact`` (the default before bundled);
+- ``curve``: with ``--set cluster.security=curve``, CurveZMQ over TCP, what a job across hosts
+  pays for its encryption (the default on one host before local sockets);
+- ``1x2``: with ``--set cluster.pservers=1``;
 - ``ddp``: the same layers written with torch.nn, in 2 processes started by
   torch.multiprocessing, DistributedDataParallel over the gloo backend on 127.0.0.1 (a free
   loopback port as init_method), SGD at the scenario's learning rate, each process its batch of
@@ -138,10 +138,9 @@ class Column:
 
 
 COLUMNS = [Column("pslab", ()),
-           Column("bundled", ("--set", "train.protocol=bundled")),
-           Column("bundled-insecure", ("--set", "train.protocol=bundled", "--insecure")),
-           Column("bundled-1x2", ("--set", "train.protocol=bundled",
-                                  "--set", "cluster.pservers=1"))]
+           Column("compact", ("--set", "train.protocol=compact")),
+           Column("curve", ("--set", "cluster.security=curve")),
+           Column("1x2", ("--set", "cluster.pservers=1"))]
 DDP = "ddp"
 
 

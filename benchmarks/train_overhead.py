@@ -14,7 +14,7 @@ The ratio is distributed / local; on one host the nodes share its cores, so this
 protocol's overhead (round trips per step, serialization, barriers), not a speed-up estimate.
 
 Run: python benchmarks/train_overhead.py [--steps 200] [--batch 32] [--sizes 64,128,10]
-         [--protocol compact|bundled|per_op] [--mode sync|async]
+         [--protocol bundled|compact|per_op] [--mode sync|async]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import run_job, train_locally
 from runtime.services.job import Job
 from runtime.services.node import run_async
+from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL, PROTOCOLS
 
 SCENARIO = """\
 name: train-overhead
@@ -89,9 +90,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="examples per trainer per step")
     parser.add_argument("--sizes", default="64,128,10", help="mlp layer sizes")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--protocol", default="compact", choices=["compact", "bundled", "per_op"],
-                        help="train.protocol of the distributed runs (default: compact, the "
-                             "scenario default)")
+    parser.add_argument("--protocol", default=DEFAULT_PROTOCOL, choices=PROTOCOLS,
+                        help=f"train.protocol of the distributed runs (default: "
+                             f"{DEFAULT_PROTOCOL}, the scenario default)")
     parser.add_argument("--mode", default="sync", choices=["sync", "async"],
                         help="transpiler.mode of the distributed runs (async: no barriers, "
                              "so its samples/s is not that of the same training)")

@@ -70,7 +70,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,6 +142,8 @@ COLUMNS = [Column("pslab", ()),
            Column("curve", ("--set", "cluster.security=curve")),
            Column("1x2", ("--set", "cluster.pservers=1"))]
 DDP = "ddp"
+DDP_TRIES = 3
+"""Starts of a DDP run before its failure ends the benchmark."""
 
 
 @dataclass
@@ -262,6 +264,7 @@ def ddp_worker(rank: int, job: DdpJob) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=job.learning_rate)
         batches = synthetic_batches(job.row, job.batch, job.steps, seed=rank)
         marks = [ddp_step(model, optimizer, batches, step) for step in range(job.steps)]
+        dist.barrier()  # neither leaves while the other may still be in an allreduce
     finally:
         dist.destroy_process_group()
     (job.out / f"rank{rank}.json").write_text(json.dumps(marks))
@@ -293,7 +296,15 @@ def ddp_run(row: Row, batch: int, steps: int, out: Path) -> Run:
     out.mkdir(parents=True, exist_ok=True)
     job = DdpJob(row, batch, steps, LEARNING_RATE, TRAINERS, kernel_threads(TRAINERS),
                  free_endpoints("127.0.0.1", 1)[0], out)
-    mp.spawn(ddp_worker, args=(job,), nprocs=TRAINERS, join=True)
+    for attempt in range(DDP_TRIES):
+        try:
+            mp.spawn(ddp_worker, args=(job,), nprocs=TRAINERS, join=True)
+            break
+        except mp.ProcessExitedException as exc:  # gloo now and then aborts a process
+            if attempt == DDP_TRIES - 1:
+                raise
+            print(f"  ddp: {exc}; running it again", flush=True)
+            job = replace(job, endpoint=free_endpoints("127.0.0.1", 1)[0])
     marks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(TRAINERS)]
     seconds = max(steps_[-1][-1] - steps_[0][-1] for steps_ in marks)
     return Run((steps - 1) * batch * TRAINERS / seconds, ddp_split(marks, row))

@@ -26,11 +26,14 @@ one device (`runtime.paddle.compiler`); ``fluid.profiler`` (``profiler``, ``star
 (`transpiler.ir.Program.clone`). For ``dist_mnist.py``: ``fluid.nets.simple_img_conv_pool``,
 ``fluid.layers.accuracy`` (`transpiler.layers.accuracy`), ``Variable.is_data`` (how the harness
 finds the feeds) and ``Executor.run``'s ``feed_var_name``, ``fetch_var_name`` and
-``use_program_cache`` keywords.
+``use_program_cache`` keywords. For ``dist_ctr_reader.py``: ``fluid.log_helper.get_logger``
+(`runtime.paddle.log_helper`), importable as ``from ...fluid.log_helper import get_logger``:
+this module is registered as the package that submodule is in.
 """
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType, SimpleNamespace
 from typing import Any, Sequence
 
@@ -46,7 +49,7 @@ from transpiler.ir import Program, Var
 from transpiler.layers import embedding_v2 as embedding
 
 from runtime.execution.scope import Scope, global_scope
-from runtime.paddle import compiler, profiler
+from runtime.paddle import compiler, log_helper, profiler
 from runtime.paddle.compiler import (BuildStrategy, CompiledProgram, ExecutionStrategy,
                                      ParallelExecutor)
 from runtime.services.paddle_compat import (CPUPlace, CUDAPlace, DataFeeder, save_params,
@@ -153,10 +156,12 @@ core = SimpleNamespace(is_compiled_with_cuda=is_compiled_with_cuda, CPUPlace=CPU
 """``fluid.core``: what a script asks of it, ``is_compiled_with_cuda()``, the places,
 ``LoDTensor`` (`runtime.services.paddle_compat.FluidLoDTensor`) and ``Scope``."""
 
+sys.modules[f"{__name__}.log_helper"] = log_helper  # ``from fluid.log_helper import ...``
+
 __all__ = ["BuildStrategy", "CPUPlace", "CUDAPlace", "CompiledProgram", "DataFeeder",
            "DistributeTranspiler", "DistributeTranspilerConfig", "ExecutionStrategy", "Executor",
            "LoDTensor", "ParallelExecutor", "ParamAttr", "Program", "Scope", "clip", "compiler",
            "core", "default_main_program", "default_startup_program", "embedding", "global_scope",
-           "initializer", "io", "layers", "memory_optimize", "nets", "optimizer", "param_attr",
-           "profiler", "program_guard", "regularizer", "release_memory", "transpiler",
-           "unique_name"]
+           "initializer", "io", "layers", "log_helper", "memory_optimize", "nets", "optimizer",
+           "param_attr", "profiler", "program_guard", "regularizer", "release_memory",
+           "transpiler", "unique_name"]

@@ -298,3 +298,16 @@ def test_buffered_hands_a_readers_error_to_its_consumer() -> None:
     assert next(got) == 1
     with pytest.raises(OSError, match="disk gone"):
         next(got)
+
+
+def test_log_helper_is_importable_as_a_submodule_of_fluid() -> None:
+    """``from paddle.fluid.log_helper import get_logger``, as Paddle's CTR reader writes it:
+    one handler however often it is asked for, not passed on to the root logger."""
+    import logging
+
+    from runtime.paddle.fluid.log_helper import get_logger
+
+    logger = get_logger("pslab-test-reader", logging.INFO, fmt="%(message)s")
+    assert get_logger("pslab-test-reader", logging.DEBUG) is logger
+    assert len(logger.handlers) == 1 and not logger.propagate
+    assert logger.level == logging.DEBUG

@@ -10,10 +10,9 @@ centred otherwise), and give the CHW image less the per-channel mean [103.94, 11
 as a flat float32 vector (`image`). Images come in the archive's order (Paddle first copies them
 into batch files, in an order of the file system's, and maps them in threads unordered).
 
-Reading the ``.mat`` files needs scipy and decoding the images Pillow (`image`): neither is a
-dependency of pslab (scipy comes with the ``[data]`` extra's scikit-learn, Pillow with the
-``[plot]`` extra's matplotlib); without them the reader's error says to ``pip install scipy
-pillow``.
+Reading the ``.mat`` files needs scipy and decoding the images Pillow (`image`): the ``[data]``
+extra installs both (scipy with its scikit-learn); without them the reader's error says to
+``pip install scipy pillow``.
 """
 
 from __future__ import annotations

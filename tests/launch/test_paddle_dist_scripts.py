@@ -14,12 +14,15 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from runtime.launch.launcher import free_endpoints
+
+from script_runs import run_together
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "paddle_scripts"
@@ -43,21 +46,9 @@ def start(script: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def run_all(script: Path, roles: dict[str, list[str]], tmp_path: Path) -> dict[str, str]:
-    """Start a process per role, wait for all of them (killing every one still running if the
-    wait fails) and return each one's output; every process must exit 0."""
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        for name, args in roles.items():
-            procs[name] = start(script, args, tmp_path / f"{name}.log")
-        codes = {name: proc.wait(timeout=WAIT) for name, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    logs = {name: (tmp_path / f"{name}.log").read_text() for name in procs}
-    assert codes == dict.fromkeys(procs, 0), logs
-    return logs
+    """Every role of `script` as a process (`run_together`); each one's output."""
+    return run_together({name: partial(start, script, args) for name, args in roles.items()},
+                        tmp_path, timeout=WAIT)
 
 
 def losses(path: Path) -> list[float]:

@@ -9,6 +9,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +28,8 @@ from runtime.paddle import batch, dataset, fluid
 from runtime.services.paddle_compat import (INSECURE_VAR, SecurityRefused, is_step,
                                             key_directory, rpc_ops)
 from runtime.services.trainer import Trainer
+
+from script_runs import run_together
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "paddle_ps_script.py"
@@ -189,18 +192,8 @@ def test_the_script_trains_two_pservers_by_two_trainers_as_one_process_does(
     roles += [({"PADDLE_TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(i)},
                [str(tmp_path / "params")] if i == 0 else [], f"trainer-{i}")
               for i in range(trainers)]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        for role, args, name in roles:
-            procs[name] = start(role, common, args, tmp_path / f"{name}.log")
-        codes = {name: proc.wait(timeout=120) for name, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    logs = {name: (tmp_path / f"{name}.log").read_text() for name in procs}
-    assert codes == dict.fromkeys(procs, 0), logs
+    logs = run_together({name: partial(start, role, common, args)
+                         for role, args, name in roles}, tmp_path, timeout=120)
     assert "no PSLAB_KEYS: no CurveZMQ" in logs["pserver-0"]
 
     want_losses, want_params = local_reference(script, trainers)

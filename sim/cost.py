@@ -289,12 +289,15 @@ class OnCpus(Ledger):
     CPU (`sim.cpu.Cpus`), where the nodes of a host share its cores;
     `runtime.execution.compute.Charge` uses `overhead` and `spend`."""
 
-    def __init__(self, model: ComputeModel, costs: RuntimeCosts, cpus: Cpus) -> None:
+    def __init__(self, model: ComputeModel, costs: RuntimeCosts, cpus: Cpus,
+                 pservers: int = 0, trainers: int = 0) -> None:
         super().__init__(model)
         self.costs = costs
         self.cpus = cpus
-        self._overheads = {"step": costs.step_overhead, "rpc_step": costs.step_residual,
-                           "round": costs.round_overhead + costs.round_residual}
+        # a trainer's peers are the pservers it talks to, a sync pserver's the round's trainers
+        self._overheads = {"step": costs.step_overhead,
+                           "rpc_step": costs.residual("rpc_step", pservers),
+                           "round": costs.round_overhead + costs.residual("round", trainers)}
 
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
         return self._count(node, step,
@@ -517,6 +520,13 @@ class RuntimeSection(_Section):
     `step_overhead`; none in a profile from before the residual was split)."""
     round_residual: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Seconds a sync pserver's event loop spends per round that no timer sees."""
+    residual_peers: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """The peers of each node of the job the residuals were measured on (`runtime
+    calibrate`: 2); 0: the residuals do not vary with a job's peers."""
+    step_residual_per_peer: float = Field(0.0, allow_inf_nan=False)
+    """What `step_residual` grows by for each pserver more a trainer talks to."""
+    round_residual_per_peer: float = Field(0.0, allow_inf_nan=False)
+    """What `round_residual` grows by for each trainer more in a round."""
     machine: dict[str, Any] = {}
     """What it was measured on (cores, processor); for people."""
     curve: CurveSpec | None = None

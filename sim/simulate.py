@@ -182,7 +182,8 @@ def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,
     cpus = Cpus(hosts, node_names(scenario.cluster.pservers, job.trainers),
                 io=costs is not None)
     network.cpus, network.costs = cpus, costs
-    return OnCpus(model, costs or RuntimeCosts(), cpus)
+    pservers = 0 if job.collective else scenario.cluster.pservers
+    return OnCpus(model, costs or RuntimeCosts(), cpus, pservers, job.trainers)
 
 
 @contextmanager

@@ -44,7 +44,11 @@ The residual is split (`split_residual`): each message a node *received* costs i
 loop's wake-up and dispatch (`loop_per_message`, calibrated on this machine by
 `runtime.launch.profile.calibrate_loop`, at most the node's even share), and the rest is per
 trainer step (``step_residual``) or per sync pserver round (``round_residual``), or, on a node
-that has neither (an asynchronous pserver), per message as before. DESIGN: most of what no
+that has neither (an asynchronous pserver), per message as before. A machine file
+(`runtime calibrate`) also says how the two grow with a node's peers (``residual_peers``, the
+reference job's, and ``step_residual_per_peer`` per pserver a trainer talks to,
+``round_residual_per_peer`` per trainer in a round: `RuntimeCosts.residual`), from the
+reference job run again with one pserver and one trainer. DESIGN: most of what no
 timer sees does not grow with the messages: the executor's loop, the RPC ops' own code and
 the task switches happen once per op or step whatever the protocol, while a wake-up comes with
 each message received. Spread evenly over the messages, the residual priced a protocol that
@@ -159,6 +163,22 @@ class RuntimeCosts:
     """What no timer sees on a trainer's main thread, per step (`split_residual`)."""
     round_residual: float = 0.0
     """What no timer sees on a sync pserver's main thread, per round."""
+    residual_peers: float = 0.0
+    """The peers of each node of the job the residuals were measured on (pservers a trainer
+    talks to, trainers in a pserver's round); 0: not measured, the residuals do not vary."""
+    step_residual_per_peer: float = 0.0
+    """What `step_residual` grows by for each pserver more a trainer talks to."""
+    round_residual_per_peer: float = 0.0
+    """What `round_residual` grows by for each trainer more in a round."""
+
+    def residual(self, what: str, peers: int) -> float:
+        """A trainer's step residual (``rpc_step``) or a pserver's round residual (``round``)
+        with `peers` peers: the measured one, moved by its per-peer slope where measured."""
+        base, slope = ((self.step_residual, self.step_residual_per_peer) if what == "rpc_step"
+                       else (self.round_residual, self.round_residual_per_peer))
+        if not self.residual_peers:
+            return base
+        return max(base + slope * (peers - self.residual_peers), 0.0)
 
     def message(self, side: Side, kind: str, nbytes: int) -> float:
         cost = self.messages.get((side, kind)) or self.default.get(side)
@@ -184,6 +204,10 @@ class RuntimeCosts:
                     "op_overhead": self.op_overhead, "step_overhead": self.step_overhead,
                     "round_overhead": self.round_overhead, "step_residual": self.step_residual,
                     "round_residual": self.round_residual, "machine": dict(self.machine)}
+        if self.residual_peers:
+            document.update(residual_peers=self.residual_peers,
+                            step_residual_per_peer=self.step_residual_per_peer,
+                            round_residual_per_peer=self.round_residual_per_peer)
         if self.curve is not None:
             document["curve"] = self.curve.document()
         return document
@@ -213,7 +237,10 @@ class RuntimeCosts:
                                 float(curve.get("handshake", 0.0)),
                                 float(curve.get("per_byte", 0.0))),
                             float(raw.get("step_residual", 0.0)),
-                            float(raw.get("round_residual", 0.0)))
+                            float(raw.get("round_residual", 0.0)),
+                            float(raw.get("residual_peers", 0.0)),
+                            float(raw.get("step_residual_per_peer", 0.0)),
+                            float(raw.get("round_residual_per_peer", 0.0)))
 
 
 def machine() -> dict[str, Any]:

@@ -32,7 +32,8 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   from them (`job_curves`; named in ``meta.from_jobs``). A step's and an op's own cost come
   from a job whose steps make no RPC (`LOCAL_REFERENCE`, `fold_local`); what the reference
   job's steps and rounds cost beyond that is owed by the steps that make an RPC and by the
-  rounds.
+  rounds, and how that grows with a node's peers comes from the same job with one pserver and
+  one trainer (`PEERS_REFERENCE`, `merge_peers`).
 
 Drift. On a shared machine (a VM whose host runs other guests) a thread's CPU time grows while
 the hypervisor runs someone else, so a kernel measured then looks slower than it is, and one
@@ -398,11 +399,13 @@ def measure_slice(processes: int | None = None, seconds: float = SHARING_SECONDS
 
 # -- the runtime's own costs ---------------------------------------------------------------------
 
-def _reference_job(name: str, sizes: list[int], steps: int) -> str:
-    """A 2 pservers x 2 trainers sync job of the MLP `sizes`, for `steps` steps."""
+def _reference_job(name: str, sizes: list[int], steps: int, pservers: int = 2,
+                   trainers: int = 2) -> str:
+    """A sync job of the MLP `sizes` (2 pservers x 2 trainers), for `steps` steps."""
     return (f"name: calibrate-{name}\nseed: 1\nmodel: {{name: mlp, sizes: {sizes}, optimizer: "
             "{type: sgd, learning_rate: 0.05}}\ndata: {name: digits, batch_size: 32}\n"
-            "cluster: {pservers: 2, trainers: 2}\ntranspiler: {mode: sync}\n"
+            f"cluster: {{pservers: {pservers}, trainers: {trainers}}}\n"
+            "transpiler: {mode: sync}\n"
             f"train: {{steps: {steps}, deadline: 300s}}\n")
 
 
@@ -415,6 +418,13 @@ thread and by message kind, replaces the main reference's (`merge_bytes`): fitte
 of 128 KiB at most, it priced a 4 MB message half as dear again as it was. Its per-step work
 is not kept: the work no timer sees grew with its bytes (0.85 ms a step against 0.4) and
 priced a small job's step 50% too dear."""
+PEERS_REFERENCE = _reference_job("peers", [64, 512, 64, 10], 80, pservers=1, trainers=1)
+"""`RUNTIME_REFERENCE` with one pserver and one trainer: how the work no timer sees changes
+with a node's peers (`merge_peers`). In this calibration's transfer benchmark, a 1x1 job had
+come out 13% slow and a 3x2 one 17% fast from the 2 x 2 job's residuals alone."""
+REFERENCE_PEERS = 2
+"""The peers of each node of `RUNTIME_REFERENCE`: the pservers a trainer talks to, and the
+trainers in a pserver's round."""
 RUNTIME_RUNS = 3
 """Real runs of the reference job; the one whose nodes used the median CPU time is fitted
 (`measure_runs`): the work no timer sees, per step, read 0.24 ms in one calibration and
@@ -474,6 +484,10 @@ def measure_runtime(stream: TextIO) -> RuntimeRuns:
     print("  runtime: the local reference job, for a step without RPCs", file=stream, flush=True)
     local, _ = _profile_runtime("local", LOCAL_REFERENCE, stream)
     document = fold_local(document, local, *ops_per_period(RUNTIME_REFERENCE))
+    print("  runtime: the reference job with one pserver and one trainer, for the work no "
+          "timer sees per peer", file=stream, flush=True)
+    alone, _ = _profile_runtime("peers", PEERS_REFERENCE, stream, RUNTIME_RUNS)
+    document = merge_peers(document, fold_local(alone, local, *ops_per_period(PEERS_REFERENCE)))
     print("  runtime: the bytes reference job, for the cost of large messages", file=stream,
           flush=True)
     big, _ = _profile_runtime("bytes", BYTES_REFERENCE, stream)
@@ -575,6 +589,21 @@ def merge_bytes(main: dict[str, Any], big: dict[str, Any], main_bytes: int,
             messages[RECEIVES][kind] = dict(cost, per_byte=cost["per_byte"] + unseen / more)
     io = dict(main.get("io", {}), per_byte=big.get("io", {}).get("per_byte", 0.0))
     return dict(main, messages=messages, io=io)
+
+
+def merge_peers(main: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
+    """`main` (folded, `REFERENCE_PEERS` peers a node) with how its residuals change per peer,
+    from `alone` (the same job with one pserver and one trainer, folded the same way): a
+    trainer's step residual per pserver it talks to, a pserver's round residual per trainer in
+    its round. DESIGN: what no timer sees grows with a node's peers (a reply to wait for and
+    resolve per pserver, a request per trainer), more than the event loop's wake-up per
+    message (`loop_per_message`) accounts for; fitted as a line through the two jobs."""
+    peers = REFERENCE_PEERS - 1
+    return dict(main, residual_peers=float(REFERENCE_PEERS),
+                step_residual_per_peer=(float(main["step_residual"])
+                                        - float(alone["step_residual"])) / peers,
+                round_residual_per_peer=(float(main["round_residual"])
+                                         - float(alone["round_residual"])) / peers)
 
 
 def merge_kinds(main: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -18,15 +18,17 @@ import numpy as np
 import pytest
 
 from runtime.config.scenario import parse_scenario
+from runtime.execution.costs import RuntimeCosts
 from runtime.execution.curves import Curve, fit_curve
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
 from runtime.launch.calibrate import (BYTES_REFERENCE, FORMAT, KIND_REFERENCES, LOCAL_REFERENCE,
-                                      PROBE_TRIES, RUNTIME_REFERENCE, Reference, WorkTimes,
+                                      PEERS_REFERENCE, PROBE_TRIES, REFERENCE_PEERS,
+                                      RUNTIME_REFERENCE, Reference, WorkTimes,
                                       calibrate, feature_of, fit_kernels, fold_local, grid,
                                       job_curves, measure_kernels, measure_sharing, merge_bytes,
-                                      merge_kinds, ops_per_period, param_bytes)
-from sim.cost import Calibrated, ComputeConfigError, compute_model
+                                      merge_kinds, merge_peers, ops_per_period, param_bytes)
+from sim.cost import Calibrated, ComputeConfigError, OnCpus, Profile, compute_model
 from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
 from sim.simulate import simulate
@@ -303,6 +305,32 @@ def test_a_step_and_an_op_cost_what_the_local_job_says_and_the_rest_is_owed_by_r
                       "round_residual": 29.0, "messages": {}}
     # a local job that measured more than the main one changes nothing
     assert fold_local(main, {"op_overhead": 5.0, "step_overhead": 120.0}, 10, 3) == main
+
+
+def test_the_residuals_grow_per_peer_as_the_two_reference_jobs_say() -> None:
+    """2 x 2 against 1 x 1: a trainer's step residual 120 against 70 (50 per pserver more),
+    a pserver's round 29 against 33 (a line through both, even where it falls)."""
+    main = {"step_residual": 120.0, "round_residual": 29.0, "messages": {}}
+    alone = {"step_residual": 70.0, "round_residual": 33.0, "messages": {"x": 1}}
+    merged = merge_peers(main, alone)
+    assert merged == {"step_residual": 120.0, "round_residual": 29.0, "messages": {},
+                      "residual_peers": 2.0, "step_residual_per_peer": 50.0,
+                      "round_residual_per_peer": -4.0}
+    costs = RuntimeCosts.from_document(merged)
+    assert RuntimeCosts.from_document(costs.document()) == costs
+    assert [costs.residual("rpc_step", n) for n in (0, 1, 2, 3)] == [20.0, 70.0, 120.0, 170.0]
+    assert [costs.residual("round", n) for n in (1, 2, 9)] == [33.0, 29.0, 1.0]
+    assert costs.residual("round", 10) == 0.0  # never below nothing
+    cpus = Cpus([], ["trainer:0", "pserver:0"])
+    ledger = OnCpus(Profile({}), costs, cpus, pservers=3, trainers=1)
+    assert ledger.overhead("trainer:0", "rpc_step", 0) == 170.0
+    assert ledger.overhead("pserver:0", "round", 0) == 33.0
+    assert RuntimeCosts(step_residual=5.0).residual("rpc_step", 7) == 5.0  # not measured
+    # the second reference is the first with one node of each role
+    one = parse_scenario(PEERS_REFERENCE, "peers")
+    assert (one.cluster.pservers, one.cluster.trainers, REFERENCE_PEERS) == (1, 1, 2)
+    assert PEERS_REFERENCE.replace("pservers: 1, trainers: 1", "pservers: 2, trainers: 2") \
+        .replace("calibrate-peers", "calibrate-runtime") == RUNTIME_REFERENCE
 
 
 def test_the_reference_jobs_ops_per_step_and_round_are_its_programs() -> None:

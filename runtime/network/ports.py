@@ -91,19 +91,14 @@ async def probe_socket(path: str, seconds: float) -> Probe:
     """One look at the Unix socket `path` (a node's local socket,
     `runtime.network.local_sockets`) that ends within `seconds`: ready when it greets as
     ZeroMQ does."""
-    loop = asyncio.get_running_loop()
     seconds = max(seconds, PROBE_FLOOR)
-    deadline = loop.time() + seconds
+    deadline = asyncio.get_running_loop().time() + seconds
     connected = await _connect(socket.AF_UNIX, path, seconds)
     if isinstance(connected, Probe):
         if not connected.refused and not os.path.exists(path):
             return Probe(False, f"no socket at {path} yet: nothing listens there", refused=True)
         return connected
-    try:
-        return await _greeting(connected, min(GREETING_SECONDS,
-                                              max(deadline - loop.time(), PROBE_FLOOR)))
-    finally:
-        connected.close()
+    return await _greeted(connected, deadline)
 
 
 def _look(address: tuple[str, int] | str, seconds: float) -> Awaitable[Probe]:
@@ -219,12 +214,18 @@ async def probe(host: str, port: int, seconds: float) -> Probe:
         if isinstance(connected, Probe):
             found = connected
             continue
-        try:
-            left = max(deadline - loop.time(), PROBE_FLOOR)
-            return await _greeting(connected, min(GREETING_SECONDS, left))
-        finally:
-            connected.close()
+        return await _greeted(connected, deadline)
     return found
+
+
+async def _greeted(connected: socket.socket, deadline: float) -> Probe:
+    """Whether the peer on `connected` greets as ZeroMQ does by the loop time `deadline` (given
+    at least `PROBE_FLOOR`, at most `GREETING_SECONDS`); the socket is closed after."""
+    try:
+        left = max(deadline - asyncio.get_running_loop().time(), PROBE_FLOOR)
+        return await _greeting(connected, min(GREETING_SECONDS, left))
+    finally:
+        connected.close()
 
 
 async def wait_for_ports(who: str, endpoints: Sequence[str], timeout: float,

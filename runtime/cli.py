@@ -54,8 +54,8 @@ from runtime.launch.profile import (ProfileError, check_profilable, cpu_total, f
                                     write_profile)
 from runtime.network.curve import KeyFileError, export_keys, write_keys
 from runtime.services.job import check_job
-from runtime.services.node import (RoleError, add_arguments, key_directory, load_for_role,
-                                   node_options, resolve_role, socket_directory)
+from runtime.services.node import (RoleError, add_arguments, load_for_role, node_options,
+                                   node_security, resolve_role)
 
 
 def _positive_int(text: str) -> int:
@@ -292,9 +292,7 @@ def _up(args: argparse.Namespace, out: TextIO) -> int:
                      f"does not combine with running one node ({role.name}, from "
                      f"{role.index_source})")
     try:
-        ipc = socket_directory(args.ipc, args.keys, args.insecure)
-        keys = None if ipc is not None else key_directory(role, args.keys, args.insecure,
-                                                          os.environ)
+        ipc, keys = node_security(role, args.ipc, args.keys, args.insecure, os.environ)
     except RoleError as err:
         parser.error(str(err))
     if role is not None:

@@ -257,6 +257,14 @@ def socket_directory(ipc: Path | None, keys: Path | None, insecure: bool) -> Pat
         raise RoleError(f"--ipc {err}") from err
 
 
+def node_security(role: Role | None, ipc: Path | None, keys: Path | None, insecure: bool,
+                  env: Mapping[str, str]) -> tuple[Path | None, Path | None]:
+    """The job's socket directory (`socket_directory`) and, without one, its key directory
+    (`key_directory`), from ``--ipc``, ``--keys`` and ``--insecure``."""
+    directory = socket_directory(ipc, keys, insecure)
+    return directory, None if directory is not None else key_directory(role, keys, insecure, env)
+
+
 def insecure_warning(who: str, endpoints: Sequence[str]) -> str:
     """What a node or job run with ``--insecure`` says on stderr."""
     return (f"warning: {who}: --insecure: no CurveZMQ: whoever reaches "
@@ -694,9 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if role is None:
             raise RoleError("no role: give --role and --index, or set TRAINING_ROLE")
         options = node_options(role, args.bind, args.recover, args.incarnation)
-        ipc = socket_directory(args.ipc, args.keys, args.insecure)
-        keys = None if ipc is not None else key_directory(role, args.keys, args.insecure,
-                                                          os.environ)
+        ipc, keys = node_security(role, args.ipc, args.keys, args.insecure, os.environ)
         scenario = load_for_role(args.scenario, args.set, role)
     except (RoleError, ScenarioError) as err:
         parser.error(str(err))

@@ -44,8 +44,9 @@ class Cost:
     `elementwise` (`flops` per output element), `softmax` (per element of the largest input),
     `reduction` (per element of X), `optimizer` (per parameter element updated), `pool` (per
     window element of each output element), and `matmul`, `matmul_grad`, `batched_matmul`,
-    `batched_matmul_grad`, `conv2d`, `conv2d_grad`, `sum`, `lookup`, `lookup_grad` (counted from
-    the shapes, `flops` unused), `nce` (`flops` per Input element per sample label).
+    `batched_matmul_grad`, `conv2d`, `conv2d_grad`, `sequence_conv`, `sequence_conv_grad`,
+    `sum`, `lookup`, `lookup_grad` (counted from the shapes, `flops` unused), `nce` (`flops` per
+    Input element per sample label).
     An op with no `Cost` gets the generic count: a FLOP per output element."""
 
     rule: str
@@ -162,6 +163,7 @@ _FORWARD: tuple[OpDef, ...] = (
     _map("sqrt", 4, 2),
     _map("square", 1, 2),
     _map("cos", 4, 4),
+    _map("softsign", 3, 4),
     # with attributes: gelu (approximate), leaky_relu and elu (alpha), softplus (beta,
     # threshold), brelu (t_min, t_max: torch's Hardtanh)
     _map("gelu", 12, 16),
@@ -188,6 +190,9 @@ _FORWARD: tuple[OpDef, ...] = (
     # -- evaluation, no gradient: fluid's accuracy is top_k, then accuracy of its Indices
     _op("top_k", outputs="Out Indices"),
     _op("accuracy", "Out Indices Label", "Accuracy Correct Total", shape="accuracy"),
+    # fluid's auc: a ROC curve over binned predictions, StatPos/StatNeg (persistable counts) in
+    # and updated in place; forward only
+    _op("auc", "Predict Label StatPos StatNeg", "AUC StatPosOut StatNegOut", shape="auc"),
     # -- reductions, products, gathers
     _op("mean", grad="X", cost=Cost("reduction", 1)),
     # fluid's reductions over `dim` (or every axis: `reduce_all`), `keep_dim`
@@ -198,6 +203,13 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("squared_l2_norm", grad="X", cost=Cost("reduction", 2)),
     _op("sequence_pool", outputs="Out MaxIndex", grad="X", shape="sequence_pool",
         cost=Cost("reduction", 1)),
+    # fluid's sequence_conv: each row's context window of contextLength rows within its
+    # sequence (zeros past either end) times Filter [contextLength * D, M]
+    _op("sequence_conv", "X Filter", grad="X Filter", shape="sequence_conv",
+        cost=Cost("sequence_conv"), grad_cost=Cost("sequence_conv_grad")),
+    # fluid's cosine similarity of X's rows with Y's (Y may be one row, broadcast)
+    _op("cos_sim", "X Y", "Out XNorm YNorm", grad="X Y", shape="cos_sim",
+        cost=Cost("reduction", 6), grad_cost=Cost("reduction", 10)),
     _op("mul", "X Y", grad="X Y", shape="mul", cost=Cost("matmul"),
         grad_cost=Cost("matmul_grad")),
     _op("sum", grad="X", shape="sum", cost=Cost("sum")),

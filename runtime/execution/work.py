@@ -4,8 +4,8 @@
 values they stand for: `shape_of`, `nbytes_of`, so a timing-mode op works as its numeric twin)
 and applies the op's cost rule from the op catalog (`transpiler.opcatalog.Cost`: a rule name and
 FLOPs per element; `COST_RULES`): matrix products count 2*M*K*N per product, convolutions their
-multiply-adds, elementwise ops their FLOPs per output element; every op the bytes of every input
-it reads and output it writes. The simulator prices ops from it (`sim.cost`: a roofline, or a
+multiply-adds (`sequence_conv` the product of its windows and Filter), elementwise ops their
+FLOPs per output element; every op the bytes of every input it reads and output it writes. The simulator prices ops from it (`sim.cost`: a roofline, or a
 machine's calibrated curves), and `runtime calibrate` measures kernels against it.
 """
 
@@ -149,6 +149,24 @@ def _conv2d_grad(op: Op, scope: Scope, flops: float) -> Work:
     return _conv(op, scope, _grads_written(op, scope, ("Input@GRAD", "Filter@GRAD")))
 
 
+def _context_conv(op: Op, scope: Scope, products: int) -> Work:
+    """`sequence_conv` and its grad: 2 * contextLength * D * M FLOPs per row of X per product
+    (the forward's, X's and Filter's gradient each one): a [T, contextLength * D] x
+    [contextLength * D, M] product."""
+    x, w = _shape(_first(op, scope, "X")), _shape(_first(op, scope, "Filter"))
+    if x is None or w is None:
+        return _generic(op, scope)
+    return Work(2.0 * x[0] * math.prod(w) * products, _moved(op, scope))
+
+
+def _sequence_conv(op: Op, scope: Scope, flops: float) -> Work:
+    return _context_conv(op, scope, 1)
+
+
+def _sequence_conv_grad(op: Op, scope: Scope, flops: float) -> Work:
+    return _context_conv(op, scope, _grads_written(op, scope, ("X@GRAD", "Filter@GRAD")))
+
+
 def _pool(op: Op, scope: Scope, flops: float) -> Work:
     """`pool2d` and its grad: `flops` per window element of each Out element."""
     x, out = _shape(_first(op, scope, "X")), _shape(_in_or_out(op, scope, "Out"))
@@ -229,7 +247,8 @@ COST_RULES: dict[str, CostRule] = {
     "optimizer": _optimizer, "matmul": _mul, "matmul_grad": _mul_grad, "sum": _sum,
     "lookup": _lookup, "lookup_grad": _lookup_grad, "batched_matmul": _batched_matmul,
     "batched_matmul_grad": _batched_matmul_grad, "conv2d": _conv2d, "conv2d_grad": _conv2d_grad,
-    "pool": _pool, "nce": _nce,
+    "pool": _pool, "nce": _nce, "sequence_conv": _sequence_conv,
+    "sequence_conv_grad": _sequence_conv_grad,
 }
 """The cost rules by the names the op catalog's entries give (`transpiler.opcatalog.Cost`)."""
 

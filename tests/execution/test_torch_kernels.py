@@ -167,7 +167,7 @@ def elementwise_cases() -> list[Case]:
 
 
 UNARY = {"relu": normal, "tanh": normal, "sigmoid": normal, "exp": normal, "log": positive,
-         "sqrt": positive, "square": normal, "cos": normal}
+         "sqrt": positive, "square": normal, "cos": normal, "softsign": normal}
 ACTIVATIONS = {"gelu": {"approximate": True}, "silu": {}, "leaky_relu": {"alpha": 0.1},
                "elu": {"alpha": 0.7}, "softplus": {"beta": 2.0, "threshold": 1.0},
                "brelu": {"t_min": -0.5, "t_max": 0.7}}
@@ -419,8 +419,26 @@ def control_cases() -> list[Case]:
                  attrs={"shape": [2, -1], "dtype": "int64", "value": 1.0, "output_dim_idx": 1})]
 
 
+def text_cases() -> list[Case]:
+    """sequence_conv, cos_sim and auc (tests/execution/test_kernels_text.py checks values)."""
+    cases = [Case("sequence_conv", slots(X=sequences([3, 1, 0, 4], 2), Filter=normal(2 * n, 3)),
+                  attrs={"contextLength": n, "contextStart": s}, wrt=("X", "Filter"),
+                  id=f"{n}@{s}") for n, s in ((3, -1), (2, 1))]
+    cases += [Case("cos_sim", slots(X=normal(4, 3), Y=normal(rows, 3)), id=f"y{rows}",
+                   outputs=("Out", "XNorm", "YNorm"), loss=("Out",), wrt=("X", "Y"))
+              for rows in (4, 1)]
+    for steps, stat in ((0, (1, 6)), (2, (19,))):
+        cases.append(Case("auc", id=f"slide{steps}", outputs=("AUC", "StatPosOut", "StatNegOut"),
+                          attrs={"num_thresholds": 5, "slide_steps": steps}, build=slots(
+                              Predict=lambda rng: rng.uniform(0, 1, (6, 2)),
+                              Label=labels(6, 2),
+                              StatPos=lambda rng, s=stat: rng.integers(0, 3, s).astype(np.int64),
+                              StatNeg=lambda rng, s=stat: rng.integers(0, 3, s).astype(np.int64))))
+    return cases
+
+
 CASES = (elementwise_cases() + math_cases() + nn_cases() + cnn_cases() + optimizer_cases()
-         + control_cases())
+         + control_cases() + text_cases())
 GRAD_CASES = [c for c in CASES if c.wrt]
 
 

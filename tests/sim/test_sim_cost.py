@@ -52,6 +52,16 @@ def test_mul_grad_counts_each_product_it_computes() -> None:
     assert op_work(only_y, scope) == Work(2 * 6 * 4 * 3, read + 12 * 4)
 
 
+def test_sequence_conv_is_the_product_of_the_windows_and_the_filter() -> None:
+    x, w = LoDTensor(zeros(6, 4), [[0, 2, 6]]), zeros(12, 5)  # windows of 3 rows: [6, 12] x [12, 5]
+    forward = Op("sequence_conv", {"X": ["x"], "Filter": ["w"]}, {"Out": ["out"]})
+    scope = scope_of(x=x, w=w, out=zeros(6, 5), dout=zeros(6, 5), dx=zeros(6, 4), dw=zeros(12, 5))
+    assert op_work(forward, scope).flops == 2 * 6 * 12 * 5
+    grad = Op("sequence_conv_grad", {"X": ["x"], "Filter": ["w"], "Out": ["out"],
+                                     "Out@GRAD": ["dout"]}, {"X@GRAD": ["dx"], "Filter@GRAD": ["dw"]})
+    assert op_work(grad, scope).flops == 2 * (2 * 6 * 12 * 5)
+
+
 @pytest.mark.parametrize("op_type,flops_per_element", [
     ("relu", 1), ("sigmoid", 4), ("elementwise_add", 1), ("scale", 2), ("cast", 0)])
 def test_elementwise_ops_count_flops_per_output_element(op_type: str,
@@ -128,6 +138,10 @@ TWIN_CASES: dict[str, tuple[Op, dict[str, Any]]] = {
                           rows=LoDTensor(zeros(6, 8), [[0, 2, 6]]))),
     "sequence_pool": (Op("sequence_pool", {"X": ["x"]}, {"Out": ["out"]}),
                       dict(x=LoDTensor(zeros(6, 8), [[0, 2, 6]]), out=zeros(2, 8))),
+    "sequence_conv": (Op("sequence_conv", {"X": ["x"], "Filter": ["w"]}, {"Out": ["out"]},
+                         {"contextLength": 3}),
+                      dict(x=LoDTensor(zeros(6, 8), [[0, 2, 6]]), w=zeros(24, 5),
+                           out=LoDTensor(zeros(6, 5), [[0, 2, 6]]))),
 }
 
 

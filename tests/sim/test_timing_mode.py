@@ -184,7 +184,7 @@ def _binary(op_type: str) -> None:
 
 
 for _op in ("relu", "tanh", "sigmoid", "exp", "log", "sqrt", "square", "cos", "clip", "scale",
-            "cast", "assign", "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu"):
+            "cast", "assign", "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu", "softsign"):
     _unary(_op)
 for _op in ("floor", "ceil", "sign"):
     OP_CASES[_op] = (Op(_op, {"X": ["x"]}, {"Out": ["o"]}), {"x": POSITIVE}, {"x": BATCH, "o": BATCH})
@@ -227,6 +227,12 @@ OP_CASES["accuracy"] = (  # a script's total: create_tensor declares no shape
        {"Accuracy": ["a"], "Correct": ["c"], "Total": ["t"]}),
     {"v": POSITIVE[:, :1], "i": np.array([[0], [1], [1]]), "l": np.array([[0], [1], [0]])},
     {"t": ([], "int64")})
+OP_CASES["auc"] = (
+    Op("auc", {"Predict": ["p"], "Label": ["l"], "StatPos": ["sp"], "StatNeg": ["sn"]},
+       {"AUC": ["a"], "StatPosOut": ["sp"], "StatNegOut": ["sn"]},
+       {"num_thresholds": 7, "slide_steps": 2}),
+    {"p": POSITIVE / 2, "l": np.array([[0], [1], [1]]), "sp": np.zeros(25, np.int64),
+     "sn": np.zeros(25, np.int64)}, {})
 OP_CASES["assign_value"] = (
     Op("assign_value", {}, {"Out": ["o"]},
        {"shape": [2, 3], "dtype": "float32", "fp32_values": [0.5, 1, 2, 3, 4, 5]}), {},
@@ -283,6 +289,10 @@ for _op, _ins, _outs, _wrt, _attrs, _loss in [
      {"dim": [1, -1], "keep_dim": False, "reduce_all": False}, "Out"),
     ("reduce_mean", {"X": np.ones((2, 3))}, {"Out": 1}, ("X",),
      {"dim": [0], "keep_dim": True, "reduce_all": True}, "Out"),
+    ("sequence_conv", {"X": LoDTensor(np.ones((5, 2)), [[0, 2, 5]]), "Filter": np.ones((6, 4))},
+     {"Out": 1}, ("X", "Filter"), {"contextLength": 3, "contextStart": -1}, "Out"),
+    ("cos_sim", {"X": POSITIVE, "Y": ROW[None, :]}, {"Out": 1, "XNorm": 1, "YNorm": 1},
+     ("X", "Y"), {}, "Out"),
     ("nce", {"Input": POSITIVE, "Label": np.array([[1, 0]] * 3), "Weight": np.ones((4, 2)),
              "Bias": np.ones((4, 1))}, {"Cost": 1, "SampleLogits": 1, "SampleLabels": 1},
      ("Input", "Weight", "Bias"), {"num_total_classes": 4, "num_neg_samples": 3}, "Cost"),

@@ -202,6 +202,35 @@ class Segments:
         self.row_seq = np.repeat(np.arange(self.count), self.lengths)
 
 
+def context_attrs(ctx: KernelContext) -> tuple[int, int]:
+    """``sequence_conv``'s ``contextLength`` and ``contextStart``; fluid's op supports only
+    ``contextStride`` 1, and pslab pads with zeros only (``paddingTrainable`` false)."""
+    length = int(ctx.attr("contextLength", 0))
+    if length < 1:
+        raise ValueError(f"sequence_conv: contextLength {length} must be at least 1")
+    if int(ctx.attr("contextStride", 1)) != 1:
+        raise ValueError("sequence_conv: contextStride must be 1 (fluid's op supports no other)")
+    if ctx.attr("paddingTrainable", False):
+        raise ValueError("sequence_conv: paddingTrainable is not supported; the window pads "
+                         "with zeros")
+    return length, int(ctx.attr("contextStart", 0))
+
+
+def context_index(ctx: KernelContext, rows: int, width: int, filter_rows: int) -> Array:
+    """The rows of X each row's ``sequence_conv`` window reads, int64 ``[rows,
+    contextLength]``: row t of a sequence [s, e) (X's last LoD level) reads t + contextStart + j
+    for j < contextLength, and `rows` (one past X: a row of zeros) where that leaves [s, e).
+    `width`: X's row width, which times contextLength must be Filter's `filter_rows`."""
+    length, start = context_attrs(ctx)
+    if filter_rows != length * width:
+        raise ValueError(f"sequence_conv: Filter has {filter_rows} rows, not contextLength "
+                         f"{length} x X's width {width}")
+    seg = Segments(ctx, rows)
+    src = np.arange(rows, dtype=np.int64)[:, None] + start + np.arange(length)[None, :]
+    inside = (src >= seg.starts[seg.row_seq][:, None]) & (src < seg.ends[seg.row_seq][:, None])
+    return np.where(inside, src, rows)
+
+
 def pool_scale(kind: str, lengths: Array, dtype: np.dtype) -> Array:
     """Per-sequence factor of SUM-like pools: 1, 1/len (AVERAGE) or 1/sqrt(len) (SQRT)."""
     n = np.maximum(lengths, 1).astype(dtype)

@@ -2,7 +2,7 @@
 squared_l2_norm), concat, and clipping, with their gradient kernels.
 
 Activation gradients read the forward output where Paddle's do (relu, tanh, sigmoid, exp,
-sqrt), otherwise the input. The activations with attributes (`gelu`, `silu`, `leaky_relu`,
+sqrt), otherwise the input (softsign, x / (1 + |x|), too). The activations with attributes (`gelu`, `silu`, `leaky_relu`,
 `elu`, `softplus`, `brelu`: Paddle's ops, with its attribute names and defaults) compute as
 torch's GELU, SiLU, LeakyReLU, ELU, Softplus and Hardtanh do. `sum` and `scale` also accept
 `SelectedRows`, as the pserver sums and averages sparse gradients with them.
@@ -40,6 +40,7 @@ _UNARY: dict[str, tuple[Callable[[Array], Array], Callable[[Array, Array, Array]
     "sqrt": (np.sqrt, lambda g, x, o: g * 0.5 / o),
     "square": (np.square, lambda g, x, o: g * 2 * x),
     "cos": (np.cos, lambda g, x, o: -g * np.sin(x)),
+    "softsign": (lambda x: x / (1 + np.abs(x)), lambda g, x, o: g / np.square(1 + np.abs(x))),
     "floor": (np.floor, None),
     "ceil": (np.ceil, None),
     "sign": (np.sign, None),

@@ -14,7 +14,9 @@ count stays what numeric mode would give. Each op's entry in the op catalog
   and `pool2d` (their windows), `batch_norm`, `layer_norm` and `dropout` (Y/Out like X, and
   their statistics and mask), `reshape`, `reshape2`, `transpose2`, `squeeze2`, `unsqueeze2`
   (with XShape), `split`, `slice`, `gather`, `lookup_table` and `lookup_table_v2` (a row per id),
-  `sequence_pool` (a row per sequence), `nce` (a column per true label and negative; a sparse
+  `sequence_pool` (a row per sequence), `sequence_conv` (a row per row, X's LoD kept),
+  `cos_sim` (a value per row of X, and of Y for YNorm), `auc` (one float64, the counts like
+  themselves), `nce` (a column per true label and negative; a sparse
   Weight@GRAD a row per sample label), `split_byref`, `split_selected_rows`, `split_ids` and
   `concat` (their sections), `sum` (SelectedRows add up their rows), `reduce_sum` and
   `reduce_mean` (their axes), `hierarchical_sigmoid` (a PreOut column per path node; a sparse
@@ -273,6 +275,28 @@ def _sequence_pool(ctx: KernelContext) -> None:
     ctx.set_output("MaxIndex", _dense((count, math.prod(shape[1:])), np.int32))
 
 
+def _sequence_conv(ctx: KernelContext) -> None:
+    """`sequence_conv`: a row per row of X, a column per column of Filter, X's LoD kept."""
+    x, w = _value(ctx, "X"), phantom_of(_value(ctx, "Filter"))
+    ctx.set_output("Out", _dense((shape_of(x)[0], w.shape[1]), w.dtype, _lod(x)))
+
+
+def _cos_sim(ctx: KernelContext) -> None:
+    """`cos_sim`: Out and XNorm a value per row of X (Out keeps X's LoD), YNorm per row of Y."""
+    x, y = _value(ctx, "X"), shape_of(_value(ctx, "Y"))
+    dtype = phantom_of(x).dtype
+    ctx.set_output("Out", _dense((shape_of(x)[0], 1), dtype, _lod(x)))
+    ctx.set_output("XNorm", _dense((shape_of(x)[0], 1), dtype))
+    ctx.set_output("YNorm", _dense((y[0], 1), dtype))
+
+
+def _auc(ctx: KernelContext) -> None:
+    """`auc`: AUC one float64; the counts out like the counts in."""
+    ctx.set_output("AUC", _dense((1,), np.float64))
+    ctx.set_output("StatPosOut", phantom_of(_value(ctx, "StatPos")))
+    ctx.set_output("StatNegOut", phantom_of(_value(ctx, "StatNeg")))
+
+
 def _merge_ids(ctx: KernelContext) -> None:
     ids, rows = _value(ctx, "Ids"), phantom_of(_value(ctx, "X"))
     lead = lookup_lead(tuple(shape_of(ids)), lookup_version(ctx))
@@ -494,7 +518,7 @@ SHAPE_RULES: dict[str, Rule] = {
     "split": _split, "slice": _slice,
     "gather": _gather, "nce": _nce, "nce_grad": _nce_grad, "reduce": _reduce,
     "batch_size_like": _batch_size_like, "hsigmoid": _hsigmoid, "hsigmoid_grad": _hsigmoid_grad,
-    "accuracy": _accuracy,
+    "accuracy": _accuracy, "sequence_conv": _sequence_conv, "cos_sim": _cos_sim, "auc": _auc,
 }
 """The shape rules by the names the op catalog's entries give (`OpDef.shape`)."""
 

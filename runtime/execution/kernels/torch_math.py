@@ -55,6 +55,8 @@ _UNARY: dict[str, tuple[UnaryFn, UnaryGrad | None]] = {
     "sqrt": (lambda x: torch.sqrt(as_float(x)), lambda g, x, o: g * 0.5 / o),
     "square": (torch.square, lambda g, x, o: g * 2 * x),
     "cos": (lambda x: torch.cos(as_float(x)), lambda g, x, o: -g * torch.sin(x)),
+    "softsign": (lambda x: as_float(x) / (1 + torch.abs(as_float(x))),
+                 lambda g, x, o: g / torch.square(1 + torch.abs(x))),
     "floor": (torch.floor, None),
     "ceil": (torch.ceil, None),
     "sign": (torch.sign, None),

@@ -1,6 +1,6 @@
 """The torch backend: importing this module registers a torch kernel for every op the numpy
 backend has, family by family (`torch_elementwise`, `torch_math`, `torch_nn`, `torch_conv`,
-`torch_tensor`, `torch_optim`, `torch_control`), each written after its numpy twin and checked against it in
+`torch_tensor`, `torch_optim`, `torch_control`, `torch_text`), each written after its numpy twin and checked against it in
 tests/execution/test_torch_kernels.py. Torch itself is optional: without it this import fails with an
 `ImportError` naming the ``[torch]`` extra, and nothing outside these modules imports torch.
 
@@ -20,9 +20,10 @@ on the device the executor bound the plan to (`torch_common.on_device`); the CPU
 """
 
 from runtime.execution.kernels import (torch_control, torch_conv, torch_elementwise, torch_math,
-                                       torch_nn, torch_optim, torch_tensor)
+                                       torch_nn, torch_optim, torch_tensor, torch_text)
 from runtime.execution.kernels.torch_common import (DeviceError, on_device, resolve_device,
                                                     set_threads)
 
 __all__ = ["DeviceError", "on_device", "resolve_device", "set_threads", "torch_control", "torch_conv",
-           "torch_elementwise", "torch_math", "torch_nn", "torch_optim", "torch_tensor"]
+           "torch_elementwise", "torch_math", "torch_nn", "torch_optim", "torch_tensor",
+           "torch_text"]

@@ -30,7 +30,8 @@ __all__ = [
     "conv2d", "pool2d", "batch_norm", "layer_norm", "dropout", "matmul", "transpose", "squeeze",
     "unsqueeze", "split", "slice", "gather", "sigmoid_cross_entropy_with_logits",
     "gelu", "silu", "leaky_relu", "elu", "softplus", "brelu", "reduce_sum", "reduce_mean",
-    "fill_constant_batch_size_like", "hsigmoid", "topk", "accuracy",
+    "fill_constant_batch_size_like", "hsigmoid", "topk", "accuracy", "auc", "sequence_conv",
+    "softsign", "cos_sim",
 ]
 
 
@@ -115,6 +116,11 @@ def ceil(x: Var) -> Var:
 
 def cos(x: Var) -> Var:
     return _unary("cos", x)
+
+
+def softsign(x: Var, name: str | None = None) -> Var:
+    """x / (1 + |x|)."""
+    return _unary("softsign", x)
 
 
 def gelu(x: Var, approximate: bool = False) -> Var:
@@ -399,6 +405,61 @@ def sequence_pool(input: Var, pool_type: str) -> Var:
     return out
 
 
+def sequence_conv(input: Var, num_filters: int, filter_size: int = 3, filter_stride: int = 1,
+                  padding: bool = True, padding_start: int | None = None,
+                  bias_attr: ParamAttr | str | bool | None = None,
+                  param_attr: ParamAttr | str | None = None, act: str | None = None,
+                  name: str | None = None) -> Var:
+    """fluid's ``sequence_conv``: one `sequence_conv` op over the LoD sequences of `input` ([T,
+    D]): row t of each sequence sees rows t + padding_start .. t + padding_start + filter_size -
+    1 of its own sequence (zeros past either end; `padding_start` defaults to -(filter_size //
+    2), centring the window), times a [filter_size * D, num_filters] filter; then a bias over
+    the filters (`elementwise_add`, axis 1) and `act`. The output keeps the input's LoD.
+    `padding` is fluid's and changes nothing there either: the padding is never trainable."""
+    input = _check_var(input, "sequence_conv", "input")
+    if input.lod_level < 1 or len(input.shape) != 2:
+        raise ValueError(f"sequence_conv: input {input.name!r} must be [T, D] with LoD, got "
+                         f"shape {input.shape}, lod_level {input.lod_level}")
+    if filter_size < 1 or num_filters < 1 or filter_stride != 1:
+        raise ValueError(f"sequence_conv: filter_size {filter_size} and num_filters "
+                         f"{num_filters} must be positive and filter_stride 1")
+    prefix = name or unique_name.generate("sequence_conv")
+    start = -(filter_size // 2) if padding_start is None else int(padding_start)
+    w = create_parameter(ParamAttr.of(param_attr) or ParamAttr(),
+                         [filter_size * input.shape[1], num_filters], input.dtype, Xavier(),
+                         prefix + ".w")
+    out = create_tmp_var(prefix, (input.shape[0], num_filters), input.dtype,
+                         lod_level=input.lod_level)
+    append_op("sequence_conv", {"X": [input], "Filter": [w]}, {"Out": [out]},
+              {"contextStride": filter_stride, "contextStart": start,
+               "contextLength": filter_size})
+    return _activation(_bias(out, bias_attr, prefix), act)
+
+
+def _bias(x: Var, bias_attr: ParamAttr | str | bool | None, prefix: str) -> Var:
+    """`x` plus a bias over its dim 1 (`elementwise_add`, axis 1), unless `bias_attr` is False."""
+    battr = ParamAttr.of(bias_attr)
+    if battr is None:
+        return x
+    b = create_parameter(battr, [x.shape[1]], x.dtype, Constant(0.0), prefix + ".b")
+    out = create_tmp_var(prefix, x.shape, x.dtype, lod_level=x.lod_level)
+    append_op("elementwise_add", {"X": [x], "Y": [b]}, {"Out": [out]}, {"axis": 1})
+    return out
+
+
+def cos_sim(X: Var, Y: Var) -> Var:
+    """fluid's ``cos_sim``: the cosine of each row of X with Y's row (Y has X's rows, or one
+    row for all), [N, 1], by a `cos_sim` op (which also writes the rows' norms)."""
+    X, Y = _check_var(X, "cos_sim", "X"), _check_var(Y, "cos_sim", "Y")
+    if len(X.shape) < 2 or len(X.shape) != len(Y.shape):
+        raise ValueError(f"cos_sim: X {X.shape} and Y {Y.shape} must be of one rank, 2 or more")
+    out = create_tmp_var("cos_sim", (X.shape[0], 1), X.dtype, lod_level=X.lod_level)
+    xnorm = create_tmp_var("cos_sim", (X.shape[0], 1), X.dtype)
+    ynorm = create_tmp_var("cos_sim", (Y.shape[0], 1), X.dtype)
+    append_op("cos_sim", {"X": [X], "Y": [Y]}, {"Out": [out], "XNorm": [xnorm], "YNorm": [ynorm]})
+    return out
+
+
 def concat(input: Sequence[Var], axis: int = 0) -> Var:
     xs = [_check_var(x, "concat", "input") for x in input]
     if not xs:
@@ -503,6 +564,40 @@ def accuracy(input: Var, label: Var, k: int = 1, correct: Var | None = None,
     append_op("accuracy", {"Out": [values], "Indices": [indices], "Label": [label]},
               {"Accuracy": [out], "Correct": [counts[0]], "Total": [counts[1]]})
     return out
+
+
+def auc(input: Var, label: Var, curve: str = "ROC", num_thresholds: int = 2 ** 12 - 1,
+        topk: int = 1, slide_steps: int = 1) -> tuple[Var, Var, list[Var]]:
+    """fluid 1.x's ``auc``: the area under the ROC curve of `input` (the positive class's
+    probability in its last column) against the int `label`, by two `auc` ops over
+    persistable int64 counts per bucket of num_thresholds + 1, zeroed at startup: one over the
+    last `slide_steps` batches (the batch AUC), one over every batch run (the global AUC).
+    Returns (auc_out, batch_auc_out, [batch_stat_pos, batch_stat_neg, stat_pos, stat_neg]), as
+    fluid does. Only the ROC curve; `topk` is fluid's and unused there too. No gradient."""
+    input, label = _check_var(input, "auc", "input"), _check_var(label, "auc", "label")
+    if curve != "ROC":
+        raise ValueError(f"auc: curve {curve!r} is not supported; only ROC (fluid's kernel "
+                         "computes ROC whatever it is asked)")
+    if num_thresholds < 1 or slide_steps < 0:
+        raise ValueError(f"auc: num_thresholds {num_thresholds} must be positive and "
+                         f"slide_steps {slide_steps} not negative")
+    batch = _auc_op(input, label, num_thresholds, slide_steps,
+                    [(1 + slide_steps) * (num_thresholds + 1) + 1])
+    whole = _auc_op(input, label, num_thresholds, 0, [1, num_thresholds + 1])
+    return whole[0], batch[0], [*batch[1:], *whole[1:]]
+
+
+def _auc_op(input: Var, label: Var, thresholds: int, steps: int,
+            shape: list[int]) -> tuple[Var, Var, Var]:
+    """One `auc` op over new zeroed counts of `shape`: its AUC and the two counts."""
+    out = create_tmp_var("auc", (1,), "float64", stop_gradient=True)
+    stats = [_framework_global_var(unique_name.generate("auc_stat"), shape, 0.0, "int64")
+             for _ in range(2)]
+    append_op("auc", {"Predict": [input], "Label": [label], "StatPos": [stats[0]],
+                      "StatNeg": [stats[1]]},
+              {"AUC": [out], "StatPosOut": [stats[0]], "StatNegOut": [stats[1]]},
+              {"curve": "ROC", "num_thresholds": thresholds, "slide_steps": steps})
+    return out, stats[0], stats[1]
 
 
 def mean(x: Var) -> Var:

@@ -26,9 +26,12 @@ one device (`runtime.paddle.compiler`); ``fluid.profiler`` (``profiler``, ``star
 (`transpiler.ir.Program.clone`). For ``dist_mnist.py``: ``fluid.nets.simple_img_conv_pool``,
 ``fluid.layers.accuracy`` (`transpiler.layers.accuracy`), ``Variable.is_data`` (how the harness
 finds the feeds) and ``Executor.run``'s ``feed_var_name``, ``fetch_var_name`` and
-``use_program_cache`` keywords. For ``dist_ctr_reader.py``: ``fluid.log_helper.get_logger``
-(`runtime.paddle.log_helper`), importable as ``from ...fluid.log_helper import get_logger``:
-this module is registered as the package that submodule is in.
+``use_program_cache`` keywords. For the text scripts (``dist_text_classification.py``,
+``dist_simnet_bow.py``): ``fluid.nets.sequence_conv_pool``, ``fluid.layers.sequence_conv``,
+``softsign``, ``cos_sim`` and ``auc``, and ``DataFeeder`` of ``lod_level`` vars. For
+``dist_ctr_reader.py``: ``fluid.log_helper.get_logger`` (`runtime.paddle.log_helper`),
+importable as ``from ...fluid.log_helper import get_logger``: this module is registered as the
+package that submodule is in.
 """
 
 from __future__ import annotations
@@ -116,8 +119,20 @@ def simple_img_conv_pool(input: Var, num_filters: int, filter_size: int | Sequen
     return _layers.pool2d(conv, pool_size, pool_type, pool_stride, pool_padding, global_pooling)
 
 
-nets = SimpleNamespace(simple_img_conv_pool=simple_img_conv_pool)
-"""``fluid.nets``: the composite layer fluid's image scripts (``dist_mnist.py``) build with."""
+def sequence_conv_pool(input: Var, num_filters: int, filter_size: int, param_attr: Any = None,
+                       act: str = "sigmoid", pool_type: str = "max",
+                       bias_attr: Any = None) -> Var:
+    """fluid's ``nets.sequence_conv_pool``: `sequence_conv` of the LoD `input` (with its bias
+    and `act`), then `sequence_pool` of each sequence (`pool_type`), a row per sequence."""
+    conv = _layers.sequence_conv(input, num_filters, filter_size, param_attr=param_attr,
+                                 bias_attr=bias_attr, act=act)
+    return _layers.sequence_pool(conv, pool_type)
+
+
+nets = SimpleNamespace(simple_img_conv_pool=simple_img_conv_pool,
+                       sequence_conv_pool=sequence_conv_pool)
+"""``fluid.nets``: the composite layers fluid's image scripts (``dist_mnist.py``) and text
+scripts (``dist_text_classification.py``) build with."""
 
 FLUID_LAYERS = {"create_tensor": create_tensor}
 """fluid layers that pslab's front end does not have as such, added to ``fluid.layers``."""

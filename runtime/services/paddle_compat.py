@@ -535,25 +535,47 @@ async def _finish(trainer: Trainer) -> None:
 
 class DataFeeder:
     """Paddle's ``fluid.DataFeeder(feed_list, place)``: `feed(minibatch)` turns a list of
-    samples (a tuple per example, one field per var of `feed_list`) into a feed dict of arrays
-    with the vars' dtypes and shapes. Dense vars only (no LoD)."""
+    samples (a tuple per example, one field per var of `feed_list`) into a feed dict: an array
+    with the var's dtype and shape for a dense var; for a var with LoD (``lod_level`` n), the
+    field is a sequence per example (nested n deep) and the feed is the `FluidLoDTensor` of
+    their rows one after another with its n levels of offsets, as fluid's feeder makes it
+    (``[[1, 2], [3]]`` for ``lod_level=1`` ids of shape [1]: rows [[1], [2], [3]], LoD
+    ``[[0, 2, 3]]``), which the executor feeds as the runtime's `LoDTensor`."""
 
     def __init__(self, feed_list: Sequence[Var | str], place: CPUPlace | CUDAPlace | None = None,
                  program: Program | None = None) -> None:
         block = (program or default_main_program()).global_block()
         self.vars = [block.var(v) if isinstance(v, str) else v for v in feed_list]
-        for var in self.vars:
-            if var.lod_level:
-                raise ValueError(f"DataFeeder: var {var.name!r} has LoD level {var.lod_level}; "
-                                 "only dense vars are fed this way")
 
-    def feed(self, minibatch: Sequence[Sequence[Any]]) -> dict[str, np.ndarray]:
+    def feed(self, minibatch: Sequence[Sequence[Any]]) -> dict[str, np.ndarray | FluidLoDTensor]:
         columns = list(zip(*minibatch)) if minibatch else [() for _ in self.vars]
         if len(columns) != len(self.vars):
             raise ValueError(f"DataFeeder: samples have {len(columns)} fields, the feed list "
                              f"{len(self.vars)} vars ({[v.name for v in self.vars]})")
-        return {var.name: np.asarray(column, dtype=var.dtype).reshape([-1, *var.shape[1:]])
+        return {var.name: _sequences(var, column) if var.lod_level else _rows(var, column)
                 for var, column in zip(self.vars, columns)}
+
+
+def _rows(var: Var, items: Sequence[Any]) -> np.ndarray:
+    """`items` as one array of `var`'s dtype and shape, the batch dim taking the rest."""
+    return np.asarray(items, dtype=var.dtype).reshape([-1, *var.shape[1:]])
+
+
+def _sequences(var: Var, column: Sequence[Any]) -> FluidLoDTensor:
+    """A column of nested sequences (`var.lod_level` deep) as their rows and LoD: the lengths
+    of each level, flattened level by level (fluid's feeder)."""
+    lengths: list[list[int]] = []
+    items: list[Any] = list(column)
+    for level in range(var.lod_level):
+        try:
+            lengths.append([len(item) for item in items])
+        except TypeError:
+            raise ValueError(f"DataFeeder: var {var.name!r} has lod_level {var.lod_level}; "
+                             f"each example must be sequences {var.lod_level} deep") from None
+        items = [element for item in items for element in item]
+    tensor = FluidLoDTensor(_rows(var, items))
+    tensor.set_recursive_sequence_lengths(lengths)
+    return tensor
 
 
 def save_vars(scope: Scope, dirname: str | Path, names: Iterable[str]) -> None:

@@ -1,6 +1,6 @@
 """Training scripts in the style of Paddle's distributed unit-test scripts
 (tests/launch/paddle_scripts: `dist_harness` and the models ``dist_mlp.py``, ``dist_cnn.py``,
-``dist_word2vec.py``), each run once locally and once as 2 pservers + 2 trainers in separate
+``dist_word2vec.py``, ``dist_text.py``: LoD sequences through a sequence_conv), each run once locally and once as 2 pservers + 2 trainers in separate
 processes over 127.0.0.1: at every step the mean of the two trainers' losses (each trained on
 half of the local run's batch) equals the local run's loss.
 
@@ -32,7 +32,8 @@ TRAINERS = 2
 WAIT = 40.0
 """Seconds a run's processes may take, all together."""
 
-DELTA = {"dist_mlp.py": 1e-5, "dist_cnn.py": 1e-5, "dist_word2vec.py": 1e-4}
+DELTA = {"dist_mlp.py": 1e-5, "dist_cnn.py": 1e-5, "dist_word2vec.py": 1e-4,
+         "dist_text.py": 1e-5}
 """How close the job's step losses must be to the local run's, per script: Paddle's harness
 allows 1e-5 for its mnist script and 1e-4 for word2vec."""
 

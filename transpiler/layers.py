@@ -494,39 +494,48 @@ def softmax_with_cross_entropy(logits: Var, label: Var, soft_label: bool = False
     return loss
 
 
-def _elementwise(op_type: str, x: Var, y: Var, axis: int = -1, act: str | None = None) -> Var:
+def _elementwise(op_type: str, x: Var, y: Var, axis: int = -1, act: str | None = None,
+                 name: str | None = None) -> Var:
+    """X op Y (Paddle's broadcast by `axis`), then `act`; `name` prefixes the output's name."""
     x, y = _check_var(x, op_type, "x"), _check_var(y, op_type, "y")
-    out = create_tmp_var(op_type, x.shape, x.dtype, lod_level=x.lod_level)
+    out = create_tmp_var(name or op_type, x.shape, x.dtype, lod_level=x.lod_level)
     append_op(op_type, {"X": [x], "Y": [y]}, {"Out": [out]}, {"axis": axis})
     return _activation(out, act)
 
 
-def elementwise_add(x: Var, y: Var, axis: int = -1, act: str | None = None) -> Var:
-    return _elementwise("elementwise_add", x, y, axis, act)
+def elementwise_add(x: Var, y: Var, axis: int = -1, act: str | None = None,
+                    name: str | None = None) -> Var:
+    return _elementwise("elementwise_add", x, y, axis, act, name)
 
 
-def elementwise_sub(x: Var, y: Var, axis: int = -1, act: str | None = None) -> Var:
-    return _elementwise("elementwise_sub", x, y, axis, act)
+def elementwise_sub(x: Var, y: Var, axis: int = -1, act: str | None = None,
+                    name: str | None = None) -> Var:
+    return _elementwise("elementwise_sub", x, y, axis, act, name)
 
 
-def elementwise_mul(x: Var, y: Var, axis: int = -1, act: str | None = None) -> Var:
-    return _elementwise("elementwise_mul", x, y, axis, act)
+def elementwise_mul(x: Var, y: Var, axis: int = -1, act: str | None = None,
+                    name: str | None = None) -> Var:
+    return _elementwise("elementwise_mul", x, y, axis, act, name)
 
 
-def elementwise_div(x: Var, y: Var, axis: int = -1, act: str | None = None) -> Var:
-    return _elementwise("elementwise_div", x, y, axis, act)
+def elementwise_div(x: Var, y: Var, axis: int = -1, act: str | None = None,
+                    name: str | None = None) -> Var:
+    return _elementwise("elementwise_div", x, y, axis, act, name)
 
 
-def elementwise_max(x: Var, y: Var, axis: int = -1, act: str | None = None) -> Var:
-    return _elementwise("elementwise_max", x, y, axis, act)
+def elementwise_max(x: Var, y: Var, axis: int = -1, act: str | None = None,
+                    name: str | None = None) -> Var:
+    return _elementwise("elementwise_max", x, y, axis, act, name)
 
 
-def elementwise_min(x: Var, y: Var, axis: int = -1, act: str | None = None) -> Var:
-    return _elementwise("elementwise_min", x, y, axis, act)
+def elementwise_min(x: Var, y: Var, axis: int = -1, act: str | None = None,
+                    name: str | None = None) -> Var:
+    return _elementwise("elementwise_min", x, y, axis, act, name)
 
 
-def elementwise_pow(x: Var, y: Var, axis: int = -1, act: str | None = None) -> Var:
-    return _elementwise("elementwise_pow", x, y, axis, act)
+def elementwise_pow(x: Var, y: Var, axis: int = -1, act: str | None = None,
+                    name: str | None = None) -> Var:
+    return _elementwise("elementwise_pow", x, y, axis, act, name)
 
 
 def square_error_cost(input: Var, label: Var) -> Var:

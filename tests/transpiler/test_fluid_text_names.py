@@ -161,3 +161,40 @@ def test_auc_counts_every_batch_and_the_batch_auc_the_last_one() -> None:
     global_auc, last = exe.run(main, feed=second, fetch_list=[auc, batch_auc], scope=scope)
     assert last[0] == 0.0  # the second batch ranks its negative first
     assert global_auc[0] == pytest.approx(0.5)  # 2 of the 4 pairs ordered
+
+
+# -- a simnet-bow tower pair, as dist_simnet_bow.py builds it --------------------------------------
+def simnet_net() -> Any:
+    """Query and title towers (summed embeddings, softsign, fc) and the hinge loss and
+    accuracy of their cosines, fluid's script's layers in small."""
+    def tower(name: str) -> tuple[Any, Any]:
+        ids = fluid.layers.data(name, [1], dtype="int64", lod_level=1)
+        emb = fluid.layers.embedding(ids, [20, 6], is_sparse=True,
+                                     param_attr=fluid.ParamAttr(name="__emb__"))
+        pooled = fluid.layers.softsign(fluid.layers.sequence_pool(emb, "sum"))
+        return ids, fluid.layers.fc(pooled, 4, param_attr=fluid.ParamAttr(name=f"{name}.w"))
+    (q, q_fc), (pt, pt_fc), (nt, nt_fc) = tower("q"), tower("pt"), tower("nt")
+    pos, neg = fluid.layers.cos_sim(q_fc, pt_fc), fluid.layers.cos_sim(q_fc, nt_fc)
+    margin = fluid.layers.fill_constant_batch_size_like(pos, [-1, 1], "float32", 1.0)
+    hinge = fluid.layers.elementwise_add(fluid.layers.elementwise_sub(margin, pos), neg)
+    zero = fluid.layers.fill_constant_batch_size_like(hinge, [-1, 1], "float32", 0.0)
+    loss = fluid.layers.mean(fluid.layers.elementwise_max(zero, hinge))
+    right = fluid.layers.reduce_sum(fluid.layers.cast(fluid.layers.less_than(neg, pos), "float64"))
+    acc = fluid.layers.elementwise_div(right, fluid.layers.fill_constant([1], "float64", 3.0),
+                                       name="simnet_acc")
+    fluid.optimizer.SGD(0.2).minimize(loss)
+    return [q, pt, nt], loss, acc
+
+
+def test_a_simnet_bow_step_runs_from_fed_sequences() -> None:
+    main, startup, (feeds, loss, acc) = build(simnet_net, seed=2)
+    assert acc.name.startswith("simnet_acc")
+    assert op_types(main.global_block()).count("cos_sim_grad") == 2
+    exe, scope = fluid.Executor(fluid.CPUPlace()), fluid.core.Scope()
+    exe.run(startup, scope=scope)
+    feeder = fluid.DataFeeder(feeds, program=main)
+    batch = [([1, 2, 3], [1, 2], [7, 8, 9, 10]), ([4], [4, 5], [11]), ([6, 6], [6], [12, 13])]
+    got = [exe.run(main, feed=feeder.feed(batch), fetch_list=[loss, acc], scope=scope)
+           for _ in range(4)]
+    assert all(np.isfinite(v[0][0]) and 0 <= v[1][0] <= 1 for v in got)
+    assert got[-1][0][0] < got[0][0][0]

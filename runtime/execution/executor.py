@@ -144,6 +144,41 @@ def timed_binder(bind: Binder, timer: KernelTimer) -> Binder:
     return bind_timed
 
 
+FUSED_IDS_SUFFIX = "@FUSED_IDS"
+"""The scope var a fused `split_ids` gathers its lookups' ids in (`fused_ids_kernel`)."""
+
+
+def fused_ids_kernel(op: Op, backend: str, bind: Binder) -> Kernel | None:
+    """The kernel of a distributed table's fused prefetch chain op (the 1.8 programs: one
+    `split_ids` and one `merge_ids` for every lookup of the table, each lookup's ids an ``Ids``
+    and, for `merge_ids`, its out an ``Out``), or None for any other op. The backends' kernels
+    take one ids var, so the fused `split_ids` cuts the `concat` of all the ids (the same set of
+    ids per pserver, each once) and the fused `merge_ids` runs once per lookup over the same
+    answered rows: what the original's fused kernels computed."""
+    if op.type not in ("split_ids", "merge_ids") or len(op.inputs.get("Ids", ())) < 2:
+        return None
+    kernel = bind(get_kernel(op.type, backend))
+    if op.type == "merge_ids":
+        return lambda ctx: _merge_each(ctx, kernel)
+    concat = bind(get_kernel("concat", backend))
+    return lambda ctx: _split_joined(ctx, kernel, concat)
+
+
+def _merge_each(ctx: KernelContext, kernel: Kernel) -> None:
+    for ids, out in zip(ctx.op.input("Ids"), ctx.op.output("Out")):
+        single = Op("merge_ids", {**ctx.op.inputs, "Ids": [ids]}, {"Out": [out]},
+                    dict(ctx.op.attrs))
+        kernel(KernelContext(single, ctx.scope, ctx.where, ctx.program))
+
+
+def _split_joined(ctx: KernelContext, kernel: Kernel, concat: Kernel) -> None:
+    joined = ctx.op.output("Out")[0] + FUSED_IDS_SUFFIX
+    gather = Op("concat", {"X": ctx.op.input("Ids")}, {"Out": [joined]}, {"axis": 0})
+    concat(KernelContext(gather, ctx.scope, ctx.where, ctx.program))
+    single = Op("split_ids", {"Ids": [joined]}, dict(ctx.op.outputs), dict(ctx.op.attrs))
+    kernel(KernelContext(single, ctx.scope, ctx.where, ctx.program))
+
+
 def build_plan(block: Block, backend: str, bind: Binder = _unbound) -> BlockPlan:
     steps = []
     for i, op in enumerate(block.ops):
@@ -151,7 +186,7 @@ def build_plan(block: Block, backend: str, bind: Binder = _unbound) -> BlockPlan
         kernel = None
         if op.type not in RPC_OP_TYPES:
             try:
-                kernel = bind(get_kernel(op.type, backend))
+                kernel = fused_ids_kernel(op, backend, bind) or bind(get_kernel(op.type, backend))
             except KernelNotFound:
                 raise KernelNotFound(op.type, backend, where) from None
         steps.append(OpStep(i, op, kernel, where))

@@ -138,9 +138,11 @@ def test_geo_plans_the_push_and_pull_in_their_own_block() -> None:
 
 
 def test_a_distributed_table_s_prefetches_carry_nothing() -> None:
-    """The table's lookups prefetch (their own requests, no plan); its grad's send, to every
-    pserver, is the step's last and carries the send barrier and the GETs."""
-    main, _ = trainer(transpile(lookup_model(is_distributed=True)))
+    """The table's lookups prefetch (their own requests, no plan; one chain per lookup in the
+    1.2 programs); its grad's send, to every pserver, is the step's last and carries the send
+    barrier and the GETs."""
+    main, _ = trainer(transpile(lookup_model(is_distributed=True),
+                                T.DistributeTranspilerConfig(paddle_version="1.2")))
     ops = main.global_block().ops
     assert [i for i, op in enumerate(ops) if op.type == "prefetch"] == [1, 5]
     assert plans(main) == [

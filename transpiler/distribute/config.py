@@ -27,6 +27,11 @@ SINGLE_PROCESS_MULTI_THREAD = "single_process_multi_thread"
 """The collective mode whose one process drives all its devices: one ring, no id exchange."""
 COLLECTIVE_MODES = ("grad_allreduce", "local_sgd", SINGLE_PROCESS_MULTI_THREAD)
 COMPRESSION_METHODS = ("none", "topk", "fp16", "int8")
+PADDLE_VERSIONS = ("1.2", "1.8")
+"""The releases of the original whose program shapes `paddle_version` selects (the newest is
+the default); docs/transpiler.md §9 lists what differs."""
+PADDLE_VERSION_ENV = "PSLAB_PADDLE_VERSION"
+"""Where a config made without `paddle_version` takes it from (a ported script's, unchanged)."""
 DEFAULT_TOPK_RATIO = 0.01
 
 
@@ -57,6 +62,12 @@ class DistributeTranspilerConfig:
     `compression` is this project's too: ``{"method": "topk" | "fp16" | "int8" | "none",
     "ratio": 0.01}`` (None: none) packs each dense gradient a trainer sends to a pserver, with
     error feedback (docs/transpiler.md §6; `compression_settings` reads it).
+    `paddle_version` is this project's too: which release of the original the programs follow
+    where releases differ, "1.8" (the default) or "1.2" (docs/transpiler.md §9): 1.8 fuses
+    every lookup of the distributed table into one prefetch chain and keeps the accumulators'
+    initializers in the trainer's startup; 1.2 prefetches per lookup and drops them. A config
+    takes its default from ``PSLAB_PADDLE_VERSION`` when set, so that a ported script runs
+    unchanged as either release.
     """
 
     def __init__(self, **fields: Any) -> None:
@@ -80,6 +91,7 @@ class DistributeTranspilerConfig:
         self.wait_port = True
         self.staleness: int | float | None = None
         self.compression: dict[str, Any] | None = None
+        self.paddle_version = os.getenv(PADDLE_VERSION_ENV) or PADDLE_VERSIONS[-1]
         for name, value in fields.items():
             if not hasattr(self, name):
                 raise ValueError(f"DistributeTranspilerConfig: unknown field {name!r}")
@@ -286,4 +298,5 @@ _FIELD_CHECKS: dict[str, Any] = {
     "mode": _check_choice("mode", MODES),
     "collective_mode": _check_choice("collective_mode", (None,) + COLLECTIVE_MODES),
     "compression": _check_compression,
+    "paddle_version": _check_choice("paddle_version", PADDLE_VERSIONS),
 }

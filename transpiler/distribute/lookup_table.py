@@ -12,15 +12,19 @@ SELECTED_ROWS; global id i is row ``i - k*R``, k being ``listen_and_serv``'s ``p
 is initialized by the table's own initializer at shape [R, dim]; on the trainer the
 initializer becomes `fake_init`. Ids and grad rows travel as global ids.
 
-- Trainer, per `lookup_table` op j of the table (in place): `split_ids` (ids by owner, attr
+- Trainer: the table's lookups become prefetch chains, `split_ids` (ids by owner, attr
   ``height_sections``) -> `prefetch` (one request per pserver, ``epmap``) -> `merge_ids`
-  (rows back in the order of the ids). The table's grad goes through `split_ids` into one
+  (rows back in the order of the ids): in the 1.8 programs (``paddle_version``) one chain for
+  every lookup of the table, after the last op writing their ids, as the original fused them
+  (each lookup's ids an input of `split_ids` and `merge_ids`, each out an output of
+  `merge_ids`); in the 1.2 programs, or where the lookups differ in ``padding_idx`` or type or
+  an out is read before the last ids are written, one chain per lookup, in its place. The table's grad goes through `split_ids` into one
   SELECTED_ROWS piece per pserver and one `send` (``<grad>.trainer_{t}.pserver_{k}`` in sync
   mode, ``<grad>.pserver_{k}`` otherwise).
 - Pserver: a table-optimize block (sync: `sum` of the trainers' pieces; then `sgd` at the
   table optimizer's learning rate: as in the original, the table runs plain SGD whatever the
   dense optimizer is, and the pieces are summed, not averaged; the runtime averages them, see
-  `runtime.execution.table`), one prefetch block per lookup (`lookup_sparse_table` of the ids var
+  `runtime.execution.table`), one prefetch block per chain (`lookup_sparse_table` of the ids var
   ``prefetch_var_name_to_block_id`` names), and a checkpoint block (`save` of the table to the
   file named by the RAW var ``kLookupTablePath``, which the runtime fills when a checkpoint
   notification comes). The pserver's blocks work on rows of its table var: the runtime turns
@@ -128,14 +132,16 @@ def table_grad_pieces(plan: Plan, trainer_id: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Lookup:
-    """Lookup j of the distributed table and the names of its per-pserver prefetch vars."""
+    """Prefetch chain j of the distributed table: the lookups it stands in for (their ids and
+    outs, in program order) and the names of its per-pserver prefetch vars. One lookup per
+    chain in the 1.2 programs; in 1.8's, one chain for every lookup of the table (`fuse`)."""
 
     index: int
-    ids: str
-    out: str
+    ids: tuple[str, ...]
+    outs: tuple[str, ...]
     padding_idx: int
     version: str
-    """The lookup's op type, `lookup_table` or `lookup_table_v2`."""
+    """The lookups' op type, `lookup_table` or `lookup_table_v2`."""
 
     def ids_piece(self, table: str, k: int) -> str:
         return f"{table}.prefetch_ids_{self.index}.pserver_{k}"
@@ -146,38 +152,82 @@ class Lookup:
     def declare_pieces(self, block: Block, origin: Block, table: str, k: int) -> None:
         """Declare pserver k's ids and rows pieces in `block`, shaped as they travel: a column
         of ids, [-1, 1], and a row of the table per id (whatever the lookup's own shapes)."""
-        ids, out = origin.var(self.ids), origin.var(self.out)
+        ids, out = origin.var(self.ids[0]), origin.var(self.outs[0])
         width = tuple(origin.var(table).shape[1:])
         clone_var(block, ids, name=self.ids_piece(table, k), shape=(-1, 1))
         clone_var(block, out, name=self.rows_piece(table, k), shape=(-1,) + width)
 
 
-def table_lookups(program: Program, table: str) -> list[Lookup]:
-    ops = [op for op in program.global_block().ops if op.type in LOOKUPS and op.input("W") == [table]]
-    return [Lookup(j, op.input("Ids")[0], op.output("Out")[0], int(op.attr("padding_idx", -1)),
-                   op.type) for j, op in enumerate(ops)]
+def _lookup_ops(ops: list[Op], table: str) -> list[Op]:
+    return [op for op in ops if op.type in LOOKUPS and op.input("W") == [table]]
+
+
+def fused_position(ops: list[Op], lookups: list[Op]) -> int | None:
+    """Where one chain for all of `lookups` goes once they are taken out of `ops`: right after
+    the last op that writes any of their ids (as the original placed it), or None when an op
+    before that point already reads one of their outs."""
+    ids = {op.input("Ids")[0] for op in lookups}
+    outs = {op.output("Out")[0] for op in lookups}
+    rest = [op for op in ops if all(op is not lookup for lookup in lookups)]
+    written = max((i for i, op in enumerate(rest) if ids & set(op.output_arg_names)), default=-1)
+    read = min((i for i, op in enumerate(rest) if outs & set(op.input_arg_names)), default=len(rest))
+    return written + 1 if written < read else None
+
+
+def _fusable(block: Block, lookups: list[Op]) -> bool:
+    """One chain can serve all `lookups`: they agree on padding, type and the ids' trailing
+    dims (their ids are cut together), and fit in one place."""
+    return (len({int(op.attr("padding_idx", -1)) for op in lookups}) == 1
+            and len({op.type for op in lookups}) == 1
+            and len({tuple(block.var(op.input("Ids")[0]).shape[1:]) for op in lookups}) == 1
+            and fused_position(block.ops, lookups) is not None)
+
+
+def table_lookups(program: Program, table: str, fuse: bool) -> list[Lookup]:
+    """The prefetch chains of `table`: with `fuse` (the 1.8 programs) one for all its lookups
+    when they can share it (the same ``padding_idx`` and type, and no out read before the last
+    ids is written), else one per lookup (the 1.2 programs)."""
+    ops = _lookup_ops(program.global_block().ops, table)
+    if fuse and ops and _fusable(program.global_block(), ops):
+        groups = [ops]
+    else:
+        groups = [[op] for op in ops]
+    return [Lookup(j, tuple(op.input("Ids")[0] for op in group),
+                   tuple(op.output("Out")[0] for op in group),
+                   int(group[0].attr("padding_idx", -1)), group[0].type)
+            for j, group in enumerate(groups)]
+
+
+def fuses_lookups(plan: Plan) -> bool:
+    """Whether the programs follow 1.8's one prefetch chain per table (docs/transpiler.md §6)."""
+    return plan.config.paddle_version != "1.2"
 
 
 # -- trainer ---------------------------------------------------------------------------------------
 
 def replace_table_lookups(block: Block, plan: Plan) -> None:
-    """Each lookup of the table becomes split_ids -> prefetch -> merge_ids, in place."""
+    """The table's lookups become split_ids -> prefetch -> merge_ids chains (`table_lookups`):
+    a lone lookup's chain takes its place, a fused chain goes after the last op writing its
+    ids."""
     assert plan.table is not None
     table, pservers = plan.table, list(plan.cluster.pservers)
     sections = table_sections(block.var(table).shape[0], len(pservers))
-    for lookup in table_lookups(block.program, table):
-        index = next(i for i, op in enumerate(block.ops)
-                     if op.type in LOOKUPS and op.output("Out") == [lookup.out])
+    for lookup in table_lookups(plan.origin, table, fuses_lookups(plan)):
+        ops = [op for op in block.ops if op.type in LOOKUPS and op.output("Out")[0] in lookup.outs]
+        at = block.ops.index(ops[0]) if len(ops) == 1 else fused_position(block.ops, ops)
+        if at is None:
+            raise ValueError(f"program: no place for one prefetch chain of table {table!r}")
         ids = [lookup.ids_piece(table, k) for k in range(len(pservers))]
         rows = [lookup.rows_piece(table, k) for k in range(len(pservers))]
         for k in range(len(pservers)):
             lookup.declare_pieces(block, block, table, k)
-        block.ops[index:index + 1] = [
-            Op("split_ids", {"Ids": [lookup.ids]}, {"Out": ids}, {"height_sections": sections}),
+        block.ops[:] = [op for op in block.ops if all(op is not old for old in ops)]
+        block.ops[at:at] = [
+            Op("split_ids", {"Ids": list(lookup.ids)}, {"Out": ids}, {"height_sections": sections}),
             Op("prefetch", {"X": ids}, {"Out": rows},
                {"epmap": pservers, "trainer_id": plan.cluster.trainer_id}),
-            Op("merge_ids", {"Ids": [lookup.ids], "Rows": ids, "X": rows}, {"Out": [lookup.out]},
-               {"lookup_table_version": lookup.version}),
+            Op("merge_ids", {"Ids": list(lookup.ids), "Rows": ids, "X": rows},
+               {"Out": list(lookup.outs)}, {"lookup_table_version": lookup.version}),
         ]
 
 
@@ -227,17 +277,17 @@ def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) ->
                            "lookup_table_version": op.type})
 
 
-def fake_init_table(startup: Program, table: str) -> None:
-    """The trainer holds no table: its initializer becomes `fake_init` (same place, shape and
-    dtype)."""
+def fake_init_table(startup: Program, table: str) -> Op:
+    """The trainer holds no table: its initializer leaves `startup`; returns the `fake_init`
+    (same shape and dtype) that stands in for it, for the caller to append."""
     block = startup.global_block()
     inits = [i for i, op in enumerate(block.ops) if table in op.output_arg_names]
     if len(inits) != 1:
         raise ValueError(f"startup_program: table {table!r} needs exactly one initializer, "
                          f"found {len(inits)}")
-    old = block.ops[inits[0]]
-    block.ops[inits[0]] = Op("fake_init", {}, {"Out": [table]},
-                             {"shape": old.attr("shape"), "dtype": old.attr("dtype", "float32")})
+    old = block.ops.pop(inits[0])
+    return Op("fake_init", {}, {"Out": [table]},
+              {"shape": old.attr("shape"), "dtype": old.attr("dtype", "float32")})
 
 
 # -- pserver ---------------------------------------------------------------------------------------
@@ -272,7 +322,7 @@ def build_table_blocks(program: Program, plan: Plan, endpoint: str, parent: int)
                     {"ParamOut": [table]},
                     {"op_role": int(OpRole.Optimize), "op_role_var": [table, grad]})
     prefetch = [_prefetch_block(program, plan, table, lookup, k, block.idx)
-                for lookup in table_lookups(plan.origin, table)]
+                for lookup in table_lookups(plan.origin, table, fuses_lookups(plan))]
     copies = list(zip(received, range(plan.cluster.trainers))) if plan.sync else []
     return TableBlocks(block.idx, received, f"{grad}:{block.idx}", f"{grad}:{table}",
                        prefetch, _checkpoint_block(program, table, block.idx), copies)

@@ -1,11 +1,12 @@
 """Startup programs of the distributed roles (docs/transpiler.md, sections 6.8 and 7).
 
 - Trainer: the original startup (so every var a trainer computes with is created) less the
-  initializers of the optimizer's accumulators (the pservers hold those; the original deleted
-  them from the trainer's startup too), the
-  distributed table's initializer turned into `fake_init`, then a `recv` of every parameter's
-  blocks from the pservers, a `fetch_barrier` and a `concat` per cut parameter, so that all
-  trainers start from the pservers' values.
+  initializers of the optimizer's accumulators the pservers hold (``paddle_version`` 1.2: all
+  of them; 1.8, whose trainer startup kept the dense parameters' accumulators: those of the
+  distributed table), less the distributed table's initializer, then a `recv` of every
+  parameter's blocks from the pservers, a `fetch_barrier` and a `concat` per cut parameter, so
+  that all trainers start from the pservers' values, and last the table's `fake_init`, where
+  the original's `get_trainer_program` appended it.
 - Pserver: the original initializers of the vars this server holds, in the original order, each
   writing the server's block of the var with its ``shape`` attribute set to the block's shape;
   then the async step-counter copies (the sum of the copies starts at the counter's own start
@@ -39,9 +40,8 @@ def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: boo
     startup = plan.startup.clone()
     block = startup.global_block()
     if not optimizes_locally:
-        drop_optimizer_state(startup, plan.section.ops)
-    if plan.table is not None:
-        fake_init_table(startup, plan.table)
+        drop_optimizer_state(startup, pserver_state_ops(plan))
+    fake_init = fake_init_table(startup, plan.table) if plan.table is not None else None
     params = list(params)
     for d in params:
         for p in d.params if d.is_split else ():
@@ -62,7 +62,17 @@ def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: boo
         block.create_var(mine, shape=(1,), dtype="int64", persistable=True)
         block.append_op("fill_constant", {}, {"Out": [mine]},
                         {"shape": [1], "dtype": "int64", "value": 1.0, "force_cpu": True})
+    if fake_init is not None:
+        block.ops.append(fake_init)
     return startup
+
+
+def pserver_state_ops(plan: Plan) -> list[Op]:
+    """The optimize ops whose accumulators leave the trainer's startup: all of them in the 1.2
+    programs, the distributed table's in the 1.8 programs (docs/transpiler.md §6, item 8)."""
+    if plan.config.paddle_version == "1.2":
+        return list(plan.section.ops)
+    return list(plan.section.ops_of(plan.table)) if plan.table is not None else []
 
 
 def optimizer_state(optimize_ops: Iterable[Op]) -> set[str]:

@@ -11,6 +11,7 @@ Everything here is plain data: no numpy, no IO. A program round-trips exactly th
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
 from dataclasses import dataclass, field
@@ -490,10 +491,31 @@ class _DistAttr:
         if program is None:
             return self
         value = program.attrs.get(self.name, self.default)
-        return list(value) if isinstance(value, list) else value
+        return copy.copy(value) if isinstance(value, list) else value
 
     def __set__(self, program: "Program", value: Any) -> None:
         program.attrs[self.name] = value
+
+
+@dataclass(frozen=True)
+class VarShape:
+    """A var's name and shape, where the original handed scripts a var of another program."""
+
+    name: str
+    shape: tuple[int, ...]
+
+
+class _SliceVars:
+    """fluid 1.2's ``Program._slice_vars_and_attrs`` of a pserver program: ``[origin,
+    first row, block var]`` per block of a cut parameter it holds, read from the plain
+    ``{"origin", "shape", "offset", "block"}`` entries the transpiler keeps in `attrs`."""
+
+    def __get__(self, program: "Program | None", owner: type) -> Any:
+        if program is None:
+            return self
+        return [[VarShape(e["origin"], tuple(e["shape"])), e["offset"],
+                 program.global_block().var(e["block"])]
+                for e in program.attrs.get("_slice_vars_and_attrs", [])]
 
 
 class Program:
@@ -502,6 +524,7 @@ class Program:
     _is_distributed = _DistAttr(False)
     _is_chief = _DistAttr(False)
     _parameters_on_pservers = _DistAttr(None)
+    _slice_vars_and_attrs = _SliceVars()
     _endpoints = _DistAttr([])
     _ps_endpoint = _DistAttr(None)
     _trainers_endpoints = _DistAttr([])

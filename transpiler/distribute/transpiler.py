@@ -33,7 +33,8 @@ from .config import DistributedMode, DistributeTranspilerConfig, ServerRuntimeCo
 from .geo import build_geo_pserver_program, rewrite_geo_trainer, with_distribute_update_vars
 from .lookup_table import check_table_optimizer, find_distributed_table, remote_sparse_params
 from .plan import Plan, dispatch_pass, slice_pass
-from .pserver import build_pserver_program, placed_vars
+from .placements import placements, slice_vars_and_attrs
+from .pserver import build_pserver_program
 from .rpc_plan import rpc_plan_pass
 from .startup import build_pserver_startup, build_trainer_startup
 from .trainer import rewrite_trainer, sends_lr_counter
@@ -63,14 +64,13 @@ def make_plan(config: DistributeTranspilerConfig, cluster: Cluster, mode: Distri
 
 def distributed_attrs(plan: Plan) -> dict[str, Any]:
     """Program attributes a runtime reads (docs/transpiler.md §6.9, and the job's shape)."""
-    placed = [pv.to_dict() for ep in plan.cluster.pservers for pv in placed_vars(plan, ep)]
     return {
         "_is_distributed": True,
         "_endpoints": list(plan.cluster.pservers),
         "_ps_endpoint": plan.cluster.current_endpoint,
         "_is_chief": plan.cluster.is_chief,
         "_distributed_lookup_table": plan.table,
-        "_parameters_on_pservers": placed,
+        "_parameters_on_pservers": placements(plan, None),
         "_trainer_id": plan.cluster.trainer_id,
         "_trainers": plan.cluster.trainers,
         "_distributed_mode": int(plan.mode),
@@ -253,7 +253,8 @@ def _pserver_attrs(plan: Plan, endpoint: str) -> dict[str, Any]:
         "_endpoints": list(plan.cluster.pservers),
         "_ps_endpoint": endpoint,
         "_distributed_lookup_table": plan.table,
-        "_parameters_on_pservers": [pv.to_dict() for pv in placed_vars(plan, endpoint)],
+        "_parameters_on_pservers": placements(plan, endpoint),
+        "_slice_vars_and_attrs": slice_vars_and_attrs(plan, endpoint),
         "_trainers": plan.cluster.trainers,
         "_distributed_mode": int(plan.mode),
     }

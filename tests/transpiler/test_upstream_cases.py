@@ -1,0 +1,125 @@
+"""The original's transpiler unit tests of releases 1.2 and 1.8 where they differ, as facts of
+pslab's programs (docs/transpiler.md §9): `paddle_version` "1.8" (the default) fuses every
+lookup of the distributed table into one prefetch chain served by one prefetch block, and keeps
+the dense parameters' accumulators in the trainer's startup; "1.2" gives each lookup its own
+chain and block and drops every accumulator. In both the table's `fake_init` ends the startup,
+and the pserver programs answer the release's query of where the parameters went.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from distribute_helpers import (PS1, PS2, basic, build, config, lookup_model, pserver, trainer,
+                                transpile, types)
+
+import transpiler as T
+from transpiler.distribute.config import PADDLE_VERSION_ENV
+from transpiler.ir import Program
+
+ADAM_MERGED = ["sum", "scale", "adam", "scale", "scale"]
+
+
+def three_lookups(padding: tuple[int, int] = (-1, -1)) -> tuple[Program, Program]:
+    """1.8's table model: title and brand ids looked up in the distributed `shared_w`
+    [1000, 64], profile ids in a sparse `profile_emb` of their own; each pooled, concat,
+    fc(2), cross entropy, Adam. `padding`: the two `shared_w` lookups' ``padding_idx``."""
+    def body() -> None:
+        pooled = []
+        for slot, table, pad in (("title_ids", "shared_w", padding[0]),
+                                 ("brand_ids", "shared_w", padding[1]),
+                                 ("profile_ids", "profile_emb", -1)):
+            ids = T.layers.data(slot, shape=[1], dtype="int64", lod_level=1)
+            emb = T.layers.embedding(ids, size=[1000, 64], is_sparse=True,
+                                     is_distributed=table == "shared_w", padding_idx=pad
+                                     if pad >= 0 else None, param_attr=T.ParamAttr(name=table))
+            pooled.append(T.layers.sequence_pool(emb, "average"))
+        label = T.layers.data("label", shape=[1], dtype="int64")
+        pred = T.layers.fc(T.layers.concat(pooled, axis=1), size=2,
+                           param_attr=T.ParamAttr(name="fc_w"), bias_attr=T.ParamAttr(name="fc_b"))
+        T.optimizer.Adam(0.003).minimize(T.layers.mean(T.layers.cross_entropy(pred, label)))
+    return build(body)
+
+
+def test_the_18_table_lookups_share_one_chain_and_one_prefetch_block() -> None:
+    t = transpile(three_lookups())
+    ps1, _ = pserver(t, PS1)
+    assert [types(b) for b in ps1.blocks] == [
+        ["listen_and_serv"], ADAM_MERGED, ADAM_MERGED, ["sum", "sgd"], ["lookup_sparse_table"],
+        ["save"]]
+    main, _ = trainer(t)
+    ops = main.global_block().ops
+    assert types(main.global_block())[:7] == ["split_ids", "prefetch", "merge_ids", "sequence_pool",
+                                              "sequence_pool", "lookup_table", "sequence_pool"]
+    assert ops[0].input("Ids") == ops[2].input("Ids") == ["title_ids", "brand_ids"]
+    assert len(ops[2].output("Out")) == 2
+    assert types(main.global_block())[-9:] == ["sum", "split_ids", "send", "send_barrier", "recv",
+                                               "recv", "recv", "fetch_barrier", "concat"]
+
+
+def test_the_18_trainer_startup_keeps_the_dense_accumulators_and_ends_with_fake_init() -> None:
+    """fc_w, fc_b and profile_emb keep Adam's 4 accumulators each (12), with fc_b's and the
+    learning rate's fill_constant: 14; the table's own are gone with its initializer."""
+    _, startup = trainer(transpile(three_lookups()))
+    assert types(startup.global_block()) == ["fill_constant"] * 14 + [
+        "uniform_random", "uniform_random", "recv", "recv", "recv", "fetch_barrier", "concat",
+        "fake_init"]
+
+
+def test_the_18_async_table_blocks() -> None:
+    ps1, _ = pserver(transpile(three_lookups(), sync_mode=False), PS1)
+    assert [types(b) for b in ps1.blocks[1:]] == [
+        ["adam", "scale", "scale"], ["adam", "scale", "scale"], ["sgd"], ["lookup_sparse_table"],
+        ["save"]]
+
+
+def test_lookups_that_differ_in_padding_keep_a_chain_each() -> None:
+    main, _ = trainer(transpile(three_lookups(padding=(0, 5))))
+    assert types(main.global_block()).count("prefetch") == 2
+
+
+def test_the_12_programs_prefetch_per_lookup_and_drop_the_accumulators() -> None:
+    t = transpile(lookup_model(is_distributed=True), config(paddle_version="1.2"))
+    main, startup = trainer(t)
+    assert types(main.global_block()).count("prefetch") == 2
+    assert types(startup.global_block()) == ["fill_constant", "fill_constant", "uniform_random",
+                                             "recv", "recv", "fetch_barrier", "fake_init"]
+
+
+def test_the_version_comes_from_the_environment_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PADDLE_VERSION_ENV, "1.2")
+    assert T.DistributeTranspilerConfig().paddle_version == "1.2"
+    monkeypatch.setenv(PADDLE_VERSION_ENV, "2.0")
+    with pytest.raises(ValueError, match="paddle_version"):
+        T.DistributeTranspilerConfig()
+
+
+def rmsprop() -> T.DistributeTranspiler:
+    return transpile(basic(lambda: T.optimizer.RMSProp(0.1)))
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def test_the_18_query_of_the_vars_on_each_pserver_adds_up_to_the_origins() -> None:
+    t = rmsprop()
+    query = t.get_pserver_program(PS1)._parameters_on_pservers
+    mine, theirs = query.get_distributed_vars_by_ep(PS1), query.get_distributed_vars_by_ep(PS2)
+    assert {v.origin.name for v in mine if v.is_slice} == {v.origin.name for v in theirs
+                                                           if v.is_slice}
+    for v in mine:
+        other = [o for o in theirs if o.origin.name == v.origin.name and v.is_slice]
+        assert numel(v.origin.shape) == numel(v.slice.shape) + sum(numel(o.slice.shape)
+                                                                   for o in other)
+    assert {v.vtype for v in mine} == {"Param", "Optimizer"}
+
+
+def test_the_12_slice_list_pairs_each_cut_param_s_blocks() -> None:
+    t = rmsprop()
+    ps1, ps2 = t.get_pserver_program(PS1), t.get_pserver_program(PS2)
+    (a,), (b,) = ps1._slice_vars_and_attrs, ps2._slice_vars_and_attrs
+    assert a[0] == b[0] and (a[0].name, a[0].shape) == ("fc_w", (1000, 1000))
+    assert (a[1], a[2].name, tuple(a[2].shape)) == (500, "fc_w.block1", (500, 1000))
+    assert (b[1], b[2].name) == (0, "fc_w.block0")

@@ -18,6 +18,7 @@ import numpy as np
 
 from transpiler.ir import strip_grad_suffix
 
+from runtime.execution.kernels.buffers import output_buffer, writable_input
 from runtime.execution.kernels.common import out_grad, reduce_axes, reduced_shape, scalar
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
@@ -163,15 +164,27 @@ for _op_type, (_act, _act_grad) in _ACTIVATIONS.items():
 
 
 # -- scale, cast, assign, reshape ---------------------------------------------------------------
-def _scale(x: Array, scale: float, bias: float, bias_after_scale: bool) -> Array:
-    return x * scale + bias if bias_after_scale else (x + bias) * scale
+def _scale(x: Array, scale: float, bias: float, bias_after_scale: bool,
+           out: Array | None = None) -> Array:
+    """``x * scale + bias`` (or ``(x + bias) * scale``), into `out` where given; a zero bias
+    is not added (it would only turn -0.0 into 0.0, at the cost of a pass and an array)."""
+    if bias and not bias_after_scale:
+        x = np.add(x, bias, out=out)
+    x = np.multiply(x, scale, out=out)
+    if bias and bias_after_scale:
+        x = np.add(x, bias, out=x)  # x is out, or the product just made
+    return x
 
 
 @register("scale")
 def scale(ctx: KernelContext) -> None:
-    x = ctx.input("X")
     args = (float(ctx.attr("scale", 1.0)), float(ctx.attr("bias", 0.0)),
             bool(ctx.attr("bias_after_scale", True)))
+    own = writable_input(ctx, "X", "Out")  # a pserver's scale of its summed gradient
+    if own is not None and own.dtype.kind == "f":
+        ctx.set_output("Out", _scale(own, *args, out=own), lod=ctx.lod("X"))
+        return
+    x = ctx.input("X")
     if isinstance(x, SelectedRows):
         ctx.set_output("Out", SelectedRows(x.rows, _scale(x.values, *args), x.height))
     else:
@@ -326,7 +339,18 @@ def sum_values(values: list[Array | SelectedRows]) -> Array | SelectedRows:
 
 @register("sum")
 def sum_(ctx: KernelContext) -> None:
-    ctx.set_output("Out", sum_values(ctx.inputs("X")), lod=ctx.lod("X"))
+    values = ctx.inputs("X")
+    first = values[0] if values else None
+    if isinstance(first, np.ndarray) and all(
+            type(v) is np.ndarray and v.shape == first.shape for v in values):
+        out = output_buffer(ctx, "Out", first.shape, first.dtype)
+        if out is not None:  # as sum_values adds, into last run's array
+            np.copyto(out, first)
+            for value in values[1:]:
+                out += value
+            ctx.set_output("Out", out, lod=ctx.lod("X"))
+            return
+    ctx.set_output("Out", sum_values(values), lod=ctx.lod("X"))
 
 
 @register("sum_grad")
@@ -340,7 +364,14 @@ def sum_grad(ctx: KernelContext) -> None:
 @register("concat")
 def concat(ctx: KernelContext) -> None:
     xs = ctx.inputs("X")
-    ctx.set_output("Out", np.concatenate(xs, axis=int(ctx.attr("axis", 0))))
+    axis = int(ctx.attr("axis", 0))
+    out = None
+    if xs and all(type(x) is np.ndarray and x.dtype == xs[0].dtype for x in xs):
+        shape = list(xs[0].shape)
+        if shape:
+            shape[axis] = sum(x.shape[axis] for x in xs)  # a mismatch: numpy's own error below
+            out = output_buffer(ctx, "Out", tuple(shape), xs[0].dtype)
+    ctx.set_output("Out", np.concatenate(xs, axis=axis, out=out))
 
 
 def grad_sources(ctx: KernelContext, slot: str) -> list[list[int]]:

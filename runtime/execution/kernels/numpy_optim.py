@@ -16,21 +16,21 @@ DESIGN: a sparse update costs O(rows touched), not O(table): the rows are gather
 written back into the param's (and accumulators') own array, which is then the output. That
 breaks the scope's rule that stored arrays are never written, so it is done only where nobody
 else can see the write: the output is the input var itself, and the array owns its memory, is
-writable and is referenced by nothing but the scope (CPython's reference count, against a
-baseline measured the same way at import). An array that is shared (a frame being sent, a
-view a receiver decoded, a kept backup) or borrowed (decoded from a message) is copied once
-first, as before, and the copy is then the scope's own. So no function here may hold the param
+writable and is referenced by nothing but the scope (`runtime.execution.kernels.buffers`).
+An array that is shared (a frame being sent, a view a receiver decoded, a kept backup) or
+borrowed (decoded from a message) is copied once first, as before, and the copy is then the
+scope's own. So no function here may hold the param
 or an accumulator while it asks `_target` for it.
 """
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from runtime.execution.kernels.buffers import exclusive
 from runtime.execution.kernels.common import check_height, dense_like, scalar
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.optim_rules import (ROW_LOCAL, Ops, Rule, Step, on_rows,
@@ -54,26 +54,10 @@ OPS = Ops(sqrt=np.sqrt, square=np.square, sum=np.sum, abs=np.abs, sign=np.sign,
 """numpy's functions; a host scalar enters array math as the numpy scalar it is."""
 
 
-def _refs(array: Array) -> int:
-    return sys.getrefcount(array)
-
-
-def _baseline_refs() -> int:
-    """References to an array held by a scope only, counted as `_exclusive` counts them."""
-    scope = {"var": np.zeros(1)}
-    array = scope["var"]
-    return _refs(array)
-
-
-_SCOPE_ONLY = _baseline_refs()
-
-
 def _exclusive(ctx: KernelContext, slot: str) -> bool:
-    """Whether input `slot`'s array may be written in place: nothing but the scope holds it,
-    and it owns writable memory."""
-    array = ctx.input(slot)
-    return bool(isinstance(array, np.ndarray) and array.flags.owndata
-                and array.flags.writeable and _refs(array) <= _SCOPE_ONLY)
+    """Whether input `slot`'s array may be written in place (`buffers.exclusive`)."""
+    array = ctx.input(slot)  # a local, as `exclusive` counts references
+    return exclusive(array)
 
 
 def _target(ctx: KernelContext, in_slot: str, out_slot: str) -> Array:

@@ -69,11 +69,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Coroutine, Mapping, NoReturn, Sequence, TextIO, TypeVar, cast
+from typing import Any, Callable, Coroutine, Mapping, NoReturn, Sequence, TextIO, TypeVar, cast
 
 import numpy as np
 
@@ -346,6 +347,30 @@ def format_progress(p: Progress) -> str:
     return f"step {p.step}/{p.steps} loss {p.loss:.6g} time {p.step_time * 1e3:.3f}ms"
 
 
+PROGRESS_LINE_SECONDS = 1.0
+"""A trainer prints its progress line at most this often (and its first and last steps')."""
+
+
+class ShownProgress:
+    """Which steps' progress lines a trainer prints: its first step's, its last's, a step whose
+    loss is not finite, and otherwise one a `PROGRESS_LINE_SECONDS`. DESIGN: a line a step cost
+    a quickstart trainer a tenth of its time on a core (py-spy, `benchmarks/step_split.py`):
+    the write wakes the output thread, and the launcher, on the same cores, writes each line
+    to the node's log; a line a second tells a person as much."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last: float | None = None
+
+    def due(self, progress: Progress) -> bool:
+        now = self.clock()
+        if (self.last is None or now - self.last >= PROGRESS_LINE_SECONDS
+                or progress.step >= progress.steps or not math.isfinite(progress.loss)):
+            self.last = now
+            return True
+        return False
+
+
 # -- running a node ----------------------------------------------------------------------------
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -510,12 +535,14 @@ async def run_trainer(job: Job, index: int, out: Path | None,
         client.meter = Meter("trainer")
 
     reporter = Reporter.from_environment(os.environ)
+    shown = ShownProgress()
 
     def on_step(step: int, loss: float, seconds: float) -> None:
         report = trainer.report
         progress = Progress(step + 1, steps, loss, seconds, report.first_step, report.redone)
-        print(format_progress(progress), flush=True)
-        if reporter is not None:
+        if shown.due(progress):
+            print(format_progress(progress), flush=True)
+        if reporter is not None:  # every step: the launcher's metrics and faults count them
             reporter.report(progress)
 
     log.info("%s: %d steps of %d examples against %s%s", trainer_name(index), steps, batch,

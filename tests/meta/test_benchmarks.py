@@ -28,6 +28,7 @@ QUICK: dict[str, tuple[list[str], str]] = {
     "sim_speed.py": (["--trainers", "4", "--pservers", "2", "--steps", "2", "--repeat", "1",
                       "--skip-scale"], "simulator wall s"),
     "sparse_update.py": (["--smoke"], "bytes written"),
+    "step_split.py": (["--quick"], "split of 4 node(s)"),
     "sweep_ranking.py": (["--machine", "{machine}", "--repeat", "1", "--steps", "5",
                           "--trainers", "1..2", "--pservers", "1"], "summary: 2 points"),
     "torch_backend.py": (["--rounds", "1", "--steps", "2", "--sizes", "64,32,10"],

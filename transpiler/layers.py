@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
+import os
 from typing import Any, Iterator, Sequence
 
 from .framework import ParamAttr, append_op
@@ -230,8 +231,19 @@ def _embedding(op_type: str, input: Var, size: Sequence[int], is_sparse: bool,
     out = create_tmp_var("embedding", out_shape, dtype, lod_level=input.lod_level)
     append_op(op_type, {"W": [w], "Ids": [input]}, {"Out": [out]},
               {"is_sparse": is_sparse, "is_distributed": is_distributed, "padding_idx": pad,
-               "remote_prefetch": False})
+               "remote_prefetch": remote_prefetch_switched_on(is_sparse and not is_distributed)})
     return out
+
+
+REMOTE_PREFETCH_ENV = "PADDLE_ENABLE_REMOTE_PREFETCH"
+"""The original's switch: set (to anything but "" or "0") when a layer is built, it makes a
+sparse lookup that is not distributed, and a sparse `nce`, read their rows from the pservers."""
+
+
+def remote_prefetch_switched_on(eligible: bool) -> bool:
+    """Whether an `eligible` layer (sparse, not the distributed table) prefetches remotely by
+    default: only when ``PADDLE_ENABLE_REMOTE_PREFETCH`` is on (docs/transpiler.md §9)."""
+    return eligible and os.environ.get(REMOTE_PREFETCH_ENV, "") not in ("", "0")
 
 
 NCE_SAMPLERS = {"uniform": 0, "log_uniform": 1, "custom_dist": 2}
@@ -243,7 +255,7 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
         bias_attr: ParamAttr | str | bool | None = None, num_neg_samples: int | None = None,
         name: str | None = None, sampler: str = "uniform",
         custom_dist: Sequence[float] | None = None, seed: int = 0, is_sparse: bool = False,
-        remote_prefetch: bool = False) -> Var:
+        remote_prefetch: bool | None = None) -> Var:
     """Paddle's ``fluid.layers.nce``: noise-contrastive estimation of `input` ([N, D]) against
     the int64 `label` ([N, num_true]) over a [num_total_classes, D] weight (and a
     [num_total_classes, 1] bias), with `num_neg_samples` (default 10) negatives per row drawn
@@ -251,7 +263,8 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
     probability of each class). Returns the `nce` op's Cost / (num_neg_samples + 1), as Paddle's
     layer does. `is_sparse`: the weight's gradient is SELECTED_ROWS; `remote_prefetch` (needs
     `is_sparse`): a distributed trainer prefetches only the rows of the sampled classes from
-    the pservers (docs/transpiler.md, section 6). The draws are keyed by `seed` (the program's
+    the pservers (docs/transpiler.md, section 6); None: on for a sparse nce when
+    ``PADDLE_ENABLE_REMOTE_PREFETCH`` is (`remote_prefetch_switched_on`). The draws are keyed by `seed` (the program's
     random seed when 0) and a step counter, ``@NCE_STEP@``, raised once per step
     (`runtime.execution.kernels.sampling`)."""
     input = _check_var(input, "nce", "input")
@@ -260,6 +273,8 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
         raise TypeError(f"nce: label {label.name!r} must be int64, got {label.dtype}")
     if sampler not in NCE_SAMPLERS:
         raise ValueError(f"nce: sampler {sampler!r} is not one of {sorted(NCE_SAMPLERS)}")
+    if remote_prefetch is None:
+        remote_prefetch = remote_prefetch_switched_on(is_sparse)
     if remote_prefetch and not is_sparse:
         raise ValueError("nce: remote_prefetch needs is_sparse (the pservers take a sparse grad)")
     classes, neg = int(num_total_classes), 10 if num_neg_samples is None else int(num_neg_samples)

@@ -123,3 +123,44 @@ def test_the_12_slice_list_pairs_each_cut_param_s_blocks() -> None:
     assert a[0] == b[0] and (a[0].name, a[0].shape) == ("fc_w", (1000, 1000))
     assert (a[1], a[2].name, tuple(a[2].shape)) == (500, "fc_w.block1", (500, 1000))
     assert (b[1], b[2].name) == (0, "fc_w.block0")
+
+
+def test_the_12_weight_decay_adds_its_term_with_elementwise_add() -> None:
+    """Momentum with L2Decay on every param: the decay term joins the grad by `sum` in 1.8's
+    blocks, by `elementwise_add` in 1.2's."""
+    model = basic(lambda: T.optimizer.Momentum(
+        T.lr.piecewise_decay([1, 10, 20, 30], [1.0, 0.1, 0.01, 0.001, 0.0001]), 0.9,
+        regularization=T.regularizer.L2Decay(1e-4)))
+    for version, add in (("1.8", "sum"), ("1.2", "elementwise_add")):
+        ps1, _ = pserver(transpile(model, config(paddle_version=version)), PS1)
+        assert [types(ps1.block(i)) for i in (7, 8)] == \
+            [["sum", "scale", "scale", add, "momentum"]] * 2
+
+
+def nce_model() -> tuple[Program, Program]:
+    """1.8's remote nce case: a sparse nce of 20 classes over a 10-wide input, weight
+    `nce_w` and bias `nce_b`, Adam."""
+    def body() -> None:
+        x = T.layers.data("input", shape=[10])
+        label = T.layers.data("label", shape=[1], dtype="int64")
+        cost = T.layers.nce(x, label, 20, param_attr="nce_w", bias_attr="nce_b", seed=1,
+                            num_neg_samples=5, is_sparse=True)
+        T.optimizer.Adam(0.003).minimize(T.layers.mean(cost))
+    return build(body)
+
+
+def test_the_remote_prefetch_switch_turns_it_on_for_sparse_layers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PADDLE_ENABLE_REMOTE_PREFETCH`` set when the layers are built: a sparse nce's weight
+    is prefetched, never received (its bias is), and a sparse lookup prefetches its rows."""
+    def received(model: tuple[Program, Program]) -> set[str]:
+        main, _ = trainer(transpile(model))
+        return {n for op in main.global_block().ops if op.type == "recv" for n in op.output("Out")}
+    assert received(nce_model()) >= {"nce_w", "nce_b"}
+    monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "1")
+    assert "nce_w" not in received(nce_model()) and "nce_b" in received(nce_model())
+    main, _ = lookup_model()
+    assert all(op.attr("remote_prefetch") for op in main.global_block().ops
+               if op.type == "lookup_table")
+    monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "0")
+    assert "nce_w" in received(nce_model())

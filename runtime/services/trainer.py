@@ -330,8 +330,8 @@ class RpcOps:
               scope: Scope) -> None:
         """Put the values `reply` (to a GET, or a SEND carrying one) answered into `scope`."""
         self.core.on_fetched(endpoint, reply)
-        for name, wire in pairs:
-            scope.put(name, _owned(self._var(endpoint, reply, wire)))
+        for name, wire in pairs:  # read-only views of the reply's frames: no kernel writes an
+            scope.put(name, _dense(self._var(endpoint, reply, wire)))  # input, concat copies
 
     async def _get_blocks(self, name: str, blocks: list[tuple[str, str]], scope: Scope,
                           carries: Mapping[str, int],

@@ -151,11 +151,15 @@ class Lookup:
 
     def declare_pieces(self, block: Block, origin: Block, table: str, k: int) -> None:
         """Declare pserver k's ids and rows pieces in `block`, shaped as they travel: a column
-        of ids, [-1, 1], and a row of the table per id (whatever the lookup's own shapes)."""
+        of ids, [-1, 1], and a row of the table per id (whatever the lookup's own shapes). A
+        fused chain's pieces are LoD vars, whatever its ids: they hold the ids of several
+        lookups of an example, so the bounds on what a pserver takes count them as a
+        sequence's (`runtime.services.inbound`)."""
         ids, out = origin.var(self.ids[0]), origin.var(self.outs[0])
         width = tuple(origin.var(table).shape[1:])
-        clone_var(block, ids, name=self.ids_piece(table, k), shape=(-1, 1))
-        clone_var(block, out, name=self.rows_piece(table, k), shape=(-1,) + width)
+        lod = max(ids.lod_level, 1) if len(self.ids) > 1 else ids.lod_level
+        clone_var(block, ids, name=self.ids_piece(table, k), shape=(-1, 1), lod_level=lod)
+        clone_var(block, out, name=self.rows_piece(table, k), shape=(-1,) + width, lod_level=lod)
 
 
 def _lookup_ops(ops: list[Op], table: str) -> list[Op]:

@@ -164,3 +164,20 @@ def test_the_remote_prefetch_switch_turns_it_on_for_sparse_layers(
                if op.type == "lookup_table")
     monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "0")
     assert "nce_w" in received(nce_model())
+
+
+def test_a_fused_chain_goes_after_the_last_op_writing_its_ids() -> None:
+    """The second lookup's ids come from a `reshape` after the first lookup: the one chain
+    goes after the reshape, where both ids exist."""
+    def body() -> None:
+        first = T.layers.data("first", shape=[1], dtype="int64")
+        second = T.layers.data("second", shape=[2], dtype="int64")
+        embs = [T.layers.embedding(first, size=[100, 4], is_sparse=True, is_distributed=True,
+                                   param_attr=T.ParamAttr(name="shared_w"))]
+        ids = T.layers.reshape(second, shape=[-1, 1])
+        embs.append(T.layers.embedding(ids, size=[100, 4], is_sparse=True, is_distributed=True,
+                                       param_attr=T.ParamAttr(name="shared_w")))
+        loss = T.layers.mean(T.layers.concat(embs, axis=0))
+        T.optimizer.SGD(0.1).minimize(loss)
+    main, _ = trainer(transpile(build(body)))
+    assert types(main.global_block())[:4] == ["reshape2", "split_ids", "prefetch", "merge_ids"]

@@ -4,12 +4,15 @@ and what it runs while on a core, sampled by py-spy.
 `runtime up` of the scenario as written (``--set`` overrides it); each node process is found as
 it starts (a child of `runtime up`, by its command line ``--role R --index I``) and watched:
 
-- the Linux scheduler's own accounting of the node's main thread (``/proc/PID/task/PID/
+- the Linux scheduler's own accounting of the node's threads (``/proc/PID/task/TID/
   schedstat``: nanoseconds on a core, nanoseconds runnable but waiting for one), read every
-  `POLL` seconds, from the first reading after the node's event loop starts (its first
-  sampled stack inside ``run_async``) to the last before it exits. What is neither is the
-  thread blocked: waiting for a message (a reply, a barrier) or a timer. These figures cost
-  the job nothing; they are the split a machine of this many cores gives the job.
+  `POLL` seconds, over the job's training (`training_window`: from ``job.train_seconds``
+  before the last trainer ended to then). For the main thread: its share of that
+  time on a core, waiting for one, and neither, which is the thread blocked (waiting for a
+  message, a reply, a barrier, or a timer); for the node's other threads together (ZeroMQ's
+  I/O thread, which moves every byte, and the output thread), their time on a core as a share
+  of the same time. These figures cost the job nothing; they are the split a machine of this
+  many cores gives the job.
 - py-spy (`[bench]` extra; without it the table has the scheduler's columns only), attached to
   each node at ``--rate`` samples a second, non-blocking: each sample's Python stack is given
   to the category of its innermost frame that has one (`CATEGORIES`, by file), and a stack
@@ -27,6 +30,8 @@ Run: python benchmarks/step_split.py [SCENARIO] [--set PATH=VALUE ...] [--steps 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
 import subprocess
@@ -91,21 +96,31 @@ def split_samples(raw: str) -> Counter[str]:
 
 @dataclass
 class Watched:
-    """One node process: its label, its schedstat readings (t, on-core ns, waiting ns)."""
+    """One node process: its label, its schedstat readings (t, the main thread's on-core ns
+    and waiting ns, the other threads' on-core ns)."""
 
     pid: int
     label: str
-    readings: list[tuple[float, int, int]] = field(default_factory=list)
+    readings: list[tuple[float, int, int, int]] = field(default_factory=list)
+    threads: dict[int, int] = field(default_factory=dict)
+    """The other threads' on-core ns, by thread id, as last read."""
     spy: subprocess.Popen[bytes] | None = None
     spy_file: Path | None = None
 
     def read(self) -> None:
         try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/schedstat").read_text()
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+            stats = {int(t): Path(f"/proc/{self.pid}/task/{t}/schedstat").read_text().split()
+                     for t in tasks}
         except OSError:
             return
-        on_core, waiting, _ = (int(x) for x in text.split())
-        self.readings.append((time.monotonic(), on_core, waiting))
+        main = stats.pop(self.pid, None)
+        if main is None:
+            return
+        for tid, stat in stats.items():  # a thread that ended keeps its last figure
+            self.threads[tid] = int(stat[0])
+        self.readings.append((time.monotonic(), int(main[0]), int(main[1]),
+                              sum(self.threads.values())))
 
 
 def _children(pid: int) -> list[int]:
@@ -172,48 +187,42 @@ def _watch_nodes(job: subprocess.Popen[bytes], spy: str | None, rate: int,
     return sorted(nodes.values(), key=lambda n: n.label)
 
 
-def scheduler_split(node: Watched, skip: float) -> tuple[float, float, float, float]:
-    """(seconds watched, on-core share, waiting share, blocked share) of the node's main thread,
-    leaving out the readings of its first `skip` seconds (start-up and imports)."""
-    if len(node.readings) < 2:
-        return 0.0, 0.0, 0.0, 0.0
-    start = node.readings[0][0] + skip
-    kept = [r for r in node.readings if r[0] >= start] or node.readings[-2:]
+def scheduler_split(node: Watched, window: tuple[float, float]
+                    ) -> tuple[float, float, float, float, float]:
+    """(seconds watched, on-core share, waiting share, blocked share) of the node's main thread
+    over `window` (monotonic seconds: the job's training), and its other threads' time on a core
+    as a share of the same seconds (ZeroMQ's I/O thread, moving the bytes; the output thread)."""
+    kept = [r for r in node.readings if window[0] <= r[0] <= window[1]]
     if len(kept) < 2:
-        kept = node.readings[-2:]
-    (t0, on0, wait0), (t1, on1, wait1) = kept[0], kept[-1]
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+    (t0, on0, wait0, io0), (t1, on1, wait1, io1) = kept[0], kept[-1]
     wall = t1 - t0
-    if wall <= 0:
-        return 0.0, 0.0, 0.0, 0.0
     on, waiting = (on1 - on0) / 1e9 / wall, (wait1 - wait0) / 1e9 / wall
-    return wall, on, waiting, max(1.0 - on - waiting, 0.0)
+    return wall, on, waiting, max(1.0 - on - waiting, 0.0), max(io1 - io0, 0) / 1e9 / wall
 
 
-def _startup_seconds(node: Watched) -> float:
-    """Seconds from the node's first reading until its main thread first used as much CPU as
-    Python's start-up and pslab's imports take (about 1 s on the development machine): the
-    readings after that are its run."""
-    if not node.readings:
-        return 0.0
-    t0, on0, _ = node.readings[0]
-    for t, on, _ in node.readings:
-        if on - on0 >= STARTUP_CPU * 1e9:
-            return t - t0
-    return 0.0
+def training_window(nodes: list[Watched], metrics: Path) -> tuple[float, float]:
+    """The job's training on the readings' clock: it ends when the last trainer ended (its
+    last reading), and began ``job.train_seconds`` (metrics.json) before that."""
+    ends = [n.readings[-1][0] for n in nodes if n.label.startswith("trainer") and n.readings]
+    end = max(ends, default=time.monotonic())
+    try:
+        seconds = float(json.loads(metrics.read_text())["job"]["train_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        seconds = math.inf  # no record: every reading
+    return end - seconds, end
 
 
-STARTUP_CPU = 1.0
-"""CPU seconds a node spends starting (imports, the program) before it trains, roughly."""
-
-
-def report(nodes: list[Watched], spy: bool, out: list[str]) -> None:
-    header = f"{'node':<12}{'watched s':>10}{'on core':>9}{'waiting':>9}{'blocked':>9}"
+def report(nodes: list[Watched], spy: bool, window: tuple[float, float], out: list[str]) -> None:
+    header = (f"{'node':<12}{'watched s':>10}{'on core':>9}{'waiting':>9}{'blocked':>9}"
+              f"{'I/O thr.':>9}")
     if spy:
         header += "  " + " ".join(f"{c:>10}" for c in COLUMNS) + f"{'samples':>9}"
     out.append(header)
     for node in nodes:
-        wall, on, waiting, blocked = scheduler_split(node, _startup_seconds(node))
-        line = f"{node.label:<12}{wall:>10.2f}{on:>9.0%}{waiting:>9.0%}{blocked:>9.0%}"
+        wall, on, waiting, blocked, io = scheduler_split(node, window)
+        line = (f"{node.label:<12}{wall:>10.2f}{on:>9.0%}{waiting:>9.0%}{blocked:>9.0%}"
+                f"{io:>9.0%}")
         if spy and node.spy_file is not None and node.spy_file.exists():
             counts = split_samples(node.spy_file.read_text())
             total = sum(counts.values()) or 1
@@ -250,9 +259,10 @@ def main() -> None:
         spy = None  # a few steps give py-spy nothing to sample; the tests need no ptrace
     nodes = watch(command, spy, args.rate, work)
     lines: list[str] = []
-    report(nodes, spy is not None, lines)
+    report(nodes, spy is not None, training_window(nodes, work / "run" / "metrics.json"), lines)
     print("\n".join(lines))
-    print(f"split of {len(nodes)} node(s); main thread: on a core, waiting for a core, blocked"
+    print(f"split of {len(nodes)} node(s); main thread: on a core, waiting for a core, blocked;"
+          " its other threads (ZeroMQ's I/O thread): on a core"
           + ("; py-spy: shares of its samples in the event loop" if spy else ""))
     if args.out is None:
         shutil.rmtree(work, ignore_errors=True)

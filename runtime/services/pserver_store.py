@@ -2,8 +2,13 @@
 
 Received values are checked against the program's declarations (name received here, dtype and
 shape as declared, rows of the declared height) before anything is stored, so a bad message
-leaves the state bit-identical; they are copied out of the receive buffer. Phantoms (timing
-mode) are checked as the tensors they stand for and stored as they are.
+leaves the state bit-identical. A dense value is stored as it was decoded, a read-only view of
+the message's frame (no kernel writes an input, and one that writes in place first asks whether
+the array is its own: `runtime.execution.kernels.buffers`); DESIGN: copying each gradient out
+of its frame was a fifth of a pserver's samples on a wide model (py-spy,
+`benchmarks/step_split.py`). Rows (SelectedRows) are copied out of the frames, since the table's
+code merges them. Phantoms (timing mode) are checked as the tensors they stand for and stored
+as they are.
 
 The store is plain in-memory state with no IO: the pserver core reads and writes it directly;
 running blocks over it is the IO shell's business (the core asks for it with actions).
@@ -47,8 +52,8 @@ class Store:
 
     # -- sends --------------------------------------------------------------------------------------
     def checked(self, values: dict[str, Any], trainer: int) -> dict[str, Any]:
-        """`values` of `trainer` checked against the program's declarations and copied out of
-        the receive buffer, as they would be stored. A var that is one trainer's own copy (sync
+        """`values` of `trainer` checked against the program's declarations, as they would be
+        stored (rows copied out of the receive buffer). A var that is one trainer's own copy (sync
         mode's ``grad.trainer_N``) may come from that trainer only."""
         self._check_owner(values, trainer)
         return {name: self._to_shard(name, self._checked(name, value))
@@ -126,7 +131,7 @@ class Store:
         if array.dtype != np.dtype(var.dtype) or not _shape_matches(var.shape, array.shape):
             raise ProtocolViolation(f"var {name!r}: expected {var.dtype}{list(var.shape)}, got "
                                     f"{array.dtype}{list(array.shape)}", var=name)
-        return np.array(array, copy=copy)
+        return array  # the frame's read-only view: see the module doc
 
     def _to_shard(self, name: str, value: Any) -> Any:
         """A received table grad piece as rows of this server's shard; other values as they are."""

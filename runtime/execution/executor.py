@@ -11,6 +11,10 @@ async runtime, which runs the same plans with `run_step` for the compute ops. `E
 refuses a block that holds any (`AsyncOpError`); `runtime.services.paddle_compat.FluidExecutor`
 (Paddle's ``fluid.Executor``) runs such programs through the trainer and pserver services.
 
+A distributed table's fused prefetch chain (one `split_ids` and one `merge_ids` for every
+lookup of the table, as the transpiler writes the 1.8 programs) is planned with
+`fused_ids_kernel`, which runs the backend's one-ids kernels over all the lookups.
+
 `run_block` may run some ops with attributes over their own (`AttrOverrides`, by block and op
 index): a copy of the op is given to the kernel, the program is never edited (a sync pserver
 averages over the trainers that contributed to a round this way).

@@ -67,7 +67,8 @@ def test_quickstart_like_scenario_runs_and_writes_metrics(tmp_path: Path) -> Non
         assert t.final_loss == t.losses[-1] < t.losses[0] / 4
         assert t.step_time is not None and t.step_time.max == max(t.step_times[1:])
         assert t.startup_wait_seconds == t.step_times[0]  # start-up, not a step
-        assert t.log is not None and (out / t.log).read_text().count(" loss ") == 20
+        log = (out / t.log).read_text() if t.log is not None else ""
+        assert "step 1/20 loss" in log and "step 20/20 loss" in log  # and one a second between
     for p in metrics.pservers:
         assert (p.steps, p.errors, p.dropped, p.exit_code) == (20, 0, [], 0)
         # at least a SEND per trainer-step (one carrying its GET in protocol bundled), startup
@@ -277,7 +278,9 @@ def test_paddle_environment_variables_run_one_node_per_process(tmp_path: Path) -
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], outputs
     steps = [line.split()[1] for line in outputs[1].splitlines() if line.startswith("step ")]
-    assert steps == [f"{k}/20" for k in range(1, 21)]  # for people: no launcher reads them
+    # for people (no launcher reads them): the first and last steps, and one a second between
+    assert steps[0] == "1/20" and steps[-1] == "20/20"
+    assert steps == sorted(set(steps), key=lambda step: int(step.split("/")[0]))
     assert "pserver:0: done after 20 steps" in outputs[0]
     record = read_record(out / "nodes" / "trainer-0.json", TrainerMetrics)
     assert len(record.losses) == 20

@@ -46,8 +46,8 @@ Where the time goes, per row, from the run with the median samples/s (the lower 
   ``compute_seconds`` and ``barrier_wait_seconds`` per step where the records hold them. A
   `runtime up` record does not (they are `sim run`'s): the split of a trainer's step into its
   kernels, encoding and decoding, transport and waiting is not in what a plain run records,
-  and a line under the block says so. `runtime profile` measures kernels and message costs, in a
-  run that pays for measuring them; this benchmark does not run it.
+  and a line under the block says so: `benchmarks/step_split.py SCENARIO` gives that split
+  (the scheduler's and py-spy's) for a row's scenario, kept in ``--out DIR/ROW``.
 - DDP, timed in each process with perf_counter around each part of a step (mean over its
   steps after the first, then over the processes): forward and loss; backward, which holds
   the gradient allreduce (DDP overlaps the two, so they are one figure); the SGD update and
@@ -361,7 +361,8 @@ def print_row(row: Row, steps: int, batch: int, runs: dict[str, list[Run]]) -> N
         print(f"    {name:<18} {median_run(column_runs).split}")
     if not all(run.trainer_split for run in runs[COLUMNS[0].name]):
         print("    (runtime up's records do not split a trainer's step into kernels, encode and "
-              "decode, transport and waiting: all of that is in its step time)")
+              "decode, transport and waiting: benchmarks/step_split.py on the row's scenario "
+              "does)")
 
 
 def print_ratios(table: dict[Row, dict[str, list[Run]]]) -> None:

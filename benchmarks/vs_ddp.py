@@ -329,7 +329,7 @@ def measure_row(row: Row, steps: int, batch: int, repeat: int, work: Path) -> di
     folder.mkdir(parents=True, exist_ok=True)
     scenario = folder / "scenario.yaml"
     scenario.write_text(scenario_text(row, steps, batch))
-    runs: dict[str, list[Run]] = {c.name: [] for c in COLUMNS} | {DDP: []}
+    runs: dict[str, list[Run]] = {name: [] for name in [*(c.name for c in COLUMNS), DDP]}
     for r in range(repeat):
         for column in COLUMNS:
             runs[column.name].append(pslab_run(scenario, column, folder / f"{column.name}-{r}"))

@@ -522,6 +522,37 @@ SENDING_OPS = frozenset({"send", "send_barrier"})
 """RPC ops that wait for no answer to go on (their requests leave in the background)."""
 
 
+INITIALIZERS = frozenset({"fill_constant", "uniform_random", "gaussian_random",
+                          "truncated_gaussian_random", "assign_value"})
+"""Ops that write a value from nothing but their attributes."""
+
+
+def without_unread_state(startup: Program, main: Program) -> Program:
+    """`startup` less the initializers of vars that no op of `main` and no later op of
+    `startup` reads; `startup` itself where there are none. DESIGN: the 1.8 programs keep the
+    dense parameters' optimizer accumulators in a trainer's startup, as the original's did
+    (docs/transpiler.md, section 6), but the pservers update the parameters and read them: a
+    trainer would allocate an Adam job's two moments of every parameter for nothing. The
+    program stays as the transpiler wrote it; the trainer just does not run those ops."""
+    read = {name for block in main.blocks for op in block.ops for name in op.input_arg_names}
+    ops = startup.global_block().ops
+    later: set[str] = set()
+    keep = [True] * len(ops)
+    for i in range(len(ops) - 1, -1, -1):
+        op = ops[i]
+        outputs = op.output_arg_names
+        if op.type in INITIALIZERS and outputs and not (read | later).intersection(outputs):
+            keep[i] = False
+        else:
+            later.update(op.input_arg_names)
+    if all(keep):
+        return startup
+    pruned = startup.clone()
+    pruned.global_block().ops = [op for op, kept in zip(pruned.global_block().ops, keep)
+                                 if kept]
+    return pruned
+
+
 async def run_program(executor: Executor, program: Program, scope: Scope, rpc: RpcOps,
                       feed: Mapping[str, Any] | None = None,
                       fetch: Iterable[str] = ()) -> list[Any]:
@@ -656,7 +687,7 @@ class Trainer:
                  collective: Collective | None = None,
                  renames: Mapping[str, str] | None = None) -> None:
         self.trainer_id = trainer_id
-        self.main, self.startup = main, startup
+        self.main, self.startup = main, without_unread_state(startup, main)
         self.client = client
         self.endpoints = endpoints
         self.executor = executor or Executor()

@@ -219,6 +219,7 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("lookup_table_v2", "W Ids", grad="W", shape="lookup_v2", cost=Cost("lookup"),
         grad_shape="lookup_grad", grad_cost=Cost("lookup_grad")),
     _op("lookup_sparse_table", "W Ids", shape="lookup", cost=Cost("lookup")),
+    _op("lookup_sparse_table_read", "W Ids", shape="lookup", cost=Cost("lookup")),
     _op("matmul", "X Y", grad="X Y", shape="matmul", cost=Cost("batched_matmul"),
         grad_cost=Cost("batched_matmul_grad")),
     _op("matmul_v2", "X Y", grad="X Y", shape="matmul", cost=Cost("batched_matmul"),

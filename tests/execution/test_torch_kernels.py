@@ -491,7 +491,8 @@ def test_cases_cover_every_op_and_gradient() -> None:
     assert tested == set(registered_ops("numpy"))
 
 
-TABLE_OPS = ("split_ids", "merge_ids", "lookup_sparse_table", "fake_init", "save", "ref_by_trainer_id")
+TABLE_OPS = ("split_ids", "merge_ids", "lookup_sparse_table", "lookup_sparse_table_read", "fake_init",
+             "save", "ref_by_trainer_id")
 
 
 def test_table_ops_are_the_numpy_kernels() -> None:

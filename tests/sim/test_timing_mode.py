@@ -209,9 +209,9 @@ OP_CASES["sequence_pool_grad"] = (
     Op("sequence_pool_grad", {"X": ["x"], "Out": ["o"], "Out@GRAD": ["g"]}, {"X@GRAD": ["x@GRAD"]},
        {"pooltype": "SUM"}),
     {"x": LoDTensor(POSITIVE, [[0, 1, 3]]), "o": POSITIVE[:2], "g": POSITIVE[:2]}, {})
-OP_CASES["lookup_sparse_table"] = (
-    Op("lookup_sparse_table", {"W": ["w"], "Ids": ["i"]}, {"Out": ["o"]}),
-    {"w": POSITIVE, "i": np.array([[2], [0]])}, {})
+for _op in ("lookup_sparse_table", "lookup_sparse_table_read"):  # the latter: 2.x's name
+    OP_CASES[_op] = (Op(_op, {"W": ["w"], "Ids": ["i"]}, {"Out": ["o"]}),
+                     {"w": POSITIVE, "i": np.array([[2], [0]])}, {})
 for _op in ("gaussian_random", "truncated_gaussian_random"):
     OP_CASES[_op] = (Op(_op, {}, {"Out": ["o"]}, {"shape": [4, 3], "dtype": "float64"}), {},
                      {"o": ([4, 3], "float64")})

@@ -27,9 +27,15 @@ SINGLE_PROCESS_MULTI_THREAD = "single_process_multi_thread"
 """The collective mode whose one process drives all its devices: one ring, no id exchange."""
 COLLECTIVE_MODES = ("grad_allreduce", "local_sgd", SINGLE_PROCESS_MULTI_THREAD)
 COMPRESSION_METHODS = ("none", "topk", "fp16", "int8")
-PADDLE_VERSIONS = ("1.2", "1.8")
-"""The releases of the original whose program shapes `paddle_version` selects (the newest is
-the default); docs/transpiler.md §9 lists what differs."""
+PADDLE_VERSIONS = ("1.2", "1.8", "2.x")
+"""The releases of the original whose program shapes `paddle_version` selects;
+docs/transpiler.md §9 lists what differs."""
+DEFAULT_PADDLE_VERSION = "1.8"
+"""The release fluid's names (and a config made without a version or ``PSLAB_PADDLE_VERSION``)
+follow."""
+PADDLE_VERSION_2X = "2.x"
+"""Paddle 2.x (``paddle.distributed.transpiler``): 1.8's programs but for the op names and the
+remote-prefetch tables docs/transpiler.md §9 lists."""
 PADDLE_VERSION_ENV = "PSLAB_PADDLE_VERSION"
 """Where a config made without `paddle_version` takes it from (a ported script's, unchanged)."""
 DEFAULT_TOPK_RATIO = 0.01
@@ -63,9 +69,10 @@ class DistributeTranspilerConfig:
     "ratio": 0.01}`` (None: none) packs each dense gradient a trainer sends to a pserver, with
     error feedback (docs/transpiler.md §6; `compression_settings` reads it).
     `paddle_version` is this project's too: which release of the original the programs follow
-    where releases differ, "1.8" (the default) or "1.2" (docs/transpiler.md §9): 1.8 fuses
-    every lookup of the distributed table into one prefetch chain and keeps the accumulators'
-    initializers in the trainer's startup; 1.2 prefetches per lookup and drops them. A config
+    where releases differ, "1.8" (the default), "1.2" or "2.x" (docs/transpiler.md §9): 1.8
+    fuses every lookup of the distributed table into one prefetch chain and keeps the
+    accumulators' initializers in the trainer's startup; 1.2 prefetches per lookup and drops
+    them; 2.x is 1.8 but for the prefetch block's op, `lookup_sparse_table_read`. A config
     takes its default from ``PSLAB_PADDLE_VERSION`` when set, so that a ported script runs
     unchanged as either release.
     """
@@ -91,7 +98,7 @@ class DistributeTranspilerConfig:
         self.wait_port = True
         self.staleness: int | float | None = None
         self.compression: dict[str, Any] | None = None
-        self.paddle_version = os.getenv(PADDLE_VERSION_ENV) or PADDLE_VERSIONS[-1]
+        self.paddle_version = os.getenv(PADDLE_VERSION_ENV) or DEFAULT_PADDLE_VERSION
         for name, value in fields.items():
             if not hasattr(self, name):
                 raise ValueError(f"DistributeTranspilerConfig: unknown field {name!r}")

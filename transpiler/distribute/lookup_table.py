@@ -24,8 +24,9 @@ initializer becomes `fake_init`. Ids and grad rows travel as global ids.
 - Pserver: a table-optimize block (sync: `sum` of the trainers' pieces; then `sgd` at the
   table optimizer's learning rate: as in the original, the table runs plain SGD whatever the
   dense optimizer is, and the pieces are summed, not averaged; the runtime averages them, see
-  `runtime.execution.table`), one prefetch block per chain (`lookup_sparse_table` of the ids var
-  ``prefetch_var_name_to_block_id`` names), and a checkpoint block (`save` of the table to the
+  `runtime.execution.table`), one prefetch block per chain (`lookup_sparse_table`, in 2.x's
+  programs `lookup_sparse_table_read`, of the ids var ``prefetch_var_name_to_block_id``
+  names), and a checkpoint block (`save` of the table to the
   file named by the RAW var ``kLookupTablePath``, which the runtime fills when a checkpoint
   notification comes). The pserver's blocks work on rows of its table var: the runtime turns
   the global ids it receives (prefetch ids, grad rows) into rows, and the prefetch op's
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from ..ir import Block, Op, OpRole, Program, VarType, grad_name
 from ..opcatalog import optimizer_types
 from .analysis import OptimizeSection, is_optimizer_op
+from .config import PADDLE_VERSION_2X, DistributeTranspilerConfig
 from .edit import clone_var, control_var, copy_op, last_writer, rpc_attrs
 from .plan import Plan
 
@@ -369,10 +371,17 @@ def _prefetch_block(program: Program, plan: Plan, table: str, lookup: Lookup, k:
     lookup.declare_pieces(gblock, origin, table, k)
     block = program.create_block(parent)
     per = gblock.var(table).shape[0]
-    block.append_op("lookup_sparse_table", {"Ids": [ids], "W": [table]}, {"Out": [rows]},
+    block.append_op(prefetch_block_op(plan.config), {"Ids": [ids], "W": [table]}, {"Out": [rows]},
                     {"is_sparse": True, "is_distributed": True,
                      "padding_idx": local_padding_idx(lookup.padding_idx, k * per, per)})
     return f"{ids}:{block.idx}"
+
+
+def prefetch_block_op(config: DistributeTranspilerConfig) -> str:
+    """The op type of a prefetch block's lookup: `lookup_sparse_table`, which 2.x's programs
+    call `lookup_sparse_table_read` (``paddle_version`` "2.x"; the same kernel)."""
+    return "lookup_sparse_table_read" if config.paddle_version == PADDLE_VERSION_2X \
+        else "lookup_sparse_table"
 
 
 def local_padding_idx(padding_idx: int, offset: int, rows: int) -> int:

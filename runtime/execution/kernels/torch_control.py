@@ -46,6 +46,7 @@ SHARED_WITH_NUMPY: dict[str, Kernel] = {
     "split_ids": numpy_dist.split_ids,
     "merge_ids": numpy_dist.merge_ids,
     "lookup_sparse_table": numpy_nn.lookup_table,
+    "lookup_sparse_table_read": numpy_nn.lookup_table,
     "fake_init": numpy_dist.fake_init,
     "save": numpy_dist.save,
 }

@@ -15,6 +15,16 @@ Also `reader`, Paddle's reader decorators (``paddle.reader.shuffle``, ``buffered
 and `compat`, fluid 1.x's ``paddle.compat`` (``to_text``, ``to_bytes``, ``round``,
 ``floor_division``, ``get_exception_message``: `runtime.paddle.compat`).
 
+Paddle 2.x's names work too (``import runtime.paddle as paddle``, ``from runtime.paddle import
+base``): ``paddle.base`` (2.x's name of ``paddle.fluid``, the same module), ``paddle.static``
+(`runtime.paddle.static`: ``Program``, ``program_guard``, ``data``, ``nn.fc``,
+``nn.embedding``, ``Executor``, ...), ``paddle.nn`` (`runtime.paddle.nn`: ``functional``,
+``initializer``, ``ClipGradByValue``, ``HSigmoidLoss``), ``paddle.optimizer`` with
+``paddle.optimizer.lr`` (`runtime.paddle.optimizer`), ``paddle.regularizer`` (``L2Decay``,
+``L1Decay``), ``paddle.distributed.transpiler`` (`runtime.paddle.distributed`: its configs
+follow the 2.x programs) and the tensor functions ``paddle.mean``, ``reshape``, ``add``,
+``multiply``, ``sum``, ``matmul``, ``concat``, ``full``, ``seed`` (`runtime.paddle.tensor`).
+
 Layers: a facade on top of `runtime`, like `runtime.cli`: it imports the parts and nothing
 imports it.
 """
@@ -45,6 +55,19 @@ def batch(reader: Reader, batch_size: int, drop_last: bool = False) -> Reader:
     return batches
 
 
-from runtime.paddle import fluid  # noqa: E402  (``paddle.fluid`` after ``import paddle``)
+import sys  # noqa: E402
 
-__all__ = ["Reader", "batch", "compat", "dataset", "fluid", "reader"]
+from transpiler import regularizer  # noqa: E402  (``paddle.regularizer``)
+
+from runtime.paddle import fluid  # noqa: E402  (``paddle.fluid`` after ``import paddle``)
+from runtime.paddle import distributed, nn, optimizer, static  # noqa: E402
+from runtime.paddle.tensor import (add, concat, divide, full, matmul, mean,  # noqa: E402
+                                   multiply, reshape, seed, subtract, sum)
+
+base = fluid
+"""2.x's ``paddle.base``: fluid renamed, the same module."""
+sys.modules[f"{__name__}.base"] = fluid  # ``import paddle.base``
+
+__all__ = ["Reader", "add", "base", "batch", "compat", "concat", "dataset", "distributed",
+           "divide", "fluid", "full", "matmul", "mean", "multiply", "nn", "optimizer", "reader",
+           "regularizer", "reshape", "seed", "static", "subtract", "sum"]

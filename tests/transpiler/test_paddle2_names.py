@@ -13,6 +13,7 @@ import importlib
 import math
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
 
 import runtime.paddle as paddle
@@ -222,3 +223,25 @@ def test_the_numpy_and_timing_backends_run_the_2x_prefetch_op() -> None:
     assert "lookup_sparse_table_read" in registry.registered_ops("phantom")
     assert registry.get_kernel("lookup_sparse_table_read") is \
         registry.get_kernel("lookup_sparse_table")
+
+
+def test_a_2x_program_trains_on_the_executor() -> None:
+    """fc(1) on 4 features with 2.x's names, a decaying learning rate, float weight decay and
+    a value clip: five steps of `base.Executor` lower the loss every step."""
+    main, startup = base.Program(), base.Program()
+    with base.unique_name.guard(), base.program_guard(main, startup):
+        paddle.seed(3)
+        x = paddle.static.data(name="x", shape=[-1, 4], dtype="float32")
+        y = paddle.static.data(name="y", shape=[-1, 1], dtype="float32")
+        h = paddle.static.nn.fc(x, size=1, weight_attr=base.ParamAttr(name="w"))
+        loss = paddle.mean(paddle.nn.functional.square_error_cost(input=h, label=y))
+        paddle.optimizer.SGD(learning_rate=paddle.optimizer.lr.ExponentialDecay(0.1, 0.9),
+                             weight_decay=1e-4,
+                             grad_clip=paddle.nn.ClipGradByValue(1.0)).minimize(loss)
+    assert {"clip", "sgd", "elementwise_pow"} <= set(ops(main.global_block()))
+    exe = base.Executor(base.CPUPlace())
+    exe.run(startup)
+    xs = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    feed = {"x": xs, "y": xs.sum(1, keepdims=True)}
+    losses = [float(exe.run(main, feed=feed, fetch_list=[loss])[0][0]) for _ in range(5)]
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses

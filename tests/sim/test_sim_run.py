@@ -515,8 +515,8 @@ def test_check_determinism_names_the_first_difference_and_exits_1(
     assert next(calls) == 2
     assert output.splitlines()[-1] == (
         "FAILED: not deterministic: metrics.json differs first at byte 348 (line 18, column 30), "
-        "key job.train_seconds: 0.0017196224922768747 in the first run, "
-        "0.0017194061402643836 in the second")
+        "key job.train_seconds: 0.0017196224922768745 in the first run, "
+        "0.0017194061402643834 in the second")
 
 
 def test_the_first_difference_is_located_by_byte_and_by_key() -> None:

@@ -242,7 +242,7 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
     lines = []
     if cpu:
         reference = profile
-        if profiled != scenario:  # a measured run in the protocol simulated
+        if profiled != scenario or machine is not None:  # a measured run of what was simulated
             reference = work / f"{config.name}.check.json"
             _run([*runtime, "profile", str(scenario), "-o", str(reference), "--out",
                   str(work / f"{config.name}-check")] + flags, work / f"{config.name}.check.log")

@@ -65,6 +65,7 @@ import numpy as np
 
 from transpiler.distribute.contract import PROTOCOLS, BarrierPlan, TrainContract
 from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL
+from transpiler.distribute.startup import INIT_OPS
 from transpiler.distribute.lookup_table import table_sections
 from transpiler.ir import Op, Program
 
@@ -522,11 +523,6 @@ SENDING_OPS = frozenset({"send", "send_barrier"})
 """RPC ops that wait for no answer to go on (their requests leave in the background)."""
 
 
-INITIALIZERS = frozenset({"fill_constant", "uniform_random", "gaussian_random",
-                          "truncated_gaussian_random", "assign_value"})
-"""Ops that write a value from nothing but their attributes."""
-
-
 def without_unread_state(startup: Program, main: Program) -> Program:
     """`startup` less the initializers of vars that no op of `main` and no later op of
     `startup` reads; `startup` itself where there are none. DESIGN: the 1.8 programs keep the
@@ -541,7 +537,7 @@ def without_unread_state(startup: Program, main: Program) -> Program:
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         outputs = op.output_arg_names
-        if op.type in INITIALIZERS and outputs and not (read | later).intersection(outputs):
+        if op.type in INIT_OPS and outputs and not (read | later).intersection(outputs):
             keep[i] = False
         else:
             later.update(op.input_arg_names)

@@ -317,8 +317,10 @@ def squared_l2_norm_grad(ctx: KernelContext) -> None:
     ctx.set_output("X@GRAD", x * (2 * g))
 
 
-def sum_values(values: list[Array | SelectedRows]) -> Array | SelectedRows:
-    """All SelectedRows: their rows and values concatenated; otherwise the dense sum."""
+def sum_values(values: list[Array | SelectedRows],
+               out: Array | None = None) -> Array | SelectedRows:
+    """All SelectedRows: their rows and values concatenated; otherwise the dense sum, into
+    `out` where given (an array of the first dense value's shape and dtype)."""
     if not values:
         raise ValueError("sum: no inputs")
     sparse = [v for v in values if isinstance(v, SelectedRows)]
@@ -329,7 +331,11 @@ def sum_values(values: list[Array | SelectedRows]) -> Array | SelectedRows:
         return SelectedRows(np.concatenate([v.rows for v in sparse]),
                             np.concatenate([v.values for v in sparse]), sparse[0].height)
     dense = [v for v in values if not isinstance(v, SelectedRows)]
-    total = dense[0].copy()
+    if out is None:
+        total = dense[0].copy()
+    else:
+        total = out
+        np.copyto(total, dense[0])
     for value in dense[1:]:
         total += value
     for rows in sparse:
@@ -340,17 +346,11 @@ def sum_values(values: list[Array | SelectedRows]) -> Array | SelectedRows:
 @register("sum")
 def sum_(ctx: KernelContext) -> None:
     values = ctx.inputs("X")
-    first = values[0] if values else None
+    first, out = values[0] if values else None, None
     if isinstance(first, np.ndarray) and all(
             type(v) is np.ndarray and v.shape == first.shape for v in values):
-        out = output_buffer(ctx, "Out", first.shape, first.dtype)
-        if out is not None:  # as sum_values adds, into last run's array
-            np.copyto(out, first)
-            for value in values[1:]:
-                out += value
-            ctx.set_output("Out", out, lod=ctx.lod("X"))
-            return
-    ctx.set_output("Out", sum_values(values), lod=ctx.lod("X"))
+        out = output_buffer(ctx, "Out", first.shape, first.dtype)  # last run's array
+    ctx.set_output("Out", sum_values(values, out), lod=ctx.lod("X"))
 
 
 @register("sum_grad")

@@ -37,7 +37,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -159,7 +158,6 @@ def watch(command: list[str], spy: str | None, rate: int, work: Path) -> list[Wa
 def _watch_nodes(job: subprocess.Popen[bytes], spy: str | None, rate: int,
                  work: Path) -> list[Watched]:
     nodes: dict[int, Watched] = {}
-    stop = threading.Event()
     while job.poll() is None:
         for pid in _children(job.pid):
             if pid in nodes:
@@ -176,12 +174,12 @@ def _watch_nodes(job: subprocess.Popen[bytes], spy: str | None, rate: int,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for node in nodes.values():
             node.read()
-        stop.wait(POLL)
+        time.sleep(POLL)
     for node in nodes.values():
         if node.spy is not None:
             node.spy.wait(timeout=60)
     if job.returncode != 0:  # 1: an expectation of the scenario's not met (steps changed)
-        print(f"note: runtime up exited {job.returncode} (its log: the run folder)")
+        print(f"note: runtime up exited {job.returncode} (its output: {work / 'up.log'})")
     if not nodes:
         raise SystemExit(f"runtime up started no node: see {work / 'up.log'}")
     return sorted(nodes.values(), key=lambda n: n.label)

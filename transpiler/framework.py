@@ -11,12 +11,27 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .initializer import Initializer
 from .ir import Block, Op, OpRole, Program, Var, VarType, WeightDecayRegularizer
+
+PADDLE_VERSION_ENV = "PSLAB_PADDLE_VERSION"
+"""Where a config made without `paddle_version`, and the layers, take the release of the
+original to follow (a ported script's, unchanged)."""
+DEFAULT_PADDLE_VERSION = "1.8"
+"""The release fluid's names follow when ``PSLAB_PADDLE_VERSION`` is unset."""
+
+
+def env_paddle_version() -> str:
+    """The release of the original the front end follows where releases wrote different ops
+    (``PSLAB_PADDLE_VERSION``, else "1.8"; docs/transpiler.md §9): layers read it when they are
+    built, a `DistributeTranspilerConfig` takes it as its default `paddle_version`."""
+    return os.getenv(PADDLE_VERSION_ENV) or DEFAULT_PADDLE_VERSION
+
 
 _main_program = Program()
 _startup_program = Program()

@@ -16,7 +16,8 @@ from typing import Any, Iterator, Sequence
 
 from .framework import ParamAttr, append_op
 from .framework import create_global_var as _framework_global_var
-from .framework import create_parameter, create_tmp_var, default_main_program, unique_name
+from .framework import (create_parameter, create_tmp_var, default_main_program, env_paddle_version,
+                        unique_name)
 from .initializer import Constant, Normal, Xavier
 from .ir import BlockRef, OpRole, Var
 
@@ -491,10 +492,20 @@ def concat(input: Sequence[Var], axis: int = 0) -> Var:
 
 def cross_entropy(input: Var, label: Var, soft_label: bool = False,
                   ignore_index: int = -100) -> Var:
+    """fluid's ``layers.cross_entropy`` of probabilities `input` ([..., classes]) against `label`:
+    [..., 1]. Hard labels write `cross_entropy2` (grad op `cross_entropy_grad2`), as fluid 1.8
+    and later did, unless ``PSLAB_PADDLE_VERSION`` is "1.2" (`env_paddle_version`), whose
+    layer, like soft labels in every release, wrote `cross_entropy`."""
     input, label = _check_var(input, "cross_entropy", "input"), _check_var(label, "cross_entropy", "label")
-    out = create_tmp_var("cross_entropy", tuple(input.shape[:-1]) + (1,), input.dtype)
-    append_op("cross_entropy", {"X": [input], "Label": [label]}, {"Y": [out]},
-              {"soft_label": soft_label, "ignore_index": ignore_index})
+    lead = tuple(input.shape[:-1]) + (1,)
+    out = create_tmp_var("cross_entropy", lead, input.dtype)
+    if soft_label or env_paddle_version() == "1.2":
+        append_op("cross_entropy", {"X": [input], "Label": [label]}, {"Y": [out]},
+                  {"soft_label": soft_label, "ignore_index": ignore_index})
+        return out
+    match = create_tmp_var("cross_entropy", lead, input.dtype, stop_gradient=True)
+    append_op("cross_entropy2", {"X": [input], "Label": [label]}, {"Y": [out], "MatchX": [match]},
+              {"ignore_index": ignore_index})
     return out
 
 

@@ -96,19 +96,24 @@ class OpDef:
     update: Update | None = None
     grad_shape: str = "gradient"
     grad_cost: Cost | None = None
+    grad_op: str | None = None
+    """The grad op's type where the original did not name it ``T_grad``."""
 
     @property
     def grad_type(self) -> str | None:
-        """The type of this op's grad op; None when it has no gradient."""
-        return self.type + "_grad" if self.grad else None
+        """The type of this op's grad op (``T_grad`` unless `grad_op` names it); None when it
+        has no gradient."""
+        if not self.grad:
+            return None
+        return self.grad_op or self.type + "_grad"
 
 
 def _op(type: str, inputs: str = "X", outputs: str = "Out", grad: str = "",
         shape: str | None = "generic", cost: Cost | None = None, grad_shape: str = "gradient",
-        grad_cost: Cost | None = None, runs: Runs = "kernel") -> OpDef:
+        grad_cost: Cost | None = None, runs: Runs = "kernel", grad_op: str | None = None) -> OpDef:
     """An entry, slots written as space-separated names."""
     return OpDef(type, tuple(inputs.split()), tuple(outputs.split()), tuple(grad.split()), shape,
-                 cost, runs, None, grad_shape, grad_cost)
+                 cost, runs, None, grad_shape, grad_cost, grad_op)
 
 
 def _map(type: str, flops: float, grad_flops: float | None = None, inputs: str = "X",
@@ -187,6 +192,11 @@ _FORWARD: tuple[OpDef, ...] = (
     _op("softmax_with_cross_entropy", "Logits Label", "Softmax Loss", grad="Logits",
         cost=_SOFTMAX, grad_cost=_SOFTMAX),
     _op("cross_entropy", "X Label", "Y", grad="X", cost=_SOFTMAX, grad_cost=_SOFTMAX),
+    # fluid 1.8's hard-label cross entropy: MatchX is each row's probability of its label, which
+    # the grad op, named so by the original, divides by (Paddle's XShape output is left out: the
+    # grad op here reads X itself)
+    _op("cross_entropy2", "X Label", "Y MatchX", grad="X", cost=_SOFTMAX, grad_cost=_SOFTMAX,
+        grad_op="cross_entropy_grad2"),
     # -- evaluation, no gradient: fluid's accuracy is top_k, then accuracy of its Indices
     _op("top_k", outputs="Out Indices"),
     _op("accuracy", "Out Indices Label", "Accuracy Correct Total", shape="accuracy"),
@@ -328,7 +338,8 @@ def _grad_def(forward: OpDef) -> OpDef:
     return replace(forward, type=forward.grad_type,
                    inputs=forward.inputs + forward.outputs + out_grads,
                    outputs=tuple(slot + GRAD_SUFFIX for slot in forward.grad), grad=(),
-                   shape=forward.grad_shape, cost=forward.grad_cost, grad_cost=None)
+                   shape=forward.grad_shape, cost=forward.grad_cost, grad_cost=None,
+                   grad_op=None)
 
 
 def _catalog(forward: tuple[OpDef, ...]) -> dict[str, OpDef]:

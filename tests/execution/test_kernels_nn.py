@@ -70,6 +70,17 @@ def test_cross_entropy_hard_label_with_ignore_index() -> None:
                ["X"], outputs=["Y"])
 
 
+def test_cross_entropy2_picks_the_label_probability_and_skips_ignored_rows() -> None:
+    p = np.array([[0.2, 0.8], [0.5, 0.5], [0.9, 0.1]])
+    label = np.array([[1], [7], [0]], np.int64)
+    out = run_op("cross_entropy2", {"X": p, "Label": label}, ["Y", "MatchX"], {"ignore_index": 7})
+    np.testing.assert_allclose(out["MatchX"], [[0.8], [0.0], [0.9]])
+    np.testing.assert_allclose(out["Y"], [[-np.log(0.8)], [0.0], [-np.log(0.9)]])
+    # the same loss as cross_entropy's, its gradient by central differences
+    check_grad("cross_entropy2", {"X": probs(4, 3), "Label": np.array([[2], [0], [-100], [1]])},
+               ["X"], outputs=["Y", "MatchX"], loss_outputs=["Y"])
+
+
 def test_cross_entropy_soft_label() -> None:
     label = probs(3, 4)
     p = probs(3, 4)

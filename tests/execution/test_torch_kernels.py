@@ -26,7 +26,7 @@ from runtime.execution.kernels import torch_nn  # noqa: E402
 from runtime.execution.kernels.torch_common import DeviceError, resolve_device  # noqa: E402
 from transpiler.ir import BlockRef, Op, Program  # noqa: E402
 
-from gradcheck import Outputs, run_kernel  # noqa: E402
+from gradcheck import Outputs, grad_op, run_kernel  # noqa: E402
 from program_helpers import build  # noqa: E402
 
 BACKENDS = ("numpy", "torch")
@@ -238,7 +238,11 @@ def nn_cases() -> list[Case]:
               Case("cross_entropy", slots(X=probs(4, 3), Label=labels(4, 3, ignore=-100)),
                    outputs=("Y",), wrt=("X",), id="ignore"),
               Case("cross_entropy", slots(X=probs(4, 3), Label=probs(4, 3)), outputs=("Y",),
-                   attrs={"soft_label": True}, wrt=("X",), id="soft")]
+                   attrs={"soft_label": True}, wrt=("X",), id="soft"),
+              Case("cross_entropy2", slots(X=probs(4, 3), Label=labels(4, 3)),
+                   outputs=("Y", "MatchX"), wrt=("X",)),
+              Case("cross_entropy2", slots(X=probs(4, 3), Label=labels(4, 3, ignore=1)),
+                   outputs=("Y", "MatchX"), attrs={"ignore_index": 1}, wrt=("X",), id="ignore")]
     losses: list[tuple[Callable[[np.random.Generator], np.ndarray], dict[str, Any], str]] = [
         (labels(4, 5), {}, "hard"), (labels(4, 5, ignore=2), {"ignore_index": 2}, "ignore"),
         (probs(4, 5), {"soft_label": True}, "soft")]
@@ -483,7 +487,7 @@ def test_torch_registers_exactly_the_numpy_ops() -> None:
 
 
 def test_cases_cover_every_op_and_gradient() -> None:
-    tested = {c.op for c in CASES} | {c.op + "_grad" for c in GRAD_CASES}
+    tested = {c.op for c in CASES} | {grad_op(c.op) for c in GRAD_CASES}
     tested |= {"logical_and", "logical_or", "logical_xor", "logical_not", "conditional_block",
                "uniform_random", "gaussian_random", "truncated_gaussian_random", "split_byref",
                "split_selected_rows", "split", "split_grad", "assign_value"}  # tests below
@@ -516,7 +520,7 @@ def test_gradient_agrees(case: Case, dtype: type) -> None:
     inputs = case_inputs(case, dtype)
     forward = run_kernel("numpy", case.op, inputs, dict.fromkeys(case.outputs, 1), case.attrs)
     values = grad_inputs(case, inputs, forward, np.random.default_rng(1))
-    assert_backends_agree(case.op + "_grad", values, grad_outputs(case, inputs), case.attrs)
+    assert_backends_agree(grad_op(case.op), values, grad_outputs(case, inputs), case.attrs)
 
 
 @pytest.mark.parametrize("transpose", [False, True], ids=["direct", "transposed"])
@@ -540,7 +544,7 @@ def test_gradient_without_out_grad_is_zero_in_both(case: Case) -> None:
     inputs = case_inputs(case, np.float64)
     forward = run_kernel("numpy", case.op, inputs, dict.fromkeys(case.outputs, 1), case.attrs)
     values = grad_inputs(case, inputs, forward, np.random.default_rng(1), with_out_grad=False)
-    assert_backends_agree(case.op + "_grad", values, grad_outputs(case, inputs), case.attrs)
+    assert_backends_agree(grad_op(case.op), values, grad_outputs(case, inputs), case.attrs)
 
 
 def test_gradient_of_some_inputs_only() -> None:
@@ -850,7 +854,7 @@ def test_cuda_kernels_agree_with_numpy() -> None:
         if case.wrt:
             values = grad_inputs(case, inputs, want, np.random.default_rng(1))
             grads = grad_outputs(case, inputs)
-            want, got = (run_kernel(b, case.op + "_grad", values, grads, case.attrs, device=d)
+            want, got = (run_kernel(b, grad_op(case.op), values, grads, case.attrs, device=d)
                          for b, d in [("numpy", "cpu"), ("torch", "cuda")])
             for slot in grads:
                 assert_same(want[slot][0], got[slot][0], f"{case} {slot} on cuda")

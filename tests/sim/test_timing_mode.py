@@ -201,6 +201,11 @@ OP_CASES["squared_l2_norm_grad"] = (
     {"x": POSITIVE, "g": np.ones(1, np.float32)}, {})
 OP_CASES["squared_l2_norm"] = (Op("squared_l2_norm", {"X": ["x"]}, {"Out": ["o"]}),
                                {"x": POSITIVE}, {"o": ([1], "float32")})
+# fluid 1.8's layer writes cross_entropy2, so the models below no longer run fluid 1.2's op
+OP_CASES["cross_entropy"] = (
+    Op("cross_entropy", {"X": ["x"], "Label": ["l"]}, {"Y": ["y"]}),
+    {"x": POSITIVE, "l": np.array([[0], [1], [1]])},
+    {"x": ([-1, 2], "float32"), "y": ([-1, 1], "float32")})
 OP_CASES["cross_entropy_grad"] = (
     Op("cross_entropy_grad", {"X": ["x"], "Label": ["l"], "Y": ["y"], "Y@GRAD": ["g"]},
        {"X@GRAD": ["x@GRAD"]}),

@@ -24,6 +24,7 @@ from runtime.execution.executor import device_binder
 from runtime.execution.kernels import KernelContext, get_kernel
 from runtime.execution.tensor import to_dense
 from transpiler.ir import Op, Program
+from transpiler.opcatalog import OPS
 
 Inputs = Mapping[str, Any]
 BACKENDS = ("numpy", "torch")
@@ -82,11 +83,18 @@ def _with(inputs: Inputs, slot: str, pos: int, value: Any) -> dict[str, Any]:
     return changed
 
 
+def grad_op(op_type: str) -> str:
+    """The type of `op_type`'s grad op, as the catalog names it (``T_grad`` but where the
+    original named it otherwise, as `cross_entropy_grad2`)."""
+    known = OPS.get(op_type)
+    return (known.grad_type if known is not None else None) or op_type + "_grad"
+
+
 def check_grad(op_type: str, inputs: Inputs, wrt: Iterable[str], attrs: Mapping[str, Any] | None = None,
                outputs: Sequence[str] | Mapping[str, int] = ("Out",),
                loss_outputs: Sequence[str] | None = None, eps: float = 1e-6, rtol: float = 1e-5,
                atol: float = 1e-7, seed: int = 0, backend: str = "numpy") -> None:
-    """Assert that `op_type_grad` matches central differences of `op_type` for every input
+    """Assert that `op_type`'s grad op (`grad_op`) matches central differences of `op_type` for every input
     slot in `wrt` (all float64). `outputs`: the op's output slots, or slot -> var count for
     slots of several vars (`split`). SelectedRows gradients are compared densified. Every
     kernel run is `backend`'s."""
@@ -107,7 +115,7 @@ def check_grad(op_type: str, inputs: Inputs, wrt: Iterable[str], attrs: Mapping[
     grad_inputs: dict[str, Any] = {**inputs, **{s: v for s, v in forward.items() if v is not None}}
     grad_inputs.update({f"{s}@GRAD": w if counts[s] > 1 else w[0] for s, w in weights.items()})
     grad_outputs = {f"{s}@GRAD": len(_as_list(inputs[s])) for s in wrt}
-    analytic = run_op(op_type + "_grad", grad_inputs, grad_outputs, attrs, backend=backend)
+    analytic = run_op(grad_op(op_type), grad_inputs, grad_outputs, attrs, backend=backend)
 
     for slot in wrt:
         for pos, value in enumerate(_as_list(inputs[slot])):

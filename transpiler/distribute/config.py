@@ -19,6 +19,10 @@ import math
 import os
 from typing import Any
 
+# re-exported: the names a config's callers have imported from here
+from ..framework import DEFAULT_PADDLE_VERSION as DEFAULT_PADDLE_VERSION
+from ..framework import PADDLE_VERSION_ENV as PADDLE_VERSION_ENV
+from ..framework import env_paddle_version
 from .dispatch import PSDispatcher, RoundRobin
 
 MIN_BLOCK_SIZE = 8192
@@ -30,14 +34,9 @@ COMPRESSION_METHODS = ("none", "topk", "fp16", "int8")
 PADDLE_VERSIONS = ("1.2", "1.8", "2.x")
 """The releases of the original whose program shapes `paddle_version` selects;
 docs/transpiler.md §9 lists what differs."""
-DEFAULT_PADDLE_VERSION = "1.8"
-"""The release fluid's names (and a config made without a version or ``PSLAB_PADDLE_VERSION``)
-follow."""
 PADDLE_VERSION_2X = "2.x"
 """Paddle 2.x (``paddle.distributed.transpiler``): 1.8's programs but for the op names and the
 remote-prefetch tables docs/transpiler.md §9 lists."""
-PADDLE_VERSION_ENV = "PSLAB_PADDLE_VERSION"
-"""Where a config made without `paddle_version` takes it from (a ported script's, unchanged)."""
 DEFAULT_TOPK_RATIO = 0.01
 
 
@@ -98,7 +97,7 @@ class DistributeTranspilerConfig:
         self.wait_port = True
         self.staleness: int | float | None = None
         self.compression: dict[str, Any] | None = None
-        self.paddle_version = os.getenv(PADDLE_VERSION_ENV) or DEFAULT_PADDLE_VERSION
+        self.paddle_version = env_paddle_version()
         for name, value in fields.items():
             if not hasattr(self, name):
                 raise ValueError(f"DistributeTranspilerConfig: unknown field {name!r}")

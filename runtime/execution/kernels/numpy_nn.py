@@ -1,4 +1,5 @@
-"""Neural-net ops: `mul` (the matmul of `fc`), softmax, the two cross-entropy losses, the
+"""Neural-net ops: `mul` (the matmul of `fc`), softmax, the cross-entropy losses (fluid 1.2's
+`cross_entropy`, 1.8's hard-label `cross_entropy2`, `softmax_with_cross_entropy`), the
 embedding lookup (`lookup_table`, `lookup_table_v2`, dense or sparse gradient), `sequence_pool` over LoD
 sequences, `nce` (noise-contrastive estimation, its samples drawn by `sampling`) and
 `hierarchical_sigmoid` (fluid's hsigmoid, default or custom tree), each with its gradient
@@ -93,6 +94,33 @@ def cross_entropy_grad(ctx: KernelContext) -> None:
         rows = np.arange(p.shape[0])
         dp = np.zeros_like(p)
         dp[rows, ids] = np.where(keep, -g[:, 0] / p[rows, ids], 0)
+    ctx.set_output("X@GRAD", dp.reshape(x.shape))
+
+
+@register("cross_entropy2")
+def cross_entropy2(ctx: KernelContext) -> None:
+    """fluid 1.8's hard-label cross entropy: MatchX is each row's probability of its label, Y
+    its -log; both 0 in a row whose label is ``ignore_index``."""
+    x = ctx.input("X")
+    p = x.reshape(-1, x.shape[-1])
+    ids, keep = hard_labels(ctx.input("Label"), p.shape[0], ignore_index(ctx))
+    match = np.where(keep, p[np.arange(p.shape[0]), ids], 0)
+    lead = x.shape[:-1] + (1,)
+    ctx.set_output("MatchX", match.astype(x.dtype).reshape(lead))
+    loss = np.where(keep, -np.log(np.where(keep, match, 1)), 0)
+    ctx.set_output("Y", loss.astype(x.dtype).reshape(lead))
+
+
+@register("cross_entropy_grad2")
+def cross_entropy_grad2(ctx: KernelContext) -> None:
+    """X@GRAD: -Y@GRAD / MatchX at each row's label, 0 elsewhere and in ignored rows."""
+    x = ctx.input("X")
+    p = x.reshape(-1, x.shape[-1])
+    g = out_grad(ctx, ctx.input("Y"), "Y@GRAD").reshape(-1)
+    ids, keep = hard_labels(ctx.input("Label"), p.shape[0], ignore_index(ctx))
+    match = ctx.input("MatchX").reshape(-1)
+    dp = np.zeros_like(p)
+    dp[np.arange(p.shape[0]), ids] = np.where(keep, -g / np.where(keep, match, 1), 0)
     ctx.set_output("X@GRAD", dp.reshape(x.shape))
 
 

@@ -172,6 +172,28 @@ def cross_entropy_grad(ctx: KernelContext) -> None:
     put(ctx, "X@GRAD", _shaped(dp, x.shape))
 
 
+@kernel("cross_entropy2")
+def cross_entropy2(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    p = _rows(tensor(x), x.shape[-1])
+    ids, keep = _labels(ctx, ctx.input("Label"), p.shape[0])
+    match = _masked(p.gather(1, ids), keep)
+    lead = x.shape[:-1] + (1,)
+    put(ctx, "MatchX", _shaped(match, lead), dtype=x.dtype)
+    # an ignored row's -log(0) is never selected
+    put(ctx, "Y", _shaped(_masked(-torch.log(match), keep), lead), dtype=x.dtype)
+
+
+@kernel("cross_entropy_grad2")
+def cross_entropy_grad2(ctx: KernelContext) -> None:
+    x = ctx.input("X")
+    p = _rows(tensor(x), x.shape[-1])
+    g = out_grad_t(ctx, "Y", "Y@GRAD").reshape(-1, 1)
+    ids, keep = _labels(ctx, ctx.input("Label"), p.shape[0])
+    picked = _masked(-g / tensor(ctx.input("MatchX")).reshape(-1, 1), keep)
+    put(ctx, "X@GRAD", _shaped(torch.zeros_like(p).scatter_(1, ids, picked.to(p.dtype)), x.shape))
+
+
 @kernel("softmax_with_cross_entropy")
 def softmax_with_cross_entropy(ctx: KernelContext) -> None:
     logits, label = ctx.input("Logits"), ctx.input("Label")

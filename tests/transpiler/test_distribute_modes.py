@@ -160,8 +160,15 @@ def test_remote_sparse_update_replaces_lookups() -> None:
     assert "lookup_table" not in types(main.global_block())
     assert [op.output("Out") for op in ops if op.type == "recv"] == [["fc_b"], ["fc_w"]]
     assert "concat" not in types(main.global_block())[-3:]
-    assert any(op.type == "recv" and op.output("Out") == ["shared_w.block0", "shared_w.block1"]
-               for op in startup.global_block().ops)
+    # nor does its startup fetch the table: a fake_init of it comes last, as for the
+    # distributed table
+    assert not any(op.type == "recv" and "shared_w.block0" in op.output("Out")
+                   for op in startup.global_block().ops)
+    assert "uniform_random" not in [op.type for op in startup.global_block().ops
+                                    if "shared_w" in op.output_arg_names]
+    fake_init = startup.global_block().ops[-1]
+    assert (fake_init.type, fake_init.output("Out"), fake_init.attr("shape")) == \
+        ("fake_init", ["shared_w"], [1000, 64])
 
 
 def test_remote_prefetch_needs_a_sparse_trained_table() -> None:

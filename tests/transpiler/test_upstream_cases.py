@@ -9,6 +9,7 @@ and the pserver programs answer the release's query of where the parameters went
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from distribute_helpers import (PS1, PS2, basic, build, config, lookup_model, pserver, trainer,
@@ -181,3 +182,80 @@ def test_a_fused_chain_goes_after_the_last_op_writing_its_ids() -> None:
         T.optimizer.SGD(0.1).minimize(loss)
     main, _ = trainer(transpile(build(body)))
     assert types(main.global_block())[:4] == ["reshape2", "split_ids", "prefetch", "merge_ids"]
+
+
+def test_the_18_table_model_computes_its_loss_with_cross_entropy2(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """1.8's layer writes the hard-label loss as `cross_entropy2` and its grad op as
+    `cross_entropy_grad2`; 1.2's as `cross_entropy` and `cross_entropy_grad`. The whole
+    trainer of the distributed-table model; pslab's last three ops (profile_emb received and
+    joined) are where it differs from 1.8's test, which expects the sparse table prefetched."""
+    main, _ = trainer(transpile(three_lookups()))
+    assert types(main.global_block()) == [
+        "split_ids", "prefetch", "merge_ids", "sequence_pool", "sequence_pool", "lookup_table",
+        "sequence_pool", "concat", "mul", "elementwise_add", "cross_entropy2", "mean",
+        "fill_constant", "mean_grad", "cross_entropy_grad2", "elementwise_add_grad", "send",
+        "mul_grad", "send", "concat_grad", "sequence_pool_grad", "lookup_table_grad",
+        "split_selected_rows", "send", "sequence_pool_grad", "lookup_table_grad",
+        "sequence_pool_grad", "lookup_table_grad", "sum", "split_ids", "send", "send_barrier",
+        "recv", "recv", "recv", "fetch_barrier", "concat"]
+    monkeypatch.setenv(PADDLE_VERSION_ENV, "1.2")
+    main, _ = three_lookups()
+    assert [t for t in types(main.global_block()) if t.startswith("cross_entropy")] == \
+        ["cross_entropy", "cross_entropy_grad"]
+
+
+def word2vec_fake_init() -> tuple[Program, Program]:
+    """1.8's fake-init case: word2vec with negative sampling over a 10000-word vocabulary, 8
+    wide, 5 negatives: sparse tables `emb` (the input word), `emb_w` and `emb_b` (looked up for
+    the true word and for the negatives each); logits by a row product and a batched matmul,
+    sigmoid cross entropy against ones and zeros, SGD with an exponentially decayed rate."""
+    def body() -> None:
+        vocab, dim, neg = 10000, 8, 5
+        word, true, negs = (T.layers.data(n, shape=[1], dtype="int64", lod_level=1)
+                            for n in ("input_word", "true_label", "neg_label"))
+
+        def table(ids: Any, name: str, width: int, init: Any = None) -> Any:
+            return T.layers.embedding(ids, size=[vocab, width], is_sparse=True,
+                                      param_attr=T.ParamAttr(name=name, initializer=init))
+        width = 0.5 / dim
+        word_emb = table(word, "emb", dim, T.initializer.Uniform(-width, width))
+        true_w = table(true, "emb_w", dim, T.initializer.Constant(0.0))
+        true_b = table(true, "emb_b", 1, T.initializer.Constant(0.0))
+        neg_ids = T.layers.reshape(negs, shape=[-1, 1])
+        neg_ids.stop_gradient = True
+        neg_w = T.layers.reshape(table(neg_ids, "emb_w", dim), shape=[-1, neg, dim])
+        neg_b = T.layers.reshape(table(neg_ids, "emb_b", 1), shape=[-1, neg])
+        true_logits = T.layers.elementwise_add(T.layers.reduce_sum(
+            T.layers.elementwise_mul(word_emb, true_w), dim=1, keep_dim=True), true_b)
+        neg_logits = T.layers.elementwise_add(T.layers.reshape(T.layers.matmul(
+            T.layers.reshape(word_emb, shape=[-1, 1, dim]), neg_w, transpose_y=True),
+            shape=[-1, neg]), neg_b)
+        ones = T.layers.fill_constant_batch_size_like(true_logits, [-1, 1], "float32", 1.0)
+        zeros = T.layers.fill_constant_batch_size_like(true_logits, [-1, neg], "float32", 0.0)
+        cost = T.layers.elementwise_add(
+            T.layers.reduce_sum(T.layers.sigmoid_cross_entropy_with_logits(true_logits, ones),
+                                dim=1),
+            T.layers.reduce_sum(T.layers.sigmoid_cross_entropy_with_logits(neg_logits, zeros),
+                                dim=1))
+        T.optimizer.SGD(T.lr.exponential_decay(1.0, 2100, 0.1, staircase=True)).minimize(
+            T.layers.reduce_mean(cost))
+    return build(body)
+
+
+def test_remote_prefetched_tables_are_fake_initialized_on_the_trainer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With remote prefetch, none of the three sparse tables lives on the trainer: its startup
+    receives none of them and ends with a `fake_init` of each, of the table's shape. Without
+    it (pslab's default, docs/transpiler.md §9) the trainer receives all three."""
+    def startup() -> Program:
+        return trainer(transpile(word2vec_fake_init()))[1]
+    received = {n for op in startup().global_block().ops if op.type == "recv"
+                for n in op.output("Out")}
+    assert {n.split(".block")[0] for n in received} >= {"emb", "emb_w", "emb_b"}
+    monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "1")
+    ops = startup().global_block().ops
+    assert [(op.type, op.output("Out"), op.attr("shape")) for op in ops[-3:]] == [
+        ("fake_init", ["emb"], [10000, 8]), ("fake_init", ["emb_b"], [10000, 1]),
+        ("fake_init", ["emb_w"], [10000, 8])]
+    assert not any(op.type == "recv" and n.startswith("emb") for op in ops for n in op.output("Out"))

@@ -41,8 +41,13 @@ def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: boo
     block = startup.global_block()
     if not optimizes_locally:
         drop_optimizer_state(startup, pserver_state_ops(plan))
-    fake_init = fake_init_table(startup, plan.table) if plan.table is not None else None
-    params = list(params)
+    # tables the trainer only reads rows of from the pservers (the distributed table, the
+    # remote-sparse ones) are neither fetched nor initialized here: a `fake_init` stands in
+    remote = sorted(plan.remote_sparse)
+    fake_inits = [fake_init_table(startup, t) for t in remote]
+    if plan.table is not None:
+        fake_inits.append(fake_init_table(startup, plan.table))
+    params = [d for d in params if d.param not in plan.remote_sparse]
     for d in params:
         for p in d.params if d.is_split else ():
             clone_var(block, plan.origin.global_block().var(d.param), name=p.name, shape=p.shape,
@@ -62,8 +67,7 @@ def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: boo
         block.create_var(mine, shape=(1,), dtype="int64", persistable=True)
         block.append_op("fill_constant", {}, {"Out": [mine]},
                         {"shape": [1], "dtype": "int64", "value": 1.0, "force_cpu": True})
-    if fake_init is not None:
-        block.ops.append(fake_init)
+    block.ops.extend(fake_inits)
     return startup
 
 

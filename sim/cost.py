@@ -532,6 +532,9 @@ class RuntimeSection(_Section):
     curve: CurveSpec | None = None
     """What CurveZMQ costs here, on top of `io`: charged to a job that talks it (the scenario's
     `cluster.security`: curve, or auto with nodes on several hosts); none: never charged."""
+    table: RuntimeSection | None = None
+    """The costs of a job whose trainers prefetch rows of a distributed table (`runtime
+    calibrate`'s table reference job), in this section's form; none: these price it."""
 
 
 class CurveDoc(_Section):

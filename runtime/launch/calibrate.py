@@ -26,8 +26,10 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   executor's dispatch per op, a trainer's per-step and a pserver's per-round work, fitted as a
   profile's are (`runtime.execution.costs.fit_costs`); then two short jobs for the message
   kinds it never sends (`KIND_REFERENCES`: a distributed table's prefetches, the collective
-  ring's messages), of which only those kinds are kept; every kernel call of the three jobs is
-  kept with its work too, and the op types the grid never runs (a distributed table's
+  ring's messages), of which those kinds are kept, and the table job's figures whole price a
+  job with a distributed table (run three times too: its sends carry rows, its steps await two
+  round trips; the runtime section's ``table``, `table_variant`); every kernel call of these
+  jobs is kept with its work too, and the op types the grid never runs (a distributed table's
   ``split_ids``, ``merge_ids`` and ``lookup_sparse_table``, for instance) get their numpy curves
   from them (`job_curves`; named in ``meta.from_jobs``). A step's and an op's own cost come
   from a job whose steps make no RPC (`LOCAL_REFERENCE`, `fold_local`); what the reference
@@ -451,8 +453,9 @@ train: {steps: 40, deadline: 300s}
 """,
 }
 """Short jobs for the message kinds `RUNTIME_REFERENCE` never sends: a distributed table's
-``prefetch`` (and its sparse sends), and the collective ring's messages. Only their kinds are
-kept (`merge_kinds`); the per-step and per-op figures stay the main reference's."""
+``prefetch`` (and its sparse sends), and the collective ring's messages. Their kinds are added
+to the main reference's (`merge_kinds`); the table job is also run `RUNTIME_RUNS` times, and
+its figures whole price a job with a distributed table (`table_variant`)."""
 
 
 @dataclass
@@ -493,13 +496,19 @@ def measure_runtime(stream: TextIO) -> RuntimeRuns:
     big, _ = _profile_runtime("bytes", BYTES_REFERENCE, stream)
     document = merge_bytes(document, big, param_bytes(RUNTIME_REFERENCE),
                            param_bytes(BYTES_REFERENCE))
+    table = None
     for name, text in KIND_REFERENCES.items():
         print(f"  runtime: the {name} reference job, for its message kinds and op types",
               file=stream, flush=True)
-        extra, more = _profile_runtime(name, text, stream)
+        extra, more = _profile_runtime(name, text, stream,
+                                       RUNTIME_RUNS if name == "table" else 1)
+        if name == "table":
+            table = fold_local(extra, local, *ops_per_period(text))
         document = merge_kinds(document, extra)
         for op_type, samples in more.samples.items():
             kernels.samples.setdefault(op_type, []).extend(samples)
+    if table is not None:
+        document = dict(document, table=table_variant(table, document))
     return RuntimeRuns(document, kernels)
 
 
@@ -604,6 +613,18 @@ def merge_peers(main: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
                                         - float(alone["step_residual"])) / peers,
                 round_residual_per_peer=(float(main["round_residual"])
                                          - float(alone["round_residual"])) / peers)
+
+
+def table_variant(table: dict[str, Any], main: dict[str, Any]) -> dict[str, Any]:
+    """The runtime section that prices a job with a distributed table (``table`` of the
+    machine file's runtime section, `RuntimeCosts.for_job`): what the table reference job
+    measured (`table`, folded as `main` was, `fold_local`), with `main`'s per-peer slopes
+    (`merge_peers`) and CurveZMQ's cost, and the message kinds only `main` measured."""
+    peers = {key: main[key] for key in ("residual_peers", "step_residual_per_peer",
+                                        "round_residual_per_peer", "curve") if key in main}
+    variant = merge_kinds(dict(table, **peers), main)
+    variant.pop("table", None)
+    return variant
 
 
 def merge_kinds(main: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -721,7 +742,9 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
     if "runtime" in document:
         yield ("runtime: measured on a 2 x 2 reference job, a step without RPCs on a local "
                "job, and the message kinds of "
-               + " and ".join(f"a {name} job" for name in KIND_REFERENCES))
+               + " and ".join(f"a {name} job" for name in KIND_REFERENCES)
+               + ("; a job with a distributed table is priced by the table job's figures"
+                  if "table" in document["runtime"] else ""))
     if document["meta"].get("from_jobs"):
         yield ("op types priced from the reference jobs' runs: "
                + ", ".join(document["meta"]["from_jobs"]))

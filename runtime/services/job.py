@@ -182,6 +182,14 @@ class Job:
         return self.args.sync_mode
 
     @property
+    def prefetches(self) -> bool:
+        """Whether its trainers prefetch rows of a distributed table (a ``prefetch`` op)."""
+        if self.collective:
+            return False
+        main, _ = self.trainer_programs(0)
+        return any(op.type == "prefetch" for block in main.blocks for op in block.ops)
+
+    @property
     def timing(self) -> bool:
         """Timing mode: every node runs the phantom kernels (shapes, no arithmetic)."""
         return self.scenario.backend.kernels == "phantom"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,7 +28,8 @@ from runtime.launch.calibrate import (BYTES_REFERENCE, FORMAT, KIND_REFERENCES, 
                                       RUNTIME_REFERENCE, Reference, WorkTimes,
                                       calibrate, feature_of, fit_kernels, fold_local, grid,
                                       job_curves, measure_kernels, measure_sharing, merge_bytes,
-                                      merge_kinds, merge_peers, ops_per_period, param_bytes)
+                                      merge_kinds, merge_peers, ops_per_period, param_bytes,
+                                      table_variant)
 from sim.cost import Calibrated, ComputeConfigError, OnCpus, Profile, compute_model
 from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
@@ -188,12 +190,38 @@ def test_the_kind_references_are_valid_jobs_with_the_kinds_they_are_for() -> Non
     assert collective.transpiler.mode == "collective"
 
 
-def machine_file(tmp_path: Path, curves: dict[str, Curve], fallback: Curve | None = None) -> Path:
+def test_the_table_variant_is_the_table_jobs_figures_with_the_main_ones_slopes_and_kinds(
+        ) -> None:
+    main = {"messages": {"send": {"send": {"per_message": 1.0}},
+                         "receive": {"collective": {"per_message": 6.0}}},
+            "step_residual": 5.0, "residual_peers": 2.0, "step_residual_per_peer": 0.5,
+            "round_residual_per_peer": 0.25, "curve": {"handshake": 3.0, "per_byte": 0.0}}
+    table = {"messages": {"send": {"send": {"per_message": 9.0},
+                                   "prefetch": {"per_message": 4.0}}},
+             "step_residual": 7.0, "step_overhead": 2.0}
+    variant = table_variant(table, dict(main, table={"step_residual": 1.0}))
+    assert variant == {"messages": {"send": {"send": {"per_message": 9.0},
+                                             "prefetch": {"per_message": 4.0}},
+                                    "receive": {"collective": {"per_message": 6.0}}},
+                       "step_residual": 7.0, "step_overhead": 2.0, "residual_peers": 2.0,
+                       "step_residual_per_peer": 0.5, "round_residual_per_peer": 0.25,
+                       "curve": {"handshake": 3.0, "per_byte": 0.0}}
+    costs = RuntimeCosts.from_document(dict(main, table=variant))
+    assert RuntimeCosts.from_document(costs.document()) == costs
+    assert costs.for_job(prefetches=True) == costs.table and costs.table is not None
+    assert costs.for_job(prefetches=True).step_residual == 7.0
+    assert costs.for_job(prefetches=False) is costs
+    assert costs.table.for_job(prefetches=True) is costs.table  # no table of its own: itself
+
+
+def machine_file(tmp_path: Path, curves: dict[str, Curve], fallback: Curve | None = None,
+                 runtime: dict[str, Any] | None = None) -> Path:
     path = tmp_path / "machine.json"
     path.write_text(json.dumps({
         "format": FORMAT, "version": 1,
         "kernels": {"numpy": {op: c.document() for op, c in curves.items()}},
-        "fallback": {} if fallback is None else {"numpy": fallback.document()}}))
+        "fallback": {} if fallback is None else {"numpy": fallback.document()}}
+        | ({} if runtime is None else {"runtime": runtime})))
     return path
 
 
@@ -223,6 +251,33 @@ def test_a_sim_run_charges_the_calibrated_prices_and_notes_what_it_approximated(
     notes = notes_for(calibrated)
     assert sum("op type relu was not calibrated in machine.json" in n for n in notes) == 1
     assert sum("compute: mul of" in n and "outside the sizes" in n for n in notes) == 1
+
+
+TABLE_SCENARIO = """name: table
+seed: 1
+model: {name: ctr_dnn, vocab: 200, embed_dim: 4, hidden: [8], is_distributed: true}
+data: {batch_size: 8}
+cluster: {pservers: 2, trainers: 2}
+train: {steps: 3}
+compute: {model: calibrated, path: machine.json}
+"""
+
+
+def test_a_job_that_prefetches_from_a_distributed_table_is_priced_by_the_table_figures(
+        tmp_path: Path) -> None:
+    """A step costs 1 ms where the job has no distributed table, 4 ms where it has one: the
+    runtime section's ``table`` prices exactly the jobs whose trainers prefetch."""
+    curves = {"mul": Curve("flops", ((1e30, 1e-4),))}
+
+    def steps(text: str, runtime: dict[str, Any]) -> list[float]:
+        machine_file(tmp_path, curves, Curve("bytes", ((1e30, 1e-5),)), runtime)
+        return simulate(parse_scenario(text), base_dir=tmp_path).trainers[0].step_times
+
+    dense, table = {"step_overhead": 1e-3}, {"step_overhead": 4e-3}
+    both = dict(dense, table=table)
+    assert steps(TABLE_SCENARIO, both) == steps(TABLE_SCENARIO, table) \
+        != steps(TABLE_SCENARIO, dense)
+    assert steps(SCENARIO, both) == steps(SCENARIO, dense) != steps(SCENARIO, table)
 
 
 def test_a_machine_file_missing_or_without_the_backend_is_a_named_error(tmp_path: Path) -> None:

@@ -58,7 +58,8 @@ from transpiler.ir import Op
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import Phantom, SelectedRows, Value, shape_of, to_dense
 from runtime.network.rpc import RpcClient
-from runtime.network.wire import Kind, Message, encode
+from runtime.execution.costs import SENDS
+from runtime.network.wire import Kind, Message, charged_size, encode
 
 log = logging.getLogger(__name__)
 
@@ -268,11 +269,16 @@ class CollectiveOps(Collective):
 
     async def _send(self, endpoint: str, tag: Tag, value: Value | None,
                     extra: dict[str, Any] | None = None) -> None:
+        meter = self.client.meter
+        started = 0.0 if meter is None else meter.start()
         msg = Message(Kind.COLLECTIVE, next(self._ids), self.client.name, self.step,
                       {} if value is None else {"x": value}, {"coll": list(tag), **(extra or {})})
         frames = encode(msg)
         transport = self.client.transport
-        if not transport.send_nowait(endpoint, frames):
+        sent = transport.send_nowait(endpoint, frames)
+        if meter is not None:  # the message's own cost, as a request's (`RpcClient.start`)
+            meter.stop_message(started, SENDS, Kind.COLLECTIVE.value, charged_size(frames))
+        if not sent:
             await transport.send(endpoint, frames)
 
     async def _take(self, ring: Ring, tag: Tag, what: str) -> Message:

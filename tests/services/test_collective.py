@@ -28,6 +28,7 @@ import pytest
 
 from runtime.config.scenario import ScenarioError, parse_scenario
 from runtime import Executor
+from runtime.execution.costs import Meter
 from runtime.execution.scope import Scope
 from runtime.execution.tensor import Phantom, SelectedRows
 from runtime.network.rpc import RpcClient
@@ -119,6 +120,34 @@ def test_ring_allreduce_gives_every_rank_the_same_exact_sum(n: int) -> None:
         assert out.dtype == np.float32 and out.shape == (7, 5)
         assert out.tobytes() == expected.tobytes()  # bit for bit, on every rank
     np.testing.assert_allclose(expected, functools.reduce(np.add, values), rtol=1e-5)
+
+
+def test_a_measured_ring_times_each_message_it_sends_as_it_times_those_it_receives() -> None:
+    """A profile prices the ring's sends from their own samples (``send collective``), not the
+    average request's: every rank sends 2(n-1) parts of one all-reduce, each received once."""
+    n = 3
+
+    async def main() -> list[Meter]:
+        ops = await open_ring(Network(), n)
+        meters = [Meter(f"trainer:{r}") for r in range(n)]
+        for o, meter in zip(ops, meters):
+            o.client.meter = meter
+        op = Op("c_allreduce_sum", {"X": ["g"]}, {"Out": ["g"]}, {"ring_id": 0, "nranks": n})
+        scopes = [Scope() for _ in range(n)]
+        for r, scope in enumerate(scopes):
+            scope.put("g", np.full((6, 4), r, np.float32))
+        await asyncio.gather(*(o.allreduce(op, s) for o, s in zip(ops, scopes)))
+        for o in ops:
+            await o.client.close()
+        return meters
+
+    meters = run_sim(main())
+    for r, meter in enumerate(meters):
+        sent = meter.samples["send", "collective"]
+        received = meters[(r + 1) % n].samples["receive", "collective"]
+        assert len(sent) == len(received) == 2 * (n - 1)
+        assert [b for b, _ in sent] == [b for b, _ in received]
+        assert all(seconds >= 0 for _, seconds in sent)
 
 
 def test_ring_allreduce_of_integers_is_the_plain_sum() -> None:

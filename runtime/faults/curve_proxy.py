@@ -172,11 +172,14 @@ class CurveFaultProxy(FaultProxy):
         return link
 
     async def close(self) -> None:
-        links, self._links = list(self._links.values()), {}
-        for link in links:
-            await link.close()
+        # The listening socket first: a message from a trainer still queued there would
+        # otherwise be read while the links close (they yield to the loop) and open a link, and
+        # so a socket, that nobody closes, on which the context's `term` would wait forever.
         if self.front is not None:
             await self.front.close()
+        while self._links:
+            _, link = self._links.popitem()
+            await link.close()
         if self._context is not None:
             self._context.term()
             self._context = None

@@ -127,6 +127,8 @@ class WorkTimes:
 
     samples: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     clock: Callable[[], float] = time.thread_time
+    traffic: tuple[int, int] = (0, 0)
+    """A real job's messages and bytes over its nodes (`_profile_runtime`); none else."""
 
     def record(self, op: Op, scope: Scope, seconds: float) -> None:
         work = op_work(op, scope)
@@ -496,19 +498,20 @@ def measure_runtime(stream: TextIO) -> RuntimeRuns:
     big, _ = _profile_runtime("bytes", BYTES_REFERENCE, stream)
     document = merge_bytes(document, big, param_bytes(RUNTIME_REFERENCE),
                            param_bytes(BYTES_REFERENCE))
-    table = None
+    table: tuple[dict[str, Any], tuple[int, int]] | None = None
     for name, text in KIND_REFERENCES.items():
         print(f"  runtime: the {name} reference job, for its message kinds and op types",
               file=stream, flush=True)
         extra, more = _profile_runtime(name, text, stream,
                                        RUNTIME_RUNS if name == "table" else 1)
         if name == "table":
-            table = fold_local(extra, local, *ops_per_period(text))
+            table = (fold_local(extra, local, *ops_per_period(text)), more.traffic)
         document = merge_kinds(document, extra)
         for op_type, samples in more.samples.items():
             kernels.samples.setdefault(op_type, []).extend(samples)
     if table is not None:
-        document = dict(document, table=table_variant(table, document))
+        folded, traffic = table
+        document = dict(document, table=table_variant(folded, document, traffic))
     return RuntimeRuns(document, kernels)
 
 
@@ -523,7 +526,8 @@ def _profile_runtime(name: str, text: str, stream: TextIO, runs: int = 1
         write_atomic(path, text)
         scenario = parse_scenario(text, str(path))
         run, _ = measure_runs(path, [], scenario, Path(tmp) / "out", stream, runs=runs)
-    kernels = WorkTimes()
+    kernels = WorkTimes(traffic=(sum(n.messages for n in run.nodes),
+                                 sum(n.bytes for n in run.nodes)))
     for op_type, samples in run.times.samples.items():
         if len(samples.flops) == len(samples.seconds):  # the work of each call was kept
             kernels.samples[op_type] = list(zip(samples.flops, samples.bytes, samples.seconds))
@@ -615,15 +619,27 @@ def merge_peers(main: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
                                          - float(alone["round_residual"])) / peers)
 
 
-def table_variant(table: dict[str, Any], main: dict[str, Any]) -> dict[str, Any]:
+def table_variant(table: dict[str, Any], main: dict[str, Any],
+                  traffic: tuple[int, int]) -> dict[str, Any]:
     """The runtime section that prices a job with a distributed table (``table`` of the
     machine file's runtime section, `RuntimeCosts.for_job`): what the table reference job
     measured (`table`, folded as `main` was, `fold_local`), with `main`'s per-peer slopes
-    (`merge_peers`) and CurveZMQ's cost, and the message kinds only `main` measured."""
+    (`merge_peers`) and CurveZMQ's cost, and the message kinds only `main` measured. Its I/O
+    thread's cost per byte is `main`'s, and what the table job's I/O threads spent beyond that
+    on its `traffic` (messages, bytes, over its nodes) is per message. DESIGN: a byte costs
+    the I/O thread what it costs in any job; the table job's small messages left its own
+    per-byte figure 28 times `main`'s, and a ctr_dnn job of larger messages came out slow."""
     peers = {key: main[key] for key in ("residual_peers", "step_residual_per_peer",
                                         "round_residual_per_peer", "curve") if key in main}
     variant = merge_kinds(dict(table, **peers), main)
     variant.pop("table", None)
+    messages, nbytes = traffic
+    io, per_byte = table.get("io", {}), float(main.get("io", {}).get("per_byte", 0.0))
+    if messages:
+        spent = float(io.get("per_message", 0.0)) * messages \
+            + float(io.get("per_byte", 0.0)) * nbytes
+        variant["io"] = {"per_message": max(spent - per_byte * nbytes, 0.0) / messages,
+                         "per_byte": per_byte}
     return variant
 
 

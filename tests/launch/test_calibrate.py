@@ -195,17 +195,22 @@ def test_the_table_variant_is_the_table_jobs_figures_with_the_main_ones_slopes_a
     main = {"messages": {"send": {"send": {"per_message": 1.0}},
                          "receive": {"collective": {"per_message": 6.0}}},
             "step_residual": 5.0, "residual_peers": 2.0, "step_residual_per_peer": 0.5,
-            "round_residual_per_peer": 0.25, "curve": {"handshake": 3.0, "per_byte": 0.0}}
+            "round_residual_per_peer": 0.25, "curve": {"handshake": 3.0, "per_byte": 0.0},
+            "io": {"per_message": 1.0, "per_byte": 0.25}}
     table = {"messages": {"send": {"send": {"per_message": 9.0},
                                    "prefetch": {"per_message": 4.0}}},
-             "step_residual": 7.0, "step_overhead": 2.0}
-    variant = table_variant(table, dict(main, table={"step_residual": 1.0}))
+             "step_residual": 7.0, "step_overhead": 2.0,
+             "io": {"per_message": 1.0, "per_byte": 0.5}}
+    # its I/O threads spent 10 x 1 + 40 x 0.5 = 30 s on 10 messages of 40 bytes; at main's
+    # 0.25 a byte, 10 of the 30 are bytes and 20 are per message: 2 each
+    variant = table_variant(table, dict(main, table={"step_residual": 1.0}), traffic=(10, 40))
     assert variant == {"messages": {"send": {"send": {"per_message": 9.0},
                                              "prefetch": {"per_message": 4.0}},
                                     "receive": {"collective": {"per_message": 6.0}}},
                        "step_residual": 7.0, "step_overhead": 2.0, "residual_peers": 2.0,
                        "step_residual_per_peer": 0.5, "round_residual_per_peer": 0.25,
-                       "curve": {"handshake": 3.0, "per_byte": 0.0}}
+                       "curve": {"handshake": 3.0, "per_byte": 0.0},
+                       "io": {"per_message": 2.0, "per_byte": 0.25}}
     costs = RuntimeCosts.from_document(dict(main, table=variant))
     assert RuntimeCosts.from_document(costs.document()) == costs
     assert costs.for_job(prefetches=True) == costs.table and costs.table is not None

@@ -73,6 +73,22 @@ def test_a_grad_entry_follows_the_default_grad_op_maker() -> None:
     assert op_def("less_than").grad_type is None
 
 
+def test_a_grad_op_named_otherwise_by_the_original_keeps_its_name() -> None:
+    """fluid 1.8's cross_entropy2 has the grad op cross_entropy_grad2, which autodiff writes."""
+    assert op_def("cross_entropy2").grad_type == "cross_entropy_grad2"
+    assert "cross_entropy2_grad" not in OPS
+    grad = op_def("cross_entropy_grad2")
+    assert grad.inputs == ("X", "Label", "Y", "MatchX", "Y@GRAD", "MatchX@GRAD")
+    assert (grad.outputs, grad.grad_type) == (("X@GRAD",), None)
+    main, startup = Program(), Program()
+    with T.program_guard(main, startup):
+        p = T.layers.fc(T.layers.data("x", shape=[4]), size=3, act="softmax")
+        T.append_backward(T.layers.mean(T.layers.cross_entropy(p, T.layers.data(
+            "y", shape=[1], dtype="int64"))))
+    assert [op.type for op in main.global_block().ops if "cross_entropy" in op.type] == \
+        ["cross_entropy2", "cross_entropy_grad2"]
+
+
 def test_an_optimizer_entry_lists_its_state_slots() -> None:
     adam = op_def("adam")
     assert adam.inputs == ("Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow",

@@ -258,14 +258,10 @@ def test_a_sim_run_charges_the_calibrated_prices_and_notes_what_it_approximated(
     assert sum("compute: mul of" in n and "outside the sizes" in n for n in notes) == 1
 
 
-TABLE_SCENARIO = """name: table
-seed: 1
-model: {name: ctr_dnn, vocab: 200, embed_dim: 4, hidden: [8], is_distributed: true}
-data: {batch_size: 8}
-cluster: {pservers: 2, trainers: 2}
-train: {steps: 3}
-compute: {model: calibrated, path: machine.json}
-"""
+TABLE_SCENARIO = SCENARIO.replace(
+    "{name: mlp, sizes: [64, 16, 10]}",
+    "{name: ctr_dnn, vocab: 200, embed_dim: 4, hidden: [8], is_distributed: true}").replace(
+    "{pservers: 1, trainers: 1}", "{pservers: 2, trainers: 2}")
 
 
 def test_a_job_that_prefetches_from_a_distributed_table_is_priced_by_the_table_figures(

@@ -532,9 +532,11 @@ class RuntimeSection(_Section):
     curve: CurveSpec | None = None
     """What CurveZMQ costs here, on top of `io`: charged to a job that talks it (the scenario's
     `cluster.security`: curve, or auto with nodes on several hosts); none: never charged."""
-    table: RuntimeSection | None = None
-    """The costs of a job whose trainers prefetch rows of a distributed table (`runtime
-    calibrate`'s table reference job), in this section's form; none: these price it."""
+    variants: dict[Literal["table", "async"], RuntimeSection] = {}
+    """The costs of a family of jobs (`runtime calibrate`'s family reference jobs), in this
+    section's form: ``table``, a job whose trainers prefetch rows of a distributed table;
+    ``async``, one whose pservers apply each gradient as it comes (async, ssp, half_async). A
+    family without one is priced by this section."""
 
 
 class CurveDoc(_Section):

@@ -173,7 +173,7 @@ def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,
     plain (compute as sleeps, each node always at full speed)."""
     costs = runtime_costs(scenario.compute, base_dir)
     if costs is not None:
-        costs = costs.for_job(job.prefetches)
+        costs = costs.for_job(job.family)
     cluster = scenario.cluster
     if costs is not None and cluster.secured(cluster.on_one_host()) != "curve":
         costs = replace(costs, curve=None)  # encryption is charged only to a CurveZMQ job

@@ -107,6 +107,10 @@ __all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts",
            "fit_linear", "machine", "measuring_seconds", "output_elements", "split_residual"]
 
 Side = Literal["send", "receive"]
+FAMILIES = ("table", "async")
+"""The families of jobs a machine file may price apart (`RuntimeCosts.variants`): ``table``, a
+job whose trainers prefetch rows of a distributed table; ``async``, one whose pservers apply
+each gradient as it comes (async, ssp, half_async)."""
 SENDS: Side = "send"
 RECEIVES: Side = "receive"
 REPLY_KINDS = frozenset({"reply", "error"})
@@ -172,17 +176,18 @@ class RuntimeCosts:
     """What `step_residual` grows by for each pserver more a trainer talks to."""
     round_residual_per_peer: float = 0.0
     """What `round_residual` grows by for each trainer more in a round."""
-    table: RuntimeCosts | None = None
-    """Where measured (`runtime calibrate`'s table reference job): the costs of a job whose
-    trainers prefetch rows of a distributed table (`for_job`). DESIGN: its messages take code
-    paths of their own (a send carries rows the pserver merges, a prefetch's ids are split and
-    merged), and a step awaits two round trips; priced by a dense job's figures, a ctr_dnn job
-    of 2 x 2 came out 36% fast, and 4% from its own profile's."""
+    variants: Mapping[str, RuntimeCosts] = field(default_factory=dict)
+    """Where measured (`runtime calibrate`'s family reference jobs): the costs of a family of
+    jobs whose runtime works apart (`FAMILIES`), by family. DESIGN: a distributed table's
+    sends carry rows that the pserver merges and its steps await two round trips; an
+    asynchronous pserver answers each request on its own, with no round to sum. Priced by the
+    sync dense job's figures, a ctr_dnn job of 2 x 2 came out 36% fast (5% from its own
+    profile's runtime figures), and an ssp job 28% slow."""
 
-    def for_job(self, prefetches: bool) -> RuntimeCosts:
-        """The costs that price a job: `table`'s where its trainers prefetch and it was
-        measured, else these."""
-        return self.table if prefetches and self.table is not None else self
+    def for_job(self, family: str | None) -> RuntimeCosts:
+        """The costs that price a job of `family` (`runtime.services.job.Job.family`): its
+        variant's where measured, else these."""
+        return self.variants.get(family, self) if family is not None else self
 
     def residual(self, what: str, peers: int) -> float:
         """A trainer's step residual (``rpc_step``) or a pserver's round residual (``round``)
@@ -223,8 +228,9 @@ class RuntimeCosts:
                             round_residual_per_peer=self.round_residual_per_peer)
         if self.curve is not None:
             document["curve"] = self.curve.document()
-        if self.table is not None:
-            document["table"] = self.table.document()
+        if self.variants:
+            document["variants"] = {family: costs.document()
+                                    for family, costs in sorted(self.variants.items())}
         return document
 
     @staticmethod
@@ -256,8 +262,8 @@ class RuntimeCosts:
                             float(raw.get("residual_peers", 0.0)),
                             float(raw.get("step_residual_per_peer", 0.0)),
                             float(raw.get("round_residual_per_peer", 0.0)),
-                            None if raw.get("table") is None
-                            else RuntimeCosts.from_document(raw["table"]))
+                            {family: RuntimeCosts.from_document(section)
+                             for family, section in (raw.get("variants") or {}).items()})
 
 
 def machine() -> dict[str, Any]:

@@ -26,10 +26,12 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   executor's dispatch per op, a trainer's per-step and a pserver's per-round work, fitted as a
   profile's are (`runtime.execution.costs.fit_costs`); then two short jobs for the message
   kinds it never sends (`KIND_REFERENCES`: a distributed table's prefetches, the collective
-  ring's messages), of which those kinds are kept, and the table job's figures whole price a
-  job with a distributed table (run three times too: its sends carry rows, its steps await two
-  round trips; the runtime section's ``table``, `table_variant`); every kernel call of these
-  jobs is kept with its work too, and the op types the grid never runs (a distributed table's
+  ring's messages), of which those kinds are kept; two families of jobs are priced whole by a
+  reference job of their own, run three times too (`FAMILY_REFERENCES`, `family_variant`, the
+  runtime section's ``variants``): a job with a distributed table by the table job (its sends
+  carry rows, its steps await two round trips), an async, ssp or half_async job by the
+  reference job in async mode (no rounds, no barriers); every kernel call of these jobs is
+  kept with its work too, and the op types the grid never runs (a distributed table's
   ``split_ids``, ``merge_ids`` and ``lookup_sparse_table``, for instance) get their numpy curves
   from them (`job_curves`; named in ``meta.from_jobs``). A step's and an op's own cost come
   from a job whose steps make no RPC (`LOCAL_REFERENCE`, `fold_local`); what the reference
@@ -404,12 +406,12 @@ def measure_slice(processes: int | None = None, seconds: float = SHARING_SECONDS
 # -- the runtime's own costs ---------------------------------------------------------------------
 
 def _reference_job(name: str, sizes: list[int], steps: int, pservers: int = 2,
-                   trainers: int = 2) -> str:
-    """A sync job of the MLP `sizes` (2 pservers x 2 trainers), for `steps` steps."""
+                   trainers: int = 2, mode: str = "sync") -> str:
+    """A job of the MLP `sizes` (2 pservers x 2 trainers, sync), for `steps` steps."""
     return (f"name: calibrate-{name}\nseed: 1\nmodel: {{name: mlp, sizes: {sizes}, optimizer: "
             "{type: sgd, learning_rate: 0.05}}\ndata: {name: digits, batch_size: 32}\n"
             f"cluster: {{pservers: {pservers}, trainers: {trainers}}}\n"
-            "transpiler: {mode: sync}\n"
+            f"transpiler: {{mode: {mode}}}\n"
             f"train: {{steps: {steps}, deadline: 300s}}\n")
 
 
@@ -456,8 +458,13 @@ train: {steps: 40, deadline: 300s}
 }
 """Short jobs for the message kinds `RUNTIME_REFERENCE` never sends: a distributed table's
 ``prefetch`` (and its sparse sends), and the collective ring's messages. Their kinds are added
-to the main reference's (`merge_kinds`); the table job is also run `RUNTIME_RUNS` times, and
-its figures whole price a job with a distributed table (`table_variant`)."""
+to the main reference's (`merge_kinds`)."""
+ASYNC_REFERENCE = _reference_job("async", [64, 512, 64, 10], 80, mode="async")
+"""`RUNTIME_REFERENCE` in async mode: its pservers answer each request on its own, with no
+round to sum or barrier to hold, and its trainers never wait for one another."""
+FAMILY_REFERENCES = {"table": KIND_REFERENCES["table"], "async": ASYNC_REFERENCE}
+"""The job whose figures, whole, price each family of jobs (`runtime.execution.costs.FAMILIES`,
+`family_variant`), run `RUNTIME_RUNS` times as the main reference is."""
 
 
 @dataclass
@@ -498,20 +505,26 @@ def measure_runtime(stream: TextIO) -> RuntimeRuns:
     big, _ = _profile_runtime("bytes", BYTES_REFERENCE, stream)
     document = merge_bytes(document, big, param_bytes(RUNTIME_REFERENCE),
                            param_bytes(BYTES_REFERENCE))
-    table: tuple[dict[str, Any], tuple[int, int]] | None = None
+    families: dict[str, tuple[dict[str, Any], tuple[int, int]]] = {}
     for name, text in KIND_REFERENCES.items():
         print(f"  runtime: the {name} reference job, for its message kinds and op types",
               file=stream, flush=True)
         extra, more = _profile_runtime(name, text, stream,
-                                       RUNTIME_RUNS if name == "table" else 1)
-        if name == "table":
-            table = (fold_local(extra, local, *ops_per_period(text)), more.traffic)
+                                       RUNTIME_RUNS if name in FAMILY_REFERENCES else 1)
+        if name in FAMILY_REFERENCES:
+            families[name] = (fold_local(extra, local, *ops_per_period(text)), more.traffic)
         document = merge_kinds(document, extra)
         for op_type, samples in more.samples.items():
             kernels.samples.setdefault(op_type, []).extend(samples)
-    if table is not None:
-        folded, traffic = table
-        document = dict(document, table=table_variant(folded, document, traffic))
+    for name, text in FAMILY_REFERENCES.items():
+        if name not in families:
+            print(f"  runtime: the {name} reference job, for the {name} family's figures",
+                  file=stream, flush=True)
+            extra, more = _profile_runtime(name, text, stream, RUNTIME_RUNS)
+            families[name] = (fold_local(extra, local, *ops_per_period(text)), more.traffic)
+    document = dict(document, variants={
+        name: family_variant(folded, document, traffic)
+        for name, (folded, traffic) in families.items()})
     return RuntimeRuns(document, kernels)
 
 
@@ -619,22 +632,22 @@ def merge_peers(main: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
                                          - float(alone["round_residual"])) / peers)
 
 
-def table_variant(table: dict[str, Any], main: dict[str, Any],
-                  traffic: tuple[int, int]) -> dict[str, Any]:
-    """The runtime section that prices a job with a distributed table (``table`` of the
-    machine file's runtime section, `RuntimeCosts.for_job`): what the table reference job
-    measured (`table`, folded as `main` was, `fold_local`), with `main`'s per-peer slopes
-    (`merge_peers`) and CurveZMQ's cost, and the message kinds only `main` measured. Its I/O
-    thread's cost per byte is `main`'s, and what the table job's I/O threads spent beyond that
-    on its `traffic` (messages, bytes, over its nodes) is per message. DESIGN: a byte costs
-    the I/O thread what it costs in any job; the table job's small messages left its own
-    per-byte figure 28 times `main`'s, and a ctr_dnn job of larger messages came out slow."""
+def family_variant(family: dict[str, Any], main: dict[str, Any],
+                   traffic: tuple[int, int]) -> dict[str, Any]:
+    """The runtime section that prices a family of jobs (a variant of the machine file's
+    runtime section, `RuntimeCosts.for_job`): what its reference job measured (`family`,
+    folded as `main` was, `fold_local`), with `main`'s per-peer slopes (`merge_peers`) and
+    CurveZMQ's cost, and the message kinds only `main` measured. Its I/O thread's cost per
+    byte is `main`'s, and what the family job's I/O threads spent beyond that on its `traffic`
+    (messages, bytes, over its nodes) is per message. DESIGN: a byte costs the I/O thread what
+    it costs in any job; the table job's small messages left its own per-byte figure 28 times
+    `main`'s, and a ctr_dnn job of larger messages came out slow."""
     peers = {key: main[key] for key in ("residual_peers", "step_residual_per_peer",
                                         "round_residual_per_peer", "curve") if key in main}
-    variant = merge_kinds(dict(table, **peers), main)
-    variant.pop("table", None)
+    variant = merge_kinds(dict(family, **peers), main)
+    variant.pop("variants", None)
     messages, nbytes = traffic
-    io, per_byte = table.get("io", {}), float(main.get("io", {}).get("per_byte", 0.0))
+    io, per_byte = family.get("io", {}), float(main.get("io", {}).get("per_byte", 0.0))
     if messages:
         spent = float(io.get("per_message", 0.0)) * messages \
             + float(io.get("per_byte", 0.0)) * nbytes
@@ -759,8 +772,8 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
         yield ("runtime: measured on a 2 x 2 reference job, a step without RPCs on a local "
                "job, and the message kinds of "
                + " and ".join(f"a {name} job" for name in KIND_REFERENCES)
-               + ("; a job with a distributed table is priced by the table job's figures"
-                  if "table" in document["runtime"] else ""))
+               + "".join(f"; a {name} job's figures price its family"
+                         for name in document["runtime"].get("variants", {})))
     if document["meta"].get("from_jobs"):
         yield ("op types priced from the reference jobs' runs: "
                + ", ".join(document["meta"]["from_jobs"]))

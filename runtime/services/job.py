@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 from transpiler.distribute.collective import nccl2_executable
 from transpiler.distribute.modes import MODES
+
 from transpiler.distribute.from_spec import (TRAINER_RING_MODES, TranspileArgs, transpile_args,
                                              transpile_from_spec)
 from transpiler.distribute.lookup_table import remote_prefetch_ops
@@ -66,6 +67,9 @@ from runtime.execution.data import DataError, Dataset, dataset_for
 from runtime.execution.datafiles import FileDataset, FileOptions
 from runtime.execution.executor import device_binder
 from runtime.execution.kernels import ExecutionError
+
+ASYNC_FAMILY = ("async", "ssp", "half_async")
+"""The modes whose pservers apply each gradient as it comes, priced as one family."""
 
 
 class JobError(ScenarioError):
@@ -182,12 +186,19 @@ class Job:
         return self.args.sync_mode
 
     @property
-    def prefetches(self) -> bool:
-        """Whether its trainers prefetch rows of a distributed table (a ``prefetch`` op)."""
+    def family(self) -> str | None:
+        """The family of jobs whose runtime costs a machine file may price apart
+        (`runtime.execution.costs.FAMILIES`): ``table`` where its trainers prefetch rows of a
+        distributed table (a ``prefetch`` op), ``async`` where its pservers apply each gradient
+        as it comes; None for the rest."""
         if self.collective:
-            return False
+            return None
         main, _ = self.trainer_programs(0)
-        return any(op.type == "prefetch" for block in main.blocks for op in block.ops)
+        if any(op.type == "prefetch" for block in main.blocks for op in block.ops):
+            return "table"
+        if self.scenario.transpiler.mode in ASYNC_FAMILY:
+            return "async"
+        return None
 
     @property
     def timing(self) -> bool:

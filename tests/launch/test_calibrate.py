@@ -23,13 +23,14 @@ from runtime.execution.costs import RuntimeCosts
 from runtime.execution.curves import Curve, fit_curve
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
+from runtime.services.job import Job
 from runtime.launch.calibrate import (BYTES_REFERENCE, FORMAT, KIND_REFERENCES, LOCAL_REFERENCE,
                                       PEERS_REFERENCE, PROBE_TRIES, REFERENCE_PEERS,
                                       RUNTIME_REFERENCE, Reference, WorkTimes,
                                       calibrate, feature_of, fit_kernels, fold_local, grid,
                                       job_curves, measure_kernels, measure_sharing, merge_bytes,
                                       merge_kinds, merge_peers, ops_per_period, param_bytes,
-                                      table_variant)
+                                      family_variant, FAMILY_REFERENCES)
 from sim.cost import Calibrated, ComputeConfigError, OnCpus, Profile, compute_model
 from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
@@ -186,11 +187,15 @@ def test_the_kind_references_add_only_the_kinds_the_main_reference_lacks() -> No
 def test_the_kind_references_are_valid_jobs_with_the_kinds_they_are_for() -> None:
     table = parse_scenario(KIND_REFERENCES["table"], "table")
     assert table.model.is_distributed
+    assert Job.from_scenario(table).family == "table"
+    asynchronous = parse_scenario(FAMILY_REFERENCES["async"], "async")
+    assert Job.from_scenario(asynchronous).family == "async"
+    assert asynchronous.model == parse_scenario(RUNTIME_REFERENCE, "main").model
     collective = parse_scenario(KIND_REFERENCES["collective"], "collective")
     assert collective.transpiler.mode == "collective"
 
 
-def test_the_table_variant_is_the_table_jobs_figures_with_the_main_ones_slopes_and_kinds(
+def test_a_family_variant_is_its_jobs_figures_with_the_main_ones_slopes_and_kinds(
         ) -> None:
     main = {"messages": {"send": {"send": {"per_message": 1.0}},
                          "receive": {"collective": {"per_message": 6.0}}},
@@ -203,7 +208,7 @@ def test_the_table_variant_is_the_table_jobs_figures_with_the_main_ones_slopes_a
              "io": {"per_message": 1.0, "per_byte": 0.5}}
     # its I/O threads spent 10 x 1 + 40 x 0.5 = 30 s on 10 messages of 40 bytes; at main's
     # 0.25 a byte, 10 of the 30 are bytes and 20 are per message: 2 each
-    variant = table_variant(table, dict(main, table={"step_residual": 1.0}), traffic=(10, 40))
+    variant = family_variant(table, dict(main, variants={"async": {}}), traffic=(10, 40))
     assert variant == {"messages": {"send": {"send": {"per_message": 9.0},
                                              "prefetch": {"per_message": 4.0}},
                                     "receive": {"collective": {"per_message": 6.0}}},
@@ -211,12 +216,12 @@ def test_the_table_variant_is_the_table_jobs_figures_with_the_main_ones_slopes_a
                        "step_residual_per_peer": 0.5, "round_residual_per_peer": 0.25,
                        "curve": {"handshake": 3.0, "per_byte": 0.0},
                        "io": {"per_message": 2.0, "per_byte": 0.25}}
-    costs = RuntimeCosts.from_document(dict(main, table=variant))
+    costs = RuntimeCosts.from_document(dict(main, variants={"table": variant}))
     assert RuntimeCosts.from_document(costs.document()) == costs
-    assert costs.for_job(prefetches=True) == costs.table and costs.table is not None
-    assert costs.for_job(prefetches=True).step_residual == 7.0
-    assert costs.for_job(prefetches=False) is costs
-    assert costs.table.for_job(prefetches=True) is costs.table  # no table of its own: itself
+    table_costs = costs.for_job("table")
+    assert table_costs == costs.variants["table"] and table_costs.step_residual == 7.0
+    assert costs.for_job(None) is costs and costs.for_job("async") is costs  # none measured
+    assert table_costs.for_job("table") is table_costs  # no variants of its own: itself
 
 
 def machine_file(tmp_path: Path, curves: dict[str, Curve], fallback: Curve | None = None,
@@ -262,12 +267,15 @@ TABLE_SCENARIO = SCENARIO.replace(
     "{name: mlp, sizes: [64, 16, 10]}",
     "{name: ctr_dnn, vocab: 200, embed_dim: 4, hidden: [8], is_distributed: true}").replace(
     "{pservers: 1, trainers: 1}", "{pservers: 2, trainers: 2}")
+ASYNC_SCENARIO = SCENARIO.replace("train: {steps: 3}",
+                                  "transpiler: {mode: async}\ntrain: {steps: 3}")
 
 
-def test_a_job_that_prefetches_from_a_distributed_table_is_priced_by_the_table_figures(
+def test_a_job_of_a_family_measured_apart_is_priced_by_its_familys_figures(
         tmp_path: Path) -> None:
-    """A step costs 1 ms where the job has no distributed table, 4 ms where it has one: the
-    runtime section's ``table`` prices exactly the jobs whose trainers prefetch."""
+    """A step costs 1 ms in a sync dense job, 4 ms where the trainers prefetch from a
+    distributed table, 9 ms where the pservers are asynchronous: the runtime section's
+    ``variants`` price exactly their families' jobs."""
     curves = {"mul": Curve("flops", ((1e30, 1e-4),))}
 
     def steps(text: str, runtime: dict[str, Any]) -> list[float]:
@@ -275,10 +283,15 @@ def test_a_job_that_prefetches_from_a_distributed_table_is_priced_by_the_table_f
         return simulate(parse_scenario(text), base_dir=tmp_path).trainers[0].step_times
 
     dense, table = {"step_overhead": 1e-3}, {"step_overhead": 4e-3}
-    both = dict(dense, table=table)
-    assert steps(TABLE_SCENARIO, both) == steps(TABLE_SCENARIO, table) \
+    asynchronous = {"step_overhead": 9e-3}
+    every = dict(dense, variants={"table": table, "async": asynchronous})
+    assert steps(TABLE_SCENARIO, every) == steps(TABLE_SCENARIO, table) \
         != steps(TABLE_SCENARIO, dense)
-    assert steps(SCENARIO, both) == steps(SCENARIO, dense) != steps(SCENARIO, table)
+    assert steps(SCENARIO, every) == steps(SCENARIO, dense) != steps(SCENARIO, table)
+    for mode in ("async", "ssp", "half_async"):
+        text = ASYNC_SCENARIO.replace("mode: async", f"mode: {mode}"
+                                      + (", staleness: 1" if mode == "ssp" else ""))
+        assert steps(text, every) == steps(text, asynchronous) != steps(text, dense), mode
 
 
 def test_a_machine_file_missing_or_without_the_backend_is_a_named_error(tmp_path: Path) -> None:

@@ -138,6 +138,25 @@ def test_the_12_weight_decay_adds_its_term_with_elementwise_add() -> None:
             [["sum", "scale", "scale", add, "momentum"]] * 2
 
 
+def test_with_remote_prefetch_the_18_table_model_holds_neither_table(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remote prefetch switched on (as 1.8's `embedding` always had it for a sparse lookup that
+    is not distributed): the trainer receives only fc_w and fc_b, in its main program and in
+    its startup, and the startup ends with a `fake_init` of each sparse table, the distributed
+    `shared_w` and the remote `profile_emb`, as 1.8's transpiler fake-initialized every sparse
+    table. 1.8's test lists the main program's receives so but one `fake_init` only."""
+    monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "1")
+    main, startup = trainer(transpile(three_lookups()))
+    for program in (main, startup):
+        assert [op.output("Out") for op in program.global_block().ops if op.type == "recv"] == \
+            [["fc_b"], ["fc_w"]]
+    assert types(main.global_block())[-4:] == ["send_barrier", "recv", "recv", "fetch_barrier"]
+    ops = startup.global_block().ops
+    assert [(op.type, op.output("Out")) for op in ops[-2:]] == [
+        ("fake_init", ["profile_emb"]), ("fake_init", ["shared_w"])]
+    assert not any(t in op.output_arg_names for op in ops[:-2] for t in ("shared_w", "profile_emb"))
+
+
 def nce_model() -> tuple[Program, Program]:
     """1.8's remote nce case: a sparse nce of 20 classes over a 10-wide input, weight
     `nce_w` and bias `nce_b`, Adam."""

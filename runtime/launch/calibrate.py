@@ -772,7 +772,7 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
         yield ("runtime: measured on a 2 x 2 reference job, a step without RPCs on a local "
                "job, and the message kinds of "
                + " and ".join(f"a {name} job" for name in KIND_REFERENCES)
-               + "".join(f"; a {name} job's figures price its family"
+               + "".join(f"; the {name} reference job's figures price the {name} family"
                          for name in document["runtime"].get("variants", {})))
     if document["meta"].get("from_jobs"):
         yield ("op types priced from the reference jobs' runs: "

@@ -16,6 +16,11 @@ from metrics_schema import assert_valid_metrics
 from runtime_runs import collect, run_roles, scenario_file
 
 
+pytestmark = pytest.mark.xdist_group("collect")
+"""The module on one worker (pyproject.toml's ``--dist loadgroup``): its module-scoped run
+below runs once, not once on each worker."""
+
+
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The output directories of a 2 x 2 job whose four nodes each ran on their own, the way a

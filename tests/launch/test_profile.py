@@ -93,6 +93,11 @@ def test_the_table_lists_the_top_op_types_and_sums_the_rest() -> None:
 
 
 # -- a real run, then the simulator --------------------------------------------------------------
+pytestmark = pytest.mark.xdist_group("profile")
+"""The module on one worker (pyproject.toml's ``--dist loadgroup``): its module-scoped run
+below runs once, not once on each worker."""
+
+
 @pytest.fixture(scope="module")
 def quickstart_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     path = tmp_path_factory.mktemp("profile") / "quickstart.json"

@@ -50,6 +50,11 @@ def test_every_benchmark_has_a_quick_run() -> None:
                                    f"quick runs of no benchmark: {set(QUICK) - shipped}")
 
 
+pytestmark = pytest.mark.xdist_group("benchmarks")
+"""The module on one worker (pyproject.toml's ``--dist loadgroup``): its module-scoped run
+below runs once, not once on each worker."""
+
+
 @pytest.fixture(scope="module")
 def machine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A quick calibration of this machine's numpy kernels (no runtime jobs)."""

@@ -208,6 +208,11 @@ class Run:
         return assert_valid_metrics(self.out / "metrics.json")
 
 
+pytestmark = pytest.mark.xdist_group("sim_run")
+"""The module on one worker (pyproject.toml's ``--dist loadgroup``): its module-scoped run
+below runs once, not once on each worker."""
+
+
 @pytest.fixture(scope="module")
 def sim_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, int], Run]:
     """`sim run` of a scenario, the first time with plots, the second without; each run once."""

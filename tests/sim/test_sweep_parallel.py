@@ -49,6 +49,11 @@ def table(output: str) -> list[str]:
     return [line for line in output.splitlines() if line[:1] in BOX]
 
 
+pytestmark = pytest.mark.xdist_group("sweep_parallel")
+"""The module on one worker (pyproject.toml's ``--dist loadgroup``): its module-scoped run
+below runs once, not once on each worker."""
+
+
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, list[str]]:
     """The sequential sweep's sweep.json bytes and table."""

@@ -673,16 +673,17 @@ class Launcher:
                                       for n in pservers)
 
     def _moot(self, node: NodeRun, life: Life) -> bool:
-        """Whether `node`'s `life` had no job left (and mark it so): a trainer restarted after
-        a crash, or one still training, once every pserver has finished (they dropped it)."""
+        """Whether `node`'s `life` had no job left (and mark it so): a trainer, restarted after
+        a crash or not, still training once every pserver has finished (they dropped it)."""
         life.moot = life.moot or (node.role == "trainer" and _left_behind(node, life)
                                   and self._job_over())
         return life.moot
 
     def _stop_moot(self, loop: asyncio.AbstractEventLoop) -> None:
         """Stop, after `SETTLE_SECONDS` (time for one that completed to exit by itself), each
-        trainer restarted after a crash, or still training, that is still running now that
-        the job is over.
+        trainer, restarted after a crash or not, still training and still running now that
+        the job is over (one that reported its last step is exiting by itself, however long
+        that takes on a busy machine).
 
         DESIGN: it cannot train any more: the pservers dropped it (it crashed, or was paused
         or cut off for longer than the heartbeat timeout), and finished with the others and
@@ -791,11 +792,10 @@ class Launcher:
 
 
 def _left_behind(node: NodeRun, life: Life) -> bool:
-    """Whether trainer `node`'s `life` has no job left once every pserver has finished: it is
-    a restart after a crash, or it has not reported its last step (one that has is exiting by
-    itself)."""
-    if life.number > 0:
-        return True
+    """Whether trainer `node`'s `life` has no job left once every pserver has finished: it has
+    not reported its last step (one that has is exiting by itself, a restart that rejoined and
+    trained to the end too, as the simulator's `LocalCluster._left_behind` counts only those
+    still training)."""
     last = node.seen[-1] if len(node.seen) > life.first_seen else None
     return last is None or last.step < last.steps
 

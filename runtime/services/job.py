@@ -68,7 +68,7 @@ from runtime.execution.datafiles import FileDataset, FileOptions
 from runtime.execution.executor import device_binder
 from runtime.execution.kernels import ExecutionError
 
-ASYNC_FAMILY = ("async", "ssp", "half_async")
+ASYNC_FAMILY = tuple(mode.name for mode in MODES.values() if mode.applies_as_sent)
 """The modes whose pservers apply each gradient as it comes, priced as one family."""
 
 

@@ -532,10 +532,9 @@ class RuntimeSection(_Section):
     curve: CurveSpec | None = None
     """What CurveZMQ costs here, on top of `io`: charged to a job that talks it (the scenario's
     `cluster.security`: curve, or auto with nodes on several hosts); none: never charged."""
-    variants: dict[Literal["table", "async"], RuntimeSection] = {}
+    variants: dict[Literal["table"], RuntimeSection] = {}
     """The costs of a family of jobs (`runtime calibrate`'s family reference jobs), in this
-    section's form: ``table``, a job whose trainers prefetch rows of a distributed table;
-    ``async``, one whose pservers apply each gradient as it comes (async, ssp, half_async). A
+    section's form: ``table``, a job whose trainers prefetch rows of a distributed table. A
     family without one is priced by this section."""
 
 

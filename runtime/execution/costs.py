@@ -107,10 +107,9 @@ __all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts",
            "fit_linear", "machine", "measuring_seconds", "output_elements", "split_residual"]
 
 Side = Literal["send", "receive"]
-FAMILIES = ("table", "async")
+FAMILIES = ("table",)
 """The families of jobs a machine file may price apart (`RuntimeCosts.variants`): ``table``, a
-job whose trainers prefetch rows of a distributed table; ``async``, one whose pservers apply
-each gradient as it comes (async, ssp, half_async)."""
+job whose trainers prefetch rows of a distributed table."""
 SENDS: Side = "send"
 RECEIVES: Side = "receive"
 REPLY_KINDS = frozenset({"reply", "error"})
@@ -179,10 +178,10 @@ class RuntimeCosts:
     variants: Mapping[str, RuntimeCosts] = field(default_factory=dict)
     """Where measured (`runtime calibrate`'s family reference jobs): the costs of a family of
     jobs whose runtime works apart (`FAMILIES`), by family. DESIGN: a distributed table's
-    sends carry rows that the pserver merges and its steps await two round trips; an
-    asynchronous pserver answers each request on its own, with no round to sum. Priced by the
-    sync dense job's figures, a ctr_dnn job of 2 x 2 came out 36% fast (5% from its own
-    profile's runtime figures), and an ssp job 28% slow."""
+    sends carry rows that the pserver merges and its steps await two round trips; priced by
+    the dense job's figures, a ctr_dnn job of 2 x 2 came out 36% fast (5% from its own
+    profile's runtime figures). Asynchronous pservers priced by an async reference job came
+    out 18 to 36 points slower than by the sync one's figures, in two calibrations: not kept."""
 
     def for_job(self, family: str | None) -> RuntimeCosts:
         """The costs that price a job of `family` (`runtime.services.job.Job.family`): its

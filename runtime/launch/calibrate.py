@@ -26,12 +26,10 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   executor's dispatch per op, a trainer's per-step and a pserver's per-round work, fitted as a
   profile's are (`runtime.execution.costs.fit_costs`); then two short jobs for the message
   kinds it never sends (`KIND_REFERENCES`: a distributed table's prefetches, the collective
-  ring's messages), of which those kinds are kept; two families of jobs are priced whole by a
-  reference job of their own, run three times too (`FAMILY_REFERENCES`, `family_variant`, the
-  runtime section's ``variants``): a job with a distributed table by the table job (its sends
-  carry rows, its steps await two round trips), an async, ssp or half_async job by the
-  reference job in async mode (no rounds, no barriers); every kernel call of these jobs is
-  kept with its work too, and the op types the grid never runs (a distributed table's
+  ring's messages), of which those kinds are kept; a job with a distributed table is priced
+  whole by the table job, run three times too (its sends carry rows, its steps await two round
+  trips: `FAMILY_REFERENCES`, `family_variant`, the runtime section's ``variants``); every
+  kernel call of these jobs is kept with its work too, and the op types the grid never runs (a distributed table's
   ``split_ids``, ``merge_ids`` and ``lookup_sparse_table``, for instance) get their numpy curves
   from them (`job_curves`; named in ``meta.from_jobs``). A step's and an op's own cost come
   from a job whose steps make no RPC (`LOCAL_REFERENCE`, `fold_local`); what the reference
@@ -406,12 +404,12 @@ def measure_slice(processes: int | None = None, seconds: float = SHARING_SECONDS
 # -- the runtime's own costs ---------------------------------------------------------------------
 
 def _reference_job(name: str, sizes: list[int], steps: int, pservers: int = 2,
-                   trainers: int = 2, mode: str = "sync") -> str:
+                   trainers: int = 2) -> str:
     """A job of the MLP `sizes` (2 pservers x 2 trainers, sync), for `steps` steps."""
     return (f"name: calibrate-{name}\nseed: 1\nmodel: {{name: mlp, sizes: {sizes}, optimizer: "
             "{type: sgd, learning_rate: 0.05}}\ndata: {name: digits, batch_size: 32}\n"
             f"cluster: {{pservers: {pservers}, trainers: {trainers}}}\n"
-            f"transpiler: {{mode: {mode}}}\n"
+            "transpiler: {mode: sync}\n"
             f"train: {{steps: {steps}, deadline: 300s}}\n")
 
 
@@ -459,10 +457,7 @@ train: {steps: 40, deadline: 300s}
 """Short jobs for the message kinds `RUNTIME_REFERENCE` never sends: a distributed table's
 ``prefetch`` (and its sparse sends), and the collective ring's messages. Their kinds are added
 to the main reference's (`merge_kinds`)."""
-ASYNC_REFERENCE = _reference_job("async", [64, 512, 64, 10], 80, mode="async")
-"""`RUNTIME_REFERENCE` in async mode: its pservers answer each request on its own, with no
-round to sum or barrier to hold, and its trainers never wait for one another."""
-FAMILY_REFERENCES = {"table": KIND_REFERENCES["table"], "async": ASYNC_REFERENCE}
+FAMILY_REFERENCES = {"table": KIND_REFERENCES["table"]}
 """The job whose figures, whole, price each family of jobs (`runtime.execution.costs.FAMILIES`,
 `family_variant`), run `RUNTIME_RUNS` times as the main reference is."""
 
@@ -516,12 +511,6 @@ def measure_runtime(stream: TextIO) -> RuntimeRuns:
         document = merge_kinds(document, extra)
         for op_type, samples in more.samples.items():
             kernels.samples.setdefault(op_type, []).extend(samples)
-    for name, text in FAMILY_REFERENCES.items():
-        if name not in families:
-            print(f"  runtime: the {name} reference job, for the {name} family's figures",
-                  file=stream, flush=True)
-            extra, more = _profile_runtime(name, text, stream, RUNTIME_RUNS)
-            families[name] = (fold_local(extra, local, *ops_per_period(text)), more.traffic)
     document = dict(document, variants={
         name: family_variant(folded, document, traffic)
         for name, (folded, traffic) in families.items()})

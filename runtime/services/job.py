@@ -68,10 +68,6 @@ from runtime.execution.datafiles import FileDataset, FileOptions
 from runtime.execution.executor import device_binder
 from runtime.execution.kernels import ExecutionError
 
-ASYNC_FAMILY = tuple(mode.name for mode in MODES.values() if mode.applies_as_sent)
-"""The modes whose pservers apply each gradient as it comes, priced as one family."""
-
-
 class JobError(ScenarioError):
     """A scenario whose model or data cannot be made; names the scenario, the model or data set
     and the cause."""
@@ -189,15 +185,12 @@ class Job:
     def family(self) -> str | None:
         """The family of jobs whose runtime costs a machine file may price apart
         (`runtime.execution.costs.FAMILIES`): ``table`` where its trainers prefetch rows of a
-        distributed table (a ``prefetch`` op), ``async`` where its pservers apply each gradient
-        as it comes; None for the rest."""
+        distributed table (a ``prefetch`` op); None for the rest."""
         if self.collective:
             return None
         main, _ = self.trainer_programs(0)
         if any(op.type == "prefetch" for block in main.blocks for op in block.ops):
             return "table"
-        if self.scenario.transpiler.mode in ASYNC_FAMILY:
-            return "async"
         return None
 
     @property

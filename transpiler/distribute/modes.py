@@ -82,9 +82,6 @@ class Mode:
     averaged: bool = False
     """Every step applies the mean of all trainers' gradients, so training equals local
     training on the whole batch (collective: with grad_allreduce, which its row cannot say)."""
-    applies_as_sent: bool = False
-    """Its pservers apply each trainer's gradient as it comes: no round to sum, no barrier to
-    hold (a calibration prices these jobs by a reference job of their own)."""
     """Its trainers ask the pservers for a distributed table's rows (geo keeps the table on
     every trainer; the ring modes have no pservers)."""
     policy: str | None = None
@@ -99,14 +96,14 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          trainer_crash=True, remote_prefetch=True,
          policy="sync"),
     Mode("async", "every gradient applied as it comes", _async, synchronous=False,
-         compressible=True, trainer_crash=True, remote_prefetch=True, applies_as_sent=True,
+         compressible=True, trainer_crash=True, remote_prefetch=True,
          policy="async"),
     Mode("ssp", "async with bounded staleness", _ssp, synchronous=False, compressible=True,
-         trainer_crash=True, remote_prefetch=True, applies_as_sent=True,
+         trainer_crash=True, remote_prefetch=True,
          policy="ssp"),
     Mode("half_async", "async, the transpiler cutting the gradients", _half_async,
          synchronous=False, compressible=True, trainer_crash=True, remote_prefetch=True,
-         applies_as_sent=True, policy="half_async"),
+         policy="half_async"),
     Mode("geo", "Geo-SGD: local steps, parameter deltas pushed every few", _geo,
          synchronous=False, policy="geo"),
     Mode("nccl2", "trainers all-reduce among themselves", _nccl2, synchronous=True,

@@ -29,9 +29,10 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   ring's messages), of which those kinds are kept; a job with a distributed table is priced
   whole by the table job, run three times too (its sends carry rows, its steps await two round
   trips: `FAMILY_REFERENCES`, `family_variant`, the runtime section's ``variants``); every
-  kernel call of these jobs is kept with its work too, and the op types the grid never runs (a distributed table's
-  ``split_ids``, ``merge_ids`` and ``lookup_sparse_table``, for instance) get their numpy curves
-  from them (`job_curves`; named in ``meta.from_jobs``). A step's and an op's own cost come
+  kernel call of these jobs is kept with its work too, and the op types the grid never runs
+  (a distributed table's ``split_ids``, ``merge_ids`` and ``lookup_sparse_table``, for
+  instance) get their numpy curves from them (`job_curves`; named in ``meta.from_jobs``).
+  A step's and an op's own cost come
   from a job whose steps make no RPC (`LOCAL_REFERENCE`, `fold_local`); what the reference
   job's steps and rounds cost beyond that is owed by the steps that make an RPC and by the
   rounds, and how that grows with a node's peers comes from the same job with one pserver and
@@ -405,7 +406,7 @@ def measure_slice(processes: int | None = None, seconds: float = SHARING_SECONDS
 
 def _reference_job(name: str, sizes: list[int], steps: int, pservers: int = 2,
                    trainers: int = 2) -> str:
-    """A job of the MLP `sizes` (2 pservers x 2 trainers, sync), for `steps` steps."""
+    """A sync job of the MLP `sizes` (2 pservers x 2 trainers), for `steps` steps."""
     return (f"name: calibrate-{name}\nseed: 1\nmodel: {{name: mlp, sizes: {sizes}, optimizer: "
             "{type: sgd, learning_rate: 0.05}}\ndata: {name: digits, batch_size: 32}\n"
             f"cluster: {{pservers: {pservers}, trainers: {trainers}}}\n"

@@ -107,9 +107,6 @@ __all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts",
            "fit_linear", "machine", "measuring_seconds", "output_elements", "split_residual"]
 
 Side = Literal["send", "receive"]
-FAMILIES = ("table",)
-"""The families of jobs a machine file may price apart (`RuntimeCosts.variants`): ``table``, a
-job whose trainers prefetch rows of a distributed table."""
 SENDS: Side = "send"
 RECEIVES: Side = "receive"
 REPLY_KINDS = frozenset({"reply", "error"})
@@ -177,11 +174,12 @@ class RuntimeCosts:
     """What `round_residual` grows by for each trainer more in a round."""
     variants: Mapping[str, RuntimeCosts] = field(default_factory=dict)
     """Where measured (`runtime calibrate`'s family reference jobs): the costs of a family of
-    jobs whose runtime works apart (`FAMILIES`), by family. DESIGN: a distributed table's
-    sends carry rows that the pserver merges and its steps await two round trips; priced by
-    the dense job's figures, a ctr_dnn job of 2 x 2 came out 36% fast (5% from its own
-    profile's runtime figures). Asynchronous pservers priced by an async reference job came
-    out 18 to 36 points slower than by the sync one's figures, in two calibrations: not kept."""
+    jobs whose runtime works apart (`runtime.services.job.Job.family`), by family. DESIGN: a
+    distributed table's sends carry rows that the pserver merges and its steps await two round
+    trips; priced by the dense job's figures, a ctr_dnn job of 2 x 2 came out 36% fast (5%
+    from its own profile's runtime figures). Asynchronous pservers priced by an async
+    reference job came out 18 to 36 points slower than by the sync one's figures, in two
+    calibrations: not kept."""
 
     def for_job(self, family: str | None) -> RuntimeCosts:
         """The costs that price a job of `family` (`runtime.services.job.Job.family`): its

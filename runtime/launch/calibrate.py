@@ -459,7 +459,7 @@ train: {steps: 40, deadline: 300s}
 ``prefetch`` (and its sparse sends), and the collective ring's messages. Their kinds are added
 to the main reference's (`merge_kinds`)."""
 FAMILY_REFERENCES = {"table": KIND_REFERENCES["table"]}
-"""The job whose figures, whole, price each family of jobs (`runtime.execution.costs.FAMILIES`,
+"""The job whose figures, whole, price each family of jobs (`runtime.services.job.Job.family`,
 `family_variant`), run `RUNTIME_RUNS` times as the main reference is."""
 
 

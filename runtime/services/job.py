@@ -52,7 +52,6 @@ from typing import Any, NamedTuple
 
 from transpiler.distribute.collective import nccl2_executable
 from transpiler.distribute.modes import MODES
-
 from transpiler.distribute.from_spec import (TRAINER_RING_MODES, TranspileArgs, transpile_args,
                                              transpile_from_spec)
 from transpiler.distribute.lookup_table import remote_prefetch_ops
@@ -67,6 +66,7 @@ from runtime.execution.data import DataError, Dataset, dataset_for
 from runtime.execution.datafiles import FileDataset, FileOptions
 from runtime.execution.executor import device_binder
 from runtime.execution.kernels import ExecutionError
+
 
 class JobError(ScenarioError):
     """A scenario whose model or data cannot be made; names the scenario, the model or data set
@@ -184,8 +184,8 @@ class Job:
     @property
     def family(self) -> str | None:
         """The family of jobs whose runtime costs a machine file may price apart
-        (`runtime.execution.costs.FAMILIES`): ``table`` where its trainers prefetch rows of a
-        distributed table (a ``prefetch`` op); None for the rest."""
+        (`runtime.launch.calibrate.FAMILY_REFERENCES`): ``table`` where its trainers prefetch
+        rows of a distributed table (a ``prefetch`` op); None for the rest."""
         if self.collective:
             return None
         main, _ = self.trainer_programs(0)

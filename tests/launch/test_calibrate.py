@@ -23,7 +23,6 @@ from runtime.execution.costs import RuntimeCosts
 from runtime.execution.curves import Curve, fit_curve
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
-from runtime.services.job import Job
 from runtime.launch.calibrate import (BYTES_REFERENCE, FORMAT, KIND_REFERENCES, LOCAL_REFERENCE,
                                       PEERS_REFERENCE, PROBE_TRIES, REFERENCE_PEERS,
                                       RUNTIME_REFERENCE, Reference, WorkTimes,
@@ -31,6 +30,7 @@ from runtime.launch.calibrate import (BYTES_REFERENCE, FORMAT, KIND_REFERENCES, 
                                       job_curves, measure_kernels, measure_sharing, merge_bytes,
                                       merge_kinds, merge_peers, ops_per_period, param_bytes,
                                       family_variant, FAMILY_REFERENCES)
+from runtime.services.job import Job
 from sim.cost import Calibrated, ComputeConfigError, OnCpus, Profile, compute_model
 from sim.cpu import Cpus, SimHost, hosts_of
 from sim.report import notes_for
@@ -206,7 +206,7 @@ def test_a_family_variant_is_its_jobs_figures_with_the_main_ones_slopes_and_kind
              "io": {"per_message": 1.0, "per_byte": 0.5}}
     # its I/O threads spent 10 x 1 + 40 x 0.5 = 30 s on 10 messages of 40 bytes; at main's
     # 0.25 a byte, 10 of the 30 are bytes and 20 are per message: 2 each
-    variant = family_variant(table, dict(main, variants={"async": {}}), traffic=(10, 40))
+    variant = family_variant(table, dict(main, variants={"table": {}}), traffic=(10, 40))
     assert variant == {"messages": {"send": {"send": {"per_message": 9.0},
                                              "prefetch": {"per_message": 4.0}},
                                     "receive": {"collective": {"per_message": 6.0}}},

@@ -532,15 +532,14 @@ def without_unread_state(startup: Program, main: Program) -> Program:
     program stays as the transpiler wrote it; the trainer just does not run those ops."""
     read = {name for block in main.blocks for op in block.ops for name in op.input_arg_names}
     ops = startup.global_block().ops
-    later: set[str] = set()
     keep = [True] * len(ops)
-    for i in range(len(ops) - 1, -1, -1):
+    for i in range(len(ops) - 1, -1, -1):  # `read` gains what the later startup ops read
         op = ops[i]
         outputs = op.output_arg_names
-        if op.type in INIT_OPS and outputs and not (read | later).intersection(outputs):
+        if op.type in INIT_OPS and outputs and read.isdisjoint(outputs):
             keep[i] = False
         else:
-            later.update(op.input_arg_names)
+            read.update(op.input_arg_names)
     if all(keep):
         return startup
     pruned = startup.clone()

@@ -14,8 +14,9 @@ The distributed lookup table (see `transpiler.distribute.lookup_table`; ids are 
   ids each pserver owns, in order). Ids go out unique and sorted, as ``[n, 1]`` int64, so each
   row is fetched once; grad pieces keep their global rows and the table's height.
 - `merge_ids`: the rows the pservers answered, put back in the order of the ids.
-- `lookup_sparse_table` (`lookup_sparse_table_read` in the 2.x programs): a pserver's lookup of rows of its table shard (the runtime has turned
-  the ids into rows of the shard); `lookup_table`'s own kernel.
+- `lookup_sparse_table` (`lookup_sparse_table_read` in the 2.x programs): a pserver's lookup
+  of rows of its table shard (the runtime has turned the ids into rows of the shard);
+  `lookup_table`'s own kernel.
 - `fake_init`: the trainer's placeholder for the table: zeros of its shape that take no memory.
 - `save`: a var to a ``.npy`` file (no pickle), where a pserver's checkpoint block writes the
   table.

@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from runtime.config.scenario import load_scenario
 from sim.cpu import io_thread
 from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL, PROTOCOLS
@@ -85,6 +87,13 @@ class Config:
     @property
     def shaped(self) -> bool:
         return self.bandwidth is not None or self.latency is not None
+
+    @property
+    def warmup(self) -> int:
+        """Steps that may wait for the job to form, left out of samples/s: a trainer's first;
+        in ssp, its first staleness + 1, which may each run ahead of a trainer not yet started."""
+        fields = yaml.safe_load(f"{{{self.transpiler}}}") or {}
+        return 1 + int(fields.get("staleness", 0)) if self.mode == "ssp" else 1
 
     def scenario(self, steps: int | None, protocol: str | None = None) -> str:
         link = {k: v for k, v in (("bandwidth", self.bandwidth), ("latency", self.latency))
@@ -186,10 +195,10 @@ def _median_step(metrics: dict[str, Any]) -> float:
     return statistics.median(t for trainer in metrics["trainers"] for t in trainer["step_times"])
 
 
-def samples_per_second(step_times: list[list[float]], batch: int) -> float:
-    """Samples a second over the steps after each trainer's first (its first waits for the
-    job to form), the slowest trainer's time: the same figure for real runs and simulated."""
-    after = [times[1:] for times in step_times if len(times) > 1]
+def samples_per_second(step_times: list[list[float]], batch: int, warmup: int = 1) -> float:
+    """Samples a second over the steps after each trainer's first `warmup` (which may wait for
+    the job to form), the slowest trainer's time: the same figure for real runs and simulated."""
+    after = [times[warmup:] for times in step_times if len(times) > warmup]
     seconds = max((sum(times) for times in after), default=0.0)
     return sum(len(times) for times in after) * batch / seconds if seconds else 0.0
 
@@ -229,7 +238,7 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
             metrics = json.loads((out / "metrics.json").read_text())
             measured.append(_median_step(metrics))
             samples.append(samples_per_second([t["step_times"] for t in metrics["trainers"]],
-                                              config.batch))
+                                              config.batch, config.warmup))
             real_bytes = _pserver_bytes(metrics["pservers"])
     stolen_after, total_after = _steal()
     steal = (stolen_after - stolen) / max(total_after - total, 1)
@@ -237,7 +246,8 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
         predictions = [(_simulate_calibrated(scenario, machine), machine)]
     predictions.sort(key=lambda prediction: statistics.median(_step_times(prediction[0])))
     sim, profile = predictions[(len(predictions) - 1) // 2]  # the median (the lower of two)
-    samples_sim = samples_per_second([t.step_times for t in sim.trainers], config.batch)
+    samples_sim = samples_per_second([t.step_times for t in sim.trainers], config.batch,
+                                     config.warmup)
     sim_bytes = [p.bytes_in + p.bytes_out - p.heartbeat_bytes for p in sim.pservers]
     lines = []
     if cpu:

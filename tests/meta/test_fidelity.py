@@ -52,6 +52,16 @@ def test_the_cpu_lines_compare_a_measured_run_less_its_measuring_with_the_simula
                                    "+0.0%"]
 
 
+def test_samples_per_second_leaves_out_the_steps_that_wait_for_the_job_to_form() -> None:
+    bench = fidelity()
+    ssp = next(c for c in bench.TRANSFER if c.mode == "ssp")
+    assert (ssp.warmup, bench.TRANSFER[0].warmup) == (3, 1)  # staleness 2: its first 3 steps
+    held = [[0.5, 0.001, 0.2, 0.001, 0.001], [0.5, 0.001, 0.001, 0.001, 0.001]]
+    # two trainers x 2 steps x 32 samples in the slower trainer's 2 ms
+    assert bench.samples_per_second(held, 32, ssp.warmup) == 128 / 0.002
+    assert bench.samples_per_second(held, 32) == 8 * 32 / 0.203  # the held step counts
+
+
 def ranking() -> ModuleType:
     return benchmark("sweep_ranking")
 

@@ -24,8 +24,9 @@
   the SEND there in the same way, without the fetch barrier.
 - `prefetch` (distributed lookup table): one PREFETCH per pserver with the ids `split_ids` cut
   for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
-- `distributed_lookup_table` (remote sparse update): the ids split by the table's blocks, one
-  PREFETCH per block for its rows, merged back in the order of the ids.
+- `distributed_lookup_table` (remote sparse update): the ids of all the lookups it serves (one
+  op per table in the 1.8 and 2.x programs) split by the table's blocks, one PREFETCH per block
+  for its rows (each asked once), merged back into each output in the order of its ids.
 - an `nce` with ``remote_prefetch`` and ``epmap`` (remote sparse update of its weight) is a
   compute op, but before its kernel runs the trainer draws its sample labels and fetches their
   rows the same way (`RpcOps.prefetch_classes`).
@@ -376,27 +377,37 @@ class RpcOps:
 
     async def distributed_lookup_table(self, op: Op, scope: Scope) -> None:
         """Rows of the table's blocks (``table_names``, ``height_sections`` rows each, on
-        ``endpoints``) for the ids; Outputs is shaped and ordered like the lookup's it replaced
+        ``endpoints``) for the ids of every lookup the op serves (Ids[i] -> Outputs[i]), asked
+        for in one round; each output is shaped and ordered like the lookup's it replaced
         (``lookup_table_version``)."""
-        (out,) = op.output("Outputs")
-        self.pending[out] = asyncio.get_running_loop().create_task(
-            self._lookup_remote(op, scope, out))
+        outs = op.output("Outputs")
+        task = asyncio.get_running_loop().create_task(self._lookup_remote(op, scope))
+        for out in outs:
+            self.pending[out] = task
 
-    async def _lookup_remote(self, op: Op, scope: Scope, out: str) -> None:
-        (name,) = op.input("Ids")
-        value = scope.get_tensor(name)
-        if isinstance(value, Phantom):
-            raise NotImplementedError(f"distributed_lookup_table: Ids {name!r} is a phantom; "
-                                      "remote sparse update needs real ids (numeric mode)")
-        ids_in = to_dense(value)
-        ids = ids_in.reshape(-1).astype(np.int64)
-        unique, rows = await self._remote_rows(op, "endpoints", ids, f"Ids {name!r}")
-        found = rows[np.searchsorted(unique, ids)]
-        found[ids == int(op.attr("padding_idx", -1))] = 0
+    async def _lookup_remote(self, op: Op, scope: Scope) -> None:
+        names, outs = op.input("Ids"), op.output("Outputs")
+        if len(names) != len(outs):
+            raise ValueError(f"distributed_lookup_table: {len(names)} Ids and {len(outs)} "
+                             f"Outputs do not line up: {op}")
+        values = [scope.get_tensor(name) for name in names]
+        for name, value in zip(names, values):
+            if isinstance(value, Phantom):
+                raise NotImplementedError(f"distributed_lookup_table: Ids {name!r} is a "
+                                          "phantom; remote sparse update needs real ids "
+                                          "(numeric mode)")
+        dense = [to_dense(value) for value in values]
+        ids = [d.reshape(-1).astype(np.int64) for d in dense]
+        unique, rows = await self._remote_rows(op, "endpoints", np.concatenate(ids),
+                                               "Ids " + ", ".join(map(repr, names)))
+        pad = int(op.attr("padding_idx", -1))
         version = str(op.attr("lookup_table_version", "lookup_table") or "lookup_table")
-        found = found.reshape(lookup_lead(ids_in.shape, version) + rows.shape[1:])
-        scope.put(out, LoDTensor(found, value.lod) if isinstance(value, LoDTensor) and value.lod
-                  else found)
+        for out, value, shaped, flat in zip(outs, values, dense, ids):
+            found = rows[np.searchsorted(unique, flat)]
+            found[flat == pad] = 0
+            found = found.reshape(lookup_lead(shaped.shape, version) + rows.shape[1:])
+            scope.put(out, LoDTensor(found, value.lod)
+                      if isinstance(value, LoDTensor) and value.lod else found)
 
     async def _remote_rows(self, op: Op, endpoints: str, ids: np.ndarray,
                            what: str) -> tuple[np.ndarray, np.ndarray]:

@@ -152,7 +152,7 @@ def test_remote_sparse_update_replaces_lookups() -> None:
     main, startup = trainer(t)
     ops = main.global_block().ops
     lookups = [op for op in ops if op.type == "distributed_lookup_table"]
-    assert [op.input("Ids") for op in lookups] == [["title_ids"], ["brand_ids"]]
+    assert [op.input("Ids") for op in lookups] == [["title_ids", "brand_ids"]]  # one per table
     assert lookups[0].attr("table_names") == ["shared_w.block0", "shared_w.block1"]
     assert lookups[0].attr("height_sections") == [500, 500]
     assert lookups[0].attr("endpoints") == [PS1, PS2]

@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 import pytest
-from distribute_helpers import (PS1, PS2, basic, build, config, lookup_model, pserver, trainer,
-                                transpile, types)
+from distribute_helpers import (PS1, PS2, basic, build, config, lookup_model,
+                                mark_remote_prefetch, pserver, trainer, transpile, types)
 
 import transpiler as T
 from transpiler.distribute.config import PADDLE_VERSION_ENV
@@ -278,3 +278,89 @@ def test_remote_prefetched_tables_are_fake_initialized_on_the_trainer(
         ("fake_init", ["emb"], [10000, 8]), ("fake_init", ["emb_b"], [10000, 1]),
         ("fake_init", ["emb_w"], [10000, 8])]
     assert not any(op.type == "recv" and n.startswith("emb") for op in ops for n in op.output("Out"))
+
+
+def two_remote_tables() -> tuple[Program, Program]:
+    """Title ids and brand ids (computed: a `scale` of a data var, after the title lookup)
+    looked up in the remote-prefetch `shared_w` [1000, 64], profile ids in the remote
+    `profile_emb`; then each pooled, concat, fc(2), cross entropy, SGD."""
+    def body() -> None:
+        def lookup(ids: Any, table: str) -> Any:
+            return T.layers.embedding(ids, size=[1000, 64], is_sparse=True,
+                                      param_attr=T.ParamAttr(name=table))
+        title = T.layers.data("title_ids", shape=[1], dtype="int64", lod_level=1)
+        raw = T.layers.data("brand_raw", shape=[1], dtype="int64", lod_level=1)
+        profile = T.layers.data("profile_ids", shape=[1], dtype="int64", lod_level=1)
+        embs = [lookup(title, "shared_w")]
+        brand = T.layers.scale(raw, scale=1.0, bias=1.0)
+        embs += [lookup(brand, "shared_w"), lookup(profile, "profile_emb")]
+        pooled = [T.layers.sequence_pool(emb, "average") for emb in embs]
+        label = T.layers.data("label", shape=[1], dtype="int64")
+        pred = T.layers.fc(T.layers.concat(pooled, axis=1), size=2,
+                           param_attr=T.ParamAttr(name="fc_w"), bias_attr=T.ParamAttr(name="fc_b"))
+        T.optimizer.SGD(0.1).minimize(T.layers.mean(T.layers.cross_entropy(pred, label)))
+    main, startup = build(body)
+    mark_remote_prefetch(main, "lookup_table")
+    return main, startup
+
+
+def test_the_18_remote_lookups_of_a_table_become_one_distributed_lookup_table() -> None:
+    """One `distributed_lookup_table` per remote table, serving all its lookups: Ids and
+    Outputs in the lookups' order, right after the last op writing any of its ids (the scale
+    of brand ids for `shared_w`; none for `profile_emb`, whose op goes to the top), with the
+    table's blocks and the first lookup's padding and type, as 1.8's transpiler wrote it."""
+    main, _ = trainer(transpile(two_remote_tables()))
+    block = main.global_block()
+    assert types(block) == [
+        "distributed_lookup_table", "scale", "distributed_lookup_table", "sequence_pool",
+        "sequence_pool", "sequence_pool", "concat", "mul", "elementwise_add", "cross_entropy2",
+        "mean", "fill_constant", "mean_grad", "cross_entropy_grad2", "elementwise_add_grad",
+        "send", "mul_grad", "send", "concat_grad", "sequence_pool_grad", "sequence_pool_grad",
+        "sequence_pool_grad", "lookup_table_grad", "split_selected_rows", "send",
+        "lookup_table_grad", "lookup_table_grad", "sum", "split_selected_rows", "send",
+        "send_barrier", "recv", "recv", "fetch_barrier"]
+    profile, shared = block.ops[0], block.ops[2]
+    assert (profile.input("Ids"), profile.input("W")) == (["profile_ids"], ["profile_emb"])
+    assert (shared.input("Ids"), shared.input("W")) == (
+        ["title_ids", block.ops[1].output("Out")[0]], ["shared_w"])
+    assert shared.output("Outputs") == [op.input("X")[0] for op in block.ops[3:5]]
+    assert profile.output("Outputs") == block.ops[5].input("X")
+    assert {k: shared.attr(k) for k in ("table_names", "height_sections", "endpoints",
+                                        "padding_idx", "trainer_id", "lookup_table_version")} == {
+        "table_names": ["shared_w.block0", "shared_w.block1"], "height_sections": [500, 500],
+        "endpoints": [PS1, PS2], "padding_idx": -1, "trainer_id": 0,
+        "lookup_table_version": "lookup_table"}
+
+
+def test_an_out_read_before_the_last_ids_of_its_table_is_refused_naming_it() -> None:
+    """The first lookup's out is read (scaled) before the second lookup's ids are computed:
+    no one place serves both, as in 1.8's transpiler, which raised there."""
+    def body() -> None:
+        first = T.layers.data("first", shape=[1], dtype="int64")
+        emb = T.layers.embedding(first, size=[100, 4], is_sparse=True,
+                                 param_attr=T.ParamAttr(name="shared_w"))
+        early = T.layers.scale(emb, scale=2.0)
+        ids = T.layers.scale(T.layers.data("second", shape=[1], dtype="int64"), bias=1.0)
+        late = T.layers.embedding(ids, size=[100, 4], is_sparse=True,
+                                  param_attr=T.ParamAttr(name="shared_w"))
+        T.optimizer.SGD(0.1).minimize(T.layers.mean(T.layers.concat([early, late], axis=0)))
+    main, startup = build(body)
+    mark_remote_prefetch(main, "lookup_table")
+    out = main.global_block().ops[0].output("Out")[0]
+    with pytest.raises(ValueError, match=f"'{out}'.*'shared_w'.*read before"):
+        transpile((main, startup))
+    trainer(transpile((main, startup), config(paddle_version="1.2")))  # a lookup each: no clash
+
+
+def test_the_12_remote_lookups_prefetch_each_in_its_place() -> None:
+    """1.2's transpiler left each remote lookup where it was, prefetching its own rows; pslab
+    writes a one-lookup `distributed_lookup_table` in its place."""
+    main, _ = trainer(transpile(two_remote_tables(), config(paddle_version="1.2")))
+    block = main.global_block()
+    assert types(block)[:7] == [
+        "distributed_lookup_table", "scale", "distributed_lookup_table",
+        "distributed_lookup_table", "sequence_pool", "sequence_pool", "sequence_pool"]
+    assert [(op.input("Ids")[:1], op.input("W")) for op in block.ops
+            if op.type == "distributed_lookup_table"] == [
+        (["title_ids"], ["shared_w"]), ([block.ops[1].output("Out")[0]], ["shared_w"]),
+        (["profile_ids"], ["profile_emb"])]

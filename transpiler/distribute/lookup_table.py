@@ -168,16 +168,22 @@ def _lookup_ops(ops: list[Op], table: str) -> list[Op]:
     return [op for op in ops if op.type in LOOKUPS and op.input("W") == [table]]
 
 
-def fused_position(ops: list[Op], lookups: list[Op]) -> int | None:
-    """Where one chain for all of `lookups` goes once they are taken out of `ops`: right after
-    the last op that writes any of their ids (as the original placed it), or None when an op
-    before that point already reads one of their outs."""
+def fusion_point(ops: list[Op], lookups: list[Op]) -> tuple[int, list[str]]:
+    """Where one op standing in for all of `lookups` goes once they are taken out of `ops`:
+    right after the last op that writes any of their ids (at the top where none does), as the
+    original placed it; and the outs of `lookups` that an op before that point already reads,
+    in the lookups' order (none where the place serves them all)."""
     ids = {op.input("Ids")[0] for op in lookups}
-    outs = {op.output("Out")[0] for op in lookups}
     rest = [op for op in ops if all(op is not lookup for lookup in lookups)]
-    written = max((i for i, op in enumerate(rest) if ids & set(op.output_arg_names)), default=-1)
-    read = min((i for i, op in enumerate(rest) if outs & set(op.input_arg_names)), default=len(rest))
-    return written + 1 if written < read else None
+    at = 1 + max((i for i, op in enumerate(rest) if ids & set(op.output_arg_names)), default=-1)
+    read = {name for op in rest[:at] for name in op.input_arg_names}
+    return at, [op.output("Out")[0] for op in lookups if op.output("Out")[0] in read]
+
+
+def fused_position(ops: list[Op], lookups: list[Op]) -> int | None:
+    """`fusion_point`'s place, or None when an op before it reads one of the outs."""
+    at, early = fusion_point(ops, lookups)
+    return None if early else at
 
 
 def _fusable(block: Block, lookups: list[Op]) -> bool:
@@ -258,10 +264,14 @@ def append_table_grad_send(block: Block, plan: Plan) -> str:
 
 
 def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) -> None:
-    """Each lookup of a remote-sparse table becomes `distributed_lookup_table`; an `nce` of one
-    gets the blocks' ``epmap``, ``table_names``, ``height_sections`` and ``trainer_id``, as
-    the original's `_update_remote_sparse_update_op` gave it: the trainer then prefetches the
-    rows of the classes it samples before the op runs (`runtime.services.trainer`)."""
+    """The lookups of each remote-sparse table become `distributed_lookup_table` ops
+    (`remote_lookup_groups`): in the 1.8 and 2.x programs one for all of a table's lookups,
+    right after the last op writing any of their ids (`fusion_point`; a ValueError naming the
+    out read before that point, as the original raised there), in the 1.2 programs one per
+    lookup in its place. An `nce` of one gets the blocks' ``epmap``, ``table_names``,
+    ``height_sections`` and ``trainer_id``, as the original's `_update_remote_sparse_update_op`
+    gave it: the trainer then prefetches the rows of the classes it samples before the op runs
+    (`runtime.services.trainer`)."""
     for op in block.ops:
         if op.type == "nce" and op.input("Weight")[0] in params:
             d = plan.dist_var(op.input("Weight")[0])
@@ -269,18 +279,43 @@ def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) ->
                              "table_names": [p.name for p in d.params],
                              "height_sections": [p.shape[0] for p in d.params],
                              "trainer_id": plan.cluster.trainer_id})
-    for i, op in enumerate(block.ops):
-        if op.type not in LOOKUPS or op.input("W")[0] not in params:
-            continue
-        d = plan.dist_var(op.input("W")[0])
-        block.ops[i] = Op("distributed_lookup_table", {"Ids": op.input("Ids"), "W": op.input("W")},
-                          {"Outputs": op.output("Out")},
-                          {"table_names": [p.name for p in d.params],
-                           "height_sections": [p.shape[0] for p in d.params],
-                           "endpoints": [p.endpoint for p in d.params],
-                           "padding_idx": op.attr("padding_idx", -1),
-                           "trainer_id": plan.cluster.trainer_id,
-                           "lookup_table_version": op.type})
+    fuse = fuses_lookups(plan)
+    for group in remote_lookup_groups(block.ops, params, fuse):
+        first, table = group[0], group[0].input("W")[0]
+        at, early = fusion_point(block.ops, group) if fuse else (block.ops.index(first), [])
+        block.ops[:] = [op for op in block.ops if all(op is not old for old in group)]
+        if early:
+            raise ValueError(
+                f"program: {early[0]!r}, the Out of a lookup of remote-prefetch table {table!r}, "
+                "is read before the last op writing the ids of the table's lookups; the one "
+                "distributed_lookup_table serving them all goes after that op, so compute "
+                "every ids var of the table before reading any of its lookups' outs")
+        d = plan.dist_var(table)
+        block.ops.insert(at, Op(
+            "distributed_lookup_table",
+            {"Ids": [op.input("Ids")[0] for op in group], "W": [table]},
+            {"Outputs": [op.output("Out")[0] for op in group]},
+            {"table_names": [p.name for p in d.params],
+             "height_sections": [p.shape[0] for p in d.params],
+             "endpoints": [p.endpoint for p in d.params],
+             "padding_idx": first.attr("padding_idx", -1),
+             "trainer_id": plan.cluster.trainer_id,
+             "lookup_table_version": first.type}))
+
+
+def remote_lookup_groups(ops: list[Op], params: set[str], fuse: bool) -> list[list[Op]]:
+    """The lookups of the remote-sparse tables `params` that one `distributed_lookup_table`
+    serves, in program order of their first: with `fuse` (1.8, 2.x) all the lookups of a table
+    that share its first lookup's type and ``padding_idx`` (the op carries one of each; the
+    original fused the first's type only, leaving other lookups unreplaced, and gave them all
+    the first's padding), else each lookup alone (1.2, whose lookups prefetched on their
+    own)."""
+    groups: dict[tuple[str, str, int] | int, list[Op]] = {}
+    for i, op in enumerate(ops):
+        if op.type in LOOKUPS and op.input("W")[0] in params:
+            key = (op.input("W")[0], op.type, int(op.attr("padding_idx", -1))) if fuse else i
+            groups.setdefault(key, []).append(op)
+    return list(groups.values())
 
 
 def fake_init_table(startup: Program, table: str) -> Op:

@@ -34,9 +34,11 @@ initializer becomes `fake_init`. Ids and grad rows travel as global ids.
 
 **Remote sparse update** (an ``is_sparse`` embedding whose `lookup_table` has
 ``remote_prefetch``, or a sparse `nce` with ``remote_prefetch``): the table is cut and placed
-like any parameter, but the trainer never fetches it: each lookup becomes
-`distributed_lookup_table`, which splits the ids by ``height_sections``, asks ``endpoints[i]``
-for rows ``id - offset_i`` of var ``table_names[i]``, and puts the rows back in order; an `nce`
+like any parameter, but the trainer never fetches it: its lookups become a
+`distributed_lookup_table` (in the 1.8 and 2.x programs one for all of them, after the last op
+writing their ids; in the 1.2 programs one per lookup, in its place), which splits the ids by
+``height_sections``, asks ``endpoints[i]`` for rows ``id - offset_i`` of var
+``table_names[i]``, and puts the rows back in order in each lookup's output; an `nce`
 keeps its place and gets those attributes (``epmap`` for ``endpoints``), and the trainer fetches
 the rows of its true and sampled classes before it runs.
 """

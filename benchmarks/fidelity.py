@@ -21,7 +21,11 @@ which depend on wall time, excluded: bytes of everything else).
 
 Each row also gives the share of the machine's CPU time its hypervisor took during the real runs
 ("steal"): on a shared machine that time slows the real runs in a way nothing here predicts, so
-a row with much steal measures the neighbours, not the simulator.
+a row with much steal measures the neighbours, not the simulator. For the same reason every real
+run is taken between two speed probes, as `runtime calibrate` takes its references
+(`runtime.launch.speed.SpeedGuard`): a run taken while the machine ran slow is run again, up
+to three times, and a row whose kept run was still slow says "slow xR" (R: how much slower the
+probe ran than its best this benchmark).
 
 ``--protocol P`` runs and simulates the jobs in protocol P (``train.protocol``: bundled, the
 default, compact or per_op); ``--profile-protocol Q`` takes the profile in Q instead: the
@@ -59,6 +63,7 @@ from typing import Any
 import yaml
 
 from runtime.config.scenario import load_scenario
+from runtime.launch.speed import SpeedGuard
 from sim.cpu import io_thread
 from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL, PROTOCOLS
 from sim.simulate import SimResult, simulate
@@ -169,6 +174,9 @@ class Outcome:
     bytes_predicted: list[int]
     steal: float
     """Share of the machine's CPU time the hypervisor took during the real runs."""
+    slow: float | None = None
+    """How much slower than its best the speed probe ran around the slowest real run kept
+    (None: every real run was taken at speed)."""
     cpu: list[str] = field(default_factory=list)
     """With --cpu: a line per node, simulated CPU against measured."""
 
@@ -210,9 +218,11 @@ def _pserver_bytes(pservers: list[dict[str, Any]]) -> list[int]:
 def run_config(config: Config, work: Path, repeat: int, steps: int | None,
                netns: bool, profile_runs: int, protocol: str | None = None,
                profile_protocol: str | None = None, cpu: bool = False,
-               machine: Path | None = None) -> Outcome:
+               machine: Path | None = None, guard: SpeedGuard | None = None) -> Outcome:
     """Run `config` for real `repeat` times and predict it: from `profile_runs` profiles of
-    itself taken in turn with the real runs, or (`machine`) from that machine file alone."""
+    itself taken in turn with the real runs, or (`machine`) from that machine file alone.
+    Each real run is taken again while `guard` finds the machine slow."""
+    guard = guard or SpeedGuard()
     scenario = work / f"{config.name}.yaml"
     scenario.write_text(config.scenario(steps, protocol))
     profiled = scenario
@@ -222,6 +232,7 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
     flags = ["--netns"] if netns and config.shaped else []
     runtime = [sys.executable, "-m", "runtime.cli"]
     measured, samples, real_bytes, predictions = [], [], [], []
+    slow: float | None = None
     stolen, total = _steal()
     profiles = 0 if machine is not None else profile_runs  # a machine file predicts once, below
     for r in range(max(repeat, profiles)):  # a profile, then a real run, in turn
@@ -232,9 +243,14 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
                  work / f"{config.name}.profile{r}.log")
             predictions.append((_simulate(scenario, profile), profile))
         if r < repeat:
-            out = work / f"{config.name}-up{r}"
-            _run([*runtime, "up", str(scenario), "--out", str(out)] + flags,
-                 work / f"{config.name}.up{r}.log")
+            def up(attempt: int, r: int = r) -> Path:
+                out = work / (f"{config.name}-up{r}" + (f"-again{attempt}" if attempt else ""))
+                _run([*runtime, "up", str(scenario), "--out", str(out)] + flags,
+                     work / f"{out.name}.log")
+                return out
+
+            out, slowness = guard.measure(f"{config.name} up{r}", up)
+            slow = max(slow or 0.0, slowness or 0.0) or None
             metrics = json.loads((out / "metrics.json").read_text())
             measured.append(_median_step(metrics))
             samples.append(samples_per_second([t["step_times"] for t in metrics["trainers"]],
@@ -259,7 +275,7 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
         lines = cpu_lines(json.loads(reference.read_text())["meta"]["measured"], sim.cpu)
     return Outcome(config, measured, statistics.median(_step_times(sim)),
                    statistics.median(samples),
-                   samples_sim, real_bytes, sim_bytes, steal, lines)
+                   samples_sim, real_bytes, sim_bytes, steal, slow, lines)
 
 
 def _simulate(scenario: Path, profile: Path) -> SimResult:
@@ -306,7 +322,8 @@ def row(o: Outcome) -> str:
         f"DIFFER {o.bytes_measured} vs {o.bytes_predicted}"
     return (f"{o.config.name:<20} {lo * 1e3:7.2f} {mid * 1e3:7.2f} {hi * 1e3:7.2f}  "
             f"{o.predicted * 1e3:8.2f} {o.error:+7.1%}  {o.samples_measured:9,.0f} "
-            f"{o.samples_predicted:9,.0f}  bytes {same}  steal {o.steal:.1%}")
+            f"{o.samples_predicted:9,.0f}  bytes {same}  steal {o.steal:.1%}"
+            + ("" if o.slow is None else f"  slow x{o.slow:.2f}"))
 
 
 def main() -> None:
@@ -354,11 +371,11 @@ def main() -> None:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         machine = _machine(args, work) if args.transfer else None
-        outcomes = []
+        outcomes, guard = [], SpeedGuard()
         for config in chosen:
             outcome = run_config(config, work, args.repeat, args.steps, args.netns,
                                  args.profile_runs, args.protocol, args.profile_protocol,
-                                 args.cpu, machine)
+                                 args.cpu, machine, guard)
             outcomes.append(outcome)
             print(row(outcome), flush=True)
             for line in outcome.cpu:

@@ -43,7 +43,10 @@ the hypervisor runs someone else, so a kernel measured then looks slower than it
 bad reference bends its op type's curve (the fit never lets a larger op cost less). Each
 reference is measured between two speed probes (`speed_probe`), and again while either ran
 `PROBE_SLOW` times slower than the fastest probe yet; one still slow after `PROBE_TRIES` tries
-is kept and named in the file's ``meta.slow``.
+is kept (its least slow try) and named in the file's ``meta.slow``. The cores' sharing and
+every run of a reference job are guarded the same way (`runtime.launch.speed.SpeedGuard`;
+named under ``meta.slow.machine``): a spell had given two busy processes 0.82 of a core each
+and priced every message a quarter dearer.
 
 The machine file (``machine.json``)::
 
@@ -73,6 +76,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, TextIO
@@ -86,6 +90,7 @@ from runtime.execution.curves import Curve, Feature, fit_curve
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
+from runtime.launch.speed import PROBE_SLOW, PROBE_TRIES, SpeedGuard, speed_probe
 from runtime.services.job import Job
 from transpiler.distribute.contract import ServeContract
 from transpiler.ir import Op, VarType
@@ -198,25 +203,6 @@ def _cost_rank(ref: Reference) -> int:
     return ref.batch * ref.width * (8 if ref.name.startswith("cnn-") else 1)
 
 
-PROBE_SLOW = 1.25
-"""A reference whose speed probe ran this much slower than the fastest probe so far was
-measured while the machine was slow (another guest's steal counts as the thread's own CPU
-time in a VM), and is measured again."""
-PROBE_TRIES = 3
-"""How many times a reference is measured at most before its slowest samples are kept anyway
-(and named in the meta's ``slow``)."""
-
-
-def speed_probe(repeats: int = 200) -> float:
-    """CPU seconds of a fixed numpy workload (small products, as a node's kernels are): how fast
-    this thread runs right now."""
-    a = np.ones((48, 48), np.float32)
-    started = time.thread_time()
-    for _ in range(repeats):
-        a = (a @ a) * np.float32(1e-3)
-    return time.thread_time() - started
-
-
 @dataclass
 class KernelRun:
     """What `measure_kernels` measured: the samples, the references over the budget, and those
@@ -231,30 +217,28 @@ def measure_kernels(backend: str, refs: list[Reference], budget: float, stream: 
                     probe: Callable[[], float] = speed_probe) -> KernelRun:
     """Run every reference on `backend` until `budget` seconds are spent, each between two
     speed probes, again (up to `PROBE_TRIES` times) while either probe is `PROBE_SLOW` times
-    the fastest seen."""
-    run = KernelRun(WorkTimes())
+    the fastest seen (`SpeedGuard`)."""
+    run, guard = KernelRun(WorkTimes()), SpeedGuard(probe)
     started = time.monotonic()
-    fastest = probe()
     for k, ref in enumerate(refs):
         if k and time.monotonic() - started > budget:  # the first runs whatever the budget
             run.skipped += [r.name for r in refs[k:]]
             break
-        for attempt in range(PROBE_TRIES):
-            times, before = WorkTimes(), probe()
-            _measure(ref, backend, times)
-            slowest = max(before, probe())
-            fastest = min(fastest, before, slowest)
-            if slowest <= PROBE_SLOW * fastest or attempt == PROBE_TRIES - 1:
-                break
-        if slowest > PROBE_SLOW * fastest:
-            run.slow[ref.name] = round(slowest / fastest, 2)
+        times, slowness = guard.measure(ref.name, partial(_measured, ref, backend))
         for op_type, samples in times.samples.items():
             run.times.samples.setdefault(op_type, []).extend(samples)
         print(f"  {backend:<6} {ref.name:<22} {run.times.calls:>7} calls  "
               f"{time.monotonic() - started:6.1f}s"
-              + (f"  (slow machine: x{run.slow[ref.name]:.2f})" if ref.name in run.slow else ""),
+              + (f"  (slow machine: x{slowness:.2f})" if slowness else ""),
               file=stream, flush=True)
+    run.slow = guard.slow
     return run
+
+
+def _measured(ref: Reference, backend: str, _attempt: int) -> WorkTimes:
+    times = WorkTimes()
+    _measure(ref, backend, times)
+    return times
 
 
 def _measure(ref: Reference, backend: str, times: WorkTimes) -> None:
@@ -484,28 +468,31 @@ train: {steps: 150, deadline: 300s}
 dispatch cost with no messages in the step (`fold_local`)."""
 
 
-def measure_runtime(stream: TextIO) -> RuntimeRuns:
+def measure_runtime(stream: TextIO, guard: SpeedGuard | None = None) -> RuntimeRuns:
     """The runtime section of a profile of `RUNTIME_REFERENCE`, run for real, with the message
     kinds of each of `KIND_REFERENCES` added, the per-step and per-op costs of
-    `LOCAL_REFERENCE` (`fold_local`), and every reference job's kernel samples."""
-    document, kernels = _profile_runtime("reference", RUNTIME_REFERENCE, stream, RUNTIME_RUNS)
+    `LOCAL_REFERENCE` (`fold_local`), and every reference job's kernel samples; each run
+    taken again while `guard` finds the machine slow."""
+    guard = guard or SpeedGuard()
+    document, kernels = _profile_runtime("reference", RUNTIME_REFERENCE, stream, guard,
+                                         RUNTIME_RUNS)
     print("  runtime: the local reference job, for a step without RPCs", file=stream, flush=True)
-    local, _ = _profile_runtime("local", LOCAL_REFERENCE, stream)
+    local, _ = _profile_runtime("local", LOCAL_REFERENCE, stream, guard)
     document = fold_local(document, local, *ops_per_period(RUNTIME_REFERENCE))
     print("  runtime: the reference job with one pserver and one trainer, for the work no "
           "timer sees per peer", file=stream, flush=True)
-    alone, _ = _profile_runtime("peers", PEERS_REFERENCE, stream, RUNTIME_RUNS)
+    alone, _ = _profile_runtime("peers", PEERS_REFERENCE, stream, guard, RUNTIME_RUNS)
     document = merge_peers(document, fold_local(alone, local, *ops_per_period(PEERS_REFERENCE)))
     print("  runtime: the bytes reference job, for the cost of large messages", file=stream,
           flush=True)
-    big, _ = _profile_runtime("bytes", BYTES_REFERENCE, stream)
+    big, _ = _profile_runtime("bytes", BYTES_REFERENCE, stream, guard)
     document = merge_bytes(document, big, param_bytes(RUNTIME_REFERENCE),
                            param_bytes(BYTES_REFERENCE))
     families: dict[str, tuple[dict[str, Any], tuple[int, int]]] = {}
     for name, text in KIND_REFERENCES.items():
         print(f"  runtime: the {name} reference job, for its message kinds and op types",
               file=stream, flush=True)
-        extra, more = _profile_runtime(name, text, stream,
+        extra, more = _profile_runtime(name, text, stream, guard,
                                        RUNTIME_RUNS if name in FAMILY_REFERENCES else 1)
         if name in FAMILY_REFERENCES:
             families[name] = (fold_local(extra, local, *ops_per_period(text)), more.traffic)
@@ -518,17 +505,19 @@ def measure_runtime(stream: TextIO) -> RuntimeRuns:
     return RuntimeRuns(document, kernels)
 
 
-def _profile_runtime(name: str, text: str, stream: TextIO, runs: int = 1
+def _profile_runtime(name: str, text: str, stream: TextIO, guard: SpeedGuard, runs: int = 1
                      ) -> tuple[dict[str, Any], WorkTimes]:
     """The runtime section of a profile of the job `text`, run for real (`runs` times: the
-    median run's), and its nodes' kernel calls with their work."""
+    median run's; each again while `guard` finds the machine slow), and its nodes' kernel
+    calls with their work."""
     from runtime.launch.profile import measure_runs  # the launcher: imported when needed
 
     with tempfile.TemporaryDirectory(prefix="pslab-calibrate-") as tmp:
         path = Path(tmp) / f"{name}.yaml"
         write_atomic(path, text)
         scenario = parse_scenario(text, str(path))
-        run, _ = measure_runs(path, [], scenario, Path(tmp) / "out", stream, runs=runs)
+        run, _ = measure_runs(path, [], scenario, Path(tmp) / "out", stream, runs=runs,
+                              guard=guard)
     kernels = WorkTimes(traffic=(sum(n.messages for n in run.nodes),
                                  sum(n.bytes for n in run.nodes)))
     for op_type, samples in run.times.samples.items():
@@ -717,12 +706,14 @@ def calibrate(stream: TextIO, backends: list[str] | None = None, quick: bool = F
         "fallback": {b: m["fallback"] for b, m in measured.items() if m["fallback"]}}
     cores = os.cpu_count() or 1
     print(f"  cores: 1 to {cores + 2} busy processes on {cores} cores", file=stream, flush=True)
-    document["cores"] = {"count": cores, "rates": measure_sharing(cores + 2),
-                         "slice": measure_slice(cores + 2)}
+    guard = SpeedGuard(deadline=started + budget)  # retries stop at the budget
+    (rates, slice_), _ = guard.measure("cores", lambda _: (measure_sharing(cores + 2),
+                                                           measure_slice(cores + 2)))
+    document["cores"] = {"count": cores, "rates": rates, "slice": slice_}
     from_jobs: list[str] = []
     if runtime:
         print("  runtime: a 2 x 2 reference job, run for real", file=stream, flush=True)
-        runs = measure_runtime(stream)
+        runs = measure_runtime(stream, guard)
         document["runtime"] = runs.document
         if "numpy" in document["kernels"]:  # the jobs ran the numpy kernels
             extra = job_curves(document["kernels"]["numpy"], runs.kernels)
@@ -733,7 +724,8 @@ def calibrate(stream: TextIO, backends: list[str] | None = None, quick: bool = F
         "seconds": round(time.monotonic() - started, 1), "quick": quick,
         "kernel_threads": KERNEL_THREADS, "grid": [r.name for r in grid(quick)],
         "skipped": {b: m["skipped"] for b, m in measured.items()},
-        "slow": {b: m.get("slow", {}) for b, m in measured.items()},
+        "slow": {**{b: m.get("slow", {}) for b, m in measured.items()},
+                 "machine": guard.slow},
         "from_jobs": from_jobs,
         "samples": {b: m["samples"] for b, m in measured.items()}}
     return document
@@ -767,6 +759,12 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
     if document["meta"].get("from_jobs"):
         yield ("op types priced from the reference jobs' runs: "
                + ", ".join(document["meta"]["from_jobs"]))
+    slow = {name: x for named in document["meta"].get("slow", {}).values()
+            for name, x in named.items()}
+    if slow:
+        yield (f"measured while the machine ran slow, {len(slow)} times (up to "
+               f"x{max(slow.values()):.2f}), each after {PROBE_TRIES} tries: "
+               + ", ".join(sorted(slow)) + "; calibrate again on a quiet machine to replace them")
     skipped = {b: s for b, s in document["meta"].get("skipped", {}).items() if s}
     for backend, names in skipped.items():
         yield f"{backend}: over the time budget, skipped {', '.join(names)}"

@@ -50,6 +50,7 @@ from runtime.execution.costs import (CurveCosts, KernelTimes, NodeCosts, OpSampl
                                      SpanCost, calibrate_curve_least, calibrate_io, calibrate_span,
                                      fit_costs, machine)
 from runtime.launch.launcher import launch
+from runtime.launch.speed import PROBE_TRIES, SpeedGuard
 from runtime.services.node import MEASURE_VAR, run_async
 
 PER_ELEMENT_GAIN = 0.5
@@ -269,18 +270,29 @@ def cpu_total(run: ProfileRun) -> float:
 
 
 def measure_runs(scenario_path: Path, overrides: list[str], scenario: Scenario, out: Path,
-                 stream: TextIO, netns: bool = False, runs: int = 1) -> tuple[ProfileRun,
-                                                                             list[float]]:
+                 stream: TextIO, netns: bool = False, runs: int = 1,
+                 guard: SpeedGuard | None = None) -> tuple[ProfileRun, list[float]]:
     """`measure` `runs` times (into OUT/run-<i> when more than one); the run whose nodes used
     the median CPU time, and every run's total. On a shared machine whose speed drifts, one
     run can take 30% more CPU than another for the same work: the median run is the
-    machine as it mostly is, where one run is the machine as it happened to be."""
+    machine as it mostly is, where one run is the machine as it happened to be. With a
+    `guard`, a run the speed probes find taken while the machine ran slow is taken again
+    (into OUT/run-<i>-again<k>), and the least slow try counts."""
     done = []
     for i in range(runs):
         where = out if runs == 1 else out / f"run-{i}"
         if runs > 1:
             print(f"measured run {i + 1} of {runs}", file=stream, flush=True)
-        done.append(measure(scenario_path, overrides, scenario, where, stream, netns))
+
+        def once(attempt: int, where: Path = where, i: int = i) -> ProfileRun:
+            if attempt:
+                print(f"the machine ran slow during that run; measuring it again (try "
+                      f"{attempt + 1} of {PROBE_TRIES})", file=stream, flush=True)
+                where = out / f"run-{i}-again{attempt}"
+            return measure(scenario_path, overrides, scenario, where, stream, netns)
+
+        done.append(once(0) if guard is None else
+                    guard.measure(f"{scenario.name} run {i + 1}", once)[0])
     totals = [cpu_total(run) for run in done]
     return sorted(done, key=cpu_total)[(runs - 1) // 2], totals
 

@@ -244,9 +244,10 @@ def run_config(config: Config, work: Path, repeat: int, steps: int | None,
             predictions.append((_simulate(scenario, profile), profile))
         if r < repeat:
             def up(attempt: int, r: int = r) -> Path:
-                out = work / (f"{config.name}-up{r}" + (f"-again{attempt}" if attempt else ""))
+                again = f"-again{attempt}" if attempt else ""
+                out = work / f"{config.name}-up{r}{again}"
                 _run([*runtime, "up", str(scenario), "--out", str(out)] + flags,
-                     work / f"{out.name}.log")
+                     work / f"{config.name}.up{r}{again}.log")
                 return out
 
             out, slowness = guard.measure(f"{config.name} up{r}", up)

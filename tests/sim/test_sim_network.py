@@ -41,8 +41,10 @@ Log = list[tuple[float, str, str, bytes]]
 
 
 def exact_network(**section: Any) -> Network:
-    """Constant latency L and bandwidth B unless `section` says otherwise."""
-    return Network.from_spec({"default": {"latency": L, "bandwidth": B}, **section}, seed=0)
+    """Constant latency L and bandwidth B unless `section` says otherwise; rates count the
+    messages' bytes alone (``framing: none``), so that S / B is exact."""
+    return Network.from_spec({"default": {"latency": L, "bandwidth": B}, "framing": "none",
+                              **section}, seed=0)
 
 
 def now() -> float:
@@ -311,11 +313,40 @@ def test_an_ideal_network_delivers_at_the_same_instant() -> None:
     assert [t for t, *_ in log] == [0.25]
 
 
+def test_a_rate_counts_the_tcp_segments_frames_by_default() -> None:
+    # 262,144 bytes ride in 182 segments of at most 1,448 bytes, each with 66 bytes of
+    # Ethernet, IPv4 and TCP headers: 274,156 bytes against the rate, as tc counts them
+    spec = NetworkSpec.parse({"default": {"bandwidth": B}})
+    assert -(-S // 1448) == 182
+    assert (spec.framing, spec.wire_bytes(S)) == ("tcp", S + 182 * 66)
+    assert spec.wire_bytes(40) == 40 + 66 and spec.wire_bytes(1448) == 1448 + 66
+    assert NetworkSpec.parse({"framing": "none"}).wire_bytes(S) == S
+    net = Network.from_spec({"default": {"latency": L, "bandwidth": B}}, seed=0)
+    log: list[tuple[float, str, str, bytes]] = []
+
+    async def main() -> None:
+        server = await serve(net, "pserver:0", "ps0")
+        trainer = await client(net, "trainer:0", "ps0")
+        await asyncio.sleep(1.0)
+        await trainer.send("ps0", [payload(7)[:4], bytes(S - 4)])
+        await receive(server, 1, log)
+
+    run(main())
+    assert log[0][0] == pytest.approx(1.0 + L + (S + 182 * 66) / 1024.0**3, abs=1e-12)
+    assert net.nic_stats()["trainer:0"].bytes_out == S  # the counters keep the messages' bytes
+
+
+def test_framing_is_checked_by_name() -> None:
+    with pytest.raises(NetworkConfigError, match="framing"):
+        NetworkSpec.parse({"framing": "udp"})
+
+
 # -------------------------------------------------------------------------- link overrides
 
 
 OVERRIDES = {
     "default": {"latency": L, "bandwidth": B},
+    "framing": "none",
     "links": [
         {"between": ["pserver:*", "trainer:*"], "latency": 4 * L},
         {"between": ["trainer:0", "pserver:1"], "bandwidth": "4GiB/s"},  # keeps latency 4L
@@ -497,7 +528,7 @@ def test_latencies_depend_on_the_seed_and_each_link_has_its_own_stream() -> None
 
 def test_on_message_reports_each_delivery() -> None:
     seen: list[tuple[Any, ...]] = []
-    spec = {"default": {"latency": L, "bandwidth": B}}
+    spec = {"default": {"latency": L, "bandwidth": B}, "framing": "none"}
     net = Network.from_spec(spec, seed=0, on_message=lambda *message: seen.append(message))
 
     async def main() -> None:

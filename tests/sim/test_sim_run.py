@@ -60,7 +60,7 @@ data: {batch_size: 8}
 cluster: {pservers: 1, trainers: 1}
 transpiler: {mode: sync}
 train: {steps: 5, protocol: PROTOCOL}
-network: {default: {latency: 100us, bandwidth: 100MB/s}}
+network: {default: {latency: 100us, bandwidth: 100MB/s}, framing: none}
 compute: {model: profile, ops: {mul: 1ms}}
 """
 
@@ -519,9 +519,9 @@ def test_check_determinism_names_the_first_difference_and_exits_1(
     assert code == 1, output
     assert next(calls) == 2
     assert output.splitlines()[-1] == (
-        "FAILED: not deterministic: metrics.json differs first at byte 348 (line 18, column 30), "
-        "key job.train_seconds: 0.0017196224922768745 in the first run, "
-        "0.0017194061402643834 in the second")
+        "FAILED: not deterministic: metrics.json differs first at byte 347 (line 18, column 29), "
+        "key job.train_seconds: 0.0017257472922768725 in the first run, "
+        "0.0017268509402643818 in the second")
 
 
 def test_the_first_difference_is_located_by_byte_and_by_key() -> None:

@@ -1,15 +1,17 @@
-"""Shared helpers for tests that run whole jobs: over loopback ZeroMQ, or on the simulated
-network, and compare their parameters with local training's."""
+"""Shared helpers for tests that run whole jobs: over ZeroMQ on this host (local sockets), or on
+the simulated network, and compare their parameters with local training's."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 from pathlib import Path
 
 import numpy as np
 
 from runtime.config.scenario import parse_scenario
+from runtime.network.local_sockets import make_socket_dir
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.cluster import JobResult, run_job
 from runtime.services.job import Job
@@ -60,7 +62,23 @@ train: {{steps: {steps}, deadline: 60s, heartbeat_timeout: {heartbeat_timeout}{r
 
 
 def run(job: Job) -> JobResult:
-    return asyncio.run(run_job(job, ZmqTransport))
+    """Run `job` over ZeroMQ, every node a task of one loop, its sockets in a directory of its
+    own (mode 0700, `runtime.network.local_sockets`), not on loopback TCP ports.
+
+    DESIGN: a TCP port that `free_endpoints` reports free may still be the target of a client
+    of an earlier job (another test, the other xdist worker, a node process left retrying)
+    that reconnects every 0.1 s under the same node names (``trainer:1``). Once this job's
+    pserver binds the port, that client connects, and without keys a ROUTER hands a routing id
+    to its newest connection (ROUTER_HANDOVER, which a restarted node needs): the stranger
+    takes over ``trainer:1``'s routing id, the pserver no longer hears the real trainer 1, and
+    after `train.heartbeat_timeout` of that silence drops it from the fan-in: the sync job no
+    longer equals local training (or stalls). Nobody else can reach this job's own socket
+    directory (`tests/services/test_cluster_sync.py` connects such a stranger)."""
+    directory = make_socket_dir()
+    try:
+        return asyncio.run(run_job(job, lambda name: ZmqTransport(name, ipc_dir=directory)))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def simulate(job: Job) -> dict[str, np.ndarray]:

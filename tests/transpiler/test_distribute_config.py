@@ -161,6 +161,32 @@ def test_bad_collective_arguments(trainers: str, current: str, trainer_id: int, 
                     current_endpoint=current, in_place=False)
 
 
+def test_pserver_mode_takes_no_current_endpoint_as_the_original_did() -> None:
+    """Paddle's harness of its distributed tests transpiles with ``current_endpoint=None``:
+    in pserver mode the original only records it as ``_ps_endpoint``; the programs are those
+    of the default endpoint's transpile. nccl2 mode still needs the trainer's own endpoint."""
+    def programs(current: str | None) -> tuple[list[str], list[str], object]:
+        main, startup = basic()
+        t = T.DistributeTranspiler()
+        t.transpile(0, program=main, pservers=PSERVERS, trainers=2, startup_program=startup,
+                    current_endpoint=current, in_place=False)
+        trainer = t.get_trainer_program()
+        pserver = t.get_pserver_program(PS1)
+        return ([op.type for op in trainer.global_block().ops],
+                [op.type for b in pserver.blocks for op in b.ops], trainer._ps_endpoint)
+    none, given = programs(None), programs(PS1)
+    assert none[:2] == given[:2] and "send" in none[0] and "listen_and_serv" in none[1]
+    assert none[2] is None and given[2] == PS1
+    main, startup = basic()
+    with pytest.raises(ValueError, match="current_endpoint: endpoint must be a 'host:port' "
+                                         "string, got None"):
+        T.DistributeTranspiler(config(mode="nccl2")).transpile(
+            0, program=main, trainers=PSERVERS, startup_program=startup,
+            current_endpoint=None, in_place=False)
+    with pytest.raises(ValueError, match="current_endpoint: 'nowhere' is not a 'host:port'"):
+        programs("nowhere")
+
+
 def test_no_pservers_in_nccl2_mode() -> None:
     main, startup = basic()
     t = T.DistributeTranspiler(config(mode="nccl2"))

@@ -3,6 +3,8 @@
 Every check raises ValueError naming the argument at fault: an empty or malformed endpoint
 list, a duplicate endpoint, `trainers` < 1, a `trainer_id` outside ``range(trainers)``, a
 `current_endpoint` that is not the trainer's own entry in the trainer list (nccl2 / collective).
+In pserver mode `current_endpoint` may be None, as the original took it there: it only records
+it as the program's ``_ps_endpoint`` (Paddle's harness of its distributed tests passes None).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class Cluster:
     trainers: int
     pservers: tuple[str, ...]
     trainer_endpoints: tuple[str, ...]
-    current_endpoint: str
+    current_endpoint: str | None
+    """None only in pserver mode, where `transpile` was given none."""
 
     @property
     def is_chief(self) -> bool:
@@ -75,16 +78,18 @@ def _check_trainer_id(trainer_id: object, trainers: int) -> int:
 
 
 def pserver_cluster(trainer_id: object, pservers: object, trainers: object,
-                    current_endpoint: str) -> Cluster:
-    """Pserver mode: `pservers` lists the servers, `trainers` counts the trainers."""
+                    current_endpoint: str | None) -> Cluster:
+    """Pserver mode: `pservers` lists the servers, `trainers` counts the trainers;
+    `current_endpoint`, when given, must be an endpoint (None is kept as None)."""
     endpoints = parse_endpoints(pservers, "pservers")
     if isinstance(trainers, bool) or not isinstance(trainers, int) or trainers < 1:
         raise ValueError(f"trainers: must be an int >= 1 in pserver mode, got {trainers!r}")
-    return Cluster(_check_trainer_id(trainer_id, trainers), trainers, endpoints, (),
-                   check_endpoint(current_endpoint, "current_endpoint"))
+    current = None if current_endpoint is None else check_endpoint(current_endpoint,
+                                                                   "current_endpoint")
+    return Cluster(_check_trainer_id(trainer_id, trainers), trainers, endpoints, (), current)
 
 
-def trainer_cluster(trainer_id: object, trainers: object, current_endpoint: str,
+def trainer_cluster(trainer_id: object, trainers: object, current_endpoint: str | None,
                     mode: str, collective_mode: str | None = None) -> Cluster:
     """nccl2 / collective mode: `trainers` lists the trainers' endpoints, and the current
     endpoint must be the one at index `trainer_id`. Collective mode needs two endpoints at

@@ -121,7 +121,8 @@ class DistributeTranspiler:
     def transpile(self, trainer_id: int, program: Program | None = None,
                   pservers: str = "127.0.0.1:6174", trainers: int | str = 1,
                   sync_mode: bool = True, startup_program: Program | None = None,
-                  current_endpoint: str = "127.0.0.1:6174", *, in_place: bool = True) -> None:
+                  current_endpoint: str | None = "127.0.0.1:6174", *,
+                  in_place: bool = True) -> None:
         """Plan the job and build the trainer's programs; the pservers' are built on request.
 
         In nccl2 and collective modes `trainers` is the trainers' endpoint list instead of a

@@ -1066,9 +1066,15 @@ def matmul(x: Var, y: Var, transpose_x: bool = False, transpose_y: bool = False,
     return out
 
 
-def _with_xshape(op_type: str, x: Var, shape: Sequence[int], attrs: dict) -> Var:
-    """An op that writes Out of `shape` and Paddle's XShape ([0] + x's shape)."""
-    out = create_tmp_var(op_type, tuple(shape), x.dtype)
+def _with_xshape(op_type: str, x: Var, shape: Sequence[int], attrs: dict,
+                 share_lod: bool = True) -> Var:
+    """An op that writes Out of `shape` and Paddle's XShape ([0] + x's shape). With
+    `share_lod` (reshape2, squeeze2, unsqueeze2) Out keeps x's lod_level where its first dim
+    is x's, as fluid's InferShape shares the LoD (so a reshaped LoD embedding can be
+    sequence-pooled, as fluid's ``dist_simnet_bow.py`` does); transpose2 shares none."""
+    same_rows = bool(shape) and bool(x.shape) and shape[0] == x.shape[0]
+    out = create_tmp_var(op_type, tuple(shape), x.dtype,
+                         lod_level=x.lod_level if share_lod and same_rows else 0)
     xshape = create_tmp_var(op_type, (0,) + tuple(x.shape), x.dtype, stop_gradient=True)
     append_op(op_type, {"X": [x]}, {"Out": [out], "XShape": [xshape]}, attrs)
     return out
@@ -1095,7 +1101,8 @@ def transpose(x: Var, perm: Sequence[int], name: str | None = None) -> Var:
     perm = [int(a) for a in perm]
     if sorted(perm) != list(range(len(x.shape))):
         raise ValueError(f"transpose: perm {perm} is not a permutation of {len(x.shape)} dims")
-    return _with_xshape("transpose2", x, [x.shape[a] for a in perm], {"axis": perm})
+    return _with_xshape("transpose2", x, [x.shape[a] for a in perm], {"axis": perm},
+                        share_lod=False)
 
 
 def squeeze(input: Var, axes: Sequence[int], name: str | None = None) -> Var:

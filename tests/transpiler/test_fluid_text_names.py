@@ -198,3 +198,44 @@ def test_a_simnet_bow_step_runs_from_fed_sequences() -> None:
            for _ in range(4)]
     assert all(np.isfinite(v[0][0]) and 0 <= v[1][0] <= 1 for v in got)
     assert got[-1][0][0] < got[0][0][0]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "phantom"])
+def test_reshape_keeps_the_lod_where_the_first_dim_stays_as_fluids_does(backend: str) -> None:
+    """``dist_simnet_bow.py`` reshapes ``fluid.embedding``'s [N, 1, D] LoD output to [N, D]
+    and sequence-pools it: reshape2, squeeze2 and unsqueeze2 keep X's LoD (lod_level when
+    built, the offsets when run) where Out's first dim is X's, as fluid's InferShape shares
+    it; other shapes, and transpose2, keep none."""
+    if backend == "torch":
+        pytest.importorskip("torch")
+
+    def net() -> Any:
+        words = fluid.layers.data("words", [1], dtype="int64", lod_level=1)
+        emb = fluid.embedding(words, size=[20, 3],
+                              param_attr=fluid.ParamAttr(name="emb", initializer=(
+                                  fluid.initializer.Uniform(-1.0, 1.0))))
+        rows = fluid.layers.reshape(emb, [-1, 3])
+        squeezed = fluid.layers.squeeze(emb, [1])
+        flat = fluid.layers.reshape(emb, [1, -1])
+        swapped = fluid.layers.transpose(rows, [1, 0])
+        return emb, rows, squeezed, flat, swapped, fluid.layers.sequence_pool(rows, "sum")
+    main, startup, (emb, rows, squeezed, flat, swapped, pooled) = build(net, seed=4)
+    assert emb.shape == (-1, 1, 3) and emb.lod_level == 1
+    assert (rows.lod_level, squeezed.lod_level, flat.lod_level, swapped.lod_level) == (1, 1, 0, 0)
+    exe, scope = Executor(backend), Scope()
+    exe.run(startup, scope=scope)
+    ids = np.array([[4], [2], [7], [9], [4]], dtype=np.int64)
+    feed: dict[str, Any] = {"words": LoDTensor(ids, [[0, 3, 4, 5]])}
+    if backend == "phantom":
+        feed = {name: phantom_of(value) for name, value in feed.items()}
+    exe.run(main, feed=feed, scope=scope)
+    lods = [scope.get_tensor(v.name).lod for v in (rows, squeezed)]
+    assert [list(map(list, lod)) for lod in lods] == [[[0, 3, 4, 5]]] * 2
+    for v in (flat, swapped):
+        assert not getattr(scope.get_tensor(v.name), "lod", None)
+    if backend == "phantom":
+        assert tuple(scope.get_tensor(pooled.name).shape) == (3, 3)
+        return
+    table = scope.get("emb")
+    want = [table[[4, 2, 7]].sum(0), table[9], table[4]]
+    np.testing.assert_allclose(scope.get(pooled.name), want, rtol=1e-6)

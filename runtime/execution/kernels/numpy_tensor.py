@@ -15,8 +15,9 @@ from transpiler.ir import grad_name
 from runtime.execution.kernels.common import out_grad
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.registry import register
-from runtime.execution.kernels.shapes import (matmul_flags, matmul_shape, slice_bounds,
-                                              reshaped, split_sizes, transpose_perm, xshape)
+from runtime.execution.kernels.shapes import (matmul_flags, matmul_shape, reshaped,
+                                              shared_lod, slice_bounds, split_sizes,
+                                              transpose_perm, xshape)
 
 Array = np.ndarray
 
@@ -69,9 +70,10 @@ def matmul_grad(ctx: KernelContext) -> None:
 
 # -- reshape2, transpose2, squeeze2, unsqueeze2 -------------------------------------------------
 def _reshaped(ctx: KernelContext, shape: tuple[int, ...]) -> None:
-    """Out: X's data in `shape`; XShape: [0] + X's shape."""
+    """Out: X's data in `shape` (with X's LoD where the first dim stays, `shared_lod`);
+    XShape: [0] + X's shape."""
     x = ctx.input("X")
-    ctx.set_output("Out", x.reshape(shape))
+    ctx.set_output("Out", x.reshape(shape), lod=shared_lod(ctx, x.shape, shape))
     ctx.set_output("XShape", np.empty(xshape(x.shape), dtype=x.dtype))
 
 

@@ -412,10 +412,15 @@ def _matmul(ctx: KernelContext) -> None:
     ctx.set_output("Out", _dense(matmul_shape(x.shape, y, tx, ty), x.dtype))
 
 
-def _reshaped(ctx: KernelContext, shape: Callable[[tuple[int, ...]], Sequence[int]]) -> None:
-    """Out in the shape `shape` gives for X's; XShape [0] + X's shape."""
-    x = phantom_of(_value(ctx, "X"))
-    ctx.set_output("Out", _dense(shape(x.shape), x.dtype))
+def _reshaped(ctx: KernelContext, shape: Callable[[tuple[int, ...]], Sequence[int]],
+              share_lod: bool = True) -> None:
+    """Out in the shape `shape` gives for X's (with X's LoD where its first dim stays and
+    `share_lod`, as `shapes.shared_lod`); XShape [0] + X's shape."""
+    value = _value(ctx, "X")
+    x = phantom_of(value)
+    out = list(shape(x.shape))
+    same_rows = share_lod and bool(x.shape) and bool(out) and x.shape[0] == out[0]
+    ctx.set_output("Out", _dense(out, x.dtype, _lod(value) if same_rows else ()))
     ctx.set_output("XShape", _dense(xshape(x.shape), x.dtype))
 
 
@@ -425,7 +430,7 @@ def _reshape2(ctx: KernelContext) -> None:
 
 
 def _transpose2(ctx: KernelContext) -> None:
-    _reshaped(ctx, lambda s: [s[a] for a in transpose_perm(ctx, len(s))])
+    _reshaped(ctx, lambda s: [s[a] for a in transpose_perm(ctx, len(s))], share_lod=False)
 
 
 def _split(ctx: KernelContext) -> None:

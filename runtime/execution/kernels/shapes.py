@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from runtime.execution.kernels.common import axis_of
 from runtime.execution.kernels.context import KernelContext
+from runtime.execution.tensor import LoD
 from runtime.execution.kernels.numpy_math import reshape_target
 
 Shape = tuple[int, ...]
@@ -236,6 +237,12 @@ def reshaped(ctx: KernelContext, shape: Shape) -> Shape:
     return unsqueeze_shape(shape, list(ctx.attr("axes")))
 
 
+def shared_lod(ctx: KernelContext, x_shape: Sequence[int], shape: Sequence[int]) -> LoD:
+    """What `reshape2`, `squeeze2` and `unsqueeze2` pass on of X's LoD to Out of `shape`: all
+    of it where the first dim stays X's, else none (fluid's InferShape shares it so)."""
+    return ctx.lod("X") if len(x_shape) and len(shape) and x_shape[0] == shape[0] else []
+
+
 def xshape(shape: Shape) -> Shape:
     """The XShape output of reshape2, transpose2, squeeze2, unsqueeze2: [0] + X's shape, an
     empty tensor that carries X's shape to the gradient."""
@@ -243,5 +250,5 @@ def xshape(shape: Shape) -> Shape:
 
 
 __all__ = ["Window", "axis_of", "conv_out_shape", "conv_window", "matmul_flags", "matmul_shape",
-           "norm_split", "pool_kind", "pool_window", "reshaped", "slice_bounds", "split_sizes",
-           "squeeze_shape", "transpose_perm", "unsqueeze_shape", "xshape"]
+           "norm_split", "pool_kind", "pool_window", "reshaped", "shared_lod", "slice_bounds",
+           "split_sizes", "squeeze_shape", "transpose_perm", "unsqueeze_shape", "xshape"]

@@ -13,8 +13,9 @@ import numpy as np
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_tensor import (gather_index, last_of_each,
                                                     out_grads_by_output)
-from runtime.execution.kernels.shapes import (matmul_flags, matmul_shape, slice_bounds,
-                                              reshaped, split_sizes, transpose_perm, xshape)
+from runtime.execution.kernels.shapes import (matmul_flags, matmul_shape, reshaped,
+                                              shared_lod, slice_bounds, split_sizes,
+                                              transpose_perm, xshape)
 from runtime.execution.kernels.torch_common import (Tensor, dtype_of, input_t, kernel, out_grad_t,
                                                     put, tensor, torch)
 from runtime.execution.kernels.torch_conv import vjp
@@ -48,7 +49,7 @@ def matmul_grad(ctx: KernelContext) -> None:
 # -- reshape2, transpose2, squeeze2, unsqueeze2 -------------------------------------------------
 def _reshaped(ctx: KernelContext, shape: tuple[int, ...]) -> None:
     x = ctx.input("X")
-    put(ctx, "Out", tensor(x).reshape(shape))
+    put(ctx, "Out", tensor(x).reshape(shape), lod=shared_lod(ctx, x.shape, shape))
     ctx.set_output("XShape", np.empty(xshape(x.shape), dtype=dtype_of(x)))
 
 

@@ -9,7 +9,8 @@ programs, so that a classic parameter-server script runs with only its imports c
   at the op's endpoint with the runtime's `PserverService`, from the values the pserver's
   startup program left in the scope (the script runs ``exe.run(pserver_startup)`` first), and
   returns once every trainer has completed (or, on its own as it is, when its trainers are
-  gone: `TrainersGone`);
+  gone: `TrainersGone`); it drops a trainer silent for Paddle's ``FLAGS_rpc_deadline``
+  (`rpc_deadline`);
 - other RPC ops (a transpiled trainer program, or the trainer's startup program that
   `DistributeTranspiler.transpile` rewrote in place): it runs them as a trainer of the job. The
   first such run makes the trainer (`runtime.services.trainer.Trainer`, its `RpcOps` and an
@@ -102,6 +103,11 @@ STARTUP_TIMEOUT = 60.0
 """Seconds a trainer waits for the pservers' ports before its first RPC."""
 _RECEIVES = frozenset({"recv", "fetch_barrier"})
 """The RPC ops of a trainer's startup program: a program with others is a training step."""
+RPC_DEADLINE_VAR = "FLAGS_rpc_deadline"
+"""Paddle's RPC deadline in milliseconds (default `RPC_DEADLINE_MS`): how long a pserver of a
+script waits for a silent trainer (`rpc_deadline`)."""
+RPC_DEADLINE_MS = 180_000
+"""Paddle's default ``FLAGS_rpc_deadline``."""
 T = TypeVar("T")
 
 
@@ -290,6 +296,27 @@ def is_step(ops: Iterable[Op]) -> bool:
 
 # -- security --------------------------------------------------------------------------------
 
+def rpc_deadline(env: Mapping[str, str]) -> float:
+    """Seconds a script's pserver waits for a trainer it has not heard from before dropping it
+    from the fan-in: Paddle's ``FLAGS_rpc_deadline`` (milliseconds; 180 s by default; Paddle's
+    distributed-test harness sets 30 s). A trainer's event loop also runs its kernels, so it
+    sends no heartbeat while it computes: `runtime up`'s 10 s (``train.heartbeat_timeout``)
+    would drop a trainer whose forward and backward pass take longer on a loaded host
+    (fluid's ``dist_se_resnext.py`` on two cores), where Paddle's pserver waits out its
+    deadline."""
+    text = env.get(RPC_DEADLINE_VAR, "").strip()
+    if not text:
+        return RPC_DEADLINE_MS / 1000
+    try:
+        ms = int(text)
+    except ValueError:
+        ms = 0
+    if ms <= 0:
+        raise ValueError(f"{RPC_DEADLINE_VAR}={text!r}: expected a positive number of "
+                         "milliseconds")
+    return ms / 1000
+
+
 def _loopback(endpoint: str) -> bool:
     host = endpoint.rpartition(":")[0].strip("[]")
     if host == "localhost":
@@ -441,8 +468,10 @@ class FluidExecutor:
         if trainer is None:
             trainer = self._trainer = await self._make_trainer(program, ops, scope)
             _TRAINERS[id(scope)] = self
-            if step:
-                trainer.startup = Program()  # no startup program with RPC ops came first
+            # the startup runs as written: `Trainer` leaves out the initializers its main
+            # program does not read, but the script's main program comes later and may read
+            # any var the startup initializes (auc's counts, batch norm's moving averages)
+            trainer.startup = Program() if step else program  # a step: no startup came first
             self._next_step = await trainer.start()
             if not step:  # this program was the startup `start` ran
                 return [scope.get(name) for name in fetch]
@@ -500,7 +529,8 @@ class FluidExecutor:
         keys = None if keys_dir is None else node_keys(keys_dir, "pserver", index, trainers,
                                                        endpoints)
         config = ServeConfig(trainer_names=tuple(trainer_name(i) for i in range(trainers)),
-                             give_up_without_trainers=True)
+                             give_up_without_trainers=True,
+                             heartbeat_timeout=rpc_deadline(os.environ))
         self._call(_serve(program, self._startup[1], scope, name, endpoint, keys, config,
                           self.kernels))
 

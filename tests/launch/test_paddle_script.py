@@ -25,8 +25,10 @@ from runtime.execution.scope import Scope
 from runtime.launch.launcher import free_endpoints
 from runtime.network.ports import PortsNotReady
 from runtime.paddle import batch, dataset, fluid
+from runtime.services import paddle_compat
 from runtime.services.paddle_compat import (INSECURE_VAR, SecurityRefused, is_step,
-                                            key_directory, rpc_ops)
+                                            key_directory, rpc_deadline, rpc_ops)
+from runtime.services.pserver import ServeConfig
 from runtime.services.trainer import Trainer
 
 from script_runs import run_together
@@ -109,6 +111,36 @@ def test_a_pserver_program_needs_its_startup_run_first() -> None:
     exe.close()
 
 
+def test_a_scripts_pserver_waits_for_a_silent_trainer_as_long_as_paddles_rpc_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer sends no heartbeat while its kernels run: a script's pserver drops one only
+    after Paddle's ``FLAGS_rpc_deadline`` (milliseconds, 180 s by default; Paddle's test
+    harness sets 30 s), not `runtime up`'s 10 s."""
+    assert rpc_deadline({}) == 180.0
+    assert rpc_deadline({"FLAGS_rpc_deadline": " 30000 "}) == 30.0
+    for bad in ("0", "-5", "soon"):
+        with pytest.raises(ValueError, match=f"FLAGS_rpc_deadline='{bad}': expected a positive "
+                                             "number of milliseconds"):
+            rpc_deadline({"FLAGS_rpc_deadline": bad})
+    main, startup, _ = build(load_script())
+    t = T.DistributeTranspiler()
+    t.transpile(0, program=main, startup_program=startup, pservers=PSERVERS, trainers=2)
+    pserver = t.get_pserver_program("127.0.0.1:6174")
+    configs: list[ServeConfig] = []
+
+    async def serve(*args: Any) -> None:
+        configs.append(next(a for a in args if isinstance(a, ServeConfig)))
+
+    monkeypatch.setattr(paddle_compat, "_serve", serve)
+    monkeypatch.setenv("FLAGS_rpc_deadline", "1234")
+    exe, scope = fluid.Executor(fluid.CPUPlace()), Scope()
+    exe.run(t.get_startup_program("127.0.0.1:6174", pserver), scope=scope)
+    assert exe.run(pserver, scope=scope) == []
+    exe.close()
+    assert [c.heartbeat_timeout for c in configs] == [1.234]
+    assert configs[0].give_up_without_trainers
+
+
 class Started(Exception):
     """The trainer reached `Trainer.start`: it did not wait for its pservers' ports."""
 
@@ -148,6 +180,47 @@ def test_the_executor_waits_for_the_pservers_as_get_trainer_program_asked(
                 exe.run(startup, scope=Scope())
     finally:
         exe.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_trainer_runs_its_startup_as_written_for_the_main_program_that_comes_later(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script runs the trainer's startup before its main program: every initializer stays,
+    the zeroed counts of ``auc`` among them, which only the main program reads (fluid's
+    ``dist_ctr.py``); a trainer that pruned them by the startup alone failed its first step."""
+    main, startup = Program(), Program()
+    with T.program_guard(main, startup), T.unique_name.guard():
+        x = fluid.layers.data("x", shape=[4])
+        y = fluid.layers.data("y", shape=[1], dtype="int64")
+        predict = fluid.layers.fc(x, size=2, act="softmax")
+        _, _, counts = fluid.layers.auc(predict, y)
+        fluid.optimizer.SGD(0.1).minimize(fluid.layers.mean(
+            fluid.layers.cross_entropy(predict, y)))
+    t = T.DistributeTranspiler()
+    t.transpile(0, program=main, startup_program=startup,
+                pservers=",".join(free_endpoints("127.0.0.1", 2)), trainers=2)
+    t.get_trainer_program(wait_port=False)
+    ran: list[Program] = []
+
+    async def start(self: Trainer) -> int:
+        ran.append(self.startup)
+        raise Started
+
+    async def finish(self: Trainer) -> None:  # no pserver to tell
+        pass
+
+    monkeypatch.setattr(Trainer, "start", start)
+    monkeypatch.setattr(Trainer, "finish", finish)
+    exe = fluid.Executor(fluid.CPUPlace())
+    try:
+        with pytest.raises(Started):
+            exe.run(startup, scope=Scope())
+    finally:
+        exe.close()
+    assert ran == [startup]
+    initialized = {name for op in startup.global_block().ops if op.type == "fill_constant"
+                   for name in op.output_arg_names}
+    assert {c.name for c in counts} <= initialized
 
 
 # -- the script, as processes ------------------------------------------------------------------

@@ -31,14 +31,19 @@ finds the feeds) and ``Executor.run``'s ``feed_var_name``, ``fetch_var_name`` an
 ``softsign``, ``cos_sim`` and ``auc``, and ``DataFeeder`` of ``lod_level`` vars. For
 ``dist_ctr_reader.py``: ``fluid.log_helper.get_logger`` (`runtime.paddle.log_helper`),
 importable as ``from ...fluid.log_helper import get_logger``: this module is registered as the
-package that submodule is in.
+package that submodule is in, as are ``fluid.profiler`` and ``fluid.compiler``
+(``import paddle.fluid.profiler as profiler``, as the scripts write it). The harness's own
+imports of fluid's imperative mode (``fluid.dygraph``, ``dygraph.base``, ``dygraph.parallel``)
+and of fleet's collective training (``fluid.incubate.fleet.collective``,
+``fluid.incubate.fleet.base.role_maker``) import too; their names raise `NotPorted` when used
+(the harness uses them only on its dygraph and NCCL paths; `fluid_modules`).
 """
 
 from __future__ import annotations
 
 import sys
 from types import ModuleType, SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
@@ -171,12 +176,106 @@ core = SimpleNamespace(is_compiled_with_cuda=is_compiled_with_cuda, CPUPlace=CPU
 """``fluid.core``: what a script asks of it, ``is_compiled_with_cuda()``, the places,
 ``LoDTensor`` (`runtime.services.paddle_compat.FluidLoDTensor`) and ``Scope``."""
 
+DYGRAPH = ("fluid's imperative mode (dygraph) is not ported to pslab, which runs programs: "
+           "declare the model with fluid.layers in a Program")
+COLLECTIVE = ("fleet's collective (NCCL all-reduce) training is not ported to pslab, whose "
+              "jobs are parameter-server jobs: transpile with fluid.DistributeTranspiler")
+
+
+class NotPorted(NotImplementedError):
+    """A fluid name that pslab does not port was used: the message names it and says why."""
+
+
+def _refuse(name: str, why: str) -> NoReturn:
+    raise NotPorted(f"{name}: {why}")
+
+
+class _Refusing:
+    """A fluid function or class that raises `NotPorted` when called."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self._name, self._why = name, why
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(self._name, self._why)
+
+    def __repr__(self) -> str:
+        return f"<{self._name}: not ported>"
+
+
+class _RefusingObject:
+    """A fluid object (the collective ``fleet``) each of whose attributes raises `NotPorted`."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self._name, self._why = name, why
+
+    def __getattr__(self, attr: str) -> NoReturn:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        _refuse(f"{self._name}.{attr}", self._why)
+
+    def __repr__(self) -> str:
+        return f"<{self._name}: not ported>"
+
+
+def _module(name: str, why: str, names: tuple[str, ...], objects: tuple[str, ...] = (),
+            **submodules: ModuleType) -> ModuleType:
+    """A module `name` whose functions and classes `names` refuse when called, whose objects
+    `objects` refuse any attribute, with `submodules` as attributes."""
+    module = ModuleType(name, f"fluid's {name.split('.', 3)[-1]}: not ported ({why}).")
+    for item in names:
+        setattr(module, item, _Refusing(f"{name.split('.', 2)[-1]}.{item}", why))
+    for item in objects:
+        setattr(module, item, _RefusingObject(f"{name.split('.', 2)[-1]}.{item}", why))
+    for attr, sub in submodules.items():
+        setattr(module, attr, sub)
+    module.__all__ = [*names, *objects, *submodules]  # type: ignore[attr-defined]
+    return module
+
+
+def fluid_modules(fluid: str) -> dict[str, ModuleType]:
+    """The modules fluid has and pslab does not port, under the fluid package named `fluid`
+    (``runtime.paddle.fluid``), by their full names, for ``sys.modules``: importable so that a
+    script which imports them but runs as a parameter-server job still runs. Paddle's harness
+    of its distributed tests (``test_dist_base.py``) imports ``fluid.dygraph``
+    (``dygraph.base.to_variable``, ``dygraph.parallel.DataParallel``),
+    ``fluid.incubate.fleet.collective`` (``fleet``, ``DistributedStrategy``) and
+    ``fluid.incubate.fleet.base.role_maker`` at its top and uses them only on its dygraph and
+    NCCL paths; ``dist_mnist.py`` imports the collective ``fleet`` too. Using any of their
+    names raises `NotPorted`, saying why (`DYGRAPH`, `COLLECTIVE`)."""
+    dy_base = _module(f"{fluid}.dygraph.base", DYGRAPH, ("to_variable", "guard", "no_grad"))
+    dy_parallel = _module(f"{fluid}.dygraph.parallel", DYGRAPH,
+                          ("DataParallel", "ParallelStrategy", "prepare_context", "Env"))
+    dygraph = _module(f"{fluid}.dygraph", DYGRAPH,
+                      ("to_variable", "guard", "no_grad", "DataParallel", "ParallelStrategy",
+                       "prepare_context"), base=dy_base, parallel=dy_parallel)
+    role_maker = _module(f"{fluid}.incubate.fleet.base.role_maker", COLLECTIVE,
+                         ("PaddleCloudRoleMaker", "UserDefinedRoleMaker",
+                          "UserDefinedCollectiveRoleMaker"))
+    fleet_base = _module(f"{fluid}.incubate.fleet.base", COLLECTIVE, (), role_maker=role_maker)
+    collective = _module(f"{fluid}.incubate.fleet.collective", COLLECTIVE,
+                         ("DistributedStrategy", "CollectiveOptimizer"), ("fleet",))
+    fleet = _module(f"{fluid}.incubate.fleet", COLLECTIVE, (), base=fleet_base,
+                    collective=collective)
+    incubate = _module(f"{fluid}.incubate", COLLECTIVE, (), fleet=fleet)
+    return {m.__name__: m for m in (dygraph, dy_base, dy_parallel, incubate, fleet, fleet_base,
+                                    role_maker, collective)}
+
+
 sys.modules[f"{__name__}.log_helper"] = log_helper  # ``from fluid.log_helper import ...``
+sys.modules[f"{__name__}.profiler"] = profiler  # ``import paddle.fluid.profiler as profiler``
+sys.modules[f"{__name__}.compiler"] = compiler  # ``import paddle.fluid.compiler``
+sys.modules.update(fluid_modules(__name__))
+dygraph = sys.modules[f"{__name__}.dygraph"]
+"""``fluid.dygraph``: importable, not ported (`fluid_modules`)."""
+incubate = sys.modules[f"{__name__}.incubate"]
+"""``fluid.incubate`` (``incubate.fleet.collective``, ``incubate.fleet.base.role_maker``):
+importable, not ported (`fluid_modules`)."""
 
 __all__ = ["BuildStrategy", "CPUPlace", "CUDAPlace", "CompiledProgram", "DataFeeder",
            "DistributeTranspiler", "DistributeTranspilerConfig", "ExecutionStrategy", "Executor",
-           "LoDTensor", "ParallelExecutor", "ParamAttr", "Program", "Scope", "clip", "compiler",
-           "core", "default_main_program", "default_startup_program", "embedding", "global_scope",
-           "initializer", "io", "layers", "log_helper", "memory_optimize", "nets", "optimizer",
-           "param_attr", "profiler", "program_guard", "regularizer", "release_memory",
-           "transpiler", "unique_name"]
+           "LoDTensor", "NotPorted", "ParallelExecutor", "ParamAttr", "Program", "Scope", "clip",
+           "compiler", "core", "default_main_program", "default_startup_program", "dygraph",
+           "embedding", "global_scope", "incubate", "initializer", "io", "layers", "log_helper",
+           "memory_optimize", "nets", "optimizer", "param_attr", "profiler", "program_guard",
+           "regularizer", "release_memory", "transpiler", "unique_name"]

@@ -311,3 +311,41 @@ def test_log_helper_is_importable_as_a_submodule_of_fluid() -> None:
     assert get_logger("pslab-test-reader", logging.DEBUG) is logger
     assert len(logger.handlers) == 1 and not logger.propagate
     assert logger.level == logging.DEBUG
+
+
+def test_the_harness_imports_import_and_fluid_names_pslab_does_not_port_say_why() -> None:
+    """``test_dist_base.py``'s imports, as a ported copy writes them: fluid's profiler and
+    compiler are pslab's modules; fluid's imperative mode and fleet's collective training
+    import, and each of their names raises `NotPorted` naming itself and the reason when
+    used (the harness uses them only on its dygraph and NCCL paths)."""
+    import runtime.paddle.fluid.compiler as fluid_compiler
+    import runtime.paddle.fluid.dygraph as dygraph
+    import runtime.paddle.fluid.incubate.fleet.base.role_maker as role_maker
+    import runtime.paddle.fluid.profiler as fluid_profiler
+    from runtime.paddle.fluid.dygraph.base import to_variable
+    from runtime.paddle.fluid.dygraph.parallel import DataParallel
+    from runtime.paddle.fluid.incubate.fleet.collective import DistributedStrategy, fleet
+
+    assert fluid_profiler is profiler is fluid.profiler
+    assert fluid_compiler is fluid.compiler
+    assert fluid.dygraph is dygraph and dygraph.base.to_variable is to_variable
+    assert fluid.incubate.fleet.base.role_maker is role_maker
+    assert issubclass(fluid.NotPorted, NotImplementedError)
+    imperative = "fluid's imperative mode (dygraph) is not ported to pslab"
+    collective = "fleet's collective (NCCL all-reduce) training is not ported to pslab"
+    calls = [(lambda: to_variable(X), "fluid.dygraph.base.to_variable", imperative),
+             (lambda: dygraph.guard(fluid.CPUPlace()), "fluid.dygraph.guard", imperative),
+             (lambda: DataParallel(None, None), "fluid.dygraph.parallel.DataParallel",
+              imperative),
+             (lambda: DistributedStrategy(), "fluid.incubate.fleet.collective."
+              "DistributedStrategy", collective),
+             (lambda: fleet.init(None), "fluid.incubate.fleet.collective.fleet.init",
+              collective),
+             (lambda: fleet.main_program, "fluid.incubate.fleet.collective.fleet.main_program",
+              collective),
+             (lambda: role_maker.PaddleCloudRoleMaker(is_collective=True),
+              "fluid.incubate.fleet.base.role_maker.PaddleCloudRoleMaker", collective)]
+    for call, name, why in calls:
+        with pytest.raises(fluid.NotPorted, match=f"^{re.escape(name)}: {re.escape(why)}"):
+            call()
+    assert not hasattr(fleet, "__len__")

@@ -90,7 +90,7 @@ from runtime.execution.curves import Curve, Feature, fit_curve
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
-from runtime.launch.speed import PROBE_SLOW, PROBE_TRIES, SpeedGuard, speed_probe
+from runtime.launch.speed import PROBE_TRIES, SpeedGuard, speed_probe
 from runtime.services.job import Job
 from transpiler.distribute.contract import ServeContract
 from transpiler.ir import Op, VarType
@@ -769,7 +769,7 @@ def summary(document: dict[str, Any]) -> Iterator[str]:
             for name, x in named.items()}
     if slow:
         yield (f"measured while the machine ran slow, {len(slow)} times (up to "
-               f"x{max(slow.values()):.2f}), each after {PROBE_TRIES} tries: "
+               f"x{max(slow.values()):.2f}), each kept after up to {PROBE_TRIES} tries: "
                + ", ".join(sorted(slow)) + "; calibrate again on a quiet machine to replace them")
     skipped = {b: s for b, s in document["meta"].get("skipped", {}).items() if s}
     for backend, names in skipped.items():

@@ -14,20 +14,28 @@ A node's endpoint (``host:port``, the name the programs give a pserver, or a col
 trainer) stays its name; only the address its socket binds and connects to changes
 (`ipc_address`): ``<dir>/<host>-<port>``. Programs, messages and the simulator's model of them
 are the same as over TCP.
+
+`runtime up` removes the directory when its job ends; one killed outright (SIGKILL) cannot, and
+its nodes, which end with it, remove it instead (`release_socket_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 IPC_SCHEME = "ipc://"
 SUN_PATH_MAX = 107
 """The longest path a Unix socket's address holds on Linux (``sun_path`` less its NUL)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+RELEASE_PATIENCE = 2.0
+"""Seconds `release_socket_dir` waits for a socket still listening to close."""
 
 
 class SocketDirError(ValueError):
@@ -76,3 +84,49 @@ def ipc_address(directory: Path, endpoint: str) -> str:
     if "://" in endpoint:
         return endpoint
     return IPC_SCHEME + str(socket_path(directory, endpoint))
+
+
+def release_socket_dir(directory: Path, patience: float = RELEASE_PATIENCE) -> bool:
+    """Remove, from a job's socket `directory`, every socket no process listens on any more,
+    and the directory once nothing is left in it; whether it is gone. A node whose `runtime
+    up` died (SIGKILL leaves it no chance to remove the directory) calls this after closing
+    its own sockets. The nodes end together, and a closed ZeroMQ socket stops listening a
+    moment after its close returns (its I/O thread closes it), so a socket still listening is
+    looked at again for up to `patience` seconds: of the nodes that end so, the last to look
+    finds every socket closed, and the directory goes with it. A socket that goes on
+    listening, or anything else in the directory, is left, and so is the directory."""
+    until = time.monotonic() + patience
+    while True:
+        try:
+            entries = list(directory.iterdir())
+        except OSError:
+            return not directory.exists()
+        listening = False
+        for entry in entries:
+            if not entry.is_socket():
+                continue
+            if _listening(entry):
+                listening = True
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+        if not listening or time.monotonic() >= until:
+            break
+        time.sleep(0.02)
+    try:
+        directory.rmdir()
+    except OSError:
+        return not directory.exists()
+    return True
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket `path`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True

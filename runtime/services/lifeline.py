@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Mapping
 
 LAUNCHER_VAR = "PSLAB_LAUNCHER_PID"
@@ -73,6 +74,19 @@ def die_with_launcher(launcher: int, sig: signal.Signals = signal.SIGKILL) -> bo
         threading.Thread(target=_watch_parent, args=(launcher, sig), daemon=True,
                          name="launcher watch").start()
     return os.getppid() == launcher
+
+
+def launcher_gone(launcher: int) -> bool:
+    """Whether the launcher `launcher` that started this node has died or is dying. Its parent
+    is then no longer it, or (the signal comes as the launcher's main thread exits, while its
+    other threads, still ending, keep its pid) that main thread is a zombie."""
+    if os.getppid() != launcher:
+        return True
+    try:
+        state = Path(f"/proc/{launcher}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # no /proc (not Linux): its parent is still the launcher
+        return False
+    return state in ("Z", "X")
 
 
 def _watch_parent(launcher: int, sig: signal.Signals) -> None:

@@ -91,14 +91,16 @@ from runtime.execution.costs import KernelTimes, Meter
 from runtime.execution.executor import set_kernel_threads
 from runtime.execution.executor import timing_kernels
 from runtime.network.curve import KEYS_VAR, RELAY, CurveKeys, load_keys
-from runtime.network.local_sockets import SocketDirError, check_socket_dir
+from runtime.network.local_sockets import (SocketDirError, check_socket_dir,
+                                           release_socket_dir)
 from runtime.network.ports import wait_for_ports
 from runtime.network.zmq_transport import ZmqLimits, ZmqTransport
 from runtime.services.cluster import batches_for, make_pserver, make_trainer
 from runtime.services.failures import traceback_wanted
 from runtime.services.inbound import pserver_inbound_limits
 from runtime.services.job import Job, check_job
-from runtime.services.lifeline import die_with_launcher, launcher_pid, lifeline_signal
+from runtime.services.lifeline import (die_with_launcher, launcher_gone, launcher_pid,
+                                      lifeline_signal)
 from runtime.services.output import DetachedOutput, shown_dropped
 from runtime.services.progress import Progress, Reporter
 from runtime.services.pserver import ServerStats, TrainersGone
@@ -648,6 +650,15 @@ def _run_role(scenario: Scenario, role: Role, out: Path | None, options: NodeOpt
     role_mode = os.environ.get(ALONE_VAR) == "1"  # supervised by `runtime up --role`
     options = replace(options, alone=launcher is None or role_mode,
                       stoppable=launcher is not None and not role_mode)
+    try:
+        return _serve_role(scenario, role, out, options, launcher)
+    finally:
+        if options.ipc is not None and launcher is not None and launcher_gone(launcher):
+            release_socket_dir(options.ipc)  # its launcher died and cannot remove it
+
+
+def _serve_role(scenario: Scenario, role: Role, out: Path | None, options: NodeOptions,
+                launcher: int | None) -> int:
     try:
         cap_kernel_threads(scenario.backend.kernels, os.environ)
         job = Job.from_scenario(scenario, list(role.endpoints or ()) or None)

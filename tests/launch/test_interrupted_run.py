@@ -21,7 +21,7 @@ from runtime.config.metrics import PserverMetrics, read_metrics, read_record
 from runtime.config.outdir import OutputLocked, claim_output
 from runtime.config.scenario import load_scenario
 from runtime.launch.launcher import Launcher, prepare_out
-from runtime.services.lifeline import lifeline_environment, lifeline_signal
+from runtime.services.lifeline import launcher_gone, lifeline_environment, lifeline_signal
 
 from runtime_runs import alive, children_of, scenario_file, wait_for
 
@@ -85,10 +85,13 @@ def test_the_pservers_of_a_sigkilled_launcher_write_their_records_before_they_en
     scenario, out = scenario_file(tmp_path, steps=100000, expect="{}"), tmp_path / "out"
     launcher = start(scenario, out)
     kids: list[int] = []
+    sockets: Path | None = None
     try:
         wait_for_steps(out)
         kids = children_of(launcher.pid)
         assert len(kids) == 4
+        sockets = _socket_dir(kids[0])
+        assert sockets is not None and sockets.is_dir()
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(timeout=30)
         wait_for(lambda: not any(alive(pid) for pid in kids), 20,
@@ -104,6 +107,16 @@ def test_the_pservers_of_a_sigkilled_launcher_write_their_records_before_they_en
     # the last node has ended: the folder is freed (at once, or as soon as whatever a node
     # started and the scheduler has not yet ended on a loaded machine lets go of it)
     wait_for(lambda: _free(out), 20, "the output folder to be freed")
+    # the nodes' local sockets go with them (the last removes them as it ends, perhaps after
+    # letting go of the folder): the launcher, killed, could not
+    assert sockets is not None
+    wait_for(lambda: not sockets.exists(), 20, f"the nodes to remove {sockets}")
+
+
+def _socket_dir(pid: int) -> Path | None:
+    """The ``--ipc DIR`` a node process was started with."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return Path(os.fsdecode(args[args.index(b"--ipc") + 1])) if b"--ipc" in args else None
 
 
 def _free(out: Path) -> bool:
@@ -131,3 +144,8 @@ def test_only_a_node_a_fault_may_pause_is_sigkilled_when_its_launcher_dies(
         for node in launcher.nodes:
             node.log.close()
     assert paused == ["pserver:1"]
+
+
+def test_a_node_whose_parent_is_its_launcher_and_running_sees_it_alive() -> None:
+    assert not launcher_gone(os.getppid())  # this test's own parent is alive and not a zombie
+    assert launcher_gone(os.getpid())  # not this process's parent

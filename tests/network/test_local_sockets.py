@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import socket
 import stat
 from pathlib import Path
 
@@ -12,7 +14,8 @@ import pytest
 
 from runtime.config.scenario import load_scenario
 from runtime.network.local_sockets import (SUN_PATH_MAX, SocketDirError, check_socket_dir,
-                                           ipc_address, make_socket_dir, socket_path)
+                                           ipc_address, make_socket_dir, release_socket_dir,
+                                           socket_path)
 from runtime.network.ports import PortsNotReady, wait_for_ports
 from runtime.network.zmq_transport import ZmqTransport
 from runtime.services.node import RoleError, socket_directory
@@ -106,3 +109,32 @@ def test_auto_is_local_on_one_host_and_curvezmq_elsewhere() -> None:
                    "cluster.hosts=[{nodes: '*', cores: 2}]") == ("curve", "curve")
     assert cluster("cluster.security=none") == ("none", "none")
     assert os.getuid() >= 0  # (the directory's owner check reads it)
+
+
+def test_an_abandoned_socket_directory_goes_once_no_socket_in_it_listens() -> None:
+    directory = make_socket_dir()
+    live, dead = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        live.bind(str(socket_path(directory, "127.0.0.1:6170")))
+        live.listen()
+        dead.bind(str(socket_path(directory, "127.0.0.1:6171")))  # bound, never listening
+        dead.close()
+        # a node that still listens keeps its socket, and so the directory
+        assert not release_socket_dir(directory, patience=0.0)
+        assert sorted(p.name for p in directory.iterdir()) == ["127.0.0.1-6170"]
+        live.close()
+        assert release_socket_dir(directory) and not directory.exists()
+        assert release_socket_dir(directory)  # the next node to look finds it gone
+    finally:
+        live.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_an_abandoned_socket_directory_with_other_files_is_left(tmp_path: Path) -> None:
+    directory = make_socket_dir()
+    try:
+        (directory / "notes").write_text("not a socket")
+        assert not release_socket_dir(directory, patience=0.0)
+        assert (directory / "notes").exists()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -193,6 +193,8 @@ class _Packet:
     peer: str
     frames: list[Frame]
     nbytes: int
+    framed: int
+    """What it weighs against a rate (`NetworkSpec.wire_bytes`), worked out once as it leaves."""
     sent_at: float
     wire_time: float
     """Seconds its bits take to leave the sender (S / rate_out)."""
@@ -323,7 +325,7 @@ class Network:
         stats.wait_out += start - now
         link.stats.messages += 1
         link.stats.bytes += nbytes
-        packet = _Packet(link, receiver, peer, frames, nbytes, now, wire_time, loop)
+        packet = _Packet(link, receiver, peer, frames, nbytes, framed, now, wire_time, loop)
         self._deliver(packet, start + link.latencies.next())
 
     def _deliver(self, packet: _Packet, first_bit: float) -> None:
@@ -387,8 +389,7 @@ class Network:
         nic = link.dst_nic
         ingress_free = nic.ingress_free
         start = now if now > ingress_free else ingress_free
-        nbytes = packet.nbytes
-        framed = self.spec.wire_bytes(nbytes)
+        nbytes, framed = packet.nbytes, packet.framed
         if link.bucket_in:
             busy, nic.ingress_tokens = _drain(nic.ingress_tokens, start - ingress_free,
                                               link.rate_in, link.bucket_in, framed)

@@ -54,9 +54,9 @@ from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_elementwise import align
 from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
 from runtime.execution.kernels.registry import Kernel, get_kernel, register
-from runtime.execution.kernels.shapes import (conv_out_shape, matmul_flags, matmul_shape,
-                                              norm_split, pool_window, reshaped, slice_bounds,
-                                              split_sizes, transpose_perm, xshape)
+from runtime.execution.kernels.shapes import (conv_out_shape, keeps_rows, matmul_flags,
+                                              matmul_shape, norm_split, pool_window, reshaped,
+                                              slice_bounds, split_sizes, transpose_perm, xshape)
 from runtime.execution.tensor import (LoDTensor, Phantom, Value, nbytes_of, phantom_of, shape_of,
                                       shared_phantom)
 
@@ -419,8 +419,8 @@ def _reshaped(ctx: KernelContext, shape: Callable[[tuple[int, ...]], Sequence[in
     value = _value(ctx, "X")
     x = phantom_of(value)
     out = list(shape(x.shape))
-    same_rows = share_lod and bool(x.shape) and bool(out) and x.shape[0] == out[0]
-    ctx.set_output("Out", _dense(out, x.dtype, _lod(value) if same_rows else ()))
+    keep = share_lod and keeps_rows(x.shape, out)
+    ctx.set_output("Out", _dense(out, x.dtype, _lod(value) if keep else ()))
     ctx.set_output("XShape", _dense(xshape(x.shape), x.dtype))
 
 

@@ -237,10 +237,16 @@ def reshaped(ctx: KernelContext, shape: Shape) -> Shape:
     return unsqueeze_shape(shape, list(ctx.attr("axes")))
 
 
+def keeps_rows(x_shape: Sequence[int], shape: Sequence[int]) -> bool:
+    """Whether a reshape of X to `shape` keeps X's first dim: its rows, so its LoD holds."""
+    return bool(len(x_shape) and len(shape)) and x_shape[0] == shape[0]
+
+
 def shared_lod(ctx: KernelContext, x_shape: Sequence[int], shape: Sequence[int]) -> LoD:
     """What `reshape2`, `squeeze2` and `unsqueeze2` pass on of X's LoD to Out of `shape`: all
-    of it where the first dim stays X's, else none (fluid's InferShape shares it so)."""
-    return ctx.lod("X") if len(x_shape) and len(shape) and x_shape[0] == shape[0] else []
+    of it where the first dim stays X's (`keeps_rows`), else none (fluid's InferShape shares it
+    so)."""
+    return ctx.lod("X") if keeps_rows(x_shape, shape) else []
 
 
 def xshape(shape: Shape) -> Shape:
@@ -249,6 +255,7 @@ def xshape(shape: Shape) -> Shape:
     return (0,) + tuple(shape)
 
 
-__all__ = ["Window", "axis_of", "conv_out_shape", "conv_window", "matmul_flags", "matmul_shape",
-           "norm_split", "pool_kind", "pool_window", "reshaped", "shared_lod", "slice_bounds",
-           "split_sizes", "squeeze_shape", "transpose_perm", "unsqueeze_shape", "xshape"]
+__all__ = ["Window", "axis_of", "conv_out_shape", "conv_window", "keeps_rows", "matmul_flags",
+           "matmul_shape", "norm_split", "pool_kind", "pool_window", "reshaped", "shared_lod",
+           "slice_bounds", "split_sizes", "squeeze_shape", "transpose_perm", "unsqueeze_shape",
+           "xshape"]

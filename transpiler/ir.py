@@ -16,7 +16,7 @@ import enum
 import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 GRAD_SUFFIX = "@GRAD"
 OP_ROLE_ATTR = "op_role"
@@ -200,6 +200,13 @@ class Var:
             flags.append(f"lod={self.lod_level}")
         extra = (" " + " ".join(flags)) if flags else ""
         return f"{self.name}: {self.dtype}{list(self.shape)}{extra}"
+
+
+def keeps_rows(x_shape: Sequence[int], shape: Sequence[int]) -> bool:
+    """Whether a reshape of X to `shape` keeps X's first dim: its rows, so its LoD holds. The
+    one rule the front end (`layers`, a reshape's Out's lod_level) and the kernels (the LoD
+    a reshape passes on at run time) share."""
+    return bool(len(x_shape) and len(shape)) and x_shape[0] == shape[0]
 
 
 def _attr_to_plain(value: Any) -> Any:
@@ -719,5 +726,5 @@ def iter_ops(program: Program) -> Iterable[tuple[Block, int, Op]]:
 __all__ = [
     "BlockRef", "Block", "IRError", "Op", "OpRole", "Program", "Var", "VarType", "GRAD_SUFFIX",
     "grad_name", "strip_grad_suffix", "verify", "dumps_json", "loads_json", "dumps_msgpack",
-    "loads_msgpack", "op_types", "iter_ops",
+    "loads_msgpack", "op_types", "iter_ops", "keeps_rows",
 ]

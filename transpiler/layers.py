@@ -19,7 +19,7 @@ from .framework import create_global_var as _framework_global_var
 from .framework import (create_parameter, create_tmp_var, default_main_program, env_paddle_version,
                         unique_name)
 from .initializer import Constant, Normal, Xavier
-from .ir import BlockRef, OpRole, Var
+from .ir import BlockRef, OpRole, Var, keeps_rows
 
 __all__ = [
     "data", "fc", "embedding", "embedding_v2", "nce", "sequence_pool", "concat", "relu", "tanh", "sigmoid", "softmax",
@@ -1072,9 +1072,8 @@ def _with_xshape(op_type: str, x: Var, shape: Sequence[int], attrs: dict,
     `share_lod` (reshape2, squeeze2, unsqueeze2) Out keeps x's lod_level where its first dim
     is x's, as fluid's InferShape shares the LoD (so a reshaped LoD embedding can be
     sequence-pooled, as fluid's ``dist_simnet_bow.py`` does); transpose2 shares none."""
-    same_rows = bool(shape) and bool(x.shape) and shape[0] == x.shape[0]
     out = create_tmp_var(op_type, tuple(shape), x.dtype,
-                         lod_level=x.lod_level if share_lod and same_rows else 0)
+                         lod_level=x.lod_level if share_lod and keeps_rows(x.shape, shape) else 0)
     xshape = create_tmp_var(op_type, (0,) + tuple(x.shape), x.dtype, stop_gradient=True)
     append_op(op_type, {"X": [x]}, {"Out": [out], "XShape": [xshape]}, attrs)
     return out

@@ -17,6 +17,7 @@ from runtime.execution.kernels.common import axis_of
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.tensor import LoD
 from runtime.execution.kernels.numpy_math import reshape_target
+from transpiler.ir import keeps_rows
 
 Shape = tuple[int, ...]
 
@@ -235,11 +236,6 @@ def reshaped(ctx: KernelContext, shape: Shape) -> Shape:
     if kind == "squeeze2":
         return squeeze_shape(shape, list(ctx.attr("axes", []) or []))
     return unsqueeze_shape(shape, list(ctx.attr("axes")))
-
-
-def keeps_rows(x_shape: Sequence[int], shape: Sequence[int]) -> bool:
-    """Whether a reshape of X to `shape` keeps X's first dim: its rows, so its LoD holds."""
-    return bool(len(x_shape) and len(shape)) and x_shape[0] == shape[0]
 
 
 def shared_lod(ctx: KernelContext, x_shape: Sequence[int], shape: Sequence[int]) -> LoD:

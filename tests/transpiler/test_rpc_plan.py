@@ -138,27 +138,27 @@ def test_geo_plans_the_push_and_pull_in_their_own_block() -> None:
 
 
 def test_a_distributed_table_s_prefetches_carry_nothing() -> None:
-    """The table's lookups prefetch (their own requests, no plan; one chain per lookup in the
-    1.2 programs); its grad's send, to every pserver, is the step's last and carries the send
-    barrier and the GETs."""
+    """The table's lookups prefetch (their own requests, no plan; one chain for both lookups,
+    at the first's place in the 1.2 programs); its grad's send, to every pserver, is the
+    step's last and carries the send barrier and the GETs."""
     main, _ = trainer(transpile(lookup_model(is_distributed=True),
                                 T.DistributeTranspilerConfig(paddle_version="1.2")))
     ops = main.global_block().ops
-    assert [i for i, op in enumerate(ops) if op.type == "prefetch"] == [1, 5]
+    assert [i for i, op in enumerate(ops) if op.type == "prefetch"] == [1]
     assert plans(main) == [
-        (0, 19, "send", HELD_PS1),
-        (0, 21, "send", {"barrier_counts": [], "bundled_held": [PS2]}),
-        (0, 29, "send", {"barrier_counts": pairs(ps1=2, ps2=2),
+        (0, 16, "send", HELD_PS1),
+        (0, 18, "send", {"barrier_counts": [], "bundled_held": [PS2]}),
+        (0, 26, "send", {"barrier_counts": pairs(ps1=2, ps2=2),
                          "bundled_barrier_counts": pairs(ps1=1, ps2=1),
                          "bundled_fetch_epmap": [PS1, PS2], "bundled_fetch_varnames": ["fc_b", "fc_w"],
                          "bundled_fetch_takers": pairs(ps1=1, ps2=1),
                          "bundled_fetch_barrier": [PS1, PS2]}),
-        (0, 30, "send_barrier", {"carried_endpoints": [PS1, PS2], "local_barrier": False}),
-        (0, 31, "recv", {"barrier_counts": pairs(ps1=1), "bundled_fetched": [PS1]}),
-        (0, 32, "recv", {"barrier_counts": pairs(ps2=1), "bundled_fetched": [PS2]}),
-        (0, 33, "fetch_barrier", {"carried_endpoints": [PS1, PS2]}),
+        (0, 27, "send_barrier", {"carried_endpoints": [PS1, PS2], "local_barrier": False}),
+        (0, 28, "recv", {"barrier_counts": pairs(ps1=1), "bundled_fetched": [PS1]}),
+        (0, 29, "recv", {"barrier_counts": pairs(ps2=1), "bundled_fetched": [PS2]}),
+        (0, 30, "fetch_barrier", {"carried_endpoints": [PS1, PS2]}),
     ]
-    assert ops[29].input("X") == [f"shared_w@GRAD.trainer_0.pserver_{i}" for i in (0, 1)]
+    assert ops[26].input("X") == [f"shared_w@GRAD.trainer_0.pserver_{i}" for i in (0, 1)]
 
 
 def test_the_contract_reads_each_protocol_s_plan() -> None:

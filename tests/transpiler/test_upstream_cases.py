@@ -1,9 +1,10 @@
 """The original's transpiler unit tests of releases 1.2 and 1.8 where they differ, as facts of
-pslab's programs (docs/transpiler.md §9): `paddle_version` "1.8" (the default) fuses every
-lookup of the distributed table into one prefetch chain served by one prefetch block, and keeps
-the dense parameters' accumulators in the trainer's startup; "1.2" gives each lookup its own
-chain and block and drops every accumulator. In both the table's `fake_init` ends the startup,
-and the pserver programs answer the release's query of where the parameters went.
+pslab's programs (docs/transpiler.md §9): both fuse every lookup of the distributed table into
+one prefetch chain served by one prefetch block, `paddle_version` "1.8" (the default) after the
+last op writing the lookups' ids, "1.2" at the first lookup's place; "1.8" keeps the dense
+parameters' accumulators in the trainer's startup, "1.2" drops every accumulator. In both the
+table's `fake_init` ends the startup, and the pserver programs answer the release's query of
+where the parameters went.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ ADAM_MERGED = ["sum", "scale", "adam", "scale", "scale"]
 
 
 def three_lookups(padding: tuple[int, int] = (-1, -1)) -> tuple[Program, Program]:
-    """1.8's table model: title and brand ids looked up in the distributed `shared_w`
+    """1.2's and 1.8's table model: title and brand ids looked up in the distributed `shared_w`
     [1000, 64], profile ids in a sparse `profile_emb` of their own; each pooled, concat,
     fc(2), cross entropy, Adam. `padding`: the two `shared_w` lookups' ``padding_idx``."""
     def body() -> None:
@@ -80,10 +81,28 @@ def test_lookups_that_differ_in_padding_keep_a_chain_each() -> None:
     assert types(main.global_block()).count("prefetch") == 2
 
 
-def test_the_12_programs_prefetch_per_lookup_and_drop_the_accumulators() -> None:
+def test_the_12_table_lookups_share_one_chain_and_one_prefetch_block() -> None:
+    """1.2's transpiler fused the lookups too (from 1.1 on), putting the one chain where the
+    first lookup was: for this model, whose ids are all fed, the 1.8 program's chain, op for
+    op; sync and async."""
+    for sync, blocks in ((True, [ADAM_MERGED, ADAM_MERGED, ["sum", "sgd"]]),
+                         (False, [["adam", "scale", "scale"]] * 2 + [["sgd"]])):
+        t = transpile(three_lookups(), config(paddle_version="1.2"), sync_mode=sync)
+        ps1, _ = pserver(t, PS1)
+        assert [types(b) for b in ps1.blocks] == [
+            ["listen_and_serv"], *blocks, ["lookup_sparse_table"], ["save"]]
+        main, _ = trainer(t)
+        ops = main.global_block().ops
+        assert types(main.global_block())[:7] == [
+            "split_ids", "prefetch", "merge_ids", "sequence_pool", "sequence_pool",
+            "lookup_table", "sequence_pool"]
+        assert ops[0].input("Ids") == ops[2].input("Ids") == ["title_ids", "brand_ids"]
+        assert len(ops[2].output("Out")) == 2
+
+
+def test_the_12_programs_drop_the_accumulators() -> None:
     t = transpile(lookup_model(is_distributed=True), config(paddle_version="1.2"))
-    main, startup = trainer(t)
-    assert types(main.global_block()).count("prefetch") == 2
+    _, startup = trainer(t)
     assert types(startup.global_block()) == ["fill_constant", "fill_constant", "uniform_random",
                                              "recv", "recv", "fetch_barrier", "fake_init"]
 
@@ -188,7 +207,8 @@ def test_the_remote_prefetch_switch_turns_it_on_for_sparse_layers(
 
 def test_a_fused_chain_goes_after_the_last_op_writing_its_ids() -> None:
     """The second lookup's ids come from a `reshape` after the first lookup: the one chain
-    goes after the reshape, where both ids exist."""
+    goes after the reshape, where both ids exist; 1.2's, at the first lookup's place, would
+    read them unwritten, so it goes there too."""
     def body() -> None:
         first = T.layers.data("first", shape=[1], dtype="int64")
         second = T.layers.data("second", shape=[2], dtype="int64")
@@ -199,8 +219,31 @@ def test_a_fused_chain_goes_after_the_last_op_writing_its_ids() -> None:
                                        param_attr=T.ParamAttr(name="shared_w")))
         loss = T.layers.mean(T.layers.concat(embs, axis=0))
         T.optimizer.SGD(0.1).minimize(loss)
-    main, _ = trainer(transpile(build(body)))
-    assert types(main.global_block())[:4] == ["reshape2", "split_ids", "prefetch", "merge_ids"]
+    for version in ("1.8", "1.2"):
+        main, _ = trainer(transpile(build(body), config(paddle_version=version)))
+        assert types(main.global_block())[:4] == ["reshape2", "split_ids", "prefetch",
+                                                  "merge_ids"], version
+
+
+def test_the_12_chain_goes_where_the_first_lookup_was() -> None:
+    """A `scale` of a dense input comes before the lookups, whose ids are fed: 1.8's chain
+    goes to the top, before any op; 1.2's where the first lookup was, after the scale."""
+    def body() -> None:
+        x = T.layers.scale(T.layers.data("x", shape=[4], dtype="float32"), scale=2.0)
+        embs = [T.layers.embedding(T.layers.data(slot, shape=[1], dtype="int64"),
+                                   size=[100, 4], is_sparse=True, is_distributed=True,
+                                   param_attr=T.ParamAttr(name="shared_w"))
+                for slot in ("first", "second")]
+        loss = T.layers.mean(T.layers.concat([x, *embs], axis=1))
+        T.optimizer.SGD(0.1).minimize(loss)
+    chains = {}
+    for version in ("1.8", "1.2"):
+        main, _ = trainer(transpile(build(body), config(paddle_version=version)))
+        chains[version] = types(main.global_block())[:4]
+        merge = main.global_block().ops[chains[version].index("merge_ids")]
+        assert merge.input("Ids") == ["first", "second"] and len(merge.output("Out")) == 2
+    assert chains == {"1.8": ["split_ids", "prefetch", "merge_ids", "scale"],
+                      "1.2": ["scale", "split_ids", "prefetch", "merge_ids"]}
 
 
 def test_the_18_table_model_computes_its_loss_with_cross_entropy2(

@@ -14,11 +14,13 @@ initializer becomes `fake_init`. Ids and grad rows travel as global ids.
 
 - Trainer: the table's lookups become prefetch chains, `split_ids` (ids by owner, attr
   ``height_sections``) -> `prefetch` (one request per pserver, ``epmap``) -> `merge_ids`
-  (rows back in the order of the ids): in the 1.8 programs (``paddle_version``) one chain for
-  every lookup of the table, after the last op writing their ids, as the original fused them
-  (each lookup's ids an input of `split_ids` and `merge_ids`, each out an output of
-  `merge_ids`); in the 1.2 programs, or where the lookups differ in ``padding_idx`` or type or
-  an out is read before the last ids are written, one chain per lookup, in its place. The table's grad goes through `split_ids` into one
+  (rows back in the order of the ids): one chain for every lookup of the table, as the
+  original fused them from 1.1 on (each lookup's ids an input of `split_ids` and `merge_ids`,
+  each out an output of `merge_ids`), placed after the last op writing their ids in the 1.8
+  and 2.x programs (``paddle_version``) and at the first lookup's place in the 1.2 programs
+  (later only where a later lookup's ids are written after it); where the lookups differ in
+  ``padding_idx`` or type or an out is read before the last ids are written, one chain per
+  lookup, in its place. The table's grad goes through `split_ids` into one
   SELECTED_ROWS piece per pserver and one `send` (``<grad>.trainer_{t}.pserver_{k}`` in sync
   mode, ``<grad>.pserver_{k}`` otherwise).
 - Pserver: a table-optimize block (sync: `sum` of the trainers' pieces; then `sgd` at the
@@ -137,8 +139,9 @@ def table_grad_pieces(plan: Plan, trainer_id: int) -> list[str]:
 @dataclass(frozen=True)
 class Lookup:
     """Prefetch chain j of the distributed table: the lookups it stands in for (their ids and
-    outs, in program order) and the names of its per-pserver prefetch vars. One lookup per
-    chain in the 1.2 programs; in 1.8's, one chain for every lookup of the table (`fuse`)."""
+    outs, in program order) and the names of its per-pserver prefetch vars: one chain for
+    every lookup of the table, or one per lookup where they cannot share one
+    (`table_lookups`)."""
 
     index: int
     ids: tuple[str, ...]
@@ -170,39 +173,45 @@ def _lookup_ops(ops: list[Op], table: str) -> list[Op]:
     return [op for op in ops if op.type in LOOKUPS and op.input("W") == [table]]
 
 
-def fusion_point(ops: list[Op], lookups: list[Op]) -> tuple[int, list[str]]:
+def fusion_point(ops: list[Op], lookups: list[Op], at_first: bool = False
+                 ) -> tuple[int, list[str]]:
     """Where one op standing in for all of `lookups` goes once they are taken out of `ops`:
     right after the last op that writes any of their ids (at the top where none does), as the
-    original placed it; and the outs of `lookups` that an op before that point already reads,
-    in the lookups' order (none where the place serves them all)."""
+    1.8 original placed it; with `at_first`, at the first lookup's place, as 1.2's
+    transpiler put its fused prefetch chain, or later where a later lookup's ids are written
+    after that place (1.2's chain would have read them unwritten there). Also the outs of
+    `lookups` that an op before that point already reads, in the lookups' order (none where the
+    place serves them all)."""
     ids = {op.input("Ids")[0] for op in lookups}
     rest = [op for op in ops if all(op is not lookup for lookup in lookups)]
     at = 1 + max((i for i, op in enumerate(rest) if ids & set(op.output_arg_names)), default=-1)
+    if at_first:  # no lookup of the group precedes the first: its index is the same in `rest`
+        at = max(at, min(i for i, op in enumerate(ops) if any(op is old for old in lookups)))
     read = {name for op in rest[:at] for name in op.input_arg_names}
     return at, [op.output("Out")[0] for op in lookups if op.output("Out")[0] in read]
 
 
-def fused_position(ops: list[Op], lookups: list[Op]) -> int | None:
+def fused_position(ops: list[Op], lookups: list[Op], at_first: bool = False) -> int | None:
     """`fusion_point`'s place, or None when an op before it reads one of the outs."""
-    at, early = fusion_point(ops, lookups)
+    at, early = fusion_point(ops, lookups, at_first)
     return None if early else at
 
 
-def _fusable(block: Block, lookups: list[Op]) -> bool:
+def _fusable(block: Block, lookups: list[Op], at_first: bool) -> bool:
     """One chain can serve all `lookups`: they agree on padding, type and the ids' trailing
     dims (their ids are cut together), and fit in one place."""
     return (len({int(op.attr("padding_idx", -1)) for op in lookups}) == 1
             and len({op.type for op in lookups}) == 1
             and len({tuple(block.var(op.input("Ids")[0]).shape[1:]) for op in lookups}) == 1
-            and fused_position(block.ops, lookups) is not None)
+            and fused_position(block.ops, lookups, at_first) is not None)
 
 
-def table_lookups(program: Program, table: str, fuse: bool) -> list[Lookup]:
-    """The prefetch chains of `table`: with `fuse` (the 1.8 programs) one for all its lookups
-    when they can share it (the same ``padding_idx`` and type, and no out read before the last
-    ids is written), else one per lookup (the 1.2 programs)."""
+def table_lookups(program: Program, table: str, at_first: bool) -> list[Lookup]:
+    """The prefetch chains of `table`: one for all its lookups when they can share it (the
+    same ``padding_idx`` and type, and no out read before the chain's place, `fusion_point`
+    with `at_first`), else one per lookup."""
     ops = _lookup_ops(program.global_block().ops, table)
-    if fuse and ops and _fusable(program.global_block(), ops):
+    if ops and _fusable(program.global_block(), ops, at_first):
         groups = [ops]
     else:
         groups = [[op] for op in ops]
@@ -213,8 +222,16 @@ def table_lookups(program: Program, table: str, fuse: bool) -> list[Lookup]:
 
 
 def fuses_lookups(plan: Plan) -> bool:
-    """Whether the programs follow 1.8's one prefetch chain per table (docs/transpiler.md §6)."""
+    """Whether a remote-prefetch table's lookups share one `distributed_lookup_table` (1.8 and
+    2.x; 1.2's transpiler left each in its place), docs/transpiler.md §6."""
     return plan.config.paddle_version != "1.2"
+
+
+def chain_at_first_lookup(plan: Plan) -> bool:
+    """Whether the distributed table's one prefetch chain goes at its first lookup's place, as
+    1.2's transpiler put it (``paddle_version`` "1.2"), rather than after the last op writing
+    the lookups' ids (1.8 and 2.x), docs/transpiler.md §6."""
+    return plan.config.paddle_version == "1.2"
 
 
 # -- trainer ---------------------------------------------------------------------------------------
@@ -222,13 +239,14 @@ def fuses_lookups(plan: Plan) -> bool:
 def replace_table_lookups(block: Block, plan: Plan) -> None:
     """The table's lookups become split_ids -> prefetch -> merge_ids chains (`table_lookups`):
     a lone lookup's chain takes its place, a fused chain goes after the last op writing its
-    ids."""
+    ids (in the 1.2 programs at the first lookup's place, `fusion_point`)."""
     assert plan.table is not None
     table, pservers = plan.table, list(plan.cluster.pservers)
     sections = table_sections(block.var(table).shape[0], len(pservers))
-    for lookup in table_lookups(plan.origin, table, fuses_lookups(plan)):
+    at_first = chain_at_first_lookup(plan)
+    for lookup in table_lookups(plan.origin, table, at_first):
         ops = [op for op in block.ops if op.type in LOOKUPS and op.output("Out")[0] in lookup.outs]
-        at = block.ops.index(ops[0]) if len(ops) == 1 else fused_position(block.ops, ops)
+        at = block.ops.index(ops[0]) if len(ops) == 1 else fused_position(block.ops, ops, at_first)
         if at is None:
             raise ValueError(f"program: no place for one prefetch chain of table {table!r}")
         ids = [lookup.ids_piece(table, k) for k in range(len(pservers))]
@@ -365,7 +383,7 @@ def build_table_blocks(program: Program, plan: Plan, endpoint: str, parent: int)
                     {"ParamOut": [table]},
                     {"op_role": int(OpRole.Optimize), "op_role_var": [table, grad]})
     prefetch = [_prefetch_block(program, plan, table, lookup, k, block.idx)
-                for lookup in table_lookups(plan.origin, table, fuses_lookups(plan))]
+                for lookup in table_lookups(plan.origin, table, chain_at_first_lookup(plan))]
     copies = list(zip(received, range(plan.cluster.trainers))) if plan.sync else []
     return TableBlocks(block.idx, received, f"{grad}:{block.idx}", f"{grad}:{table}",
                        prefetch, _checkpoint_block(program, table, block.idx), copies)

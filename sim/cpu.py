@@ -59,7 +59,7 @@ from typing import Any
 
 from runtime.config.nodes import no_node
 
-__all__ = ["Cpus", "SimHost", "IO_SUFFIX", "hosts_of", "io_thread"]
+__all__ = ["Cpus", "SimHost", "IO_SUFFIX", "host_loads", "host_of", "hosts_of", "io_thread"]
 
 EPSILON = 1e-12
 """Work left below this many seconds is done (float rounding of rate x time)."""
@@ -355,9 +355,7 @@ class Cpus:
         self._nodes: dict[str, _Node] = {}
 
     def _host_of(self, name: str) -> SimHost | None:
-        name = name.removesuffix(IO_SUFFIX)
-        return next((spec for spec in self.hosts
-                     if any(fnmatchcase(name, pattern) for pattern in spec.nodes)), None)
+        return host_of(self.hosts, name)
 
     def node(self, name: str) -> _Node:
         node = self._nodes.get(name)
@@ -405,6 +403,24 @@ class Cpus:
     def busy(self) -> Mapping[str, float]:
         """Seconds of CPU work each node was given."""
         return {name: node.busy for name, node in self._nodes.items()}
+
+
+def host_of(hosts: Sequence[SimHost], name: str) -> SimHost | None:
+    """The first of `hosts` whose patterns match node `name` (or the node of I/O thread
+    `name`); None: the node has a machine of its own."""
+    name = name.removesuffix(IO_SUFFIX)
+    return next((spec for spec in hosts
+                 if any(fnmatchcase(name, pattern) for pattern in spec.nodes)), None)
+
+
+def host_loads(hosts: Sequence[SimHost], busy: Mapping[str, float]) -> dict[str, float]:
+    """CPU seconds of work each host's threads were given, from each thread's (`Cpus.busy`)."""
+    loads = {spec.name: 0.0 for spec in hosts}
+    for name, seconds in busy.items():
+        spec = host_of(hosts, name)
+        if spec is not None:
+            loads[spec.name] += seconds
+    return loads
 
 
 def _host(spec: SimHost, threads: int) -> _Host:

@@ -35,6 +35,7 @@ from runtime.services.cluster import train_locally
 from runtime.services.job import Job
 
 from .cost import runtime_costs
+from .cpu import host_loads, hosts_of
 from .simulate import SimResult, TrainerRun, simulate
 from .trace import BARRIER_OPS
 
@@ -116,7 +117,30 @@ def notes_for(result: SimResult) -> list[str]:
         notes.append("collective.backend: torch is a real-run backend (runtime up, role mode); "
                      "simulated as the ring all-reduce (its messages and sums: the same sums "
                      "within float rounding, not torch.distributed's algorithm or timing)")
-    return notes + result.compute_notes
+    return notes + _busy_hosts(result) + result.compute_notes
+
+
+BUSY_HOST = 0.95
+"""A host whose cores were given this share of the job's time in work or more is CPU-bound."""
+
+
+def _busy_hosts(result: SimResult) -> list[str]:
+    """A note for each host of ``cluster.hosts`` whose cores the job kept busy (`BUSY_HOST`):
+    the figures it then gives are the least certain (docs/fidelity.md)."""
+    hosts = hosts_of([h.model_dump() for h in result.scenario.cluster.hosts or ()])
+    if not hosts or not result.cpu or result.simulated_seconds <= 0:
+        return []
+    loads = host_loads(hosts, result.cpu)
+    notes = []
+    for spec in hosts:
+        share = loads[spec.name] / (spec.cores * result.simulated_seconds)
+        if share >= BUSY_HOST:
+            notes.append(
+                f"cluster.hosts: {spec.name}'s {spec.cores:g} core(s) had work "
+                f"{min(share, 1.0):.0%} of the job's time: its CPUs bound the step, where the "
+                "simulator is least certain (on a 2-core VM such jobs ran from 4% faster to "
+                "22% slower than predicted; docs/fidelity.md)")
+    return notes
 
 
 def check_expectations(result: SimResult) -> list[ExpectationResult]:

@@ -171,3 +171,25 @@ def test_trainers_running_one_program_share_its_plan_until_its_ops_change() -> N
     block = program.global_block()
     block.ops = list(block.ops)[:-1]
     assert TrainContract.of(program).plan("compact") is not plan
+
+
+def test_a_big_request_on_a_slow_link_is_not_sent_again_while_its_bytes_are_on_their_way(
+        ) -> None:
+    """A 4.3 MB model, 2 trainers on one pserver behind 20 Mbit/s links: each SEND takes
+    seconds to arrive, more than the 1 s before a first resend. Once a trainer's client has
+    learnt the pserver's pace (from the startup's fetch) and the size of a SEND's reply (from
+    its first), it waits 3 times that long: at most one SEND more than the steps' in all,
+    where resending after 1 s, 2 s, 4 s... sent 38 for 8 and took 3 times as long a step."""
+    steps = 4
+    result = simulate(parse_scenario(f"""
+name: slow-link
+model: {{name: mlp, sizes: [64, 1024, 1024, 10], optimizer: {{type: sgd, learning_rate: 0.01}}}}
+data: {{batch_size: 8}}
+cluster: {{pservers: 1, trainers: 2}}
+backend: {{kernels: phantom}}
+train: {{steps: {steps}}}
+network: {{default: {{latency: 1ms, bandwidth: 20Mbps}}}}
+"""))
+    (pserver,) = result.pservers
+    assert 2 * steps <= pserver.messages_by_kind["send"] <= 2 * steps + 1
+    assert max(t for trainer in result.trainers for t in trainer.step_times[1:]) < 6.0

@@ -8,10 +8,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
-from runtime.network.rpc import RetryPolicy, RpcClient, RpcTimeout
-from runtime.network.wire import Kind, Message, decode, encode
+from runtime.network import rpc
+from runtime.network.rpc import PACE_MARGIN, RetryPolicy, RpcClient, RpcTimeout
+from runtime.network.wire import Kind, Message, charged_size, decode, encode
 from sim.loop import run
 from sim.network import Network
 
@@ -187,3 +189,108 @@ def test_a_held_request_its_caller_gave_up_is_not_asked_again() -> None:
 
     answered, attempts = get_beside_heartbeats(script, beats=[0.6], cancel_at=0.5)
     assert answered is None and attempts == [0.001, 0.101, 0.301]
+
+
+# -- a call's first wait follows the bytes it moves ----------------------------------------------
+
+BIG = 2_000_000
+"""A request or reply that takes 0.2 s on the 80 Mbit/s link of `paced_calls`."""
+
+
+async def echo_server(net: Network, seen: list[tuple[float, int]]) -> None:
+    """Answer each request's first arrival with a reply of `BIG` bytes; later copies of it
+    (resends) are only counted."""
+    server = net.transport("pserver:0")
+    await server.bind("ps0")
+    loop = asyncio.get_running_loop()
+    answered: set[int] = set()
+    while True:
+        peer, frames = await server.recv()
+        msg = decode(frames)
+        seen.append((round(loop.time(), 6), msg.id))
+        if msg.id not in answered:
+            answered.add(msg.id)
+            await server.send(peer, encode(Message(Kind.REPLY, msg.id, "pserver:0", 0,
+                                                   {"w": np.zeros(BIG // 4, np.float32)})))
+
+
+def paced_calls(calls: int) -> tuple[list[list[float]], RpcClient]:
+    """`calls` SENDs of `BIG` bytes one after the other over a 1 ms, 80 Mbit/s link (each way
+    0.2 s), the first resend after 0.1 s: when the server saw each call's copies."""
+    net = Network.from_spec({"default": {"latency": "1ms", "bandwidth": "80Mbps"},
+                             "framing": "none"}, seed=0)
+    seen: list[tuple[float, int]] = []
+    client = RpcClient(net.transport("trainer:0"), RetryPolicy(deadline=60.0, first_retry=0.1))
+
+    async def main() -> list[int]:
+        server = asyncio.get_running_loop().create_task(echo_server(net, seen))
+        ids = []
+        try:
+            for _ in range(calls):
+                ids.append(client.next_id)
+                await client.call("ps0", Kind.SEND, vars={"g": np.zeros(BIG // 4, np.float32)})
+            return ids
+        finally:
+            await client.close()
+            server.cancel()
+
+    ids = run(main())
+    return [[at for at, id in seen if id == want] for want in ids], client
+
+
+def test_a_call_waits_as_long_as_its_bytes_took_at_the_endpoints_pace() -> None:
+    """The first 2 MB call is sent again after 0.1 s and 0.3 s (no pace known yet; the copies
+    queue behind it and are answered by nothing); its time per byte becomes the endpoint's
+    pace, and the next calls wait 3 times what their bytes take at it: each goes once."""
+    arrivals, client = paced_calls(3)
+    assert [len(copies) for copies in arrivals] == [3, 1, 1]
+    request = charged_size(encode(Message.of(Kind.SEND, 9, "trainer:0", 0,
+                                             {"g": np.zeros(BIG // 4, np.float32)})))
+    reply = charged_size(encode(Message(Kind.REPLY, 9, "pserver:0", 0,
+                                        {"w": np.zeros(BIG // 4, np.float32)})))
+    assert client._reply_size[("ps0", Kind.SEND)] == reply
+    pace = client._pace["ps0"]
+    assert pace > 0.4 / (request + reply)  # 0.2 s each way
+    assert client.first_wait("ps0", Kind.SEND, request) == PACE_MARGIN * pace * (request + reply)
+    assert client.first_wait("ps0", Kind.GET, 100) == 0.1  # no GET reply known: 100 bytes
+
+
+def test_without_a_pace_every_call_is_sent_again_after_the_first_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rpc, "PACE_MIN_BYTES", 1 << 40)  # never learnt
+    arrivals, client = paced_calls(3)
+    assert all(len(copies) >= 2 for copies in arrivals)
+    assert client._pace == {}
+
+
+def test_the_first_wait_is_the_floor_of_the_backoff_too() -> None:
+    """A known pace makes the first wait 1 s where first_retry is 0.1 s and the backoff's cap
+    0.4 s: a silent server is asked every second, not every 0.4 s."""
+    net = Network.from_spec({"default": {"latency": "1ms"}}, seed=0)
+    seen: list[float] = []
+
+    async def main() -> None:
+        server = net.transport("pserver:0")
+        await server.bind("ps0")
+        loop = asyncio.get_running_loop()
+
+        async def listen() -> None:
+            while True:
+                await server.recv()
+                seen.append(round(loop.time(), 6))
+
+        task = loop.create_task(listen())
+        client = RpcClient(net.transport("trainer:0"),
+                           RetryPolicy(deadline=3.5, first_retry=0.1, max_interval=0.4))
+        client._pace["ps0"] = 1.0 / (PACE_MARGIN * 1_000_000)
+        client._reply_size[("ps0", Kind.GET)] = 1_000_000
+        assert client.first_wait("ps0", Kind.GET, 0) == pytest.approx(1.0)
+        try:
+            with pytest.raises(RpcTimeout):
+                await client.call("ps0", Kind.GET)
+        finally:
+            await client.close()
+            task.cancel()
+
+    run(main())
+    assert seen == pytest.approx([0.001, 1.001, 2.001, 3.001], abs=1e-3)

@@ -12,7 +12,7 @@ refuses a block that holds any (`AsyncOpError`); `runtime.services.paddle_compat
 (Paddle's ``fluid.Executor``) runs such programs through the trainer and pserver services.
 
 A distributed table's fused prefetch chain (one `split_ids` and one `merge_ids` for every
-lookup of the table, as the transpiler writes the 1.8 programs) is planned with
+lookup of the table, as the transpiler writes the programs of every release) is planned with
 `fused_ids_kernel`, which runs the backend's one-ids kernels over all the lookups.
 
 `run_block` may run some ops with attributes over their own (`AttrOverrides`, by block and op
@@ -153,7 +153,7 @@ FUSED_IDS_SUFFIX = "@FUSED_IDS"
 
 
 def fused_ids_kernel(op: Op, backend: str, bind: Binder) -> Kernel | None:
-    """The kernel of a distributed table's fused prefetch chain op (the 1.8 programs: one
+    """The kernel of a distributed table's fused prefetch chain op (every release's: one
     `split_ids` and one `merge_ids` for every lookup of the table, each lookup's ids an ``Ids``
     and, for `merge_ids`, its out an ``Out``), or None for any other op. The backends' kernels
     take one ids var, so the fused `split_ids` cuts the `concat` of all the ids (the same set of

@@ -1,10 +1,9 @@
 """The original's transpiler unit tests of releases 1.2 and 1.8 where they differ, as facts of
 pslab's programs (docs/transpiler.md §9): both fuse every lookup of the distributed table into
 one prefetch chain served by one prefetch block, `paddle_version` "1.8" (the default) after the
-last op writing the lookups' ids, "1.2" at the first lookup's place; "1.8" keeps the dense
-parameters' accumulators in the trainer's startup, "1.2" drops every accumulator. In both the
-table's `fake_init` ends the startup, and the pserver programs answer the release's query of
-where the parameters went.
+last op writing the lookups' ids, "1.2" at the first lookup's place; both keep the dense
+parameters' accumulators in the trainer's startup, which the table's `fake_init` ends; the
+pserver programs answer the release's query of where the parameters went.
 """
 
 from __future__ import annotations
@@ -100,11 +99,13 @@ def test_the_12_table_lookups_share_one_chain_and_one_prefetch_block() -> None:
         assert len(ops[2].output("Out")) == 2
 
 
-def test_the_12_programs_drop_the_accumulators() -> None:
-    t = transpile(lookup_model(is_distributed=True), config(paddle_version="1.2"))
-    _, startup = trainer(t)
-    assert types(startup.global_block()) == ["fill_constant", "fill_constant", "uniform_random",
-                                             "recv", "recv", "fetch_barrier", "fake_init"]
+def test_the_12_trainer_startup_keeps_the_dense_accumulators_too() -> None:
+    """1.2's case lists the same startup as 1.8's: 14 `fill_constant`s, the dense parameters'
+    accumulators among them."""
+    _, startup = trainer(transpile(three_lookups(), config(paddle_version="1.2")))
+    assert types(startup.global_block()) == ["fill_constant"] * 14 + [
+        "uniform_random", "uniform_random", "recv", "recv", "recv", "fetch_barrier", "concat",
+        "fake_init"]
 
 
 def test_the_version_comes_from_the_environment_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,16 +146,16 @@ def test_the_12_slice_list_pairs_each_cut_param_s_blocks() -> None:
     assert (b[1], b[2].name) == (0, "fc_w.block0")
 
 
-def test_the_12_weight_decay_adds_its_term_with_elementwise_add() -> None:
-    """Momentum with L2Decay on every param: the decay term joins the grad by `sum` in 1.8's
-    blocks, by `elementwise_add` in 1.2's."""
+def test_weight_decay_adds_its_term_with_sum() -> None:
+    """Momentum with L2Decay on every param: the decay term joins the grad by `sum` in 1.2's
+    blocks as in 1.8's (1.2's regularizer wrote `sum`; 1.1's had written `elementwise_add`)."""
     model = basic(lambda: T.optimizer.Momentum(
         T.lr.piecewise_decay([1, 10, 20, 30], [1.0, 0.1, 0.01, 0.001, 0.0001]), 0.9,
         regularization=T.regularizer.L2Decay(1e-4)))
-    for version, add in (("1.8", "sum"), ("1.2", "elementwise_add")):
+    for version in ("1.8", "1.2"):
         ps1, _ = pserver(transpile(model, config(paddle_version=version)), PS1)
         assert [types(ps1.block(i)) for i in (7, 8)] == \
-            [["sum", "scale", "scale", add, "momentum"]] * 2
+            [["sum", "scale", "scale", "sum", "momentum"]] * 2
 
 
 def test_with_remote_prefetch_the_18_table_model_holds_neither_table(

@@ -70,8 +70,7 @@ class DistributeTranspilerConfig:
     `paddle_version` is this project's too: which release of the original the programs follow
     where releases differ, "1.8" (the default), "1.2" or "2.x" (docs/transpiler.md §9): both
     fuse every lookup of the distributed table into one prefetch chain, 1.8 after the last op
-    writing the lookups' ids, 1.2 where the first lookup was; 1.8 keeps the accumulators'
-    initializers in the trainer's startup, 1.2 drops them; 2.x is 1.8 but for the prefetch
+    writing the lookups' ids, 1.2 where the first lookup was; 2.x is 1.8 but for the prefetch
     block's op, `lookup_sparse_table_read`. A config
     takes its default from ``PSLAB_PADDLE_VERSION`` when set, so that a ported script runs
     unchanged as either release.

@@ -219,22 +219,11 @@ def build_param_block(program: Program, plan: Plan, d: DistVar, i: int, several:
                         {"scale": 1.0 / plan.cluster.trainers, "bias": 0.0,
                          "bias_after_scale": True, **role})
     for op in plan.section.ops_of(d.param):
-        new = _as_released(copy_op(op, lambda n: renames[n][0]), plan)
+        new = copy_op(op, lambda n: renames[n][0])
         if is_optimizer_op(op) and plan.config.enable_dc_asgd:
             new.inputs["Grad"] = [_append_dc_asgd(block, plan, pname, new.input("Grad")[0])]
         block.ops.append(new)
     return block
-
-
-def _as_released(op: Op, plan: Plan) -> Op:
-    """`op` as the release `paddle_version` names wrote it: 1.2's weight decay added its term
-    to the grad with `elementwise_add` where 1.8's (and pslab's front end) use a `sum` of the
-    two (the only `sum` among a parameter's optimize ops); the same values either way."""
-    if plan.config.paddle_version != "1.2" or op.type != "sum" or len(op.input("X")) != 2:
-        return op
-    grad, term = op.input("X")
-    return Op("elementwise_add", {"X": [grad], "Y": [term]}, dict(op.outputs),
-              {**op.attrs, "axis": -1})
 
 
 def _append_dc_asgd(block: Block, plan: Plan, param: str, grad: str) -> str:

@@ -1,12 +1,11 @@
 """Startup programs of the distributed roles (docs/transpiler.md, sections 6.8 and 7).
 
 - Trainer: the original startup (so every var a trainer computes with is created) less the
-  initializers of the optimizer's accumulators the pservers hold (``paddle_version`` 1.2: all
-  of them; 1.8, whose trainer startup kept the dense parameters' accumulators: those of the
-  distributed table), less the distributed table's initializer, then a `recv` of every
-  parameter's blocks from the pservers, a `fetch_barrier` and a `concat` per cut parameter, so
-  that all trainers start from the pservers' values, and last the table's `fake_init`, where
-  the original's `get_trainer_program` appended it.
+  initializers of the distributed table's accumulators (the original's trainer startup kept
+  the dense parameters', in 1.2 as in 1.8), less the distributed table's initializer, then a
+  `recv` of every parameter's blocks from the pservers, a `fetch_barrier` and a `concat` per
+  cut parameter, so that all trainers start from the pservers' values, and last the table's
+  `fake_init`, where the original's `get_trainer_program` appended it.
 - Pserver: the original initializers of the vars this server holds, in the original order, each
   writing the server's block of the var with its ``shape`` attribute set to the block's shape;
   then the async step-counter copies (the sum of the copies starts at the counter's own start
@@ -72,10 +71,8 @@ def build_trainer_startup(plan: Plan, params: Iterable[DistVar], lr_counter: boo
 
 
 def pserver_state_ops(plan: Plan) -> list[Op]:
-    """The optimize ops whose accumulators leave the trainer's startup: all of them in the 1.2
-    programs, the distributed table's in the 1.8 programs (docs/transpiler.md §6, item 8)."""
-    if plan.config.paddle_version == "1.2":
-        return list(plan.section.ops)
+    """The optimize ops whose accumulators leave the trainer's startup: the distributed
+    table's (docs/transpiler.md §6, item 8)."""
     return list(plan.section.ops_of(plan.table)) if plan.table is not None else []
 
 

@@ -326,7 +326,8 @@ class TrainSpec(_Strict):
     """Training steps every trainer takes."""
     deadline: float = Field(600.0, gt=0, description="seconds a whole run may take")
     heartbeat_timeout: float = Field(10.0, gt=0, description="a pserver drops a trainer silent "
-                                     "this long from the fan-in")
+                                     "this long from the fan-in (a trainer heartbeats between "
+                                     "its kernel ops, not during one: exceed the longest op)")
     startup_timeout: float = Field(60.0, gt=0, description="a pserver drops a trainer it has "
                                    "never heard from this long after it started serving")
     retry_after: float = Field(1.0, gt=0, description="seconds before an unanswered request is "

@@ -299,11 +299,11 @@ def is_step(ops: Iterable[Op]) -> bool:
 def rpc_deadline(env: Mapping[str, str]) -> float:
     """Seconds a script's pserver waits for a trainer it has not heard from before dropping it
     from the fan-in: Paddle's ``FLAGS_rpc_deadline`` (milliseconds; 180 s by default; Paddle's
-    distributed-test harness sets 30 s). A trainer's event loop also runs its kernels, so it
-    sends no heartbeat while it computes: `runtime up`'s 10 s (``train.heartbeat_timeout``)
-    would drop a trainer whose forward and backward pass take longer on a loaded host
-    (fluid's ``dist_se_resnext.py`` on two cores), where Paddle's pserver waits out its
-    deadline."""
+    distributed-test harness sets 30 s). A trainer's event loop also runs its kernels: it
+    heartbeats between two of them (`runtime.services.trainer.HOLD_LIMIT`) but not during
+    one, so `runtime up`'s 10 s (``train.heartbeat_timeout``) would drop a trainer one of
+    whose ops takes longer (a large convolution on a loaded host), where Paddle's pserver
+    waits out its deadline."""
     text = env.get(RPC_DEADLINE_VAR, "").strip()
     if not text:
         return RPC_DEADLINE_MS / 1000

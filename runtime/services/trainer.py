@@ -50,7 +50,8 @@ joined by shape alone, and the loss reported is NaN; remote sparse update needs 
 is refused there. What the replies mean, where the rounds' barriers start, and where to go on
 after a rewind or a drop are decided by `TrainerCore` (`runtime.services.trainer_core`, no IO);
 `RpcOps` and `Trainer` carry its actions out. `run_program` runs a block with compute ops through the executor's kernels and RPC
-ops awaited; `Trainer.run` is the loop: startup, then `steps` steps on this trainer's shard of each
+ops awaited, letting the loop turn within a long run of compute ops (`HOLD_LIMIT`: heartbeats
+go on); `Trainer.run` is the loop: startup, then `steps` steps on this trainer's shard of each
 global batch, reporting loss and step time, then COMPLETE to every pserver and, once answered, BYE.
 """
 
@@ -533,6 +534,14 @@ class _Landed(asyncio.Future[None]):
 SENDING_OPS = frozenset({"send", "send_barrier"})
 """RPC ops that wait for no answer to go on (their requests leave in the background)."""
 
+HOLD_LIMIT = 0.02
+"""Seconds a run of compute ops may hold the event loop before `run_block` lets it turn
+between two of them. The kernels run on the loop's thread, so while they run this node
+sends no heartbeat, and a pserver would drop it after ``train.heartbeat_timeout`` of a long
+forward or backward pass; a few tens of milliseconds also keep the background sends, replies
+and acknowledgements moving, and a turn of the loop costs microseconds. A single kernel op
+longer than the timeout still holds it throughout."""
+
 
 def without_unread_state(startup: Program, main: Program) -> Program:
     """`startup` less the initializers of vars that no op of `main` and no later op of
@@ -582,6 +591,14 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
     def run_sub(sub: int) -> None:
         executor.run_block(program, sub, scope)
 
+    # DESIGN: the loop counts as held since this block began or last yielded, awaits
+    # included: one that did not suspend (a send, a value already there) let nothing run.
+    # A virtual clock (the simulator) never moves while the loop is held, only across
+    # awaits: there is nothing to bound, and a yield would reorder its events.
+    loop = asyncio.get_running_loop()
+    clock = loop.time
+    bounded = not getattr(loop, "virtual_time", False)
+    turned = clock()
     for step in plan.steps:
         if step.kernel is None:
             if step.op.type not in SENDING_OPS:
@@ -603,6 +620,9 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
             rpc.charge.add(step.op, scope)
             if meter is not None:
                 meter.stop_ops(started, 1)
+            if bounded and clock() - turned > HOLD_LIMIT:
+                await asyncio.sleep(0)
+                turned = clock()
         elif _condition_holds(step.op, scope):
             await run_block(executor, program, sub, scope, rpc)
 

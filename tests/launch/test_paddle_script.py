@@ -113,7 +113,7 @@ def test_a_pserver_program_needs_its_startup_run_first() -> None:
 
 def test_a_scripts_pserver_waits_for_a_silent_trainer_as_long_as_paddles_rpc_deadline(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A trainer sends no heartbeat while its kernels run: a script's pserver drops one only
+    """A trainer sends no heartbeat while a kernel runs: a script's pserver drops one only
     after Paddle's ``FLAGS_rpc_deadline`` (milliseconds, 180 s by default; Paddle's test
     harness sets 30 s), not `runtime up`'s 10 s."""
     assert rpc_deadline({}) == 180.0

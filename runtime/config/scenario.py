@@ -332,7 +332,8 @@ class TrainSpec(_Strict):
                                    "never heard from this long after it started serving")
     retry_after: float = Field(1.0, gt=0, description="seconds before an unanswered request is "
                                "sent again (then twice as long each time, up to 10 s, unless "
-                               "the pserver shows the answer was lost)")
+                               "the pserver shows the answer was lost; a call of megabytes "
+                               "waits 3 times what its bytes took to that pserver if longer)")
     request_timeout: float = Field(120.0, gt=0, description="seconds a request may go "
                                    "unanswered before its node fails, naming the pserver")
     protocol: Protocol = Field(

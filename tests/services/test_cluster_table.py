@@ -215,10 +215,9 @@ def test_one_remote_lookup_per_table_trains_as_one_per_lookup() -> None:
 @pytest.mark.timeout(60)
 def test_the_12_table_chain_trains_as_the_18_one() -> None:
     """Both releases serve the two slots' lookups of the distributed table with one prefetch
-    chain; 1.2's goes at the first lookup's place, 1.8's after the last op writing the ids (the
-    top here). An op copying the label, put first, sets the two places apart. The chain asks
-    each pserver once a step in both, the rows are the same, so are the parameters, bit for
-    bit."""
+    chain at the first lookup's place, here after an op copying the label that is put first.
+    The chain asks each pserver once a step in both, the rows are the same, so are the
+    parameters, bit for bit."""
     def table_job(version: str) -> Job:
         job = make_job(ctr(), 2, 2, steps=5, batch=8, retry_after=FAST_DRAIN)
         job.args.config.paddle_version = version
@@ -229,8 +228,7 @@ def test_the_12_table_chain_trains_as_the_18_one() -> None:
         return job
     jobs = {version: table_job(version) for version in ("1.8", "1.2")}
     heads = {version: op_types(job.trainer_programs(0)[0], 0)[:4] for version, job in jobs.items()}
-    assert heads == {"1.8": ["split_ids", "prefetch", "merge_ids", "assign"],
-                     "1.2": ["assign", "split_ids", "prefetch", "merge_ids"]}
+    assert heads == {version: ["assign", "split_ids", "prefetch", "merge_ids"] for version in jobs}
     results = {version: run(job) for version, job in jobs.items()}
     later, earlier = results["1.8"], results["1.2"]
     assert later.params.keys() == earlier.params.keys()

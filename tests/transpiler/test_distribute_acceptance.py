@@ -154,8 +154,8 @@ def test_local_sparse_lookup_table() -> None:
 def test_distributed_lookup_table() -> None:
     """The 1.2 programs of the two-lookup table model: both lookups of `shared_w` share one
     prefetch chain at the first lookup's place, served by one prefetch block on each pserver
-    (5 blocks), as the original fused them from 1.1 on (the 1.8 programs place the chain after
-    the last op writing the ids: tests/transpiler/test_upstream_cases.py)."""
+    (5 blocks), as the original fused them from 1.1 on (1.1's case of this model; the 1.8
+    programs are the same: tests/transpiler/test_upstream_cases.py)."""
     t = transpile(lookup_model(is_distributed=True), config(paddle_version="1.2"))
     ps1, _ = pserver(t, PS1)
     assert ps1.num_blocks == 5

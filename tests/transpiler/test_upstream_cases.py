@@ -1,9 +1,9 @@
 """The original's transpiler unit tests of releases 1.2 and 1.8 where they differ, as facts of
-pslab's programs (docs/transpiler.md §9): both fuse every lookup of the distributed table into
-one prefetch chain served by one prefetch block, `paddle_version` "1.8" (the default) after the
-last op writing the lookups' ids, "1.2" at the first lookup's place; both keep the dense
-parameters' accumulators in the trainer's startup, which the table's `fake_init` ends; the
-pserver programs answer the release's query of where the parameters went.
+pslab's programs (docs/transpiler.md §9): `paddle_version` "1.8" (the default) and "1.2" both
+fuse every lookup of the distributed table into one prefetch chain at the first lookup's place,
+served by one prefetch block, and keep the dense parameters' accumulators in the trainer's
+startup, which the table's `fake_init` ends; the pserver programs answer the release's query of
+where the parameters went.
 """
 
 from __future__ import annotations
@@ -81,9 +81,8 @@ def test_lookups_that_differ_in_padding_keep_a_chain_each() -> None:
 
 
 def test_the_12_table_lookups_share_one_chain_and_one_prefetch_block() -> None:
-    """1.2's transpiler fused the lookups too (from 1.1 on), putting the one chain where the
-    first lookup was: for this model, whose ids are all fed, the 1.8 program's chain, op for
-    op; sync and async."""
+    """1.2's transpiler fused the lookups as 1.8's did (from 1.1 on), the one chain where the
+    first lookup was: the 1.8 program's chain, op for op; sync and async."""
     for sync, blocks in ((True, [ADAM_MERGED, ADAM_MERGED, ["sum", "sgd"]]),
                          (False, [["adam", "scale", "scale"]] * 2 + [["sgd"]])):
         t = transpile(three_lookups(), config(paddle_version="1.2"), sync_mode=sync)
@@ -208,8 +207,8 @@ def test_the_remote_prefetch_switch_turns_it_on_for_sparse_layers(
 
 def test_a_fused_chain_goes_after_the_last_op_writing_its_ids() -> None:
     """The second lookup's ids come from a `reshape` after the first lookup: the one chain
-    goes after the reshape, where both ids exist; 1.2's, at the first lookup's place, would
-    read them unwritten, so it goes there too."""
+    goes after the reshape, where both ids exist (the original's, at the first lookup's place,
+    read them unwritten)."""
     def body() -> None:
         first = T.layers.data("first", shape=[1], dtype="int64")
         second = T.layers.data("second", shape=[2], dtype="int64")
@@ -226,9 +225,10 @@ def test_a_fused_chain_goes_after_the_last_op_writing_its_ids() -> None:
                                                   "merge_ids"], version
 
 
-def test_the_12_chain_goes_where_the_first_lookup_was() -> None:
-    """A `scale` of a dense input comes before the lookups, whose ids are fed: 1.8's chain
-    goes to the top, before any op; 1.2's where the first lookup was, after the scale."""
+def test_the_chain_goes_where_the_first_lookup_was() -> None:
+    """A `scale` of a dense input comes before the lookups, whose ids are fed: the chain goes
+    where the first lookup was, after the scale, not to the top, as the original's (1.1 to
+    1.8) did; the 1.8 original put a remote-prefetch table's op after the last ids writer."""
     def body() -> None:
         x = T.layers.scale(T.layers.data("x", shape=[4], dtype="float32"), scale=2.0)
         embs = [T.layers.embedding(T.layers.data(slot, shape=[1], dtype="int64"),
@@ -243,8 +243,8 @@ def test_the_12_chain_goes_where_the_first_lookup_was() -> None:
         chains[version] = types(main.global_block())[:4]
         merge = main.global_block().ops[chains[version].index("merge_ids")]
         assert merge.input("Ids") == ["first", "second"] and len(merge.output("Out")) == 2
-    assert chains == {"1.8": ["split_ids", "prefetch", "merge_ids", "scale"],
-                      "1.2": ["scale", "split_ids", "prefetch", "merge_ids"]}
+    assert chains == {version: ["scale", "split_ids", "prefetch", "merge_ids"]
+                      for version in ("1.8", "1.2")}
 
 
 def test_the_18_table_model_computes_its_loss_with_cross_entropy2(

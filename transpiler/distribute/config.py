@@ -68,12 +68,11 @@ class DistributeTranspilerConfig:
     "ratio": 0.01}`` (None: none) packs each dense gradient a trainer sends to a pserver, with
     error feedback (docs/transpiler.md §6; `compression_settings` reads it).
     `paddle_version` is this project's too: which release of the original the programs follow
-    where releases differ, "1.8" (the default), "1.2" or "2.x" (docs/transpiler.md §9): both
-    fuse every lookup of the distributed table into one prefetch chain, 1.8 after the last op
-    writing the lookups' ids, 1.2 where the first lookup was; 2.x is 1.8 but for the prefetch
-    block's op, `lookup_sparse_table_read`. A config
-    takes its default from ``PSLAB_PADDLE_VERSION`` when set, so that a ported script runs
-    unchanged as either release.
+    where releases differ, "1.8" (the default), "1.2" or "2.x" (docs/transpiler.md §9): 1.8
+    fuses a remote-prefetch table's lookups into one `distributed_lookup_table`, 1.2 leaves
+    each in its place; 2.x is 1.8 but for the prefetch block's op, `lookup_sparse_table_read`.
+    A config takes its default from ``PSLAB_PADDLE_VERSION`` when set, so that a ported script
+    runs unchanged as either release.
     """
 
     def __init__(self, **fields: Any) -> None:

@@ -14,13 +14,12 @@ initializer becomes `fake_init`. Ids and grad rows travel as global ids.
 
 - Trainer: the table's lookups become prefetch chains, `split_ids` (ids by owner, attr
   ``height_sections``) -> `prefetch` (one request per pserver, ``epmap``) -> `merge_ids`
-  (rows back in the order of the ids): one chain for every lookup of the table, as the
-  original fused them from 1.1 on (each lookup's ids an input of `split_ids` and `merge_ids`,
-  each out an output of `merge_ids`), placed after the last op writing their ids in the 1.8
-  and 2.x programs (``paddle_version``) and at the first lookup's place in the 1.2 programs
-  (later only where a later lookup's ids are written after it); where the lookups differ in
-  ``padding_idx`` or type or an out is read before the last ids are written, one chain per
-  lookup, in its place. The table's grad goes through `split_ids` into one
+  (rows back in the order of the ids): one chain for every lookup of the table, at the first
+  lookup's place, as the original fused and placed them from 1.1 on (each lookup's ids an
+  input of `split_ids` and `merge_ids`, each out an output of `merge_ids`), or later where a
+  later lookup's ids are written after that place; where the lookups differ in
+  ``padding_idx`` or type or an out is read before that point, one chain per lookup, in its
+  place. The table's grad goes through `split_ids` into one
   SELECTED_ROWS piece per pserver and one `send` (``<grad>.trainer_{t}.pserver_{k}`` in sync
   mode, ``<grad>.pserver_{k}`` otherwise).
 - Pserver: a table-optimize block (sync: `sum` of the trainers' pieces; then `sgd` at the
@@ -177,11 +176,11 @@ def fusion_point(ops: list[Op], lookups: list[Op], at_first: bool = False
                  ) -> tuple[int, list[str]]:
     """Where one op standing in for all of `lookups` goes once they are taken out of `ops`:
     right after the last op that writes any of their ids (at the top where none does), as the
-    1.8 original placed it; with `at_first`, at the first lookup's place, as 1.2's
-    transpiler put its fused prefetch chain, or later where a later lookup's ids are written
-    after that place (1.2's chain would have read them unwritten there). Also the outs of
-    `lookups` that an op before that point already reads, in the lookups' order (none where the
-    place serves them all)."""
+    1.8 original placed a remote-prefetch table's `distributed_lookup_table`; with `at_first`,
+    at the first lookup's place, as the original (1.1 to 1.8) put a distributed table's fused
+    prefetch chain, or later where a later lookup's ids are written after that place (its chain
+    would have read them unwritten there). Also the outs of `lookups` that an op before that
+    point already reads, in the lookups' order (none where the place serves them all)."""
     ids = {op.input("Ids")[0] for op in lookups}
     rest = [op for op in ops if all(op is not lookup for lookup in lookups)]
     at = 1 + max((i for i, op in enumerate(rest) if ids & set(op.output_arg_names)), default=-1)
@@ -191,27 +190,28 @@ def fusion_point(ops: list[Op], lookups: list[Op], at_first: bool = False
     return at, [op.output("Out")[0] for op in lookups if op.output("Out")[0] in read]
 
 
-def fused_position(ops: list[Op], lookups: list[Op], at_first: bool = False) -> int | None:
-    """`fusion_point`'s place, or None when an op before it reads one of the outs."""
-    at, early = fusion_point(ops, lookups, at_first)
+def fused_position(ops: list[Op], lookups: list[Op]) -> int | None:
+    """The place of the distributed table's one prefetch chain for `lookups`: `fusion_point`
+    with `at_first`, or None when an op before it reads one of the outs."""
+    at, early = fusion_point(ops, lookups, at_first=True)
     return None if early else at
 
 
-def _fusable(block: Block, lookups: list[Op], at_first: bool) -> bool:
+def _fusable(block: Block, lookups: list[Op]) -> bool:
     """One chain can serve all `lookups`: they agree on padding, type and the ids' trailing
     dims (their ids are cut together), and fit in one place."""
     return (len({int(op.attr("padding_idx", -1)) for op in lookups}) == 1
             and len({op.type for op in lookups}) == 1
             and len({tuple(block.var(op.input("Ids")[0]).shape[1:]) for op in lookups}) == 1
-            and fused_position(block.ops, lookups, at_first) is not None)
+            and fused_position(block.ops, lookups) is not None)
 
 
-def table_lookups(program: Program, table: str, at_first: bool) -> list[Lookup]:
+def table_lookups(program: Program, table: str) -> list[Lookup]:
     """The prefetch chains of `table`: one for all its lookups when they can share it (the
-    same ``padding_idx`` and type, and no out read before the chain's place, `fusion_point`
-    with `at_first`), else one per lookup."""
+    same ``padding_idx`` and type, and no out read before the chain's place,
+    `fused_position`), else one per lookup."""
     ops = _lookup_ops(program.global_block().ops, table)
-    if ops and _fusable(program.global_block(), ops, at_first):
+    if ops and _fusable(program.global_block(), ops):
         groups = [ops]
     else:
         groups = [[op] for op in ops]
@@ -227,26 +227,18 @@ def fuses_lookups(plan: Plan) -> bool:
     return plan.config.paddle_version != "1.2"
 
 
-def chain_at_first_lookup(plan: Plan) -> bool:
-    """Whether the distributed table's one prefetch chain goes at its first lookup's place, as
-    1.2's transpiler put it (``paddle_version`` "1.2"), rather than after the last op writing
-    the lookups' ids (1.8 and 2.x), docs/transpiler.md §6."""
-    return plan.config.paddle_version == "1.2"
-
-
 # -- trainer ---------------------------------------------------------------------------------------
 
 def replace_table_lookups(block: Block, plan: Plan) -> None:
     """The table's lookups become split_ids -> prefetch -> merge_ids chains (`table_lookups`):
-    a lone lookup's chain takes its place, a fused chain goes after the last op writing its
-    ids (in the 1.2 programs at the first lookup's place, `fusion_point`)."""
+    a lone lookup's chain takes its place, a fused chain the first lookup's, or later where
+    a later lookup's ids are written after it (`fused_position`)."""
     assert plan.table is not None
     table, pservers = plan.table, list(plan.cluster.pservers)
     sections = table_sections(block.var(table).shape[0], len(pservers))
-    at_first = chain_at_first_lookup(plan)
-    for lookup in table_lookups(plan.origin, table, at_first):
+    for lookup in table_lookups(plan.origin, table):
         ops = [op for op in block.ops if op.type in LOOKUPS and op.output("Out")[0] in lookup.outs]
-        at = block.ops.index(ops[0]) if len(ops) == 1 else fused_position(block.ops, ops, at_first)
+        at = block.ops.index(ops[0]) if len(ops) == 1 else fused_position(block.ops, ops)
         if at is None:
             raise ValueError(f"program: no place for one prefetch chain of table {table!r}")
         ids = [lookup.ids_piece(table, k) for k in range(len(pservers))]
@@ -383,7 +375,7 @@ def build_table_blocks(program: Program, plan: Plan, endpoint: str, parent: int)
                     {"ParamOut": [table]},
                     {"op_role": int(OpRole.Optimize), "op_role_var": [table, grad]})
     prefetch = [_prefetch_block(program, plan, table, lookup, k, block.idx)
-                for lookup in table_lookups(plan.origin, table, chain_at_first_lookup(plan))]
+                for lookup in table_lookups(plan.origin, table)]
     copies = list(zip(received, range(plan.cluster.trainers))) if plan.sync else []
     return TableBlocks(block.idx, received, f"{grad}:{block.idx}", f"{grad}:{table}",
                        prefetch, _checkpoint_block(program, table, block.idx), copies)

@@ -19,7 +19,6 @@ import asyncio
 import io
 import logging
 import statistics
-from typing import Any
 
 import msgpack
 import zmq
@@ -58,7 +57,7 @@ async def flood(messages: int, window: float) -> tuple[int, int]:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     serving = asyncio.get_running_loop().create_task(service.serve(the_job.endpoints[0]))
-    context: zmq.asyncio.Context[Any] = zmq.asyncio.Context()
+    context = zmq.asyncio.Context()
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.ROUTING_ID, b"trainer:0")
     dealer.setsockopt(zmq.LINGER, 0)

@@ -79,7 +79,7 @@ def processes_rate(scenario_path: Path, scenario: Scenario, out: Path) -> Rate:
     if code != 0:
         raise SystemExit(f"runtime up failed ({code}); see {out / 'metrics.json'}")
     job = read_metrics(out / "metrics.json").job
-    assert job.samples_per_second is not None
+    assert job.samples_per_second is not None and job.wall_seconds is not None
     return Rate(job.samples_per_second, job.wall_seconds)
 
 

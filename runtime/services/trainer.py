@@ -545,7 +545,7 @@ longer than the timeout still holds it throughout."""
 
 def without_unread_state(startup: Program, main: Program) -> Program:
     """`startup` less the initializers of vars that no op of `main` and no later op of
-    `startup` reads; `startup` itself where there are none. DESIGN: the 1.8 programs keep the
+    `startup` reads; `startup` itself where there are none. DESIGN: the programs keep the
     dense parameters' optimizer accumulators in a trainer's startup, as the original's did
     (docs/transpiler.md, section 6), but the pservers update the parameters and read them: a
     trainer would allocate an Adam job's two moments of every parameter for nothing. The

@@ -11,8 +11,14 @@ it starts (a child of `runtime up`, by its command line ``--role R --index I``) 
   time on a core, waiting for one, and neither, which is the thread blocked (waiting for a
   message, a reply, a barrier, or a timer); for the node's other threads together (ZeroMQ's
   I/O thread, which moves every byte, and the output thread), their time on a core as a share
-  of the same time. These figures cost the job nothing; they are the split a machine of this
-  many cores gives the job.
+  of the same time, and waiting for one. These figures cost the job nothing; they are the
+  split a machine of this many cores gives the job.
+- the machine's cores (``/proc/stat``, read at the same times): the share of their time idle
+  over the training. Set against the threads' waiting, it says whether the job is short of
+  cores (little idle, much waiting) or the scheduler leaves a core idle while a thread waits
+  for one (both large: on the 2-core development VM, the CNN 2 x 2 job's cores were idle
+  12-15% of its training while each trainer's main thread waited 12-13% of it for a core, and
+  its I/O thread 7-8%; docs/fidelity.md).
 - py-spy (`[bench]` extra; without it the table has the scheduler's columns only), attached to
   each node at ``--rate`` samples a second, non-blocking: each sample's Python stack is given
   to the category of its innermost frame that has one (`CATEGORIES`, by file), and a stack
@@ -100,9 +106,11 @@ class Watched:
 
     pid: int
     label: str
-    readings: list[tuple[float, int, int, int]] = field(default_factory=list)
-    threads: dict[int, int] = field(default_factory=dict)
-    """The other threads' on-core ns, by thread id, as last read."""
+    readings: list[tuple[float, int, int, int, int]] = field(default_factory=list)
+    """(t, main thread's on-core ns, its waiting ns, the other threads' on-core ns, their
+    waiting ns)."""
+    threads: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """The other threads' (on-core ns, waiting ns), by thread id, as last read."""
     spy: subprocess.Popen[bytes] | None = None
     spy_file: Path | None = None
 
@@ -117,9 +125,25 @@ class Watched:
         if main is None:
             return
         for tid, stat in stats.items():  # a thread that ended keeps its last figure
-            self.threads[tid] = int(stat[0])
+            self.threads[tid] = (int(stat[0]), int(stat[1]))
         self.readings.append((time.monotonic(), int(main[0]), int(main[1]),
-                              sum(self.threads.values())))
+                              sum(on for on, _ in self.threads.values()),
+                              sum(wait for _, wait in self.threads.values())))
+
+
+def read_cores() -> tuple[float, int, int]:
+    """(monotonic seconds, the cores' idle ticks, all their ticks) from ``/proc/stat``: idle
+    counts iowait too."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return time.monotonic(), ticks[3] + ticks[4], sum(ticks)
+
+
+def idle_share(readings: list[tuple[float, int, int]], window: tuple[float, float]) -> float:
+    """The cores' idle share over `window`, from the first to the last reading inside it."""
+    kept = [r for r in readings if window[0] <= r[0] <= window[1]]
+    if len(kept) < 2 or kept[-1][2] == kept[0][2]:
+        return math.nan
+    return (kept[-1][1] - kept[0][1]) / (kept[-1][2] - kept[0][2])
 
 
 def _children(pid: int) -> list[int]:
@@ -148,17 +172,20 @@ def _label(pid: int) -> str | None:
     return f"{role}:{index}"
 
 
-def watch(command: list[str], spy: str | None, rate: int, work: Path) -> list[Watched]:
-    """Run `command` (`runtime up`), watching every node it starts until it exits."""
+def watch(command: list[str], spy: str | None, rate: int, work: Path,
+          cores: list[tuple[float, int, int]]) -> list[Watched]:
+    """Run `command` (`runtime up`), watching every node it starts until it exits, and the
+    machine's cores (`read_cores`, appended to `cores`)."""
     with open(work / "up.log", "wb") as log:
         job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        return _watch_nodes(job, spy, rate, work)
+        return _watch_nodes(job, spy, rate, work, cores)
 
 
 def _watch_nodes(job: subprocess.Popen[bytes], spy: str | None, rate: int,
-                 work: Path) -> list[Watched]:
+                 work: Path, cores: list[tuple[float, int, int]]) -> list[Watched]:
     nodes: dict[int, Watched] = {}
     while job.poll() is None:
+        cores.append(read_cores())
         for pid in _children(job.pid):
             if pid in nodes:
                 continue
@@ -186,17 +213,19 @@ def _watch_nodes(job: subprocess.Popen[bytes], spy: str | None, rate: int,
 
 
 def scheduler_split(node: Watched, window: tuple[float, float]
-                    ) -> tuple[float, float, float, float, float]:
+                    ) -> tuple[float, float, float, float, float, float]:
     """(seconds watched, on-core share, waiting share, blocked share) of the node's main thread
     over `window` (monotonic seconds: the job's training), and its other threads' time on a core
-    as a share of the same seconds (ZeroMQ's I/O thread, moving the bytes; the output thread)."""
+    and waiting for one, as shares of the same seconds (ZeroMQ's I/O thread, moving the bytes;
+    the output thread)."""
     kept = [r for r in node.readings if window[0] <= r[0] <= window[1]]
     if len(kept) < 2:
-        return 0.0, 0.0, 0.0, 0.0, 0.0
-    (t0, on0, wait0, io0), (t1, on1, wait1, io1) = kept[0], kept[-1]
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    (t0, on0, wait0, io0, iow0), (t1, on1, wait1, io1, iow1) = kept[0], kept[-1]
     wall = t1 - t0
     on, waiting = (on1 - on0) / 1e9 / wall, (wait1 - wait0) / 1e9 / wall
-    return wall, on, waiting, max(1.0 - on - waiting, 0.0), max(io1 - io0, 0) / 1e9 / wall
+    return (wall, on, waiting, max(1.0 - on - waiting, 0.0), max(io1 - io0, 0) / 1e9 / wall,
+            max(iow1 - iow0, 0) / 1e9 / wall)
 
 
 def training_window(nodes: list[Watched], metrics: Path) -> tuple[float, float]:
@@ -213,14 +242,14 @@ def training_window(nodes: list[Watched], metrics: Path) -> tuple[float, float]:
 
 def report(nodes: list[Watched], spy: bool, window: tuple[float, float], out: list[str]) -> None:
     header = (f"{'node':<12}{'watched s':>10}{'on core':>9}{'waiting':>9}{'blocked':>9}"
-              f"{'I/O thr.':>9}")
+              f"{'I/O thr.':>9}{'I/O wait':>9}")
     if spy:
         header += "  " + " ".join(f"{c:>10}" for c in COLUMNS) + f"{'samples':>9}"
     out.append(header)
     for node in nodes:
-        wall, on, waiting, blocked, io = scheduler_split(node, window)
+        wall, on, waiting, blocked, io, io_wait = scheduler_split(node, window)
         line = (f"{node.label:<12}{wall:>10.2f}{on:>9.0%}{waiting:>9.0%}{blocked:>9.0%}"
-                f"{io:>9.0%}")
+                f"{io:>9.0%}{io_wait:>9.0%}")
         if spy and node.spy_file is not None and node.spy_file.exists():
             counts = split_samples(node.spy_file.read_text())
             total = sum(counts.values()) or 1
@@ -255,13 +284,17 @@ def main() -> None:
         print("py-spy is not installed (pip install -e .[bench]): the scheduler's split only")
     elif args.quick:
         spy = None  # a few steps give py-spy nothing to sample; the tests need no ptrace
-    nodes = watch(command, spy, args.rate, work)
+    cores: list[tuple[float, int, int]] = []
+    nodes = watch(command, spy, args.rate, work, cores)
     lines: list[str] = []
-    report(nodes, spy is not None, training_window(nodes, work / "run" / "metrics.json"), lines)
+    window = training_window(nodes, work / "run" / "metrics.json")
+    report(nodes, spy is not None, window, lines)
     print("\n".join(lines))
     print(f"split of {len(nodes)} node(s); main thread: on a core, waiting for a core, blocked;"
-          " its other threads (ZeroMQ's I/O thread): on a core"
+          " its other threads (ZeroMQ's I/O thread): on a core, waiting for one"
           + ("; py-spy: shares of its samples in the event loop" if spy else ""))
+    print(f"the machine's {os.cpu_count()} cores: idle {idle_share(cores, window):.0%} of the "
+          "training")
     if args.out is None:
         shutil.rmtree(work, ignore_errors=True)
 

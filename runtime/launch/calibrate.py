@@ -7,9 +7,10 @@ calibration measures what a job is made of instead, over ranges wide enough for 
 
 - **kernels**: the training programs of reference models (the MLP at widths 16 to 2,048 and
   batches 8 to 256, two hidden layers, the CNN at three image sizes, ctr_dnn's embedding tables
-  from 1,000 to 100,000 rows), run in this process on each kernel backend (numpy, and torch
-  where installed), and a sync pserver's optimize blocks of the MLPs (their ``sum``, ``scale``
-  and optimizer ops, SGD, momentum and Adam); every kernel call's CPU time against its work
+  from 1,000 to 100,000 rows), and their startups' initializers, run in this process on each
+  kernel backend (numpy, and torch where installed), and a sync pserver's optimize blocks of
+  the MLPs (their ``sum``, ``scale`` and optimizer ops, SGD, momentum and Adam); every kernel
+  call's CPU time against its work
   (`runtime.execution.work.op_work`). Each op type gets a `Curve` of seconds against FLOPs
   (the matrix products, convolutions, nce) or bytes moved (everything else), and the bytes
   curve of all elementwise op types together prices an op type none of the programs ran.
@@ -254,14 +255,20 @@ def _measure(ref: Reference, backend: str, times: WorkTimes) -> None:
 
 
 def _train(job: Job, backend: str, times: WorkTimes, steps: int) -> None:
-    """Local training steps of `job`'s program: forward, backward and optimizer kernels."""
+    """Local training steps of `job`'s program (forward, backward and optimizer kernels), and
+    of its startup program the op types the steps do not run (the initializers:
+    `gaussian_random`, `uniform_random`, ... at the parameters' sizes). DESIGN: a startup runs
+    each op once, cold; an op type the steps run too (`fill_constant`) keeps the steps' figures."""
     model = job.model
-    executor, scope = Executor(backend, timer=times), Scope()
-    Executor(backend).run(model.startup, scope=scope)
+    executor, scope, startup = Executor(backend, timer=times), Scope(), WorkTimes()
+    Executor(backend, timer=startup).run(model.startup, scope=scope)
     batch = job.scenario.data.batch_size
     for step in range(steps):
         executor.run(model.main, feed=job.dataset.batch(step, batch, model.feeds),
                      fetch_list=[model.loss], scope=scope)
+    for op_type, samples in startup.samples.items():
+        if op_type not in times.samples:
+            times.samples[op_type] = samples
 
 
 def _optimize(job: Job, backend: str, times: WorkTimes, steps: int) -> None:

@@ -139,6 +139,9 @@ def test_measuring_a_small_grid_gives_a_curve_per_op_type_through_its_samples() 
     assert run.skipped == [] and run.slow == {}
     curves, fallback = fit_kernels(times)
     assert {"mul", "mul_grad", "elementwise_add", "relu", "sgd", "sum", "scale"} <= set(curves)
+    # the startups' initializers too, where the steps do not run them
+    assert "uniform_random" in curves
+    assert {b for _, b, _ in times.samples["fill_constant"]} == {4}  # the steps' scalars only
     assert fallback is not None and fallback.feature == "bytes"
     for op_type, samples in times.samples.items():
         curve = curves[op_type]

@@ -65,7 +65,7 @@ def _trainer(result: SimResult, run: TrainerRun) -> TrainerMetrics:
     begins a send's round trip later)."""
     node, since = trainer_name(run.index), run.steps_start
     record = TrainerMetrics.from_steps(run.index, run.losses, run.step_times, run.first_step,
-                                       run.redone)
+                                       run.redone, run.resends)
     record.step_ends = list(run.step_ends)
     record.compute_seconds = result.compute.get(node, 0.0)
     record.barrier_wait_seconds = result.trace.seconds(node, "rpc", BARRIER_OPS, since)
@@ -243,14 +243,17 @@ def summary_table(m: JobMetrics) -> Table:
 
 
 def trainer_table(m: JobMetrics) -> Table:
+    """A row per trainer; a ``resent`` column only where some trainer sent a request again."""
+    resent = any(t.resends for t in m.trainers)
     table = Table("trainer", "steps", "first step", "step mean", "p50", "p99", "max", "compute",
-                  "barrier wait", "final loss")
+                  "barrier wait", *(("resent",) if resent else ()), "final loss")
     for t in m.trainers:
         st = t.step_time
         stats = (st.mean, st.p50, st.p99, st.max) if st else (None,) * 4
         table.add_row(trainer_name(t.index), str(len(t.losses)),
                       fmt_seconds(t.startup_wait_seconds), *(fmt_seconds(x) for x in stats),
                       fmt_seconds(t.compute_seconds), fmt_seconds(t.barrier_wait_seconds),
+                      *((str(t.resends),) if resent else ()),
                       f"{t.final_loss:.4f}" if t.final_loss is not None else "-")
     return table
 

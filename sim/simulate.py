@@ -78,6 +78,8 @@ class TrainerRun:
     redone: int = 0
     """Steps taken again after a pserver restarted from an earlier checkpoint."""
     first_step: int = 0
+    resends: int = 0
+    """Requests sent again (no answer in time)."""
 
     @property
     def steps_start(self) -> float:
@@ -158,7 +160,7 @@ def simulate(scenario: Scenario, *, base_dir: Path | None = None,
         with _without_cyclic_gc():
             result, now, stats = run(main(cluster), max_time=scenario.train.deadline)
     trainers = [TrainerRun(r.trainer_id, r.losses, r.step_times, ends[r.trainer_id], r.redone,
-                           r.first_step) for r in result.trainers]
+                           r.first_step, r.resends) for r in result.trainers]
     return SimResult(scenario, job.endpoints, now, trainers, result.pservers, result.params,
                      network.link_stats(), network.nic_stats(), trace,
                      dict(compute.in_steps) if compute else {}, stats, schedule.events, base_dir,

@@ -176,6 +176,10 @@ class TrainerMetrics:
     """The step its (last) process started at: later than 0 when it joined a job under way."""
     steps_redone: int = 0
     """Steps it took again because a pserver restarted from an earlier checkpoint."""
+    resends: int = 0
+    """Requests it sent again for want of an answer in time (lost, or their bytes or their
+    reply's still on the way: `train.retry_after`), its startup and finish included; of its
+    last process, for a restarted one."""
     startup_wait_seconds: float | None = None
     """Its first step's duration: start-up, not training, for that step waits for the first
     round to form (in sync mode, for every trainer to start); left out of step_time and of the
@@ -194,11 +198,12 @@ class TrainerMetrics:
 
     @staticmethod
     def from_steps(index: int, losses: Sequence[float], step_times: Sequence[float],
-                   first_step: int = 0, steps_redone: int = 0) -> TrainerMetrics:
+                   first_step: int = 0, steps_redone: int = 0, resends: int = 0
+                   ) -> TrainerMetrics:
         return TrainerMetrics(index, list(losses), list(step_times),
                               _finite(losses[-1]) if losses else None,
                               StepTimeStats.of(training_steps(step_times)), first_step,
-                              steps_redone, startup_wait(step_times))
+                              steps_redone, resends, startup_wait(step_times))
 
 
 @_described

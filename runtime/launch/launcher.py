@@ -943,6 +943,7 @@ def summary_lines(metrics: JobMetrics) -> list[str]:
             mean += f" (start-up {t.startup_wait_seconds:.2f}s)"
         joined = f"  from step {t.first_step}" if t.first_step else ""
         redone = f"  redid {t.steps_redone}" if t.steps_redone else ""
+        redone += f"  resent {t.resends} request(s)" if t.resends else ""
         lines.append(f"{trainer_name(t.index):<12} {len(t.losses)} steps{joined}{redone}  {loss}  "
                      f"{mean}  (exit {t.exit_code})")
     for p in metrics.pservers:

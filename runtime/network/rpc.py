@@ -206,6 +206,8 @@ class _Call:
         """Send the request (again) and wait for its reply until the retry interval or the
         deadline, whichever comes first."""
         self.attempts += 1
+        if self.attempts > 1:
+            self.client.resends += 1
         self.after = self.client._next_id
         self.client._send(self)
         now = self.future.get_loop().time()  # not get_running_loop(): that one costs a getpid
@@ -327,6 +329,8 @@ class RpcClient:
         """Endpoint -> the highest request id it has answered (or sent a pending notice for)."""
         self._held: dict[str, dict[int, _Call]] = {}
         """Endpoint -> its calls that a pending notice said the server holds (`_Call.held_at`)."""
+        self.resends = 0
+        """Requests sent again so far (each attempt after a call's first)."""
         self._pace: dict[str, float] = {}
         """Endpoint -> seconds a byte of its calls took, smoothed (see `first_wait`)."""
         self._reply_size: dict[tuple[str, Kind], int] = {}

@@ -566,7 +566,7 @@ async def run_trainer(job: Job, index: int, out: Path | None,
     if client.meter is not None:
         write_costs(out, node_file_stem("trainer", index), client.meter, times, keys is not None)
     record = TrainerMetrics.from_steps(index, report.losses, report.step_times,
-                                       report.first_step, report.redone)
+                                       report.first_step, report.redone, report.resends)
     if out is not None:
         write_record(out / "nodes" / f"{node_file_stem('trainer', index)}.json", record)
         if index == 0:

@@ -703,6 +703,8 @@ class TrainerReport:
     """The step it started at (later than 0 when it joined a job under way, e.g. restarted)."""
     redone: int = 0
     """Steps it took again because a pserver restarted from an earlier checkpoint."""
+    resends: int = 0
+    """Requests it sent again (`RpcClient.resends`), startup and finish included."""
 
 
 class Trainer:
@@ -798,6 +800,7 @@ class Trainer:
             await self.finish()
         finally:
             await self.stop()
+            report.resends = self.client.resends
             if self.client.meter is not None:
                 self.client.meter.end_run()
         return report

@@ -14,6 +14,7 @@ from transpiler.ir import Op
 from runtime.config.scenario import Scenario, parse_scenario
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job
+from sim.report import collect, trainer_table
 from sim.simulate import SimResult, simulate
 
 TRAINERS, PSERVERS, STEPS = 2, 2, 3
@@ -53,6 +54,7 @@ def test_a_2x2_sync_step_costs_exactly_the_messages_of_its_protocol() -> None:
     assert by_kind(bundled) == [{"bye": TRAINERS, "complete": TRAINERS, "get": TRAINERS,
                                  "send": TRAINERS * STEPS}] * PSERVERS
     assert (per_op.messages, compact.messages, bundled.messages) == (180, 124, 44)
+    assert [t.resends for run in (per_op, compact, bundled) for t in run.trainers] == [0] * 6
 
 
 WIDE = 256
@@ -192,4 +194,11 @@ network: {{default: {{latency: 1ms, bandwidth: 20Mbps}}}}
 """))
     (pserver,) = result.pservers
     assert 2 * steps <= pserver.messages_by_kind["send"] <= 2 * steps + 1
+    # what was sent again (the startup's fetches, heartbeats queued behind a SEND) is counted
+    assert all(trainer.resends > 0 for trainer in result.trainers)
+    metrics = collect(result)
+    assert [t.resends for t in metrics.trainers] == [t.resends for t in result.trainers]
+    assert "resent" in [column.header for column in trainer_table(metrics).columns]
+    quiet = collect(simulate(scenario("bundled")))
+    assert "resent" not in [column.header for column in trainer_table(quiet).columns]
     assert max(t for trainer in result.trainers for t in trainer.step_times[1:]) < 6.0

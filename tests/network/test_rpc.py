@@ -244,6 +244,7 @@ def test_a_call_waits_as_long_as_its_bytes_took_at_the_endpoints_pace() -> None:
     pace, and the next calls wait 3 times what their bytes take at it: each goes once."""
     arrivals, client = paced_calls(3)
     assert [len(copies) for copies in arrivals] == [3, 1, 1]
+    assert client.resends == 2
     request = charged_size(encode(Message.of(Kind.SEND, 9, "trainer:0", 0,
                                              {"g": np.zeros(BIG // 4, np.float32)})))
     reply = charged_size(encode(Message(Kind.REPLY, 9, "pserver:0", 0,

@@ -117,7 +117,33 @@ def notes_for(result: SimResult) -> list[str]:
         notes.append("collective.backend: torch is a real-run backend (runtime up, role mode); "
                      "simulated as the ring all-reduce (its messages and sums: the same sums "
                      "within float rounding, not torch.distributed's algorithm or timing)")
-    return notes + _busy_hosts(result) + result.compute_notes
+    return notes + _busy_hosts(result) + _slow_fan_in(result) + result.compute_notes
+
+
+HEARTBEAT_SHARE = 2 / 3
+"""A pserver's NIC busy this share of ``train.heartbeat_timeout`` a step taking in requests can
+hold a trainer's heartbeat past the timeout (heartbeats go every third of it)."""
+
+
+def _slow_fan_in(result: SimResult) -> list[str]:
+    """A note for each pserver whose NIC spends so long a step taking in its trainers' requests
+    (`HEARTBEAT_SHARE` of the heartbeat timeout or more) that a heartbeat queued behind them
+    can arrive too late: the pserver then drops live trainers. The same holds for real: a
+    trainer's heartbeat travels on the connection its requests take."""
+    steps, timeout = result.scenario.train.steps, result.scenario.train.heartbeat_timeout
+    notes = []
+    for j in range(len(result.pservers)):
+        nic = result.nics.get(pserver_name(j))
+        if nic is None or not steps:
+            continue
+        busy = nic.busy_in / steps
+        if busy >= HEARTBEAT_SHARE * timeout:
+            notes.append(
+                f"network: {pserver_name(j)}'s NIC takes {busy:.3g}s a step to receive "
+                f"{nic.bytes_in / steps / 1e6:.3g} MB of requests; a trainer's heartbeat "
+                f"waits behind its requests, so with train.heartbeat_timeout at {timeout:g}s "
+                "the pserver can drop live trainers: raise it above the step's transfer")
+    return notes
 
 
 BUSY_HOST = 0.95

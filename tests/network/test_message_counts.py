@@ -14,7 +14,7 @@ from transpiler.ir import Op
 from runtime.config.scenario import Scenario, parse_scenario
 from runtime.services.cluster import train_locally
 from runtime.services.job import Job
-from sim.report import collect, trainer_table
+from sim.report import collect, notes_for, trainer_table
 from sim.simulate import SimResult, simulate
 
 TRAINERS, PSERVERS, STEPS = 2, 2, 3
@@ -175,6 +175,19 @@ def test_trainers_running_one_program_share_its_plan_until_its_ops_change() -> N
     assert TrainContract.of(program).plan("compact") is not plan
 
 
+def slow_link(steps: int, heartbeat_timeout: float = 10.0) -> Scenario:
+    """A 4.3 MB model, 2 trainers on one pserver behind 20 Mbit/s links (timing mode)."""
+    return parse_scenario(f"""
+name: slow-link
+model: {{name: mlp, sizes: [64, 1024, 1024, 10], optimizer: {{type: sgd, learning_rate: 0.01}}}}
+data: {{batch_size: 8}}
+cluster: {{pservers: 1, trainers: 2}}
+backend: {{kernels: phantom}}
+train: {{steps: {steps}, heartbeat_timeout: {heartbeat_timeout}}}
+network: {{default: {{latency: 1ms, bandwidth: 20Mbps}}}}
+""")
+
+
 def test_a_big_request_on_a_slow_link_is_not_sent_again_while_its_bytes_are_on_their_way(
         ) -> None:
     """A 4.3 MB model, 2 trainers on one pserver behind 20 Mbit/s links: each SEND takes
@@ -183,15 +196,7 @@ def test_a_big_request_on_a_slow_link_is_not_sent_again_while_its_bytes_are_on_t
     its first), it waits 3 times that long: at most one SEND more than the steps' in all,
     where resending after 1 s, 2 s, 4 s... sent 38 for 8 and took 3 times as long a step."""
     steps = 4
-    result = simulate(parse_scenario(f"""
-name: slow-link
-model: {{name: mlp, sizes: [64, 1024, 1024, 10], optimizer: {{type: sgd, learning_rate: 0.01}}}}
-data: {{batch_size: 8}}
-cluster: {{pservers: 1, trainers: 2}}
-backend: {{kernels: phantom}}
-train: {{steps: {steps}}}
-network: {{default: {{latency: 1ms, bandwidth: 20Mbps}}}}
-"""))
+    result = simulate(slow_link(steps))
     (pserver,) = result.pservers
     assert 2 * steps <= pserver.messages_by_kind["send"] <= 2 * steps + 1
     # what was sent again (the startup's fetches, heartbeats queued behind a SEND) is counted
@@ -202,3 +207,19 @@ network: {{default: {{latency: 1ms, bandwidth: 20Mbps}}}}
     quiet = collect(simulate(scenario("bundled")))
     assert "resent" not in [column.header for column in trainer_table(quiet).columns]
     assert max(t for trainer in result.trainers for t in trainer.step_times[1:]) < 6.0
+
+
+def test_a_run_notes_a_pserver_whose_requests_outlast_the_heartbeat_timeout() -> None:
+    """The slow link's pserver takes about 3.4 s a step to receive its trainers' 8.6 MB: with
+    a 3 s heartbeat timeout a heartbeat queued behind them arrives too late, and the run says
+    so (and drops a live trainer); with 10 s it says nothing."""
+    short = simulate(slow_link(3, heartbeat_timeout=3.0))
+    notes = [n for n in notes_for(short) if n.startswith("network: pserver:0's NIC")]
+    busy = short.nics["pserver:0"].busy_in / 3
+    assert 2.0 <= busy and notes == [
+        f"network: pserver:0's NIC takes {busy:.3g}s a step to receive "
+        f"{short.nics['pserver:0'].bytes_in / 3 / 1e6:.3g} MB of requests; a trainer's "
+        "heartbeat waits behind its requests, so with train.heartbeat_timeout at 3s the "
+        "pserver can drop live trainers: raise it above the step's transfer"]
+    assert any(p.dropped for p in short.pservers)
+    assert not [n for n in notes_for(simulate(slow_link(3))) if n.startswith("network: pserver")]

@@ -27,7 +27,7 @@ smoothed), and waits `PACE_MARGIN` times what the call's request and the reply
 the endpoint last gave to a call of its kind take at that pace. DESIGN: without it, a 67 MB
 SEND of four trainers to one pserver behind a 1 Gbit/s NIC, which takes 2 s to arrive, was
 sent again after 1 s and again after 2 s more, each copy queued behind the first on the same
-connection: three times the bytes, and 6.9 s steps where one copy each takes 4 s. A resend of
+connection: three times the bytes, and 6.9 s steps where paced calls take 2.9 s. A resend of
 a lost request then waits as long as the bytes took; the backoff grows from there.
 
 A node that restarts passes its `incarnation` (how many times it started before) so that its

@@ -123,6 +123,11 @@ class Charge:
                 t += seconds * stretch
 
 
+def virtual_clock(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop` keeps simulated time (`sim.loop`): it never moves while code runs."""
+    return bool(getattr(loop, "virtual_time", False))
+
+
 def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     """What `Charge.clock` reads on `loop`: its time where it is virtual, else a fine clock."""
-    return loop.time if getattr(loop, "virtual_time", False) else time.perf_counter
+    return loop.time if virtual_clock(loop) else time.perf_counter

@@ -477,6 +477,7 @@ class RpcClient:
             if meter is not None:
                 meter.discard(started)
             return
+        size = charged_size(frames)
         if msg.kind is Kind.COLLECTIVE:
             if self.peer_messages is not None:
                 self.peer_messages(peer, msg)
@@ -484,9 +485,9 @@ class RpcClient:
                 log.warning("%s: dropping a collective message from %s: no collective ops here",
                             self.name, peer)
         else:
-            self._resolve(msg, peer, charged_size(frames))
+            self._resolve(msg, peer, size)
         if meter is not None:
-            meter.stop_message(started, RECEIVES, msg.kind.value, charged_size(frames))
+            meter.stop_message(started, RECEIVES, msg.kind.value, size)
 
     def _resolve(self, msg: Message, peer: str, size: int = 0) -> None:
         """Hand a reply to the call waiting for it, or note a pending notice; a reply to a call

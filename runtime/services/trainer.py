@@ -71,7 +71,7 @@ from transpiler.distribute.startup import INIT_OPS
 from transpiler.distribute.lookup_table import table_sections
 from transpiler.ir import Op, Program
 
-from runtime.execution.compute import Charge, ComputeModel, Tracer
+from runtime.execution.compute import Charge, ComputeModel, Tracer, virtual_clock
 from runtime.execution.executor import Executor, check_feed, run_step
 from runtime.execution.kernels.common import lookup_lead
 from runtime.execution.kernels.context import KernelContext
@@ -597,7 +597,7 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
     # awaits: there is nothing to bound, and a yield would reorder its events.
     loop = asyncio.get_running_loop()
     clock = loop.time
-    bounded = not getattr(loop, "virtual_time", False)
+    bounded = not virtual_clock(loop)
     turned = clock()
     for step in plan.steps:
         if step.kernel is None:

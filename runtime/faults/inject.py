@@ -220,14 +220,25 @@ class RuntimeTarget:
                 self._duty_cycle(node, stopped, slowed), name=f"slow {node}")
 
     async def _duty_cycle(self, node: str, stopped: float, slowed: _Slowed) -> None:
-        """Pause `node` `stopped` seconds of every period until cancelled (or it stops
-        running), counting the pauses."""
+        """Pause `node` the first `stopped` seconds of every period until cancelled (or it
+        stops running), counting the pauses. The periods keep a fixed grid from the cycle's
+        start: a late wake-up of this loop shortens the phase it delays, and a pause whose
+        time is over by then is left out, rather than every period growing by the lateness
+        (relative sleeps made a busy launcher pause a node 46 times in 2 s, not 100)."""
+        loop = asyncio.get_running_loop()
+        period = loop.time()
         try:
-            while self.nodes.send_signal(node, signal.SIGSTOP):
+            while True:
+                now = loop.time()
+                while now >= period + stopped:  # this period's pause is over already
+                    period += SLOW_PERIOD
+                await asyncio.sleep(max(0.0, period - now))
+                if not self.nodes.send_signal(node, signal.SIGSTOP):
+                    break
                 slowed.pauses += 1
-                await asyncio.sleep(stopped)
+                await asyncio.sleep(max(0.0, period + stopped - loop.time()))
                 self._run_on(node)
-                await asyncio.sleep(SLOW_PERIOD - stopped)
+                period += SLOW_PERIOD
         finally:
             self._run_on(node)
 

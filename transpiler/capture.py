@@ -61,7 +61,8 @@ def from_torch(module: Any, example_inputs: Any, *, loss: str | None = None,
     data set that fits by default. `distributed_table`: the name of one `nn.Embedding` of
     `module` (``"emb"``, as `named_modules` names it) whose table the pservers hold in pieces,
     a trainer prefetching the rows it reads (Paddle's ``embedding(is_distributed=True)``; its
-    gradient is sparse rows, whatever the module's `sparse`)."""
+    gradient is sparse rows, whatever the module's `sparse`). Every other table stays on the
+    trainers (`remote_prefetch` off, whatever the release's default)."""
     import torch
 
     if not isinstance(module, torch.nn.Module):
@@ -491,7 +492,7 @@ def _embedding_module(cap: _Capture, node: Any, mod: Any, ids: Var) -> Var:
     distributed = node.target == cap.table
     out = lookup(ids, [mod.num_embeddings, mod.embedding_dim],
                  is_sparse=bool(mod.sparse) or distributed, is_distributed=distributed,
-                 padding_idx=pad, param_attr=cap.attr(f"{node.target}.weight", mod.weight),
+                 remote_prefetch=False, padding_idx=pad, param_attr=cap.attr(f"{node.target}.weight", mod.weight),
                  dtype=_dtype(mod.weight.dtype, node))
     if list(out.shape) != want:
         raise ValueError(f"ids of shape {list(ids.shape)} look up {list(out.shape)}, torch "

@@ -196,26 +196,32 @@ def fc(input: Var | Sequence[Var], size: int, num_flatten_dims: int = 1,
 
 def embedding(input: Var, size: Sequence[int], is_sparse: bool = False,
               is_distributed: bool = False, padding_idx: int | None = None,
-              param_attr: ParamAttr | str | None = None, dtype: str = "float32") -> Var:
+              param_attr: ParamAttr | str | None = None, dtype: str = "float32",
+              remote_prefetch: bool | None = None) -> Var:
     """`lookup_table` (Paddle's ``fluid.layers.embedding``): rows of a [vocab, dim] table for
-    int64 ids of shape [-1, 1]; Out drops the ids' trailing 1."""
+    int64 ids of shape [-1, 1]; Out drops the ids' trailing 1. `remote_prefetch` (pslab's;
+    needs `is_sparse` and no `is_distributed`): a distributed trainer reads the table's rows
+    from the pservers (docs/transpiler.md, section 6); None: the release's default for a
+    sparse lookup that is not distributed (`default_remote_prefetch`)."""
     return _embedding("lookup_table", input, size, is_sparse, is_distributed, padding_idx,
-                      param_attr, dtype)
+                      param_attr, dtype, remote_prefetch)
 
 
 def embedding_v2(input: Var, size: Sequence[int], is_sparse: bool = False,
                  is_distributed: bool = False, padding_idx: int | None = None,
-                 param_attr: ParamAttr | str | None = None, dtype: str = "float32") -> Var:
+                 param_attr: ParamAttr | str | None = None, dtype: str = "float32",
+                 remote_prefetch: bool | None = None) -> Var:
     """`lookup_table_v2` (Paddle's ``fluid.embedding``): ids of any shape, [N] or [N, L], and
-    Out is their shape + [dim], a trailing 1 kept."""
+    Out is their shape + [dim], a trailing 1 kept. `remote_prefetch` as `embedding`'s."""
     return _embedding("lookup_table_v2", input, size, is_sparse, is_distributed, padding_idx,
-                      param_attr, dtype)
+                      param_attr, dtype, remote_prefetch)
 
 
 def _embedding(op_type: str, input: Var, size: Sequence[int], is_sparse: bool,
                is_distributed: bool, padding_idx: int | None, param_attr: ParamAttr | str | None,
-               dtype: str) -> Var:
+               dtype: str, remote_prefetch: bool | None) -> Var:
     input = _check_var(input, "embedding", "input")
+    remote_prefetch = _lookup_remote_prefetch(remote_prefetch, is_sparse, is_distributed)
     if input.dtype not in ("int64", "int32"):
         raise TypeError(f"embedding: ids {input.name!r} must be int64, got {input.dtype}")
     if len(size) != 2:
@@ -232,19 +238,43 @@ def _embedding(op_type: str, input: Var, size: Sequence[int], is_sparse: bool,
     out = create_tmp_var("embedding", out_shape, dtype, lod_level=input.lod_level)
     append_op(op_type, {"W": [w], "Ids": [input]}, {"Out": [out]},
               {"is_sparse": is_sparse, "is_distributed": is_distributed, "padding_idx": pad,
-               "remote_prefetch": remote_prefetch_switched_on(is_sparse and not is_distributed)})
+               "remote_prefetch": remote_prefetch})
     return out
 
 
+def _lookup_remote_prefetch(asked: bool | None, is_sparse: bool, is_distributed: bool) -> bool:
+    """A lookup's ``remote_prefetch``: `asked`, or the default when None; ValueError where it
+    is asked of a lookup that is not sparse or is the distributed table."""
+    eligible = is_sparse and not is_distributed
+    if asked is None:
+        return default_remote_prefetch(eligible)
+    if asked and not eligible:
+        raise ValueError("embedding: remote_prefetch needs is_sparse and no is_distributed "
+                         "(the pservers take a sparse grad; the distributed table has its own "
+                         "prefetch)")
+    return bool(asked)
+
+
 REMOTE_PREFETCH_ENV = "PADDLE_ENABLE_REMOTE_PREFETCH"
-"""The original's switch: set (to anything but "" or "0") when a layer is built, it makes a
-sparse lookup that is not distributed, and a sparse `nce`, read their rows from the pservers."""
+"""Read when a layer is built: "0" turns the default remote prefetch off in every release,
+any other non-empty value turns it on in every release (`default_remote_prefetch`)."""
+REMOTE_PREFETCH_RELEASES = frozenset({"1.8", "2.x"})
+"""The releases whose layers marked every sparse lookup that is not distributed, and every
+sparse `nce`, ``remote_prefetch`` unasked; 1.2's did so only under the switch."""
 
 
-def remote_prefetch_switched_on(eligible: bool) -> bool:
-    """Whether an `eligible` layer (sparse, not the distributed table) prefetches remotely by
-    default: only when ``PADDLE_ENABLE_REMOTE_PREFETCH`` is on (docs/transpiler.md §9)."""
-    return eligible and os.environ.get(REMOTE_PREFETCH_ENV, "") not in ("", "0")
+def default_remote_prefetch(eligible: bool) -> bool:
+    """Whether an `eligible` layer (sparse, not the distributed table) prefetches its rows
+    remotely when the call leaves it to the default (docs/transpiler.md §9): as
+    ``PADDLE_ENABLE_REMOTE_PREFETCH`` says when it is set ("0" off, anything else on), else as
+    the release in force when the layer is built (`env_paddle_version`: on with "1.8", the
+    default, and "2.x"; off with "1.2")."""
+    if not eligible:
+        return False
+    switch = os.environ.get(REMOTE_PREFETCH_ENV, "")
+    if switch:
+        return switch != "0"
+    return env_paddle_version() in REMOTE_PREFETCH_RELEASES
 
 
 NCE_SAMPLERS = {"uniform": 0, "log_uniform": 1, "custom_dist": 2}
@@ -264,8 +294,8 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
     probability of each class). Returns the `nce` op's Cost / (num_neg_samples + 1), as Paddle's
     layer does. `is_sparse`: the weight's gradient is SELECTED_ROWS; `remote_prefetch` (needs
     `is_sparse`): a distributed trainer prefetches only the rows of the sampled classes from
-    the pservers (docs/transpiler.md, section 6); None: on for a sparse nce when
-    ``PADDLE_ENABLE_REMOTE_PREFETCH`` is (`remote_prefetch_switched_on`). The draws are keyed by `seed` (the program's
+    the pservers (docs/transpiler.md, section 6); None: the release's default for a sparse
+    nce (`default_remote_prefetch`). The draws are keyed by `seed` (the program's
     random seed when 0) and a step counter, ``@NCE_STEP@``, raised once per step
     (`runtime.execution.kernels.sampling`)."""
     input = _check_var(input, "nce", "input")
@@ -275,7 +305,7 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
     if sampler not in NCE_SAMPLERS:
         raise ValueError(f"nce: sampler {sampler!r} is not one of {sorted(NCE_SAMPLERS)}")
     if remote_prefetch is None:
-        remote_prefetch = remote_prefetch_switched_on(is_sparse)
+        remote_prefetch = default_remote_prefetch(is_sparse)
     if remote_prefetch and not is_sparse:
         raise ValueError("nce: remote_prefetch needs is_sparse (the pservers take a sparse grad)")
     classes, neg = int(num_total_classes), 10 if num_neg_samples is None else int(num_neg_samples)

@@ -4,7 +4,10 @@
 Each builder appends a forward pass, a loss and an optimizer (`minimize`) to a fresh main and
 startup program, inside its own `program_guard` and `unique_name.guard()`, so building twice gives
 identical programs. Parameters get explicit, stable names (``mlp.fc0.w``, ``ctr.emb.title_ids``,
-``w2v.emb_in``) that the distribute transpiler's golden outputs can rely on.
+``w2v.emb_in``) that the distribute transpiler's golden outputs can rely on. Each lookup and
+`nce` passes its `remote_prefetch` (off, but where word2vec's own option asks it of nce), so
+the release's default for a sparse table (docs/transpiler.md §9) never moves a scenario's
+tables to the pservers: a timing-mode run's ids are phantoms, which no pserver can look up.
 
 A builder returns a `Model`: the programs, the names to feed, the loss var, and hints for the data
 side (which data set fits by default and the sizes it must have). `build_model(name, **kwargs)`
@@ -269,9 +272,9 @@ def ctr_dnn(vocab: int = 1000, embed_dim: int = 16,
             ids = layers.data(slot, shape=[1], dtype="int64", lod_level=1)
             embed = layers.embedding_v2 if embedding_v2 else layers.embedding
             emb = embed(ids, size=[vocab, embed_dim], is_sparse=is_sparse,
-                                   is_distributed=is_distributed,
-                                   param_attr=_param("ctr.emb" if shared_table or is_distributed
-                                                     else f"ctr.emb.{slot}"))
+                        is_distributed=is_distributed, remote_prefetch=False,
+                        param_attr=_param("ctr.emb" if shared_table or is_distributed
+                                          else f"ctr.emb.{slot}"))
             pooled.append(layers.sequence_pool(emb, pool))
         h = layers.concat(pooled, axis=1) if len(pooled) > 1 else pooled[0]
         for i, size in enumerate(hidden):
@@ -311,7 +314,8 @@ def word2vec(vocab: int = 1000, embed_dim: int = 16, neg_num: int = 5, is_sparse
     def lookup(name: str, table: str, init: Any) -> Var:
         ids = layers.data(name, shape=[1], dtype="int64")
         return layers.embedding(ids, size=[vocab, embed_dim], is_sparse=is_sparse,
-                                is_distributed=is_distributed, param_attr=_param(table, init))
+                                is_distributed=is_distributed, remote_prefetch=False,
+                                param_attr=_param(table, init))
 
     def dot(a: Var, b: Var) -> Var:
         ones = _param("w2v.ones", Constant(1.0), trainable=False)

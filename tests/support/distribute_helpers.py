@@ -33,15 +33,17 @@ def basic(opt: Callable[[], Any] | None = None, bias: bool = True,
     return build(body)
 
 
-def lookup_model(is_distributed: bool = False, remote_prefetch: bool = False,
+def lookup_model(is_distributed: bool = False, remote_prefetch: bool | None = False,
                  opt: Callable[[], Any] | None = None) -> tuple[Program, Program]:
-    """`shared_w` [1000, 64] looked up by title_ids and brand_ids, pooled, concat, fc(2)."""
+    """`shared_w` [1000, 64] looked up by title_ids and brand_ids, pooled, concat, fc(2).
+    `remote_prefetch` goes to the lookups (None: the release's default)."""
     def body() -> None:
         pooled = []
         for slot in ("title_ids", "brand_ids"):
             ids = T.layers.data(slot, shape=[1], dtype="int64", lod_level=1)
             emb = T.layers.embedding(ids, size=[1000, 64], is_sparse=True,
                                      is_distributed=is_distributed,
+                                     remote_prefetch=remote_prefetch,
                                      param_attr=T.ParamAttr(name="shared_w"))
             pooled.append(T.layers.sequence_pool(emb, "average"))
         merged = T.layers.concat(pooled, axis=1)
@@ -50,10 +52,7 @@ def lookup_model(is_distributed: bool = False, remote_prefetch: bool = False,
                            bias_attr=T.ParamAttr(name="fc_b"))
         loss = T.layers.mean(T.layers.cross_entropy(pred, label))
         (opt or (lambda: T.optimizer.Adam(0.003)))().minimize(loss)
-    main, startup = build(body)
-    if remote_prefetch:
-        mark_remote_prefetch(main, "lookup_table")
-    return main, startup
+    return build(body)
 
 
 def mark_remote_prefetch(main: Program, lookup: str) -> None:

@@ -7,8 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from distribute_helpers import (PS1, PS2, basic, build, listen, mark_remote_prefetch, pserver,
-                                trainer, transpile, types)
+from distribute_helpers import PS1, PS2, basic, build, listen, pserver, trainer, transpile, types
 from gradcheck import check_grad, run_in_scope, run_op
 
 import transpiler as T
@@ -140,15 +139,13 @@ def v2_model(is_distributed: bool = False, remote_prefetch: bool = False) -> Any
         ids = T.layers.data("ids", shape=[2], dtype="int64")
         emb = T.layers.embedding_v2(ids, size=[1000, 64], is_sparse=True,
                                     is_distributed=is_distributed,
+                                    remote_prefetch=remote_prefetch,
                                     param_attr=T.ParamAttr(name="emb"))
         label = T.layers.data("label", shape=[1], dtype="int64")
         pred = T.layers.fc(emb, size=2, act="softmax", param_attr=T.ParamAttr(name="fc_w"),
                            bias_attr=T.ParamAttr(name="fc_b"))
         T.optimizer.SGD(0.1).minimize(T.layers.mean(T.layers.cross_entropy(pred, label)))
-    main, startup = build(body)
-    if remote_prefetch:
-        mark_remote_prefetch(main, "lookup_table_v2")
-    return main, startup
+    return build(body)
 
 
 def test_front_end_emits_lookup_table_v2() -> None:

@@ -170,6 +170,7 @@ def embed(m: Model) -> list[T.Var]:
     for i, e in enumerate(m.embeddings):
         ids = T.layers.data(f"ids_{i}", shape=[1], dtype="int64", lod_level=1)
         emb = T.layers.embedding(ids, size=[e.vocab, e.dim], is_sparse=e.kind != "dense",
+                                 remote_prefetch=e.kind == "remote",
                                  param_attr=T.ParamAttr(name=f"emb_{i}"))
         pooled.append(T.layers.sequence_pool(emb, "sum"))
     if m.table is not None:
@@ -199,9 +200,6 @@ def build(m: Model) -> tuple[Program, Program]:
         y = T.layers.data("y", shape=[m.widths[-1]])
         loss = T.layers.mean(T.layers.square_error_cost(h, y))
         optimizer(m).minimize(loss)
-    for op in main.global_block().ops:
-        if op.type == "lookup_table" and op.input("W")[0] in remote_tables(m):
-            op.attrs["remote_prefetch"] = True
     return main, startup
 
 

@@ -10,6 +10,9 @@ import transpiler as T
 from runtime import Executor, Scope
 from runtime.execution import data as D
 from transpiler import models as M
+from transpiler.distribute.lookup_table import remote_prefetch_ops
+from transpiler.framework import PADDLE_VERSION_ENV
+from transpiler.layers import REMOTE_PREFETCH_ENV
 from transpiler.ir import OpRole, op_types
 
 
@@ -68,6 +71,22 @@ def test_distributed_tables_train_like_local_ones_in_one_process() -> None:
     assert lookups and all(op.attr("is_distributed") and op.attr("is_sparse") for op in lookups)
     dataset = D.dataset_for(local)
     assert train(dist, dataset, 30, 64) == train(local, dataset, 30, 64)
+
+
+@pytest.mark.parametrize("release", ["1.2", "1.8", "2.x"])
+def test_the_models_keep_their_sparse_tables_on_the_trainers_in_every_release(
+        release: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1.8's and 2.x's default of remote prefetch for a sparse table (docs/transpiler.md §9)
+    reaches no built-in model: each passes its lookups' and nce's `remote_prefetch` itself,
+    so a scenario's tables stay where they were (a timing-mode run cannot prefetch phantom
+    ids); word2vec's own option still turns it on for its nce."""
+    monkeypatch.setenv(PADDLE_VERSION_ENV, release)
+    monkeypatch.delenv(REMOTE_PREFETCH_ENV, raising=False)
+    for model in (M.ctr_dnn(), M.ctr_dnn(embedding_v2=True), M.word2vec(),
+                  M.word2vec(nce=True)):
+        assert remote_prefetch_ops(model.main) == [], model.name
+    assert [(op.type, table) for op, table in remote_prefetch_ops(
+        M.word2vec(nce=True, remote_prefetch=True).main)] == [("nce", "w2v.nce.w")]
 
 
 @pytest.mark.parametrize("name", sorted(M.MODELS))

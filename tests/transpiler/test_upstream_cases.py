@@ -17,15 +17,26 @@ from distribute_helpers import (PS1, PS2, basic, build, config, lookup_model,
 
 import transpiler as T
 from transpiler.distribute.config import PADDLE_VERSION_ENV
+from transpiler.layers import REMOTE_PREFETCH_ENV
 from transpiler.ir import Program
 
 ADAM_MERGED = ["sum", "scale", "adam", "scale", "scale"]
 
 
-def three_lookups(padding: tuple[int, int] = (-1, -1)) -> tuple[Program, Program]:
+@pytest.fixture(autouse=True)
+def _release_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each case sets the release and the remote-prefetch switch it builds under itself."""
+    monkeypatch.delenv(PADDLE_VERSION_ENV, raising=False)
+    monkeypatch.delenv(REMOTE_PREFETCH_ENV, raising=False)
+
+
+def three_lookups(padding: tuple[int, int] = (-1, -1),
+                  profile_prefetch: bool | None = False) -> tuple[Program, Program]:
     """1.2's and 1.8's table model: title and brand ids looked up in the distributed `shared_w`
     [1000, 64], profile ids in a sparse `profile_emb` of their own; each pooled, concat,
-    fc(2), cross entropy, Adam. `padding`: the two `shared_w` lookups' ``padding_idx``."""
+    fc(2), cross entropy, Adam. `padding`: the two `shared_w` lookups' ``padding_idx``;
+    `profile_prefetch`: the `profile_emb` lookup's ``remote_prefetch`` (None: the release's
+    default; False, the cases' own, keeps the table on the trainer)."""
     def body() -> None:
         pooled = []
         for slot, table, pad in (("title_ids", "shared_w", padding[0]),
@@ -34,7 +45,9 @@ def three_lookups(padding: tuple[int, int] = (-1, -1)) -> tuple[Program, Program
             ids = T.layers.data(slot, shape=[1], dtype="int64", lod_level=1)
             emb = T.layers.embedding(ids, size=[1000, 64], is_sparse=True,
                                      is_distributed=table == "shared_w", padding_idx=pad
-                                     if pad >= 0 else None, param_attr=T.ParamAttr(name=table))
+                                     if pad >= 0 else None, param_attr=T.ParamAttr(name=table),
+                                     remote_prefetch=None if table == "shared_w"
+                                     else profile_prefetch)
             pooled.append(T.layers.sequence_pool(emb, "average"))
         label = T.layers.data("label", shape=[1], dtype="int64")
         pred = T.layers.fc(T.layers.concat(pooled, axis=1), size=2,
@@ -80,12 +93,16 @@ def test_lookups_that_differ_in_padding_keep_a_chain_each() -> None:
     assert types(main.global_block()).count("prefetch") == 2
 
 
-def test_the_12_table_lookups_share_one_chain_and_one_prefetch_block() -> None:
+def test_the_12_table_lookups_share_one_chain_and_one_prefetch_block(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """1.2's transpiler fused the lookups as 1.8's did (from 1.1 on), the one chain where the
-    first lookup was: the 1.8 program's chain, op for op; sync and async."""
+    first lookup was: the 1.8 program's chain, op for op; sync and async. Built with 1.2's
+    layers, whose sparse `profile_emb` stays on the trainer by default."""
+    monkeypatch.setenv(PADDLE_VERSION_ENV, "1.2")
     for sync, blocks in ((True, [ADAM_MERGED, ADAM_MERGED, ["sum", "sgd"]]),
                          (False, [["adam", "scale", "scale"]] * 2 + [["sgd"]])):
-        t = transpile(three_lookups(), config(paddle_version="1.2"), sync_mode=sync)
+        t = transpile(three_lookups(profile_prefetch=None), config(paddle_version="1.2"),
+                      sync_mode=sync)
         ps1, _ = pserver(t, PS1)
         assert [types(b) for b in ps1.blocks] == [
             ["listen_and_serv"], *blocks, ["lookup_sparse_table"], ["save"]]
@@ -98,10 +115,13 @@ def test_the_12_table_lookups_share_one_chain_and_one_prefetch_block() -> None:
         assert len(ops[2].output("Out")) == 2
 
 
-def test_the_12_trainer_startup_keeps_the_dense_accumulators_too() -> None:
+def test_the_12_trainer_startup_keeps_the_dense_accumulators_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """1.2's case lists the same startup as 1.8's: 14 `fill_constant`s, the dense parameters'
-    accumulators among them."""
-    _, startup = trainer(transpile(three_lookups(), config(paddle_version="1.2")))
+    accumulators among them (1.2's layers: `profile_emb` received by default)."""
+    monkeypatch.setenv(PADDLE_VERSION_ENV, "1.2")
+    _, startup = trainer(transpile(three_lookups(profile_prefetch=None),
+                                   config(paddle_version="1.2")))
     assert types(startup.global_block()) == ["fill_constant"] * 14 + [
         "uniform_random", "uniform_random", "recv", "recv", "recv", "fetch_barrier", "concat",
         "fake_init"]
@@ -157,15 +177,18 @@ def test_weight_decay_adds_its_term_with_sum() -> None:
             [["sum", "scale", "scale", "sum", "momentum"]] * 2
 
 
+@pytest.mark.parametrize("switch", [None, "1"])
 def test_with_remote_prefetch_the_18_table_model_holds_neither_table(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Remote prefetch switched on (as 1.8's `embedding` always had it for a sparse lookup that
-    is not distributed): the trainer receives only fc_w and fc_b, in its main program and in
-    its startup, and the startup ends with a `fake_init` of each sparse table, the distributed
-    `shared_w` and the remote `profile_emb`, as 1.8's transpiler fake-initialized every sparse
-    table. 1.8's test lists the main program's receives so but one `fake_init` only."""
-    monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "1")
-    main, startup = trainer(transpile(three_lookups()))
+        monkeypatch: pytest.MonkeyPatch, switch: str | None) -> None:
+    """Remote prefetch on, by 1.8's default (its `embedding` marked every sparse lookup that is
+    not distributed) or by the switch: the trainer receives only fc_w and fc_b, in its main
+    program and in its startup, and the startup ends with a `fake_init` of each sparse table,
+    the distributed `shared_w` and the remote `profile_emb`, as 1.8's transpiler
+    fake-initialized every sparse table. 1.8's test lists the main program's receives so but
+    one `fake_init` only."""
+    if switch is not None:
+        monkeypatch.setenv(REMOTE_PREFETCH_ENV, switch)
+    main, startup = trainer(transpile(three_lookups(profile_prefetch=None)))
     for program in (main, startup):
         assert [op.output("Out") for op in program.global_block().ops if op.type == "recv"] == \
             [["fc_b"], ["fc_w"]]
@@ -188,21 +211,59 @@ def nce_model() -> tuple[Program, Program]:
     return build(body)
 
 
-def test_the_remote_prefetch_switch_turns_it_on_for_sparse_layers(
+def received(model: tuple[Program, Program]) -> set[str]:
+    main, _ = trainer(transpile(model))
+    return {n for op in main.global_block().ops if op.type == "recv" for n in op.output("Out")}
+
+
+@pytest.mark.parametrize("release", [None, "1.2", "1.8", "2.x"])
+@pytest.mark.parametrize("switch", [None, "0", "1"])
+def test_a_sparse_layer_prefetches_remotely_by_its_release_unless_the_switch_says(
+        monkeypatch: pytest.MonkeyPatch, release: str | None, switch: str | None) -> None:
+    """Left to the default, a sparse lookup that is not distributed and a sparse nce prefetch
+    their rows from the pservers as the release in force when the layers are built did:
+    1.8 (also when none is set) and 2.x on, 1.2 off. ``PADDLE_ENABLE_REMOTE_PREFETCH`` wins
+    in every release: "0" off, "1" on. On, the nce's weight is never received (its bias is)
+    and the lookups are marked; off, the trainer receives both of nce's parameters."""
+    for env, value in ((PADDLE_VERSION_ENV, release), (REMOTE_PREFETCH_ENV, switch)):
+        if value is not None:
+            monkeypatch.setenv(env, value)
+    on = switch == "1" if switch is not None else release != "1.2"
+    main, _ = lookup_model(remote_prefetch=None)
+    assert [op.attr("remote_prefetch") for op in main.global_block().ops
+            if op.type == "lookup_table"] == [on, on]
+    assert {"nce_w", "nce_b"} & received(nce_model()) == ({"nce_b"} if on else {"nce_w", "nce_b"})
+
+
+def test_what_a_layer_is_told_wins_and_only_a_sparse_lookup_prefetches(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``PADDLE_ENABLE_REMOTE_PREFETCH`` set when the layers are built: a sparse nce's weight
-    is prefetched, never received (its bias is), and a sparse lookup prefetches its rows."""
-    def received(model: tuple[Program, Program]) -> set[str]:
-        main, _ = trainer(transpile(model))
-        return {n for op in main.global_block().ops if op.type == "recv" for n in op.output("Out")}
-    assert received(nce_model()) >= {"nce_w", "nce_b"}
-    monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "1")
-    assert "nce_w" not in received(nce_model()) and "nce_b" in received(nce_model())
-    main, _ = lookup_model()
+    """An explicit `remote_prefetch` overrides the default either way (the built-in models
+    pass False); a dense lookup, the distributed table's lookups and a dense nce never
+    prefetch by default, and asking it of a dense lookup or of the distributed table is
+    refused."""
+    monkeypatch.setenv(REMOTE_PREFETCH_ENV, "1")
+    main, _ = lookup_model(remote_prefetch=False)
+    assert not any(op.attr("remote_prefetch") for op in main.global_block().ops
+                   if op.type == "lookup_table")
+    monkeypatch.setenv(REMOTE_PREFETCH_ENV, "0")
+    main, _ = lookup_model(remote_prefetch=True)
     assert all(op.attr("remote_prefetch") for op in main.global_block().ops
                if op.type == "lookup_table")
-    monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "0")
-    assert "nce_w" in received(nce_model())
+    monkeypatch.delenv(REMOTE_PREFETCH_ENV)
+    main, _ = lookup_model(is_distributed=True, remote_prefetch=None)
+    assert not any(op.attr("remote_prefetch") for op in main.global_block().ops)
+
+    def body() -> None:
+        ids = T.layers.data("ids", shape=[1], dtype="int64")
+        x = T.layers.embedding(ids, size=[10, 4])
+        T.layers.nce(x, ids, 10)
+        for sparse, distributed in ((False, False), (True, True)):
+            with pytest.raises(ValueError, match="remote_prefetch needs is_sparse"):
+                T.layers.embedding(ids, size=[10, 4], is_sparse=sparse,
+                                   is_distributed=distributed, remote_prefetch=True)
+    main, _ = build(body)
+    assert not any(op.attr("remote_prefetch") for op in main.global_block().ops
+                   if op.type in ("lookup_table", "nce"))
 
 
 def test_a_fused_chain_goes_after_the_last_op_writing_its_ids() -> None:
@@ -252,7 +313,8 @@ def test_the_18_table_model_computes_its_loss_with_cross_entropy2(
     """1.8's layer writes the hard-label loss as `cross_entropy2` and its grad op as
     `cross_entropy_grad2`; 1.2's as `cross_entropy` and `cross_entropy_grad`. The whole
     trainer of the distributed-table model; pslab's last three ops (profile_emb received and
-    joined) are where it differs from 1.8's test, which expects the sparse table prefetched."""
+    joined: `profile_emb` kept on the trainer) are where it differs from 1.8's test, which
+    expects the sparse table prefetched, as 1.8's default does (above)."""
     main, _ = trainer(transpile(three_lookups()))
     assert types(main.global_block()) == [
         "split_ids", "prefetch", "merge_ids", "sequence_pool", "sequence_pool", "lookup_table",
@@ -308,15 +370,17 @@ def word2vec_fake_init() -> tuple[Program, Program]:
 
 def test_remote_prefetched_tables_are_fake_initialized_on_the_trainer(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """With remote prefetch, none of the three sparse tables lives on the trainer: its startup
-    receives none of them and ends with a `fake_init` of each, of the table's shape. Without
-    it (pslab's default, docs/transpiler.md §9) the trainer receives all three."""
+    """With remote prefetch (1.8's default), none of the three sparse tables lives on the
+    trainer: its startup receives none of them and ends with a `fake_init` of each, of the
+    table's shape. With the switch "0" (docs/transpiler.md §9) the trainer receives all
+    three."""
     def startup() -> Program:
         return trainer(transpile(word2vec_fake_init()))[1]
+    monkeypatch.setenv(REMOTE_PREFETCH_ENV, "0")
     received = {n for op in startup().global_block().ops if op.type == "recv"
                 for n in op.output("Out")}
     assert {n.split(".block")[0] for n in received} >= {"emb", "emb_w", "emb_b"}
-    monkeypatch.setenv("PADDLE_ENABLE_REMOTE_PREFETCH", "1")
+    monkeypatch.delenv(REMOTE_PREFETCH_ENV)
     ops = startup().global_block().ops
     assert [(op.type, op.output("Out"), op.attr("shape")) for op in ops[-3:]] == [
         ("fake_init", ["emb"], [10000, 8]), ("fake_init", ["emb_b"], [10000, 1]),

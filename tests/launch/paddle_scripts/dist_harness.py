@@ -11,7 +11,9 @@ Each process runs the script with its role in argv:
     --role pserver --endpoints A,B --current_endpoint A --trainers 2
     --role trainer --endpoints A,B --trainer_id 0 --trainers 2
 
-common: ``--steps N`` (5), ``--batch_size B`` (8), ``--out FILE`` (default: stdout).
+common: ``--steps N`` (5), ``--batch_size B`` (8), ``--out FILE`` (default: stdout),
+``--params DIR`` (after training, a local run saves its parameters there and a pserver every
+persistable var it holds: its blocks of the parameters, one ``.npy`` each).
 
 A trainer or a local run writes one JSON line per step, ``{"step": i, "loss": x}`` (and
 ``"acc"`` where the model has a batch accuracy). The reader yields batches of B examples; the
@@ -53,6 +55,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=RUN_STEP)
     parser.add_argument("--batch_size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--out", default="", help="write the JSON lines here (default: stdout)")
+    parser.add_argument("--params", default="", help="save the parameters here after training "
+                                                     "(a local run or a pserver)")
     args = parser.parse_args(argv)
     if args.role != "local" and not args.endpoints:
         parser.error(f"--role {args.role} needs --endpoints")
@@ -92,6 +96,8 @@ class TestDistRunnerBase:
         exe = fluid.Executor(fluid.CPUPlace())
         exe.run(startup_prog)
         exe.run(pserver_prog)  # until every trainer is done
+        if args.params:
+            fluid.io.save_persistables(exe, args.params, pserver_prog)
 
     def run_trainer(self, args: argparse.Namespace, out: TextIO) -> None:
         _, avg_cost, train_reader, _, batch_acc, _ = self.build(args.batch_size)
@@ -120,6 +126,8 @@ class TestDistRunnerBase:
                 record["acc"] = float(values[1].reshape(-1)[0])
             out.write(json.dumps(record) + "\n")
             out.flush()
+        if args.params and args.role == "local":
+            fluid.io.save_params(exe, args.params, program)
         exe.close()
 
 

@@ -492,6 +492,27 @@ class LinearSpec(_Section):
     """Seconds per byte."""
 
 
+class SizeCurveSpec(_Section):
+    """What a message costs beyond a small one, by its size
+    (`runtime.execution.costs.SizeCurve`)."""
+
+    bytes: list[int] = Field(min_length=2)
+    """Message sizes, rising from 0 or more."""
+    seconds: list[float] = Field(min_length=2)
+    """Seconds beyond a message of the first size, at each size (straight lines between),
+    each finite and >= 0."""
+
+    @model_validator(mode="after")
+    def _points(self) -> SizeCurveSpec:
+        if len(self.bytes) != len(self.seconds):
+            raise ValueError(f"{len(self.bytes)} sizes against {len(self.seconds)} seconds")
+        if self.bytes[0] < 0 or any(b <= a for a, b in zip(self.bytes, self.bytes[1:])):
+            raise ValueError(f"the sizes must rise from 0 or more: {self.bytes}")
+        if not all(math.isfinite(t) and t >= 0 for t in self.seconds):
+            raise ValueError(f"the seconds must be finite and >= 0: {self.seconds}")
+        return self
+
+
 class CurveSpec(_Section):
     """What CurveZMQ costs a node's I/O thread (`runtime.execution.costs.CurveCosts`)."""
 
@@ -509,6 +530,9 @@ class RuntimeSection(_Section):
     thread's cost of one message of that kind on that side."""
     io: LinearSpec = LinearSpec()
     """A message's cost on its node's I/O thread, on either side."""
+    io_by_size: SizeCurveSpec | None = None
+    """What a message's size adds to `io` (`runtime calibrate` and `runtime profile` measure
+    it between two processes); none: `io` alone."""
     op_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Seconds of the executor's dispatch per op, on top of its kernel."""
     step_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)

@@ -63,9 +63,11 @@ record from before spans were counted) nothing is taken out for spans; without
 from before has no ``step_residual`` or ``round_residual``: none, and it predicts as it did.
 
 The rest of the process's CPU time (`time.process_time` less the main thread's) is ZeroMQ's
-I/O thread moving the bytes (and any helper threads of the kernels'): ``io``, fitted as
-``per_message + per_byte * S``: a small message's cost measured apart (`calibrate_io`: round
-trips of small messages on this machine), the rest of the nodes' I/O time per byte. It runs
+I/O thread moving the bytes (and any helper threads of the kernels'): ``io``. Where what a
+message's size adds is measured (``io_by_size``, a `SizeCurve` from
+`runtime.launch.io_curve`), the nodes' I/O time beyond it is per message (`fit_io_beyond`);
+else ``per_message + per_byte * S``: a small message's cost measured apart (`calibrate_io`:
+round trips of small messages on this machine), the rest of the nodes' I/O time per byte. It runs
 beside the main thread, so the simulator charges it on a processor of its own that shares the host's
 cores: a message leaves after its sender's main thread and then its I/O thread have done their
 part, and is handled after the receiver's I/O thread and then its main thread have.
@@ -85,6 +87,7 @@ loopback TCP's.)
 
 from __future__ import annotations
 
+import bisect
 import os
 import platform
 import time
@@ -101,9 +104,10 @@ from runtime.execution.tensor import LoDTensor, SelectedRows, Value
 from runtime.execution.work import op_work
 
 __all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples",
-           "RECEIVES", "REPLY_KINDS", "Residual", "RuntimeCosts", "SENDS", "Side", "SpanCost",
+           "RECEIVES", "REPLY_KINDS", "Residual", "RuntimeCosts", "SENDS", "Side", "SizeCurve",
+           "SpanCost",
            "calibrate_curve", "calibrate_curve_least", "calibrate_io", "calibrate_span",
-           "fit_costs", "fit_io",
+           "fit_costs", "fit_io", "fit_io_beyond",
            "fit_linear", "machine", "measuring_seconds", "output_elements", "split_residual"]
 
 Side = Literal["send", "receive"]
@@ -125,6 +129,43 @@ class Linear:
 
     def document(self) -> dict[str, float]:
         return {"per_message": self.per_message, "per_byte": self.per_byte}
+
+
+@dataclass(frozen=True)
+class SizeCurve:
+    """Seconds a message of `nbytes` costs beyond one of `sizes[0]` bytes: straight lines
+    through the measured points (`sizes` ascending, `seconds[0]` 0), nothing at or below the
+    first, the last line's slope beyond the last. DESIGN: ZeroMQ's I/O thread does not cost a
+    fixed amount per byte: on the development machine a message of 128 KiB cost each side 0.3
+    us a KiB beyond a small one, one of 2 MiB 0.2 and one of 8 MiB 0.4 (the caches), so a line
+    through a small and a 2 MiB message priced mid-sized messages at half what they cost."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) < 2 or len(self.sizes) != len(self.seconds):
+            raise ValueError(f"a size curve needs two points or more, as many sizes as "
+                             f"seconds: {self.sizes} against {self.seconds}")
+        if any(b <= a for a, b in zip(self.sizes, self.sizes[1:])):
+            raise ValueError(f"a size curve's sizes must rise: {self.sizes}")
+
+    def extra(self, nbytes: int) -> float:
+        sizes, seconds = self.sizes, self.seconds
+        if nbytes <= sizes[0]:
+            return 0.0
+        i = min(bisect.bisect_left(sizes, nbytes), len(sizes) - 1)
+        lo, hi = sizes[i - 1], sizes[i]
+        slope = (seconds[i] - seconds[i - 1]) / (hi - lo)
+        return max(seconds[i - 1] + slope * (nbytes - lo), 0.0)
+
+    def document(self) -> dict[str, list[Any]]:
+        return {"bytes": list(self.sizes), "seconds": list(self.seconds)}
+
+    @staticmethod
+    def from_document(raw: Mapping[str, Any]) -> SizeCurve:
+        return SizeCurve(tuple(int(b) for b in raw["bytes"]),
+                         tuple(float(s) for s in raw["seconds"]))
 
 
 @dataclass(frozen=True)
@@ -181,6 +222,10 @@ class RuntimeCosts:
     reference job came out 18 to 36 points slower than by the sync one's figures, in two
     calibrations: not kept."""
 
+    io_by_size: SizeCurve | None = None
+    """Where measured (`runtime.launch.io_curve`): what a message costs the I/O thread beyond a
+    small one, by its size; `io` is then the small one's (its ``per_byte`` 0)."""
+
     def for_job(self, family: str | None) -> RuntimeCosts:
         """The costs that price a job of `family` (`runtime.services.job.Job.family`): its
         variant's where measured, else these."""
@@ -202,6 +247,8 @@ class RuntimeCosts:
     def io_seconds(self, nbytes: int) -> float:
         """A message's cost on its node's I/O thread, its encryption included."""
         seconds = self.io.seconds(nbytes)
+        if self.io_by_size is not None:
+            seconds += self.io_by_size.extra(nbytes)
         return seconds if self.curve is None else seconds + self.curve.per_byte * nbytes
 
     def handshake(self) -> float:
@@ -223,6 +270,8 @@ class RuntimeCosts:
             document.update(residual_peers=self.residual_peers,
                             step_residual_per_peer=self.step_residual_per_peer,
                             round_residual_per_peer=self.round_residual_per_peer)
+        if self.io_by_size is not None:
+            document["io_by_size"] = self.io_by_size.document()
         if self.curve is not None:
             document["curve"] = self.curve.document()
         if self.variants:
@@ -260,7 +309,9 @@ class RuntimeCosts:
                             float(raw.get("step_residual_per_peer", 0.0)),
                             float(raw.get("round_residual_per_peer", 0.0)),
                             {family: RuntimeCosts.from_document(section)
-                             for family, section in (raw.get("variants") or {}).items()})
+                             for family, section in (raw.get("variants") or {}).items()},
+                            None if raw.get("io_by_size") is None
+                            else SizeCurve.from_document(raw["io_by_size"]))
 
 
 def machine() -> dict[str, Any]:
@@ -708,7 +759,8 @@ def split_residual(residual: float, received: int, messages: int, periods: int,
 def fit_costs(records: Mapping[str, Mapping[str, Any]],
               io_per_message: float | None = None,
               curve: CurveCosts = CURVE, spans: SpanCost | None = None,
-              loop_per_message: float | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
+              loop_per_message: float | None = None,
+              io_by_size: SizeCurve | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
     """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
     `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`). A run
     gets `curve` as its `RuntimeCosts.curve`; one whose nodes say they were ``encrypted`` has
@@ -716,7 +768,8 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
     handshake with each node of the other role). `spans` (`calibrate_span`): what measuring
     cost, taken out of the spans that recorded it and out of the residual (an unmeasured run
     does not spend it); `loop_per_message` (`calibrate_loop`): how the residual is split
-    (`split_residual`)."""
+    (`split_residual`); `io_by_size` (`runtime.launch.io_curve`): what a message costs the I/O
+    thread beyond a small one, by its size, the run's own I/O time beyond that per message."""
     spans = spans or SpanCost()
     inner = spans.inner
     ops = sum(int(r["ops"]) for r in records.values())
@@ -782,13 +835,31 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
                                    sum(n * c.per_byte for n, c in fits) / count)
     encrypted = any(r.get("encrypted") for r in records.values())
     peers = {"trainer": len(pservers), "pserver": len(trainers)}
-    io = fit_io([n.messages for n in nodes], [n.bytes for n in nodes],
-                [max(n.cpu_seconds - n.main_seconds - (curve.per_byte * n.bytes
-                                                       + curve.handshake * peers[n.role]
-                                                       if encrypted else 0.0), 0.0)
-                 for n in nodes], io_per_message)
+    io_seconds = [max(n.cpu_seconds - n.main_seconds - (curve.per_byte * n.bytes
+                                                        + curve.handshake * peers[n.role]
+                                                        if encrypted else 0.0), 0.0)
+                  for n in nodes]
+    if io_by_size is None:
+        io = fit_io([n.messages for n in nodes], [n.bytes for n in nodes], io_seconds,
+                    io_per_message)
+    else:
+        io = fit_io_beyond(io_by_size, [r["messages"] for _, r in sorted(records.items())],
+                           io_seconds)
     costs = RuntimeCosts(messages, default, op_overhead, step_overhead, round_overhead, io,
                          machine(), curve,
                          per_period["trainer"] / steps if steps else 0.0,
-                         per_period["pserver"] / rounds if rounds else 0.0)
+                         per_period["pserver"] / rounds if rounds else 0.0,
+                         io_by_size=io_by_size)
     return costs, nodes
+
+
+def fit_io_beyond(io_by_size: SizeCurve, messages: list[list[Mapping[str, Any]]],
+                  seconds: list[float]) -> Linear:
+    """The I/O thread's cost per message besides what `io_by_size` says each message's size
+    adds: the nodes' I/O `seconds` less that, over their messages (each node's list of
+    `Meter` message records)."""
+    count = sum(len(m["bytes"]) for node in messages for m in node)
+    if not count:
+        return Linear()
+    sized = sum(io_by_size.extra(int(b)) for node in messages for m in node for b in m["bytes"])
+    return Linear(max(sum(seconds) - sized, 0.0) / count, 0.0)

@@ -22,8 +22,9 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   bytes to 128 KiB, run as `runtime up` runs a job on one host: the default protocol over
   local sockets) run for real three times as `runtime profile --runs 3` runs one (the median
   run counts), and a job of messages up to 2 MiB for the cost per byte (`BYTES_REFERENCE`,
-  `merge_bytes`): each message's cost by kind and size on both sides, the I/O thread's (and
-  CurveZMQ's, measured apart and charged to a job that talks it), the
+  `merge_bytes`): each message's cost by kind and size on both sides, the I/O thread's (what
+  a message's size adds measured apart between two processes, `runtime.launch.io_curve`, the
+  rest per message; CurveZMQ's measured apart and charged to a job that talks it), the
   executor's dispatch per op, a trainer's per-step and a pserver's per-round work, fitted as a
   profile's are (`runtime.execution.costs.fit_costs`); then two short jobs for the message
   kinds it never sends (`KIND_REFERENCES`: a distributed table's prefetches, the collective
@@ -605,6 +606,8 @@ def merge_bytes(main: dict[str, Any], big: dict[str, Any], main_bytes: int,
         cost = messages.get(RECEIVES, {}).get(kind)
         if cost is not None:
             messages[RECEIVES][kind] = dict(cost, per_byte=cost["per_byte"] + unseen / more)
+    if "io_by_size" in main:  # the I/O thread's cost by size is measured apart
+        return dict(main, messages=messages)
     io = dict(main.get("io", {}), per_byte=big.get("io", {}).get("per_byte", 0.0))
     return dict(main, messages=messages, io=io)
 
@@ -640,6 +643,8 @@ def family_variant(family: dict[str, Any], main: dict[str, Any],
     variant.pop("variants", None)
     messages, nbytes = traffic
     io, per_byte = family.get("io", {}), float(main.get("io", {}).get("per_byte", 0.0))
+    if "io_by_size" in family:  # fitted beyond the measured curve: its per message is its own
+        return variant
     if messages:
         spent = float(io.get("per_message", 0.0)) * messages \
             + float(io.get("per_byte", 0.0)) * nbytes

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import json
 import time
 import os
@@ -47,8 +48,9 @@ from runtime.config.atomic import write_atomic
 from runtime.config.metrics import JobMetrics, read_metrics
 from runtime.config.scenario import ExpectSpec, Scenario
 from runtime.execution.costs import (CurveCosts, KernelTimes, NodeCosts, OpSamples, RuntimeCosts,
-                                     SpanCost, calibrate_curve_least, calibrate_io, calibrate_span,
-                                     fit_costs, machine)
+                                     SizeCurve, SpanCost, calibrate_curve_least, calibrate_io,
+                                     calibrate_span, fit_costs, machine)
+from runtime.launch.io_curve import measure_io_curve
 from runtime.launch.launcher import launch
 from runtime.launch.speed import PROBE_TRIES, SpeedGuard
 from runtime.services.node import MEASURE_VAR, run_async
@@ -121,21 +123,34 @@ class Calibration:
     the run: `spans` (`calibrate_span`), the I/O thread's per small message
     (`calibrate_io`), the event loop's per message received (`calibrate_loop`) and what
     CurveZMQ costs the I/O thread (`calibrate_curve_least`: an encrypted job's profile prices
-    encryption at this machine's figures, as every other runtime cost)."""
+    encryption at this machine's figures, as every other runtime cost), and what a message's
+    size adds to its I/O-thread cost (`runtime.launch.io_curve`; where measured, the run's
+    I/O time beyond it is per message and `io_per_message` goes unused)."""
 
     spans: SpanCost
     io_per_message: float
     loop_per_message: float
     curve: CurveCosts
+    io_by_size: SizeCurve | None = None
 
     def document(self) -> dict[str, Any]:
-        return {"span": self.spans.document(), "io_per_message": self.io_per_message,
-                "loop_per_message": self.loop_per_message, "curve": self.curve.document()}
+        document = {"span": self.spans.document(), "io_per_message": self.io_per_message,
+                    "loop_per_message": self.loop_per_message, "curve": self.curve.document()}
+        if self.io_by_size is not None:
+            document["io_by_size"] = self.io_by_size.document()
+        return document
+
+
+@functools.cache
+def io_by_size() -> SizeCurve:
+    """`measure_io_curve`, once a process: `runtime calibrate` profiles several reference jobs,
+    and each of their fits is to use the same curve."""
+    return measure_io_curve()
 
 
 def calibrate() -> Calibration:
     return Calibration(calibrate_span(), calibrate_io(), calibrate_loop(),
-                       calibrate_curve_least())
+                       calibrate_curve_least(), io_by_size())
 
 
 def calibrate_loop(messages: int = 400, batches: int = 5) -> float:
@@ -260,7 +275,8 @@ def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
     calibration = calibrate()
     costs, nodes = fit_costs(records, calibration.io_per_message, curve=calibration.curve,
                              spans=calibration.spans,
-                             loop_per_message=calibration.loop_per_message)
+                             loop_per_message=calibration.loop_per_message,
+                             io_by_size=calibration.io_by_size)
     return ProfileRun(times, costs, nodes, metrics, calibration)
 
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from runtime.execution.costs import (KernelTimes, Linear, Meter, Residual, RuntimeCosts,
-                                     SpanCost, calibrate_io, calibrate_span, fit_costs, fit_io,
-                                     fit_linear, measuring_seconds, split_residual)
+                                     SizeCurve, SpanCost, calibrate_io, calibrate_span, fit_costs,
+                                     fit_io, fit_io_beyond, fit_linear, measuring_seconds,
+                                     split_residual)
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
 from transpiler.ir import Op
@@ -109,6 +110,49 @@ def test_with_a_small_messages_io_cost_known_the_rest_of_the_io_time_is_per_byte
     assert fit.per_message == 1e-5 and fit.per_byte == pytest.approx(1e-9)
     # never more per message than the nodes spent in all
     assert fit_io([10], [0], [5e-5], 1e-5) == Linear(5e-6, 0.0)
+
+
+CURVE = SizeCurve((64, 1024, 5120), (0.0, 2e-6, 10e-6))
+
+
+def test_a_size_curve_is_straight_lines_through_its_points_and_beyond_the_last() -> None:
+    assert [CURVE.extra(n) for n in (0, 64, 1024, 5120)] == [0.0, 0.0, 2e-6, 10e-6]
+    assert CURVE.extra(544) == pytest.approx(1e-6, rel=1e-12)  # halfway along the first line
+    assert CURVE.extra(3072) == pytest.approx(6e-6, rel=1e-12)
+    assert CURVE.extra(9216) == pytest.approx(18e-6, rel=1e-12)  # the last line's slope on
+    with pytest.raises(ValueError, match="must rise"):
+        SizeCurve((64, 64), (0.0, 1.0))
+    with pytest.raises(ValueError, match="two points"):
+        SizeCurve((64,), (0.0,))
+
+
+def test_a_messages_io_cost_is_its_per_message_cost_and_what_its_size_adds() -> None:
+    costs = RuntimeCosts(io=Linear(5e-6, 0.0), io_by_size=CURVE)
+    assert costs.io_seconds(3072) == pytest.approx(11e-6, rel=1e-12)
+    assert costs.io_seconds(10) == 5e-6
+    assert RuntimeCosts.from_document(costs.document()) == costs
+
+
+def test_with_the_curve_measured_the_io_time_beyond_it_is_per_message() -> None:
+    """Two nodes, 3 messages of 1 KiB and 1 of 5 KiB, 20 us of I/O thread: the curve accounts
+    for 3 x 2 + 10 = 16 us, and the other 4 are 1 us per message."""
+    nodes = [[messages("send", "send", [1024, 1024, 5120], [0.0] * 3)],
+             [messages("receive", "send", [1024], [0.0])]]
+    assert fit_io_beyond(CURVE, nodes, [15e-6, 5e-6]) == Linear(pytest.approx(1e-6), 0.0)
+    assert fit_io_beyond(CURVE, nodes, [1e-6, 0.0]) == Linear(0.0, 0.0)  # never below nothing
+    assert fit_io_beyond(CURVE, [[]], [1.0]) == Linear()
+
+
+def test_a_run_fitted_with_the_curve_prices_its_io_by_it() -> None:
+    run = {"trainer:0": record("trainer", main=0.01, cpu=0.01 + 16e-6,
+                               messages=[messages("send", "send", [1024, 5120], [1e-5, 1e-5]),
+                                         messages("receive", "reply", [1024], [1e-5])],
+                               steps=1)}
+    costs, _ = fit_costs(run, io_by_size=CURVE)
+    assert costs.io_by_size == CURVE
+    assert costs.io == Linear(pytest.approx(2e-6 / 3), 0.0)  # (16 - 2 - 10 - 2) us / 3
+    total = sum(costs.io.seconds(n) + CURVE.extra(n) for n in (1024, 5120, 1024))
+    assert total == pytest.approx(16e-6, rel=1e-9)  # the run's I/O time, whole
 
 
 def test_a_small_message_costs_the_io_thread_some_microseconds() -> None:

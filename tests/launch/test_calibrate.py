@@ -436,6 +436,16 @@ def test_the_cost_per_byte_comes_from_the_job_of_large_messages_and_its_unseen_w
         "send": {"send": {"per_message": 8.0, "per_byte": 0.125}}}
     assert merged["io"] == {"per_message": 9.0, "per_byte": 0.75}
     assert (merged["step_residual"], merged["round_residual"]) == (100.0, 10.0)
+    # with what a message's size adds measured apart, the I/O thread keeps main's figures
+    by_size = {"bytes": [0, 100], "seconds": [0.0, 1.0]}
+    sized = dict(main, io={"per_message": 9.0, "per_byte": 0.0}, io_by_size=by_size)
+    merged = merge_bytes(sized, dict(big, io_by_size=by_size), main_bytes=100, big_bytes=500)
+    assert (merged["io"], merged["io_by_size"]) == ({"per_message": 9.0, "per_byte": 0.0},
+                                                     by_size)
+    variant = family_variant(dict(big, io={"per_message": 3.0, "per_byte": 0.0},
+                                  io_by_size=by_size), merged, traffic=(10, 40))
+    assert (variant["io"], variant["io_by_size"]) == ({"per_message": 3.0, "per_byte": 0.0},
+                                                       by_size)  # its own, beyond the curve
 
 
 def test_the_bytes_reference_carries_nine_times_the_main_ones_parameters() -> None:

@@ -5,6 +5,7 @@ of N bytes costing what the profile says on both sides, I/O threads included."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 
 from runtime.config.scenario import ScenarioError, load_scenario, parse_scenario
-from runtime.execution.costs import Linear, RuntimeCosts
+from runtime.execution.costs import Linear, RuntimeCosts, SizeCurve
 from runtime.execution.scope import Scope
 from runtime.network.wire import Kind, Message, charged_size, encode
-from sim.cost import OnCpus, Profile, runtime_costs
+from sim.cost import ComputeConfigError, OnCpus, Profile, runtime_costs
 from sim.cpu import Cpus, SimHost, host_loads, hosts_of, io_thread
 from sim.loop import run
 from sim.network import Network
@@ -115,14 +116,22 @@ COSTS = RuntimeCosts(
     io=Linear(U, 2.0**-22))
 
 
-def test_a_message_of_n_bytes_costs_its_sender_and_receiver_what_the_profile_says() -> None:
-    """Sender main 4U + S/2^20, sender I/O U + S/2^22, no network time, receiver I/O again,
-    receiver main 8U: the server has the message at the sum."""
+BY_SIZE = SizeCurve((0, 2**14, 2**16), (0.0, 3 * U, 5 * U))
+
+
+@pytest.mark.parametrize("by_size", [None, BY_SIZE])
+def test_a_message_of_n_bytes_costs_its_sender_and_receiver_what_the_profile_says(
+        by_size: SizeCurve | None) -> None:
+    """Sender main 4U + S/2^20, sender I/O U + S/2^22 (and what the size curve adds, if any),
+    no network time, receiver I/O again, receiver main 8U: the server has the message at the
+    sum."""
     network = Network.from_spec(None, seed=0)
-    network.cpus, network.costs = Cpus([], ["trainer:0", "pserver:0"], io=True), COSTS
+    costs = dataclasses.replace(COSTS, io_by_size=by_size)
+    network.cpus, network.costs = Cpus([], ["trainer:0", "pserver:0"], io=True), costs
     frames = encode(Message(Kind.SEND, 1, "trainer:0", 0, {"g": np.ones(4096, np.float32)}))
-    size = charged_size(frames)
-    expected = 4 * U + size * 2.0**-20 + 2 * (U + size * 2.0**-22) + 8 * U
+    size = charged_size(frames)  # a little over 2^14: on the curve's second line
+    sized = 0.0 if by_size is None else 3 * U + 2 * U * (size - 2**14) / (2**16 - 2**14)
+    expected = 4 * U + size * 2.0**-20 + 2 * (U + size * 2.0**-22 + sized) + 8 * U
 
     async def main() -> float:
         server, client = network.transport("pserver:0"), network.transport("trainer:0")
@@ -204,6 +213,15 @@ def test_a_profile_with_a_runtime_section_prices_the_runtime_and_roofline_can_bo
     path.write_text(json.dumps({"ops": {"relu": 1e-6}, "runtime": COSTS.document()}))
     loaded = runtime_costs({"model": "profile", "path": "profile.json"}, tmp_path)
     assert loaded == COSTS
+    sized = dataclasses.replace(COSTS, io_by_size=BY_SIZE)
+    path.write_text(json.dumps({"ops": {"relu": 1e-6}, "runtime": sized.document()}))
+    assert runtime_costs({"model": "profile", "path": "profile.json"}, tmp_path) == sized
+    backwards = dict(sized.document(), io_by_size={"bytes": [0, 2**16, 2**14],
+                                                   "seconds": [0.0, U, U]})
+    path.write_text(json.dumps({"ops": {"relu": 1e-6}, "runtime": backwards}))
+    with pytest.raises(ComputeConfigError, match=r"runtime\.io_by_size: .*must rise"):
+        runtime_costs({"model": "profile", "path": "profile.json"}, tmp_path)
+    path.write_text(json.dumps({"ops": {"relu": 1e-6}, "runtime": COSTS.document()}))
     assert runtime_costs({"model": "profile", "path": "profile.json", "runtime": False},
                          tmp_path) is None
     roofline = {"model": "roofline", "device": {"flops": 1e12, "mem_bandwidth": 1e10},

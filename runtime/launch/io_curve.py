@@ -1,0 +1,137 @@
+"""What a message costs ZeroMQ's I/O thread by its size, measured between two processes.
+
+`measure_io_curve` starts a server process (``python -m runtime.launch.io_curve ADDRESS``, a
+ROUTER bound to a local socket in a private directory, as `runtime up` puts a job's nodes on
+one host) and sends it requests of each size in `SIZES` from a DEALER in this process; the
+server answers each with `REPLY_BYTES`. Each process reads the CPU time of its threads but
+the main one (ZeroMQ's I/O thread: `time.process_time` less `time.thread_time`) around each
+batch, the server on a marker message between batches. A round trip of a request of S bytes
+costs the client's I/O thread a send of S and a receive of a small reply, and the server's a
+receive of S and a small send; the same round trips with the smallest requests, taken from
+both, leave what S bytes add to a send and to a receive. The curve (`SizeCurve`) is their
+mean, each point the median of `REPEATS` batches: the simulator charges a message's I/O cost
+to its sender's and its receiver's I/O threads alike.
+
+DESIGN: two processes, as a job has, rather than `calibrate_io`'s one context: there both
+sockets share one I/O thread, which handles a round trip's four passes in fewer wake-ups. The
+curve is what size adds; the cost of a message as such comes from the reference job's own I/O
+time (`runtime.execution.costs.fit_io_beyond`), which has a job's wake-ups and batching.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime.execution.costs import SizeCurve
+
+SIZES = (64, 4096, 32768, 131072, 524288, 2097152, 8388608)
+"""Request sizes, bytes: from a header alone to beyond the caches' (the wide reference
+models' messages are 2-4 MB)."""
+REPLY_BYTES = 16
+REPEATS = 3
+BATCH_BYTES = 32 * 2**20
+"""Bytes a batch sends (at least `MIN_ROUNDS` and at most `MAX_ROUNDS` round trips)."""
+MIN_ROUNDS, MAX_ROUNDS = 40, 1000
+MARK = b"mark"
+STOP = b"stop"
+
+
+def io_seconds() -> float:
+    """CPU seconds of this process's threads but the calling one: ZeroMQ's I/O thread's."""
+    return time.process_time() - time.thread_time()
+
+
+def rounds_for(size: int) -> int:
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, BATCH_BYTES // max(size, 1)))
+
+
+def serve(address: str) -> None:
+    """The server: answer each request with `REPLY_BYTES`, and each `MARK` with the I/O CPU
+    seconds it has used so far, until `STOP`."""
+    import zmq
+
+    context = zmq.Context(io_threads=1)
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(address)
+    reply = b"r" * REPLY_BYTES
+    try:
+        while True:
+            peer, body = router.recv_multipart(copy=False)
+            if body.bytes == MARK:
+                router.send_multipart([peer, repr(io_seconds()).encode()])
+            elif body.bytes == STOP:
+                router.send_multipart([peer, b""])
+                return
+            else:
+                router.send_multipart([peer, reply])
+    finally:
+        router.close()
+        context.term()
+
+
+def _batch(dealer: Any, payload: bytes, rounds: int) -> tuple[float, float]:
+    """(client, server) I/O CPU seconds per round trip of `rounds` requests of `payload`."""
+    send, recv = dealer.send, dealer.recv
+    send(MARK)
+    server_before = float(recv())
+    mine = io_seconds()
+    for _ in range(rounds):
+        send(payload, copy=False)
+        recv()
+    mine = io_seconds() - mine
+    send(MARK)
+    server = float(recv()) - server_before
+    return mine / rounds, server / rounds
+
+
+def measure_io_curve(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS) -> SizeCurve:
+    """What a message of each of `sizes` costs an I/O thread beyond one of `sizes[0]` bytes,
+    mean of a send and a receive (the module doc)."""
+    import zmq
+
+    with tempfile.TemporaryDirectory(prefix="pslab-io-") as tmp:
+        os.chmod(tmp, 0o700)
+        address = f"ipc://{Path(tmp) / 'io'}"
+        server = subprocess.Popen([sys.executable, "-m", "runtime.launch.io_curve", address])
+        context = zmq.Context(io_threads=1)
+        dealer = context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVTIMEO, 30_000)
+        try:
+            dealer.connect(address)
+            payloads = {size: os.urandom(size) for size in sizes}
+            _batch(dealer, payloads[sizes[0]], MIN_ROUNDS)  # connect and warm up
+            taken: dict[int, list[tuple[float, float]]] = {size: [] for size in sizes}
+            for _ in range(repeats):  # interleaved: drift hits every size alike
+                for size in sizes:
+                    taken[size].append(_batch(dealer, payloads[size], rounds_for(size)))
+            dealer.send(STOP)
+            dealer.recv()
+        finally:
+            dealer.close()
+            context.term()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+    client = {size: statistics.median(c for c, _ in runs) for size, runs in taken.items()}
+    served = {size: statistics.median(s for _, s in runs) for size, runs in taken.items()}
+    small = sizes[0]
+    extra = [max((client[size] - client[small] + served[size] - served[small]) / 2, 0.0)
+             for size in sizes]
+    for i in range(1, len(extra)):  # noise on a flat stretch: a larger message never costs less
+        extra[i] = max(extra[i], extra[i - 1])
+    return SizeCurve(tuple(sizes), tuple(extra))
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

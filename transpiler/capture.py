@@ -492,7 +492,8 @@ def _embedding_module(cap: _Capture, node: Any, mod: Any, ids: Var) -> Var:
     distributed = node.target == cap.table
     out = lookup(ids, [mod.num_embeddings, mod.embedding_dim],
                  is_sparse=bool(mod.sparse) or distributed, is_distributed=distributed,
-                 remote_prefetch=False, padding_idx=pad, param_attr=cap.attr(f"{node.target}.weight", mod.weight),
+                 remote_prefetch=False, padding_idx=pad,
+                 param_attr=cap.attr(f"{node.target}.weight", mod.weight),
                  dtype=_dtype(mod.weight.dtype, node))
     if list(out.shape) != want:
         raise ValueError(f"ids of shape {list(ids.shape)} look up {list(out.shape)}, torch "

@@ -531,8 +531,11 @@ class RuntimeSection(_Section):
     io: LinearSpec = LinearSpec()
     """A message's cost on its node's I/O thread, on either side."""
     io_by_size: SizeCurveSpec | None = None
-    """What a message's size adds to `io` (`runtime calibrate` and `runtime profile` measure
-    it between two processes); none: `io` alone."""
+    """What a message's size adds to `io` over local sockets (`runtime calibrate` and `runtime
+    profile` measure it between two processes); none: `io` alone."""
+    io_by_size_tcp: SizeCurveSpec | None = None
+    """The same over TCP, beyond the same small message over local sockets: what prices a job
+    whose nodes talk TCP (`cluster.security` curve or none, or nodes on several hosts)."""
     op_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Seconds of the executor's dispatch per op, on top of its kernel."""
     step_overhead: float = Field(0.0, ge=0, allow_inf_nan=False)

@@ -177,8 +177,11 @@ def _ledger(scenario: Scenario, job: Job, model: Slowdowns, network: Network,
     if costs is not None:
         costs = costs.for_job(job.family)
     cluster = scenario.cluster
-    if costs is not None and cluster.secured(cluster.on_one_host()) != "curve":
+    secured = cluster.secured(cluster.on_one_host())
+    if costs is not None and secured != "curve":
         costs = replace(costs, curve=None)  # encryption is charged only to a CurveZMQ job
+    if costs is not None and secured != "local":
+        costs = costs.over_tcp()  # local sockets only where the job has them
     hosts = hosts_of([h.model_dump() for h in scenario.cluster.hosts or ()],
                      model_sharing(model), model_slices(model))
     if costs is None and not hosts:

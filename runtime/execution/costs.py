@@ -88,6 +88,7 @@ loopback TCP's.)
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import platform
 import time
@@ -133,9 +134,10 @@ class Linear:
 
 @dataclass(frozen=True)
 class SizeCurve:
-    """Seconds a message of `nbytes` costs beyond one of `sizes[0]` bytes: straight lines
-    through the measured points (`sizes` ascending, `seconds[0]` 0), nothing at or below the
-    first, the last line's slope beyond the last. DESIGN: ZeroMQ's I/O thread does not cost a
+    """Seconds a message of `nbytes` costs beyond a small one: straight lines through the
+    measured points (`sizes` ascending), `seconds[0]` at or below the first size (0 over the
+    transport the small one was measured on, more over a dearer one), the last line's slope
+    beyond the last. DESIGN: ZeroMQ's I/O thread does not cost a
     fixed amount per byte: on the development machine a message of 128 KiB cost each side 0.3
     us a KiB beyond a small one, one of 2 MiB 0.2 and one of 8 MiB 0.4 (the caches), so a line
     through a small and a 2 MiB message priced mid-sized messages at half what they cost."""
@@ -153,7 +155,7 @@ class SizeCurve:
     def extra(self, nbytes: int) -> float:
         sizes, seconds = self.sizes, self.seconds
         if nbytes <= sizes[0]:
-            return 0.0
+            return seconds[0]
         i = min(bisect.bisect_left(sizes, nbytes), len(sizes) - 1)
         lo, hi = sizes[i - 1], sizes[i]
         slope = (seconds[i] - seconds[i - 1]) / (hi - lo)
@@ -163,7 +165,10 @@ class SizeCurve:
         return {"bytes": list(self.sizes), "seconds": list(self.seconds)}
 
     @staticmethod
-    def from_document(raw: Mapping[str, Any]) -> SizeCurve:
+    def of(raw: Mapping[str, Any] | None) -> SizeCurve | None:
+        """The curve a document holds (`document`); None for none."""
+        if raw is None:
+            return None
         return SizeCurve(tuple(int(b) for b in raw["bytes"]),
                          tuple(float(s) for s in raw["seconds"]))
 
@@ -224,7 +229,19 @@ class RuntimeCosts:
 
     io_by_size: SizeCurve | None = None
     """Where measured (`runtime.launch.io_curve`): what a message costs the I/O thread beyond a
-    small one, by its size; `io` is then the small one's (its ``per_byte`` 0)."""
+    small one over local sockets, by its size; `io` is then the small one's (its ``per_byte``
+    0)."""
+    io_by_size_tcp: SizeCurve | None = None
+    """The same over TCP, beyond the same small message over local sockets (`over_tcp`)."""
+
+    def over_tcp(self) -> RuntimeCosts:
+        """These costs for a job whose nodes talk TCP (CurveZMQ, ``--insecure``, several
+        hosts): its I/O threads priced by the TCP curve where measured."""
+        if self.io_by_size_tcp is None:
+            return self
+        return dataclasses.replace(self, io_by_size=self.io_by_size_tcp,
+                                   variants={family: costs.over_tcp()
+                                             for family, costs in self.variants.items()})
 
     def for_job(self, family: str | None) -> RuntimeCosts:
         """The costs that price a job of `family` (`runtime.services.job.Job.family`): its
@@ -272,6 +289,8 @@ class RuntimeCosts:
                             round_residual_per_peer=self.round_residual_per_peer)
         if self.io_by_size is not None:
             document["io_by_size"] = self.io_by_size.document()
+        if self.io_by_size_tcp is not None:
+            document["io_by_size_tcp"] = self.io_by_size_tcp.document()
         if self.curve is not None:
             document["curve"] = self.curve.document()
         if self.variants:
@@ -310,8 +329,8 @@ class RuntimeCosts:
                             float(raw.get("round_residual_per_peer", 0.0)),
                             {family: RuntimeCosts.from_document(section)
                              for family, section in (raw.get("variants") or {}).items()},
-                            None if raw.get("io_by_size") is None
-                            else SizeCurve.from_document(raw["io_by_size"]))
+                            SizeCurve.of(raw.get("io_by_size")),
+                            SizeCurve.of(raw.get("io_by_size_tcp")))
 
 
 def machine() -> dict[str, Any]:
@@ -760,7 +779,8 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
               io_per_message: float | None = None,
               curve: CurveCosts = CURVE, spans: SpanCost | None = None,
               loop_per_message: float | None = None,
-              io_by_size: SizeCurve | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
+              io_by_size: SizeCurve | None = None,
+              io_by_size_tcp: SizeCurve | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
     """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
     `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`). A run
     gets `curve` as its `RuntimeCosts.curve`; one whose nodes say they were ``encrypted`` has
@@ -768,8 +788,10 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
     handshake with each node of the other role). `spans` (`calibrate_span`): what measuring
     cost, taken out of the spans that recorded it and out of the residual (an unmeasured run
     does not spend it); `loop_per_message` (`calibrate_loop`): how the residual is split
-    (`split_residual`); `io_by_size` (`runtime.launch.io_curve`): what a message costs the I/O
-    thread beyond a small one, by its size, the run's own I/O time beyond that per message."""
+    (`split_residual`); `io_by_size` and `io_by_size_tcp` (`runtime.launch.io_curve`): what a
+    message costs the I/O thread beyond a small one, by its size, over local sockets and over
+    TCP; the run's own I/O time beyond what its transport's curve says (its nodes' records say
+    ``local_sockets``) is per message."""
     spans = spans or SpanCost()
     inner = spans.inner
     ops = sum(int(r["ops"]) for r in records.values())
@@ -839,17 +861,19 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
                                                         + curve.handshake * peers[n.role]
                                                         if encrypted else 0.0), 0.0)
                   for n in nodes]
-    if io_by_size is None:
+    local = all(r.get("local_sockets", False) for r in records.values())
+    by_size = io_by_size if local or io_by_size_tcp is None else io_by_size_tcp
+    if by_size is None:
         io = fit_io([n.messages for n in nodes], [n.bytes for n in nodes], io_seconds,
                     io_per_message)
     else:
-        io = fit_io_beyond(io_by_size, [r["messages"] for _, r in sorted(records.items())],
+        io = fit_io_beyond(by_size, [r["messages"] for _, r in sorted(records.items())],
                            io_seconds)
     costs = RuntimeCosts(messages, default, op_overhead, step_overhead, round_overhead, io,
                          machine(), curve,
                          per_period["trainer"] / steps if steps else 0.0,
                          per_period["pserver"] / rounds if rounds else 0.0,
-                         io_by_size=io_by_size)
+                         io_by_size=io_by_size, io_by_size_tcp=io_by_size_tcp)
     return costs, nodes
 
 

@@ -1,6 +1,6 @@
 """What a message costs ZeroMQ's I/O thread by its size, measured between two processes.
 
-`measure_io_curve` starts a server process (``python -m runtime.launch.io_curve ADDRESS``, a
+`measure_io_curves` starts a server process (``python -m runtime.launch.io_curve ADDRESS``, a
 ROUTER bound to a local socket in a private directory, as `runtime up` puts a job's nodes on
 one host) and sends it requests of each size in `SIZES` from a DEALER in this process; the
 server answers each with `REPLY_BYTES`. Each process reads the CPU time of its threads but
@@ -10,7 +10,11 @@ costs the client's I/O thread a send of S and a receive of a small reply, and th
 receive of S and a small send; the same round trips with the smallest requests, taken from
 both, leave what S bytes add to a send and to a receive. The curve (`SizeCurve`) is their
 mean, each point the median of `REPEATS` batches: the simulator charges a message's I/O cost
-to its sender's and its receiver's I/O threads alike.
+to its sender's and its receiver's I/O threads alike. The same round trips over loopback TCP
+give a second curve, taken beyond the same smallest local-socket round trip: TCP costs each
+side more from the smallest message on (19-22 us a round trip against 14-16 here, and 1.8
+times as much at 2 MiB), and a job over TCP (CurveZMQ, ``--insecure``, nodes on several
+hosts) is priced by it (`RuntimeCosts.over_tcp`).
 
 DESIGN: two processes, as a job has, rather than `calibrate_io`'s one context: there both
 sockets share one I/O thread, which handles a round trip's four passes in fewer wake-ups. The
@@ -21,6 +25,7 @@ time (`runtime.execution.costs.fit_io_beyond`), which has a job's wake-ups and b
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -92,45 +97,66 @@ def _batch(dealer: Any, payload: bytes, rounds: int) -> tuple[float, float]:
     return mine / rounds, server / rounds
 
 
-def measure_io_curve(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS) -> SizeCurve:
-    """What a message of each of `sizes` costs an I/O thread beyond one of `sizes[0]` bytes,
-    mean of a send and a receive (the module doc)."""
+def _medians(address: str, sizes: tuple[int, ...], repeats: int
+             ) -> tuple[dict[int, float], dict[int, float]]:
+    """The client's and the server's I/O CPU seconds per round trip at each size (the median
+    of `repeats` batches), a server process bound at `address`."""
     import zmq
 
-    with tempfile.TemporaryDirectory(prefix="pslab-io-") as tmp:
-        os.chmod(tmp, 0o700)
-        address = f"ipc://{Path(tmp) / 'io'}"
-        server = subprocess.Popen([sys.executable, "-m", "runtime.launch.io_curve", address])
-        context = zmq.Context(io_threads=1)
-        dealer = context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVTIMEO, 30_000)
+    server = subprocess.Popen([sys.executable, "-m", "runtime.launch.io_curve", address])
+    context = zmq.Context(io_threads=1)
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.RCVTIMEO, 30_000)
+    try:
+        dealer.connect(address)
+        payloads = {size: os.urandom(size) for size in sizes}
+        _batch(dealer, payloads[sizes[0]], MIN_ROUNDS)  # connect and warm up
+        taken: dict[int, list[tuple[float, float]]] = {size: [] for size in sizes}
+        for _ in range(repeats):  # interleaved: drift hits every size alike
+            for size in sizes:
+                taken[size].append(_batch(dealer, payloads[size], rounds_for(size)))
+        dealer.send(STOP)
+        dealer.recv()
+    finally:
+        dealer.close()
+        context.term()
         try:
-            dealer.connect(address)
-            payloads = {size: os.urandom(size) for size in sizes}
-            _batch(dealer, payloads[sizes[0]], MIN_ROUNDS)  # connect and warm up
-            taken: dict[int, list[tuple[float, float]]] = {size: [] for size in sizes}
-            for _ in range(repeats):  # interleaved: drift hits every size alike
-                for size in sizes:
-                    taken[size].append(_batch(dealer, payloads[size], rounds_for(size)))
-            dealer.send(STOP)
-            dealer.recv()
-        finally:
-            dealer.close()
-            context.term()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-    client = {size: statistics.median(c for c, _ in runs) for size, runs in taken.items()}
-    served = {size: statistics.median(s for _, s in runs) for size, runs in taken.items()}
-    small = sizes[0]
-    extra = [max((client[size] - client[small] + served[size] - served[small]) / 2, 0.0)
-             for size in sizes]
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    return ({size: statistics.median(c for c, _ in runs) for size, runs in taken.items()},
+            {size: statistics.median(s for _, s in runs) for size, runs in taken.items()})
+
+
+def _curve(sizes: tuple[int, ...], client: dict[int, float], server: dict[int, float],
+           base: tuple[float, float]) -> SizeCurve:
+    """The mean of what each size costs the client (a send) and the server (a receive) beyond
+    `base` (each side's cost of the smallest request over local sockets), never falling."""
+    extra = [max((client[size] - base[0] + server[size] - base[1]) / 2, 0.0) for size in sizes]
     for i in range(1, len(extra)):  # noise on a flat stretch: a larger message never costs less
         extra[i] = max(extra[i], extra[i - 1])
     return SizeCurve(tuple(sizes), tuple(extra))
+
+
+def measure_io_curves(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS
+                      ) -> tuple[SizeCurve, SizeCurve]:
+    """What a message of each of `sizes` costs an I/O thread beyond one of `sizes[0]` bytes
+    over local sockets, mean of a send and a receive (the module doc): over local sockets,
+    and over loopback TCP (which costs more from the smallest message on)."""
+    with tempfile.TemporaryDirectory(prefix="pslab-io-") as tmp:
+        os.chmod(tmp, 0o700)
+        local = _medians(f"ipc://{Path(tmp) / 'io'}", sizes, repeats)
+    tcp = _medians(f"tcp://127.0.0.1:{free_port()}", sizes, repeats)
+    base = (local[0][sizes[0]], local[1][sizes[0]])
+    return _curve(sizes, *local, base), _curve(sizes, *tcp, base)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 if __name__ == "__main__":

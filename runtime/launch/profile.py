@@ -50,7 +50,7 @@ from runtime.config.scenario import ExpectSpec, Scenario
 from runtime.execution.costs import (CurveCosts, KernelTimes, NodeCosts, OpSamples, RuntimeCosts,
                                      SizeCurve, SpanCost, calibrate_curve_least, calibrate_io,
                                      calibrate_span, fit_costs, machine)
-from runtime.launch.io_curve import measure_io_curve
+from runtime.launch.io_curve import measure_io_curves
 from runtime.launch.launcher import launch
 from runtime.launch.speed import PROBE_TRIES, SpeedGuard
 from runtime.services.node import MEASURE_VAR, run_async
@@ -131,21 +131,23 @@ class Calibration:
     io_per_message: float
     loop_per_message: float
     curve: CurveCosts
-    io_by_size: SizeCurve | None = None
+    io_by_size: tuple[SizeCurve, SizeCurve] | None = None
+    """Over local sockets and over TCP (`measure_io_curves`)."""
 
     def document(self) -> dict[str, Any]:
         document = {"span": self.spans.document(), "io_per_message": self.io_per_message,
                     "loop_per_message": self.loop_per_message, "curve": self.curve.document()}
         if self.io_by_size is not None:
-            document["io_by_size"] = self.io_by_size.document()
+            local, tcp = self.io_by_size
+            document.update(io_by_size=local.document(), io_by_size_tcp=tcp.document())
         return document
 
 
 @functools.cache
-def io_by_size() -> SizeCurve:
-    """`measure_io_curve`, once a process: `runtime calibrate` profiles several reference jobs,
-    and each of their fits is to use the same curve."""
-    return measure_io_curve()
+def io_by_size() -> tuple[SizeCurve, SizeCurve]:
+    """`measure_io_curves`, once a process: `runtime calibrate` profiles several reference
+    jobs, and each of their fits is to use the same curves."""
+    return measure_io_curves()
 
 
 def calibrate() -> Calibration:
@@ -273,10 +275,12 @@ def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
         raise ProfileError(f"{scenario_path}: the run executed no compute op, so nothing was "
                            "measured")
     calibration = calibrate()
+    by_size = calibration.io_by_size
     costs, nodes = fit_costs(records, calibration.io_per_message, curve=calibration.curve,
                              spans=calibration.spans,
                              loop_per_message=calibration.loop_per_message,
-                             io_by_size=calibration.io_by_size)
+                             io_by_size=by_size[0] if by_size else None,
+                             io_by_size_tcp=by_size[1] if by_size else None)
     return ProfileRun(times, costs, nodes, metrics, calibration)
 
 

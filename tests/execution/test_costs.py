@@ -126,11 +126,20 @@ def test_a_size_curve_is_straight_lines_through_its_points_and_beyond_the_last()
         SizeCurve((64,), (0.0,))
 
 
+TCP = SizeCurve((64, 1024), (3e-6, 7e-6))
+
+
 def test_a_messages_io_cost_is_its_per_message_cost_and_what_its_size_adds() -> None:
-    costs = RuntimeCosts(io=Linear(5e-6, 0.0), io_by_size=CURVE)
+    costs = RuntimeCosts(io=Linear(5e-6, 0.0), io_by_size=CURVE, io_by_size_tcp=TCP,
+                         variants={"table": RuntimeCosts(io_by_size=CURVE, io_by_size_tcp=TCP)})
     assert costs.io_seconds(3072) == pytest.approx(11e-6, rel=1e-12)
     assert costs.io_seconds(10) == 5e-6
     assert RuntimeCosts.from_document(costs.document()) == costs
+    # over TCP: the TCP curve, from the smallest message on, for every family
+    tcp = costs.over_tcp()
+    assert (tcp.io_seconds(10), tcp.io_seconds(1024)) == pytest.approx((8e-6, 12e-6), rel=1e-12)
+    assert tcp.for_job("table").io_by_size == TCP
+    assert RuntimeCosts(io_by_size=CURVE).over_tcp().io_by_size == CURVE  # none measured
 
 
 def test_with_the_curve_measured_the_io_time_beyond_it_is_per_message() -> None:
@@ -148,8 +157,13 @@ def test_a_run_fitted_with_the_curve_prices_its_io_by_it() -> None:
                                messages=[messages("send", "send", [1024, 5120], [1e-5, 1e-5]),
                                          messages("receive", "reply", [1024], [1e-5])],
                                steps=1)}
-    costs, _ = fit_costs(run, io_by_size=CURVE)
-    assert costs.io_by_size == CURVE
+    costs, _ = fit_costs(run, io_by_size=CURVE, io_by_size_tcp=TCP)
+    assert (costs.io_by_size, costs.io_by_size_tcp) == (CURVE, TCP)
+    # a run over TCP (its records do not say local_sockets) is fitted beyond the TCP curve,
+    # which says 7 + 24.1 + 7 us of its 16: nothing is left per message
+    assert costs.io == Linear(0.0, 0.0)
+    run["trainer:0"]["local_sockets"] = True
+    costs, _ = fit_costs(run, io_by_size=CURVE, io_by_size_tcp=TCP)
     assert costs.io == Linear(pytest.approx(2e-6 / 3), 0.0)  # (16 - 2 - 10 - 2) us / 3
     total = sum(costs.io.seconds(n) + CURVE.extra(n) for n in (1024, 5120, 1024))
     assert total == pytest.approx(16e-6, rel=1e-9)  # the run's I/O time, whole

@@ -230,6 +230,26 @@ def test_a_profile_with_a_runtime_section_prices_the_runtime_and_roofline_can_bo
     assert runtime_costs({**roofline, "runtime": None}, tmp_path) is None
 
 
+@pytest.mark.parametrize("security", ["local", "none", "curve"])
+def test_a_job_over_tcp_is_priced_by_the_tcp_curve_and_one_over_local_sockets_by_the_local(
+        security: str, tmp_path: Path) -> None:
+    """The TCP curve costs every message c more than the local one: the I/O thread of a job
+    that talks TCP (``--insecure``, CurveZMQ) spends c per message it sent or received more."""
+    c = 8 * U
+    costs = RuntimeCosts(io=Linear(U), io_by_size=SizeCurve((0, 2**30), (0.0, 0.0)),
+                         io_by_size_tcp=SizeCurve((0, 2**30), (c, c)))
+    (tmp_path / "profile.json").write_text(json.dumps({"ops": {}, "runtime": costs.document()}))
+    quickstart = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
+    result = simulate(load_scenario(quickstart, [
+        "train.steps=3", "expect={}", "backend.kernels=phantom", f"cluster.security={security}",
+        "compute={model: profile, path: profile.json}",
+        "cluster.hosts=[{nodes: '*', cores: 2}]"]), base_dir=tmp_path)
+    messages = sum(link.messages for (src, dst), link in result.links.items()
+                   if "trainer:0" in (src, dst))
+    per_message = c + U if security != "local" else U
+    assert result.cpu[io_thread("trainer:0")] == pytest.approx(messages * per_message, rel=1e-9)
+
+
 def test_the_residual_per_step_and_round_is_charged_with_their_overheads() -> None:
     """A round owes its overhead and residual; a step its overhead, and its residual (the
     event loop's work around requests) only where it makes an RPC ("rpc_step")."""

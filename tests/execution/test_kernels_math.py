@@ -198,6 +198,19 @@ def test_sum_of_dense_inputs_and_gradient() -> None:
     check_grad("sum", {"X": xs}, ["X"])
 
 
+def test_sum_keeps_the_first_inputs_dtype_and_adds_in_order() -> None:
+    """Each input added in turn into an array of the first's dtype, as a float32 parameter's
+    gradients are summed, whatever dtype the others have."""
+    xs = [RNG.standard_normal(5).astype(np.float32), RNG.standard_normal(5),
+          RNG.standard_normal(5).astype(np.float32)]
+    out = run_op("sum", {"X": xs})["Out"]
+    want = xs[0].copy()
+    for x in xs[1:]:
+        want += x
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, want)
+
+
 def test_sum_of_selected_rows_concatenates_rows() -> None:
     a = SelectedRows([0, 2], np.array([[1.0], [2.0]]), 4)
     b = SelectedRows([2], np.array([[5.0]]), 4)

@@ -331,12 +331,12 @@ def sum_values(values: list[Array | SelectedRows],
         return SelectedRows(np.concatenate([v.rows for v in sparse]),
                             np.concatenate([v.values for v in sparse]), sparse[0].height)
     dense = [v for v in values if not isinstance(v, SelectedRows)]
-    if out is None:
-        total = dense[0].copy()
+    total = np.empty_like(dense[0]) if out is None else out
+    if len(dense) > 1:  # one pass over the first two, not a copy and an add: a pserver's sum
+        np.add(dense[0], dense[1], out=total, casting="same_kind")  # of two trainers' grads
     else:
-        total = out
         np.copyto(total, dense[0])
-    for value in dense[1:]:
+    for value in dense[2:]:
         total += value
     for rows in sparse:
         np.add.at(total, rows.rows, rows.values)

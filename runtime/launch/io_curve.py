@@ -25,7 +25,6 @@ time (`runtime.execution.costs.fit_io_beyond`), which has a job's wake-ups and b
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,14 +57,19 @@ def rounds_for(size: int) -> int:
 
 
 def serve(address: str) -> None:
-    """The server: answer each request with `REPLY_BYTES`, and each `MARK` with the I/O CPU
-    seconds it has used so far, until `STOP`."""
+    """The server: bind `address` (``tcp://HOST`` alone: a free port of HOST) and print the
+    endpoint bound, then answer each request with `REPLY_BYTES`, and each `MARK` with the I/O
+    CPU seconds it has used so far, until `STOP`."""
     import zmq
 
     context = zmq.Context(io_threads=1)
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
-    router.bind(address)
+    if address.startswith("tcp://") and address.count(":") == 1:
+        address = f"{address}:{router.bind_to_random_port(address)}"
+    else:
+        router.bind(address)
+    print(address, flush=True)
     reply = b"r" * REPLY_BYTES
     try:
         while True:
@@ -83,7 +87,8 @@ def serve(address: str) -> None:
 
 
 def _batch(dealer: Any, payload: bytes, rounds: int) -> tuple[float, float]:
-    """(client, server) I/O CPU seconds per round trip of `rounds` requests of `payload`."""
+    """(client, server) I/O CPU seconds per round trip of `rounds` requests of `payload`
+    (`zmq.Again` where the server stops answering for the dealer's ``RCVTIMEO``)."""
     send, recv = dealer.send, dealer.recv
     send(MARK)
     server_before = float(recv())
@@ -103,13 +108,19 @@ def _medians(address: str, sizes: tuple[int, ...], repeats: int
     of `repeats` batches), a server process bound at `address`."""
     import zmq
 
-    server = subprocess.Popen([sys.executable, "-m", "runtime.launch.io_curve", address])
+    server = subprocess.Popen([sys.executable, "-m", "runtime.launch.io_curve", address],
+                              stdout=subprocess.PIPE, text=True)
     context = zmq.Context(io_threads=1)
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.setsockopt(zmq.RCVTIMEO, 30_000)
     try:
-        dealer.connect(address)
+        assert server.stdout is not None
+        bound = server.stdout.readline().strip()  # it is listening
+        if not bound:
+            raise RuntimeError(f"measuring the I/O thread: the server for {address} ended "
+                               f"(status {server.wait()}) before it listened")
+        dealer.connect(bound)
         payloads = {size: os.urandom(size) for size in sizes}
         _batch(dealer, payloads[sizes[0]], MIN_ROUNDS)  # connect and warm up
         taken: dict[int, list[tuple[float, float]]] = {size: [] for size in sizes}
@@ -148,15 +159,9 @@ def measure_io_curves(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS
     with tempfile.TemporaryDirectory(prefix="pslab-io-") as tmp:
         os.chmod(tmp, 0o700)
         local = _medians(f"ipc://{Path(tmp) / 'io'}", sizes, repeats)
-    tcp = _medians(f"tcp://127.0.0.1:{free_port()}", sizes, repeats)
+    tcp = _medians("tcp://127.0.0.1", sizes, repeats)
     base = (local[0][sizes[0]], local[1][sizes[0]])
     return _curve(sizes, *local, base), _curve(sizes, *tcp, base)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -202,7 +202,7 @@ def embedding(input: Var, size: Sequence[int], is_sparse: bool = False,
     int64 ids of shape [-1, 1]; Out drops the ids' trailing 1. `remote_prefetch` (pslab's;
     needs `is_sparse` and no `is_distributed`): a distributed trainer reads the table's rows
     from the pservers (docs/transpiler.md, section 6); None: the release's default for a
-    sparse lookup that is not distributed (`default_remote_prefetch`)."""
+    sparse lookup of a trainable table that is not distributed (`default_remote_prefetch`)."""
     return _embedding("lookup_table", input, size, is_sparse, is_distributed, padding_idx,
                       param_attr, dtype, remote_prefetch)
 
@@ -221,7 +221,10 @@ def _embedding(op_type: str, input: Var, size: Sequence[int], is_sparse: bool,
                is_distributed: bool, padding_idx: int | None, param_attr: ParamAttr | str | None,
                dtype: str, remote_prefetch: bool | None) -> Var:
     input = _check_var(input, "embedding", "input")
-    remote_prefetch = _lookup_remote_prefetch(remote_prefetch, is_sparse, is_distributed)
+    pattr = ParamAttr.of(param_attr)
+    assert pattr is not None
+    remote_prefetch = _lookup_remote_prefetch(remote_prefetch, is_sparse, is_distributed,
+                                              pattr.trainable)
     if input.dtype not in ("int64", "int32"):
         raise TypeError(f"embedding: ids {input.name!r} must be int64, got {input.dtype}")
     if len(size) != 2:
@@ -230,8 +233,6 @@ def _embedding(op_type: str, input: Var, size: Sequence[int], is_sparse: bool,
     pad = -1 if padding_idx is None else (padding_idx if padding_idx >= 0 else vocab + padding_idx)
     if not -1 <= pad < vocab:
         raise ValueError(f"embedding: padding_idx {padding_idx} outside vocabulary of {vocab}")
-    pattr = ParamAttr.of(param_attr)
-    assert pattr is not None
     w = create_parameter(pattr, [vocab, dim], dtype, Xavier(), "embedding.w")
     v1_drops_one = op_type == "lookup_table" and input.shape[-1] == 1
     out_shape = (tuple(input.shape[:-1]) if v1_drops_one else tuple(input.shape)) + (dim,)
@@ -242,12 +243,14 @@ def _embedding(op_type: str, input: Var, size: Sequence[int], is_sparse: bool,
     return out
 
 
-def _lookup_remote_prefetch(asked: bool | None, is_sparse: bool, is_distributed: bool) -> bool:
-    """A lookup's ``remote_prefetch``: `asked`, or the default when None; ValueError where it
-    is asked of a lookup that is not sparse or is the distributed table."""
+def _lookup_remote_prefetch(asked: bool | None, is_sparse: bool, is_distributed: bool,
+                            trainable: bool) -> bool:
+    """A lookup's ``remote_prefetch``: `asked`, or the default when None (for a `trainable`
+    table); ValueError where it is asked of a lookup that is not sparse or is the distributed
+    table."""
     eligible = is_sparse and not is_distributed
     if asked is None:
-        return default_remote_prefetch(eligible)
+        return default_remote_prefetch(eligible and trainable)
     if asked and not eligible:
         raise ValueError("embedding: remote_prefetch needs is_sparse and no is_distributed "
                          "(the pservers take a sparse grad; the distributed table has its own "
@@ -264,7 +267,8 @@ sparse `nce`, ``remote_prefetch`` unasked; 1.2's did so only under the switch.""
 
 
 def default_remote_prefetch(eligible: bool) -> bool:
-    """Whether an `eligible` layer (sparse, not the distributed table) prefetches its rows
+    """Whether an `eligible` layer (sparse, not the distributed table, its table trainable:
+    the transpiler refuses to prefetch a table no optimizer updates) prefetches its rows
     remotely when the call leaves it to the default (docs/transpiler.md §9): as
     ``PADDLE_ENABLE_REMOTE_PREFETCH`` says when it is set ("0" off, anything else on), else as
     the release in force when the layer is built (`env_paddle_version`: on with "1.8", the
@@ -295,7 +299,7 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
     layer does. `is_sparse`: the weight's gradient is SELECTED_ROWS; `remote_prefetch` (needs
     `is_sparse`): a distributed trainer prefetches only the rows of the sampled classes from
     the pservers (docs/transpiler.md, section 6); None: the release's default for a sparse
-    nce (`default_remote_prefetch`). The draws are keyed by `seed` (the program's
+    nce of a trainable weight (`default_remote_prefetch`). The draws are keyed by `seed` (the program's
     random seed when 0) and a step counter, ``@NCE_STEP@``, raised once per step
     (`runtime.execution.kernels.sampling`)."""
     input = _check_var(input, "nce", "input")
@@ -304,8 +308,9 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
         raise TypeError(f"nce: label {label.name!r} must be int64, got {label.dtype}")
     if sampler not in NCE_SAMPLERS:
         raise ValueError(f"nce: sampler {sampler!r} is not one of {sorted(NCE_SAMPLERS)}")
+    wattr = ParamAttr.of(param_attr) or ParamAttr()
     if remote_prefetch is None:
-        remote_prefetch = default_remote_prefetch(is_sparse)
+        remote_prefetch = default_remote_prefetch(is_sparse and wattr.trainable)
     if remote_prefetch and not is_sparse:
         raise ValueError("nce: remote_prefetch needs is_sparse (the pservers take a sparse grad)")
     classes, neg = int(num_total_classes), 10 if num_neg_samples is None else int(num_neg_samples)
@@ -313,8 +318,7 @@ def nce(input: Var, label: Var, num_total_classes: int, sample_weight: Var | Non
         raise ValueError(f"nce: num_total_classes {classes} must be at least 2 and "
                          f"num_neg_samples {neg} at least 1")
     dim, prefix = int(input.shape[-1]), name or unique_name.generate("nce")
-    w = create_parameter(ParamAttr.of(param_attr) or ParamAttr(), [classes, dim], input.dtype,
-                         Xavier(), prefix + ".w")
+    w = create_parameter(wattr, [classes, dim], input.dtype, Xavier(), prefix + ".w")
     inputs: dict[str, list[Var]] = {"Input": [input], "Label": [label], "Weight": [w],
                                     "Step": [_nce_step()]}
     battr = ParamAttr.of(bias_attr)

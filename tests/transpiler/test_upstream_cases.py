@@ -238,9 +238,10 @@ def test_a_sparse_layer_prefetches_remotely_by_its_release_unless_the_switch_say
 def test_what_a_layer_is_told_wins_and_only_a_sparse_lookup_prefetches(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """An explicit `remote_prefetch` overrides the default either way (the built-in models
-    pass False); a dense lookup, the distributed table's lookups and a dense nce never
-    prefetch by default, and asking it of a dense lookup or of the distributed table is
-    refused."""
+    pass False); a dense lookup, the distributed table's lookups, a dense nce and a frozen
+    sparse table or nce weight (no optimizer to run on the pservers) never prefetch by
+    default, so a program with a frozen sparse table still transpiles, the table kept on
+    the trainer; asking it of a dense lookup or of the distributed table is refused."""
     monkeypatch.setenv(REMOTE_PREFETCH_ENV, "1")
     main, _ = lookup_model(remote_prefetch=False)
     assert not any(op.attr("remote_prefetch") for op in main.global_block().ops
@@ -256,14 +257,21 @@ def test_what_a_layer_is_told_wins_and_only_a_sparse_lookup_prefetches(
     def body() -> None:
         ids = T.layers.data("ids", shape=[1], dtype="int64")
         x = T.layers.embedding(ids, size=[10, 4])
-        T.layers.nce(x, ids, 10)
+        frozen = T.layers.embedding(ids, size=[10, 4], is_sparse=True,
+                                    param_attr=T.ParamAttr(name="frozen", trainable=False))
+        cost = T.layers.nce(x, ids, 10)
+        kept = T.layers.nce(frozen, ids, 10, is_sparse=True,
+                            param_attr=T.ParamAttr(trainable=False))
         for sparse, distributed in ((False, False), (True, True)):
             with pytest.raises(ValueError, match="remote_prefetch needs is_sparse"):
                 T.layers.embedding(ids, size=[10, 4], is_sparse=sparse,
                                    is_distributed=distributed, remote_prefetch=True)
-    main, _ = build(body)
+        T.optimizer.SGD(0.1).minimize(T.layers.mean(T.layers.sums([cost, kept])))
+    main, startup = build(body)
     assert not any(op.attr("remote_prefetch") for op in main.global_block().ops
                    if op.type in ("lookup_table", "nce"))
+    trained, _ = trainer(transpile((main, startup)))
+    assert "lookup_table" in types(trained.global_block())
 
 
 def test_a_fused_chain_goes_after_the_last_op_writing_its_ids() -> None:

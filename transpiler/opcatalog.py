@@ -26,10 +26,13 @@ entry here (and its kernels): docs/architecture.md, "Op facts".
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .ir import Op
 
 __all__ = ["OPS", "Cost", "OpDef", "Runs", "State", "Update", "grad_input_slots", "op_def",
-           "optimizer_types", "rpc_op_types"]
+           "optimizer_types", "rpc_op_types", "runs_rpc"]
 
 Runs = Literal["kernel", "rpc", "none"]
 """Where an op runs: `kernel` (a kernel in each backend), `rpc` (the async runtime of a trainer
@@ -380,3 +383,15 @@ def grad_input_slots() -> dict[str, tuple[str, ...]]:
 def rpc_op_types() -> frozenset[str]:
     """Op types the async runtime runs (no kernel)."""
     return frozenset(op.type for op in OPS.values() if op.runs == "rpc")
+
+
+_RPC_TYPES = rpc_op_types()
+REMOTE_LOOKUPS = frozenset({"lookup_table", "lookup_table_v2"})
+
+
+def runs_rpc(op: Op) -> bool:
+    """Whether the async runtime runs `op` (no kernel): an RPC op type, or a lookup that 1.2's
+    transpiler pointed at the pservers' blocks of its table (``remote_prefetch`` with
+    ``epmap``: its rows are asked for by id, `transpiler.distribute.lookup_table`)."""
+    return op.type in _RPC_TYPES or (op.type in REMOTE_LOOKUPS and bool(op.attrs.get("epmap"))
+                                     and bool(op.attrs.get("remote_prefetch")))

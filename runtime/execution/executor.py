@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, cast
 import numpy as np
 
 from transpiler.ir import Block, Op, Program, Var
-from transpiler.opcatalog import rpc_op_types
+from transpiler.opcatalog import runs_rpc
 
 from runtime.execution.kernels import (BACKENDS, AsyncOpError, ExecutionError, FeedError,
                                        FetchError, KernelContext, KernelError, KernelNotFound,
@@ -53,8 +53,6 @@ from runtime.execution.kernels.registry import Kernel
 from runtime.execution.scope import Scope, global_scope
 from runtime.execution.tensor import LoDTensor, Phantom, TensorError, Value, copy_value, to_dense
 
-RPC_OP_TYPES = rpc_op_types()
-"""Ops the async runtime runs, not a kernel (`transpiler.opcatalog`)."""
 
 FeedValue = Any
 """A fed value: an array-like, a `LoDTensor`, or an ``(array, lod)`` tuple."""
@@ -188,7 +186,7 @@ def build_plan(block: Block, backend: str, bind: Binder = _unbound) -> BlockPlan
     for i, op in enumerate(block.ops):
         where = f"block {block.idx}, op {i} ({op.type})"
         kernel = None
-        if op.type not in RPC_OP_TYPES:
+        if not runs_rpc(op):
             try:
                 kernel = fused_ids_kernel(op, backend, bind) or bind(get_kernel(op.type, backend))
             except KernelNotFound:
@@ -379,7 +377,7 @@ def _fetch(scope: Scope, name: str, return_numpy: bool) -> Any:
     return np.array(to_dense(value), copy=True) if return_numpy else copy_value(value)
 
 
-__all__ = ["AttrOverrides", "Binder", "BlockPlan", "Executor", "KernelTimer", "OpStep", "PlanCache", "RPC_OP_TYPES",
+__all__ = ["AttrOverrides", "Binder", "BlockPlan", "Executor", "KernelTimer", "OpStep", "PlanCache",
            "build_plan", "check_feed", "device_binder", "fingerprint", "run_step", "set_kernel_threads",
            "timed_binder",
            "timing_kernels"]

@@ -59,7 +59,7 @@ from transpiler.distribute.plan import retarget_copy
 from transpiler.distribute.transpiler import DistributeTranspiler
 from transpiler.ir import Program
 from transpiler.models import Model, ModelError, build_model
-from transpiler.opcatalog import rpc_op_types
+from transpiler.opcatalog import runs_rpc
 
 from runtime.config.scenario import Scenario, ScenarioError
 from runtime.execution.data import DataError, Dataset, dataset_for
@@ -276,7 +276,6 @@ def check_job(scenario: Scenario, data: bool = True) -> None:
 _ID_ATTRS = {"trainer_id", "_trainer_id"}
 """Attributes that name the trainer a program was transpiled for."""
 
-_RPC_OPS = rpc_op_types()
 _LOCAL_ATTRS = {"op_role_var"}
 """Attributes that name vars but never leave the trainer (nothing in the runtime reads them)."""
 
@@ -328,7 +327,7 @@ def _names_beyond_sends(program: Program, names: set[str]) -> bool:
         return True
     for block in program.blocks:
         for op in block.ops:
-            if op.type in _RPC_OPS and op.type != "send" and names & set(
+            if runs_rpc(op) and op.type != "send" and names & set(
                     op.input_arg_names + op.output_arg_names):
                 return True
             local = _LOCAL_ATTRS | {"send_varnames"} if op.type == "send" else _LOCAL_ATTRS

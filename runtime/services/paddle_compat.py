@@ -80,7 +80,7 @@ from transpiler.ir import Op, Program, Var
 
 from runtime.config.atomic import atomic_open
 from runtime.config.nodes import pserver_name, trainer_name
-from runtime.execution.executor import RPC_OP_TYPES
+from transpiler.opcatalog import runs_rpc
 from runtime.execution.executor import Executor as KernelExecutor
 from runtime.execution.executor import FeedValue, KernelTimer
 from runtime.execution.scope import Scope, global_scope
@@ -261,7 +261,7 @@ def backend_of(place: CPUPlace | CUDAPlace | None) -> tuple[str, str]:
 
 def rpc_ops(program: Program) -> list[Op]:
     """The RPC ops of every block of `program`, in order."""
-    return [op for block in program.blocks for op in block.ops if op.type in RPC_OP_TYPES]
+    return [op for block in program.blocks for op in block.ops if runs_rpc(op)]
 
 
 def listen_op(program: Program) -> Op | None:

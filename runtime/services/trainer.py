@@ -26,7 +26,8 @@
   for it; its rows land in the scope like a `recv`'s values, for `merge_ids`.
 - `distributed_lookup_table` (remote sparse update): the ids of all the lookups it serves (one
   op per table in the 1.8 and 2.x programs) split by the table's blocks, one PREFETCH per block
-  for its rows (each asked once), merged back into each output in the order of its ids.
+  for its rows (each asked once), merged back into each output in the order of its ids; a 1.2
+  program's lookup with ``epmap`` (`transpiler.opcatalog.runs_rpc`) is served the same way.
 - an `nce` with ``remote_prefetch`` and ``epmap`` (remote sparse update of its weight) is a
   compute op, but before its kernel runs the trainer draws its sample labels and fetches their
   rows the same way (`RpcOps.prefetch_classes`).
@@ -70,6 +71,7 @@ from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL
 from transpiler.distribute.startup import INIT_OPS
 from transpiler.distribute.lookup_table import table_sections
 from transpiler.ir import Op, Program
+from transpiler.opcatalog import REMOTE_LOOKUPS, runs_rpc
 
 from runtime.execution.compute import Charge, ComputeModel, Tracer, virtual_clock
 from runtime.execution.executor import Executor, check_feed, run_step
@@ -130,6 +132,7 @@ class RpcOps:
             "send": self.send, "send_barrier": self.send_barrier, "recv": self.recv,
             "fetch_barrier": self.fetch_barrier, "prefetch": self.prefetch,
             "distributed_lookup_table": self.distributed_lookup_table,
+            "lookup_table": self.remote_lookup, "lookup_table_v2": self.remote_lookup,
             "checkpoint_notify": self.checkpoint_notify, "c_allreduce_sum": self.allreduce,
         }
         self.collective: Collective = collective or CollectiveOps(client, client.policy.deadline)
@@ -385,6 +388,18 @@ class RpcOps:
         task = asyncio.get_running_loop().create_task(self._lookup_remote(op, scope))
         for out in outs:
             self.pending[out] = task
+
+    async def remote_lookup(self, op: Op, scope: Scope) -> None:
+        """A lookup of a 1.2 program that reads its table's rows from the pservers (``epmap``,
+        `transpiler.opcatalog.runs_rpc`): served as a `distributed_lookup_table` of that one
+        lookup is."""
+        await self.distributed_lookup_table(Op(
+            "distributed_lookup_table", {"Ids": op.input("Ids"), "W": op.input("W")},
+            {"Outputs": op.output("Out")},
+            {"endpoints": op.attr("epmap"), "table_names": op.attr("table_names"),
+             "height_sections": op.attr("height_sections"),
+             "padding_idx": op.attr("padding_idx", -1), "trainer_id": op.attr("trainer_id"),
+             "lookup_table_version": op.type}), scope)
 
     async def _lookup_remote(self, op: Op, scope: Scope) -> None:
         names, outs = op.input("Ids"), op.output("Outputs")
@@ -661,6 +676,9 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
     for op in program.global_block().ops:
         if op.type == "distributed_lookup_table":
             tables[op.input("W")[0]] = list(zip(op.attr("endpoints"), op.attr("table_names"),
+                                                op.attr("height_sections")))
+        elif op.type in REMOTE_LOOKUPS and runs_rpc(op):  # a 1.2 program's remote lookup
+            tables[op.input("W")[0]] = list(zip(op.attr("epmap"), op.attr("table_names"),
                                                 op.attr("height_sections")))
         elif prefetches_classes(op):
             tables[op.input("Weight")[0]] = list(zip(op.attr("epmap"), op.attr("table_names"),

@@ -19,6 +19,7 @@ import transpiler as T
 from transpiler.distribute.config import PADDLE_VERSION_ENV
 from transpiler.layers import REMOTE_PREFETCH_ENV
 from transpiler.ir import Program
+from transpiler.opcatalog import runs_rpc
 
 ADAM_MERGED = ["sum", "scale", "adam", "scale", "scale"]
 
@@ -469,14 +470,19 @@ def test_an_out_read_before_the_last_ids_of_its_table_is_refused_naming_it() -> 
 
 
 def test_the_12_remote_lookups_prefetch_each_in_its_place() -> None:
-    """1.2's transpiler left each remote lookup where it was, prefetching its own rows; pslab
-    writes a one-lookup `distributed_lookup_table` in its place."""
+    """1.2's transpiler left each remote lookup where it was, a `lookup_table` told where its
+    table's blocks are (its `_update_remote_sparse_update_op`), and so does pslab's."""
     main, _ = trainer(transpile(two_remote_tables(), config(paddle_version="1.2")))
     block = main.global_block()
     assert types(block)[:7] == [
-        "distributed_lookup_table", "scale", "distributed_lookup_table",
-        "distributed_lookup_table", "sequence_pool", "sequence_pool", "sequence_pool"]
-    assert [(op.input("Ids")[:1], op.input("W")) for op in block.ops
-            if op.type == "distributed_lookup_table"] == [
+        "lookup_table", "scale", "lookup_table", "lookup_table", "sequence_pool",
+        "sequence_pool", "sequence_pool"]
+    remote = [op for op in block.ops if op.type == "lookup_table"]
+    assert [(op.input("Ids"), op.input("W")) for op in remote] == [
         (["title_ids"], ["shared_w"]), ([block.ops[1].output("Out")[0]], ["shared_w"]),
         (["profile_ids"], ["profile_emb"])]
+    assert {k: remote[0].attr(k) for k in ("epmap", "table_names", "height_sections",
+                                           "trainer_id", "remote_prefetch")} == {
+        "epmap": [PS1, PS2], "table_names": ["shared_w.block0", "shared_w.block1"],
+        "height_sections": [500, 500], "trainer_id": 0, "remote_prefetch": True}
+    assert all(runs_rpc(op) for op in remote)  # the runtime asks for their rows

@@ -37,11 +37,12 @@ initializer becomes `fake_init`. Ids and grad rows travel as global ids.
 ``remote_prefetch``, or a sparse `nce` with ``remote_prefetch``): the table is cut and placed
 like any parameter, but the trainer never fetches it: its lookups become a
 `distributed_lookup_table` (in the 1.8 and 2.x programs one for all of them, after the last op
-writing their ids; in the 1.2 programs one per lookup, in its place), which splits the ids by
-``height_sections``, asks ``endpoints[i]`` for rows ``id - offset_i`` of var
-``table_names[i]``, and puts the rows back in order in each lookup's output; an `nce`
-keeps its place and gets those attributes (``epmap`` for ``endpoints``), and the trainer fetches
-the rows of its true and sampled classes before it runs.
+writing their ids), which splits the ids by ``height_sections``, asks ``endpoints[i]`` for rows
+``id - offset_i`` of var ``table_names[i]``, and puts the rows back in order in each lookup's
+output; in the 1.2 programs each lookup stays a `lookup_table` in its place, with those
+attributes (``epmap`` for ``endpoints``), and the runtime serves it the same way; an `nce`
+keeps its place and gets those attributes, and the trainer fetches the rows of its true and
+sampled classes before it runs.
 """
 
 from __future__ import annotations
@@ -276,14 +277,15 @@ def append_table_grad_send(block: Block, plan: Plan) -> str:
 
 
 def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) -> None:
-    """The lookups of each remote-sparse table become `distributed_lookup_table` ops
-    (`remote_lookup_groups`): in the 1.8 and 2.x programs one for all of a table's lookups,
-    right after the last op writing any of their ids (`fusion_point`; a ValueError naming the
-    out read before that point, as the original raised there), in the 1.2 programs one per
-    lookup in its place. An `nce` of one gets the blocks' ``epmap``, ``table_names``,
-    ``height_sections`` and ``trainer_id``, as the original's `_update_remote_sparse_update_op`
-    gave it: the trainer then prefetches the rows of the classes it samples before the op runs
-    (`runtime.services.trainer`)."""
+    """The lookups of each remote-sparse table become one `distributed_lookup_table` in the
+    1.8 and 2.x programs (`remote_lookup_groups`), right after the last op writing any of
+    their ids (`fusion_point`; a ValueError naming the out read before that point, as the
+    original raised there); in the 1.2 programs each lookup keeps its place and type, and gets
+    the blocks' ``epmap``, ``table_names``, ``height_sections`` and ``trainer_id``, as 1.2's
+    `_update_remote_sparse_update_op` gave it (the runtime asks for its rows by id:
+    `transpiler.opcatalog.runs_rpc`). An `nce` of one gets the same attributes in every
+    release: the trainer then prefetches the rows of the classes it samples before the op
+    runs (`runtime.services.trainer`)."""
     for op in block.ops:
         if op.type == "nce" and op.input("Weight")[0] in params:
             d = plan.dist_var(op.input("Weight")[0])
@@ -291,10 +293,18 @@ def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) ->
                              "table_names": [p.name for p in d.params],
                              "height_sections": [p.shape[0] for p in d.params],
                              "trainer_id": plan.cluster.trainer_id})
-    fuse = fuses_lookups(plan)
-    for group in remote_lookup_groups(block.ops, params, fuse):
+    if not fuses_lookups(plan):  # 1.2: each lookup stays, told where the table's blocks are
+        for op in block.ops:
+            if op.type in LOOKUPS and op.input("W")[0] in params:
+                d = plan.dist_var(op.input("W")[0])
+                op.attrs.update({"epmap": [p.endpoint for p in d.params],
+                                 "table_names": [p.name for p in d.params],
+                                 "height_sections": [p.shape[0] for p in d.params],
+                                 "trainer_id": plan.cluster.trainer_id})
+        return
+    for group in remote_lookup_groups(block.ops, params):
         first, table = group[0], group[0].input("W")[0]
-        at, early = fusion_point(block.ops, group) if fuse else (block.ops.index(first), [])
+        at, early = fusion_point(block.ops, group)
         block.ops[:] = [op for op in block.ops if all(op is not old for old in group)]
         if early:
             raise ValueError(
@@ -315,17 +325,16 @@ def replace_remote_sparse_lookups(block: Block, plan: Plan, params: set[str]) ->
              "lookup_table_version": first.type}))
 
 
-def remote_lookup_groups(ops: list[Op], params: set[str], fuse: bool) -> list[list[Op]]:
+def remote_lookup_groups(ops: list[Op], params: set[str]) -> list[list[Op]]:
     """The lookups of the remote-sparse tables `params` that one `distributed_lookup_table`
-    serves, in program order of their first: with `fuse` (1.8, 2.x) all the lookups of a table
-    that share its first lookup's type and ``padding_idx`` (the op carries one of each; the
-    original fused the first's type only, leaving other lookups unreplaced, and gave them all
-    the first's padding), else each lookup alone (1.2, whose lookups prefetched on their
-    own)."""
-    groups: dict[tuple[str, str, int] | int, list[Op]] = {}
-    for i, op in enumerate(ops):
+    serves (1.8, 2.x), in program order of their first: all the lookups of a table that share
+    its first lookup's type and ``padding_idx`` (the op carries one of each; the original fused
+    the first's type only, leaving other lookups unreplaced, and gave them all the first's
+    padding)."""
+    groups: dict[tuple[str, str, int], list[Op]] = {}
+    for op in ops:
         if op.type in LOOKUPS and op.input("W")[0] in params:
-            key = (op.input("W")[0], op.type, int(op.attr("padding_idx", -1))) if fuse else i
+            key = (op.input("W")[0], op.type, int(op.attr("padding_idx", -1)))
             groups.setdefault(key, []).append(op)
     return list(groups.values())
 

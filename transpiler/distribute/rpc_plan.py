@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from ..ir import Op, Program
-from ..opcatalog import rpc_op_types
+from ..opcatalog import runs_rpc
 from .config import DistributedMode
 from .modes import mode_of
 
@@ -94,7 +94,6 @@ PLAN_ATTRS = (COUNTS, BUNDLED_COUNTS, HELD, FETCH_EPMAP, FETCH_VARNAMES, FETCH_T
 _BARRIERS = {"send_barrier": "send", "fetch_barrier": "get"}
 """Each barrier op, and the kind of the requests whose round it closes."""
 
-_RPC_OPS = rpc_op_types()
 
 
 @dataclass
@@ -156,7 +155,7 @@ def barrier_plan(ops: Iterable[Op], rpc_inside: Callable[[Op], bool], bundle: bo
     for op in ops:
         kind = "send" if op.type == "send" else "get" if op.type == "recv" else None
         for other in ("send", "get"):
-            if other != kind and (other == "get" or op.type in _RPC_OPS or rpc_inside(op)):
+            if other != kind and (other == "get" or runs_rpc(op) or rpc_inside(op)):
                 open_[other] = {}
         if kind is not None:
             bundling = bundle and _bundles(op)
@@ -247,7 +246,7 @@ def _plan_async_fetches(ops: list[Op], plan: BarrierPlan,
             break
         if op.type == "send" and _bundles(op):
             senders.update(dict.fromkeys(op.attr("epmap") or (), op))
-        elif op.type in _RPC_OPS or rpc_inside(op):
+        elif runs_rpc(op) or rpc_inside(op):
             senders = {}
 
 
@@ -322,7 +321,7 @@ def rpc_inside(program: Program) -> Callable[[Op], bool]:
         if op.type != "conditional_block":
             return False
         ref = op.attr("sub_block")
-        return ref is not None and any(o.type in _RPC_OPS for o in program.blocks[ref.idx].ops)
+        return ref is not None and any(runs_rpc(o) for o in program.blocks[ref.idx].ops)
     return inside
 
 

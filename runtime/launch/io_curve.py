@@ -9,7 +9,7 @@ batch, the server on a marker message between batches. A round trip of a request
 costs the client's I/O thread a send of S and a receive of a small reply, and the server's a
 receive of S and a small send; the same round trips with the smallest requests, taken from
 both, leave what S bytes add to a send and to a receive. The curve (`SizeCurve`) is their
-mean, each point the median of `REPEATS` batches: the simulator charges a message's I/O cost
+mean, each point the least of `REPEATS` batches: the simulator charges a message's I/O cost
 to its sender's and its receiver's I/O threads alike. The same round trips over loopback TCP
 give a second curve, taken beyond the same smallest local-socket round trip: TCP costs each
 side more from the smallest message on (19-22 us a round trip against 14-16 here, and 1.8
@@ -25,7 +25,6 @@ time (`runtime.execution.costs.fit_io_beyond`), which has a job's wake-ups and b
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ SIZES = (64, 4096, 32768, 131072, 524288, 2097152, 8388608)
 """Request sizes, bytes: from a header alone to beyond the caches' (the wide reference
 models' messages are 2-4 MB)."""
 REPLY_BYTES = 16
-REPEATS = 3
+REPEATS = 5
 BATCH_BYTES = 32 * 2**20
 """Bytes a batch sends (at least `MIN_ROUNDS` and at most `MAX_ROUNDS` round trips)."""
 MIN_ROUNDS, MAX_ROUNDS = 40, 1000
@@ -102,10 +101,13 @@ def _batch(dealer: Any, payload: bytes, rounds: int) -> tuple[float, float]:
     return mine / rounds, server / rounds
 
 
-def _medians(address: str, sizes: tuple[int, ...], repeats: int
-             ) -> tuple[dict[int, float], dict[int, float]]:
-    """The client's and the server's I/O CPU seconds per round trip at each size (the median
-    of `repeats` batches), a server process bound at `address`."""
+def _least(address: str, sizes: tuple[int, ...], repeats: int
+           ) -> tuple[dict[int, float], dict[int, float]]:
+    """The client's and the server's I/O CPU seconds per round trip at each size (the least
+    of `repeats` batches), a server process bound at `address`. DESIGN: the least, not the
+    median: in a slow spell on the development machine the median of three batches put 8 MiB
+    at 7.4 ms in one calibration where others, minutes apart, read 1.5-2.9; the least of five
+    read 1.3-1.6 ms in three measurements of the same spell."""
     import zmq
 
     server = subprocess.Popen([sys.executable, "-m", "runtime.launch.io_curve", address],
@@ -137,8 +139,8 @@ def _medians(address: str, sizes: tuple[int, ...], repeats: int
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-    return ({size: statistics.median(c for c, _ in runs) for size, runs in taken.items()},
-            {size: statistics.median(s for _, s in runs) for size, runs in taken.items()})
+    return ({size: min(c for c, _ in runs) for size, runs in taken.items()},
+            {size: min(s for _, s in runs) for size, runs in taken.items()})
 
 
 def _curve(sizes: tuple[int, ...], client: dict[int, float], server: dict[int, float],
@@ -158,8 +160,8 @@ def measure_io_curves(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS
     and over loopback TCP (which costs more from the smallest message on)."""
     with tempfile.TemporaryDirectory(prefix="pslab-io-") as tmp:
         os.chmod(tmp, 0o700)
-        local = _medians(f"ipc://{Path(tmp) / 'io'}", sizes, repeats)
-    tcp = _medians("tcp://127.0.0.1", sizes, repeats)
+        local = _least(f"ipc://{Path(tmp) / 'io'}", sizes, repeats)
+    tcp = _least("tcp://127.0.0.1", sizes, repeats)
     base = (local[0][sizes[0]], local[1][sizes[0]])
     return _curve(sizes, *local, base), _curve(sizes, *tcp, base)
 

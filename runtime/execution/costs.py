@@ -230,7 +230,13 @@ class RuntimeCosts:
     io_by_size: SizeCurve | None = None
     """Where measured (`runtime.launch.io_curve`): what a message costs the I/O thread beyond a
     small one over local sockets, by its size; `io` is then the small one's (its ``per_byte``
-    0)."""
+    0), measured between two processes too. DESIGN: not the run's own I/O time per message
+    beyond the curve, though a job's I/O threads spend 16-40 us a message where two processes'
+    round trips show 7-8: charged on each message's way, that time made two transfer runs'
+    step predictions worse (median 11.7% to 14.4% and 18.9% to 20.2%, small jobs up to 12
+    points slower), and the curve with the small message's own cost put them within a point
+    of the old line (12.5%, 18.4%), the wide jobs closer; the rest seems to fill cores that the
+    simulation keeps busy and the real machine leaves idle (docs/fidelity.md)."""
     io_by_size_tcp: SizeCurve | None = None
     """The same over TCP, beyond the same small message over local sockets (`over_tcp`)."""
 
@@ -790,8 +796,9 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
     does not spend it); `loop_per_message` (`calibrate_loop`): how the residual is split
     (`split_residual`); `io_by_size` and `io_by_size_tcp` (`runtime.launch.io_curve`): what a
     message costs the I/O thread beyond a small one, by its size, over local sockets and over
-    TCP; the run's own I/O time beyond what its transport's curve says (its nodes' records say
-    ``local_sockets``) is per message."""
+    TCP; with them, a message's own cost is `io_per_message` where given (`io_by_size`'s
+    DESIGN), else the run's own I/O time beyond what its transport's curve says (its nodes'
+    records say ``local_sockets``) per message."""
     spans = spans or SpanCost()
     inner = spans.inner
     ops = sum(int(r["ops"]) for r in records.values())
@@ -866,6 +873,8 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
     if by_size is None:
         io = fit_io([n.messages for n in nodes], [n.bytes for n in nodes], io_seconds,
                     io_per_message)
+    elif io_per_message is not None:  # measured with the curve: see `io_by_size`'s DESIGN
+        io = Linear(io_per_message, 0.0)
     else:
         io = fit_io_beyond(by_size, [r["messages"] for _, r in sorted(records.items())],
                            io_seconds)

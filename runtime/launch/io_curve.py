@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +154,20 @@ def _curve(sizes: tuple[int, ...], client: dict[int, float], server: dict[int, f
     return SizeCurve(tuple(sizes), tuple(extra))
 
 
-def measure_io_curves(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS
-                      ) -> tuple[SizeCurve, SizeCurve]:
+@dataclass(frozen=True)
+class IoCurves:
+    """What messages cost an I/O thread, measured between two processes."""
+
+    per_message: float
+    """A message of the smallest size over local sockets, on either side (a send or a
+    receive: a quarter of a round trip's cost to both sides)."""
+    local: SizeCurve
+    """What a message's size adds over local sockets."""
+    tcp: SizeCurve
+    """The same over loopback TCP, beyond the same smallest local message."""
+
+
+def measure_io_curves(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS) -> IoCurves:
     """What a message of each of `sizes` costs an I/O thread beyond one of `sizes[0]` bytes
     over local sockets, mean of a send and a receive (the module doc): over local sockets,
     and over loopback TCP (which costs more from the smallest message on)."""
@@ -163,7 +176,7 @@ def measure_io_curves(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS
         local = _least(f"ipc://{Path(tmp) / 'io'}", sizes, repeats)
     tcp = _least("tcp://127.0.0.1", sizes, repeats)
     base = (local[0][sizes[0]], local[1][sizes[0]])
-    return _curve(sizes, *local, base), _curve(sizes, *tcp, base)
+    return IoCurves(sum(base) / 4, _curve(sizes, *local, base), _curve(sizes, *tcp, base))
 
 
 if __name__ == "__main__":

@@ -48,9 +48,9 @@ from runtime.config.atomic import write_atomic
 from runtime.config.metrics import JobMetrics, read_metrics
 from runtime.config.scenario import ExpectSpec, Scenario
 from runtime.execution.costs import (CurveCosts, KernelTimes, NodeCosts, OpSamples, RuntimeCosts,
-                                     SizeCurve, SpanCost, calibrate_curve_least, calibrate_io,
+                                     SpanCost, calibrate_curve_least, calibrate_io,
                                      calibrate_span, fit_costs, machine)
-from runtime.launch.io_curve import measure_io_curves
+from runtime.launch.io_curve import IoCurves, measure_io_curves
 from runtime.launch.launcher import launch
 from runtime.launch.speed import PROBE_TRIES, SpeedGuard
 from runtime.services.node import MEASURE_VAR, run_async
@@ -131,20 +131,22 @@ class Calibration:
     io_per_message: float
     loop_per_message: float
     curve: CurveCosts
-    io_by_size: tuple[SizeCurve, SizeCurve] | None = None
-    """Over local sockets and over TCP (`measure_io_curves`)."""
+    io_by_size: IoCurves | None = None
+    """A small message's cost and what size adds, over local sockets and over TCP, measured
+    between two processes (`measure_io_curves`)."""
 
     def document(self) -> dict[str, Any]:
         document = {"span": self.spans.document(), "io_per_message": self.io_per_message,
                     "loop_per_message": self.loop_per_message, "curve": self.curve.document()}
         if self.io_by_size is not None:
-            local, tcp = self.io_by_size
-            document.update(io_by_size=local.document(), io_by_size_tcp=tcp.document())
+            document.update(io_by_size=self.io_by_size.local.document(),
+                            io_by_size_tcp=self.io_by_size.tcp.document(),
+                            io_small_message=self.io_by_size.per_message)
         return document
 
 
 @functools.cache
-def io_by_size() -> tuple[SizeCurve, SizeCurve]:
+def io_by_size() -> IoCurves:
     """`measure_io_curves`, once a process: `runtime calibrate` profiles several reference
     jobs, and each of their fits is to use the same curves."""
     return measure_io_curves()
@@ -276,11 +278,12 @@ def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
                            "measured")
     calibration = calibrate()
     by_size = calibration.io_by_size
-    costs, nodes = fit_costs(records, calibration.io_per_message, curve=calibration.curve,
+    costs, nodes = fit_costs(records, by_size.per_message if by_size else
+                             calibration.io_per_message, curve=calibration.curve,
                              spans=calibration.spans,
                              loop_per_message=calibration.loop_per_message,
-                             io_by_size=by_size[0] if by_size else None,
-                             io_by_size_tcp=by_size[1] if by_size else None)
+                             io_by_size=by_size.local if by_size else None,
+                             io_by_size_tcp=by_size.tcp if by_size else None)
     return ProfileRun(times, costs, nodes, metrics, calibration)
 
 

@@ -167,6 +167,9 @@ def test_a_run_fitted_with_the_curve_prices_its_io_by_it() -> None:
     assert costs.io == Linear(pytest.approx(2e-6 / 3), 0.0)  # (16 - 2 - 10 - 2) us / 3
     total = sum(costs.io.seconds(n) + CURVE.extra(n) for n in (1024, 5120, 1024))
     assert total == pytest.approx(16e-6, rel=1e-9)  # the run's I/O time, whole
+    # with a small message's cost measured beside the curve, that is the cost per message
+    costs, _ = fit_costs(run, 3e-6, io_by_size=CURVE, io_by_size_tcp=TCP)
+    assert (costs.io, costs.io_by_size) == (Linear(3e-6, 0.0), CURVE)
 
 
 def test_a_small_message_costs_the_io_thread_some_microseconds() -> None:

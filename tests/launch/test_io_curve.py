@@ -18,8 +18,10 @@ def children() -> set[str]:
 @pytest.mark.timeout(60)
 def test_a_large_message_costs_the_io_thread_more_than_a_small_one() -> None:
     before = children()
-    local, tcp = io_curve.measure_io_curves(sizes=(64, 4096, 2**20), repeats=1)
+    measured = io_curve.measure_io_curves(sizes=(64, 4096, 2**20), repeats=1)
     assert children() == before  # both server processes have ended
+    local, tcp = measured.local, measured.tcp
+    assert 0 < measured.per_message < 1e-3
     for curve in (local, tcp):
         assert curve.sizes == (64, 4096, 2**20)
         assert curve.seconds[0] <= curve.seconds[1] <= curve.seconds[2]

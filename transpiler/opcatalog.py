@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .ir import Op
 
 __all__ = ["OPS", "Cost", "OpDef", "Runs", "State", "Update", "grad_input_slots", "op_def",
-           "optimizer_types", "rpc_op_types", "runs_rpc"]
+           "LOOKUPS", "optimizer_types", "rpc_op_types", "runs_rpc"]
 
 Runs = Literal["kernel", "rpc", "none"]
 """Where an op runs: `kernel` (a kernel in each backend), `rpc` (the async runtime of a trainer
@@ -386,12 +386,13 @@ def rpc_op_types() -> frozenset[str]:
 
 
 _RPC_TYPES = rpc_op_types()
-REMOTE_LOOKUPS = frozenset({"lookup_table", "lookup_table_v2"})
+LOOKUPS = frozenset({"lookup_table", "lookup_table_v2"})
+"""The lookup ops (Paddle's ``fluid.layers.embedding`` and ``fluid.embedding``)."""
 
 
 def runs_rpc(op: Op) -> bool:
     """Whether the async runtime runs `op` (no kernel): an RPC op type, or a lookup that 1.2's
     transpiler pointed at the pservers' blocks of its table (``remote_prefetch`` with
     ``epmap``: its rows are asked for by id, `transpiler.distribute.lookup_table`)."""
-    return op.type in _RPC_TYPES or (op.type in REMOTE_LOOKUPS and bool(op.attrs.get("epmap"))
+    return op.type in _RPC_TYPES or (op.type in LOOKUPS and bool(op.attrs.get("epmap"))
                                      and bool(op.attrs.get("remote_prefetch")))

@@ -69,9 +69,8 @@ import numpy as np
 from transpiler.distribute.contract import PROTOCOLS, BarrierPlan, TrainContract
 from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL
 from transpiler.distribute.startup import INIT_OPS
-from transpiler.distribute.lookup_table import table_sections
+from transpiler.distribute.lookup_table import REMOTE_PREFETCH_SLOTS, table_sections
 from transpiler.ir import Op, Program
-from transpiler.opcatalog import REMOTE_LOOKUPS, runs_rpc
 
 from runtime.execution.compute import Charge, ComputeModel, Tracer, virtual_clock
 from runtime.execution.executor import Executor, check_feed, run_step
@@ -677,12 +676,10 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
         if op.type == "distributed_lookup_table":
             tables[op.input("W")[0]] = list(zip(op.attr("endpoints"), op.attr("table_names"),
                                                 op.attr("height_sections")))
-        elif op.type in REMOTE_LOOKUPS and runs_rpc(op):  # a 1.2 program's remote lookup
-            tables[op.input("W")[0]] = list(zip(op.attr("epmap"), op.attr("table_names"),
-                                                op.attr("height_sections")))
-        elif prefetches_classes(op):
-            tables[op.input("Weight")[0]] = list(zip(op.attr("epmap"), op.attr("table_names"),
-                                                     op.attr("height_sections")))
+        elif op.type in REMOTE_PREFETCH_SLOTS and op.attr("remote_prefetch") and op.attr("epmap"):
+            # an nce's weight, or a 1.2 program's lookup: their table's blocks as ``epmap`` says
+            tables[op.input(REMOTE_PREFETCH_SLOTS[op.type])[0]] = list(zip(
+                op.attr("epmap"), op.attr("table_names"), op.attr("height_sections")))
     return tables
 
 

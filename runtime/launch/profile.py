@@ -123,9 +123,10 @@ class Calibration:
     the run: `spans` (`calibrate_span`), the I/O thread's per small message
     (`calibrate_io`), the event loop's per message received (`calibrate_loop`) and what
     CurveZMQ costs the I/O thread (`calibrate_curve_least`: an encrypted job's profile prices
-    encryption at this machine's figures, as every other runtime cost), and what a message's
-    size adds to its I/O-thread cost (`runtime.launch.io_curve`; where measured, the run's
-    I/O time beyond it is per message and `io_per_message` goes unused)."""
+    encryption at this machine's figures, as every other runtime cost), and a small message's
+    I/O-thread cost and what its size adds, between two processes (`runtime.launch.io_curve`;
+    where measured, the fit prices a message's I/O by them and `io_per_message` goes
+    unused)."""
 
     spans: SpanCost
     io_per_message: float

@@ -363,9 +363,16 @@ def cnn_cases() -> list[Case]:
     cases = [Case("conv2d", conv, outputs=("Output",), wrt=("Input", "Filter"), id=name,
                   attrs={"strides": s, "paddings": p, "dilations": d, "groups": 2})
              for s, p, d, name in [([1, 1], [0, 0], [1, 1], "plain"),
+                                   ([1, 1], [1, 1], [1, 1], "padded"),  # torch pads
                                    ([2, 1], [1, 0, 2, 1], [1, 2], "strided")]]
+    cases.append(Case("conv2d", conv, outputs=("Output",), wrt=("Filter",), id="filter-only",
+                      attrs={"paddings": [1, 1], "groups": 2}))  # a first layer: no Input@GRAD
     for attrs in [{"pooling_type": "max", "ksize": [2, 2], "strides": [2, 2]},
                   {"pooling_type": "max", "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1]},
+                  # padded by -inf before torch pools: uneven, and more than half the window
+                  {"pooling_type": "max", "ksize": [2, 2], "strides": [2, 2],
+                   "paddings": [0, 1, 1, 0]},
+                  {"pooling_type": "max", "ksize": [3, 3], "strides": [2, 2], "paddings": [2, 2]},
                   {"pooling_type": "avg", "ksize": [3, 3], "strides": [2, 1], "paddings": [1, 1]},
                   {"pooling_type": "avg", "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1],
                    "exclusive": False},
@@ -765,6 +772,31 @@ def test_classifier_with_adam_and_lr_schedule_trains_identically(schedule: str) 
                          ids=["sgd", "adam", "momentum"])
 def test_sparse_embedding_sequence_pool_model_trains_identically(make_opt: Callable[[], Any]) -> None:
     assert_trains_identically(bag_of_words(make_opt), text_batch)
+
+
+def convnet() -> Any:
+    """Two conv - batch_norm - relu - 2x2 max pool blocks (8 and 16 channels: the pools run
+    channels-last on a CPU) and an fc: the gradients read the maxima the forward kept, and relu's
+    zeros tie in many windows."""
+    x = T.layers.data("x", shape=[64])
+    label = T.layers.data("label", shape=[1], dtype="int64")
+    h = T.layers.reshape(x, [-1, 1, 8, 8])
+    for channels in (8, 16):
+        h = T.layers.conv2d(h, channels, 3, padding=1, bias_attr=False)
+        h = T.layers.pool2d(T.layers.batch_norm(h, act="relu"), 2, "max", pool_stride=2)
+    loss = T.layers.mean(T.layers.softmax_with_cross_entropy(T.layers.fc(h, size=3), label))
+    T.optimizer.SGD(0.2).minimize(loss)
+    return loss
+
+
+def image_batch(step: int) -> dict[str, Any]:
+    rng = np.random.default_rng(step % 4)
+    x = rng.standard_normal((12, 64)).astype(np.float32)
+    return {"x": x, "label": (x[:, :3].argmax(axis=1)[:, None]).astype(np.int64)}
+
+
+def test_convnet_trains_identically() -> None:
+    assert_trains_identically(convnet, image_batch)
 
 
 @pytest.mark.parametrize("name", sorted(T.optimizer.OPTIMIZERS))

@@ -12,6 +12,8 @@ channels, an fc to 10 classes). Columns are ways to train it with 2 trainers:
 - ``curve``: with ``--set cluster.security=curve``, CurveZMQ over TCP, what a job across hosts
   pays for its encryption (the default on one host before local sockets);
 - ``1x2``: with ``--set cluster.pservers=1``;
+- ``torch``: with ``--set backend.kernels=torch``, the torch kernels on the CPU instead of the
+  default numpy ones (benchmarks/torch_backend.py compares the two in one process);
 - ``ddp``: the same layers written with torch.nn, in 2 processes started by
   torch.multiprocessing, DistributedDataParallel over the gloo backend on 127.0.0.1 (a free
   loopback port as init_method), SGD at the scenario's learning rate, each process its batch of
@@ -140,7 +142,8 @@ class Column:
 COLUMNS = [Column("pslab", ()),
            Column("compact", ("--set", "train.protocol=compact")),
            Column("curve", ("--set", "cluster.security=curve")),
-           Column("1x2", ("--set", "cluster.pservers=1"))]
+           Column("1x2", ("--set", "cluster.pservers=1")),
+           Column("torch", ("--set", "backend.kernels=torch"))]
 DDP = "ddp"
 DDP_TRIES = 3
 """Starts of a DDP run before its failure ends the benchmark."""

@@ -62,7 +62,8 @@ from transpiler.models import build_model  # noqa: E402
 from vs_ddp import Row, torch_model  # noqa: E402
 
 Batch = dict[str, np.ndarray]
-SGD = {"type": "sgd", "learning_rate": 0.01}
+LEARNING_RATE = 0.01
+SGD = {"type": "sgd", "learning_rate": LEARNING_RATE}
 ITSELF = "torch-itself"
 
 
@@ -101,7 +102,7 @@ class TorchItself(Steps):
 
     def __init__(self, row: Row) -> None:
         self.model = torch_model(row)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=SGD["learning_rate"])
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LEARNING_RATE)
 
     def step(self, batch: Batch) -> float:
         x, label = torch.from_numpy(batch["x"]), torch.from_numpy(batch["label"]).reshape(-1)

@@ -133,8 +133,10 @@ class _Maxima:
 
     def keep(self, x: Tensor, win: Window, where: Tensor) -> None:
         key = id(x)
-        self._by_image[key] = (weakref.ref(x, lambda _, k=key: self._by_image.pop(k, None)),
-                               win, where)
+
+        def forget(_: weakref.ref[Tensor]) -> None:
+            self._by_image.pop(key, None)
+        self._by_image[key] = (weakref.ref(x, forget), win, where)
 
     def find(self, x: Tensor, win: Window) -> Tensor | None:
         held = self._by_image.get(id(x))

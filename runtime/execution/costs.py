@@ -65,9 +65,9 @@ from before has no ``step_residual`` or ``round_residual``: none, and it predict
 The rest of the process's CPU time (`time.process_time` less the main thread's) is ZeroMQ's
 I/O thread moving the bytes (and any helper threads of the kernels'): ``io``. Where what a
 message's size adds is measured (``io_by_size``, a `SizeCurve` from
-`runtime.launch.io_curve`), the nodes' I/O time beyond it is per message (`fit_io_beyond`);
-else ``per_message + per_byte * S``: a small message's cost measured apart (`calibrate_io`:
-round trips of small messages on this machine), the rest of the nodes' I/O time per byte. It runs
+`runtime.launch.io_curve`), a message costs a small one's cost, measured between two processes
+with the curve, plus what the curve says its size adds; else (a profile from before the
+curves) ``per_message + per_byte * S`` fitted to the nodes' I/O time (`fit_io`). It runs
 beside the main thread, so the simulator charges it on a processor of its own that shares the host's
 cores: a message leaves after its sender's main thread and then its I/O thread have done their
 part, and is handled after the receiver's I/O thread and then its main thread have.
@@ -107,8 +107,8 @@ from runtime.execution.work import op_work
 __all__ = ["CURVE", "CurveCosts", "KernelTimes", "Linear", "Meter", "NodeCosts", "OpSamples",
            "RECEIVES", "REPLY_KINDS", "Residual", "RuntimeCosts", "SENDS", "Side", "SizeCurve",
            "SpanCost",
-           "calibrate_curve", "calibrate_curve_least", "calibrate_io", "calibrate_span",
-           "fit_costs", "fit_io", "fit_io_beyond",
+           "calibrate_curve", "calibrate_curve_least", "calibrate_span",
+           "fit_costs", "fit_io",
            "fit_linear", "machine", "measuring_seconds", "output_elements", "split_residual"]
 
 Side = Literal["send", "receive"]
@@ -570,7 +570,7 @@ def fit_linear(nbytes: Iterable[int], seconds: Iterable[float], total: float | N
 def fit_io(counts: list[int], nbytes: list[int], seconds: list[float],
            per_message: float | None = None) -> Linear:
     """The I/O thread's ``per_message + per_byte * S`` from each node's messages, bytes and I/O
-    seconds. With `per_message` known (`calibrate_io`), the rest is per byte. Else least
+    seconds. With `per_message` known, the rest is per byte. Else least
     squares over the nodes, both >= 0, or per message alone where the nodes' bytes per
     message do not differ enough to tell the two apart."""
     total, messages = sum(seconds), sum(counts)
@@ -589,38 +589,6 @@ def fit_io(counts: list[int], nbytes: list[int], seconds: list[float],
         if per_message < 0 < per_byte:
             return Linear(0.0, total / max(sum(nbytes), 1))
     return Linear(total / messages, 0.0)
-
-
-def calibrate_io(messages: int = 2000) -> float:
-    """Seconds of ZeroMQ I/O-thread CPU a small message costs on one side: `messages` round
-    trips between a DEALER and a ROUTER of one context over loopback TCP, the process's CPU
-    time less this thread's, over the four passes each round trip makes through the I/O
-    thread. What a message costs beyond that grows with its bytes (`fit_io`)."""
-    import zmq  # here: the model itself needs no ZeroMQ
-
-    context = zmq.Context(io_threads=1)
-    router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
-    try:
-        for socket in (router, dealer):
-            socket.setsockopt(zmq.LINGER, 0)
-        port = router.bind_to_random_port("tcp://127.0.0.1")
-        dealer.connect(f"tcp://127.0.0.1:{port}")
-        payload = [b"h" * 64]
-        for _ in range(50):  # connect and warm up
-            dealer.send_multipart(payload)
-            router.send_multipart(router.recv_multipart())
-            dealer.recv_multipart()
-        process, thread = time.process_time(), time.thread_time()
-        for _ in range(messages):
-            dealer.send_multipart(payload)
-            router.send_multipart(router.recv_multipart())
-            dealer.recv_multipart()
-        other = (time.process_time() - process) - (time.thread_time() - thread)
-    finally:
-        router.close()
-        dealer.close()
-        context.term()
-    return max(other, 0.0) / (4 * messages)
 
 
 def calibrate_curve_least(processes: int = 3) -> CurveCosts:
@@ -788,7 +756,7 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
               io_by_size: SizeCurve | None = None,
               io_by_size_tcp: SizeCurve | None = None) -> tuple[RuntimeCosts, list[NodeCosts]]:
     """The `RuntimeCosts` of a run from every node's `Meter.record` (node name -> record);
-    `io_per_message`: a small message's I/O-thread cost where measured (`calibrate_io`). A run
+    `io_per_message`: a small message's I/O-thread cost where measured. A run
     gets `curve` as its `RuntimeCosts.curve`; one whose nodes say they were ``encrypted`` has
     the I/O thread's figures fitted to its time less that (each node's bytes, and a
     handshake with each node of the other role). `spans` (`calibrate_span`): what measuring
@@ -796,9 +764,8 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
     does not spend it); `loop_per_message` (`calibrate_loop`): how the residual is split
     (`split_residual`); `io_by_size` and `io_by_size_tcp` (`runtime.launch.io_curve`): what a
     message costs the I/O thread beyond a small one, by its size, over local sockets and over
-    TCP; with them, a message's own cost is `io_per_message` where given (`io_by_size`'s
-    DESIGN), else the run's own I/O time beyond what its transport's curve says (its nodes'
-    records say ``local_sockets``) per message."""
+    TCP, measured with `io_per_message` (which they need; `io_by_size`'s DESIGN says why the
+    run's own I/O time does not set it)."""
     spans = spans or SpanCost()
     inner = spans.inner
     ops = sum(int(r["ops"]) for r in records.values())
@@ -868,31 +835,17 @@ def fit_costs(records: Mapping[str, Mapping[str, Any]],
                                                         + curve.handshake * peers[n.role]
                                                         if encrypted else 0.0), 0.0)
                   for n in nodes]
-    local = all(r.get("local_sockets", False) for r in records.values())
-    by_size = io_by_size if local or io_by_size_tcp is None else io_by_size_tcp
-    if by_size is None:
+    if io_by_size is None:
         io = fit_io([n.messages for n in nodes], [n.bytes for n in nodes], io_seconds,
                     io_per_message)
-    elif io_per_message is not None:  # measured with the curve: see `io_by_size`'s DESIGN
-        io = Linear(io_per_message, 0.0)
+    elif io_per_message is None:
+        raise ValueError("fit_costs: io_by_size prices what a message's size adds to a small "
+                         "message's cost, so it needs io_per_message, measured with it")
     else:
-        io = fit_io_beyond(by_size, [r["messages"] for _, r in sorted(records.items())],
-                           io_seconds)
+        io = Linear(io_per_message, 0.0)
     costs = RuntimeCosts(messages, default, op_overhead, step_overhead, round_overhead, io,
                          machine(), curve,
                          per_period["trainer"] / steps if steps else 0.0,
                          per_period["pserver"] / rounds if rounds else 0.0,
                          io_by_size=io_by_size, io_by_size_tcp=io_by_size_tcp)
     return costs, nodes
-
-
-def fit_io_beyond(io_by_size: SizeCurve, messages: list[list[Mapping[str, Any]]],
-                  seconds: list[float]) -> Linear:
-    """The I/O thread's cost per message besides what `io_by_size` says each message's size
-    adds: the nodes' I/O `seconds` less that, over their messages (each node's list of
-    `Meter` message records)."""
-    count = sum(len(m["bytes"]) for node in messages for m in node)
-    if not count:
-        return Linear()
-    sized = sum(io_by_size.extra(int(b)) for node in messages for m in node for b in m["bytes"])
-    return Linear(max(sum(seconds) - sized, 0.0) / count, 0.0)

@@ -16,10 +16,12 @@ side more from the smallest message on (19-22 us a round trip against 14-16 here
 times as much at 2 MiB), and a job over TCP (CurveZMQ, ``--insecure``, nodes on several
 hosts) is priced by it (`RuntimeCosts.over_tcp`).
 
-DESIGN: two processes, as a job has, rather than `calibrate_io`'s one context: there both
-sockets share one I/O thread, which handles a round trip's four passes in fewer wake-ups. The
-curve is what size adds; the cost of a message as such comes from the reference job's own I/O
-time (`runtime.execution.costs.fit_io_beyond`), which has a job's wake-ups and batching.
+DESIGN: two processes, as a job has, rather than one ZeroMQ context, where both sockets share
+one I/O thread, which handles a round trip's four passes in fewer wake-ups. A message as such
+costs what the smallest round trip says (`IoCurves.per_message`), not what a job's I/O time
+beyond the curve says: a job's I/O threads spend 16-40 us a message, against 7-8 here, and
+charged on each message's way that excess slowed the predictions of small jobs by up to 12
+points (`runtime.execution.costs.RuntimeCosts.io_by_size`'s DESIGN).
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ from runtime.config.atomic import write_atomic
 from runtime.config.metrics import JobMetrics, read_metrics
 from runtime.config.scenario import ExpectSpec, Scenario
 from runtime.execution.costs import (CurveCosts, KernelTimes, NodeCosts, OpSamples, RuntimeCosts,
-                                     SpanCost, calibrate_curve_least, calibrate_io,
-                                     calibrate_span, fit_costs, machine)
+                                     SpanCost, calibrate_curve_least, calibrate_span, fit_costs,
+                                     machine)
 from runtime.launch.io_curve import IoCurves, measure_io_curves
 from runtime.launch.launcher import launch
 from runtime.launch.speed import PROBE_TRIES, SpeedGuard
@@ -120,30 +120,22 @@ def check_profilable(scenario: Scenario, source: str) -> None:
 @dataclass(frozen=True)
 class Calibration:
     """What measuring and the runtime's untimed work cost on this machine, measured apart from
-    the run: `spans` (`calibrate_span`), the I/O thread's per small message
-    (`calibrate_io`), the event loop's per message received (`calibrate_loop`) and what
-    CurveZMQ costs the I/O thread (`calibrate_curve_least`: an encrypted job's profile prices
-    encryption at this machine's figures, as every other runtime cost), and a small message's
-    I/O-thread cost and what its size adds, between two processes (`runtime.launch.io_curve`;
-    where measured, the fit prices a message's I/O by them and `io_per_message` goes
-    unused)."""
+    the run: `spans` (`calibrate_span`), the event loop's per message received
+    (`calibrate_loop`), what CurveZMQ costs the I/O thread (`calibrate_curve_least`: an
+    encrypted job's profile prices encryption at this machine's figures, as every other runtime
+    cost), and the I/O thread's cost of a small message and what a message's size adds to it,
+    between two processes over local sockets and over TCP (`runtime.launch.io_curve`)."""
 
     spans: SpanCost
-    io_per_message: float
     loop_per_message: float
     curve: CurveCosts
-    io_by_size: IoCurves | None = None
-    """A small message's cost and what size adds, over local sockets and over TCP, measured
-    between two processes (`measure_io_curves`)."""
+    io_by_size: IoCurves
 
     def document(self) -> dict[str, Any]:
-        document = {"span": self.spans.document(), "io_per_message": self.io_per_message,
-                    "loop_per_message": self.loop_per_message, "curve": self.curve.document()}
-        if self.io_by_size is not None:
-            document.update(io_by_size=self.io_by_size.local.document(),
-                            io_by_size_tcp=self.io_by_size.tcp.document(),
-                            io_small_message=self.io_by_size.per_message)
-        return document
+        return {"span": self.spans.document(), "io_per_message": self.io_by_size.per_message,
+                "loop_per_message": self.loop_per_message, "curve": self.curve.document(),
+                "io_by_size": self.io_by_size.local.document(),
+                "io_by_size_tcp": self.io_by_size.tcp.document()}
 
 
 @functools.cache
@@ -154,8 +146,7 @@ def io_by_size() -> IoCurves:
 
 
 def calibrate() -> Calibration:
-    return Calibration(calibrate_span(), calibrate_io(), calibrate_loop(),
-                       calibrate_curve_least(), io_by_size())
+    return Calibration(calibrate_span(), calibrate_loop(), calibrate_curve_least(), io_by_size())
 
 
 def calibrate_loop(messages: int = 400, batches: int = 5) -> float:
@@ -279,12 +270,10 @@ def measure(scenario_path: Path, overrides: list[str], scenario: Scenario, out: 
                            "measured")
     calibration = calibrate()
     by_size = calibration.io_by_size
-    costs, nodes = fit_costs(records, by_size.per_message if by_size else
-                             calibration.io_per_message, curve=calibration.curve,
+    costs, nodes = fit_costs(records, by_size.per_message, curve=calibration.curve,
                              spans=calibration.spans,
                              loop_per_message=calibration.loop_per_message,
-                             io_by_size=by_size.local if by_size else None,
-                             io_by_size_tcp=by_size.tcp if by_size else None)
+                             io_by_size=by_size.local, io_by_size_tcp=by_size.tcp)
     return ProfileRun(times, costs, nodes, metrics, calibration)
 
 

@@ -436,17 +436,14 @@ def measuring() -> bool:
 
 
 def write_costs(out: Path | None, stem: str, meter: Meter, times: KernelTimes,
-                encrypted: bool = False, local_sockets: bool = False) -> None:
+                encrypted: bool = False) -> None:
     """The node's measurements, for `runtime profile`: OUT/nodes/<stem>.costs.json;
-    `encrypted`: it talked CurveZMQ, whose cost `fit_costs` takes out of its I/O thread's;
-    `local_sockets`: it talked over Unix sockets (``--ipc``), not TCP, whose I/O costs
-    differ (`runtime.launch.io_curve`)."""
+    `encrypted`: it talked CurveZMQ, whose cost `fit_costs` takes out of its I/O thread's."""
     if out is None:
         return
     seconds = sum(sum(s.seconds) for s in times.samples.values())
     record = meter.record(seconds, times.calls, times.bookkeeping)
     record["encrypted"] = encrypted
-    record["local_sockets"] = local_sockets
     record["kernels"] = {op: s.document() for op, s in times.samples.items()}
     path = out / "nodes" / f"{stem}.costs.json"
     write_atomic(path, json.dumps(record))
@@ -495,8 +492,7 @@ async def serve_pserver(job: Job, index: int, out: Path | None,
         service.stats.unauthenticated += transport.unauthenticated
         await transport.close()
     if service.meter is not None:
-        write_costs(out, node_file_stem("pserver", index), service.meter, times, keys is not None,
-                    options.ipc is not None)
+        write_costs(out, node_file_stem("pserver", index), service.meter, times, keys is not None)
     record = PserverMetrics.from_stats(index, endpoint, stats)
     log.info("%s: %s after %d steps, %d messages, %d errors, %d refused for their sender, "
              "%d connections refused", service.name, stopped or "done", stats.steps,
@@ -568,8 +564,7 @@ async def run_trainer(job: Job, index: int, out: Path | None,
         if reporter is not None:
             reporter.close()
     if client.meter is not None:
-        write_costs(out, node_file_stem("trainer", index), client.meter, times, keys is not None,
-                    options.ipc is not None)
+        write_costs(out, node_file_stem("trainer", index), client.meter, times, keys is not None)
     record = TrainerMetrics.from_steps(index, report.losses, report.step_times,
                                        report.first_step, report.redone, report.resends)
     if out is not None:

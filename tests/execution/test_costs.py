@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from runtime.execution.costs import (KernelTimes, Linear, Meter, Residual, RuntimeCosts,
-                                     SizeCurve, SpanCost, calibrate_io, calibrate_span, fit_costs,
-                                     fit_io, fit_io_beyond, fit_linear, measuring_seconds,
+                                     SizeCurve, SpanCost, calibrate_span, fit_costs,
+                                     fit_io, fit_linear, measuring_seconds,
                                      split_residual)
 from runtime.execution.scope import Scope
 from runtime.execution.work import op_work
@@ -142,38 +142,17 @@ def test_a_messages_io_cost_is_its_per_message_cost_and_what_its_size_adds() -> 
     assert RuntimeCosts(io_by_size=CURVE).over_tcp().io_by_size == CURVE  # none measured
 
 
-def test_with_the_curve_measured_the_io_time_beyond_it_is_per_message() -> None:
-    """Two nodes, 3 messages of 1 KiB and 1 of 5 KiB, 20 us of I/O thread: the curve accounts
-    for 3 x 2 + 10 = 16 us, and the other 4 are 1 us per message."""
-    nodes = [[messages("send", "send", [1024, 1024, 5120], [0.0] * 3)],
-             [messages("receive", "send", [1024], [0.0])]]
-    assert fit_io_beyond(CURVE, nodes, [15e-6, 5e-6]) == Linear(pytest.approx(1e-6), 0.0)
-    assert fit_io_beyond(CURVE, nodes, [1e-6, 0.0]) == Linear(0.0, 0.0)  # never below nothing
-    assert fit_io_beyond(CURVE, [[]], [1.0]) == Linear()
-
-
 def test_a_run_fitted_with_the_curve_prices_its_io_by_it() -> None:
+    """A small message's cost measured beside the curve is the cost per message, whatever the
+    run's own I/O time (`RuntimeCosts.io_by_size`'s DESIGN); without it the curve is refused."""
     run = {"trainer:0": record("trainer", main=0.01, cpu=0.01 + 16e-6,
                                messages=[messages("send", "send", [1024, 5120], [1e-5, 1e-5]),
                                          messages("receive", "reply", [1024], [1e-5])],
                                steps=1)}
-    costs, _ = fit_costs(run, io_by_size=CURVE, io_by_size_tcp=TCP)
-    assert (costs.io_by_size, costs.io_by_size_tcp) == (CURVE, TCP)
-    # a run over TCP (its records do not say local_sockets) is fitted beyond the TCP curve,
-    # which says 7 + 24.1 + 7 us of its 16: nothing is left per message
-    assert costs.io == Linear(0.0, 0.0)
-    run["trainer:0"]["local_sockets"] = True
-    costs, _ = fit_costs(run, io_by_size=CURVE, io_by_size_tcp=TCP)
-    assert costs.io == Linear(pytest.approx(2e-6 / 3), 0.0)  # (16 - 2 - 10 - 2) us / 3
-    total = sum(costs.io.seconds(n) + CURVE.extra(n) for n in (1024, 5120, 1024))
-    assert total == pytest.approx(16e-6, rel=1e-9)  # the run's I/O time, whole
-    # with a small message's cost measured beside the curve, that is the cost per message
     costs, _ = fit_costs(run, 3e-6, io_by_size=CURVE, io_by_size_tcp=TCP)
-    assert (costs.io, costs.io_by_size) == (Linear(3e-6, 0.0), CURVE)
-
-
-def test_a_small_message_costs_the_io_thread_some_microseconds() -> None:
-    assert 0 < calibrate_io(200) < 1e-3
+    assert (costs.io, costs.io_by_size, costs.io_by_size_tcp) == (Linear(3e-6, 0.0), CURVE, TCP)
+    with pytest.raises(ValueError, match="needs io_per_message"):
+        fit_costs(run, io_by_size=CURVE, io_by_size_tcp=TCP)
 
 
 def test_what_measuring_itself_costs_is_not_charged_as_the_runtimes() -> None:

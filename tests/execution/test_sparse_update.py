@@ -160,3 +160,36 @@ def test_torch_a_shared_param_is_copied_not_written(op_type: str, lazy: bool) ->
         np.testing.assert_array_equal(held if isinstance(held, np.ndarray) else held.numpy(), kept)
         assert not np.array_equal(scope.get("p")[TOUCHED], kept[TOUCHED])
         del held
+
+
+def test_torch_dense_sgd_writes_the_scopes_tensor_in_place_with_the_same_numbers() -> None:
+    """The first step's output is a new tensor (the param's memory is a numpy array's); from the
+    second on that tensor is written, and every step equals the fused out-of-place update."""
+    torch = pytest.importorskip("torch")
+    grad = np.random.default_rng(2).standard_normal((8, 2)).astype("float32")
+    scope = _scope("sgd", grad)
+    want = torch.from_numpy(scope.get("p").copy())
+    for step in range(3):
+        _run_torch(_op("sgd"), scope)
+        want = torch.add(want, torch.from_numpy(grad), alpha=-float(np.float32(0.1)))
+        np.testing.assert_array_equal(scope.get("p"), want.numpy())
+        if step == 0:
+            first = weakref.ref(scope.raw("p"))
+            pointer = scope.raw("p").data_ptr()
+    assert scope.raw("p") is first() and scope.raw("p").data_ptr() == pointer
+
+
+def test_torch_dense_sgd_leaves_a_held_param_unwritten() -> None:
+    """A numpy view of the scope's tensor (a reply being sent) or the tensor itself held
+    elsewhere keeps its values: the step goes into a new tensor."""
+    pytest.importorskip("torch")
+    grad = np.ones((8, 2), "float32")
+    scope = _scope("sgd", grad)
+    _run_torch(_op("sgd"), scope)
+    for holder in (lambda: scope.get("p"), lambda: scope.raw("p")):
+        kept = scope.get("p").copy()
+        held = holder()
+        _run_torch(_op("sgd"), scope)
+        np.testing.assert_array_equal(held if isinstance(held, np.ndarray) else held.numpy(), kept)
+        np.testing.assert_allclose(scope.get("p"), kept - np.float32(0.1), rtol=1e-6)
+        del held

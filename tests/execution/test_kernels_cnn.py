@@ -119,6 +119,31 @@ def test_pool2d_gradients_check(attrs: dict, backend: str) -> None:
     check_grad("pool2d", {"X": distinct(2, 2, 5, 5)}, ["X"], attrs, backend=backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_pool_gives_a_tied_or_nan_window_gradient_to_its_first_maximum(backend: str) -> None:
+    """Row-major first, as argmax picks: a window of zeros (relu's), tied maxima, a NaN (the
+    maximum, as in max); overlapping 3x3 windows each give their own."""
+    x = np.array([[[[0.0, 0.0, 1.0, 2.0],
+                    [0.0, 0.0, 2.0, 0.5],
+                    [3.0, np.nan, 4.0, 4.0],
+                    [1.0, 3.0, 4.0, 4.0]]]])
+    g = np.array([[[[1.0, 2.0], [3.0, 4.0]]]])
+    attrs = {"pooling_type": "max", "ksize": [2, 2], "strides": [2, 2]}
+    out = run_op("pool2d", {"X": x}, attrs=attrs, backend=backend)["Out"]
+    np.testing.assert_array_equal(out, [[[[0.0, 2.0], [np.nan, 4.0]]]])
+    dx = run_op("pool2d_grad", {"X": x, "Out": out, "Out@GRAD": g}, {"X@GRAD": 1}, attrs,
+                backend=backend)["X@GRAD"]
+    want = np.zeros_like(x)
+    want[0, 0, 0, 0], want[0, 0, 0, 3], want[0, 0, 2, 1], want[0, 0, 2, 2] = 1, 2, 3, 4
+    np.testing.assert_array_equal(dx, want)
+    x = np.zeros((1, 1, 3, 3))  # one 3x3 window of zeros, padded by 1, stride 2: 4 windows
+    attrs = {"pooling_type": "max", "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1]}
+    out = run_op("pool2d", {"X": x}, attrs=attrs, backend=backend)["Out"]
+    dx = run_op("pool2d_grad", {"X": x, "Out": out, "Out@GRAD": np.ones((1, 1, 2, 2))},
+                {"X@GRAD": 1}, attrs, backend=backend)["X@GRAD"]
+    np.testing.assert_array_equal(dx, [[[[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]])
+
+
 # -- batch_norm ---------------------------------------------------------------------------------
 BN_OUTS = ("Y", "MeanOut", "VarianceOut", "SavedMean", "SavedVariance")
 

@@ -5,7 +5,9 @@ DESIGN: the convolution is im2col without copies: `sliding_window_view` of the p
 strided by the op's strides and dilations, is a view [N, C, OH, OW, KH, KW] that one `einsum`
 contracts with the filter (per group). The gradients go back through the same view: the filter's
 is one `einsum`, the input's scatters the columns' gradient back with one strided add per kernel
-position (KH x KW slices, never a loop over pixels). Pooling uses the same windows.
+position (KH x KW slices, never a loop over pixels). Average pooling uses the same windows;
+max pooling takes the same KH x KW slices one elementwise `maximum` at a time (`_max_pool`),
+and its gradient finds each window's first maximum slice by slice.
 """
 
 from __future__ import annotations
@@ -43,12 +45,18 @@ def _fold(cols: Array, x_shape: tuple[int, ...], win: Window) -> Array:
     t, b, l, r = win.pads
     n, c, h, w = x_shape
     dxp = np.zeros((n, c, h + t + b, w + l + r), dtype=cols.dtype)
-    (th, tw), (dh, dw), (oh, ow) = win.strides, win.dilations, win.out
-    for i in range(win.kernel[0]):
-        for j in range(win.kernel[1]):
-            dxp[:, :, i * dh: i * dh + th * (oh - 1) + 1: th,
-                j * dw: j * dw + tw * (ow - 1) + 1: tw] += cols[..., i, j]
+    for k, tap in enumerate(_taps(win)):
+        dxp[tap] += cols[..., k // win.kernel[1], k % win.kernel[1]]
     return dxp[:, :, t: t + h, l: l + w]
+
+
+def _taps(win: Window) -> list[tuple[slice, ...]]:
+    """Per kernel position (row-major), the padded image's elements it reads, one per window:
+    an index giving a strided view [N, C, OH, OW]."""
+    (th, tw), (dh, dw), (oh, ow) = win.strides, win.dilations, win.out
+    return [(slice(None), slice(None), slice(i * dh, i * dh + th * (oh - 1) + 1, th),
+             slice(j * dw, j * dw + tw * (ow - 1) + 1, tw))
+            for i in range(win.kernel[0]) for j in range(win.kernel[1])]
 
 
 # -- conv2d -------------------------------------------------------------------------------------
@@ -88,6 +96,32 @@ def conv2d_grad(ctx: KernelContext) -> None:
 
 
 # -- pool2d -------------------------------------------------------------------------------------
+def _max_pool(xp: Array, win: Window) -> Array:
+    """Each window's maximum, one elementwise `maximum` per kernel position (a NaN wins, as in
+    `max`). DESIGN: `max` over the windows' last two axes reduced a few elements at a time: 20
+    times as long on a [32, 8, 16, 16] image with 2x2 windows (1.7 ms against 88 us)."""
+    taps = _taps(win)
+    out = xp[taps[0]].copy()
+    for tap in taps[1:]:
+        np.maximum(out, xp[tap], out=out)
+    return out
+
+
+def _max_pool_grad(xp: Array, out: Array, g: Array, x_shape: tuple[int, ...],
+                   win: Window) -> Array:
+    """Each window's gradient to its first largest element (row-major, as `argmax` picks it),
+    added back to the input position it was read from (as `_fold` adds, position by
+    position)."""
+    t, _, l, _ = win.pads
+    dxp = np.zeros(xp.shape, dtype=np.result_type(xp, g))
+    free = np.ones(out.shape, dtype=bool)  # windows whose maximum no earlier position held
+    for tap in _taps(win):
+        hit = (xp[tap] == out) & free
+        dxp[tap] += np.where(hit, g, 0)
+        free &= ~hit
+    return dxp[:, :, t: t + x_shape[2], l: l + x_shape[3]].astype(xp.dtype, copy=False)
+
+
 def _avg_divisor(ctx: KernelContext, x: Array, win: Window) -> Array | float:
     """Per output position, the elements averaged: the window's real (unpadded) elements with
     ``exclusive`` (Paddle's default), the whole window otherwise."""
@@ -102,7 +136,7 @@ def pool2d(ctx: KernelContext) -> None:
     x = ctx.input("X")
     win = pool_window(ctx, x.shape)
     if pool_kind(ctx) == "max":
-        out = _patches(_pad(x, win, -np.inf), win).max(axis=(-2, -1))
+        out = _max_pool(_pad(x, win, -np.inf), win)
     else:
         out = _patches(_pad(x, win), win).sum(axis=(-2, -1)) / _avg_divisor(ctx, x, win)
     ctx.set_output("Out", out.astype(x.dtype, copy=False))
@@ -116,7 +150,12 @@ def pool2d_grad(ctx: KernelContext) -> None:
     g = out_grad(ctx, ctx.input("Out"))
     kh, kw = win.kernel
     if pool_kind(ctx) == "max":
-        windows = _patches(_pad(x, win, -np.inf), win)
+        xp = _pad(x, win, -np.inf)
+        out = _max_pool(xp, win)
+        if not np.isnan(out).any():
+            ctx.set_output("X@GRAD", _max_pool_grad(xp, out, g, x.shape, win))
+            return
+        windows = _patches(xp, win)  # a NaN is its window's maximum: argmax finds the first
         picked = windows.reshape(windows.shape[:4] + (kh * kw,)).argmax(axis=-1)
         cols = (picked[..., None] == np.arange(kh * kw)) * g[..., None]
         cols = cols.reshape(g.shape + (kh, kw))

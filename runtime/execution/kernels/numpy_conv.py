@@ -115,10 +115,16 @@ def _max_pool_grad(xp: Array, out: Array, g: Array, x_shape: tuple[int, ...],
     t, _, l, _ = win.pads
     dxp = np.zeros(xp.shape, dtype=np.result_type(xp, g))
     free = np.ones(out.shape, dtype=bool)  # windows whose maximum no earlier position held
+    hit = np.empty(out.shape, dtype=bool)
+    apart = all(s >= k for s, k in zip(win.strides, win.span))  # no element in two windows
     for tap in _taps(win):
-        hit = (xp[tap] == out) & free
-        dxp[tap] += np.where(hit, g, 0)
-        free &= ~hit
+        np.equal(xp[tap], out, out=hit)
+        hit &= free
+        if apart:
+            np.multiply(g, hit, out=dxp[tap])
+        else:
+            dxp[tap] += g * hit
+        free ^= hit
     return dxp[:, :, t: t + x_shape[2], l: l + x_shape[3]].astype(xp.dtype, copy=False)
 
 

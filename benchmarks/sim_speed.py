@@ -41,6 +41,7 @@ Run: python benchmarks/sim_speed.py [--trainers 100 --pservers 10 --steps 10 --m
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import resource
@@ -316,10 +317,7 @@ def compare_with_simpy(work: Workload, repeat: int) -> None:
     scenario = load_scenario(SCALE, work.overrides())
     print(f"{work.mode} parameter-server job, {work.trainers} trainers x {work.pservers} "
           f"pservers x {work.steps} steps (scale scenario, timing mode), {repeat} runs:")
-    try:
-        import simpy  # noqa: F401  (the baseline's only dependency)
-    except ImportError:
-        simpy = None
+    has_simpy = importlib.util.find_spec("simpy") is not None  # the baseline's only dependency
     spec = NetworkSpec.parse(scenario.network)
     block = Phantom((FIRST_WEIGHT // work.pservers,), np.dtype("float32"))
     ours_walls, their_walls, ratios, cpu_ratios = [], [], [], []
@@ -328,7 +326,7 @@ def compare_with_simpy(work: Workload, repeat: int) -> None:
         ours_walls.append(ours.wall)
         print(f"  runtime in sim: {ours.messages:,} messages, sim time {ours.sim_time:.4f} s, "
               f"wall {ours.wall:.2f} s (CPU {ours.cpu:.2f} s), {ours.rate:,.0f} messages/s")
-        if simpy is None:
+        if not has_simpy:
             continue
         step_compute, update = compute_times(result, work)
         theirs = run_simpy(work, spec, scenario.seed, Sizes.of(block, work.mode == "sync"),
@@ -340,7 +338,7 @@ def compare_with_simpy(work: Workload, repeat: int) -> None:
               f" wall {theirs.wall:.2f} s (CPU {theirs.cpu:.2f} s); ratio SimPy / simulator: "
               f"wall {ratios[-1]:.3f}, CPU {cpu_ratios[-1]:.3f}")
     print(f"  simulator wall s: {_spread(ours_walls)}")
-    if simpy is None:
+    if not has_simpy:
         print("  SimPy not installed: no baseline (pip install 'pslab[bench]')")
         return
     print(f"  SimPy wall s:     {_spread(their_walls)}")

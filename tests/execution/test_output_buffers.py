@@ -4,6 +4,7 @@ it: the numbers are those of a fresh array, and any holder of the old array keep
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,3 +103,82 @@ def test_scale_with_a_bias_in_place_equals_the_formula(after: bool) -> None:
     expected = x * np.float32(3.0) + np.float32(0.25) if after else \
         (x + np.float32(0.25)) * np.float32(3.0)
     np.testing.assert_array_equal(scope.get("g"), expected)
+
+
+# -- the torch kernels (runtime/execution/kernels/torch_buffers.py) ------------------------------
+def _run_torch(op: Op, scope: Scope) -> None:
+    pytest.importorskip("torch")
+    from runtime.execution.executor import device_binder
+    from runtime.execution.kernels import KernelContext, get_kernel
+    device_binder("torch", "cpu")(get_kernel(op.type, "torch"))(KernelContext(op, scope, "", None))
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value if isinstance(value, np.ndarray) else value.numpy()
+
+
+def _expected(op: Op, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.concatenate([a, b]) if op.type == "concat" else a + b
+
+
+@pytest.mark.parametrize("op", [CONCAT, SUM], ids=["concat", "sum"])
+def test_torch_a_second_run_writes_into_the_tensor_of_the_first(op: Op) -> None:
+    """The first run's output is a tensor torch allocated: the next run computes into it."""
+    scope = _concat_scope()
+    _run_torch(op, scope)
+    out = op.outputs["Out"][0]
+    first, pointer = weakref.ref(scope.raw(out)), scope.raw(out).data_ptr()
+    scope.put("a", _array(3))
+    _run_torch(op, scope)
+    assert scope.raw(out) is first() and scope.raw(out).data_ptr() == pointer
+    np.testing.assert_array_equal(scope.get(out), _expected(op, _array(3), _array(2)))
+
+
+@pytest.mark.parametrize("op", [CONCAT, SUM], ids=["concat", "sum"])
+def test_torch_an_output_someone_holds_or_views_is_left_as_it_was(op: Op) -> None:
+    """Held as the scope's tensor, as the numpy view `Scope.get` hands the wire, or through a
+    view of part of it (a split by reference)."""
+    out = op.outputs["Out"][0]
+    for hold in (lambda s: s.raw(out), lambda s: s.get(out), lambda s: s.raw(out)[:4]):
+        scope = _concat_scope()
+        _run_torch(op, scope)
+        held = hold(scope)
+        seen = _numpy(held).copy()
+        scope.put("a", _array(3))
+        _run_torch(op, scope)
+        np.testing.assert_array_equal(_numpy(held), seen)
+        np.testing.assert_array_equal(scope.get(out), _expected(op, _array(3), _array(2)))
+        del held
+
+
+def test_torch_a_pservers_scale_of_its_own_sum_runs_in_place_with_the_same_numbers() -> None:
+    """The sum's tensor is torch's own: the scale writes it; a numpy-made value (fed, decoded
+    from a message) is scaled into a new tensor and left as it was."""
+    torch = pytest.importorskip("torch")
+    scope = _concat_scope()
+    _run_torch(Op("sum", {"X": ["a", "b"]}, {"Out": ["g"]}, {}), scope)
+    before = weakref.ref(scope.raw("g"))
+    _run_torch(SCALE, scope)
+    assert scope.raw("g") is before()
+    want = (torch.from_numpy(_array(1)) + torch.from_numpy(_array(2))) * 0.5
+    np.testing.assert_array_equal(scope.get("g"), want.numpy())
+    borrowed = _array(4)
+    scope.put("g", borrowed)
+    _run_torch(SCALE, scope)
+    np.testing.assert_array_equal(borrowed, _array(4))
+    np.testing.assert_array_equal(scope.get("g"), _array(4) * np.float32(0.5))
+
+
+@pytest.mark.parametrize("after", [True, False])
+def test_torch_scale_with_a_bias_in_place_equals_the_formula(after: bool) -> None:
+    torch = pytest.importorskip("torch")
+    op = Op("scale", {"X": ["g"]}, {"Out": ["g"]},
+            {"scale": 3.0, "bias": 0.25, "bias_after_scale": after})
+    scope = _concat_scope()
+    _run_torch(Op("sum", {"X": ["a", "b"]}, {"Out": ["g"]}, {}), scope)
+    x = torch.from_numpy(_array(1)) + torch.from_numpy(_array(2))
+    before = weakref.ref(scope.raw("g"))
+    _run_torch(op, scope)
+    assert scope.raw("g") is before()
+    expected = x * 3.0 + 0.25 if after else (x + 0.25) * 3.0
+    np.testing.assert_array_equal(scope.get("g"), expected.numpy())

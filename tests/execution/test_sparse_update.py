@@ -11,6 +11,7 @@ import pytest
 from gradcheck import run_in_scope
 
 from runtime import Scope, SelectedRows
+from runtime.execution.kernels.buffers import MIN_BYTES
 from transpiler.ir import Op
 
 ROWS = SelectedRows([5, 1, 5], np.array([[1.0, -2.0], [0.5, 0.5], [0.25, 1.0]], "float32"), 8)
@@ -162,12 +163,16 @@ def test_torch_a_shared_param_is_copied_not_written(op_type: str, lazy: bool) ->
         del held
 
 
+LARGE = MIN_BYTES // 8 + 1
+"""Rows of a [LARGE, 2] float32 parameter: just over the size written in place."""
+
+
 def test_torch_dense_sgd_writes_the_scopes_tensor_in_place_with_the_same_numbers() -> None:
     """The first step's output is a new tensor (the param's memory is a numpy array's); from the
     second on that tensor is written, and every step equals the fused out-of-place update."""
     torch = pytest.importorskip("torch")
-    grad = np.random.default_rng(2).standard_normal((8, 2)).astype("float32")
-    scope = _scope("sgd", grad)
+    grad = np.random.default_rng(2).standard_normal((LARGE, 2)).astype("float32")
+    scope = _scope("sgd", grad, LARGE)
     want = torch.from_numpy(scope.get("p").copy())
     for step in range(3):
         _run_torch(_op("sgd"), scope)
@@ -183,8 +188,8 @@ def test_torch_dense_sgd_leaves_a_held_param_unwritten() -> None:
     """A numpy view of the scope's tensor (a reply being sent) or the tensor itself held
     elsewhere keeps its values: the step goes into a new tensor."""
     pytest.importorskip("torch")
-    grad = np.ones((8, 2), "float32")
-    scope = _scope("sgd", grad)
+    grad = np.ones((LARGE, 2), "float32")
+    scope = _scope("sgd", grad, LARGE)
     _run_torch(_op("sgd"), scope)
     for holder in (lambda: scope.get("p"), lambda: scope.raw("p")):
         kept = scope.get("p").copy()

@@ -22,6 +22,7 @@ import numpy as np
 from runtime.execution.kernels.common import reduce_axes, reduced_shape
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_math import grad_sources, reshape_target
+from runtime.execution.kernels.torch_buffers import output_buffer, own, writable_input
 from runtime.execution.kernels.torch_common import (Tensor, as_float, device, host_scalar,
                                                     input_t, kernel, np_dtype, out_grad_t, put,
                                                     result_dtype, tensor, torch, torch_dtype)
@@ -147,11 +148,23 @@ def _scale(x: Tensor, scale: float, bias: float, bias_after_scale: bool) -> Tens
     return x * scale + bias if bias_after_scale else (x + bias) * scale
 
 
+def _scale_into(x: Tensor, scale: float, bias: float, bias_after_scale: bool) -> Tensor:
+    """`_scale` computed into `x` itself: the same two operations in the same order."""
+    if bias_after_scale:
+        return x.mul_(scale).add_(bias)
+    return x.add_(bias).mul_(scale)
+
+
 @kernel("scale")
 def scale(ctx: KernelContext) -> None:
-    x = ctx.input("X")
     args = (float(ctx.attr("scale", 1.0)), float(ctx.attr("bias", 0.0)),
             bool(ctx.attr("bias_after_scale", True)))
+    mine = writable_input(ctx, "X", "Out")  # a pserver's scale of its summed gradient
+    if mine is not None and mine.is_floating_point():
+        put(ctx, "Out", _scale_into(mine, *args), lod=ctx.lod("X"))
+        return
+    del mine
+    x = ctx.input("X")
     if isinstance(x, SelectedRows):
         ctx.set_output("Out", SelectedRows(x.rows, _scale(tensor(x.values), *args), x.height))
     else:
@@ -281,8 +294,9 @@ def squared_l2_norm_grad(ctx: KernelContext) -> None:
     put(ctx, "X@GRAD", tensor(x, result_dtype(x.dtype, twice.dtype)) * float(twice))
 
 
-def sum_values(values: list[Any]) -> Tensor | SelectedRows:
-    """All SelectedRows: their rows and values concatenated; otherwise the dense sum."""
+def sum_values(values: list[Any], out: Tensor | None = None) -> Tensor | SelectedRows:
+    """All SelectedRows: their rows and values concatenated; otherwise the dense sum, into `out`
+    where given (a tensor of the first dense value's shape, dtype and device)."""
     if not values:
         raise ValueError("sum: no inputs")
     sparse = [v for v in values if isinstance(v, SelectedRows)]
@@ -293,7 +307,7 @@ def sum_values(values: list[Any]) -> Tensor | SelectedRows:
         merged = torch.cat([tensor(v.values) for v in sparse])
         return SelectedRows(np.concatenate([v.rows for v in sparse]), merged, sparse[0].height)
     dense = [tensor(v) for v in values if not isinstance(v, SelectedRows)]
-    total = dense[0].clone()
+    total = own(dense[0].clone()) if out is None else out.copy_(dense[0])
     for value in dense[1:]:
         total += value
     for rows in sparse:
@@ -303,14 +317,27 @@ def sum_values(values: list[Any]) -> Tensor | SelectedRows:
 
 @kernel("sum")
 def sum_(ctx: KernelContext) -> None:
-    ctx.set_output("Out", sum_values(ctx.inputs("X")), lod=ctx.lod("X"))
+    values = [tensor(v) if not isinstance(v, SelectedRows) else v for v in ctx.inputs("X")]
+    first, out = values[0] if values else None, None
+    if isinstance(first, Tensor) and all(
+            isinstance(v, Tensor) and v.shape == first.shape and v.dtype == first.dtype
+            for v in values):
+        out = output_buffer(ctx, "Out", tuple(first.shape), first.dtype, first.device)
+    ctx.set_output("Out", sum_values(values, out), lod=ctx.lod("X"))
 
 
 # -- concat -------------------------------------------------------------------------------------
 @kernel("concat")
 def concat(ctx: KernelContext) -> None:
     xs = [tensor(x) for x in ctx.inputs("X")]
-    put(ctx, "Out", torch.cat(xs, dim=int(ctx.attr("axis", 0))))
+    axis = int(ctx.attr("axis", 0))
+    out = None
+    if xs and xs[0].dim() and all(x.dtype == xs[0].dtype and x.dim() == xs[0].dim() for x in xs):
+        shape = list(xs[0].shape)
+        shape[axis] = sum(x.shape[axis] for x in xs)  # a mismatch: torch's own error below
+        out = output_buffer(ctx, "Out", tuple(shape), xs[0].dtype, xs[0].device)
+    put(ctx, "Out", torch.cat(xs, dim=axis, out=out) if out is not None
+        else own(torch.cat(xs, dim=axis)))
 
 
 @kernel("concat_grad")

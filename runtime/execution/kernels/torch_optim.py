@@ -16,20 +16,15 @@ applies its rule to the merged rows only, and otherwise the grad is densified on
 
 DESIGN: as in `numpy_optim`, a sparse update costs O(rows touched): the rows are written into
 the scope's own tensor (`index_add_`, `index_copy_`), which is then the output, only where
-nobody else can see the write (`_exclusive`); otherwise the tensor is copied once first and
-the copy is the scope's own from then on. A tensor is exclusive when it is the scope's value
-of the output var, nothing but the scope references it (CPython's reference count, against a
-baseline measured at import) and it owns its memory alone: it is such a copy (`_OWN`; a tensor
-made from a numpy array views the array's memory, which others may hold, and torch cannot
-tell) and no other tensor shares its storage (a view, or the numpy view `Scope.get` hands the
-wire: torch's storage use count). So no function here may hold the param or an accumulator
+nobody else can see the write (`torch_buffers.exclusive`: the scope's value of the output var,
+referenced by nothing else, alone on memory a torch kernel allocated); otherwise the tensor is
+copied once first and the copy is the scope's own from then on. A dense sgd writes the
+parameter in place the same way. So no function here may hold the param or an accumulator
 while it asks `_target` for it (`_Update.release` lets go of the inputs).
 """
 
 from __future__ import annotations
 
-import sys
-import weakref
 from typing import Any
 
 import numpy as np
@@ -38,6 +33,7 @@ from runtime.execution.kernels.common import check_height
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.optim_rules import (SCALAR_SLOTS, Ops, Rule, Step, on_rows,
                                                    register_rules, state_slots, written_slots)
+from runtime.execution.kernels.torch_buffers import exclusive, own, writable_input
 from runtime.execution.kernels.torch_common import (Tensor, densify, host_scalar, kernel,
                                                     put, result_dtype, tensor, torch, torch_dtype,
                                                     zeros)
@@ -61,53 +57,13 @@ OPS = Ops(sqrt=torch.sqrt, square=torch.square, sum=torch.sum, abs=torch.abs, si
 """torch's functions; a host scalar enters tensor math as a Python float."""
 
 
-# -- writing in place ---------------------------------------------------------------------------
-def _refs(t: Tensor) -> int:
-    return sys.getrefcount(t)
-
-
-def _storage_users(t: Tensor) -> int | None:
-    """How many tensors (and storage objects) share `t`'s memory; None where this torch cannot
-    tell (then nothing is written in place)."""
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    return None if count is None else int(count(t.untyped_storage()._cdata))
-
-
-def _baseline() -> tuple[int, int | None]:
-    """References to a tensor held by a scope only, and users of its storage, counted as
-    `_exclusive` counts them."""
-    scope = {"var": torch.zeros(1)}
-    t = scope["var"]
-    return _refs(t), _storage_users(t)
-
-
-_SCOPE_ONLY, _STORAGE_ONLY = _baseline()
-_OWN: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
-"""The copies `_target` made, by id: tensors whose memory nothing outside torch can hold."""
-
-
-def _exclusive(ctx: KernelContext, slot: str) -> bool:
-    """Whether input `slot`'s tensor may be written in place: it is the scope's stored value on
-    the kernel's device, contiguous, referenced by nothing but the scope, and alone on memory
-    this module allocated."""
-    t = ctx.input(slot)
-    if not (type(t) is Tensor and tensor(t) is t and t.is_contiguous() and t._base is None
-            and ctx.scope.raw(ctx.input_names(slot)[0]) is t):
-        return False
-    users = _storage_users(t)
-    return bool(users is not None and _STORAGE_ONLY is not None and users <= _STORAGE_ONLY
-                and _OWN.get(id(t)) is t and _refs(t) <= _SCOPE_ONLY)
-
-
 def _target(ctx: KernelContext, in_slot: str, out_slot: str) -> Tensor:
     """The tensor that output `out_slot` becomes, with rows to be written into it: input
-    `in_slot`'s own tensor when the output is the same var and `_exclusive`, else a copy."""
+    `in_slot`'s own tensor when the output is the same var and `exclusive`, else a copy."""
     same = ctx.input_names(in_slot)[:1] == ctx.op.outputs.get(out_slot, [])[:1]
-    if same and _exclusive(ctx, in_slot):
+    if same and exclusive(ctx, in_slot):
         return tensor(ctx.input(in_slot))
-    copy = tensor(ctx.input(in_slot)).clone(memory_format=torch.contiguous_format)
-    _OWN[id(copy)] = copy
-    return copy
+    return own(tensor(ctx.input(in_slot)).clone(memory_format=torch.contiguous_format))
 
 
 # -- applying the rules -------------------------------------------------------------------------
@@ -168,21 +124,19 @@ def _apply(ctx: KernelContext, rule: Rule) -> None:
 
 
 def _descend_own(u: _Update, g: Tensor) -> None:
-    """sgd on a dense grad into the parameter's own tensor where it is `_exclusive` (the same
-    fused op, in place: the same rounding), else into a new tensor that is then this module's
-    own (`_OWN`), so that the next step may write it. DESIGN: into a new tensor, the sgd of a
+    """sgd on a dense grad into the parameter's own tensor where it is exclusive (the same
+    fused op, in place: the same rounding), else into a new tensor that is then torch's own
+    (`torch_buffers.own`), so that the next step may write it. DESIGN: into a new tensor, the sgd of a
     [1024, 1024] parameter took 1.6 times as long as in place (350 us against 218 a step, the
     medians of 9 rounds of 50 on the development machine): one pass over memory instead of two
     places' worth."""
     ctx, lr = u.ctx, -float(u.lr)
     u.release()
-    same = ctx.input_names("Param")[:1] == ctx.op.outputs.get("ParamOut", [])[:1]
-    if same and _exclusive(ctx, "Param"):
-        put(ctx, "ParamOut", tensor(ctx.input("Param")).add_(g, alpha=lr))
+    own_param = writable_input(ctx, "Param", "ParamOut")
+    if own_param is not None:
+        put(ctx, "ParamOut", own_param.add_(g, alpha=lr))
         return
-    out = torch.add(tensor(ctx.input("Param")), g, alpha=lr)
-    _OWN[id(out)] = out
-    put(ctx, "ParamOut", out)
+    put(ctx, "ParamOut", own(torch.add(tensor(ctx.input("Param")), g, alpha=lr)))
 
 
 def _scatter(u: _Update, rule: Rule, grad: SelectedRows) -> None:

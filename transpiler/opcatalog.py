@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from .ir import Op
 
 __all__ = ["OPS", "Cost", "OpDef", "Runs", "State", "Update", "grad_input_slots", "op_def",
-           "LOOKUPS", "optimizer_types", "rpc_op_types", "runs_rpc"]
+           "LOOKUPS", "REMOTE_PREFETCH_SLOTS", "optimizer_types", "prefetches_rows", "rpc_op_types",
+           "runs_rpc"]
 
 Runs = Literal["kernel", "rpc", "none"]
 """Where an op runs: `kernel` (a kernel in each backend), `rpc` (the async runtime of a trainer
@@ -388,11 +389,20 @@ def rpc_op_types() -> frozenset[str]:
 _RPC_TYPES = rpc_op_types()
 LOOKUPS = frozenset({"lookup_table", "lookup_table_v2"})
 """The lookup ops (Paddle's ``fluid.layers.embedding`` and ``fluid.embedding``)."""
+REMOTE_PREFETCH_SLOTS = {"lookup_table": "W", "lookup_table_v2": "W", "nce": "Weight"}
+"""The ops that may read their table's rows from the pservers (``remote_prefetch``; the
+original's `sparse_update_op_types`, less hierarchical_sigmoid), and the slot of the table."""
+
+
+def prefetches_rows(op: Op) -> bool:
+    """Whether `op` reads its table's rows from the pservers' blocks by id: ``remote_prefetch``,
+    with the blocks' ``epmap`` the transpiler wrote (an nce's weight, a 1.2 program's
+    lookup; `transpiler.distribute.lookup_table`)."""
+    return (op.type in REMOTE_PREFETCH_SLOTS and bool(op.attrs.get("remote_prefetch"))
+            and bool(op.attrs.get("epmap")))
 
 
 def runs_rpc(op: Op) -> bool:
-    """Whether the async runtime runs `op` (no kernel): an RPC op type, or a lookup that 1.2's
-    transpiler pointed at the pservers' blocks of its table (``remote_prefetch`` with
-    ``epmap``: its rows are asked for by id, `transpiler.distribute.lookup_table`)."""
-    return op.type in _RPC_TYPES or (op.type in LOOKUPS and bool(op.attrs.get("epmap"))
-                                     and bool(op.attrs.get("remote_prefetch")))
+    """Whether the async runtime runs `op` (no kernel): an RPC op type, or a lookup that
+    `prefetches_rows` (its rows asked for by id)."""
+    return op.type in _RPC_TYPES or (op.type in LOOKUPS and prefetches_rows(op))

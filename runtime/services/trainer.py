@@ -69,8 +69,9 @@ import numpy as np
 from transpiler.distribute.contract import PROTOCOLS, BarrierPlan, TrainContract
 from transpiler.distribute.rpc_plan import DEFAULT_PROTOCOL
 from transpiler.distribute.startup import INIT_OPS
-from transpiler.distribute.lookup_table import REMOTE_PREFETCH_SLOTS, table_sections
+from transpiler.distribute.lookup_table import table_sections
 from transpiler.ir import Op, Program
+from transpiler.opcatalog import REMOTE_PREFETCH_SLOTS, prefetches_rows
 
 from runtime.execution.compute import Charge, ComputeModel, Tracer, virtual_clock
 from runtime.execution.executor import Executor, check_feed, run_step
@@ -643,7 +644,7 @@ async def run_block(executor: Executor, program: Program, idx: int, scope: Scope
 
 def prefetches_classes(op: Op) -> bool:
     """An `nce` whose weight's rows come from the pservers (remote sparse update)."""
-    return op.type == "nce" and bool(op.attr("remote_prefetch")) and bool(op.attr("epmap"))
+    return op.type == "nce" and prefetches_rows(op)
 
 
 def _rpc_sub_block(executor: Executor, program: Program, op: Op) -> int | None:
@@ -676,7 +677,7 @@ def _served_tables(program: Program) -> dict[str, list[tuple[str, str, int]]]:
         if op.type == "distributed_lookup_table":
             tables[op.input("W")[0]] = list(zip(op.attr("endpoints"), op.attr("table_names"),
                                                 op.attr("height_sections")))
-        elif op.type in REMOTE_PREFETCH_SLOTS and op.attr("remote_prefetch") and op.attr("epmap"):
+        elif prefetches_rows(op):
             # an nce's weight, or a 1.2 program's lookup: their table's blocks as ``epmap`` says
             tables[op.input(REMOTE_PREFETCH_SLOTS[op.type])[0]] = list(zip(
                 op.attr("epmap"), op.attr("table_names"), op.attr("height_sections")))

@@ -51,15 +51,12 @@ import math
 from dataclasses import dataclass
 
 from ..ir import Block, Op, OpRole, Program, VarType, grad_name
-from ..opcatalog import LOOKUPS, optimizer_types
+from ..opcatalog import LOOKUPS, REMOTE_PREFETCH_SLOTS, optimizer_types
 from .analysis import OptimizeSection, is_optimizer_op
 from .config import PADDLE_VERSION_2X, DistributeTranspilerConfig
 from .edit import clone_var, control_var, copy_op, last_writer, rpc_attrs
 from .plan import Plan
 
-REMOTE_PREFETCH_SLOTS = {"lookup_table": "W", "lookup_table_v2": "W", "nce": "Weight"}
-"""The ops that may read their table's rows from the pservers (``remote_prefetch``; the
-original's `sparse_update_op_types`, less hierarchical_sigmoid), and the slot of the table."""
 CHECKPOINT_PATH_VAR = "kLookupTablePath"
 # The table's pserver runs sgd; the catalog marks the update ops (first-order steps) it may
 # stand in for.

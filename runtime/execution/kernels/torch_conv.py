@@ -112,9 +112,8 @@ def _pool_input(x: Tensor, win: Window) -> tuple[Tensor, list[int]]:
     return (x, list(pads)) if pads is not None else (_padded(x, win, -np.inf), [0, 0])
 
 
-def _max_pool(x: Tensor, win: Window) -> tuple[Tensor, Tensor]:
-    """Out, and the flat index of each window's maximum in `_pool_input`'s image."""
-    image, padding = _pool_input(x, win)
+def _max_pool(image: Tensor, padding: list[int], win: Window) -> tuple[Tensor, Tensor]:
+    """Out, and the flat index of each window's maximum in `image` (`_pool_input`'s)."""
     if image.device.type == "cpu" and image.shape[1] >= CHANNELS_LAST_POOL:
         out, where = F.max_pool2d(image.contiguous(memory_format=torch.channels_last),
                                   win.kernel, win.strides, padding, return_indices=True)
@@ -167,7 +166,7 @@ def pool2d(ctx: KernelContext) -> None:
     x = input_t(ctx, "X")
     if pool_kind(ctx) == "max":
         win = pool_window(ctx, tuple(x.shape))
-        out, where = _max_pool(x, win)
+        out, where = _max_pool(*_pool_input(x, win), win)
         MAXIMA.keep(x, win, where)
     else:
         out = _avg_pool(ctx, tuple(x.shape))(x)
@@ -184,10 +183,10 @@ def pool2d_grad(ctx: KernelContext) -> None:
         put(ctx, "X@GRAD", dx)
         return
     win = pool_window(ctx, tuple(x.shape))
+    image, padding = _pool_input(x, win)
     where = MAXIMA.find(x, win)
     if where is None:
-        where = _max_pool(x, win)[1]
-    image, padding = _pool_input(x, win)
+        where = _max_pool(image, padding, win)[1]
     dx = torch.ops.aten.max_pool2d_with_indices_backward(
         dy.to(x.dtype).contiguous(), image, list(win.kernel), list(win.strides), padding,
         [1, 1], False, where)

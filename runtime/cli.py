@@ -108,7 +108,7 @@ def _add_up(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(p)
     p.add_argument("--netns", action="store_true",
                    help="run each node in a network namespace of its own and apply the "
-                        "scenario's network: bandwidth as tc tbf, latency by a proxy in front of "
+                        "scenario's network: bandwidth as tc tbf, latency by a relay in front of "
                         "each pserver (needs root and iproute2)")
     p.set_defaults(run=_up, parser=p)
 

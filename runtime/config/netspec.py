@@ -2,7 +2,7 @@
 
 `sim run` carries every message across a simulated fabric with these parameters (`sim.network`);
 `runtime up --netns` applies the same ones to real links (`runtime.launch.netns`: tc tbf for
-bandwidth, a delaying proxy for latency). So the section is part of the scenario schema
+bandwidth, a delaying relay or proxy for latency). So the section is part of the scenario schema
 (`NetworkSection`, validated by `runtime.config.scenario` with the other sections: a typo is an
 error naming the file, the line and the field), and it lives in the runtime layer, below the
 simulator.

@@ -472,6 +472,20 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def listening_socket(factory: SocketFactory, host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket from `factory`, listening at `host`:`port`."""
+    sock = factory(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 # ------------------------------------------------------------------------------------- proxy
 
 
@@ -537,17 +551,8 @@ class FaultProxy:
 
     def _listening(self) -> socket.socket:
         """A socket from the factory, listening at `listen`."""
-        host, port = self.listen
-        sock = self._socket(host)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(128)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        return sock
+        assert self.socket_factory is not None
+        return listening_socket(self.socket_factory, *self.listen)
 
     async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host, port = self._upstream_address

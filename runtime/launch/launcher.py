@@ -43,9 +43,10 @@ pservers is removed first).
 
 With ``--netns`` (`runtime.launch.netns`) each node runs in a network namespace of its own, bridged
 to the others, and the scenario's `network` is applied: its bandwidths as tc tbf qdiscs on the
-nodes' interfaces, its latencies by a proxy in front of each pserver (a `FaultProxy` that
-delays every message by a draw from the link's distribution; it carries the message faults
-too). The pservers' endpoints are then their namespaces' addresses, and the namespaces are
+nodes' interfaces, its latencies in front of each pserver: by a `DelayRelay`
+(`runtime.launch.delay_relay`) that holds every byte for its link's latency where each latency
+is a constant and no fault acts on messages, else by a `FaultProxy` that delays every message
+by a draw from the link's distribution and carries the message faults too. The pservers' endpoints are then their namespaces' addresses, and the namespaces are
 deleted before `launch` returns, whatever happened. Without it the nodes share the host's
 loopback and the notes list every network setting not applied
 (`runtime.launch.netns.network_notes`).
@@ -105,7 +106,7 @@ from runtime.config.faults import LinkFaults, Partition, Pause, Slow
 from runtime.config.metrics import (ExpectationResult, JobMetrics, JobSummary, NetnsMetrics,
                                     ProxyMetrics, PserverMetrics, TrainerMetrics, read_record,
                                     write_record)
-from runtime.config.netspec import NetworkSpec, fmt_rate
+from runtime.config.netspec import ConstantLatency, NetworkSpec, fmt_rate
 from runtime.config.nodes import (node_file_stem, node_name, node_names, pserver_name,
                                   trainer_name)
 from runtime.config.outdir import claim_output
@@ -115,6 +116,7 @@ from runtime.faults.inject import (SLOW_PERIOD, RuntimeTarget, connects, metrics
 from runtime.faults.curve_proxy import CurveFaultProxy
 from runtime.faults.proxy import FaultProxy, Faults
 from runtime.faults.schedule import FaultSchedule
+from runtime.launch.delay_relay import DelayRelay
 from runtime.launch.netns import (PORT, Fabric, NetnsError, entered, link_latencies,
                                   network_notes, sigterm_interrupts)
 from runtime.network.curve import KeyFileError, write_keys
@@ -443,6 +445,9 @@ class Launcher:
     binds: list[str] = field(default_factory=list)
     """Where each pserver serves: its endpoint, or the address behind its fault proxy."""
     proxies: list[FaultProxy] = field(default_factory=list)
+    relays: list[DelayRelay] = field(default_factory=list)
+    """``--netns`` links whose only fault is a constant latency: a byte relay in front of each
+    pserver (`runtime.launch.delay_relay`) instead of a proxy."""
     namespaces: dict[str, str] = field(default_factory=dict)
     """node name -> the network namespace it runs in (``--netns``); none: the host's."""
     base_faults: dict[tuple[str, str], Faults] = field(default_factory=dict)
@@ -495,6 +500,8 @@ class Launcher:
         try:
             for proxy in self.proxies:
                 await proxy.start()
+            for relay in self.relays:
+                relay.start()
             injector.arm()
             for node in self.nodes:
                 await self._start(node)
@@ -512,6 +519,8 @@ class Launcher:
             await self._stop_all(failure.reason if failure else "the launcher is exiting")
             for proxy in self.proxies:
                 await proxy.close()
+            for relay in self.relays:
+                relay.close()
             for node in self.nodes:
                 node.log.close()
         return time.perf_counter() - start, failure
@@ -1108,24 +1117,34 @@ def netns_launcher(scenario_path: Path, overrides: list[str], scenario: Scenario
     """The launcher of a ``--netns`` run: each node in its namespace, the pservers' endpoints at
     their addresses and, where a trainer-pserver link has a latency (or the scenario message
     faults), a proxy in each pserver's namespace in front of it, the pserver serving behind it
-    on that namespace's loopback."""
+    on that namespace's loopback: a `DelayRelay` where every such latency is a constant and
+    no fault acts on messages, else a `FaultProxy`."""
     port = scenario.cluster.base_port or PORT
     pservers = [pserver_name(j) for j in range(scenario.cluster.pservers)]
     endpoints = [f"{fabric.address(p)}:{port}" for p in pservers]
     namespaces = {node: host.namespace for node, host in fabric.hosts.items()}
     spec = NetworkSpec.from_section(scenario.network)
-    base = {link: Faults(latency=latency.sample)
-            for link, latency in link_latencies(spec, scenario).items()}
-    if not base and not needs_proxies(scenario.faults):
+    latencies = link_latencies(spec, scenario)
+    if not latencies and not needs_proxies(scenario.faults):
         return Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out,
                         namespaces=namespaces)
     bind = f"127.0.0.1:{port + 1 if port < 65535 else port - 1}"
+    constant = {link: latency.value for link, latency in latencies.items()
+                if isinstance(latency, ConstantLatency)}
+    if not needs_proxies(scenario.faults) and len(constant) == len(latencies):
+        relays = [DelayRelay(listen=endpoint, upstream=bind, socket_factory=fabric.sockets(p),
+                             latencies={fabric.address(t): seconds
+                                        for (t, q), seconds in constant.items() if q == p})
+                  for p, endpoint in zip(pservers, endpoints)]
+        return Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out,
+                        [bind] * len(pservers), namespaces=namespaces, relays=relays)
+    base = {link: Faults(latency=latency.sample) for link, latency in latencies.items()}
     proxies = [FaultProxy(listen=endpoint, upstream=bind, seed=scenario.seed, upstream_name=p,
                           client_faults={t: f for (t, q), f in base.items() if q == p},
                           socket_factory=fabric.sockets(p))
                for p, endpoint in zip(pservers, endpoints)]
     return Launcher(scenario_path.resolve(), overrides, scenario, endpoints, out,
-                    [bind] * len(pservers), proxies, namespaces, base)
+                    [bind] * len(pservers), proxies, namespaces=namespaces, base_faults=base)
 
 
 def run_launcher(launcher: Launcher, notes: list[str], stream: TextIO,
@@ -1157,7 +1176,8 @@ def _run_secured(launcher: Launcher, notes: list[str], stream: TextIO, warnings:
     cluster, train = scenario.cluster, scenario.train
     binds = ",".join(dict.fromkeys(launcher.binds))
     where = " in their namespaces" if fabric is not None else ""
-    behind = f" (behind proxies, serving at {binds}{where})" if launcher.proxies else ""
+    behind = "" if not launcher.proxies and not launcher.relays else \
+        f" (behind {'proxies' if launcher.proxies else 'delay relays'}, serving at {binds}{where})"
     nodes = f"{cluster.pservers} pserver(s)" if cluster.pservers else "no pservers, trainers"
     print(f"runtime up {scenario.name}: {nodes} at {','.join(launcher.endpoints)}{behind}, {cluster.trainers} trainer(s), "
           f"{scenario.transpiler.mode}, {train.steps} steps of {scenario.data.batch_size}; "

@@ -285,6 +285,43 @@ def test_a_job_in_namespaces_with_latency_and_faults_stays_encrypted(
             assert np.array_equal(encrypted[name], plain[name]), name
 
 
+RELAY_SCENARIO = """\
+name: netns-relay
+seed: 13
+model: {name: mlp, sizes: [32, 16, 10], optimizer: {type: sgd, learning_rate: 0.1}}
+data: {batch_size: 16}
+cluster: {pservers: 2, trainers: 2}
+train: {steps: 10, deadline: 60s, retry_after: 100ms, log_every: 5}
+network:
+  default: {latency: 1ms}
+  links: [{between: ["trainer:0", "pserver:*"], latency: 15ms}]
+expect: {params_equal_to: local, no_lost_updates: true}
+"""
+"""Constant latencies, one trainer's longer, and no message faults: byte relays, not proxies."""
+
+
+@pytest.mark.timeout(120)
+def test_constant_latencies_go_through_delay_relays_and_keep_curvezmq(
+        can_make_namespaces: None, tmp_path: Path) -> None:
+    """A relay in front of each pserver holds every byte for its link's latency without
+    reading it: the job keeps CurveZMQ end to end, takes no proxy, ends as local training,
+    and no sync step is shorter than the slow trainer's round trip."""
+    scenario, out = scenario_file(tmp_path, RELAY_SCENARIO), tmp_path / "out"
+    code, lines = up(str(scenario), "--out", str(out), "--netns")
+    assert code == 0 and lines[-1] == "OK: netns-relay", "\n".join(lines)
+    assert any("(behind delay relays, serving at 127.0.0.1:6175 in their namespaces)" in line
+               for line in lines), lines
+    assert f"CurveZMQ: every connection authenticated and encrypted, keys in {out / 'keys'}" \
+        in lines
+    metrics = read_metrics(out / "metrics.json")
+    assert not metrics.proxies
+    assert_all_gone(namespaces_of(metrics))
+    assert {(e.name, e.passed) for e in metrics.expectations} == \
+        {("params_equal_to", True), ("no_lost_updates", True)}
+    for trainer in metrics.trainers:  # a sync step waits for trainer 0's send and its reply
+        assert min(trainer.step_times[1:]) >= 0.030
+
+
 def nodes_of(metrics: JobMetrics) -> dict[str, str]:
     assert metrics.netns is not None
     return {n.node: n.address for n in metrics.netns.nodes}

@@ -18,13 +18,14 @@ full link's queue would.
 
 DESIGN:
 - Bytes rather than messages. Under CurveZMQ the message proxy must decrypt and encrypt every
-  message again (`runtime.faults.curve_proxy`). On the 2-core development machine, a 2 x 2 job
-  of 400 KB messages behind 2 ms of latency took 17.4 ms a step behind it against 12.8 ms
-  behind the plaintext proxy, where the simulator, which models the latency and not the proxy,
-  said 11.6 and 10.1.
+  message again (`runtime.faults.curve_proxy`), on the job's cores. On the 2-core development
+  machine a 2 x 2 job of 200 KB messages behind 2 ms of latency took 15.2-16.7 ms a step
+  behind the proxy, and 12.5-12.9 behind this relay, in alternating runs. The simulator, which
+  models the latency and not what delays it, predicted 11.6.
 - Its own thread and event loop, on ``select()``. The launcher's loop is uvloop's, whose timers
-  fire in whole milliseconds, as epoll's timeouts do: a latency of 2 ms came out between 2 and
-  3. ``select()`` sleeps to the microsecond, and this loop never waits for the launcher's work.
+  fire on a millisecond clock, as epoll's timeouts do: through the proxy, some round trips
+  behind 2 ms each way took 3.7 ms. ``select()`` sleeps to the microsecond, and this loop
+  never waits for the launcher's work.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class _Side(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.relay._sides.add(self)
+        # asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP, and a factory's
+        # have proto 0: without it, Nagle's algorithm and delayed ACKs held chunks for 40 ms
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         self._hold(data)

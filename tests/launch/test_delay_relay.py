@@ -115,6 +115,20 @@ def test_bytes_pass_whole_in_order_and_no_earlier_than_the_latency_each_way(
     assert relay.links == [("127.0.0.1", 0.03)]
 
 
+def test_every_relayed_socket_sends_at_once(
+        relay_to: Callable[..., tuple[DelayRelay, Upstream]]) -> None:
+    """TCP_NODELAY on both sides: Nagle's algorithm would hold a small write behind an
+    unacknowledged one, for a delayed ACK's 40 ms."""
+    relay, _ = relay_to(latencies={}, default=0.0)
+    with connect(relay) as sock:
+        sock.sendall(b"ping")
+        assert recv_exactly(sock, 4) == b"ping"
+        sockets = [side.transport.get_extra_info("socket") for side in relay._sides
+                   if side.transport is not None]
+        assert len(sockets) == 2
+        assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+
+
 def test_the_latency_is_the_client_addresses_and_a_stranger_gets_the_default(
         relay_to: Callable[..., tuple[DelayRelay, Upstream]]) -> None:
     relay, _ = relay_to(latencies={"127.0.0.2": 0.05}, default=0.0)

@@ -46,8 +46,9 @@ to the others, and the scenario's `network` is applied: its bandwidths as tc tbf
 nodes' interfaces, its latencies in front of each pserver: by a `DelayRelay`
 (`runtime.launch.delay_relay`) that holds every byte for its link's latency where each latency
 is a constant and no fault acts on messages, else by a `FaultProxy` that delays every message
-by a draw from the link's distribution and carries the message faults too. The pservers' endpoints are then their namespaces' addresses, and the namespaces are
-deleted before `launch` returns, whatever happened. Without it the nodes share the host's
+by a draw from the link's distribution and carries the message faults too. The pservers'
+endpoints are then their namespaces' addresses, and the namespaces are deleted before `launch`
+returns, whatever happened. Without it the nodes share the host's
 loopback and the notes list every network setting not applied
 (`runtime.launch.netns.network_notes`).
 

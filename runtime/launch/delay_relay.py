@@ -58,7 +58,6 @@ class _Side(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.peer_full = False
         """The peer's transport asked us to stop writing (its buffer is over its high mark)."""
-        self.reading = True
         self.ended = False
         """This side's connection ended (EOF or lost): nothing more comes from it."""
         self.end_delivered = False
@@ -103,44 +102,45 @@ class _Side(asyncio.Protocol):
             self._hold(END)
 
     def _hold(self, data: bytes | None) -> None:
-        loop = self.relay._running_loop()
-        self.held.append((loop.time() + self.latency, data))
+        self.held.append((self.relay._running_loop().time() + self.latency, data))
         self.held_bytes += 0 if data is None else len(data)
-        if self.timer is None and self.peer is not None:
-            self.timer = loop.call_at(self.held[0][0], self._release)
+        self._schedule()
         self._throttle()
 
     def linked(self, peer: _Side) -> None:
         """`peer` is connected: what was held for it may go."""
         self.peer = peer
-        if self.held and self.timer is None:
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Wake when the first held chunk is due, once linked and not already waiting."""
+        if self.held and self.timer is None and self.peer is not None:
             self.timer = self.relay._running_loop().call_at(self.held[0][0], self._release)
 
     def _release(self) -> None:
         """Write on what is due, in order; wait for the next."""
         self.timer = None
-        loop = self.relay._running_loop()
-        now = loop.time()
+        now = self.relay._running_loop().time()
         peer = self.peer
         assert peer is not None and peer.transport is not None
         while self.held and self.held[0][0] <= now:
             _, data = self.held.popleft()
             if data is None:
-                self._deliver_end(peer.transport)
+                self._deliver_end()
             else:
                 self.held_bytes -= len(data)
                 if not peer.transport.is_closing():
                     peer.transport.write(data)
-        if self.held:
-            self.timer = loop.call_at(self.held[0][0], self._release)
+        self._schedule()
         self._throttle()
 
-    def _deliver_end(self, to: asyncio.Transport) -> None:
+    def _deliver_end(self) -> None:
         """This side ended: half-close the peer's connection, or close both once both ends
         are through (or the peer cannot be half-closed)."""
         self.end_delivered = True
         peer = self.peer
-        assert peer is not None and self.transport is not None
+        assert peer is not None and peer.transport is not None and self.transport is not None
+        to = peer.transport
         if peer.end_delivered or not to.can_write_eof():
             to.close()
             self.transport.close()
@@ -153,11 +153,10 @@ class _Side(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         full = self.peer_full or self.held_bytes > self.relay.max_queued_bytes
-        if full and self.reading:
+        if full and self.transport.is_reading():
             self.transport.pause_reading()
-        elif not full and not self.reading:
+        elif not full and not self.transport.is_reading():
             self.transport.resume_reading()
-        self.reading = not full
 
 
 class DelayRelay:
@@ -219,7 +218,7 @@ class DelayRelay:
             listening = listening_socket(self.socket_factory, *self.listen)
             try:
                 self._server = loop.run_until_complete(
-                    loop.create_server(self._accepted, sock=listening))
+                    loop.create_server(lambda: _AcceptedSide(self), sock=listening))
             except BaseException:
                 listening.close()
                 raise
@@ -254,10 +253,6 @@ class DelayRelay:
         assert self._loop is not None
         return self._loop
 
-    def _accepted(self) -> _Side:
-        """A client's side; its upstream side is connected once it is made."""
-        return _AcceptedSide(self)
-
     async def _connect(self, client: _Side) -> None:
         """Connect `client`'s connection to the upstream; close it if that cannot be done
         (the client reconnects, as ZeroMQ does)."""
@@ -277,7 +272,6 @@ class DelayRelay:
         assert isinstance(upstream, _Side)
         upstream.linked(client)
         client.linked(upstream)
-        client._throttle()
 
 
 class _AcceptedSide(_Side):

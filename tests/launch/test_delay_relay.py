@@ -95,8 +95,7 @@ def relay_to() -> Iterator[Callable[..., tuple[DelayRelay, Upstream]]]:
 
 def connect(relay: DelayRelay, source: str = "127.0.0.1") -> socket.socket:
     host, port = relay.address.split(":")
-    sock = socket.create_connection((host, int(port)), timeout=30, source_address=(source, 0))
-    return sock
+    return socket.create_connection((host, int(port)), timeout=30, source_address=(source, 0))
 
 
 def test_bytes_pass_whole_in_order_and_no_earlier_than_the_latency_each_way(

@@ -5,12 +5,15 @@ DESIGN: the convolution is im2col without copies: `sliding_window_view` of the p
 strided by the op's strides and dilations, is a view [N, C, OH, OW, KH, KW] that one `einsum`
 contracts with the filter (per group). The filter's gradient goes back through the same view,
 one `einsum`; the input's is one matrix product per group, whose rows for each kernel position
-are added to the input with one strided add (KH x KW slices, never a loop over pixels). Average pooling uses the same windows;
-max pooling takes the same KH x KW slices one elementwise `maximum` at a time (`_max_pool`),
-and its gradient finds each window's first maximum slice by slice.
+are added to the input with one strided add (`_add_taps`: KH x KW slices, never a loop over
+pixels). Average pooling uses the same windows; max pooling takes the same KH x KW slices one
+elementwise `maximum` at a time (`_max_pool`), and its gradient finds each window's first
+maximum slice by slice.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -42,11 +45,19 @@ def _patches(xp: Array, win: Window) -> Array:
 def _fold(cols: Array, x_shape: tuple[int, ...], win: Window) -> Array:
     """Adjoint of `_patches` then `_pad`: add each window element's gradient [N, C, OH, OW, KH,
     KW] back to the input position it was read from; padding is dropped."""
+    kw = win.kernel[1]
+    return _add_taps(lambda k: cols[..., k // kw, k % kw], x_shape, win, cols.dtype)
+
+
+def _add_taps(part: Callable[[int], Array], x_shape: tuple[int, ...], win: Window,
+              dtype: np.dtype) -> Array:
+    """Adjoint of reading the padded image at each kernel position (`_taps`): the input's
+    gradient, `part(k)` [N, C, OH, OW] added where position k read; padding is dropped."""
     t, b, l, r = win.pads
     n, c, h, w = x_shape
-    dxp = np.zeros((n, c, h + t + b, w + l + r), dtype=cols.dtype)
+    dxp = np.zeros((n, c, h + t + b, w + l + r), dtype=dtype)
     for k, tap in enumerate(_taps(win)):
-        dxp[tap] += cols[..., k // win.kernel[1], k % win.kernel[1]]
+        dxp[tap] += part(k)
     return dxp[:, :, t: t + h, l: l + w]
 
 
@@ -103,15 +114,11 @@ def _input_grad(gg: Array, wg: Array, x_shape: tuple[int, ...], win: Window) -> 
     the last two axes."""
     n, groups, fg, oh, ow = gg.shape
     cg, kh, kw = wg.shape[2:]
-    t, b, l, r = win.pads
-    h, w = x_shape[2:]
     rows = wg.reshape(groups, fg, cg * kh * kw).transpose(0, 2, 1)
     grads = gg.transpose(1, 2, 0, 3, 4).reshape(groups, fg, n * oh * ow)
     taps = np.matmul(rows, grads).reshape(groups, cg, kh * kw, n, oh, ow)
-    dxp = np.zeros((n, groups * cg, h + t + b, w + l + r), dtype=taps.dtype)
-    for k, tap in enumerate(_taps(win)):
-        dxp[tap] += taps[:, :, k].reshape(groups * cg, n, oh, ow).transpose(1, 0, 2, 3)
-    return dxp[:, :, t: t + h, l: l + w]
+    return _add_taps(lambda k: taps[:, :, k].reshape(groups * cg, n, oh, ow).transpose(1, 0, 2, 3),
+                     x_shape, win, taps.dtype)
 
 
 # -- pool2d -------------------------------------------------------------------------------------

@@ -126,10 +126,10 @@ def _apply(ctx: KernelContext, rule: Rule) -> None:
 def _descend_own(u: _Update, g: Tensor) -> None:
     """sgd on a dense grad into the parameter's own tensor where it is exclusive (the same
     fused op, in place: the same rounding), else into a new tensor that is then torch's own
-    (`torch_buffers.own`), so that the next step may write it. DESIGN: into a new tensor, the sgd of a
-    [1024, 1024] parameter took 1.6 times as long as in place (350 us against 218 a step, the
-    medians of 9 rounds of 50 on the development machine): one pass over memory instead of two
-    places' worth."""
+    (`torch_buffers.own`), so that the next step may write it. DESIGN: into a new tensor, the
+    sgd of a [1024, 1024] parameter took 1.6 times as long as in place (350 us against 218 a
+    step, the medians of 9 rounds of 50 on the development machine): one pass over memory
+    instead of two places' worth."""
     ctx, lr = u.ctx, -float(u.lr)
     u.release()
     own_param = writable_input(ctx, "Param", "ParamOut")

@@ -20,6 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from runtime.config.metrics import PserverMetrics
 from runtime.launch.launcher import nonfinite_lines
@@ -27,7 +30,7 @@ from runtime.network.refusals import RefusalLog
 from runtime.network.wire import Kind, Message
 from runtime.services.pserver_actions import Action, Begin, Optimize, Reject, Tally
 from runtime.services.pserver_core import held_messages
-from runtime.services.pserver_store import out_of_range
+from runtime.services.pserver_store import _surely_sound, out_of_range
 
 from pserver_shell import PARAM, Shell, grad, replies
 
@@ -111,6 +114,44 @@ def test_the_bound_is_where_a_square_would_overflow() -> None:
     assert out_of_range(np.dtype(np.float32)) == pytest.approx(1.8446742e19, rel=1e-6)
     assert np.isfinite(np.float32(out_of_range(np.dtype(np.float32))) ** 2)
     assert out_of_range(np.dtype(np.float16)) == float(np.finfo(np.float16).max)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("edge", ["bound", "half bound", "just above"])
+def test_values_at_the_bound_are_judged_exactly(dtype: type, edge: str) -> None:
+    """The one-pass check leaves these to the exact one: the bound itself and half of it are
+    taken, the next value up is refused."""
+    bound = dtype(out_of_range(np.dtype(dtype)))
+    value = {"bound": bound, "half bound": bound / 2,
+             "just above": np.nextafter(bound, dtype(np.inf))}[edge]
+    array = np.zeros(1000, dtype)
+    array[17] = -value
+    with np.errstate(over="ignore"):
+        assert not _surely_sound(array, float(bound)) or edge == "half bound"
+    exact = bool(np.all(np.abs(array) <= float(bound)))
+    assert exact == (edge != "just above")
+
+
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(st.sampled_from([np.float32, np.float64]), hnp.array_shapes(max_side=64),
+                  elements={"allow_nan": True, "allow_infinity": True}))
+def test_the_one_pass_check_never_passes_what_the_exact_one_refuses(array: np.ndarray) -> None:
+    bound = out_of_range(array.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sound = _surely_sound(array, bound)
+    if sound:
+        assert not np.isnan(array).any() and np.all(np.abs(array) <= bound / 2 * (1 + 1e-6))
+
+
+def test_a_gradient_just_over_the_bound_is_refused_and_one_at_it_taken() -> None:
+    shell = Shell("sync")
+    bound = np.float32(out_of_range(np.dtype(np.float32)))
+    over = grad(shell, 1, 0.0)
+    next(iter(over.values())).reshape(-1)[3] = np.nextafter(bound, np.float32(np.inf))
+    assert errors(shell.send(shell.message(Kind.SEND, 1, 0, over))) == ["nonfinite"]
+    at = grad(shell, 1, 0.0)
+    next(iter(at.values())).reshape(-1)[3] = bound
+    assert errors(shell.send(shell.message(Kind.SEND, 1, 0, at))) == []
 
 
 @pytest.mark.parametrize("at", [0, 1])

@@ -324,10 +324,13 @@ class Dedupe:
       still held (a deferred request answered late). The caller asks about requests it still
       holds deferred before it asks here.
     - A reply that carries parameter values (`remember(..., values_of=step)`: a GET's) holds
-      them only while it answers the sender's latest step: once the sender is answered values
-      of another step, its older value replies are dropped, their ids still known as
-      FORGOTTEN (a trainer asks for a step's values again only before it moves on), so the replies of a sync round pin at most the values
-      the round before left, one copy of a shard beyond the live one.
+      them only while it answers the sender's latest step: once the sender sends a request
+      of a later step (`moved_on`) or is answered values of another step, its older value
+      replies are dropped, their ids still known as FORGOTTEN (a trainer asks for a step's
+      values again only before it moves on, and it moves on once every request of the step
+      is answered). So when a sync round's update runs, every trainer having sent its
+      requests of the round, no reply pins the values the round before left, and the update
+      may write the parameters in place.
 
     - A reply to a request of step s (`remember(..., step=s)`) is held only while the
       sender's latest request is of step s + 1 at most: a trainer moves on to a step once every
@@ -376,6 +379,12 @@ class Dedupe:
             del seen[oldest]
             sender.drop(oldest)
 
+    def moved_on(self, src: str, step: int) -> None:
+        """`src` sent a request of `step`: drop its value replies of earlier steps."""
+        sender = self._senders.get(src)
+        if sender is not None and sender.values_step is not None and sender.values_step < step:
+            sender.drop_values()
+
     def held(self, src: str) -> list[int]:
         """The ids whose replies are held for `src`, oldest first."""
         sender = self._senders.get(src)
@@ -415,13 +424,19 @@ class _Sender:
 
     def hold_values(self, msg_id: int, step: int) -> None:
         if self.values_step is not None and self.values_step != step:
-            seen = self.seen
-            for old in self.values:
-                seen[old] = _DROPPED  # its id stays known: a retry of it is refused
-            self.values = []
+            self.drop_values()
         self.values_step = step
         if msg_id not in self.values:
             self.values.append(msg_id)
+
+    def drop_values(self) -> None:
+        """Let go of the values of every value reply held; their ids stay known (a retry of
+        one is refused)."""
+        seen = self.seen
+        for old in self.values:
+            seen[old] = _DROPPED
+        self.values = []
+        self.values_step = None
 
     def drop(self, msg_id: int) -> None:
         self.floor = msg_id if self.floor is None else max(self.floor, msg_id)

@@ -210,6 +210,7 @@ class PserverCore:
             before = self.next_step.get(trainer)
             if msg.step >= 0 and msg.kind not in (Kind.HEARTBEAT, Kind.COMPLETE):
                 self.next_step[trainer] = max(before or 0, msg.step + 1)
+                self.dedupe.moved_on(msg.src, msg.step)  # its older values: see `Dedupe`
             if self.resynced is not None and self._must_rewind(trainer, msg):
                 yield Tally("rewinds")
                 log.info("%s: trainer message %s at step %d: rewind to step %d", self.name,
@@ -488,6 +489,12 @@ class PserverCore:
             return last
         self._last_values = values
         return values
+
+    def updating(self) -> None:
+        """A sync round's update is about to run: let go of the latest fetch's map, whose
+        values every trainer holds by now, so that it does not pin the parameters the update
+        may write in place (`runtime.execution.kernels.buffers`)."""
+        self._last_values = {}
 
     def _fanin_state(self, trainer: int) -> dict[str, Any]:
         """What a trainer learns from a fetch: where this server is and whether it is waited for.

@@ -69,6 +69,9 @@ class PolicyCore(Protocol):
     def checkpoint_at(self, step: int) -> Work:
         """Save the periodic checkpoint if `step` is the next one due."""
 
+    def updating(self) -> None:
+        """A sync round's update is about to run (the core lets go of what pins the values)."""
+
 
 class ModePolicy:
     """One distributed mode's rules; subclasses override what their mode does differently."""

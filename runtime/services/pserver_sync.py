@@ -172,6 +172,7 @@ class SyncPolicy(ModePolicy):
             self.store.empty_copies(set(range(self.contract.trainers)) - contributors)
             self.store.average_table(contributors)
             scale = {"scale": 1.0 / len(contributors)}
+            self.core.updating()
             yield Optimize(self.contract.sync_blocks,
                            {op: scale for op in self.contract.fanin_scale_ops})
         finally:

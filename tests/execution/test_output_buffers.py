@@ -105,6 +105,40 @@ def test_scale_with_a_bias_in_place_equals_the_formula(after: bool) -> None:
     np.testing.assert_array_equal(scope.get("g"), expected)
 
 
+SGD = Op("sgd", {"Param": ["w"], "Grad": ["g"], "LearningRate": ["lr"]}, {"ParamOut": ["w"]}, {})
+
+
+def _sgd_scope(lr: np.ndarray) -> Scope:
+    scope = Scope()
+    scope.put("w", _array(7))
+    scope.put("g", _array(8))
+    scope.put("lr", lr)
+    return scope
+
+
+def test_sgd_of_an_unshared_parameter_writes_it_in_place_with_the_same_numbers() -> None:
+    scope = _sgd_scope(np.array([0.05], "float32"))
+    before = weakref.ref(scope.get("w"))
+    run_in_scope(SGD, scope)
+    assert scope.get("w") is before()
+    np.testing.assert_array_equal(scope.get("w"), _array(7) - np.float32(0.05) * _array(8))
+
+
+def test_sgd_leaves_a_held_parameter_as_it_was_and_computes_in_the_promoted_dtype() -> None:
+    scope = _sgd_scope(np.array([0.05], "float32"))
+    held = scope.get("w")  # a frame being sent
+    run_in_scope(SGD, scope)
+    assert scope.get("w") is not held
+    np.testing.assert_array_equal(held, _array(7))
+    del held
+    scope = _sgd_scope(np.array([0.05], "float64"))  # float64 math, rounded once at the end
+    before = weakref.ref(scope.get("w"))
+    run_in_scope(SGD, scope)
+    assert scope.get("w") is not before()
+    np.testing.assert_array_equal(
+        scope.get("w"), (_array(7) - np.float64(0.05) * _array(8)).astype("float32"))
+
+
 # -- the torch kernels (runtime/execution/kernels/torch_buffers.py) ------------------------------
 def _run_torch(op: Op, scope: Scope) -> None:
     pytest.importorskip("torch")

@@ -8,9 +8,10 @@ calibration measures what a job is made of instead, over ranges wide enough for 
 - **kernels**: the training programs of reference models (the MLP at widths 16 to 2,048 and
   batches 8 to 256, two hidden layers, the CNN at three image sizes, ctr_dnn's embedding tables
   from 1,000 to 100,000 rows), and their startups' initializers, run in this process on each
-  kernel backend (numpy, and torch where installed), and a sync pserver's optimize blocks of
-  the MLPs (their ``sum``, ``scale`` and optimizer ops, SGD, momentum and Adam); every kernel
-  call's CPU time against its work
+  kernel backend (numpy, and torch where installed), a sync pserver's optimize blocks of
+  the MLPs (their ``sum``, ``scale`` and optimizer ops, SGD, momentum and Adam), and a
+  trainer's ``split_byref`` and ``concat`` with the parameters sliced over two pservers
+  (`_slicing`); every kernel call's CPU time against its work
   (`runtime.execution.work.op_work`). Each op type gets a `Curve` of seconds against FLOPs
   (the matrix products, convolutions, nce) or bytes moved (everything else), and the bytes
   curve of all elementwise op types together prices an op type none of the programs ran.
@@ -95,7 +96,7 @@ from runtime.execution.work import op_work
 from runtime.launch.speed import PROBE_TRIES, SpeedGuard, speed_probe
 from runtime.services.job import Job
 from transpiler.distribute.contract import ServeContract
-from transpiler.ir import Op, VarType
+from transpiler.ir import Op, OpRole, VarType
 from transpiler.opcatalog import OPS
 
 FORMAT = "pslab-machine"
@@ -103,6 +104,8 @@ VERSION = 1
 BY_FLOPS = frozenset({"matmul", "matmul_grad", "batched_matmul", "batched_matmul_grad",
                       "conv2d", "conv2d_grad", "nce"})
 """The cost rules whose time follows FLOPs; every other op's follows the bytes it moves."""
+SLICING_OPS = frozenset({"concat", "split_byref"})
+"""The compute ops the transpiler puts around a sliced parameter's RPC ops (`_slicing`)."""
 FALLBACK_RULES = frozenset({"elementwise", "reduction", "sum", "softmax"})
 """The cost rules whose samples, pooled by bytes, price an op type that was not calibrated."""
 
@@ -161,11 +164,12 @@ class Reference:
     steps: int = 6
     pserver: bool = True
 
-    def scenario(self) -> Scenario:
+    def scenario(self, pservers: int = 1) -> Scenario:
+        endpoints = ", ".join(f"127.0.0.1:{7001 + k}" for k in range(pservers))
         return parse_scenario(
             f"name: calibrate-{self.name}\nseed: 1\nmodel: {self.model}\n"
             f"data: {{batch_size: {self.batch}}}\n"
-            "cluster: {pservers: 1, trainers: 2, endpoints: {pservers: [127.0.0.1:7001]}}\n"
+            f"cluster: {{pservers: {pservers}, trainers: 2, endpoints: {{pservers: [{endpoints}]}}}}\n"
             f"transpiler: {{mode: sync}}\ntrain: {{steps: {self.steps}}}\n",
             f"<calibration {self.name}>")
 
@@ -250,6 +254,7 @@ def _measure(ref: Reference, backend: str, times: WorkTimes) -> None:
         _train(job, backend, times, ref.steps)
         if ref.pserver:
             _optimize(job, backend, times, ref.steps)
+            _slicing(Job.from_scenario(ref.scenario(pservers=2)), backend, times, ref.steps)
     except Exception as exc:
         raise CalibrationError(f"reference {ref.name} on {backend}: "
                                f"{type(exc).__name__}: {exc}") from exc
@@ -290,6 +295,28 @@ def _optimize(job: Job, backend: str, times: WorkTimes, steps: int) -> None:
     for _ in range(steps):
         for idx in contract.sync_blocks:
             executor.run_block(main, idx, scope, keep_locals=True)
+
+
+def _slicing(job: Job, backend: str, times: WorkTimes, steps: int) -> None:
+    """The compute ops a trainer runs around its RPC ops once its parameters are sliced over
+    two pservers (`split_byref` of a gradient into the blocks it sends, `concat` of the blocks
+    it receives into the parameter), over random values of the vars' shapes. DESIGN: neither
+    the local nor the pserver programs run them, and the reference jobs' messages stop at
+    128 KiB, where a wide layer's `concat` copies megabytes from memory each step."""
+    sliced = job.trainer_programs(0)[0].clone()
+    block = sliced.global_block()
+    ops = [op for op in block.ops if op.type in SLICING_OPS and op.role & OpRole.Dist]
+    if not ops:
+        return
+    block.ops = ops
+    scope, rng = Scope(), np.random.default_rng(0)
+    for op in ops:
+        for name in op.input_arg_names:
+            var = block.var(name)
+            scope.put(name, rng.standard_normal(tuple(var.shape)).astype(var.dtype))
+    executor = Executor(backend, timer=times)
+    for _ in range(steps):
+        executor.run_block(sliced, 0, scope)
 
 
 # -- fitting -------------------------------------------------------------------------------------

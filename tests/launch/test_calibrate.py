@@ -149,6 +149,21 @@ def test_measuring_a_small_grid_gives_a_curve_per_op_type_through_its_samples() 
         assert {x for x, _ in curve.points} == {x for x in xs if x > 0} or min(xs) == 0
 
 
+def test_the_grid_times_the_ops_of_parameters_sliced_over_two_pservers_at_their_sizes() -> None:
+    """A trainer whose parameters are sliced joins the blocks it receives (`concat`) and cuts
+    its gradients into blocks (`split_byref`): a wide layer's concat copies megabytes a step,
+    far beyond the reference jobs' 128 KiB messages, so the grid runs them at its own sizes."""
+    wide = Reference("mlp-1024-b8", "{name: mlp, sizes: [64, 1024, 10]}", 8, 1024, steps=2)
+    samples = measure_kernels("numpy", [wide], budget=300, stream=io.StringIO(),
+                              probe=lambda: 1.0).times.samples
+    weight = 64 * 1024 * 4  # fc0.w, in two blocks of 32 rows
+    # fc0.w's, once a step each (fc1.w's 10,240 floats stay whole); bytes read and written
+    assert [b for _, b, _ in samples["concat"]] == [2 * weight] * 2
+    assert [b for _, b, _ in samples["split_byref"]] == [2 * weight] * 2
+    curves, _ = fit_kernels(WorkTimes({"concat": samples["concat"]}))
+    assert curves["concat"].covers(2 * weight)
+
+
 def test_a_budget_of_nothing_skips_all_but_the_first_and_says_so() -> None:
     run = measure_kernels("numpy", SMALL, budget=0.0, stream=io.StringIO(), probe=lambda: 1.0)
     assert run.skipped == ["mlp-64-b32"] and run.times.calls > 0

@@ -106,6 +106,9 @@ BY_FLOPS = frozenset({"matmul", "matmul_grad", "batched_matmul", "batched_matmul
 """The cost rules whose time follows FLOPs; every other op's follows the bytes it moves."""
 SLICING_OPS = frozenset({"concat", "split_byref"})
 """The compute ops the transpiler puts around a sliced parameter's RPC ops (`_slicing`)."""
+COLD_BYTES = 64 << 20
+"""Inputs `_slicing` cycles through, beyond the caches of the machines this runs on (32 MiB
+of L3 on the development machine)."""
 FALLBACK_RULES = frozenset({"elementwise", "reduction", "sum", "softmax"})
 """The cost rules whose samples, pooled by bytes, price an op type that was not calibrated."""
 
@@ -300,22 +303,27 @@ def _optimize(job: Job, backend: str, times: WorkTimes, steps: int) -> None:
 def _slicing(job: Job, backend: str, times: WorkTimes, steps: int) -> None:
     """The compute ops a trainer runs around its RPC ops once its parameters are sliced over
     two pservers (`split_byref` of a gradient into the blocks it sends, `concat` of the blocks
-    it receives into the parameter), over random values of the vars' shapes. DESIGN: neither
-    the local nor the pserver programs run them, and the reference jobs' messages stop at
-    128 KiB, where a wide layer's `concat` copies megabytes from memory each step."""
+    it receives into the parameter), at the vars' shapes. DESIGN: neither the local nor the
+    pserver programs run them, and the reference jobs' messages stop at 128 KiB, where a wide
+    layer's `concat` copies megabytes a step. In a job, what a step's concat reads (blocks just
+    received) has left the caches since its last run; so each run here reads another set of
+    inputs, of `COLD_BYTES` together (a loop over one set timed a 4 MB concat at a quarter of
+    its cost in a job)."""
     sliced = job.trainer_programs(0)[0].clone()
     block = sliced.global_block()
     ops = [op for op in block.ops if op.type in SLICING_OPS and op.role & OpRole.Dist]
     if not ops:
         return
     block.ops = ops
-    scope, rng = Scope(), np.random.default_rng(0)
-    for op in ops:
-        for name in op.input_arg_names:
-            var = block.var(name)
-            scope.put(name, rng.standard_normal(tuple(var.shape)).astype(var.dtype))
-    executor = Executor(backend, timer=times)
-    for _ in range(steps):
+    names = sorted({name for op in ops for name in op.input_arg_names})
+    shapes = {name: (tuple(block.var(name).shape), block.var(name).dtype) for name in names}
+    one_set = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
+    sets = [{name: np.full(shape, k + 1.0, dtype) for name, (shape, dtype) in shapes.items()}
+            for k in range(min(steps, max(1, math.ceil(COLD_BYTES / one_set))))]
+    scope, executor = Scope(), Executor(backend, timer=times)
+    for step in range(steps):
+        for name, value in sets[step % len(sets)].items():
+            scope.put(name, value)
         executor.run_block(sliced, 0, scope)
 
 

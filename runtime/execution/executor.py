@@ -250,6 +250,22 @@ def run_step(step: OpStep, scope: Scope, program: Program,
         raise KernelError(f"{step.where}: {type(exc).__name__}: {exc}") from exc
 
 
+def run_steps(steps: Iterable[OpStep], scope: Scope, program: Program,
+              run_block: Callable[[int], None]) -> None:
+    """`run_step` over compute ops in order, in one loop (no call per op besides its kernel's)."""
+    step: OpStep | None = None
+    try:
+        for step in steps:
+            step.kernel(KernelContext(step.op, scope, step.where, program, run_block))  # type: ignore[misc]
+    except ExecutionError:
+        raise
+    except Exception as exc:
+        assert step is not None
+        if step.kernel is None:
+            raise AssertionError(f"{step.where}: an RPC op has no kernel") from None
+        raise KernelError(f"{step.where}: {type(exc).__name__}: {exc}") from exc
+
+
 class Executor:
     def __init__(self, backend: str = "numpy", device: str = "cpu",
                  timer: KernelTimer | None = None, local_index: int = 0) -> None:
@@ -288,9 +304,13 @@ class Executor:
         def run_sub(idx: int) -> None:
             self.run_block(program, idx, scope)
 
-        for step in plan.steps:
-            attrs = overrides.get((block_idx, step.index)) if overrides else None
-            run_step(step if attrs is None else _with_attrs(step, attrs), scope, program, run_sub)
+        if overrides:
+            for step in plan.steps:
+                attrs = overrides.get((block_idx, step.index))
+                run_step(step if attrs is None else _with_attrs(step, attrs), scope, program,
+                         run_sub)
+        else:
+            run_steps(plan.steps, scope, program, run_sub)
         if block_idx != 0 and not keep_locals:
             scope.drop(block_locals(program.blocks[block_idx]))
 
@@ -378,6 +398,7 @@ def _fetch(scope: Scope, name: str, return_numpy: bool) -> Any:
 
 
 __all__ = ["AttrOverrides", "Binder", "BlockPlan", "Executor", "KernelTimer", "OpStep", "PlanCache",
-           "build_plan", "check_feed", "device_binder", "fingerprint", "run_step", "set_kernel_threads",
+           "build_plan", "check_feed", "device_binder", "fingerprint", "run_step", "run_steps",
+           "set_kernel_threads",
            "timed_binder",
            "timing_kernels"]

@@ -14,6 +14,12 @@ a view that turns values into its tensors and, with `keep_view`, stores the conv
 in the scope, so that a var fed or received as numpy is converted once, not by every op reading
 it. Values are immutable, so swapping one for its converted twin changes nothing else. What a
 kernel only reads on the host (a learning rate) it reads with `host_input`, unconverted.
+
+DESIGN: `input` and `set_output` run a few times for every op of every step, so they read and
+write the scope's dict directly (`Scope.raw` and `Scope.put` as one dict operation each) and
+call the view only for a value it may change: `as_is` is the type a view returns as it is
+(numpy arrays under the default view, the backend's tensors under its own), checked with
+``type(value) is`` before any call.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ View = Callable[[Any], Any]
 
 
 class KernelContext:
-    __slots__ = ("op", "scope", "where", "program", "_run_block", "view", "keep_view")
+    __slots__ = ("op", "scope", "where", "program", "_run_block", "view", "keep_view", "as_is",
+                 "_values")
 
     def __init__(self, op: Op, scope: Scope, where: str = "", program: Program | None = None,
                  run_block: RunBlock | None = None) -> None:
@@ -45,6 +52,9 @@ class KernelContext:
         self._run_block = run_block
         self.view: View = host_value
         self.keep_view = False
+        self.as_is: type = np.ndarray
+        """Stored values of this type are what the view would return (no call needed)."""
+        self._values = scope._values
 
     # -- inputs ---------------------------------------------------------------------------------
     def input(self, slot: str) -> Any:
@@ -52,7 +62,13 @@ class KernelContext:
         names = self.op.inputs.get(slot)
         if not names:
             return None
-        value = self._read(slot, names[0])
+        try:
+            value = self._values[names[0]]
+        except KeyError:
+            raise self._missing(slot, names[0]) from None
+        if type(value) is self.as_is:
+            return value
+        value = self._seen(names[0], value)
         return value.data if type(value) is LoDTensor else value
 
     def host_input(self, slot: str) -> Any:
@@ -82,19 +98,25 @@ class KernelContext:
     def has_input(self, slot: str) -> bool:
         return bool(self.op.inputs.get(slot))
 
+    def _missing(self, slot: str, name: str) -> MissingInputError:
+        return MissingInputError(f"{self.where}: input {slot} var {name!r} has no value in the scope")
+
     def _stored(self, slot: str, name: str) -> Any:
         try:
-            return self.scope.raw(name)
+            return self._values[name]
         except KeyError:
-            raise MissingInputError(
-                f"{self.where}: input {slot} var {name!r} has no value in the scope") from None
+            raise self._missing(slot, name) from None
 
-    def _read(self, slot: str, name: str) -> Value:
-        stored = self._stored(slot, name)
+    def _seen(self, name: str, stored: Any) -> Any:
+        """`stored` through the view, kept in the scope in its viewed form with `keep_view`."""
         value = self.view(stored)
         if self.keep_view and value is not stored:
-            self.scope.put(name, value)
+            self._values[name] = value
         return value
+
+    def _read(self, slot: str, name: str) -> Any:
+        stored = self._stored(slot, name)
+        return stored if type(stored) is self.as_is else self._seen(name, stored)
 
     # -- attributes -----------------------------------------------------------------------------
     def attr(self, name: str, default: Any = None) -> Any:
@@ -118,9 +140,8 @@ class KernelContext:
         if not names:
             return
         if lod and (isinstance(value, np.ndarray) or is_native(value)):
-            self.scope.put(names[index], LoDTensor(value, lod))
-        else:
-            self.scope.put(names[index], value)
+            value = LoDTensor(value, lod)
+        self._values[names[index]] = value  # Scope.put
 
     # -- control flow ---------------------------------------------------------------------------
     def run_block(self, block_idx: int) -> None:

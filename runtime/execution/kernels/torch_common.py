@@ -121,11 +121,12 @@ def on_device(device: str, local_index: int = 0) -> Callable[[Kernel], Kernel]:
     dev = resolve_device(device, local_index)
     target = None if dev.type == "cpu" else dev
     view = _cpu_view if target is None else functools.partial(native_value, device=target)
+    as_is = Tensor if target is None else _Never  # a CPU tensor on a GPU is moved
 
     def bind(k: Kernel) -> Kernel:
         @functools.wraps(k)
         def run(ctx: KernelContext) -> None:
-            ctx.view, ctx.keep_view = view, True
+            ctx.view, ctx.keep_view, ctx.as_is = view, True, as_is
             if target is None:
                 k(ctx)
                 return
@@ -143,9 +144,14 @@ def on_host(k: Kernel) -> Kernel:
     not keeping the conversion), and its numpy outputs are converted by whoever reads them."""
     @functools.wraps(k)
     def run(ctx: KernelContext) -> None:
-        ctx.view, ctx.keep_view = host_value, False
+        ctx.view, ctx.keep_view, ctx.as_is = host_value, False, np.ndarray
         k(ctx)
     return run
+
+
+class _Never:
+    """A type no stored value has: a view's `KernelContext.as_is` where it may change any
+    value."""
 
 
 def set_threads(threads: int) -> None:
@@ -292,8 +298,19 @@ def _torch_of(dtype: np.dtype) -> torch.dtype:
 
 
 def torch_dtype(dtype: DTypeLike) -> torch.dtype:
-    """The torch dtype of a numpy or torch dtype."""
-    return dtype if isinstance(dtype, torch.dtype) else _torch_of(np.dtype(dtype))
+    """The torch dtype of a numpy or torch dtype (one look-up for those seen before: kernels
+    ask on nearly every call)."""
+    known = _TORCH_DTYPES.get(dtype)
+    if known is not None:
+        return known
+    found = dtype if isinstance(dtype, torch.dtype) else _torch_of(np.dtype(dtype))
+    if isinstance(dtype, (np.dtype, torch.dtype)):
+        _TORCH_DTYPES[dtype] = found
+    return found
+
+
+_TORCH_DTYPES: dict[Any, torch.dtype] = {}
+"""numpy and torch dtypes -> torch dtype, as `torch_dtype` met them."""
 
 
 def result_dtype(*dtypes: DTypeLike) -> np.dtype:
@@ -305,6 +322,12 @@ def result_dtype(*dtypes: DTypeLike) -> np.dtype:
 def _result_type(dtypes: tuple[DTypeLike, ...]) -> np.dtype:
     """Cached on the dtypes as given (numpy's or torch's): kernels ask it on every call."""
     return np.result_type(*(np_dtype(d) for d in dtypes))
+
+
+def reshaped(t: Tensor, shape: tuple[int, ...] | torch.Size) -> Tensor:
+    """`t` with `shape`: itself when it has it already (a reshape costs a microsecond or two
+    even then, and makes a view)."""
+    return t if t.shape == shape else t.reshape(shape)
 
 
 def as_float(t: Tensor) -> Tensor:
@@ -353,5 +376,5 @@ def put(ctx: KernelContext, slot: str, t: Tensor, index: int = 0, lod: LoD | Non
 __all__ = ["BACKEND", "DeviceError", "LOCAL_RANK_VAR", "Tensor", "as_float", "densify", "device",
            "dtype_of", "from_host", "host", "host_scalar", "input_t", "is_native", "kernel",
            "local_rank", "native_value", "np_dtype", "on_device", "on_host", "optional_t",
-           "out_grad_t", "put", "resolve_device", "result_dtype", "set_threads", "tensor",
+           "out_grad_t", "put", "reshaped", "resolve_device", "result_dtype", "set_threads", "tensor",
            "to_host", "torch", "torch_dtype", "zeros"]

@@ -30,10 +30,10 @@ from runtime.execution.kernels.buffers import MIN_BYTES
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.torch_common import Tensor, tensor, torch
 
-__all__ = ["exclusive", "output_buffer", "own", "writable_input"]
+__all__ = ["exclusive", "large", "output_buffer", "own", "writable_input"]
 
 
-def _large(t: Any) -> bool:
+def large(t: Any) -> bool:
     """A tensor of `MIN_BYTES` or more: smaller ones are left to the allocator, whose small
     blocks are reused anyway, and the checks would cost more than they save."""
     return type(t) is Tensor and t.numel() * t.element_size() >= MIN_BYTES
@@ -92,7 +92,7 @@ def writable_input(ctx: KernelContext, in_slot: str, out_slot: str) -> Tensor | 
     same var, the tensor is `exclusive` and of `MIN_BYTES` or more; else None."""
     name = ctx.input_names(in_slot)[:1]
     if not name or name != ctx.op.outputs.get(out_slot, [])[:1] \
-            or not _large(ctx.scope.find(name[0])) or not exclusive(ctx, in_slot):
+            or not large(ctx.scope.find(name[0])) or not exclusive(ctx, in_slot):
         return None
     return tensor(ctx.input(in_slot))
 
@@ -107,7 +107,7 @@ def output_buffer(ctx: KernelContext, slot: str, shape: tuple[int, ...], dtype: 
     if not names or any(names[0] in inputs for inputs in ctx.op.inputs.values()):
         return None
     held = ctx.scope.find(names[0])
-    if not (_large(held) and tuple(held.shape) == tuple(shape) and held.dtype == dtype
+    if not (large(held) and tuple(held.shape) == tuple(shape) and held.dtype == dtype
             and held.device == device and held.is_contiguous() and held._base is None):
         return None
     return held if _alone(held) else None

@@ -16,44 +16,72 @@ import numpy as np
 from runtime.execution.kernels.context import KernelContext
 from runtime.execution.kernels.numpy_elementwise import align
 from runtime.execution.kernels.torch_common import (Tensor, input_t, kernel, np_dtype, optional_t,
-                                                    out_grad_t, put, tensor, torch)
+                                                    out_grad_t, put, reshaped, tensor, torch)
 
 BinaryFn = Callable[[Tensor, Tensor], Tensor]
 GradFn = Callable[[Tensor, Tensor, Tensor, Any], Tensor]  # (dout, x, y, out or None) -> d operand
 
 
+Layout = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], Any, Any]
+
+
 @functools.lru_cache(maxsize=4096)
 def _layout(ufunc: np.ufunc, x_shape: tuple[int, ...], y_shape: tuple[int, ...], axis: int,
-            x_dtype: Any, y_dtype: Any) -> tuple[tuple[int, ...], tuple[int, ...], Any, Any]:
-    """X's and Y's aligned shapes and the dtypes (numpy's or torch's) they are computed in: the
-    input dtypes of the numpy loop `ufunc` runs for them, None where an operand's own serves.
+            x_dtype: Any, y_dtype: Any) -> Layout:
+    """The shapes X and Y are computed in (`_as_given`), X's and Y's aligned shapes, and the
+    dtypes (numpy's or torch's) they are computed in: the input dtypes of the numpy loop `ufunc`
+    runs for them, None where an operand's own serves.
 
     DESIGN: cached per shapes, axis and dtypes, since a program's ops see the same ones step
     after step; the alignment and dtype resolution are then one look-up, not Python work on
     every call. Bounded, as sequence batches bring new shapes."""
     xs, ys = align(x_shape, y_shape, axis)
     in_x, in_y, _ = ufunc.resolve_dtypes((np_dtype(x_dtype), np_dtype(y_dtype), None))
-    return (xs, ys, None if in_x == np_dtype(x_dtype) else in_x,
+    return (_as_given(tuple(x_shape), xs), _as_given(tuple(y_shape), ys), xs, ys,
+            None if in_x == np_dtype(x_dtype) else in_x,
             None if in_y == np_dtype(y_dtype) else in_y)
 
 
+def _as_given(shape: tuple[int, ...], aligned: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape an operand is computed in: its own where its aligned shape only puts 1s before
+    it (a bias [D] against [N, D]), since torch broadcasts it so (the same elements meet, no
+    reshape needed); else the aligned shape. (`align` keeps the higher-ranked operand as it
+    is, so the result's shape stays the aligned one.)"""
+    lead = len(aligned) - len(shape)
+    return shape if aligned[lead:] == shape and all(d == 1 for d in aligned[:lead]) else aligned
+
+
+def _operands(ctx: KernelContext, ufunc: np.ufunc, x: Any, y: Any) -> tuple[Tensor, Tensor, Layout]:
+    layout = _layout(ufunc, x.shape, y.shape, int(ctx.attr("axis", -1)), x.dtype, y.dtype)
+    return reshaped(tensor(x, layout[4]), layout[0]), reshaped(tensor(y, layout[5]), layout[1]), layout
+
+
 def operands(ctx: KernelContext, ufunc: np.ufunc) -> tuple[Tensor, Tensor]:
-    """X and Y as tensors of aligned shapes and the dtypes numpy's `ufunc` would compute in."""
-    x, y = ctx.input("X"), ctx.input("Y")
-    xs, ys, dx, dy = _layout(ufunc, x.shape, y.shape, int(ctx.attr("axis", -1)), x.dtype, y.dtype)
-    tx, ty = tensor(x, dx), tensor(y, dy)
-    return (tx if tx.shape == xs else tx.reshape(xs)), (ty if ty.shape == ys else ty.reshape(ys))
+    """X and Y as tensors that broadcast as Paddle's `axis` rule aligns them (`_as_given`), in
+    the dtypes numpy's `ufunc` would compute in."""
+    x, y, _ = _operands(ctx, ufunc, ctx.input("X"), ctx.input("Y"))
+    return x, y
+
+
+@functools.lru_cache(maxsize=4096)
+def _summed_dims(grad: tuple[int, ...], aligned: tuple[int, ...]) -> tuple[int, ...]:
+    """The dims of a gradient shaped `grad` that sum into an operand aligned as `aligned`."""
+    return tuple(i for i, (g, a) in enumerate(zip(grad, aligned)) if a == 1 and g != 1)
 
 
 def unbroadcast(grad: Tensor, aligned: tuple[int, ...], shape: tuple[int, ...]) -> Tensor:
-    """Sum `grad` over the dims where `aligned` is 1 and reshape to the operand's `shape`."""
-    dims = [i for i, (g, a) in enumerate(zip(grad.shape, aligned)) if a == 1 and g != 1]
+    """Sum `grad` over the dims where `aligned` is 1 and reshape to the operand's `shape`
+    (the summed dims dropped rather than kept: the same sums, one reshape fewer where they
+    lead, as a bias's do)."""
+    dims = _summed_dims(tuple(grad.shape), aligned)
     if dims:
-        grad = grad.sum(dim=dims, keepdim=True)
-    return grad.reshape(shape)
+        grad = grad.sum(dim=dims)
+    return reshaped(grad, shape)
 
 
 def _register_binary(op_type: str, ufunc: np.ufunc, fn: BinaryFn, dx: GradFn, dy: GradFn) -> None:
+    reads_out = op_type in READS_OUT
+
     @kernel(op_type)
     def forward(ctx: KernelContext) -> None:
         put(ctx, "Out", fn(*operands(ctx, ufunc)), lod=ctx.lod("X"))
@@ -61,13 +89,13 @@ def _register_binary(op_type: str, ufunc: np.ufunc, fn: BinaryFn, dx: GradFn, dy
     @kernel(op_type + "_grad")
     def backward(ctx: KernelContext) -> None:
         x0, y0 = ctx.input("X"), ctx.input("Y")
-        x, y = operands(ctx, ufunc)
-        out = optional_t(ctx, "Out")
+        x, y, (_, _, xs, ys, _, _) = _operands(ctx, ufunc, x0, y0)
+        out = optional_t(ctx, "Out") if reads_out else None
         g = out_grad_t(ctx)
         if ctx.has_output("X@GRAD"):
-            put(ctx, "X@GRAD", unbroadcast(dx(g, x, y, out), tuple(x.shape), x0.shape), dtype=x0.dtype)
+            put(ctx, "X@GRAD", unbroadcast(dx(g, x, y, out), xs, x0.shape), dtype=x0.dtype)
         if ctx.has_output("Y@GRAD"):
-            put(ctx, "Y@GRAD", unbroadcast(dy(g, x, y, out), tuple(y.shape), y0.shape), dtype=y0.dtype)
+            put(ctx, "Y@GRAD", unbroadcast(dy(g, x, y, out), ys, y0.shape), dtype=y0.dtype)
 
 
 _BINARY: dict[str, tuple[np.ufunc, BinaryFn, GradFn, GradFn]] = {
@@ -83,6 +111,9 @@ _BINARY: dict[str, tuple[np.ufunc, BinaryFn, GradFn, GradFn]] = {
     "elementwise_pow": (np.power, torch.pow, lambda g, x, y, o: g * y * torch.pow(x, y - 1),
                         lambda g, x, y, o: g * o * torch.log(x)),
 }
+
+READS_OUT = frozenset({"elementwise_div", "elementwise_pow"})
+"""The binary ops whose gradients read Out (the others' are given None for it)."""
 
 for _op_type, (_ufunc, _fn, _dx, _dy) in _BINARY.items():
     _register_binary(_op_type, _ufunc, _fn, _dx, _dy)

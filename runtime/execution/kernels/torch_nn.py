@@ -29,8 +29,8 @@ from runtime.execution.kernels.numpy_nn import (HSIGMOID_CLIP, nce_terms, select
                                                 top_k_of)
 from runtime.execution.kernels.sampling import sample_labels
 from runtime.execution.kernels.torch_common import (Tensor, as_float, dtype_of, host, input_t,
-                                                    kernel, on_host, out_grad_t, put, tensor,
-                                                    torch, zeros)
+                                                    kernel, on_host, out_grad_t, put, reshaped,
+                                                    tensor, torch, zeros)
 from runtime.execution.tensor import SelectedRows
 
 
@@ -89,7 +89,7 @@ def mul(ctx: KernelContext) -> None:
     xd, yd = mul_dims(ctx)
     out = _matmul(_flatten2(x, xd), _flatten2(y, yd))
     shape = x.shape[:xd] + y.shape[yd:]
-    put(ctx, "Out", out if out.shape == shape else out.reshape(shape), lod=ctx.lod("X"))
+    put(ctx, "Out", reshaped(out, shape), lod=ctx.lod("X"))
 
 
 @kernel("mul_grad")
@@ -97,11 +97,11 @@ def mul_grad(ctx: KernelContext) -> None:
     x, y = input_t(ctx, "X"), input_t(ctx, "Y")
     xd, yd = mul_dims(ctx)
     x2, y2 = _flatten2(x, xd), _flatten2(y, yd)
-    g = out_grad_t(ctx).reshape(x2.shape[0], y2.shape[1])
+    g = reshaped(out_grad_t(ctx), (x2.shape[0], y2.shape[1]))
     if ctx.has_output("X@GRAD"):
-        put(ctx, "X@GRAD", _matmul(g, y2.T).reshape(x.shape))
+        put(ctx, "X@GRAD", reshaped(_matmul(g, y2.T), x.shape))
     if ctx.has_output("Y@GRAD"):
-        put(ctx, "Y@GRAD", _matmul(x2.T, g).reshape(y.shape))
+        put(ctx, "Y@GRAD", reshaped(_matmul(x2.T, g), y.shape))
 
 
 # -- softmax ------------------------------------------------------------------------------------
@@ -142,8 +142,7 @@ def _rows(t: Tensor, classes: int) -> Tensor:
     return t if t.dim() == 2 else t.reshape(-1, classes)
 
 
-def _shaped(t: Tensor, shape: tuple[int, ...]) -> Tensor:
-    return t if t.shape == shape else t.reshape(shape)
+_shaped = reshaped
 
 
 @kernel("cross_entropy")
@@ -203,7 +202,7 @@ def softmax_with_cross_entropy(ctx: KernelContext) -> None:
         loss = -(tensor(label).reshape(z.shape) * log_sm).sum(dim=1)
     else:
         ids, keep = _labels(ctx, label, z.shape[0])
-        loss = _masked(-log_sm.gather(1, ids), keep)
+        loss = _masked(log_sm.gather(1, ids).neg_(), keep)
     put(ctx, "Softmax", _shaped(torch.exp(log_sm), logits.shape))
     put(ctx, "Loss", _shaped(loss, logits.shape[:-1] + (1,)), dtype=logits.dtype)
 

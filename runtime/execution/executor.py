@@ -241,13 +241,7 @@ def _forget(programs: dict[int, Any], key: int) -> Callable[[weakref.ref[Program
 def run_step(step: OpStep, scope: Scope, program: Program,
              run_block: Callable[[int], None]) -> None:
     """Run one compute op; an exception from its kernel becomes a `KernelError` naming the op."""
-    assert step.kernel is not None, f"{step.where}: an RPC op has no kernel"
-    try:
-        step.kernel(KernelContext(step.op, scope, step.where, program, run_block))
-    except ExecutionError:
-        raise
-    except Exception as exc:
-        raise KernelError(f"{step.where}: {type(exc).__name__}: {exc}") from exc
+    run_steps((step,), scope, program, run_block)
 
 
 def run_steps(steps: Iterable[OpStep], scope: Scope, program: Program,

@@ -16,6 +16,10 @@ stored value as it is, for kernels; `get` and `get_tensor` give its numpy form
 (`tensor.host_value`), for everything else (the wire, fetches, checkpoints, the pserver's
 bookkeeping): the conversion happens there, where bytes leave the kernels, and costs nothing
 for numpy values or CPU tensors (a view of the same memory).
+
+DESIGN: `put` and `raw` are one dict operation each and must stay so: a kernel's context
+(`runtime.execution.kernels.context.KernelContext`) reads and writes `_values` itself, a few
+times per op of every step, where a method call per value cost more than the dict access.
 """
 
 from __future__ import annotations

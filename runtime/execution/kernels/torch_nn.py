@@ -142,8 +142,6 @@ def _rows(t: Tensor, classes: int) -> Tensor:
     return t if t.dim() == 2 else t.reshape(-1, classes)
 
 
-_shaped = reshaped
-
 
 @kernel("cross_entropy")
 def cross_entropy(ctx: KernelContext) -> None:
@@ -154,7 +152,7 @@ def cross_entropy(ctx: KernelContext) -> None:
     else:
         ids, keep = _labels(ctx, label, p.shape[0])
         loss = _masked(-torch.log(p.gather(1, ids)), keep)
-    put(ctx, "Y", _shaped(loss, x.shape[:-1] + (1,)), dtype=x.dtype)
+    put(ctx, "Y", reshaped(loss, x.shape[:-1] + (1,)), dtype=x.dtype)
 
 
 @kernel("cross_entropy_grad")
@@ -168,7 +166,7 @@ def cross_entropy_grad(ctx: KernelContext) -> None:
         ids, keep = _labels(ctx, label, p.shape[0])
         picked = _masked(-g / p.gather(1, ids), keep)
         dp = torch.zeros_like(p).scatter_(1, ids, picked.to(p.dtype))
-    put(ctx, "X@GRAD", _shaped(dp, x.shape))
+    put(ctx, "X@GRAD", reshaped(dp, x.shape))
 
 
 @kernel("cross_entropy2")
@@ -178,9 +176,9 @@ def cross_entropy2(ctx: KernelContext) -> None:
     ids, keep = _labels(ctx, ctx.input("Label"), p.shape[0])
     match = _masked(p.gather(1, ids), keep)
     lead = x.shape[:-1] + (1,)
-    put(ctx, "MatchX", _shaped(match, lead), dtype=x.dtype)
+    put(ctx, "MatchX", reshaped(match, lead), dtype=x.dtype)
     # an ignored row's -log(0) is never selected
-    put(ctx, "Y", _shaped(_masked(-torch.log(match), keep), lead), dtype=x.dtype)
+    put(ctx, "Y", reshaped(_masked(-torch.log(match), keep), lead), dtype=x.dtype)
 
 
 @kernel("cross_entropy_grad2")
@@ -190,7 +188,7 @@ def cross_entropy_grad2(ctx: KernelContext) -> None:
     g = out_grad_t(ctx, "Y", "Y@GRAD").reshape(-1, 1)
     ids, keep = _labels(ctx, ctx.input("Label"), p.shape[0])
     picked = _masked(-g / tensor(ctx.input("MatchX")).reshape(-1, 1), keep)
-    put(ctx, "X@GRAD", _shaped(torch.zeros_like(p).scatter_(1, ids, picked.to(p.dtype)), x.shape))
+    put(ctx, "X@GRAD", reshaped(torch.zeros_like(p).scatter_(1, ids, picked.to(p.dtype)), x.shape))
 
 
 @kernel("softmax_with_cross_entropy")
@@ -203,8 +201,8 @@ def softmax_with_cross_entropy(ctx: KernelContext) -> None:
     else:
         ids, keep = _labels(ctx, label, z.shape[0])
         loss = _masked(log_sm.gather(1, ids).neg_(), keep)
-    put(ctx, "Softmax", _shaped(torch.exp(log_sm), logits.shape))
-    put(ctx, "Loss", _shaped(loss, logits.shape[:-1] + (1,)), dtype=logits.dtype)
+    put(ctx, "Softmax", reshaped(torch.exp(log_sm), logits.shape))
+    put(ctx, "Loss", reshaped(loss, logits.shape[:-1] + (1,)), dtype=logits.dtype)
 
 
 @kernel("softmax_with_cross_entropy_grad")
@@ -223,7 +221,7 @@ def softmax_with_cross_entropy_grad(ctx: KernelContext) -> None:
         d = s.scatter_add(1, ids, torch.full(ids.shape, -1, dtype=s.dtype, device=s.device))
         if keep is not None:
             g = g * keep
-    put(ctx, "Logits@GRAD", _shaped(d * g, sm.shape))
+    put(ctx, "Logits@GRAD", reshaped(d * g, sm.shape))
 
 
 # -- lookup_table, lookup_table_v2 --------------------------------------------------------------

@@ -373,7 +373,23 @@ def test_sharing_keeps_each_counts_best_rate_of_its_tries(
     # held a core), 95 in the second, 90 in the third
     together = iter([[100], [60, 60], [100], [95, 95], [100], [90, 90]])
     monkeypatch.setattr(calibrate_module, "busy_together", lambda work, m, s: next(together))
-    assert measure_sharing(2, seconds=0.0, tries=3) == [1.0, 0.95]
+    assert measure_sharing(2, seconds=0.0, tries=3, cores=2) == [1.0, 0.95]
+
+
+def test_sharing_divides_by_the_fastest_alone_and_never_beats_the_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As measured on the 2-core machine on 2026-12-07: a try whose lone process ran in a
+    slow spell (820 against 1,416) made three at once look 0.91 of a core each, 2.7 cores in
+    all. Each count's best is set against the best alone, and m busy processes share the
+    cores: each gets at most cores / m."""
+    together = iter([[820], [918] * 2, [743] * 3,
+                     [1269], [1295] * 2, [844] * 3,
+                     [1416], [1103] * 2, [746] * 3])
+    monkeypatch.setattr(calibrate_module, "busy_together", lambda work, m, s: next(together))
+    assert measure_sharing(3, seconds=0.0, tries=3, cores=2) == [1.0, 0.9145, 0.596]
+    together = iter([[100], [100, 100], [99, 99, 99]])  # a machine faster together, somehow
+    monkeypatch.setattr(calibrate_module, "busy_together", lambda work, m, s: next(together))
+    assert measure_sharing(3, seconds=0.0, tries=1, cores=2) == [1.0, 1.0, 0.6667]
 
 
 def test_op_types_only_the_reference_jobs_ran_get_curves_and_the_grids_are_kept() -> None:

@@ -125,15 +125,19 @@ class _Host:
         self.timer: asyncio.TimerHandle | None = None
 
     def rate(self) -> float:
+        """Each busy thread's rate: the measured one, and never more than ``cores / busy`` (a
+        machine file measured before `runtime calibrate` capped its rates may say 2.6 cores'
+        worth on 2: see docs/fidelity.md, 2026-12-07, 13:12)."""
         busy = len(self.active)
         if not busy:
             return 1.0
         rates = self.rates
+        fair = min(1.0, self.cores / busy)
         if not rates:
-            return min(1.0, self.cores / busy)
+            return fair
         if busy <= len(rates):
-            return rates[busy - 1]
-        return rates[-1] * len(rates) / busy
+            return min(fair, rates[busy - 1])
+        return min(fair, rates[-1] * len(rates) / busy)
 
     def advance(self, now: float) -> None:
         """Take the work done since the last update off every busy lane's current piece."""
@@ -234,7 +238,7 @@ class _SlicedHost(_Host):
         working = len(self.working())
         if not working:
             return 1.0
-        return super().rate() * len(self.active) / working
+        return min(1.0, super().rate() * len(self.active) / working)
 
     def working(self) -> list[_Node]:
         """The running processors that have work (one that ran out keeps its core a moment)."""

@@ -350,6 +350,17 @@ def test_a_host_of_measured_rates_gives_each_busy_thread_its_rate() -> None:
     assert done["c"] == done["d"] == [pytest.approx((16 / 3 + 2) * U)]
 
 
+def test_a_host_never_does_more_than_its_cores_work_whatever_its_file_says() -> None:
+    """The rates a machine file of 2026-12-07 10:54 carries (measured before they were capped):
+    three busy threads at 0.877 of a core each on 2 cores. Three threads of U each take 1.5 U
+    together at best, time-sliced or shared."""
+    rates = (1.0, 1.0, 0.877, 0.631)
+    for slice_ in (0.0, 0.004):
+        host = SimHost("box", ("*",), 2.0, rates, slice_)
+        done = finish_times(Cpus([host], ["a", "b", "c"]), [(0, n, U) for n in "abc"])
+        assert max(t for times in done.values() for t in times) >= 1.5 * U * (1 - 1e-9)
+
+
 def test_a_host_whose_two_threads_run_slower_than_alone_is_shared_even_when_not_full() -> None:
     host = SimHost("box", ("*",), 2.0, (1.0, 0.5))
     done = finish_times(Cpus([host], ["a", "b"]), [(0, "a", U), (0, "b", U)])

@@ -9,7 +9,7 @@ the broadcast dims and cast to the operand's dtype, as in `numpy_elementwise`.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -22,7 +22,18 @@ BinaryFn = Callable[[Tensor, Tensor], Tensor]
 GradFn = Callable[[Tensor, Tensor, Tensor, Any], Tensor]  # (dout, x, y, out or None) -> d operand
 
 
-Layout = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], Any, Any]
+class Layout(NamedTuple):
+    """How X and Y of a binary op are computed (`_layout`)."""
+
+    x_shape: tuple[int, ...]
+    """The shape X is computed in (`_as_given`); likewise `y_shape`."""
+    y_shape: tuple[int, ...]
+    x_aligned: tuple[int, ...]
+    """X's shape aligned to Y's by Paddle's `axis` rule: what its gradient sums back into."""
+    y_aligned: tuple[int, ...]
+    x_dtype: Any
+    """The dtype X is computed in (numpy's loop for the ufunc), None where its own serves."""
+    y_dtype: Any
 
 
 @functools.lru_cache(maxsize=4096)
@@ -37,9 +48,9 @@ def _layout(ufunc: np.ufunc, x_shape: tuple[int, ...], y_shape: tuple[int, ...],
     every call. Bounded, as sequence batches bring new shapes."""
     xs, ys = align(x_shape, y_shape, axis)
     in_x, in_y, _ = ufunc.resolve_dtypes((np_dtype(x_dtype), np_dtype(y_dtype), None))
-    return (_as_given(tuple(x_shape), xs), _as_given(tuple(y_shape), ys), xs, ys,
-            None if in_x == np_dtype(x_dtype) else in_x,
-            None if in_y == np_dtype(y_dtype) else in_y)
+    return Layout(_as_given(tuple(x_shape), xs), _as_given(tuple(y_shape), ys), xs, ys,
+                  None if in_x == np_dtype(x_dtype) else in_x,
+                  None if in_y == np_dtype(y_dtype) else in_y)
 
 
 def _as_given(shape: tuple[int, ...], aligned: tuple[int, ...]) -> tuple[int, ...]:
@@ -53,7 +64,8 @@ def _as_given(shape: tuple[int, ...], aligned: tuple[int, ...]) -> tuple[int, ..
 
 def _operands(ctx: KernelContext, ufunc: np.ufunc, x: Any, y: Any) -> tuple[Tensor, Tensor, Layout]:
     layout = _layout(ufunc, x.shape, y.shape, int(ctx.attr("axis", -1)), x.dtype, y.dtype)
-    return reshaped(tensor(x, layout[4]), layout[0]), reshaped(tensor(y, layout[5]), layout[1]), layout
+    return (reshaped(tensor(x, layout.x_dtype), layout.x_shape),
+            reshaped(tensor(y, layout.y_dtype), layout.y_shape), layout)
 
 
 def operands(ctx: KernelContext, ufunc: np.ufunc) -> tuple[Tensor, Tensor]:
@@ -89,13 +101,13 @@ def _register_binary(op_type: str, ufunc: np.ufunc, fn: BinaryFn, dx: GradFn, dy
     @kernel(op_type + "_grad")
     def backward(ctx: KernelContext) -> None:
         x0, y0 = ctx.input("X"), ctx.input("Y")
-        x, y, (_, _, xs, ys, _, _) = _operands(ctx, ufunc, x0, y0)
+        x, y, layout = _operands(ctx, ufunc, x0, y0)
         out = optional_t(ctx, "Out") if reads_out else None
         g = out_grad_t(ctx)
         if ctx.has_output("X@GRAD"):
-            put(ctx, "X@GRAD", unbroadcast(dx(g, x, y, out), xs, x0.shape), dtype=x0.dtype)
+            put(ctx, "X@GRAD", unbroadcast(dx(g, x, y, out), layout.x_aligned, x0.shape), dtype=x0.dtype)
         if ctx.has_output("Y@GRAD"):
-            put(ctx, "Y@GRAD", unbroadcast(dy(g, x, y, out), ys, y0.shape), dtype=y0.dtype)
+            put(ctx, "Y@GRAD", unbroadcast(dy(g, x, y, out), layout.y_aligned, y0.shape), dtype=y0.dtype)
 
 
 _BINARY: dict[str, tuple[np.ufunc, BinaryFn, GradFn, GradFn]] = {

@@ -94,18 +94,18 @@ class Store:
         temporary array (`_surely_sound`, else a min and a max); only an unsound tensor is
         counted element by element."""
         bad: dict[str, tuple[int, float]] = {}
-        for name, value in checked.items():
-            array = _float_data(value)
-            if array is None or not array.size:
-                continue
-            bound = out_of_range(array.dtype)
-            with np.errstate(over="ignore", invalid="ignore"):  # what it is there to find
+        with np.errstate(over="ignore", invalid="ignore"):  # what it is there to find
+            for name, value in checked.items():
+                array = _float_data(value)
+                if array is None or not array.size:
+                    continue
+                bound = out_of_range(array.dtype)
                 if _surely_sound(array, bound):
                     continue
-            low, high = array.min(), array.max()
-            if -bound <= low and high <= bound:  # False for a NaN
-                continue
-            bad[name] = (int(np.count_nonzero(~(np.abs(array) <= bound))), bound)
+                low, high = array.min(), array.max()
+                if -bound <= low and high <= bound:  # False for a NaN
+                    continue
+                bad[name] = (int(np.count_nonzero(~(np.abs(array) <= bound))), bound)
         return bad
 
     def _checked(self, name: str, value: Any, copy: bool = True) -> Any:

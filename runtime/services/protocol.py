@@ -324,13 +324,14 @@ class Dedupe:
       still held (a deferred request answered late). The caller asks about requests it still
       holds deferred before it asks here.
     - A reply that carries parameter values (`remember(..., values_of=step)`: a GET's) holds
-      them only while it answers the sender's latest step: once the sender sends a request
-      of a later step (`moved_on`) or is answered values of another step, its older value
-      replies are dropped, their ids still known as FORGOTTEN (a trainer asks for a step's
-      values again only before it moves on, and it moves on once every request of the step
-      is answered). So when a sync round's update runs, every trainer having sent its
-      requests of the round, no reply pins the values the round before left, and the update
-      may write the parameters in place.
+      them only while it answers the sender's latest step: once the sender is answered values
+      of another step, its older value replies are dropped, their ids still known as
+      FORGOTTEN (a trainer asks for a step's values again only before it moves on), so the
+      replies of a sync round pin at most the values the round before left, one copy of a
+      shard beyond the live one. DESIGN: they are not dropped on the sender's first request
+      of the next step, though it will never retry them: a duplicate the network delivers
+      late would then be refused as an error (a compact job through a proxy that duplicates
+      and reorders 5% of its messages showed it).
 
     - A reply to a request of step s (`remember(..., step=s)`) is held only while the
       sender's latest request is of step s + 1 at most: a trainer moves on to a step once every
@@ -378,12 +379,6 @@ class Dedupe:
             oldest = next(iter(seen))
             del seen[oldest]
             sender.drop(oldest)
-
-    def moved_on(self, src: str, step: int) -> None:
-        """`src` sent a request of `step`: drop its value replies of earlier steps."""
-        sender = self._senders.get(src)
-        if sender is not None and sender.values_step is not None and sender.values_step < step:
-            sender.drop_values()
 
     def held(self, src: str) -> list[int]:
         """The ids whose replies are held for `src`, oldest first."""

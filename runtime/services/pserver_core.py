@@ -210,7 +210,6 @@ class PserverCore:
             before = self.next_step.get(trainer)
             if msg.step >= 0 and msg.kind not in (Kind.HEARTBEAT, Kind.COMPLETE):
                 self.next_step[trainer] = max(before or 0, msg.step + 1)
-                self.dedupe.moved_on(msg.src, msg.step)  # its older values: see `Dedupe`
             if self.resynced is not None and self._must_rewind(trainer, msg):
                 yield Tally("rewinds")
                 log.info("%s: trainer message %s at step %d: rewind to step %d", self.name,

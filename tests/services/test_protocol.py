@@ -149,22 +149,6 @@ def test_a_senders_value_replies_are_held_for_its_latest_step_only() -> None:
     assert d.lookup("t0", 3) == (Recall.ANSWERED, "send@1")
 
 
-def test_a_request_of_a_later_step_lets_go_of_the_senders_older_values() -> None:
-    """A trainer moves on only once every reply of its step is in: its request of the next
-    step means it will never ask for those values again."""
-    d = Dedupe(window=10)
-    d.remember("t0", 1, "get a@0", values_of=0, step=0)
-    d.remember("t1", 1, "get a@0 (t1)", values_of=0, step=0)
-    d.moved_on("t0", 0)  # another request of the same step: the values stay
-    assert d.lookup("t0", 1) == (Recall.ANSWERED, "get a@0")
-    d.moved_on("t0", 1)
-    assert d.lookup("t0", 1) == (Recall.FORGOTTEN, None)
-    assert d.lookup("t1", 1) == (Recall.ANSWERED, "get a@0 (t1)")  # another sender's: kept
-    d.remember("t0", 2, "get a@1", values_of=1, step=1)
-    assert d.lookup("t0", 2) == (Recall.ANSWERED, "get a@1")
-    d.moved_on("t9", 5)  # a sender never answered: nothing to let go
-
-
 def test_a_carried_barrier_closes_only_when_the_messages_it_counts_are_in() -> None:
     r = SyncRound(2)
     # trainer 0's round: sends 10, 11, 12; the carrier (12) arrives first, then a duplicate

@@ -259,6 +259,9 @@ class PserverCounters:
     """The step it started from after a crash (its checkpoint's, or 0); null: never crashed."""
     rewinds: int = 0
     """Messages it answered with a rewind (of a step it lost in a crash)."""
+    late_copies: int = 0
+    """Copies of requests whose sender had already moved past them (duplicated or reordered
+    by the network and delivered late): ignored, neither handled nor answered."""
     read_staleness_max: int | None = None
     """ssp mode only: the most steps a read of the parameters it served ran ahead of the
     slowest live trainer's completed steps (at most transpiler.staleness)."""

@@ -304,6 +304,7 @@ class Recall(enum.Enum):
     NEW = "new"              # not answered yet: handle it
     ANSWERED = "answered"    # a retry: send the reply held
     FORGOTTEN = "forgotten"  # a retry of a request whose reply is no longer held
+    OUTRUN = "outrun"        # a late copy of a request its sender has moved past: none waits
 
 
 DEDUPE_WINDOW = 256
@@ -314,6 +315,8 @@ few dozen requests (a step's messages and the heartbeats of the wait)."""
 
 _DROPPED = object()
 """A held reply whose values were let go: its id is known, its answer no longer."""
+_OUTRUN = object()
+"""The same, let go because its sender moved past its step (`Recall.OUTRUN`)."""
 
 
 class Dedupe:
@@ -324,14 +327,12 @@ class Dedupe:
       still held (a deferred request answered late). The caller asks about requests it still
       holds deferred before it asks here.
     - A reply that carries parameter values (`remember(..., values_of=step)`: a GET's) holds
-      them only while it answers the sender's latest step: once the sender is answered values
-      of another step, its older value replies are dropped, their ids still known as
-      FORGOTTEN (a trainer asks for a step's values again only before it moves on), so the
-      replies of a sync round pin at most the values the round before left, one copy of a
-      shard beyond the live one. DESIGN: they are not dropped on the sender's first request
-      of the next step, though it will never retry them: a duplicate the network delivers
-      late would then be refused as an error (a compact job through a proxy that duplicates
-      and reorders 5% of its messages showed it).
+      them only while it answers the sender's latest step: once the sender sends a request
+      of a later step (`moved_on`) or is answered values of another step, its older value
+      replies are dropped. A trainer moves on only once every request of its step is
+      answered, so when a sync round's update runs, every trainer having sent its requests of
+      the round, no reply pins the values the round before left, and the update may write the
+      parameters in place.
 
     - A reply to a request of step s (`remember(..., step=s)`) is held only while the
       sender's latest request is of step s + 1 at most: a trainer moves on to a step once every
@@ -339,6 +340,11 @@ class Dedupe:
       retry one of step s (the step before it is kept for a heartbeat still on its way). Without
       this a pserver held every reply of a run of fewer than `window` steps' messages: at 1,000
       trainers, hundreds of megabytes of acknowledgements nobody could ask for again.
+
+    - A request whose reply was let go because its sender moved past it is `Recall.OUTRUN`:
+      the sender cannot be waiting for it, so what asks is a copy the network delivered late
+      (a duplicate, or one reordered behind later messages), to be ignored, not refused as an
+      error. Any other request whose reply is gone is FORGOTTEN.
 
     DESIGN: a forgotten request is answered with an error that names it, never with a guess;
     ids are only compared per sender, whose ids grow (a restarted node's too). What is held of
@@ -359,9 +365,12 @@ class Dedupe:
         seen = sender.seen
         if msg_id in seen:
             reply = seen[msg_id]
+            if reply is _OUTRUN:
+                return Recall.OUTRUN, None
             return (Recall.FORGOTTEN, None) if reply is _DROPPED else (Recall.ANSWERED, reply)
         if sender.floor is not None and msg_id <= sender.floor:
-            return Recall.FORGOTTEN, None
+            outrun = sender.outrun is not None and msg_id <= sender.outrun
+            return Recall.OUTRUN if outrun else Recall.FORGOTTEN, None
         return Recall.NEW, None
 
     def remember(self, src: str, msg_id: int, reply: Any, values_of: int | None = None,
@@ -377,27 +386,34 @@ class Dedupe:
             sender.hold_step(msg_id, step)
         while len(seen) > self.window:
             oldest = next(iter(seen))
-            del seen[oldest]
-            sender.drop(oldest)
+            sender.drop(oldest, outrun=seen.pop(oldest) is _OUTRUN)
+
+    def moved_on(self, src: str, step: int) -> None:
+        """`src` sent a request of `step`: let go of its value replies of earlier steps."""
+        sender = self._senders.get(src)
+        if sender is not None and sender.values_step is not None and sender.values_step < step:
+            sender.drop_values(_OUTRUN)
 
     def held(self, src: str) -> list[int]:
         """The ids whose replies are held for `src`, oldest first."""
         sender = self._senders.get(src)
         return [] if sender is None else [i for i, reply in sender.seen.items()
-                                          if reply is not _DROPPED]
+                                          if reply is not _DROPPED and reply is not _OUTRUN]
 
 
 class _Sender:
     """What a `Dedupe` holds of one sender: its replies by id (`seen`, oldest first), the
-    newest id dropped (`floor`), the ids of the replies holding values of step `values_step`
-    (`values`), and the ids held under each step (`steps`: step, id, step, id, ..., flat, as
-    a sender has a few of them: two steps' worth)."""
+    newest id dropped (`floor`) and of those the newest dropped for a step it moved past
+    (`outrun`), the ids of the replies holding values of step `values_step` (`values`), and
+    the ids held under each step (`steps`: step, id, step, id, ..., flat, as a sender has a
+    few of them: two steps' worth)."""
 
-    __slots__ = ("seen", "floor", "values_step", "values", "steps")
+    __slots__ = ("seen", "floor", "outrun", "values_step", "values", "steps")
 
     def __init__(self) -> None:
         self.seen: dict[int, Any] = {}
         self.floor: int | None = None
+        self.outrun: int | None = None
         self.values_step: int | None = None
         self.values: list[int] = []
         self.steps: list[int] = []
@@ -414,7 +430,7 @@ class _Sender:
                 seen = self.seen
                 for old in gone:
                     if seen.pop(old, None) is not None:
-                        self.drop(old)
+                        self.drop(old, outrun=True)
         steps += (step, msg_id)
 
     def hold_values(self, msg_id: int, step: int) -> None:
@@ -424,16 +440,19 @@ class _Sender:
         if msg_id not in self.values:
             self.values.append(msg_id)
 
-    def drop_values(self) -> None:
-        """Let go of the values of every value reply held; their ids stay known (a retry of
-        one is refused)."""
+    def drop_values(self, mark: object = _DROPPED) -> None:
+        """Let go of the values of every value reply held; their ids stay known, as `mark`:
+        `_DROPPED` (a retry of one is refused) or `_OUTRUN` (the sender moved past them)."""
         seen = self.seen
         for old in self.values:
-            seen[old] = _DROPPED
+            seen[old] = mark
         self.values = []
         self.values_step = None
 
-    def drop(self, msg_id: int) -> None:
+    def drop(self, msg_id: int, outrun: bool = False) -> None:
+        """Forget `msg_id`'s reply; `outrun`: because the sender moved past its step."""
         self.floor = msg_id if self.floor is None else max(self.floor, msg_id)
+        if outrun:
+            self.outrun = msg_id if self.outrun is None else max(self.outrun, msg_id)
         if msg_id in self.values:
             self.values.remove(msg_id)

@@ -160,9 +160,11 @@ class PserverCore:
             yield Reply(peer, Message.of(Kind.REPLY, msg.id, self.name, self.round.step, extra={
                 PENDING_FIELD: True, SERVER_STEP_FIELD: self.round.step}))
             return
-        if recall is Recall.FORGOTTEN:
+        if recall is not Recall.NEW:  # its reply is gone
             if msg.kind is Kind.HEARTBEAT:  # it changes nothing: answered again, not an error
                 yield Reply(peer, self._reply(msg), heartbeat=True)
+            elif recall is Recall.OUTRUN:  # a late copy: its sender is past it, waits for none
+                yield Tally("late_copies")
             else:
                 yield Reject(peer, self._forgotten(msg), msg)
             return
@@ -210,6 +212,7 @@ class PserverCore:
             before = self.next_step.get(trainer)
             if msg.step >= 0 and msg.kind not in (Kind.HEARTBEAT, Kind.COMPLETE):
                 self.next_step[trainer] = max(before or 0, msg.step + 1)
+                self.dedupe.moved_on(msg.src, msg.step)  # its older values: see `Dedupe`
             if self.resynced is not None and self._must_rewind(trainer, msg):
                 yield Tally("rewinds")
                 log.info("%s: trainer message %s at step %d: rewind to step %d", self.name,
@@ -510,7 +513,7 @@ class PserverCore:
         return ProtocolViolation(
             f"{msg.kind} id {msg.id} from {msg.src!r} (step {msg.step}): a retry of a request "
             f"whose reply is no longer held (older than the last {self.dedupe.window} replies to "
-            f"that sender, or values of a step it has moved past); not handled again")
+            f"that sender, or values since replaced by another step's); not handled again")
 
     def reject_reason(self, trainer: int, msg: Message) -> str:
         if trainer in self.round.completed:

@@ -126,8 +126,8 @@ def test_a_senders_replies_are_held_for_its_latest_two_steps_only() -> None:
     assert d.held("t0") == [2, 3, 4]  # the step before the latest is kept (a heartbeat)
     d.remember("t0", 5, "send@2", step=2)
     assert d.held("t0") == [4, 5]
-    assert [d.lookup("t0", i)[0] for i in range(1, 7)] == [
-        Recall.FORGOTTEN, Recall.FORGOTTEN, Recall.FORGOTTEN, Recall.ANSWERED, Recall.ANSWERED,
+    assert [d.lookup("t0", i)[0] for i in range(1, 7)] == [  # its sender moved past them
+        Recall.OUTRUN, Recall.OUTRUN, Recall.OUTRUN, Recall.ANSWERED, Recall.ANSWERED,
         Recall.NEW]
     assert d.lookup("t1", 1) == (Recall.ANSWERED, "send@0 (t1)")  # another sender's: kept
     d.remember("t0", 6, "heartbeat@1", step=1)  # a step already held: nothing forgotten
@@ -147,6 +147,36 @@ def test_a_senders_value_replies_are_held_for_its_latest_step_only() -> None:
     assert d.lookup("t0", 1) == (Recall.FORGOTTEN, None) == d.lookup("t0", 2)
     assert d.lookup("t1", 4) == (Recall.ANSWERED, "get a@0 (t1)")  # another sender's: kept
     assert d.lookup("t0", 3) == (Recall.ANSWERED, "send@1")
+
+
+def test_a_request_of_a_later_step_lets_go_of_the_senders_older_values() -> None:
+    """A trainer moves on only once every reply of its step is in: its request of the next
+    step means it will never ask for those values again, and a copy of the request that
+    still comes is the network's (`Recall.OUTRUN`)."""
+    d = Dedupe(window=10)
+    d.remember("t0", 1, "get a@0", values_of=0, step=0)
+    d.remember("t1", 1, "get a@0 (t1)", values_of=0, step=0)
+    d.moved_on("t0", 0)  # another request of the same step: the values stay
+    assert d.lookup("t0", 1) == (Recall.ANSWERED, "get a@0")
+    d.moved_on("t0", 1)
+    assert d.lookup("t0", 1) == (Recall.OUTRUN, None)
+    assert d.lookup("t1", 1) == (Recall.ANSWERED, "get a@0 (t1)")  # another sender's: kept
+    d.remember("t0", 2, "get a@1", values_of=1, step=1)
+    assert d.lookup("t0", 2) == (Recall.ANSWERED, "get a@1")
+    d.remember("t0", 3, "get a@2", values_of=2, step=2)  # answered another step's values
+    assert d.lookup("t0", 2) == (Recall.FORGOTTEN, None)  # not known to be past: refused
+    d.moved_on("t9", 5)  # a sender never answered: nothing to let go
+
+
+def test_a_late_copy_stays_known_as_one_after_the_window_drops_it() -> None:
+    d = Dedupe(window=2)
+    d.remember("t0", 1, "get@0", values_of=0, step=0)
+    d.moved_on("t0", 1)
+    d.remember("t0", 2, "send@1", step=1)
+    d.remember("t0", 3, "send@1 b", step=1)  # the window drops id 1
+    d.remember("t0", 4, "send@1 c", step=1)  # and id 2, not known to be past
+    assert [d.lookup("t0", i)[0] for i in range(1, 6)] == [
+        Recall.OUTRUN, Recall.FORGOTTEN, Recall.ANSWERED, Recall.ANSWERED, Recall.NEW]
 
 
 def test_a_carried_barrier_closes_only_when_the_messages_it_counts_are_in() -> None:

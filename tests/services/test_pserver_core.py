@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from runtime.network.wire import Kind, Message, encode
-from runtime.services.protocol import Phase, Recall
+from runtime.services.protocol import Dedupe, Phase, Recall
 from runtime.services.pserver_actions import (Action, Begin, Optimize, Pay, Reject, Replay, Reply,
                                               RunBlocks, SaveCheckpoint, Stop, Tally, Work)
 from runtime.services.pserver_core import DROPS_SUSPECT
@@ -417,28 +417,48 @@ def test_a_retried_acknowledgement_is_the_first_one_again_held_as_its_step_alone
 
 
 def test_a_retry_of_a_reply_no_longer_held_gets_an_error_naming_it() -> None:
+    """A request whose reply fell out of the dedupe window, its sender not known to have
+    moved past it: the pserver cannot answer it again and will not handle it twice."""
     shell = Shell("sync")
-    startup = shell.message(Kind.GET, 0, -1, names=[PARAM], msg_id=5)
-    shell.send(startup)
-    for trainer in (0, 1):
-        shell.send(shell.message(Kind.SEND, trainer, 0, grad(shell, trainer, 1.0)))
-        shell.send(shell.message(Kind.SEND_BARRIER, trainer, 0))
-    shell.send(shell.message(Kind.GET, 0, 0, names=[PARAM], msg_id=50))  # values of a later step
-    refused = shell.send(startup)
+    shell.core.dedupe = Dedupe(window=2)
+    send = shell.message(Kind.SEND, 0, 0, grad(shell, 0, 1.0), msg_id=6)
+    shell.send(send)
+    for msg_id in (7, 8):  # two more requests of the same step: the SEND's reply is dropped
+        shell.send(shell.message(Kind.HEARTBEAT, 0, 0, msg_id=msg_id))
+    assert shell.core.dedupe.lookup(send.src, send.id)[0] is Recall.FORGOTTEN
+    refused = shell.send(send)
     assert kinds(refused) == [Reject]
-    assert "get id 5 from 'trainer:0' (step -1): a retry" in str(refused[0].error)
+    assert "send id 6 from 'trainer:0' (step 0): a retry" in str(refused[0].error)
+
+
+def test_a_late_copy_of_a_request_its_trainer_moved_past_is_ignored_not_refused() -> None:
+    """A trainer moves on only once every reply of its step is in: a copy of one of its
+    requests that arrives after its request of a later step is the network's (a duplicate
+    delivered late), and nobody waits for its answer. The values the GET's reply held are let
+    go at the next step's first request, so the round's update may write them in place."""
+    shell = Shell("sync")
+    get = shell.message(Kind.GET, 0, -1, names=[PARAM])
+    (reply,) = replies(shell.send(get))
+    assert reply.vars[PARAM] is shell.store.scope.get(PARAM)  # held by the reply
+    shell.send(shell.message(Kind.SEND, 0, 0, grad(shell, 0, 1.0)))
+    assert shell.core.dedupe.lookup(get.src, get.id)[0] is Recall.OUTRUN
+    late = shell.send(get)
+    assert kinds(late) == [Tally] and late[0].stat == "late_copies"
+    assert shell.core.dedupe.held(get.src) == [get.id + 1]  # the SEND's reply alone
 
 
 def test_a_retried_heartbeat_no_longer_held_is_acknowledged_again_not_refused() -> None:
-    """A heartbeat changes nothing here, so a retry of one whose reply was forgotten (its
+    """A heartbeat changes nothing here, so a retry of one whose reply was let go (its
     trainer has sent requests of two later steps since, as a slow link or a busy machine) is
-    answered again as it was the first time, where any other request gets an error."""
+    answered again as it was the first time: the trainer's heartbeats run beside its steps,
+    so it may still be waiting for that one, where a later step's request shows that any
+    other request of the step before is answered."""
     shell = Shell("sync")
     beat = shell.message(Kind.HEARTBEAT, 0, 0)
     (first,) = replies(shell.send(beat))
     for step in (1, 2):  # its later heartbeats, of two later steps
         shell.send(shell.message(Kind.HEARTBEAT, 0, step))
-    assert shell.core.dedupe.lookup(beat.src, beat.id)[0] is Recall.FORGOTTEN
+    assert shell.core.dedupe.lookup(beat.src, beat.id)[0] is Recall.OUTRUN
     again = shell.send(beat)
     assert kinds(again) == [Reply] and again[0].heartbeat
     assert again[0].message.kind is Kind.REPLY and again[0].message.id == beat.id

@@ -8,6 +8,7 @@ replies recorded), so each test reads what the core asked for, in order.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import numpy as np
@@ -445,6 +446,27 @@ def test_a_late_copy_of_a_request_its_trainer_moved_past_is_ignored_not_refused(
     late = shell.send(get)
     assert kinds(late) == [Tally] and late[0].stat == "late_copies"
     assert shell.core.dedupe.held(get.src) == [get.id + 1]  # the SEND's reply alone
+
+
+def test_a_sync_rounds_update_writes_the_parameter_in_place_once_every_trainer_moved_on() -> None:
+    """Every trainer fetched the parameter (its reply held for a retry, pinning the array)
+    and then sent its gradients of the next step: nothing holds the array any more, so the
+    round's sgd subtracts into it (a [256, 128] weight: above `MIN_BYTES`) with the numbers
+    of a new one."""
+    shell = Shell("sync", model="{name: mlp, sizes: [8, 256, 128], "
+                                "optimizer: {type: sgd, learning_rate: 0.5}}")
+    param = weakref.ref(shell.store.scope.get(PARAM))  # the test must not pin it either
+    expected = shell.store.scope.get(PARAM) - np.float32(0.5 * 2.0)
+    assert expected.shape == (256, 128)
+    for trainer in (0, 1):
+        assert replies(shell.send(shell.message(Kind.GET, trainer, -1, names=[PARAM])))
+    for trainer, value in ((0, 1.0), (1, 3.0)):
+        shell.send(shell.message(Kind.SEND, trainer, 0, grad(shell, trainer, value)))
+    for trainer in (0, 1):
+        shell.send(shell.message(Kind.SEND_BARRIER, trainer, 0))
+    assert shell.core.round.phase is Phase.PARAMS
+    assert shell.store.scope.get(PARAM) is param()
+    np.testing.assert_array_equal(shell.store.scope.get(PARAM), expected)
 
 
 def test_a_retried_heartbeat_no_longer_held_is_acknowledged_again_not_refused() -> None:

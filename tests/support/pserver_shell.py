@@ -34,11 +34,12 @@ PARAM = "mlp.fc1.w"
 SHAPE = (4, 2)
 
 
-def programs(mode: str, trainers: int = 2, transpiler: str = "") -> tuple[Program, Program]:
+def programs(mode: str, trainers: int = 2, transpiler: str = "",
+             model: str = MODEL) -> tuple[Program, Program]:
     """Pserver 0's main and startup programs of a one-pserver job (no slicing)."""
     text = f"""
 name: core
-model: {MODEL}
+model: {model}
 cluster: {{pservers: 1, trainers: {trainers}, endpoints: {{pservers: [127.0.0.1:7001]}}}}
 transpiler: {{mode: {mode}{", " + transpiler if transpiler else ""}}}
 train: {{steps: 4, heartbeat_timeout: 10s}}
@@ -50,8 +51,8 @@ class Shell:
     """Performs the core's actions at once and records them."""
 
     def __init__(self, mode: str, trainers: int = 2, transpiler: str = "",
-                 checkpoint_every: int | None = None, **core: Any) -> None:
-        self.program, startup = programs(mode, trainers, transpiler)
+                 checkpoint_every: int | None = None, model: str = MODEL, **core: Any) -> None:
+        self.program, startup = programs(mode, trainers, transpiler, model)
         self.executor = Executor()
         scope = Scope()
         self.executor.run(startup, scope=scope)

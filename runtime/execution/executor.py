@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Mapping, Protocol, cast
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, cast
 
 import numpy as np
 
@@ -298,13 +298,11 @@ class Executor:
         def run_sub(idx: int) -> None:
             self.run_block(program, idx, scope)
 
+        steps: Sequence[OpStep] = plan.steps
         if overrides:
-            for step in plan.steps:
-                attrs = overrides.get((block_idx, step.index))
-                run_step(step if attrs is None else _with_attrs(step, attrs), scope, program,
-                         run_sub)
-        else:
-            run_steps(plan.steps, scope, program, run_sub)
+            steps = [step if (attrs := overrides.get((block_idx, step.index))) is None
+                     else _with_attrs(step, attrs) for step in steps]
+        run_steps(steps, scope, program, run_sub)
         if block_idx != 0 and not keep_locals:
             scope.drop(block_locals(program.blocks[block_idx]))
 

@@ -296,15 +296,26 @@ class OnCpus(Ledger):
         self.cpus = cpus
         # a trainer's peers are the pservers it talks to, a sync pserver's the round's trainers
         self._overheads = {"step": costs.step_overhead,
-                           "rpc_step": costs.residual("rpc_step", pservers),
-                           "round": costs.round_overhead + costs.residual("round", trainers)}
+                           "rpc_step": costs.residual("rpc_step", pservers)}
+        self._trainers = trainers
+        self._rounds: dict[str, float] = {}
+        """Pserver -> its round's overhead (its host's crowding moves the residual)."""
 
     def cost(self, node: str, op: Op, scope: Scope, step: int) -> float:
         return self._count(node, step,
                            self.model.cost(node, op, scope, step) + self.costs.op_overhead)
 
     def overhead(self, node: str, what: str, step: int) -> float:
+        if what == "round":
+            return self._count(node, step, self._round(node))
         return self._count(node, step, self._overheads.get(what, 0.0))
+
+    def _round(self, node: str) -> float:
+        seconds = self._rounds.get(node)
+        if seconds is None:
+            seconds = self._rounds[node] = self.costs.round_overhead + self.costs.residual(
+                "round", self._trainers, self.cpus.crowding(node))
+        return seconds
 
     def spend(self, node: str, seconds: float) -> Awaitable[None]:
         return self.cpus.spend(node, seconds)
@@ -553,7 +564,14 @@ class RuntimeSection(_Section):
     step_residual_per_peer: float = Field(0.0, allow_inf_nan=False)
     """What `step_residual` grows by for each pserver more a trainer talks to."""
     round_residual_per_peer: float = Field(0.0, allow_inf_nan=False)
-    """What `round_residual` grows by for each trainer more in a round."""
+    """What `round_residual` grows by for each trainer more in a round (a file from before
+    `round_residual_per_node`)."""
+    residual_crowding: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """The nodes beyond its host's cores on the host of each node of the job the residuals
+    were measured on (`runtime calibrate`: 2, 4 nodes on 2 cores)."""
+    round_residual_per_node: float = Field(0.0, allow_inf_nan=False)
+    """What `round_residual` grows by for each node more beyond the cores of its pserver's
+    host (`cluster.hosts`; a node on no host has a machine of its own)."""
     machine: dict[str, Any] = {}
     """What it was measured on (cores, processor); for people."""
     curve: CurveSpec | None = None

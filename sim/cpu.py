@@ -354,12 +354,21 @@ class Cpus:
             spec = self._host_of(name)
             if spec is not None:
                 members[spec.name] = members.get(spec.name, 0) + threads
+        self._nodes_on = {host: count // threads for host, count in members.items()}
         self._hosts = {spec.name: _host(spec, members.get(spec.name, 0)) for spec in self.hosts}
         self._own: dict[str, _Host] = {}
         self._nodes: dict[str, _Node] = {}
 
     def _host_of(self, name: str) -> SimHost | None:
         return host_of(self.hosts, name)
+
+    def crowding(self, name: str) -> float:
+        """The nodes beyond its cores on node `name`'s host (I/O threads not counted); none
+        for a node with a machine of its own."""
+        spec = self._host_of(name)
+        if spec is None:
+            return 0.0
+        return max(self._nodes_on.get(spec.name, 0) - spec.cores, 0.0)
 
     def node(self, name: str) -> _Node:
         node = self._nodes.get(name)

@@ -47,10 +47,12 @@ loop's wake-up and dispatch (`loop_per_message`, calibrated on this machine by
 `runtime.launch.profile.calibrate_loop`, at most the node's even share), and the rest is per
 trainer step (``step_residual``) or per sync pserver round (``round_residual``), or, on a node
 that has neither (an asynchronous pserver), per message as before. A machine file
-(`runtime calibrate`) also says how the two grow with a node's peers (``residual_peers``, the
-reference job's, and ``step_residual_per_peer`` per pserver a trainer talks to,
-``round_residual_per_peer`` per trainer in a round: `RuntimeCosts.residual`), from the
-reference job run again with one pserver and one trainer. DESIGN: most of what no
+(`runtime calibrate`) also says how the two grow (`RuntimeCosts.residual`), from the
+reference job run again with one pserver and one trainer: a trainer's with the pservers it
+talks to (``residual_peers``, the reference job's, and ``step_residual_per_peer``), a
+pserver's with the nodes beyond the cores on its host (``residual_crowding``, the reference
+job's, and ``round_residual_per_node``; a file from before says ``round_residual_per_peer``
+per trainer in a round). DESIGN: most of what no
 timer sees does not grow with the messages: the executor's loop, the RPC ops' own code and
 the task switches happen once per op or step whatever the protocol, while a wake-up comes with
 each message received. Spread evenly over the messages, the residual priced a protocol that
@@ -217,7 +219,21 @@ class RuntimeCosts:
     step_residual_per_peer: float = 0.0
     """What `step_residual` grows by for each pserver more a trainer talks to."""
     round_residual_per_peer: float = 0.0
-    """What `round_residual` grows by for each trainer more in a round."""
+    """What `round_residual` grows by for each trainer more in a round (a machine file from
+    before `round_residual_per_node`)."""
+    residual_crowding: float = 0.0
+    """The nodes beyond its host's cores that shared the host of each node of the job the
+    residuals were measured on (`runtime calibrate`: 2 of 4 nodes on a 2-core machine)."""
+    round_residual_per_node: float = 0.0
+    """What `round_residual` grows by for each node more beyond its host's cores.
+
+    DESIGN: the work no timer sees in a round follows how crowded the pserver's host is, not
+    its round's trainers. Twelve jobs of the reference model on the development machine, 1 to 4
+    pservers and 1 to 6 trainers, gave a least-squares fit of 53 us per node on the host
+    (7 us per trainer beside it; residuals within 38 us rms) against 62 us per trainer alone
+    (62 us rms): 1 x 6 spent 0.43 ms a round, as 3 x 3 did (0.45), where 2 x 2 spent 0.29 and
+    1 x 1 0.18. A trainer's step residual follows its pservers (152 us each; the nodes add
+    12 us), so it keeps its per-peer line."""
     variants: Mapping[str, RuntimeCosts] = field(default_factory=dict)
     """Where measured (`runtime calibrate`'s family reference jobs): the costs of a family of
     jobs whose runtime works apart (`runtime.services.job.Job.family`), by family. DESIGN: a
@@ -254,13 +270,16 @@ class RuntimeCosts:
         variant's where measured, else these."""
         return self.variants.get(family, self) if family is not None else self
 
-    def residual(self, what: str, peers: int) -> float:
+    def residual(self, what: str, peers: int, crowding: float = 0.0) -> float:
         """A trainer's step residual (``rpc_step``) or a pserver's round residual (``round``)
-        with `peers` peers: the measured one, moved by its per-peer slope where measured."""
+        with `peers` peers, on a host with `crowding` nodes beyond its cores: the measured one,
+        moved by its slopes where measured."""
         base, slope = ((self.step_residual, self.step_residual_per_peer) if what == "rpc_step"
                        else (self.round_residual, self.round_residual_per_peer))
+        if what != "rpc_step" and self.round_residual_per_node:
+            base += self.round_residual_per_node * (crowding - self.residual_crowding)
         if not self.residual_peers:
-            return base
+            return max(base, 0.0)
         return max(base + slope * (peers - self.residual_peers), 0.0)
 
     def message(self, side: Side, kind: str, nbytes: int) -> float:
@@ -293,6 +312,9 @@ class RuntimeCosts:
             document.update(residual_peers=self.residual_peers,
                             step_residual_per_peer=self.step_residual_per_peer,
                             round_residual_per_peer=self.round_residual_per_peer)
+        if self.round_residual_per_node:
+            document.update(residual_crowding=self.residual_crowding,
+                            round_residual_per_node=self.round_residual_per_node)
         if self.io_by_size is not None:
             document["io_by_size"] = self.io_by_size.document()
         if self.io_by_size_tcp is not None:
@@ -333,6 +355,8 @@ class RuntimeCosts:
                             float(raw.get("residual_peers", 0.0)),
                             float(raw.get("step_residual_per_peer", 0.0)),
                             float(raw.get("round_residual_per_peer", 0.0)),
+                            float(raw.get("residual_crowding", 0.0)),
+                            float(raw.get("round_residual_per_node", 0.0)),
                             {family: RuntimeCosts.from_document(section)
                              for family, section in (raw.get("variants") or {}).items()},
                             SizeCurve.of(raw.get("io_by_size")),

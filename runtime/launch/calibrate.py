@@ -38,8 +38,9 @@ calibration measures what a job is made of instead, over ranges wide enough for 
   A step's and an op's own cost come
   from a job whose steps make no RPC (`LOCAL_REFERENCE`, `fold_local`); what the reference
   job's steps and rounds cost beyond that is owed by the steps that make an RPC and by the
-  rounds, and how that grows with a node's peers comes from the same job with one pserver and
-  one trainer (`PEERS_REFERENCE`, `merge_peers`).
+  rounds, and how that grows with a node's peers and its host's crowding comes from the same
+  job with one pserver and one trainer (`PEERS_REFERENCE`, `merge_peers`), as does the part of
+  a received SEND's cost that is its round's (`_round_of_sends`).
 
 Drift. On a shared machine (a VM whose host runs other guests) a thread's CPU time grows while
 the hypervisor runs someone else, so a kernel measured then looks slower than it is, and one
@@ -522,12 +523,15 @@ train: {steps: 150, deadline: 300s}
 dispatch cost with no messages in the step (`fold_local`)."""
 
 
-def measure_runtime(stream: TextIO, guard: SpeedGuard | None = None) -> RuntimeRuns:
-    """The runtime section of a profile of `RUNTIME_REFERENCE`, run for real, with the message
-    kinds of each of `KIND_REFERENCES` added, the per-step and per-op costs of
-    `LOCAL_REFERENCE` (`fold_local`), and every reference job's kernel samples; each run
-    taken again while `guard` finds the machine slow."""
+def measure_runtime(stream: TextIO, guard: SpeedGuard | None = None,
+                    cores: int | None = None) -> RuntimeRuns:
+    """The runtime section of a profile of `RUNTIME_REFERENCE`, run for real on this machine
+    (`cores`: its cores, by default the count the OS gives), with the message kinds of each of
+    `KIND_REFERENCES` added, the per-step and per-op costs of `LOCAL_REFERENCE` (`fold_local`),
+    and every reference job's kernel samples; each run taken again while `guard` finds the
+    machine slow."""
     guard = guard or SpeedGuard()
+    cores = cores or os.cpu_count() or 1
     document, kernels = _profile_runtime("reference", RUNTIME_REFERENCE, stream, guard,
                                          RUNTIME_RUNS)
     print("  runtime: the local reference job, for a step without RPCs", file=stream, flush=True)
@@ -536,7 +540,8 @@ def measure_runtime(stream: TextIO, guard: SpeedGuard | None = None) -> RuntimeR
     print("  runtime: the reference job with one pserver and one trainer, for the work no "
           "timer sees per peer", file=stream, flush=True)
     alone, _ = _profile_runtime("peers", PEERS_REFERENCE, stream, guard, RUNTIME_RUNS)
-    document = merge_peers(document, fold_local(alone, local, *ops_per_period(PEERS_REFERENCE)))
+    document = merge_peers(document, fold_local(alone, local, *ops_per_period(PEERS_REFERENCE)),
+                           cores)
     print("  runtime: the bytes reference job, for the cost of large messages", file=stream,
           flush=True)
     big, _ = _profile_runtime("bytes", BYTES_REFERENCE, stream, guard)
@@ -652,19 +657,52 @@ def merge_bytes(main: dict[str, Any], big: dict[str, Any], main_bytes: int,
     return dict(main, messages=messages, io=io)
 
 
-def merge_peers(main: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
-    """`main` (folded, `REFERENCE_PEERS` peers a node) with how its residuals change per peer,
-    from `alone` (the same job with one pserver and one trainer, folded the same way): a
-    trainer's step residual per pserver it talks to, a pserver's round residual per trainer in
-    its round. DESIGN: what no timer sees grows with a node's peers (a reply to wait for and
-    resolve per pserver, a request per trainer), more than the event loop's wake-up per
-    message (`loop_per_message`) accounts for; fitted as a line through the two jobs."""
+def merge_peers(main: dict[str, Any], alone: dict[str, Any], cores: int) -> dict[str, Any]:
+    """`main` (folded, `REFERENCE_PEERS` peers a node) with how its residuals change, from
+    `alone` (the same job with one pserver and one trainer, folded the same way), on a machine
+    of `cores` cores: a trainer's step residual per pserver it talks to, a pserver's round
+    residual per node beyond the cores on its host (`RuntimeCosts.round_residual_per_node`
+    says why not per trainer in its round; none where neither job has more nodes than cores).
+    DESIGN: what no timer sees grows with a node's peers (a reply to wait for and resolve per
+    pserver), more than the event loop's wake-up per message (`loop_per_message`) accounts
+    for, and with the processes it takes turns with; fitted as lines through the two jobs.
+    The two jobs' received SENDs also split what is the round's from what is the message's
+    (`_round_of_sends`)."""
     peers = REFERENCE_PEERS - 1
-    return dict(main, residual_peers=float(REFERENCE_PEERS),
-                step_residual_per_peer=(float(main["step_residual"])
-                                        - float(alone["step_residual"])) / peers,
-                round_residual_per_peer=(float(main["round_residual"])
-                                         - float(alone["round_residual"])) / peers)
+    # an n x n job's 2n nodes share this machine: those beyond its cores crowd it
+    crowded, alone_crowded = (max(2 * n - cores, 0) for n in (REFERENCE_PEERS, 1))
+    more = crowded - alone_crowded
+    merged = dict(main, residual_peers=float(REFERENCE_PEERS),
+                  step_residual_per_peer=(float(main["step_residual"])
+                                          - float(alone["step_residual"])) / peers,
+                  round_residual_per_peer=0.0)
+    if more:
+        merged.update(residual_crowding=float(crowded), round_residual_per_node=(
+            float(main["round_residual"]) - float(alone["round_residual"])) / more)
+    return _round_of_sends(merged, alone)
+
+
+def _round_of_sends(main: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
+    """`main` with the part of a received SEND's cost that is the round's moved onto the
+    round: a SEND costs ``a + X / trainers`` (`REFERENCE_PEERS` trainers in `main`'s rounds,
+    one in `alone`'s), so ``X`` goes on ``round_residual`` and ``a`` stays on the message.
+
+    DESIGN: the timers put a round's own work (the round begun and ended, the replies it
+    releases made ready) on the message that completes it. Per received SEND, twelve jobs of
+    the reference model measured 0.78-0.90 ms with one trainer a round, 0.72-0.75 with two,
+    0.51-0.58 with four and 0.53 with six; at the 2 x 2 job's price, a 1 x 6 pserver's
+    rounds cost 1.4 ms more than they took."""
+    sends = (main.get("messages", {}).get(RECEIVES, {}).get("send"),
+             alone.get("messages", {}).get(RECEIVES, {}).get("send"))
+    if sends[0] is None or sends[1] is None:
+        return main
+    trainers = REFERENCE_PEERS
+    per_round = max(float(sends[1]["per_message"]) - float(sends[0]["per_message"]), 0.0) \
+        * trainers / (trainers - 1)
+    received = dict(main["messages"][RECEIVES], send=dict(
+        sends[0], per_message=float(sends[0]["per_message"]) - per_round / trainers))
+    return dict(main, messages=dict(main["messages"], **{RECEIVES: received}),
+                round_residual=float(main["round_residual"]) + per_round)
 
 
 def family_variant(family: dict[str, Any], main: dict[str, Any],
@@ -678,7 +716,8 @@ def family_variant(family: dict[str, Any], main: dict[str, Any],
     it costs in any job; the table job's small messages left its own per-byte figure 28 times
     `main`'s, and a ctr_dnn job of larger messages came out slow."""
     peers = {key: main[key] for key in ("residual_peers", "step_residual_per_peer",
-                                        "round_residual_per_peer", "curve") if key in main}
+                                        "round_residual_per_peer", "residual_crowding",
+                                        "round_residual_per_node", "curve") if key in main}
     variant = merge_kinds(dict(family, **peers), main)
     variant.pop("variants", None)
     messages, nbytes = traffic
@@ -771,7 +810,7 @@ def calibrate(stream: TextIO, backends: list[str] | None = None, quick: bool = F
     from_jobs: list[str] = []
     if runtime:
         print("  runtime: a 2 x 2 reference job, run for real", file=stream, flush=True)
-        runs = measure_runtime(stream, guard)
+        runs = measure_runtime(stream, guard, cores)
         document["runtime"] = runs.document
         if "numpy" in document["kernels"]:  # the jobs ran the numpy kernels
             extra = job_curves(document["kernels"]["numpy"], runs.kernels)

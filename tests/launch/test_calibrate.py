@@ -425,30 +425,77 @@ def test_a_step_and_an_op_cost_what_the_local_job_says_and_the_rest_is_owed_by_r
     assert fold_local(main, {"op_overhead": 5.0, "step_overhead": 120.0}, 10, 3) == main
 
 
-def test_the_residuals_grow_per_peer_as_the_two_reference_jobs_say() -> None:
-    """2 x 2 against 1 x 1: a trainer's step residual 120 against 70 (50 per pserver more),
-    a pserver's round 29 against 33 (a line through both, even where it falls)."""
+def test_the_residuals_grow_with_peers_and_crowding_as_the_two_reference_jobs_say() -> None:
+    """2 x 2 against 1 x 1 on 2 cores: a trainer's step residual 120 against 70 (50 per
+    pserver more), a pserver's round 29 with 2 nodes beyond the cores against 33 with none
+    (a line through both, even where it falls: -2 per node)."""
     main = {"step_residual": 120.0, "round_residual": 29.0, "messages": {}}
     alone = {"step_residual": 70.0, "round_residual": 33.0, "messages": {"x": 1}}
-    merged = merge_peers(main, alone)
+    merged = merge_peers(main, alone, cores=2)
     assert merged == {"step_residual": 120.0, "round_residual": 29.0, "messages": {},
                       "residual_peers": 2.0, "step_residual_per_peer": 50.0,
-                      "round_residual_per_peer": -4.0}
+                      "round_residual_per_peer": 0.0, "residual_crowding": 2.0,
+                      "round_residual_per_node": -2.0}
     costs = RuntimeCosts.from_document(merged)
     assert RuntimeCosts.from_document(costs.document()) == costs
     assert [costs.residual("rpc_step", n) for n in (0, 1, 2, 3)] == [20.0, 70.0, 120.0, 170.0]
-    assert [costs.residual("round", n) for n in (1, 2, 9)] == [33.0, 29.0, 1.0]
-    assert costs.residual("round", 10) == 0.0  # never below nothing
+    # the round's trainers move nothing; the nodes beyond the host's cores do
+    assert [costs.residual("round", n, 0.0) for n in (1, 2, 9)] == [33.0, 33.0, 33.0]
+    assert [costs.residual("round", 2, c) for c in (0.0, 2.0, 5.0, 16.0)] == [33.0, 29.0, 23.0, 1.0]
+    assert costs.residual("round", 2, 17.0) == 0.0  # never below nothing
+    # 1 x 1 and 2 x 2 on 4 cores: neither crowded, so the round's residual stays as measured
+    roomy = merge_peers(main, alone, cores=4)
+    assert "round_residual_per_node" not in roomy and roomy["round_residual_per_peer"] == 0.0
+    assert RuntimeCosts.from_document(roomy).residual("round", 6, 3.0) == 29.0
+    # a file from before: per trainer in the round, as it priced then
+    old = RuntimeCosts.from_document(dict(main, residual_peers=2.0, round_residual_per_peer=-4.0))
+    assert [old.residual("round", n, 5.0) for n in (1, 2, 9)] == [33.0, 29.0, 1.0]
+    assert "residual_crowding" not in old.document()
+    # the simulator's ledger: a trainer's peers are its pservers; a pserver's crowding is its
+    # host's nodes beyond its cores (none on a machine of its own)
     cpus = Cpus([], ["trainer:0", "pserver:0"])
     ledger = OnCpus(Profile({}), costs, cpus, pservers=3, trainers=1)
     assert ledger.overhead("trainer:0", "rpc_step", 0) == 170.0
     assert ledger.overhead("pserver:0", "round", 0) == 33.0
+    names = ["pserver:0", "pserver:1", "trainer:0", "trainer:1", "trainer:2", "trainer:3"]
+    crowded = Cpus([SimHost("box", ("pserver:*", "trainer:*"), 2.0)], names, io=True)
+    assert [crowded.crowding(n) for n in names] == [4.0] * 6
+    assert OnCpus(Profile({}), costs, crowded, pservers=2, trainers=4).overhead(
+        "pserver:1", "round", 0) == 25.0
+    split = Cpus([SimHost("a", ("pserver:*",), 1.0), SimHost("b", ("trainer:*",), 2.0)],
+                 names)
+    assert [split.crowding(n) for n in names] == [1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     assert RuntimeCosts(step_residual=5.0).residual("rpc_step", 7) == 5.0  # not measured
     # the second reference is the first with one node of each role
     one = parse_scenario(PEERS_REFERENCE, "peers")
     assert (one.cluster.pservers, one.cluster.trainers, REFERENCE_PEERS) == (1, 1, 2)
     assert PEERS_REFERENCE.replace("pservers: 1, trainers: 1", "pservers: 2, trainers: 2") \
         .replace("calibrate-peers", "calibrate-runtime") == RUNTIME_REFERENCE
+
+
+def test_the_part_of_a_received_send_that_is_the_rounds_goes_on_the_round() -> None:
+    """A SEND costs a + X / trainers: 0.8 with one trainer a round, 0.6 with two, so X = 0.4
+    is the round's and a = 0.4 the message's; a round of 2 costs what it did, of 1 and of 6
+    what a + X / trainers says."""
+    def job(send: float, round_residual: float) -> dict[str, Any]:
+        return {"step_residual": 1.0, "round_residual": round_residual, "messages": {
+            "receive": {"send": {"per_message": send, "per_byte": 0.5},
+                        "reply": {"per_message": 0.1, "per_byte": 0.0}}}}
+
+    merged = merge_peers(job(0.6, 3.0), job(0.8, 2.0), cores=2)
+    assert merged["messages"]["receive"] == {"send": {"per_message": pytest.approx(0.4),
+                                                      "per_byte": 0.5},
+                                             "reply": {"per_message": 0.1, "per_byte": 0.0}}
+    # the crowding slope is the residuals' own, before the round's part joins them
+    assert merged["round_residual"] == pytest.approx(3.4)
+    assert merged["round_residual_per_node"] == pytest.approx(0.5)
+    costs = RuntimeCosts.from_document(merged)
+    per_round = [trainers * costs.message("receive", "send", 0)
+                 + costs.residual("round", trainers, 2.0) for trainers in (1, 2, 6)]
+    assert per_round == pytest.approx([0.8 + 3.0, 2 * 0.6 + 3.0, 6 * (0.4 + 0.4 / 6) + 3.0])
+    # a SEND that cost more in the larger job keeps its price: no round's part below nothing
+    assert merge_peers(job(0.8, 3.0), job(0.6, 2.0), cores=2)["messages"]["receive"]["send"] \
+        == {"per_message": 0.8, "per_byte": 0.5}
 
 
 def test_the_reference_jobs_ops_per_step_and_round_are_its_programs() -> None:

@@ -16,7 +16,7 @@
   (half-async) only waits until this trainer's sends have left.
 - `recv`: one GET per endpoint for the vars placed there; the values land in the scope when the
   reply comes, and a compute op that reads one waits for it first.
-- bundling (the ``bundled`` protocol; ``compact`` is the default): a run of send ops (recv ops) makes one SEND
+- bundling (the ``bundled`` protocol, the default): a run of send ops (recv ops) makes one SEND
   (GET) per endpoint, which the run's last op to that endpoint sends with the vars the earlier
   ones held back (`BarrierPlan.held`); in a sync step the GET rides on the SEND that carried
   the send barrier (``fetch``), whose reply brings the values (`BarrierPlan.fetches`): a sync

@@ -500,7 +500,13 @@ class LinearSpec(_Section):
     per_message: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Seconds per message."""
     per_byte: float = Field(0.0, ge=0, allow_inf_nan=False)
-    """Seconds per byte."""
+    """Seconds per byte (up to `up_to` bytes, where given)."""
+    up_to: int = Field(0, ge=0)
+    """Bytes up to which `per_byte` holds, `beyond` a byte past them (`runtime calibrate`: the
+    reference job's messages, past which a job of larger ones measured the cost); 0: it
+    holds throughout."""
+    beyond: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Seconds per byte past `up_to`."""
 
 
 class SizeCurveSpec(_Section):

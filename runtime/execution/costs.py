@@ -122,16 +122,28 @@ REPLY_KINDS = frozenset({"reply", "error"})
 
 @dataclass(frozen=True)
 class Linear:
-    """Seconds for one message of `nbytes`: ``per_message + per_byte * nbytes``."""
+    """Seconds for one message of `nbytes`: ``per_message + per_byte * nbytes``, or, with
+    `up_to`, that up to `up_to` bytes and `beyond` a byte past them."""
 
     per_message: float = 0.0
     per_byte: float = 0.0
+    up_to: int = 0
+    """Where a job of larger messages measured the cost past them (`runtime calibrate`'s
+    `merge_bytes`): the bytes up to which `per_byte` holds; 0: it holds throughout."""
+    beyond: float = 0.0
+    """Seconds per byte past `up_to`."""
 
     def seconds(self, nbytes: int) -> float:
+        if self.up_to and nbytes > self.up_to:
+            return self.per_message + self.per_byte * self.up_to \
+                + self.beyond * (nbytes - self.up_to)
         return self.per_message + self.per_byte * nbytes
 
     def document(self) -> dict[str, float]:
-        return {"per_message": self.per_message, "per_byte": self.per_byte}
+        document = {"per_message": self.per_message, "per_byte": self.per_byte}
+        if self.up_to:
+            document.update(up_to=self.up_to, beyond=self.beyond)
+        return document
 
 
 @dataclass(frozen=True)
@@ -334,7 +346,8 @@ class RuntimeCosts:
         for side in (SENDS, RECEIVES):
             for kind, entry in raw.get("messages", {}).get(side, {}).items():
                 cost = Linear(float(entry.get("per_message", 0.0)),
-                              float(entry.get("per_byte", 0.0)))
+                              float(entry.get("per_byte", 0.0)), int(entry.get("up_to", 0)),
+                              float(entry.get("beyond", 0.0)))
                 if kind == "*":
                     default[side] = cost
                 else:

@@ -635,22 +635,29 @@ def merge_bytes(main: dict[str, Any], big: dict[str, Any], main_bytes: int,
                 big_bytes: int) -> dict[str, Any]:
     """`main`'s runtime section with the cost per byte of `big` (a job of larger messages,
     `big_bytes` of parameters against `main_bytes`): its I/O thread's, and each message
-    kind's on either side that both measured (the cost per message stays `main`'s). The work
-    no timer sees grows with the bytes too: what `big`'s steps and rounds left unseen beyond
-    `main`'s, per byte more received, goes on the cost per byte of what a trainer receives
-    (``reply``) and a pserver (``send``)."""
+    kind's on either side that both measured, past the largest of `main`'s messages (a
+    pserver's share of `main_bytes`: ``up_to``); up to it, `main`'s line holds. The work no
+    timer sees grows with the bytes too: what `big`'s steps and rounds left unseen beyond
+    `main`'s, per byte more received, goes on the cost per byte past that of what a trainer
+    receives (``reply``) and a pserver (``send``).
+
+    DESIGN: `big`'s cost per byte all the way priced the reference job's own 129 KiB replies at
+    177 us where it measured 305 (a reply's decoding costs more a byte below the caches' sizes
+    than a large one's copy does), and its sends at more than they cost."""
+    up_to = main_bytes // REFERENCE_PEERS
     messages = {side: dict(kinds) for side, kinds in main.get("messages", {}).items()}
     for side, kinds in messages.items():
         for kind, cost in kinds.items():
             other = big.get("messages", {}).get(side, {}).get(kind)
             if other is not None:
-                kinds[kind] = dict(cost, per_byte=other["per_byte"])
+                kinds[kind] = dict(cost, up_to=up_to, beyond=other["per_byte"])
     more = max(big_bytes - main_bytes, 1)
     for kind, residual in (("reply", "step_residual"), ("send", "round_residual")):
         unseen = max(float(big.get(residual, 0.0)) - float(main.get(residual, 0.0)), 0.0)
         cost = messages.get(RECEIVES, {}).get(kind)
         if cost is not None:
-            messages[RECEIVES][kind] = dict(cost, per_byte=cost["per_byte"] + unseen / more)
+            messages[RECEIVES][kind] = dict(cost, up_to=up_to, beyond=float(
+                cost.get("beyond", cost["per_byte"])) + unseen / more)
     if "io_by_size" in main:  # the I/O thread's cost by size is measured apart
         return dict(main, messages=messages)
     io = dict(main.get("io", {}), per_byte=big.get("io", {}).get("per_byte", 0.0))

@@ -504,7 +504,7 @@ def test_the_reference_jobs_ops_per_step_and_round_are_its_programs() -> None:
     assert parse_scenario(LOCAL_REFERENCE, "local").transpiler.mode == "geo"
 
 
-def test_the_cost_per_byte_comes_from_the_job_of_large_messages_and_its_unseen_work_too() -> None:
+def test_past_the_reference_messages_the_large_jobs_cost_per_byte_holds() -> None:
     main = {"messages": {"receive": {"reply": {"per_message": 5.0, "per_byte": 1.0},
                                      "send": {"per_message": 6.0, "per_byte": 2.0},
                                      "get": {"per_message": 7.0, "per_byte": 0.0}},
@@ -517,12 +517,22 @@ def test_the_cost_per_byte_comes_from_the_job_of_large_messages_and_its_unseen_w
            "io": {"per_message": 90.0, "per_byte": 0.75},
            "step_residual": 300.0, "round_residual": 50.0}
     merged = merge_bytes(main, big, main_bytes=100, big_bytes=500)
-    # per byte: big's, plus its unseen work per byte more (200 / 400 a step, 40 / 400 a round)
+    # up to a pserver's share of main's 100 bytes, main's line; past it big's per byte, plus
+    # its unseen work per byte more (200 / 400 a step, 40 / 400 a round)
     assert merged["messages"] == {
-        "receive": {"reply": {"per_message": 5.0, "per_byte": 0.5 + 0.5},
-                    "send": {"per_message": 6.0, "per_byte": 0.25 + 0.1},
+        "receive": {"reply": {"per_message": 5.0, "per_byte": 1.0, "up_to": 50,
+                              "beyond": 0.5 + 0.5},
+                    "send": {"per_message": 6.0, "per_byte": 2.0, "up_to": 50,
+                             "beyond": 0.25 + 0.1},
                     "get": {"per_message": 7.0, "per_byte": 0.0}},
-        "send": {"send": {"per_message": 8.0, "per_byte": 0.125}}}
+        "send": {"send": {"per_message": 8.0, "per_byte": 3.0, "up_to": 50, "beyond": 0.125}}}
+    costs = RuntimeCosts.from_document(merged)
+    assert RuntimeCosts.from_document(costs.document()) == costs
+    # a reference-sized reply costs what the reference measured; a larger one, big's more
+    assert [costs.message("receive", "reply", n) for n in (0, 50, 150)] == \
+        [5.0, 5.0 + 50 * 1.0, 5.0 + 50 * 1.0 + 100 * 1.0]
+    assert costs.message("send", "send", 70) == 8.0 + 50 * 3.0 + 20 * 0.125
+    assert costs.message("receive", "get", 70) == 7.0
     assert merged["io"] == {"per_message": 9.0, "per_byte": 0.75}
     assert (merged["step_residual"], merged["round_residual"]) == (100.0, 10.0)
     # with what a message's size adds measured apart, the I/O thread keeps main's figures

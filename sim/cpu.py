@@ -58,6 +58,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from runtime.config.nodes import no_node
+from runtime.execution.costs import crowding
 
 __all__ = ["Cpus", "SimHost", "IO_SUFFIX", "host_loads", "host_of", "hosts_of", "io_thread"]
 
@@ -368,7 +369,7 @@ class Cpus:
         spec = self._host_of(name)
         if spec is None:
             return 0.0
-        return max(self._nodes_on.get(spec.name, 0) - spec.cores, 0.0)
+        return crowding(self._nodes_on.get(spec.name, 0), spec.cores)
 
     def node(self, name: str) -> _Node:
         node = self._nodes.get(name)

@@ -120,6 +120,12 @@ REPLY_KINDS = frozenset({"reply", "error"})
 """What a pserver sends back; every other kind is a trainer's request."""
 
 
+def crowding(nodes: float, cores: float) -> float:
+    """How crowded a host is: its nodes beyond its cores (I/O threads not counted), what a
+    pserver's round residual grows with (`RuntimeCosts.round_residual_per_node`)."""
+    return max(float(nodes - cores), 0.0)
+
+
 @dataclass(frozen=True)
 class Linear:
     """Seconds for one message of `nbytes`: ``per_message + per_byte * nbytes``, or, with

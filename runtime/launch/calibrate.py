@@ -89,7 +89,7 @@ import numpy as np
 
 from runtime.config.atomic import write_atomic
 from runtime.config.scenario import Scenario, parse_scenario
-from runtime.execution.costs import RECEIVES, machine
+from runtime.execution.costs import RECEIVES, crowding, machine
 from runtime.execution.curves import Curve, Feature, fit_curve
 from runtime.execution.executor import Executor
 from runtime.execution.scope import Scope
@@ -523,15 +523,14 @@ train: {steps: 150, deadline: 300s}
 dispatch cost with no messages in the step (`fold_local`)."""
 
 
-def measure_runtime(stream: TextIO, guard: SpeedGuard | None = None,
-                    cores: int | None = None) -> RuntimeRuns:
+def measure_runtime(stream: TextIO, cores: int, guard: SpeedGuard | None = None
+                    ) -> RuntimeRuns:
     """The runtime section of a profile of `RUNTIME_REFERENCE`, run for real on this machine
-    (`cores`: its cores, by default the count the OS gives), with the message kinds of each of
+    of `cores` cores, with the message kinds of each of
     `KIND_REFERENCES` added, the per-step and per-op costs of `LOCAL_REFERENCE` (`fold_local`),
     and every reference job's kernel samples; each run taken again while `guard` finds the
     machine slow."""
     guard = guard or SpeedGuard()
-    cores = cores or os.cpu_count() or 1
     document, kernels = _profile_runtime("reference", RUNTIME_REFERENCE, stream, guard,
                                          RUNTIME_RUNS)
     print("  runtime: the local reference job, for a step without RPCs", file=stream, flush=True)
@@ -676,15 +675,15 @@ def merge_peers(main: dict[str, Any], alone: dict[str, Any], cores: int) -> dict
     The two jobs' received SENDs also split what is the round's from what is the message's
     (`_round_of_sends`)."""
     peers = REFERENCE_PEERS - 1
-    # an n x n job's 2n nodes share this machine: those beyond its cores crowd it
-    crowded, alone_crowded = (max(2 * n - cores, 0) for n in (REFERENCE_PEERS, 1))
+    # an n x n job's 2n nodes share this machine
+    crowded, alone_crowded = (crowding(2 * n, cores) for n in (REFERENCE_PEERS, 1))
     more = crowded - alone_crowded
     merged = dict(main, residual_peers=float(REFERENCE_PEERS),
                   step_residual_per_peer=(float(main["step_residual"])
                                           - float(alone["step_residual"])) / peers,
                   round_residual_per_peer=0.0)
     if more:
-        merged.update(residual_crowding=float(crowded), round_residual_per_node=(
+        merged.update(residual_crowding=crowded, round_residual_per_node=(
             float(main["round_residual"]) - float(alone["round_residual"])) / more)
     return _round_of_sends(merged, alone)
 
@@ -817,7 +816,7 @@ def calibrate(stream: TextIO, backends: list[str] | None = None, quick: bool = F
     from_jobs: list[str] = []
     if runtime:
         print("  runtime: a 2 x 2 reference job, run for real", file=stream, flush=True)
-        runs = measure_runtime(stream, guard, cores)
+        runs = measure_runtime(stream, cores, guard)
         document["runtime"] = runs.document
         if "numpy" in document["kernels"]:  # the jobs ran the numpy kernels
             extra = job_curves(document["kernels"]["numpy"], runs.kernels)

@@ -20,6 +20,7 @@ QUICK: dict[str, tuple[list[str], str]] = {
                      "--repeat", "1", "--steps", "5"], "summary: 1 configurations"),
     "inbound_memory.py": (["--runs", "1", "--connections", "2", "--megabytes", "4"],
                           "alive True"),
+    "overlap.py": (["--quick"], "summary: share of gradient bytes"),
     "pserver_memory.py": (["--steps", "12", "--sizes", "64,32,10"],
                           "bit-identical parameters: True"),
     "refusal_flood.py": (["--messages", "200", "--repeat", "1"], "every one logged"),

@@ -95,10 +95,36 @@ def params_equal(actual: Mapping[str, np.ndarray] | None, reference: Mapping[str
     if failing:
         return ExpectationResult(name, against, worst, False,
                                  f"parameters differ from {what} ({tolerance}): "
-                                 + ", ".join(failing))
+                                 + ", ".join(failing)
+                                 + (_drift_hint(actual, reference) if against == "local" else ""))
     return ExpectationResult(name, against, worst, True,
                              f"{len(reference)} parameters equal {what} {tolerance} "
                              f"(largest |diff| {worst:.3g}, in {worst_name})")
+
+
+DRIFT = 1e-2
+"""A difference this small against the parameters' size reads as float32 rounding, not a lost
+or doubled update (which moves a parameter by a step's whole update)."""
+
+
+def _drift_hint(actual: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> str:
+    """Where every difference is small against its parameter's size: that sums in another order
+    drift in float32 as training goes on, and the knob that allows for it."""
+    relative = 0.0
+    for pname, r in reference.items():
+        a, r = np.asarray(actual[pname]), np.asarray(r)
+        if a.shape != r.shape:
+            return ""
+        if a.size:
+            scale = float(np.max(np.abs(r)))
+            diff = float(np.max(np.abs(a - r)))
+            relative = max(relative, diff / scale if scale else (0.0 if diff == 0 else np.inf))
+    if relative >= DRIFT:
+        return ""
+    return (f"; every difference is under {relative:.2g} of its parameter's largest value, the "
+            "size float32 sums in another order drift to over many steps: if this run is "
+            "longer than expect.params_atol was sized for, raise it (expect.no_lost_updates "
+            "checks for lost updates)")
 
 
 def max_steps_redone(bound: int, redone: Sequence[int]) -> ExpectationResult:

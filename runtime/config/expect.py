@@ -79,15 +79,20 @@ def params_equal(actual: Mapping[str, np.ndarray] | None, reference: Mapping[str
                                  f"parameter names differ: run has {sorted(actual)}, {what} "
                                  f"has {sorted(reference)}")
     worst, worst_name = 0.0, ""
+    relative = 0.0  # the largest diff over its parameter's largest value (inf: a shape differs)
     failing = []
     for pname in sorted(reference):
         a, r = np.asarray(actual[pname]), np.asarray(reference[pname])
         if a.shape != r.shape:
             failing.append(f"{pname} (shape {list(a.shape)} vs {list(r.shape)})")
+            relative = np.inf
             continue
         diff = float(np.max(np.abs(a - r))) if a.size else 0.0
         if diff >= worst:
             worst, worst_name = diff, pname
+        if diff:
+            scale = float(np.max(np.abs(r)))
+            relative = max(relative, diff / scale if scale else np.inf)
         exact = rtol == 0 and atol == 0
         if not (np.array_equal(a, r) if exact else np.allclose(a, r, rtol=rtol, atol=atol)):
             failing.append(f"{pname} (max |diff| {diff:.3g})")
@@ -96,7 +101,7 @@ def params_equal(actual: Mapping[str, np.ndarray] | None, reference: Mapping[str
         return ExpectationResult(name, against, worst, False,
                                  f"parameters differ from {what} ({tolerance}): "
                                  + ", ".join(failing)
-                                 + (_drift_hint(actual, reference) if against == "local" else ""))
+                                 + (_drift_hint(relative) if against == "local" else ""))
     return ExpectationResult(name, against, worst, True,
                              f"{len(reference)} parameters equal {what} {tolerance} "
                              f"(largest |diff| {worst:.3g}, in {worst_name})")
@@ -107,18 +112,10 @@ DRIFT = 1e-2
 or doubled update (which moves a parameter by a step's whole update)."""
 
 
-def _drift_hint(actual: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> str:
-    """Where every difference is small against its parameter's size: that sums in another order
-    drift in float32 as training goes on, and the knob that allows for it."""
-    relative = 0.0
-    for pname, r in reference.items():
-        a, r = np.asarray(actual[pname]), np.asarray(r)
-        if a.shape != r.shape:
-            return ""
-        if a.size:
-            scale = float(np.max(np.abs(r)))
-            diff = float(np.max(np.abs(a - r)))
-            relative = max(relative, diff / scale if scale else (0.0 if diff == 0 else np.inf))
+def _drift_hint(relative: float) -> str:
+    """Where every difference is small against its parameter's size (`relative`, the largest
+    such ratio): that sums in another order drift in float32 as training goes on, and the knob
+    that allows for it."""
     if relative >= DRIFT:
         return ""
     return (f"; every difference is under {relative:.2g} of its parameter's largest value, the "

@@ -16,8 +16,9 @@ process on this machine:
 - the summary: the share of the gradients' bytes that are ready with more than
   ``--enough`` of backward left (what sending each gradient as it is ready could hide at most).
 
-Kernel times are the local program's own (forward, backward and optimizer ops of the model,
-`timing_kernels`, median over ``--steps`` steps after ``--warmup``), on one kernel thread
+Kernel times are the local program's own (its forward and its backward as the ops' roles
+say, `OpRole`; the optimizer's ops left out; `timing_kernels`, median over ``--steps`` steps
+after ``--warmup``), on one kernel thread
 (as a node of a 2 x 2 job on this 2-core machine runs them); the trainer program's slicing ops
 (``split_byref``: views, no copy) are not timed. Gradients of a parameter are matched by name
 (``mlp.fc1.w@GRAD``, its blocks and per-trainer copies alike).
@@ -40,9 +41,8 @@ from runtime.config.scenario import parse_scenario
 from runtime.execution.executor import Executor, set_kernel_threads, timing_kernels
 from runtime.execution.scope import Scope
 from runtime.services.job import Job
-from transpiler.ir import Op
+from transpiler.ir import Op, OpRole
 
-OPTIMIZERS = {"sgd", "momentum", "adam", "adagrad", "rmsprop", "lars_momentum"}
 GRAD = re.compile(r"^(?P<param>.+?)@GRAD(\.block\d+)?(\.trainer_\d+)?$")
 
 
@@ -80,6 +80,7 @@ class Step:
     ready: list[Ready]
     forward: float
     backward: float
+    largest: Ready
     before_largest: float
     """Seconds of forward before the first op that reads the largest parameter."""
 
@@ -101,8 +102,7 @@ def backward_of(job: Job, steps: int, warmup: int, batch: int) -> Step:
             runs.append(list(timer.calls))
     ops = [op for op, _ in runs[0]]
     seconds = [statistics.median(run[i][1] for run in runs) for i in range(len(ops))]
-    start = next(i for i, op in enumerate(ops) if op.type.endswith("_grad")) - 1  # the loss's
-    backward = [i for i in range(start, len(ops)) if ops[i].type not in OPTIMIZERS]
+    backward = [i for i, op in enumerate(ops) if op.role & OpRole.Backward]  # from the loss's
     total = sum(seconds[i] for i in backward)
     ready, at = [], 0.0
     for i in backward:
@@ -111,10 +111,10 @@ def backward_of(job: Job, steps: int, warmup: int, batch: int) -> Step:
             param = param_of(name)
             if param in model.params:
                 ready.append(Ready(param, at, total - at, int(scope.get(name).nbytes)))
-    largest = max(ready, key=lambda r: r.nbytes).param
+    largest = max(ready, key=lambda r: r.nbytes)
     reads = next(i for i, op in enumerate(ops)
-                 if largest in (n for names in op.inputs.values() for n in names))
-    return Step(ready, sum(seconds[:start]), total, sum(seconds[:reads]))
+                 if largest.param in (n for names in op.inputs.values() for n in names))
+    return Step(ready, sum(seconds[:backward[0]]), total, largest, sum(seconds[:reads]))
 
 
 def sends_of(job: Job) -> dict[str, str]:
@@ -149,8 +149,7 @@ def report(row: Row, args: argparse.Namespace) -> float:
     for endpoint, param in sorted(sends_of(job).items()):
         print(f"  SEND to {endpoint} leaves after {param}'s gradient: "
               f"{by_param[param].left * 1e3:.2f} ms of backward left")
-    largest = max(ready, key=lambda r: r.nbytes)
-    print(f"  forward before {largest.param} is read: {step.before_largest * 1e3:.2f} ms")
+    print(f"  forward before {step.largest.param} is read: {step.before_largest * 1e3:.2f} ms")
     early = sum(r.nbytes for r in ready if r.left >= args.enough * 1e-3) / total
     print(f"  {early:.1%} of the gradient bytes are ready with {args.enough:g} ms or more of "
           "backward left")

@@ -698,15 +698,15 @@ def _round_of_sends(main: dict[str, Any], alone: dict[str, Any]) -> dict[str, An
     the reference model measured 0.78-0.90 ms with one trainer a round, 0.72-0.75 with two,
     0.51-0.58 with four and 0.53 with six; at the 2 x 2 job's price, a 1 x 6 pserver's
     rounds cost 1.4 ms more than they took."""
-    sends = (main.get("messages", {}).get(RECEIVES, {}).get("send"),
-             alone.get("messages", {}).get(RECEIVES, {}).get("send"))
-    if sends[0] is None or sends[1] is None:
+    send, send_alone = (job.get("messages", {}).get(RECEIVES, {}).get("send")
+                        for job in (main, alone))
+    if send is None or send_alone is None:
         return main
     trainers = REFERENCE_PEERS
-    per_round = max(float(sends[1]["per_message"]) - float(sends[0]["per_message"]), 0.0) \
+    per_round = max(float(send_alone["per_message"]) - float(send["per_message"]), 0.0) \
         * trainers / (trainers - 1)
     received = dict(main["messages"][RECEIVES], send=dict(
-        sends[0], per_message=float(sends[0]["per_message"]) - per_round / trainers))
+        send, per_message=float(send["per_message"]) - per_round / trainers))
     return dict(main, messages=dict(main["messages"], **{RECEIVES: received}),
                 round_residual=float(main["round_residual"]) + per_round)
 

@@ -350,13 +350,14 @@ class Cpus:
         self.hosts = list(hosts)
         self.io = io
         threads = 2 if io else 1
-        members: dict[str, int] = {}
+        self._nodes_on: dict[str, int] = {}
+        """Host -> the nodes on it."""
         for name in nodes:
             spec = self._host_of(name)
             if spec is not None:
-                members[spec.name] = members.get(spec.name, 0) + threads
-        self._nodes_on = {host: count // threads for host, count in members.items()}
-        self._hosts = {spec.name: _host(spec, members.get(spec.name, 0)) for spec in self.hosts}
+                self._nodes_on[spec.name] = self._nodes_on.get(spec.name, 0) + 1
+        self._hosts = {spec.name: _host(spec, self._nodes_on.get(spec.name, 0) * threads)
+                       for spec in self.hosts}
         self._own: dict[str, _Host] = {}
         self._nodes: dict[str, _Node] = {}
 

@@ -21,6 +21,8 @@ QUICK: dict[str, tuple[list[str], str]] = {
     "inbound_memory.py": (["--runs", "1", "--connections", "2", "--megabytes", "4"],
                           "alive True"),
     "overlap.py": (["--quick"], "summary: share of gradient bytes"),
+    "pserver_chain.py": (["--megabytes", "0.5", "--rounds", "2", "--warmup", "1",
+                          "--chunks", "1,2"], "summary: the chain in"),
     "pserver_memory.py": (["--steps", "12", "--sizes", "64,32,10"],
                           "bit-identical parameters: True"),
     "refusal_flood.py": (["--messages", "200", "--repeat", "1"], "every one logged"),

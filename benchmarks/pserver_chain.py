@@ -36,6 +36,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -82,17 +83,17 @@ def serve(address: str, elements: int, plan: list[int], echo: bool) -> None:
                 continue
             grad = np.frombuffer(frame.buffer, np.float32)
             update(grad, other[start:end], param[start:end])
-            socket.send(param[start:end], copy=False)
+            socket.send(zmq.Frame(param[start:end], copy=False), copy=False)
     socket.close(linger=10_000)  # the last replies still go out
     context.term()
 
 
-def round_trip(socket: zmq.Socket, grad: np.ndarray, chunks: int) -> float:
+def round_trip(socket: zmq.Socket[Any], grad: np.ndarray, chunks: int) -> float:
     """Seconds from the first chunk sent to the last reply taken."""
     start = time.perf_counter()
     pieces = bounds(grad.size, chunks)
     for lo, hi in pieces:
-        socket.send(grad[lo:hi], copy=False)
+        socket.send(zmq.Frame(grad[lo:hi], copy=False), copy=False)
     for _ in pieces:
         socket.recv(copy=False)
     return time.perf_counter() - start

@@ -674,7 +674,23 @@ def parse_compute(section: Any) -> ComputeSpec:
     kind = _SPECS.get(name) if isinstance(name, str) else None
     if kind is None:
         raise ComputeConfigError("compute.model", f"must be one of {sorted(_SPECS)}, got {name!r}")
+    _refuse_other_models_fields(kind, str(name), section)
     return _validated(kind, section, "compute")
+
+
+def _refuse_other_models_fields(kind: type[BaseModel], name: str,
+                                section: Mapping[str, Any]) -> None:
+    """A field of another model's section, named with how to change the model: what
+    ``--set compute.model=...`` leaves behind of the file's section."""
+    for key in section:
+        owners = [other for other, spec in _SPECS.items()
+                  if spec is not kind and key in spec.model_fields]
+        if key not in kind.model_fields and owners:
+            raise ComputeConfigError(
+                f"compute.{key}",
+                f"a field of model {' and '.join(owners)}, not of {name} (its fields: "
+                f"{', '.join(kind.model_fields)}); to change the model, set the whole section: "
+                f"--set 'compute={{model: {name}, ...}}'")
 
 
 def _json_file(path: Path, kind: type[S], what: str, field: str, missing: str = "") -> S:

@@ -512,7 +512,9 @@ class Scenario(_Strict):
     compute: dict[str, Any] | None = None
     """The simulator's compute model: `roofline`, `profile` (one job measured) or
     `calibrated` (this machine measured, any job priced), see below (none: compute takes no
-    simulated time). `runtime up` ignores it."""
+    simulated time). Each model has its own fields: to change the model on the command line,
+    set the whole section (``--set 'compute={model: calibrated, path: machine.json}'``).
+    `runtime up` ignores it."""
     faults: list[Fault] = []
     """What goes wrong, where and when."""
     expect: ExpectSpec = ExpectSpec()

@@ -298,6 +298,27 @@ def test_an_invalid_section_is_refused_naming_the_field(section: Any, field: str
     assert info.value.field == field
 
 
+def test_another_models_field_says_to_set_the_whole_section(tmp_path: Path) -> None:
+    """``--set compute.model=calibrated`` on a roofline scenario keeps its ``device``: the error
+    names that field, the model it belongs to, and how to change the model."""
+    section = {"model": "calibrated", "path": "m.json", "device": DEVICE}
+    with pytest.raises(ComputeConfigError) as info:
+        compute_model(section, seed=0, base_dir=tmp_path)
+    assert info.value.field == "compute.device"
+    assert info.value.problem == (
+        "a field of model roofline, not of calibrated (its fields: model, path, kernels, "
+        "stragglers, runtime); to change the model, set the whole section: "
+        "--set 'compute={model: calibrated, ...}'")
+
+
+def test_an_unknown_field_is_still_pydantics_refusal(tmp_path: Path) -> None:
+    with pytest.raises(ComputeConfigError) as info:
+        compute_model({"model": "roofline", "device": DEVICE, "speed": 2}, seed=0,
+                      base_dir=tmp_path)
+    assert info.value.field == "compute.speed"
+    assert info.value.problem == "Extra inputs are not permitted"
+
+
 def test_a_bad_profile_file_names_the_file_and_its_field(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_text(json.dumps({"ops": {"mul": -1.0}}))
     with pytest.raises(ComputeConfigError) as info:

@@ -41,7 +41,7 @@ from transpiler.optimizer import OPTIMIZERS
 from runtime import Executor, Scope
 from runtime.config.commandline import CommandParser, add_debug, run_command
 from runtime.config.nodes import node_file_stem
-from runtime.config.outdir import OutputDirError, check_output_dir, claim_output
+from runtime.config.outdir import OutputDirError, check_output_file, claim_output
 from runtime.config.scenario import ScenarioError, load_scenario
 from runtime.config.version import version
 from runtime.execution.data import DATASETS, DataError, Dataset, dataset_for
@@ -365,9 +365,9 @@ def _calibrate(args: argparse.Namespace, out: TextIO) -> int:
     if backends and "torch" in backends and importlib.util.find_spec("torch") is None:
         parser.error("--kernels torch: torch is not installed (pip install -e '.[torch]')")
     try:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        parser.error(f"-o {args.output}: {err.strerror}")
+        check_output_file(args.output, "machine.json")
+    except OutputDirError as err:
+        _refuse(parser, f"-o {args.output}: {err}")
     print(f"calibrating this machine into {args.output}: kernels over a grid of shapes, "
           f"then the runtime's costs (a budget of {args.budget:g}s for the kernels)",
           file=out, flush=True)
@@ -399,7 +399,7 @@ def _profile(args: argparse.Namespace, out: TextIO) -> int:
         except NetnsError as err:
             parser.error(f"--netns {err}")
     try:
-        check_output_dir(args.output.parent)
+        check_output_file(args.output, "profile.json")
     except OutputDirError as err:
         _refuse(parser, f"-o {args.output}: {err}")
     print(f"profiling {scenario.name}: {scenario.cluster.pservers} pserver(s) x "

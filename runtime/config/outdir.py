@@ -15,6 +15,10 @@ would report a mix of both. `claim_output` therefore, before the run does anythi
   and takes ``OUT/.<role>-<index>.lock`` (``.pserver-0.lock``) for itself; a whole run into
   that folder, or another run of the same node, is refused.
 
+A command whose result is one file (``runtime profile -o``, ``runtime calibrate -o``) checks it
+the same way before measuring anything (`check_output_file`): its folder made and writable, the
+path not a folder.
+
 DESIGN: ``flock``, not a pid file: the kernel drops the lock when the last descriptor of its
 open file description is closed, so a holder that died (SIGKILL, a crash, a power cut) leaves no
 stale lock behind and the next run takes the folder at once. The last holder of a lock file
@@ -35,6 +39,7 @@ import os
 import shlex
 import socket
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -101,6 +106,23 @@ def check_output_dir(path: Path) -> None:
                              f"{_reason(err)}") from None
     if not path.is_dir():
         raise OutputDirError(f"output folder {path}: it is not a folder")
+
+
+def check_output_file(path: Path, usual_name: str) -> None:
+    """Before the work that a result file `path` ends: its folder made (`check_output_dir`) and
+    writable (a nameless temporary file made there and dropped), `path` not a folder (the error
+    suggests `usual_name` in it). `OutputDirError` naming why: a calibration or a profile is
+    minutes lost otherwise."""
+    if path.is_dir():
+        raise OutputDirError(f"output file {path}: it is a folder; name a file in it, such as "
+                             f"{path / usual_name}")
+    check_output_dir(path.parent)
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as err:
+        raise OutputDirError(f"output file {path}: cannot write in {path.parent}: "
+                             f"{_reason(err)}") from None
 
 
 def _blocker(path: Path) -> Path:

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from runtime import cli as runtime_cli
-from runtime.config.outdir import OutputDirError, OutputLocked, check_output_dir, claim_output
+from runtime.config.outdir import (OutputDirError, OutputLocked, check_output_dir,
+                                   check_output_file, claim_output)
 from sim import cli as sim_cli
 
 from runtime_runs import scenario_file
@@ -157,6 +158,36 @@ def test_runtime_up_refuses_an_output_path_under_a_file_before_starting(
                                       str(afile / "sub")], capsys)
     assert line == (f"runtime up: error: output folder {afile}/sub: {afile} is a file, not a "
                     "folder")
+
+
+def test_an_output_file_that_is_a_folder_or_cannot_be_written_is_named(tmp_path: Path) -> None:
+    with pytest.raises(OutputDirError) as caught:
+        check_output_file(tmp_path, "m.json")
+    assert str(caught.value) == (f"output file {tmp_path}: it is a folder; name a file in it, "
+                                 f"such as {tmp_path}/m.json")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(OutputDirError, match=r"is a file, not a folder$"):
+        check_output_file(afile / "m.json", "m.json")
+    check_output_file(tmp_path / "new" / "m.json", "m.json")  # made, writable: no error
+    assert (tmp_path / "new").is_dir() and not (tmp_path / "new" / "m.json").exists()
+    assert list((tmp_path / "new").iterdir()) == []  # the probe leaves nothing behind
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_an_output_file_where_nothing_can_be_written_is_named_before_the_work() -> None:
+    with pytest.raises(OutputDirError, match=r"^output file /proc/m.json: cannot write in /proc: "):
+        check_output_file(Path("/proc/m.json"), "m.json")
+
+
+@pytest.mark.parametrize("command", ["profile", "calibrate"])
+def test_profile_and_calibrate_refuse_an_output_folder_before_measuring(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [command, str(scenario_file(tmp_path))] if command == "profile" else [command]
+    line = refused(runtime_cli.main, [*args, "-o", str(tmp_path)], capsys)
+    usual = "profile.json" if command == "profile" else "machine.json"
+    assert line == (f"runtime {command}: error: -o {tmp_path}: output file {tmp_path}: it is a "
+                    f"folder; name a file in it, such as {tmp_path}/{usual}")
 
 
 @pytest.mark.timeout(60)

@@ -670,7 +670,13 @@ def parse_compute(section: Any) -> ComputeSpec:
     """Validate a scenario's `compute` section."""
     if not isinstance(section, Mapping):
         raise ComputeConfigError("compute", f"must be a mapping, got {section!r}")
-    name = section.get("model")
+    if "model" not in section:
+        keys = ", ".join(repr(k) for k in section) or "none"
+        colon = any(":" in str(k) for k in section)
+        raise ComputeConfigError("compute.model", f"missing: one of {sorted(_SPECS)} (the "
+                                 f"section's keys: {keys}"
+                                 + ("; in YAML a key needs ': ', with a space)" if colon else ")"))
+    name = section["model"]
     kind = _SPECS.get(name) if isinstance(name, str) else None
     if kind is None:
         raise ComputeConfigError("compute.model", f"must be one of {sorted(_SPECS)}, got {name!r}")

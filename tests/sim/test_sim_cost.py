@@ -311,6 +311,17 @@ def test_another_models_field_says_to_set_the_whole_section(tmp_path: Path) -> N
         "--set 'compute={model: calibrated, ...}'")
 
 
+def test_a_section_without_a_model_lists_its_keys(tmp_path: Path) -> None:
+    """``--set 'compute={model:calibrated}'`` is YAML for one key, ``model:calibrated``."""
+    with pytest.raises(ComputeConfigError) as info:
+        compute_model({"model:calibrated": None}, seed=0, base_dir=tmp_path)
+    assert str(info.value) == ("compute.model: missing: one of ['calibrated', 'profile', "
+                               "'roofline'] (the section's keys: 'model:calibrated'; in YAML a "
+                               "key needs ': ', with a space)")
+    with pytest.raises(ComputeConfigError, match=r"\(the section's keys: 'device'\)$"):
+        compute_model({"device": DEVICE}, seed=0, base_dir=tmp_path)
+
+
 def test_an_unknown_field_is_still_pydantics_refusal(tmp_path: Path) -> None:
     with pytest.raises(ComputeConfigError) as info:
         compute_model({"model": "roofline", "device": DEVICE, "speed": 2}, seed=0,

@@ -84,6 +84,10 @@ def _suggestion(root: type[BaseModel], loc: FieldPath) -> str:
     known = known_fields(root, loc[:-1])
     if not known or not isinstance(loc[-1], str):
         return ""
+    key, colon, value = loc[-1].partition(":")
+    if colon and key in known:
+        return (f" (YAML read {loc[-1]!r} as one key: put a space after the colon, "
+                f"'{key}: {value}')")
     close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
     if close:
         return f" (did you mean {close[0]!r}?)"

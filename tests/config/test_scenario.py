@@ -61,6 +61,16 @@ def test_errors_name_file_line_field_and_reason() -> None:
     assert "bad.yaml:8: transpiler: dc_asgd needs mode async, not sync" in lines
 
 
+def test_a_key_run_into_its_value_says_yaml_wants_a_space() -> None:
+    """``{nodes:'*',cores:2}`` is YAML for keys ``nodes:'*'`` and ``cores:2``, no values."""
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario("name: t\nmodel: {name: mlp}\n",
+                       overrides=["cluster.hosts=[{nodes: '*', cores:2}]"])
+    assert ("--set cluster.hosts=[{nodes: '*', cores:2}]: cluster.hosts.0.cores:2: Extra inputs "
+            "are not permitted (YAML read 'cores:2' as one key: put a space after the colon, "
+            "'cores: 2')") in str(info.value).splitlines()
+
+
 @pytest.mark.parametrize("text,needle", [
     ("- a\n- b\n", "a mapping of sections"),
     ("name: [unclosed\n", "not valid YAML"),

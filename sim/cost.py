@@ -712,7 +712,22 @@ def _json_file(path: Path, kind: type[S], what: str, field: str, missing: str = 
     try:
         return _validated(kind, raw, what.split()[0])
     except ComputeConfigError as exc:
-        raise ComputeConfigError(field, f"{path}: {exc}") from None
+        raise ComputeConfigError(field, f"{path}: {exc}{_mistaken(what, raw)}") from None
+
+
+_OTHER_KIND = {"profile": (("format", "kernels"), "a machine file (`runtime calibrate`): "
+                                                  "model: calibrated reads it"),
+               "machine file": (("ops",), "a profile (`runtime profile`): model: profile "
+                                          "reads it")}
+"""A file read as `what` -> the keys that mark the other kind of file, and what to say."""
+
+
+def _mistaken(what: str, raw: Any) -> str:
+    """`` (it is a machine file ...)`` where `raw` is the other kind of file than `what`."""
+    marks, instead = _OTHER_KIND.get(what, ((), ""))
+    if marks and isinstance(raw, dict) and all(mark in raw for mark in marks):
+        return f" (it is {instead})"
+    return ""
 
 
 def _profile_file(path: Path, field: str = "compute.path") -> ProfileFile:

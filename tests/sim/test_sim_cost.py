@@ -330,6 +330,21 @@ def test_an_unknown_field_is_still_pydantics_refusal(tmp_path: Path) -> None:
     assert info.value.problem == "Extra inputs are not permitted"
 
 
+def test_a_machine_file_read_as_a_profile_and_back_says_which_it_is(tmp_path: Path) -> None:
+    (tmp_path / "machine.json").write_text(json.dumps({"format": "x", "version": 1,
+                                                       "kernels": {}}))
+    (tmp_path / "profile.json").write_text(json.dumps({"ops": {"mul": 1e-6}}))
+    with pytest.raises(ComputeConfigError) as info:
+        compute_model({"model": "profile", "path": "machine.json"}, seed=0, base_dir=tmp_path)
+    assert str(info.value).endswith("machine.json: profile.ops: Field required (it is a machine "
+                                    "file (`runtime calibrate`): model: calibrated reads it)")
+    with pytest.raises(ComputeConfigError) as info:
+        compute_model({"model": "calibrated", "path": "profile.json"}, seed=0,
+                      base_dir=tmp_path)
+    assert str(info.value).endswith("profile.json: machine.format: Field required (it is a "
+                                    "profile (`runtime profile`): model: profile reads it)")
+
+
 def test_a_bad_profile_file_names_the_file_and_its_field(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_text(json.dumps({"ops": {"mul": -1.0}}))
     with pytest.raises(ComputeConfigError) as info:

@@ -157,6 +157,10 @@ def _connect(ray: Any, address: str) -> None:
     try:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as err:
+        if address == "auto" and isinstance(err, ConnectionError):
+            raise RunnerError("--ray auto: no Ray cluster is running here; `ray start --head` "
+                              "starts one, or --ray local starts one for this sweep alone"
+                              ) from None
         raise RunnerError(f"--ray {address}: {str(err).splitlines()[0]}") from None
 
 

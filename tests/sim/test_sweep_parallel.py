@@ -119,6 +119,24 @@ def test_ray_missing_is_one_line_saying_how_to_install_it(
         "sim sweep: error: --ray needs Ray, which is not installed: pip install 'pslab[ray]'\n"
 
 
+def test_no_ray_cluster_running_says_how_to_start_one() -> None:
+    """Ray's own words name an ``--address`` flag this command does not have."""
+    from sim.sweep_runners import RunnerError, _connect
+
+    class NoCluster:
+        def init(self, **_: object) -> None:
+            raise ConnectionError("Could not find any running Ray instance. Please specify the "
+                                  "one to connect to by setting `--address` flag or "
+                                  "`RAY_ADDRESS` environment variable.")
+
+    with pytest.raises(RunnerError) as info:
+        _connect(NoCluster(), "auto")
+    assert str(info.value) == ("--ray auto: no Ray cluster is running here; `ray start --head` "
+                               "starts one, or --ray local starts one for this sweep alone")
+    with pytest.raises(RunnerError, match=r"^--ray 10.0.0.1:6379: Could not find any"):
+        _connect(NoCluster(), "10.0.0.1:6379")
+
+
 # -- resuming -------------------------------------------------------------------------------------
 
 @pytest.mark.timeout(120)

@@ -6,25 +6,27 @@ pserver, the pserver sums the trainers' copies, scales and applies SGD, and the 
 travel back. Today each link waits for the one before it to end: a pserver's SEND is one
 message, its update runs when every trainer's SEND is in, and its reply is one message. Cut
 into chunks, the update of one chunk could run while the next travels in, and its parameters
-travel back while the next is updated. This measures that chain on this machine, between two
-processes over a local (``ipc://``) ZeroMQ socket, as a node's main thread and its I/O thread
-share the cores, one kernel thread a process:
+travel back while the next is updated. This measures that chain on this machine, over local
+(``ipc://``) ZeroMQ sockets, each process's main thread and ZeroMQ's I/O thread sharing the
+cores, one kernel thread a process:
 
-- the trainer sends ``--megabytes`` of float32 gradient as ``k`` messages of equal size and then
-  waits for ``k`` replies;
-- the pserver, on each chunk as it arrives, does a sync round's update of it in place (the sum
-  of two trainers' copies, the other copy held in memory; the scale by 1/2; ``param -= lr *
-  grad``) and replies with the chunk of parameters, sent without a copy;
-- ``--echo``: the pserver replies with the gradient itself, no update: the transport alone.
+- each of ``--trainers`` trainers (2, as a 2 x 2 job's pserver has; each its own process) sends
+  ``--megabytes`` of float32 gradient as ``k`` messages of equal size and then waits for ``k``
+  replies;
+- the pserver takes each chunk from every trainer, does a sync round's update of it (the
+  copies' sum, the scale by 1/trainers, ``param -= lr * grad``, in place, a pass each as the
+  pserver's ops make them) and sends the chunk of parameters back to every trainer, without a
+  copy;
+- ``--echo``: the pserver sends each trainer's gradient back, no update: the transport alone.
 
-Each ``k`` of ``--chunks`` is timed over ``--rounds`` round trips after ``--warmup``, the counts
-interleaved so that drift on a busy machine hits all; the summary gives each ``k``'s median round
-trip over the median of whole messages (``k = 1``, today's chain). It is a model of the chain
+Each ``k`` of ``--chunks`` is timed by trainer 0 over ``--rounds`` round trips after
+``--warmup``, the counts interleaved so that drift on a busy machine hits all; the summary gives
+each ``k``'s median round trip over the median of whole messages (``k = 1``, today's chain). It is a model of the chain
 with plain pyzmq and numpy, not the runtime's own transport or pserver: it says how much
 pipelining could take off, not what an implementation would get.
 
 Run: python benchmarks/pserver_chain.py [--megabytes 8.5] [--chunks 1,2,4,8] [--rounds 20]
-         [--echo]
+         [--trainers 2] [--echo]
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import zmq
 
 LEARNING_RATE = 0.01
 TRAINERS = 2
-"""Copies the update sums, as a 2 x 2 job's pserver does."""
+"""Trainers by default: a 2 x 2 job's pserver sums two copies."""
 
 
 def _one_thread() -> None:
@@ -57,35 +59,58 @@ def bounds(elements: int, chunks: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
 
 
-def update(grad: np.ndarray, other: np.ndarray, param: np.ndarray) -> None:
-    """A sync round's update of one chunk, in place: the copies' sum, its scale, SGD."""
-    total = other  # the other trainer's copy, summed into as a pserver's in-place sum does
-    np.add(total, grad, out=total)
-    np.multiply(total, 1.0 / TRAINERS, out=total)
+def update(grads: list[np.ndarray], total: np.ndarray, param: np.ndarray) -> None:
+    """A sync round's update of one chunk: the trainers' copies summed into `total`, scaled by
+    1/trainers, SGD into `param` in place (a pserver's sum, scale and sgd ops, pass for pass)."""
+    if len(grads) > 1:
+        np.add(grads[0], grads[1], out=total)
+    else:
+        np.copyto(total, grads[0])
+    for grad in grads[2:]:
+        np.add(total, grad, out=total)
+    np.multiply(total, 1.0 / len(grads), out=total)
     np.multiply(total, LEARNING_RATE, out=total)
     np.subtract(param, total, out=param)
 
 
-def serve(address: str, elements: int, plan: list[int], echo: bool) -> None:
-    """The pserver: for each round of `plan` (its chunk count), take the chunks, update each as
-    it arrives, reply with it."""
+def serve(addresses: list[str], elements: int, plan: list[int], echo: bool) -> None:
+    """The pserver, one socket a trainer: for each round of `plan` (its chunk count), take each
+    chunk from every trainer, update it, send it back to every trainer."""
+    _one_thread()
+    context = zmq.Context()
+    sockets = [context.socket(zmq.PAIR) for _ in addresses]
+    for socket, address in zip(sockets, addresses):
+        socket.bind(address)
+    param = np.ones(elements, np.float32)
+    total = np.zeros(elements, np.float32)
+    for chunks in plan:
+        for start, end in bounds(elements, chunks):
+            frames = [socket.recv(copy=False) for socket in sockets]
+            if echo:
+                for socket, frame in zip(sockets, frames):
+                    socket.send(frame, copy=False)
+                continue
+            grads = [np.frombuffer(frame.buffer, np.float32) for frame in frames]
+            update(grads, total[start:end], param[start:end])
+            for socket in sockets:
+                socket.send(zmq.Frame(param[start:end], copy=False), copy=False)
+    for socket in sockets:
+        socket.close(linger=10_000)  # the last replies still go out
+    context.term()
+
+
+def train(address: str, elements: int, plan: list[int]) -> list[float]:
+    """A trainer: each round of `plan` sent and taken back; its round trips, in seconds."""
     _one_thread()
     context = zmq.Context()
     socket = context.socket(zmq.PAIR)
-    socket.bind(address)
-    param = np.ones(elements, np.float32)
-    other = np.ones(elements, np.float32)
-    for chunks in plan:
-        for start, end in bounds(elements, chunks):
-            frame = socket.recv(copy=False)
-            if echo:
-                socket.send(frame, copy=False)
-                continue
-            grad = np.frombuffer(frame.buffer, np.float32)
-            update(grad, other[start:end], param[start:end])
-            socket.send(zmq.Frame(param[start:end], copy=False), copy=False)
-    socket.close(linger=10_000)  # the last replies still go out
-    context.term()
+    socket.connect(address)
+    grad = np.full(elements, 0.5, np.float32)
+    try:
+        return [round_trip(socket, grad, chunks) for chunks in plan]
+    finally:
+        socket.close(linger=0)
+        context.term()
 
 
 def round_trip(socket: zmq.Socket[Any], grad: np.ndarray, chunks: int) -> float:
@@ -108,38 +133,42 @@ def main() -> None:
     parser.add_argument("--chunks", default="1,2,4,8", help="chunk counts; 1 is the baseline")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--trainers", type=int, default=TRAINERS,
+                        help=f"trainers sending to the pserver, each its own process "
+                             f"(default {TRAINERS}, as in a 2 x 2 job)")
     parser.add_argument("--echo", action="store_true", help="no update: the transport alone")
     args = parser.parse_args()
     counts = sorted({int(c) for c in args.chunks.split(",")} | {1})
     if counts[0] < 1:
         parser.error("--chunks: counts must be 1 or more")
+    if args.trainers < 1:
+        parser.error("--trainers: 1 or more")
     _one_thread()
     elements = int(args.megabytes * 1e6) // 4
     plan = [k for _ in range(args.warmup + args.rounds) for k in counts]
+    spawn = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as folder:
-        address = f"ipc://{Path(folder) / 'chain.sock'}"
-        server = mp.get_context("spawn").Process(target=serve,
-                                                 args=(address, elements, plan, args.echo))
-        server.start()
-        context = zmq.Context()
-        socket = context.socket(zmq.PAIR)
-        socket.connect(address)
-        grad = np.full(elements, 0.5, np.float32)
-        times: dict[int, list[float]] = {k: [] for k in counts}
+        addresses = [f"ipc://{Path(folder) / f'trainer-{t}.sock'}" for t in range(args.trainers)]
+        others = [spawn.Process(target=train, args=(address, elements, plan))
+                  for address in addresses[1:]]
+        server = spawn.Process(target=serve, args=(addresses, elements, plan, args.echo))
+        for process in [server, *others]:
+            process.start()
         try:
-            for i, chunks in enumerate(plan):
-                seconds = round_trip(socket, grad, chunks)
-                if i >= args.warmup * len(counts):
-                    times[chunks].append(seconds)
+            measured = train(addresses[0], elements, plan)
         finally:
-            socket.close(linger=0)
-            context.term()
-            server.join(timeout=30)
-            if server.is_alive():
-                server.kill()
+            for process in [*others, server]:
+                process.join(timeout=30)
+                if process.is_alive():
+                    process.kill()
+    times: dict[int, list[float]] = {k: [] for k in counts}
+    for i, (chunks, seconds) in enumerate(zip(plan, measured)):
+        if i >= args.warmup * len(counts):
+            times[chunks].append(seconds)
     what = "echo, no update" if args.echo else "update of each chunk as it arrives"
-    print(f"{args.megabytes:g} MB of float32 gradient and parameters, {what}; "
-          f"{args.rounds} round trips each, one kernel thread a process")
+    print(f"{args.megabytes:g} MB of float32 gradient and parameters from each of "
+          f"{args.trainers} trainer(s), {what}; trainer 0's round trips, {args.rounds} each, "
+          "one kernel thread a process")
     print(f"{'chunks':>6} {'min ms':>8} {'median ms':>10} {'max ms':>8} {'median / whole':>15}")
     whole = statistics.median(times[1])
     for chunks in counts:

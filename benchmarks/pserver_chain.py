@@ -43,14 +43,11 @@ from typing import Any
 import numpy as np
 import zmq
 
+from runtime.launch.launcher import THREAD_VARS
+
 LEARNING_RATE = 0.01
 TRAINERS = 2
 """Trainers by default: a 2 x 2 job's pserver sums two copies."""
-
-
-def _one_thread() -> None:
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
 
 
 def bounds(elements: int, chunks: int) -> list[tuple[int, int]]:
@@ -76,7 +73,6 @@ def update(grads: list[np.ndarray], total: np.ndarray, param: np.ndarray) -> Non
 def serve(addresses: list[str], elements: int, plan: list[int], echo: bool) -> None:
     """The pserver, one socket a trainer: for each round of `plan` (its chunk count), take each
     chunk from every trainer, update it, send it back to every trainer."""
-    _one_thread()
     context = zmq.Context()
     sockets = [context.socket(zmq.PAIR) for _ in addresses]
     for socket, address in zip(sockets, addresses):
@@ -101,7 +97,6 @@ def serve(addresses: list[str], elements: int, plan: list[int], echo: bool) -> N
 
 def train(address: str, elements: int, plan: list[int]) -> list[float]:
     """A trainer: each round of `plan` sent and taken back; its round trips, in seconds."""
-    _one_thread()
     context = zmq.Context()
     socket = context.socket(zmq.PAIR)
     socket.connect(address)
@@ -143,7 +138,8 @@ def main() -> None:
         parser.error("--chunks: counts must be 1 or more")
     if args.trainers < 1:
         parser.error("--trainers: 1 or more")
-    _one_thread()
+    for name in THREAD_VARS:  # read by each spawned process's numpy as it loads its BLAS
+        os.environ.setdefault(name, "1")
     elements = int(args.megabytes * 1e6) // 4
     plan = [k for _ in range(args.warmup + args.rounds) for k in counts]
     spawn = mp.get_context("spawn")
